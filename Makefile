@@ -1,0 +1,34 @@
+# Two entry points: `make up` (local stack) and `make test` (whole suite).
+# Both create the virtual environment on first use; nothing else needs to be installed.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: up test lint bench-overhead envoy-config clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+up: $(STAMP)
+	$(BIN)/slogate up
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: $(STAMP) lint
+	$(BIN)/pytest
+
+envoy-config: $(STAMP)
+	$(BIN)/slogate envoy-config --policy deploy/policy.example.yaml --out envoy/bootstrap.yaml
+
+bench-overhead: $(STAMP)
+	$(BIN)/slogate bench overhead
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,399 @@
+"""The slogate policy: documented YAML schema -> defaults -> validation -> frozen runtime object.
+
+What lives here: the schema (as the strict reader below), its defaults and the frozen
+`Policy` the request path reads. Nothing here does I/O except `load_policy` reading the file.
+Every error names the path of the bad field (`pools.long.endpoints[0]`), and an unknown
+field is an error, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be used; the message starts with the path of the bad field."""
+
+
+class Tier(StrEnum):
+    CRITICAL = "critical"
+    STANDARD = "standard"
+    SHEDDABLE = "sheddable"
+
+
+class FailureMode(StrEnum):
+    CLOSED = "closed"  # sidecar unreachable -> Envoy refuses the request
+    OPEN = "open"  # sidecar unreachable -> Envoy forwards the request unchecked
+
+
+@dataclass(frozen=True, slots=True)
+class ContextBucket:
+    """A context-length range; `max_tokens` is inclusive, None means unbounded."""
+
+    name: str
+    min_tokens: int
+    max_tokens: int | None
+    cost_weight: float
+
+    def contains(self, context_tokens: int) -> bool:
+        return context_tokens >= self.min_tokens and (
+            self.max_tokens is None or context_tokens <= self.max_tokens
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    name: str
+    endpoints: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRule:
+    """Send requests whose context lies in [min, max] tokens to `pool`."""
+
+    pool: str
+    min_context_tokens: int
+    max_context_tokens: int | None
+
+    def matches(self, context_tokens: int) -> bool:
+        return context_tokens >= self.min_context_tokens and (
+            self.max_context_tokens is None or context_tokens <= self.max_context_tokens
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """An API key as the policy knows it: only its SHA-256 is kept in memory."""
+
+    key_sha256: str
+    tenant: str
+    tier: Tier
+
+    @property
+    def key_id(self) -> str:
+        """Short, non-reversible name for logs and admin views; never the key itself."""
+        return self.key_sha256[:12]
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    model_name: str
+    max_context_tokens: int
+    default_max_tokens: int
+    max_body_bytes: int
+    message_timeout_ms: int
+    upstream_timeout_s: float
+    failure_mode: FailureMode
+    exact_margin: float
+    exact_max_bytes: int
+    per_message_overhead_tokens: int
+    buckets: tuple[ContextBucket, ...]
+    pools: Mapping[str, Pool]
+    default_pool: str
+    route_rules: tuple[RouteRule, ...]
+    keys: Mapping[str, ApiKey] = field(repr=False)
+    source: str = "<memory>"
+
+    def key_for(self, api_key: str) -> ApiKey | None:
+        return self.keys.get(hash_api_key(api_key))
+
+    def bucket_for(self, context_tokens: int) -> ContextBucket:
+        for bucket in self.buckets:
+            if bucket.contains(context_tokens):
+                return bucket
+        return self.buckets[-1]  # unreachable: validation makes the buckets cover [0, inf)
+
+    def pool_for(self, context_tokens: int) -> str:
+        for rule in self.route_rules:
+            if rule.matches(context_tokens):
+                return rule.pool
+        return self.default_pool
+
+    def decision_thresholds(self) -> tuple[int, ...]:
+        """Token counts where one token more or less changes a decision (exact counting helps)."""
+        points: set[int] = {self.max_context_tokens}
+        points.update(b.max_tokens for b in self.buckets if b.max_tokens is not None)
+        for rule in self.route_rules:
+            points.add(rule.min_context_tokens)
+            if rule.max_context_tokens is not None:
+                points.add(rule.max_context_tokens)
+        points.discard(0)
+        return tuple(sorted(points))
+
+
+def hash_api_key(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode("utf-8")).hexdigest()
+
+
+# --- strict reading -------------------------------------------------------------------------
+
+
+class _Section:
+    """Reads one mapping; `close()` rejects every key that nobody asked for."""
+
+    def __init__(self, raw: object, path: str) -> None:
+        if not isinstance(raw, dict):
+            raise PolicyError(f"{path or '<root>'}: expected a mapping, got {_kind(raw)}")
+        self._raw: dict[str, Any] = raw
+        self._path = path
+        self._seen: set[str] = set()
+
+    def child(self, name: str) -> str:
+        return f"{self._path}.{name}" if self._path else name
+
+    def get(self, name: str, kind: type[T], default: T) -> T:
+        self._seen.add(name)
+        if name not in self._raw or self._raw[name] is None:
+            return default
+        return _expect(self._raw[name], kind, self.child(name))
+
+    def require(self, name: str, kind: type[T]) -> T:
+        self._seen.add(name)
+        if name not in self._raw:
+            raise PolicyError(f"{self.child(name)}: required field is missing")
+        return _expect(self._raw[name], kind, self.child(name))
+
+    def section(self, name: str) -> _Section:
+        self._seen.add(name)
+        return _Section(self._raw.get(name) or {}, self.child(name))
+
+    def raw(self, name: str) -> object:
+        self._seen.add(name)
+        return self._raw.get(name)
+
+    def close(self) -> None:
+        unknown = sorted(set(self._raw) - self._seen)
+        if unknown:
+            raise PolicyError(f"{self.child(str(unknown[0]))}: unknown field")
+
+
+def _kind(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _expect(value: object, kind: type[T], path: str) -> T:
+    # bool is an int subclass in Python; a YAML `true` must not pass as a number.
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # type: ignore[return-value]
+    if not isinstance(value, kind) or (kind in (int, float) and isinstance(value, bool)):
+        raise PolicyError(f"{path}: expected {kind.__name__}, got {_kind(value)}")
+    return value
+
+
+def _positive(value: int | float, path: str) -> None:
+    if value <= 0:
+        raise PolicyError(f"{path}: must be > 0, got {value}")
+
+
+_DEFAULT_BUCKETS: tuple[tuple[str, int | None, float], ...] = (
+    # Weights follow the field's latency slopes: a long request costs more per token.
+    ("0-4k", 4096, 1.0),
+    ("4-8k", 8192, 1.3),
+    ("8-32k", 32768, 1.8),
+    ("32k-128k", 131072, 2.5),
+    ("128k+", None, 3.0),
+)
+_ENDPOINT = re.compile(r"^(?P<host>[A-Za-z0-9.\-]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def parse_policy(raw: object, source: str = "<memory>") -> Policy:
+    root = _Section(raw, "")
+    root.get("version", int, 1)
+
+    model = root.section("model")
+    model_name = model.get("name", str, "deepseek-v4")
+    max_context = model.get("max_context_tokens", int, 131072)
+    _positive(max_context, model.child("max_context_tokens"))
+    default_max_tokens = model.get("default_max_tokens", int, 1024)
+    _positive(default_max_tokens, model.child("default_max_tokens"))
+    model.close()
+
+    request = root.section("request")
+    max_body_bytes = request.get("max_body_bytes", int, 16 * 1024 * 1024)
+    _positive(max_body_bytes, request.child("max_body_bytes"))
+    message_timeout_ms = request.get("message_timeout_ms", int, 1000)
+    _positive(message_timeout_ms, request.child("message_timeout_ms"))
+    upstream_timeout_s = request.get("upstream_timeout_s", float, 600.0)
+    _positive(upstream_timeout_s, request.child("upstream_timeout_s"))
+    failure_raw = request.get("failure_mode", str, FailureMode.CLOSED.value)
+    try:
+        failure_mode = FailureMode(failure_raw)
+    except ValueError:
+        raise PolicyError(
+            f"{request.child('failure_mode')}: expected 'closed' or 'open', got {failure_raw!r}"
+        ) from None
+    request.close()
+
+    estimation = root.section("estimation")
+    exact_margin = estimation.get("exact_margin", float, 0.10)
+    if not 0.0 <= exact_margin < 1.0:
+        raise PolicyError(f"{estimation.child('exact_margin')}: must be in [0, 1)")
+    exact_max_bytes = estimation.get("exact_max_bytes", int, 256 * 1024)
+    overhead = estimation.get("per_message_overhead_tokens", int, 4)
+    if overhead < 0:
+        raise PolicyError(f"{estimation.child('per_message_overhead_tokens')}: must be >= 0")
+    estimation.close()
+
+    buckets = _parse_buckets(root.raw("buckets"), root.child("buckets"))
+    pools = _parse_pools(root.raw("pools"), root.child("pools"))
+
+    routing = root.section("routing")
+    default_pool = routing.get("default_pool", str, "default")
+    if default_pool not in pools:
+        raise PolicyError(f"{routing.child('default_pool')}: no pool named {default_pool!r}")
+    rules_raw = routing.raw("rules")
+    if rules_raw is None:
+        rules_raw = [{"pool": "long", "min_context_tokens": 32769}] if "long" in pools else []
+    route_rules = _parse_rules(rules_raw, routing.child("rules"), pools)
+    routing.close()
+
+    keys = _parse_keys(root.raw("keys"), root.child("keys"))
+    root.close()
+
+    return Policy(
+        model_name=model_name,
+        max_context_tokens=max_context,
+        default_max_tokens=default_max_tokens,
+        max_body_bytes=max_body_bytes,
+        message_timeout_ms=message_timeout_ms,
+        upstream_timeout_s=upstream_timeout_s,
+        failure_mode=failure_mode,
+        exact_margin=exact_margin,
+        exact_max_bytes=exact_max_bytes,
+        per_message_overhead_tokens=overhead,
+        buckets=buckets,
+        pools=pools,
+        default_pool=default_pool,
+        route_rules=route_rules,
+        keys=keys,
+        source=source,
+    )
+
+
+def _parse_buckets(raw: object, path: str) -> tuple[ContextBucket, ...]:
+    if raw is None:
+        raw = [{"name": n, "max_tokens": m, "cost_weight": w} for n, m, w in _DEFAULT_BUCKETS]
+    if not isinstance(raw, list) or not raw:
+        raise PolicyError(f"{path}: expected a non-empty list of buckets")
+    buckets: list[ContextBucket] = []
+    lower = 0
+    for i, item in enumerate(raw):
+        sec = _Section(item, f"{path}[{i}]")
+        name = sec.require("name", str)
+        upper_raw = sec.raw("max_tokens")
+        upper = None if upper_raw is None else _expect(upper_raw, int, sec.child("max_tokens"))
+        weight = sec.get("cost_weight", float, 1.0)
+        _positive(weight, sec.child("cost_weight"))
+        sec.close()
+        if upper is not None and upper < lower:
+            raise PolicyError(f"{sec.child('max_tokens')}: buckets must be in ascending order")
+        if upper is None and i != len(raw) - 1:
+            raise PolicyError(f"{sec.child('max_tokens')}: only the last bucket may be unbounded")
+        buckets.append(ContextBucket(name, lower, upper, weight))
+        lower = (upper or 0) + 1
+    if buckets[-1].max_tokens is not None:
+        raise PolicyError(f"{path}[{len(raw) - 1}].max_tokens: the last bucket must be unbounded")
+    if len({b.name for b in buckets}) != len(buckets):
+        raise PolicyError(f"{path}: bucket names must be unique")
+    return tuple(buckets)
+
+
+def _parse_pools(raw: object, path: str) -> dict[str, Pool]:
+    if raw is None:
+        raw = {
+            "default": {"endpoints": ["127.0.0.1:18001"]},
+            "long": {"endpoints": ["127.0.0.1:18002"]},
+            "fallback": {"endpoints": ["127.0.0.1:18003"]},
+        }
+    if not isinstance(raw, dict) or not raw:
+        raise PolicyError(f"{path}: expected a non-empty mapping of pool name -> pool")
+    pools: dict[str, Pool] = {}
+    for name, item in raw.items():
+        pool_path = f"{path}.{name}"
+        if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", name):
+            raise PolicyError(f"{pool_path}: pool names are lowercase [a-z0-9_-], max 32 chars")
+        sec = _Section(item, pool_path)
+        endpoints_raw = sec.require("endpoints", list)
+        sec.close()
+        if not endpoints_raw:
+            raise PolicyError(f"{sec.child('endpoints')}: needs at least one endpoint")
+        endpoints = []
+        for j, ep in enumerate(endpoints_raw):
+            ep_path = f"{sec.child('endpoints')}[{j}]"
+            match = _ENDPOINT.match(ep) if isinstance(ep, str) else None
+            if match is None or not 0 < int(match["port"]) < 65536:
+                raise PolicyError(f"{ep_path}: expected 'host:port', got {ep!r}")
+            endpoints.append((match["host"].strip("[]"), int(match["port"])))
+        pools[name] = Pool(name, tuple(endpoints))
+    return pools
+
+
+def _parse_rules(raw: object, path: str, pools: Mapping[str, Pool]) -> tuple[RouteRule, ...]:
+    if not isinstance(raw, list):
+        raise PolicyError(f"{path}: expected a list of rules")
+    rules = []
+    for i, item in enumerate(raw):
+        sec = _Section(item, f"{path}[{i}]")
+        pool = sec.require("pool", str)
+        if pool not in pools:
+            raise PolicyError(f"{sec.child('pool')}: no pool named {pool!r}")
+        low = sec.get("min_context_tokens", int, 0)
+        high_raw = sec.raw("max_context_tokens")
+        high = None if high_raw is None else _expect(high_raw, int, sec.child("max_context_tokens"))
+        sec.close()
+        if low < 0 or (high is not None and high < low):
+            raise PolicyError(f"{sec.child('min_context_tokens')}: empty or negative range")
+        rules.append(RouteRule(pool, low, high))
+    return tuple(rules)
+
+
+def _parse_keys(raw: object, path: str) -> dict[str, ApiKey]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, list):
+        raise PolicyError(f"{path}: expected a list of keys")
+    keys: dict[str, ApiKey] = {}
+    for i, item in enumerate(raw):
+        sec = _Section(item, f"{path}[{i}]")
+        clear = sec.raw("key")
+        hashed = sec.raw("key_sha256")
+        if (clear is None) == (hashed is None):
+            raise PolicyError(f"{path}[{i}]: exactly one of 'key' or 'key_sha256' is required")
+        if clear is not None:
+            digest = hash_api_key(_expect(clear, str, sec.child("key")))
+        else:
+            digest = _expect(hashed, str, sec.child("key_sha256")).lower()
+            if not _SHA256.match(digest):
+                raise PolicyError(f"{sec.child('key_sha256')}: expected 64 hex characters")
+        tenant = sec.require("tenant", str)
+        tier_raw = sec.get("tier", str, Tier.STANDARD.value)
+        try:
+            tier = Tier(tier_raw)
+        except ValueError:
+            allowed = ", ".join(t.value for t in Tier)
+            raise PolicyError(f"{sec.child('tier')}: expected one of {allowed}") from None
+        sec.close()
+        if digest in keys:
+            raise PolicyError(f"{path}[{i}]: duplicate API key")
+        keys[digest] = ApiKey(digest, tenant, tier)
+    return keys
+
+
+def load_policy(path: str | Path) -> Policy:
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"<root>: not valid YAML: {exc}") from None
+    return parse_policy(raw if raw is not None else {}, source=str(path))
