@@ -1,0 +1,267 @@
+"""Serving one inference request on a simulated pool: admission, timing plan, JSON or SSE.
+
+`SimPool` owns the pool's mutable state (KV cache, prefix cache, faults, metrics, seeded RNG)
+and turns the pure model's draws into sleeps on the event loop. Routing and the CLI live in
+`sim.pool`; wire shapes in `sim._openai`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from sim._openai import (
+    DONE_EVENT,
+    Endpoint,
+    ParsedRequest,
+    RequestError,
+    ResponseFrame,
+    error_body,
+    filler_token,
+    parse_request,
+    usage_body,
+)
+from sim.config import PoolConfig
+from sim.faults import Faults, FaultState
+from sim.metrics import PoolMetrics
+from sim.model import Admission, KvCache, LatencyModel, PrefixCache, kv_tokens_for
+
+SAW_HEADERS_PREFIX = "x-slogate-"
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """When the tokens of one admitted request come out, in event-loop time."""
+
+    arrived_at: float
+    first_token_at: float
+    token_interval_s: float
+    completion_tokens: int
+    finish_reason: str
+    cached_tokens: int
+
+
+async def _sleep_until(deadline: float) -> None:
+    # Deadlines, not per-token sleeps, so scheduling overhead never accumulates into the plan.
+    delay = deadline - asyncio.get_running_loop().time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+def echo_headers(request: web.Request, stream_options: dict[str, Any] | None) -> dict[str, str]:
+    """What the upstream saw, for tests: slogate's headers and the stream_options it got."""
+    saw: dict[str, str] = {}
+    for name, value in request.headers.items():
+        lowered = name.lower()
+        if lowered.startswith(SAW_HEADERS_PREFIX):
+            saw[lowered] = f"{saw[lowered]}, {value}" if lowered in saw else value
+    return {
+        "x-sim-saw-headers": json.dumps(saw, sort_keys=True),
+        "x-sim-stream-options": json.dumps(stream_options, sort_keys=True),
+    }
+
+
+def error_response(
+    status: int,
+    message: str,
+    error_type: str,
+    code: str,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    return web.json_response(
+        error_body(message, error_type, code), status=status, headers=headers or {}
+    )
+
+
+class SimPool:
+    def __init__(self, config: PoolConfig) -> None:
+        self.config = config
+        self.rng = np.random.default_rng(config.seed)
+        self.latency = LatencyModel(config.latency_config(), self.rng)
+        self.kv = KvCache(
+            config.kv_capacity_tokens,
+            max_running=config.max_running_requests,
+            max_queue=config.max_queue,
+            overcommit_ratio=config.kv_overcommit_ratio,
+        )
+        self.prefix_cache = PrefixCache(config.prefix_cache_entries)
+        self.faults = FaultState()
+        self.metrics = PoolMetrics(config.model)
+        self._admitted: dict[str, asyncio.Future[None]] = {}
+        self._next_request = 0
+
+    async def serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        arrived_at = asyncio.get_running_loop().time()
+        try:
+            parsed = parse_request(await request.read(), endpoint)
+        except RequestError as exc:
+            headers = echo_headers(request, None)
+            return error_response(400, exc.message, "invalid_request_error", exc.code, headers)
+        headers = echo_headers(request, parsed.stream_options)
+        context_tokens = parsed.prompt_tokens + parsed.max_tokens
+        if context_tokens > self.config.max_model_len_tokens:
+            message = (
+                f"context of {context_tokens} tokens (prompt + max_tokens) exceeds the "
+                f"model's maximum of {self.config.max_model_len_tokens}"
+            )
+            return error_response(
+                400, message, "invalid_request_error", "context_length_exceeded", headers
+            )
+        faults = self.faults.current()
+        if faults.error_rate > 0 and self.rng.random() < faults.error_rate:
+            return error_response(
+                faults.error_status, "injected fault", "server_error", "sim_fault", headers
+            )
+        return await self._admit_and_run(request, parsed, faults, arrived_at, headers)
+
+    async def _admit_and_run(
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        faults: Faults,
+        arrived_at: float,
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
+        self._next_request += 1
+        request_id = f"{self.config.name}-{self._next_request}"
+        kv_tokens = kv_tokens_for(
+            parsed.prompt_tokens, parsed.max_tokens, self.latency.config.buckets
+        )
+        admission = self.kv.submit(request_id, kv_tokens)
+        if admission is Admission.REJECTED_TOO_LARGE:
+            message = f"request needs {kv_tokens} KV tokens, the pool has {self.kv.capacity_tokens}"
+            return error_response(
+                400, message, "invalid_request_error", "context_length_exceeded", headers
+            )
+        if admission is Admission.REJECTED_QUEUE_FULL:
+            return error_response(
+                503,
+                "the engine is overloaded: KV cache full and waiting queue at its limit",
+                "server_error",
+                "overloaded",
+                {**headers, "Retry-After": "1"},
+            )
+        try:
+            if admission is Admission.QUEUED:
+                admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._admitted[request_id] = admitted
+                await admitted
+            if self.kv.is_overcommitted and self.rng.random() < self.config.overcommit_error_rate:
+                message = "KV cache exhausted (overcommitted)"
+                return error_response(500, message, "server_error", "kv_cache_oom", headers)
+            plan = self._plan(parsed, faults, arrived_at)
+            frame = ResponseFrame.new(
+                parsed.endpoint, _response_id(parsed.endpoint), self.config.model
+            )
+            try:
+                if parsed.stream:
+                    return await self._stream(request, parsed, plan, frame, headers)
+                return await self._respond(parsed, plan, frame, headers)
+            except asyncio.CancelledError:
+                # The client went away (handler cancellation) or the server is stopping.
+                self.metrics.request_finished("abort")
+                raise
+        finally:
+            self._admitted.pop(request_id, None)
+            for admitted_id in self.kv.release(request_id):
+                waiter = self._admitted.get(admitted_id)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+
+    def _plan(self, parsed: ParsedRequest, faults: Faults, arrived_at: float) -> _Plan:
+        running = self.kv.num_running
+        cached_tokens = min(
+            self.prefix_cache.lookup_and_insert(parsed.segments), parsed.prompt_tokens
+        )
+        self.metrics.prefix_queries.inc(parsed.prompt_tokens)
+        self.metrics.prefix_hits.inc(cached_tokens)
+        ttft_s = self.latency.sample_ttft_s(parsed.prompt_tokens, running, cached_tokens)
+        context_tokens = parsed.prompt_tokens + parsed.max_tokens
+        decode_s = self.latency.sample_decode_s_per_token(running, context_tokens)
+        if parsed.ignore_eos:
+            completion_tokens = parsed.max_tokens
+        else:
+            completion_tokens = self.latency.sample_output_tokens(parsed.max_tokens)
+        scale = self.config.time_scale
+        now = asyncio.get_running_loop().time()
+        return _Plan(
+            arrived_at=arrived_at,
+            first_token_at=now + ttft_s * scale + faults.latency_ms / 1_000,
+            token_interval_s=decode_s * scale,
+            completion_tokens=completion_tokens,
+            finish_reason="length" if completion_tokens >= parsed.max_tokens else "stop",
+            cached_tokens=cached_tokens,
+        )
+
+    def _first_token_out(self, parsed: ParsedRequest, plan: _Plan) -> float:
+        now = asyncio.get_running_loop().time()
+        self.metrics.ttft_s.observe(now - plan.arrived_at)
+        self.metrics.prompt_tokens.inc(parsed.prompt_tokens)
+        return now
+
+    def _finished(self, plan: _Plan, first_token_at: float) -> None:
+        now = asyncio.get_running_loop().time()
+        self.metrics.e2e_s.observe(now - plan.arrived_at)
+        if plan.completion_tokens > 1:
+            self.metrics.tpot_s.observe((now - first_token_at) / (plan.completion_tokens - 1))
+        self.metrics.request_finished(plan.finish_reason)
+
+    async def _respond(
+        self, parsed: ParsedRequest, plan: _Plan, frame: ResponseFrame, headers: dict[str, str]
+    ) -> web.Response:
+        await _sleep_until(plan.first_token_at)
+        first_token_at = self._first_token_out(parsed, plan)
+        last_token_at = plan.first_token_at + (plan.completion_tokens - 1) * plan.token_interval_s
+        await _sleep_until(last_token_at)
+        self.metrics.generation_tokens.inc(plan.completion_tokens)
+        self._finished(plan, first_token_at)
+        text = "".join(filler_token(i) for i in range(plan.completion_tokens))
+        usage = usage_body(parsed.prompt_tokens, plan.completion_tokens, plan.cached_tokens)
+        body = frame.full_response(text, plan.finish_reason, usage)
+        return web.Response(body=body, content_type="application/json", headers=headers)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        plan: _Plan,
+        frame: ResponseFrame,
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        usage_field = parsed.include_usage
+        try:
+            await _sleep_until(plan.first_token_at)
+            first_token_at = self._first_token_out(parsed, plan)
+            if parsed.endpoint is Endpoint.CHAT:
+                await response.write(frame.role_chunk(usage_field))
+            for index in range(plan.completion_tokens):
+                await _sleep_until(plan.first_token_at + index * plan.token_interval_s)
+                await response.write(frame.token_chunk(filler_token(index), usage_field))
+                self.metrics.generation_tokens.inc()
+            await response.write(frame.finish_chunk(plan.finish_reason, usage_field))
+            if parsed.include_usage:
+                usage = usage_body(parsed.prompt_tokens, plan.completion_tokens, plan.cached_tokens)
+                await response.write(frame.usage_chunk(usage))
+            await response.write(DONE_EVENT)
+            await response.write_eof()
+        except ConnectionResetError:
+            # The client went away mid-write; the finally in _admit_and_run frees its KV cache.
+            self.metrics.request_finished("abort")
+            return response
+        self._finished(plan, first_token_at)
+        return response
+
+
+def _response_id(endpoint: Endpoint) -> str:
+    prefix = "chatcmpl" if endpoint is Endpoint.CHAT else "cmpl"
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"

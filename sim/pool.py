@@ -1,0 +1,177 @@
+"""aiohttp server of ONE simulated inference pool, and its CLI.
+
+    python -m sim.pool --name default --port 18001 [--host 127.0.0.1] [--time-scale 1.0]
+                       [--seed 0] [--kv-capacity-tokens N] [--max-queue N] [--model NAME]
+                       [--base-latency-ms MS]
+
+Prints `sim pool <name> listening on http://<host>:<port>` once bound (`--port 0` picks a free
+port and prints it) and exits 0 on SIGTERM/SIGINT.
+
+Endpoints: POST /v1/chat/completions, POST /v1/completions (OpenAI-compatible, JSON or SSE),
+GET /v1/models, GET /health, GET /metrics (vLLM names), GET|POST|DELETE /fault.
+Every response carries `x-sim-pool: <name>`; inference responses also echo what the upstream
+received (`x-sim-saw-headers`, `x-sim-stream-options`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from sim._openai import Endpoint
+from sim._serving import SimPool, error_response
+from sim.config import PoolConfig
+from sim.faults import parse_fault_request
+
+__all__ = ["POOL_KEY", "PoolConfig", "SimPool", "create_app", "main", "serve_pool"]
+
+POOL_KEY = web.AppKey("sim_pool", SimPool)
+_log = logging.getLogger("sim.pool")
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error"}
+
+
+@web.middleware
+async def _openai_errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """Router errors (404, 405) and crashes come back as OpenAI-style JSON, never HTML/text."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error_type = _ERROR_TYPES.get(exc.status, "server_error")
+        return error_response(exc.status, exc.reason, error_type, str(exc.status))
+    except Exception:
+        _log.exception("unhandled error serving %s %s", request.method, request.path)
+        return error_response(500, "internal error in the simulator", "server_error", "internal")
+
+
+def create_app(config: PoolConfig) -> web.Application:
+    pool = SimPool(config)
+    app = web.Application(middlewares=[_openai_errors])
+    app[POOL_KEY] = pool
+
+    async def add_pool_header(_: web.Request, response: web.StreamResponse) -> None:
+        response.headers["x-sim-pool"] = config.name
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        return await pool.serve(request, Endpoint.CHAT)
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        return await pool.serve(request, Endpoint.COMPLETIONS)
+
+    async def models(_: web.Request) -> web.Response:
+        entry = {
+            "id": config.model,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "slogate-sim",
+            "max_model_len": config.max_model_len_tokens,
+        }
+        return web.json_response({"object": "list", "data": [entry]})
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = pool.metrics.render(pool.kv)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def get_fault(_: web.Request) -> web.Response:
+        return web.json_response(pool.faults.describe())
+
+    async def set_fault(request: web.Request) -> web.Response:
+        try:
+            faults, duration_s = parse_fault_request(json.loads(await request.read()))
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError too
+            return error_response(400, str(exc), "invalid_request_error", "invalid_fault")
+        pool.faults.set(faults, duration_s)
+        return web.json_response(pool.faults.describe())
+
+    async def clear_fault(_: web.Request) -> web.Response:
+        pool.faults.clear()
+        return web.json_response(pool.faults.describe())
+
+    app.on_response_prepare.append(add_pool_header)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/fault", get_fault)
+    app.router.add_post("/fault", set_fault)
+    app.router.add_delete("/fault", clear_fault)
+    return app
+
+
+async def serve_pool(config: PoolConfig, host: str, port: int, stop: asyncio.Event) -> None:
+    """Serve until `stop` is set; announces the bound address on stdout."""
+    # Handler cancellation: a client that hangs up leaves the queue / frees its KV, as in vLLM.
+    runner = web.AppRunner(
+        create_app(config), access_log=None, shutdown_timeout=2.0, handler_cancellation=True
+    )
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        bound_port = runner.addresses[0][1]
+        shown_host = f"[{host}]" if ":" in host else host
+        print(f"sim pool {config.name} listening on http://{shown_host}:{bound_port}", flush=True)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    defaults = PoolConfig()
+    parser = argparse.ArgumentParser(prog="python -m sim.pool", description=__doc__.split("\n")[0])
+    parser.add_argument("--name", default=defaults.name)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=18001)
+    parser.add_argument("--model", default=defaults.model)
+    parser.add_argument("--time-scale", type=float, default=defaults.time_scale)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--kv-capacity-tokens", type=int, default=defaults.kv_capacity_tokens)
+    parser.add_argument("--max-queue", type=int, default=defaults.max_queue)
+    parser.add_argument("--base-latency-ms", type=float, default=defaults.base_latency_ms)
+    return parser.parse_args(argv)
+
+
+async def _run_until_signalled(config: PoolConfig, host: str, port: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await serve_pool(config, host, port, stop)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse_args(argv)
+    try:
+        config = PoolConfig(
+            name=args.name,
+            model=args.model,
+            time_scale=args.time_scale,
+            seed=args.seed,
+            kv_capacity_tokens=args.kv_capacity_tokens,
+            max_queue=args.max_queue,
+            base_latency_ms=args.base_latency_ms,
+        )
+    except ValueError as exc:
+        print(f"sim pool: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(_run_until_signalled(config, args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
