@@ -1,0 +1,173 @@
+"""`slogate` command line: serve, up, envoy-config, bench."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from budget.policy import FailureMode, PolicyError, load_policy
+
+DEFAULT_POLICY = Path("deploy/policy.example.yaml")
+
+
+def _policy_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", type=Path, default=DEFAULT_POLICY, help="policy YAML file")
+
+
+def _pool_port(value: str) -> tuple[str, int]:
+    name, _, port = value.partition("=")
+    if not name or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected NAME=PORT, got {value!r}")
+    return name, int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slogate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the sidecar alone (production mode)")
+    _policy_arg(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--grpc-port", type=int, default=50051)
+    serve.add_argument("--metrics-port", type=int, default=9464)
+    serve.add_argument(
+        "--no-exact-tokenizer",
+        action="store_true",
+        help="never load the real tokenizer; decide on the fast estimate alone",
+    )
+
+    config = sub.add_parser("envoy-config", help="write the Envoy bootstrap for a policy")
+    _policy_arg(config)
+    config.add_argument("--out", type=Path, default=Path("envoy/bootstrap.json"))
+    config.add_argument("--listen-port", type=int, default=10000)
+    config.add_argument("--admin-port", type=int, default=9901)
+    config.add_argument("--sidecar-port", type=int, default=50051)
+    config.add_argument("--host", default="127.0.0.1")
+
+    up = sub.add_parser("up", help="start pools, sidecar and Envoy locally until Ctrl-C")
+    _policy_arg(up)
+    up.add_argument("--listen-port", type=int, default=10000)
+    up.add_argument("--admin-port", type=int, default=9901)
+    up.add_argument("--grpc-port", type=int, default=50051)
+    up.add_argument("--metrics-port", type=int, default=9464)
+    up.add_argument(
+        "--pool-port", type=_pool_port, action="append", default=[], metavar="NAME=PORT"
+    )
+    up.add_argument("--time-scale", type=float, default=1.0, help="simulated latency factor")
+    up.add_argument("--failure-mode", choices=[m.value for m in FailureMode], default=None)
+
+    bench = sub.add_parser("bench", help="benchmarks (results under bench/results/)")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    overhead = bench_sub.add_parser("overhead", help="Envoy vs pass-through ext_proc vs slogate")
+    overhead.add_argument("--duration-s", type=float, default=10.0)
+    overhead.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    estimator = bench_sub.add_parser("estimator", help="token estimate accuracy and speed")
+    estimator.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    return parser
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from extproc.sidecar import run_sidecar
+
+    asyncio.run(
+        run_sidecar(
+            args.policy, args.host, args.grpc_port, args.metrics_port, not args.no_exact_tokenizer
+        )
+    )
+    return 0
+
+
+def cmd_envoy_config(args: argparse.Namespace) -> int:
+    from extproc.envoy_config import EnvoyPorts, build_bootstrap
+
+    policy = load_policy(args.policy)
+    ports = EnvoyPorts(args.listen_port, args.admin_port, args.sidecar_port, args.host)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(build_bootstrap(policy, ports), indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from extproc.stack import LocalStack, StackPorts
+
+    work_dir = Path(tempfile.mkdtemp(prefix="slogate-up-"))
+    ports = StackPorts(
+        args.listen_port, args.admin_port, args.grpc_port, args.metrics_port, dict(args.pool_port)
+    )
+    failure = FailureMode(args.failure_mode) if args.failure_mode else None
+    stack = LocalStack(args.policy, work_dir, ports, args.time_scale, failure)
+    stopping = False
+
+    def _stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    stack.start()
+    print(
+        f"slogate up: {stack.url}  (metrics {stack.metrics_url}, Envoy admin "
+        f"http://127.0.0.1:{stack.admin_port}, logs {work_dir})\n"
+        f"  try: curl -s {stack.url}/v1/chat/completions -H 'Authorization: Bearer "
+        "sk-demo-standard' -H 'content-type: application/json' -d '{\"model\": "
+        '"deepseek-v4", "messages": [{"role": "user", "content": "hello"}], '
+        '"max_tokens": 16}\' -i',
+        flush=True,
+    )
+    code = 0
+    try:
+        while not stopping:
+            dead = stack.failed()
+            if dead is not None:
+                print(
+                    f"{dead.name} exited; stopping the stack. Its log:\n{dead.log_text()[-3000:]}"
+                )
+                code = 1
+                break
+            time.sleep(0.5)
+    finally:
+        stack.stop()
+        print("slogate up: stopped", flush=True)
+    return code
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench == "overhead":
+        from extproc.benchmarks.overhead import run as run_overhead
+
+        run_overhead(args.out_dir, args.duration_s)
+        return 0
+    from extproc.benchmarks.estimator import run as run_estimator
+
+    run_estimator(args.out_dir)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    args = build_parser().parse_args(argv)
+    handlers = {
+        "serve": cmd_serve,
+        "envoy-config": cmd_envoy_config,
+        "up": cmd_up,
+        "bench": cmd_bench,
+    }
+    try:
+        return handlers[args.command](args)
+    except PolicyError as error:
+        print(f"slogate: bad policy {args.policy}: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""Names shared by the generated Envoy config and the sidecar: change both or neither.
+
+What lives here: metadata namespaces, header names and access-log tag names. No logic.
+"""
+
+from __future__ import annotations
+
+METADATA_NAMESPACE = "slogate"  # set by the sidecar on the request path (ext_proc)
+USAGE_NAMESPACE = "slogate.usage"  # set by the Lua usage tap (usage_tap.lua spells both)
+
+SLOGATE_HEADER_PREFIX = "x-slogate-"  # only slogate sets these; client copies are removed
+POOL_HEADER = "x-slogate-pool"  # request: the route; response: the pool that served it
+REASON_HEADER = "x-slogate-reason"  # on every rejection slogate answers itself
+
+ACCESS_LOG_NAME = "slogate"
+# Access-log custom tags, by name, and the Envoy formatter that fills each.
+ACCESS_LOG_TAGS: dict[str, str] = {
+    # First upstream body byte = first token of a stream: TTFT as the pool delivered it.
+    "ttft_ms": "%COMMON_DURATION(DS_RX_BEG:US_RX_BODY_BEG:ms)%",
+    "prompt_tokens": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:prompt_tokens)%",
+    "completion_tokens": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:completion_tokens)%",
+}

@@ -1,0 +1,356 @@
+"""The Envoy bootstrap, generated from the policy with typed Envoy API objects.
+
+What lives here: one function per piece of the bootstrap (listener, filters, routes, clusters,
+access log) and `build_bootstrap`, which assembles them into the camelCase dict Envoy
+accepts. Nothing here starts Envoy; tests validate the output with `envoy --mode validate`.
+
+The shape, and why:
+- ext_proc sees request headers and the BUFFERED body only. Its body reply carries the route
+  header plus `clear_route_cache`, so the route is picked on the body (prompt + max_tokens).
+  Responses never go to Python: the Lua usage tap reads usage out of the (streamed) body
+  in-proxy, and one gRPC access-log entry per request carries usage and timings to the
+  sidecar, batched.
+- Each pool is a cluster of the same name; the route for a pool adds `x-slogate-pool` to
+  the response, so clients see which pool served them without an extra round trip.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from enum import StrEnum
+from importlib import resources
+from typing import Any
+
+import envoy_data_plane.envoy.config.accesslog.v3 as accesslog
+import envoy_data_plane.envoy.config.bootstrap.v3 as bootstrap
+import envoy_data_plane.envoy.config.cluster.v3 as cluster
+import envoy_data_plane.envoy.config.core.v3 as core
+import envoy_data_plane.envoy.config.endpoint.v3 as endpoint
+import envoy_data_plane.envoy.config.listener.v3 as listener
+import envoy_data_plane.envoy.config.route.v3 as route
+import envoy_data_plane.envoy.extensions.access_loggers.grpc.v3 as grpc_log
+import envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 as ext_proc
+import envoy_data_plane.envoy.extensions.filters.http.lua.v3 as lua
+import envoy_data_plane.envoy.extensions.filters.http.router.v3 as router
+import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 as hcm
+import envoy_data_plane.envoy.extensions.upstreams.http.v3 as upstream_http
+import envoy_data_plane.envoy.type.matcher.v3 as matcher
+import envoy_data_plane.envoy.type.tracing.v3 as tracing
+import envoy_data_plane.google.protobuf as pb
+
+from budget.policy import FailureMode, Policy
+from extproc.contract import (
+    ACCESS_LOG_NAME,
+    ACCESS_LOG_TAGS,
+    METADATA_NAMESPACE,
+    POOL_HEADER,
+    REASON_HEADER,
+)
+
+SIDECAR_CLUSTER = "slogate_sidecar"
+
+
+class FilterProfile(StrEnum):
+    """Which filters the listener runs; only benchmarks use anything but SLOGATE."""
+
+    SLOGATE = "slogate"  # ext_proc + usage tap + access log to the sidecar
+    EXT_PROC_ONLY = "ext_proc_only"  # the same ext_proc filter and modes, nothing else
+    PLAIN = "plain"  # Envoy alone: router only
+
+
+@dataclass(frozen=True, slots=True)
+class EnvoyPorts:
+    listen_port: int = 10000
+    admin_port: int = 9901
+    sidecar_port: int = 50051
+    host: str = "127.0.0.1"
+
+
+def usage_tap_lua() -> str:
+    return resources.files("extproc").joinpath("usage_tap.lua").read_text(encoding="utf-8")
+
+
+def _duration_ms(ms: float) -> dt.timedelta:
+    return dt.timedelta(milliseconds=ms)
+
+
+def _typed(name: str, message: Any) -> dict[str, Any]:
+    return {"name": name, "typed_config": pb.Any.pack(message)}
+
+
+def _header(key: str, value: str) -> core.HeaderValueOption:
+    return core.HeaderValueOption(
+        header=core.HeaderValue(key=key, value=value),
+        append_action=core.HeaderValueOptionHeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD,
+    )
+
+
+def _address(host: str, port: int) -> core.Address:
+    return core.Address(socket_address=core.SocketAddress(address=host, port_value=port))
+
+
+def ext_proc_filter(policy: Policy, failure_mode_allow: bool | None = None) -> hcm.HttpFilter:
+    allow = (
+        policy.failure_mode is FailureMode.OPEN
+        if failure_mode_allow is None
+        else failure_mode_allow
+    )
+    config = ext_proc.ExternalProcessor(
+        grpc_service=core.GrpcService(
+            envoy_grpc=core.GrpcServiceEnvoyGrpc(
+                cluster_name=SIDECAR_CLUSTER,
+                # The body mutation of a large prompt comes back in one message.
+                max_receive_message_length=policy.max_body_bytes + (1 << 20),
+            ),
+        ),
+        failure_mode_allow=allow,
+        processing_mode=ext_proc.ProcessingMode(
+            request_header_mode=ext_proc.ProcessingModeHeaderSendMode.SEND,
+            response_header_mode=ext_proc.ProcessingModeHeaderSendMode.SKIP,
+            request_body_mode=ext_proc.ProcessingModeBodySendMode.BUFFERED,
+            response_body_mode=ext_proc.ProcessingModeBodySendMode.NONE,
+            request_trailer_mode=ext_proc.ProcessingModeHeaderSendMode.SKIP,
+            response_trailer_mode=ext_proc.ProcessingModeHeaderSendMode.SKIP,
+        ),
+        # Non-inference paths skip the body phase through a mode override.
+        allow_mode_override=True,
+        message_timeout=_duration_ms(policy.message_timeout_ms),
+        metadata_options=ext_proc.MetadataOptions(
+            receiving_namespaces=ext_proc.MetadataOptionsMetadataNamespaces(
+                untyped=[METADATA_NAMESPACE]
+            ),
+        ),
+        # A sidecar that is down must look like an unavailable service, not a 500 bug.
+        status_on_error=_http_status(503),
+    )
+    return hcm.HttpFilter(**_typed("envoy.filters.http.ext_proc", config))
+
+
+def _http_status(code: int) -> Any:
+    import envoy_data_plane.envoy.type.v3 as envoy_type
+
+    return envoy_type.HttpStatus(code=envoy_type.StatusCode(code))
+
+
+def usage_tap_filter() -> hcm.HttpFilter:
+    config = lua.Lua(default_source_code=core.DataSource(inline_string=usage_tap_lua()))
+    return hcm.HttpFilter(**_typed("envoy.filters.http.lua", config))
+
+
+def router_filter() -> hcm.HttpFilter:
+    return hcm.HttpFilter(**_typed("envoy.filters.http.router", router.Router()))
+
+
+def access_log() -> accesslog.AccessLog:
+    """Entries go to the sidecar through its cluster, batched."""
+    config = grpc_log.HttpGrpcAccessLogConfig(
+        common_config=grpc_log.CommonGrpcAccessLogConfig(
+            log_name=ACCESS_LOG_NAME,
+            grpc_service=core.GrpcService(
+                envoy_grpc=core.GrpcServiceEnvoyGrpc(cluster_name=SIDECAR_CLUSTER)
+            ),
+            transport_api_version=core.ApiVersion.V3,
+            # Batched: one gRPC message carries many entries under load, and a quiet proxy
+            # still delivers within 100 ms.
+            buffer_flush_interval=_duration_ms(100),
+            buffer_size_bytes=16 * 1024,
+            custom_tags=[tracing.CustomTag(tag=k, value=v) for k, v in ACCESS_LOG_TAGS.items()],
+        ),
+    )
+    return accesslog.AccessLog(**_typed("envoy.access_loggers.http_grpc", config))
+
+
+def route_config(policy: Policy) -> route.RouteConfiguration:
+    timeout = dt.timedelta(seconds=policy.upstream_timeout_s)
+    routes = [
+        route.Route(
+            name=f"pool_{pool}",
+            match=route.RouteMatch(
+                prefix="/",
+                headers=[
+                    route.HeaderMatcher(
+                        name=POOL_HEADER, string_match=matcher.StringMatcher(exact=pool)
+                    )
+                ],
+            ),
+            route=route.RouteAction(cluster=pool, timeout=timeout),
+            response_headers_to_add=[_header(POOL_HEADER, pool)],
+        )
+        for pool in policy.pools
+    ]
+    routes.append(
+        route.Route(
+            name="unrouted",
+            match=route.RouteMatch(prefix="/"),
+            route=route.RouteAction(cluster=policy.default_pool, timeout=timeout),
+            response_headers_to_add=[_header(POOL_HEADER, policy.default_pool)],
+        )
+    )
+    return route.RouteConfiguration(
+        name="slogate",
+        virtual_hosts=[
+            route.VirtualHost(
+                name="inference",
+                domains=["*"],
+                routes=routes,
+                # BUFFERED bodies up to the policy limit; a larger one gets Envoy's 413.
+                request_body_buffer_limit=policy.max_body_bytes,
+            )
+        ],
+    )
+
+
+def _json_error_mapper(status: int, message: str, error_type: str, code: str) -> hcm.ResponseMapper:
+    return hcm.ResponseMapper(
+        filter=accesslog.AccessLogFilter(
+            and_filter=accesslog.AndFilter(
+                filters=[
+                    accesslog.AccessLogFilter(
+                        status_code_filter=accesslog.StatusCodeFilter(
+                            comparison=accesslog.ComparisonFilter(
+                                op=accesslog.ComparisonFilterOp.EQ,
+                                value=core.RuntimeUInt32(default_value=status, runtime_key="-"),
+                            )
+                        )
+                    ),
+                    # Our own immediate responses already carry an OpenAI body; leave them be.
+                    accesslog.AccessLogFilter(
+                        header_filter=accesslog.HeaderFilter(
+                            header=route.HeaderMatcher(
+                                name=REASON_HEADER, present_match=True, invert_match=True
+                            )
+                        )
+                    ),
+                ]
+            )
+        ),
+        body_format_override=core.SubstitutionFormatString(
+            json_format=pb.Struct.from_dict(
+                {"error": {"message": message, "type": error_type, "code": code}}
+            ),
+            content_type="application/json",
+        ),
+    )
+
+
+def local_reply_config() -> hcm.LocalReplyConfig:
+    """Envoy's own errors (body over the buffer limit, sidecar down) as OpenAI JSON."""
+    return hcm.LocalReplyConfig(
+        mappers=[
+            _json_error_mapper(
+                413,
+                "Request body is larger than the limit this gateway accepts.",
+                "invalid_request_error",
+                "request_too_large",
+            ),
+            _json_error_mapper(
+                503,
+                "The inference gateway is temporarily unavailable: %RESPONSE_CODE_DETAILS%",
+                "server_error",
+                "gateway_unavailable",
+            ),
+            _json_error_mapper(
+                504,
+                "The inference gateway timed out: %RESPONSE_CODE_DETAILS%",
+                "server_error",
+                "gateway_timeout",
+            ),
+        ]
+    )
+
+
+def http_connection_manager(
+    policy: Policy, profile: FilterProfile = FilterProfile.SLOGATE
+) -> hcm.HttpConnectionManager:
+    filters = {
+        FilterProfile.SLOGATE: [ext_proc_filter(policy), usage_tap_filter(), router_filter()],
+        FilterProfile.EXT_PROC_ONLY: [ext_proc_filter(policy), router_filter()],
+        FilterProfile.PLAIN: [router_filter()],
+    }[profile]
+    logs = [access_log()] if profile is FilterProfile.SLOGATE else []
+    return hcm.HttpConnectionManager(
+        stat_prefix="slogate_ingress",
+        codec_type=hcm.HttpConnectionManagerCodecType.AUTO,
+        route_config=route_config(policy),
+        http_filters=filters,
+        access_log=logs,
+        local_reply_config=local_reply_config(),
+        # Streams may run for minutes; the route timeout bounds them, not an idle timer.
+        stream_idle_timeout=dt.timedelta(seconds=policy.upstream_timeout_s),
+    )
+
+
+def _static_cluster(
+    name: str, endpoints: tuple[tuple[str, int], ...], http2: bool = False
+) -> cluster.Cluster:
+    options: dict[str, Any] = {}
+    if http2:
+        protocol = upstream_http.HttpProtocolOptions(
+            explicit_http_config=upstream_http.HttpProtocolOptionsExplicitHttpConfig(
+                http2_protocol_options=core.Http2ProtocolOptions(
+                    connection_keepalive=core.KeepaliveSettings(
+                        interval=dt.timedelta(seconds=30), timeout=dt.timedelta(seconds=5)
+                    )
+                )
+            )
+        )
+        options["typed_extension_protocol_options"] = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": pb.Any.pack(protocol)
+        }
+    return cluster.Cluster(
+        name=name,
+        type=cluster.ClusterDiscoveryType.STRICT_DNS,
+        connect_timeout=dt.timedelta(seconds=2),
+        dns_lookup_family=cluster.ClusterDnsLookupFamily.V4_ONLY,
+        load_assignment=endpoint.ClusterLoadAssignment(
+            cluster_name=name,
+            endpoints=[
+                endpoint.LocalityLbEndpoints(
+                    lb_endpoints=[
+                        endpoint.LbEndpoint(endpoint=endpoint.Endpoint(address=_address(h, p)))
+                        for h, p in endpoints
+                    ]
+                )
+            ],
+        ),
+        **options,
+    )
+
+
+def build_bootstrap(
+    policy: Policy,
+    ports: EnvoyPorts | None = None,
+    profile: FilterProfile = FilterProfile.SLOGATE,
+) -> dict[str, Any]:
+    ports = ports or EnvoyPorts()
+    manager = http_connection_manager(policy, profile)
+    clusters = [_static_cluster(p.name, p.endpoints) for p in policy.pools.values()]
+    clusters.append(
+        _static_cluster(SIDECAR_CLUSTER, ((ports.host, ports.sidecar_port),), http2=True)
+    )
+    config = bootstrap.Bootstrap(
+        admin=bootstrap.Admin(address=_address(ports.host, ports.admin_port)),
+        static_resources=bootstrap.BootstrapStaticResources(
+            listeners=[
+                listener.Listener(
+                    name="inference",
+                    address=_address(ports.host, ports.listen_port),
+                    filter_chains=[
+                        listener.FilterChain(
+                            filters=[
+                                listener.Filter(
+                                    **_typed(
+                                        "envoy.filters.network.http_connection_manager", manager
+                                    )
+                                )
+                            ]
+                        )
+                    ],
+                )
+            ],
+            clusters=clusters,
+        ),
+    )
+    result: dict[str, Any] = config.to_dict()
+    return result

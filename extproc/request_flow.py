@@ -1,0 +1,208 @@
+"""What slogate decides for one inference request, phase by phase, without any gRPC.
+
+What lives here: `Decider` (shared, one per sidecar) and `RequestFlow` (one per Envoy
+stream). The flow turns request headers into a `HeaderVerdict` and the buffered body into a
+`RoutingDecision`, or raises a `RequestRejected`. Protobuf building and metrics live
+elsewhere (extproc.responses, extproc.server), so this can be unit-tested with plain dicts.
+
+Admission control (budgets, breaker) plugs in through `Admission`: it is consulted after
+the route is known and before the decision is returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from budget.policy import ApiKey, ContextBucket, Policy
+from extproc.contract import POOL_HEADER, SLOGATE_HEADER_PREFIX
+from extproc.errors import (
+    BodyTooLarge,
+    ContextLengthExceeded,
+    InvalidRequest,
+    MethodNotAllowed,
+)
+from extproc.identity import IdentityResolver
+from extproc.openai_request import (
+    INFERENCE_PATHS,
+    InferenceRequest,
+    parse_inference_body,
+    with_usage_requested,
+)
+from extproc.tokens import TokenEstimator, near_threshold
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderVerdict:
+    inference: bool  # the body phase follows
+    strip_headers: tuple[str, ...]  # client-supplied x-slogate-* headers
+    caller: ApiKey | None
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingDecision:
+    request_id: str
+    caller: ApiKey
+    pool: str
+    bucket: ContextBucket
+    prompt_tokens: int
+    max_tokens: int
+    exact: bool  # prompt_tokens came from the real tokenizer
+    stream: bool
+    new_body: bytes | None = field(default=None, repr=False)
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + self.max_tokens
+
+    def upstream_headers(self) -> dict[str, str]:
+        return {
+            POOL_HEADER: self.pool,
+            "x-slogate-tenant": self.caller.tenant,
+            "x-slogate-tier": self.caller.tier.value,
+            "x-slogate-bucket": self.bucket.name,
+            "x-slogate-est-tokens": str(self.context_tokens),
+        }
+
+    def metadata(self) -> dict[str, str | int | float | bool]:
+        """What the access log brings back with the request's outcome (no secrets)."""
+        return {
+            "request_id": self.request_id,
+            "key_id": self.caller.key_id,
+            "tenant": self.caller.tenant,
+            "tier": self.caller.tier.value,
+            "pool": self.pool,
+            "bucket": self.bucket.name,
+            "prompt_tokens_est": self.prompt_tokens,
+            "max_tokens": self.max_tokens,
+            "exact": self.exact,
+        }
+
+
+class Admission(Protocol):
+    """Budgets and breakers: admit (maybe changing the pool) or raise a RequestRejected."""
+
+    async def admit(self, decision: RoutingDecision) -> RoutingDecision: ...
+
+
+class AdmitAll:
+    async def admit(self, decision: RoutingDecision) -> RoutingDecision:
+        return decision
+
+
+class Decider:
+    """Everything a decision needs that outlives one request."""
+
+    def __init__(
+        self,
+        policy: Callable[[], Policy],
+        identity: IdentityResolver,
+        estimator: TokenEstimator,
+        exact_executor: Executor | None = None,
+        admission: Admission | None = None,
+    ) -> None:
+        self.policy = policy
+        self.identity = identity
+        self.estimator = estimator
+        self.exact_executor = exact_executor  # None: never count exactly
+        self.admission: Admission = admission or AdmitAll()
+
+    def new_flow(self) -> RequestFlow:
+        return RequestFlow(self)
+
+    async def count_prompt(self, request: InferenceRequest, policy: Policy) -> tuple[int, bool]:
+        """Prompt tokens, and whether they are exact.
+
+        The fast estimate decides unless the context lands within `exact_margin` of a
+        threshold where one token changes the answer (bucket edge, pool rule, model max);
+        then the real tokenizer runs off the event loop, for prompts up to `exact_max_bytes`.
+        """
+        estimate = self.estimator.estimate_messages(request.prompt_texts)
+        estimate += request.prompt_token_ids
+        context = estimate + (request.max_tokens or policy.default_max_tokens)
+        if (
+            self.exact_executor is None
+            or not request.prompt_texts
+            or request.prompt_chars > policy.exact_max_bytes
+            or not near_threshold(context, policy.decision_thresholds(), policy.exact_margin)
+        ):
+            return estimate, False
+        loop = asyncio.get_running_loop()
+        exact = await loop.run_in_executor(
+            self.exact_executor, self.estimator.count_exact, request.prompt_texts
+        )
+        return exact + request.prompt_token_ids, True
+
+
+class RequestFlow:
+    """One Envoy stream: headers first, then (for inference paths) the buffered body."""
+
+    def __init__(self, decider: Decider) -> None:
+        self._decider = decider
+        self._path = ""
+        self._verdict: HeaderVerdict | None = None
+
+    def on_request_headers(self, headers: Mapping[str, str], end_of_stream: bool) -> HeaderVerdict:
+        policy = self._decider.policy()
+        path = headers.get(":path", "").split("?", 1)[0]
+        strip = tuple(h for h in headers if h.startswith(SLOGATE_HEADER_PREFIX))
+        request_id = headers.get("x-request-id", "")
+        if path not in INFERENCE_PATHS:
+            self._verdict = HeaderVerdict(False, strip, None, request_id)
+            return self._verdict
+        self._path = path
+        caller = self._decider.identity.resolve(headers)
+        if headers.get(":method", "POST") != "POST":
+            raise MethodNotAllowed(
+                f"Only POST is supported on {path}.", reason="method_not_allowed"
+            )
+        if end_of_stream:
+            raise InvalidRequest("The request has no body.", reason="missing_body")
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > policy.max_body_bytes:
+            raise _too_large(int(declared), policy)
+        self._verdict = HeaderVerdict(True, strip, caller, request_id)
+        return self._verdict
+
+    async def on_request_body(self, body: bytes) -> RoutingDecision:
+        verdict = self._verdict
+        if verdict is None or not verdict.inference or verdict.caller is None:
+            raise InvalidRequest("Request body without an inference request.", reason="protocol")
+        policy = self._decider.policy()
+        if len(body) > policy.max_body_bytes:
+            raise _too_large(len(body), policy)
+        request = parse_inference_body(self._path, body)
+        prompt_tokens, exact = await self._decider.count_prompt(request, policy)
+        max_tokens = request.max_tokens or policy.default_max_tokens
+        if prompt_tokens + max_tokens > policy.max_context_tokens:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {policy.max_context_tokens} tokens. "
+                f"However, you requested {prompt_tokens + max_tokens} tokens "
+                f"({prompt_tokens} in the messages, {max_tokens} in the completion). "
+                "Please reduce the length of the messages or completion.",
+                reason="context_length_exceeded",
+            )
+        context = prompt_tokens + max_tokens
+        decision = RoutingDecision(
+            request_id=verdict.request_id,
+            caller=verdict.caller,
+            pool=policy.pool_for(context),
+            bucket=policy.bucket_for(context),
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            exact=exact,
+            stream=request.stream,
+            new_body=with_usage_requested(body, request),
+        )
+        return await self._decider.admission.admit(decision)
+
+
+def _too_large(size_bytes: int, policy: Policy) -> BodyTooLarge:
+    return BodyTooLarge(
+        f"Request body is {size_bytes} bytes; the limit is {policy.max_body_bytes} bytes.",
+        reason="body_too_large",
+    )

@@ -1,0 +1,104 @@
+"""ext_proc replies: the only place that turns decisions and errors into protobuf.
+
+What lives here: builders for the header reply, the routed body reply, the pass-through
+reply, and `rejection`, the one function that maps a `RequestRejected` to Envoy's
+ImmediateResponse (status, OpenAI JSON error body, Retry-After).
+
+Envoy 1.40 reads and writes header values as `raw_value` bytes; `value` must stay empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import msgspec
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+
+from extproc.contract import METADATA_NAMESPACE, REASON_HEADER
+from extproc.errors import RequestRejected
+from extproc.request_flow import HeaderVerdict, RoutingDecision
+
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+def _set_headers(headers: Mapping[str, str]) -> list[base_pb2.HeaderValueOption]:
+    return [
+        base_pb2.HeaderValueOption(
+            header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
+        )
+        for k, v in headers.items()
+    ]
+
+
+def headers_to_dict(header_map: pb.HttpHeaders) -> dict[str, str]:
+    return {
+        h.key: (h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
+        for h in header_map.headers.headers
+    }
+
+
+def header_reply(verdict: HeaderVerdict) -> pb.ProcessingResponse:
+    common = pb.CommonResponse()
+    if verdict.strip_headers:
+        common.header_mutation.remove_headers.extend(verdict.strip_headers)
+        # The route may have been chosen on a spoofed header: pick it again without it.
+        common.clear_route_cache = True
+    reply = pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common))
+    if not verdict.inference:
+        reply.mode_override.CopyFrom(
+            processing_mode_pb2.ProcessingMode(
+                request_body_mode=processing_mode_pb2.ProcessingMode.NONE,
+                response_header_mode=processing_mode_pb2.ProcessingMode.SKIP,
+            )
+        )
+    return reply
+
+
+def routed_body_reply(decision: RoutingDecision) -> pb.ProcessingResponse:
+    headers = decision.upstream_headers()
+    common = pb.CommonResponse(clear_route_cache=True)
+    if decision.new_body is not None:
+        common.body_mutation.body = decision.new_body
+        headers["content-length"] = str(len(decision.new_body))
+    common.header_mutation.set_headers.extend(_set_headers(headers))
+    metadata = struct_pb2.Struct()
+    metadata.update({METADATA_NAMESPACE: decision.metadata()})
+    return pb.ProcessingResponse(
+        request_body=pb.BodyResponse(response=common), dynamic_metadata=metadata
+    )
+
+
+def passthrough_reply(request: pb.ProcessingRequest) -> pb.ProcessingResponse:
+    """An empty CONTINUE for whatever phase Envoy sent (e.g. a local reply's headers)."""
+    phase = request.WhichOneof("request")
+    if phase in ("request_headers", "response_headers"):
+        return pb.ProcessingResponse(**{phase: pb.HeadersResponse()})
+    if phase in ("request_body", "response_body"):
+        return pb.ProcessingResponse(**{phase: pb.BodyResponse()})
+    return pb.ProcessingResponse(**{str(phase): pb.TrailersResponse()})
+
+
+def error_body(error: RequestRejected) -> bytes:
+    return msgspec.json.encode(
+        {"error": {"message": error.message, "type": error.error_type, "code": error.code}}
+    )
+
+
+def rejection(
+    error: RequestRejected, extra_headers: Iterable[tuple[str, str]] = ()
+) -> pb.ProcessingResponse:
+    headers = {"content-type": "application/json", REASON_HEADER: error.reason}
+    if error.retry_after_s is not None:
+        headers["retry-after"] = str(max(1, int(error.retry_after_s)))
+    headers.update(extra_headers)
+    immediate = pb.ImmediateResponse(
+        status=http_status_pb2.HttpStatus(code=error.status),  # type: ignore[arg-type]
+        body=error_body(error),
+        details=f"slogate_{error.reason}",
+    )
+    immediate.headers.set_headers.extend(_set_headers(headers))
+    return pb.ProcessingResponse(immediate_response=immediate)

@@ -1,0 +1,77 @@
+"""The ext_proc gRPC servicer: receive, dispatch on the phase, reply. Nothing else.
+
+Per-request logic lives in `extproc.request_flow`, protobuf building in `extproc.responses`.
+This module adds timing and the metrics of decisions and rejections, and turns an
+unexpected exception into a 500 (a request is never routed on a guess).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from extproc.errors import InternalError, RequestRejected
+from extproc.metrics import SidecarMetrics
+from extproc.request_flow import Decider, RequestFlow
+from extproc.responses import (
+    header_reply,
+    headers_to_dict,
+    passthrough_reply,
+    rejection,
+    routed_body_reply,
+)
+
+log = logging.getLogger("slogate.extproc")
+
+
+class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
+    def __init__(self, decider: Decider, metrics: SidecarMetrics) -> None:
+        self._decider = decider
+        self._metrics = metrics
+
+    async def Process(
+        self,
+        request_iterator: AsyncIterator[pb.ProcessingRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        flow = self._decider.new_flow()
+        async for request in request_iterator:
+            started = time.perf_counter()
+            phase = request.WhichOneof("request") or "unknown"
+            try:
+                reply = await self._reply(flow, phase, request)
+            except RequestRejected as error:
+                self._metrics.rejections.labels(error.reason, str(error.status)).inc()
+                reply = rejection(error)
+            except Exception:
+                log.exception("ext_proc %s failed", phase)
+                error = InternalError(
+                    "The gateway failed to process the request.", reason="internal"
+                )
+                self._metrics.rejections.labels(error.reason, str(error.status)).inc()
+                reply = rejection(error)
+            self._metrics.decision_seconds.labels(phase).observe(time.perf_counter() - started)
+            yield reply
+
+    async def _reply(
+        self, flow: RequestFlow, phase: str, request: pb.ProcessingRequest
+    ) -> pb.ProcessingResponse:
+        if phase == "request_headers":
+            headers = request.request_headers
+            verdict = flow.on_request_headers(headers_to_dict(headers), headers.end_of_stream)
+            return header_reply(verdict)
+        if phase == "request_body":
+            decision = await flow.on_request_body(request.request_body.body)
+            self._metrics.decisions.labels(
+                decision.pool, decision.bucket.name, decision.caller.tier.value
+            ).inc()
+            self._metrics.context_tokens.labels(decision.pool).observe(decision.context_tokens)
+            if decision.exact:
+                self._metrics.exact_counts.inc()
+            return routed_body_reply(decision)
+        return passthrough_reply(request)

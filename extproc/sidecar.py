@@ -1,0 +1,198 @@
+"""Process wiring of the sidecar: policy holder, gRPC server, metrics endpoint, reloads.
+
+What lives here: `PolicyHolder` (the one atomically swapped, frozen policy; reload on file
+change or SIGHUP, a bad new policy is refused and the old one stays) and `Sidecar`, which
+builds the decider, the services and the servers, and stops them gracefully.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from envoy.service.accesslog.v3 import als_pb2_grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
+from prometheus_client import start_http_server
+
+from breaker.latency import ResponseWindows
+from budget.policy import Policy, PolicyError, load_policy
+from extproc.accesslog import AccessLogService, OutcomeRecorder
+from extproc.identity import ApiKeyResolver
+from extproc.metrics import SidecarMetrics
+from extproc.request_flow import Decider
+from extproc.server import ExternalProcessorService
+from extproc.tokens import ExactTokenCounter, TokenEstimator
+
+log = logging.getLogger("slogate.sidecar")
+
+# grpcio limits its messages to 4 MiB by default; a buffered body is one message.
+_GRPC_MESSAGE_SLACK_BYTES = 1 << 20
+
+
+class PolicyHolder:
+    """The active policy. Readers call it per request; a reload swaps one reference."""
+
+    def __init__(self, path: Path, metrics: SidecarMetrics) -> None:
+        self.path = path
+        self._metrics = metrics
+        self._policy = load_policy(path)
+        self._mtime_ns = self._stat()
+        metrics.policy_info.set(len(self._policy.keys))
+
+    def __call__(self) -> Policy:
+        return self._policy
+
+    def _stat(self) -> int:
+        try:
+            return self.path.stat().st_mtime_ns
+        except OSError:
+            return 0
+
+    def reload(self) -> bool:
+        try:
+            policy = load_policy(self.path)
+        except (PolicyError, OSError) as error:
+            self._metrics.policy_reloads.labels("rejected").inc()
+            log.error("policy reload refused, keeping the active policy: %s", error)
+            return False
+        self._policy = policy
+        self._metrics.policy_reloads.labels("ok").inc()
+        self._metrics.policy_info.set(len(policy.keys))
+        log.info("policy reloaded from %s (%d keys)", self.path, len(policy.keys))
+        return True
+
+    def reload_if_changed(self) -> bool:
+        mtime = self._stat()
+        if mtime == self._mtime_ns:
+            return False
+        self._mtime_ns = mtime
+        return self.reload()
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarAddress:
+    host: str
+    grpc_port: int
+    metrics_port: int | None
+
+
+class Sidecar:
+    def __init__(
+        self,
+        policy_path: Path,
+        host: str = "127.0.0.1",
+        grpc_port: int = 50051,
+        metrics_port: int | None = 9464,
+        exact_tokenizer: bool = True,
+        watch_interval_s: float = 1.0,
+    ) -> None:
+        self.metrics = SidecarMetrics()
+        self.policy = PolicyHolder(policy_path, self.metrics)
+        self.windows = ResponseWindows(clock=time.monotonic)
+        self.recorder = OutcomeRecorder(self.metrics, self.windows)
+        self._exact_executor = (
+            ThreadPoolExecutor(1, "slogate-tokenizer") if exact_tokenizer else None
+        )
+        exact = ExactTokenCounter() if exact_tokenizer else None
+        initial = self.policy()
+        self.estimator = TokenEstimator(exact, initial.per_message_overhead_tokens)
+        self.decider = Decider(
+            policy=self.policy,
+            identity=ApiKeyResolver(self.policy),
+            estimator=self.estimator,
+            exact_executor=self._exact_executor,
+        )
+        self._host = host
+        self._grpc_port = grpc_port
+        self._metrics_port = metrics_port
+        self._watch_interval_s = watch_interval_s
+        self._server: grpc.aio.Server | None = None
+        self._metrics_server: Any = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._exact = exact
+
+    def _grpc_options(self) -> list[tuple[str, int]]:
+        limit = self.policy().max_body_bytes + _GRPC_MESSAGE_SLACK_BYTES
+        return [
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            # Envoy pings its HTTP/2 upstreams; grpcio would answer with GOAWAY otherwise.
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            ("grpc.http2.max_ping_strikes", 0),
+            # Two sidecars on one port must fail loudly, not silently share traffic.
+            ("grpc.so_reuseport", 0),
+        ]
+
+    async def start(self) -> SidecarAddress:
+        server = grpc.aio.server(options=self._grpc_options())
+        external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
+            ExternalProcessorService(self.decider, self.metrics), server
+        )
+        als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogService(self.recorder), server)
+        port = server.add_insecure_port(f"{self._host}:{self._grpc_port}")
+        if port == 0:
+            raise OSError(f"cannot bind the sidecar gRPC port {self._host}:{self._grpc_port}")
+        await server.start()
+        self._server = server
+        metrics_port = None
+        if self._metrics_port is not None:
+            httpd, _thread = start_http_server(
+                self._metrics_port, addr=self._host, registry=self.metrics.registry
+            )
+            self._metrics_server = httpd
+            metrics_port = int(httpd.server_port)
+        if self._exact is not None and self._exact_executor is not None:
+            # Load the tokenizer now, off the loop, so no request waits for it later.
+            asyncio.get_running_loop().run_in_executor(
+                self._exact_executor, self._exact.count, "warm up"
+            )
+        self._watch_task = asyncio.create_task(self._watch_policy())
+        return SidecarAddress(self._host, port, metrics_port)
+
+    async def _watch_policy(self) -> None:
+        while True:
+            await asyncio.sleep(self._watch_interval_s)
+            self.policy.reload_if_changed()
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+        if self._server is not None:
+            # In-flight streams finish within the grace period; new ones are refused.
+            await self._server.stop(grace_s)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        if self._exact_executor is not None:
+            self._exact_executor.shutdown(wait=False, cancel_futures=True)
+
+
+async def run_sidecar(
+    policy_path: Path, host: str, grpc_port: int, metrics_port: int | None, exact: bool = True
+) -> None:
+    """`slogate serve`: run until SIGINT/SIGTERM; SIGHUP reloads the policy."""
+    sidecar = Sidecar(policy_path, host, grpc_port, metrics_port, exact_tokenizer=exact)
+    address = await sidecar.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, sidecar.policy.reload)
+    metrics = (
+        f" metrics http://{host}:{address.metrics_port}/metrics" if address.metrics_port else ""
+    )
+    print(
+        f"slogate sidecar ready: grpc {host}:{address.grpc_port}{metrics} pid {os.getpid()}",
+        flush=True,
+    )
+    await stop.wait()
+    await sidecar.stop()

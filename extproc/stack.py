@@ -1,0 +1,164 @@
+"""The local stack: simulated pools, the sidecar and Envoy, started and stopped together.
+
+What lives here: `LocalStack`, used by `slogate up`, the end-to-end tests and the
+benchmarks. Every part is a real process; the Envoy bootstrap is generated from the policy
+with the pools pointed at the simulated fleet that was actually started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from budget.policy import FailureMode, Policy, Pool, load_policy
+from extproc.envoy_config import EnvoyPorts, build_bootstrap
+from extproc.processes import ManagedProcess, envoy_binary, free_port, python_module
+
+HOST = "127.0.0.1"
+
+
+@dataclass
+class StackPorts:
+    """0 means: pick a free port (tests); the defaults are the documented local ports."""
+
+    listen: int = 10000
+    admin: int = 9901
+    grpc: int = 50051
+    metrics: int = 9464
+    pools: dict[str, int] = field(default_factory=dict)  # pool name -> port; absent: policy's
+
+
+@dataclass
+class LocalStack:
+    policy_path: Path
+    work_dir: Path
+    ports: StackPorts = field(default_factory=StackPorts)
+    time_scale: float = 1.0
+    failure_mode: FailureMode | None = None  # None: as the policy says
+    exact_tokenizer: bool = True
+    envoy_concurrency: int = 1
+    processes: list[ManagedProcess] = field(default_factory=list)
+    pool_ports: dict[str, int] = field(default_factory=dict)
+    sidecar: ManagedProcess | None = None
+    envoy: ManagedProcess | None = None
+    listen_port: int = 0
+    admin_port: int = 0
+    grpc_port: int = 0
+    metrics_port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.listen_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{HOST}:{self.metrics_port}/metrics"
+
+    def pool_url(self, pool: str) -> str:
+        return f"http://{HOST}:{self.pool_ports[pool]}"
+
+    def start(self) -> LocalStack:
+        try:
+            policy = load_policy(self.policy_path)
+            for pool in policy.pools.values():
+                self.start_pool(pool)
+            self.start_sidecar()
+            self.start_envoy(policy)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_pool(self, pool: Pool) -> None:
+        port = self.ports.pools.get(pool.name, pool.endpoints[0][1])
+        proc = ManagedProcess(
+            f"pool-{pool.name}",
+            python_module(
+                "sim.pool",
+                "--name",
+                pool.name,
+                "--host",
+                HOST,
+                "--port",
+                str(port),
+                "--time-scale",
+                str(self.time_scale),
+            ),
+            self.work_dir,
+        ).start()
+        self.processes.append(proc)
+        match = proc.wait_for_line(r"listening on http://[^:]+:(\d+)")
+        self.pool_ports[pool.name] = int(match.group(1))
+
+    def start_sidecar(self) -> None:
+        argv = python_module(
+            "extproc.cli",
+            "serve",
+            "--policy",
+            str(self.policy_path),
+            "--host",
+            HOST,
+            "--grpc-port",
+            str(self.ports.grpc),
+            "--metrics-port",
+            str(self.ports.metrics),
+        )
+        if not self.exact_tokenizer:
+            argv.append("--no-exact-tokenizer")
+        self.sidecar = ManagedProcess("sidecar", argv, self.work_dir).start()
+        self.processes.append(self.sidecar)
+        match = self.sidecar.wait_for_line(r"sidecar ready: grpc [^:]+:(\d+) metrics \S+:(\d+)/")
+        self.grpc_port, self.metrics_port = int(match.group(1)), int(match.group(2))
+
+    def runtime_policy(self, policy: Policy) -> Policy:
+        """The policy with each pool pointed at the simulated pool started for it."""
+        pools = {
+            name: dataclasses.replace(pool, endpoints=((HOST, self.pool_ports[name]),))
+            for name, pool in policy.pools.items()
+        }
+        if self.failure_mode is not None:
+            policy = dataclasses.replace(policy, failure_mode=self.failure_mode)
+        return dataclasses.replace(policy, pools=pools)
+
+    def start_envoy(self, policy: Policy) -> None:
+        self.listen_port = self.ports.listen or free_port(HOST)
+        self.admin_port = self.ports.admin or free_port(HOST)
+        config = build_bootstrap(
+            self.runtime_policy(policy),
+            EnvoyPorts(self.listen_port, self.admin_port, self.grpc_port, HOST),
+        )
+        config_path = self.work_dir / "envoy.json"
+        config_path.write_text(json.dumps(config, indent=1), encoding="utf-8")
+        self.envoy = ManagedProcess(
+            "envoy",
+            [
+                envoy_binary(),
+                "-c",
+                str(config_path),
+                "--use-dynamic-base-id",
+                "--concurrency",
+                str(self.envoy_concurrency),
+                "--log-level",
+                "warn",
+            ],
+            self.work_dir,
+        ).start()
+        self.processes.append(self.envoy)
+        self.envoy.wait_for_http(f"http://{HOST}:{self.admin_port}/ready")
+
+    def stop_sidecar(self) -> None:
+        if self.sidecar is not None:
+            self.sidecar.stop()
+
+    def failed(self) -> ManagedProcess | None:
+        """A child that died while the stack was meant to be up."""
+        return next((p for p in self.processes if not p.running()), None)
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {p.name} =====\n{p.log_text()[-6000:]}" for p in self.processes)
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()

@@ -1,0 +1,73 @@
+"""The generated bootstrap: accepted by the real Envoy binary, and shaped as slogate needs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from budget.policy import FailureMode, load_policy
+from extproc.contract import ACCESS_LOG_TAGS
+from extproc.envoy_config import FilterProfile, build_bootstrap
+from extproc.processes import envoy_binary
+from tests.conftest import EXAMPLE_POLICY
+
+
+def validate(config: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "bootstrap.json"
+    path.write_text(json.dumps(config))
+    return subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(path), "--log-level", "error"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _filters(config: dict[str, Any]) -> dict[str, Any]:
+    listener = config["staticResources"]["listeners"][0]
+    return listener["filterChains"][0]["filters"][0]["typedConfig"]
+
+
+@pytest.mark.parametrize("profile", list(FilterProfile))
+@pytest.mark.parametrize("mode", list(FailureMode))
+def test_real_envoy_accepts_generated_bootstrap(
+    tmp_path: Path, profile: FilterProfile, mode: FailureMode
+) -> None:
+    policy = dataclasses.replace(load_policy(EXAMPLE_POLICY), failure_mode=mode)
+    result = validate(build_bootstrap(policy, profile=profile), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "OK" in result.stdout + result.stderr
+
+
+def test_envoy_rejects_a_broken_bootstrap(tmp_path: Path) -> None:
+    config = build_bootstrap(load_policy(EXAMPLE_POLICY))
+    config["staticResources"]["clusters"][0]["connectTimeout"] = "forever"
+    assert validate(config, tmp_path).returncode != 0
+
+
+def test_bootstrap_shape() -> None:
+    policy = load_policy(EXAMPLE_POLICY)
+    manager = _filters(build_bootstrap(policy))
+    names = [f["name"] for f in manager["httpFilters"]]
+    assert names == [
+        "envoy.filters.http.ext_proc",
+        "envoy.filters.http.lua",
+        "envoy.filters.http.router",
+    ]
+    ext_proc = manager["httpFilters"][0]["typedConfig"]
+    mode = ext_proc["processingMode"]
+    assert mode["requestBodyMode"] == "BUFFERED"
+    assert mode["responseHeaderMode"] == "SKIP"  # Python stays off the response path
+    assert ext_proc.get("failureModeAllow", False) is False  # closed by default
+    assert ext_proc["allowModeOverride"] is True
+    routes = manager["routeConfig"]["virtualHosts"][0]["routes"]
+    assert [r["route"]["cluster"] for r in routes] == ["default", "long", "fallback", "default"]
+    vhost = manager["routeConfig"]["virtualHosts"][0]
+    assert int(vhost["requestBodyBufferLimit"]) == policy.max_body_bytes
+    tags = manager["accessLog"][0]["typedConfig"]["commonConfig"]["customTags"]
+    assert {t["tag"] for t in tags} == set(ACCESS_LOG_TAGS)

@@ -1,0 +1,142 @@
+"""The per-request decision without gRPC: identity, parsing, estimation, routing, limits."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from budget.policy import Policy, parse_policy
+from extproc.errors import (
+    BodyTooLarge,
+    ContextLengthExceeded,
+    InvalidRequest,
+    MethodNotAllowed,
+    RequestRejected,
+    Unauthenticated,
+)
+from extproc.identity import ApiKeyResolver
+from extproc.request_flow import Decider, RoutingDecision
+from extproc.tokens import ExactTokenCounter, TokenEstimator, fast_estimate
+
+POLICY = parse_policy(
+    {
+        "model": {"max_context_tokens": 131072, "default_max_tokens": 512},
+        "request": {"max_body_bytes": 1_000_000},
+        "keys": [
+            {"key": "sk-a", "tenant": "team-a", "tier": "critical"},
+            {"key": "sk-b", "tenant": "team-b", "tier": "sheddable"},
+        ],
+    }
+)
+HEADERS = {":path": "/v1/chat/completions", ":method": "POST", "authorization": "Bearer sk-a",
+           "x-request-id": "rid-1"}
+
+
+def decider(policy: Policy = POLICY, exact: bool = False) -> Decider:
+    executor = ThreadPoolExecutor(1) if exact else None
+    counter = ExactTokenCounter() if exact else None
+    return Decider(
+        policy=lambda: policy,
+        identity=ApiKeyResolver(lambda: policy),
+        estimator=TokenEstimator(counter, policy.per_message_overhead_tokens),
+        exact_executor=executor,
+    )
+
+
+def body(content: str = "hello", **fields: Any) -> bytes:
+    return json.dumps({"messages": [{"role": "user", "content": content}], **fields}).encode()
+
+
+async def decide(raw: bytes, headers: dict[str, str] | None = None,
+                 d: Decider | None = None) -> RoutingDecision:
+    flow = (d or decider()).new_flow()
+    verdict = flow.on_request_headers(headers or HEADERS, end_of_stream=False)
+    assert verdict.inference
+    return await flow.on_request_body(raw)
+
+
+async def test_short_request_routes_default_with_identity() -> None:
+    decision = await decide(body("hi there", max_tokens=10))
+    assert decision.pool == "default" and decision.bucket.name == "0-4k"
+    assert decision.caller.tenant == "team-a" and decision.max_tokens == 10
+    headers = decision.upstream_headers()
+    assert headers["x-slogate-pool"] == "default" and headers["x-slogate-tier"] == "critical"
+    meta = decision.metadata()
+    assert meta["request_id"] == "rid-1" and "sk-a" not in json.dumps(meta)
+
+
+async def test_default_max_tokens_is_charged_when_absent() -> None:
+    decision = await decide(body("hi"))
+    assert decision.max_tokens == 512
+
+
+async def test_long_context_routes_long() -> None:
+    decision = await decide(body(" word" * 40_000, max_tokens=100))
+    assert decision.pool == "long" and decision.bucket.name == "32k-128k"
+
+
+async def test_max_tokens_alone_can_move_a_request_to_long() -> None:
+    decision = await decide(body("short prompt", max_tokens=40_000))
+    assert decision.pool == "long"
+
+
+async def test_context_over_model_max_is_refused() -> None:
+    with pytest.raises(ContextLengthExceeded) as info:
+        await decide(body("hi", max_tokens=131_072))
+    assert "131072" in info.value.message and info.value.status == 400
+
+
+async def test_near_threshold_uses_exact_count() -> None:
+    d = decider(exact=True)
+    sentence = "The quick brown fox jumps over the lazy dog near the river bank. "
+    # An estimated context within a few percent of the long-pool boundary (32769).
+    prompt = sentence * round(32_600 / fast_estimate(sentence))
+    decision = await decide(body(prompt, max_tokens=16), d=d)
+    assert decision.exact
+    assert decision.prompt_tokens == d.estimator.count_exact([prompt])
+    far = await decide(body("hello", max_tokens=16), d=d)
+    assert not far.exact
+
+
+@pytest.mark.parametrize(
+    ("headers", "error"),
+    [
+        ({":path": "/v1/chat/completions", ":method": "POST"}, Unauthenticated),
+        ({**HEADERS, "authorization": "Bearer sk-zzz"}, Unauthenticated),
+        ({**HEADERS, "authorization": "Basic abc"}, Unauthenticated),
+        ({**HEADERS, ":method": "GET"}, MethodNotAllowed),
+        ({**HEADERS, "content-length": "2000000"}, BodyTooLarge),
+    ],
+)
+def test_header_phase_rejections(headers: dict[str, str], error: type[RequestRejected]) -> None:
+    with pytest.raises(error):
+        decider().new_flow().on_request_headers(headers, end_of_stream=False)
+
+
+def test_x_api_key_header_is_accepted_and_bodyless_post_refused() -> None:
+    headers = {":path": "/v1/completions", ":method": "POST", "x-api-key": "sk-b"}
+    verdict = decider().new_flow().on_request_headers(headers, end_of_stream=False)
+    assert verdict.caller is not None and verdict.caller.tenant == "team-b"
+    with pytest.raises(InvalidRequest):
+        decider().new_flow().on_request_headers(headers, end_of_stream=True)
+
+
+def test_other_paths_skip_the_body_and_strip_slogate_headers() -> None:
+    verdict = decider().new_flow().on_request_headers(
+        {":path": "/health?x=1", ":method": "GET", "x-slogate-pool": "long"}, end_of_stream=True
+    )
+    assert not verdict.inference and verdict.strip_headers == ("x-slogate-pool",)
+
+
+async def test_body_over_limit_without_content_length() -> None:
+    with pytest.raises(BodyTooLarge):
+        await decide(body("x" * 1_100_000))
+
+
+async def test_stream_gets_usage_requested() -> None:
+    decision = await decide(body("hi", stream=True))
+    assert decision.stream and decision.new_body is not None
+    assert json.loads(decision.new_body)["stream_options"]["include_usage"] is True
