@@ -40,45 +40,46 @@ __all__ = [
 # groups of 1-3, punctuation runs, whitespace runs and CJK runs, then BPE merges inside each
 # piece. So the token count follows a few byte classes of the UTF-8 text, all of which numpy
 # counts with vectorised compares (no Python loop over characters):
-#   letters           ASCII letters: English words are ~1 token per 5-6 letters once the
-#                     space in front of each word is counted separately.
+#   letters           ASCII letters.
 #   symbol_starts     other ASCII bytes (space, digit, punctuation, newline) that differ from
-#                     the byte before: each is close to one pre-tokenizer piece.
-#   symbol_repeats    the same byte again (indentation, "-----", "====="): BPE swallows runs
-#                     whole, so these cost almost nothing. Splitting them out is what makes
-#                     source code and ASCII tables come out right.
+#                     the byte before: nearly every one begins a new token.
+#   symbol_repeats    the same symbol again (indentation, "-----", "====="): BPE swallows runs
+#                     whole. Counting them apart from symbol_starts is what makes source code
+#                     and ASCII tables come out right (a third less error on code).
 #   non-ASCII bytes   split by script: Simplified Chinese costs ~0.55 tokens per ideograph,
 #                     Traditional ~0.70 (the vocabulary saw more Simplified text). Both use the
-#                     same code points, so `_traditional_share` looks for frequent characters
-#                     that exist in one script only, in a small window.
+#                     same code points, so `_traditional_share` looks, in a small window, for
+#                     frequent characters that exist in one script only.
 #
-# Least-squares fit on relative error (each language and each size weighted equally), then
-# scaled up so that no language is under-estimated on average: an over-estimate only makes a
-# request look a little more expensive, an under-estimate lets it past a limit. The fit is
-# reproducible with `python -m extproc.benchmarks.estimator --fit`; the accuracy it reaches is
-# in bench/results/estimator_accuracy.md. All coefficients are >= 0, so appending text never
-# lowers the estimate of single-script text.
-TOKENS_PER_LETTER = 0.1104
-TOKENS_PER_SYMBOL_START = 0.8059
-TOKENS_PER_SYMBOL_REPEAT = 0.0337
-TOKENS_PER_SIMPLIFIED_BYTE = 0.1934
-TOKENS_PER_TRADITIONAL_BYTE = 0.2464
+# Fit: least squares on relative error (each language and each sample size weighted equally),
+# coefficients kept >= 0, then scaled up until no language is under-estimated on average on
+# the fit half of the corpus: an over-estimate only makes a request look a little more
+# expensive, an under-estimate lets it past a limit. Reproduce with
+# `python -m extproc.benchmarks.estimator --fit`; accuracy is in
+# bench/results/estimator_accuracy.md. Because every coefficient is >= 0 and a byte's class
+# depends only on itself and the byte before, appending text never lowers the estimate (the
+# one exception: the Simplified/Traditional share of the first ~1000 CJK characters).
+TOKENS_PER_LETTER = 0.0626  # "model " = 5 letters + 1 space = 0.31 + 0.91 = 1.2 tokens
+TOKENS_PER_SYMBOL_START = 0.9133
+TOKENS_PER_SYMBOL_REPEAT = 0.0  # the fit puts a whole run's cost on its first byte
+TOKENS_PER_SIMPLIFIED_BYTE = 0.2097  # x3 bytes = 0.63 tokens per ideograph or CJK punctuation
+TOKENS_PER_TRADITIONAL_BYTE = 0.2442  # x3 bytes = 0.73 tokens per ideograph
 
-# Strings are measured in slices so that the temporary numpy arrays stay small (cache-sized,
-# reused by malloc) instead of touching fresh pages for a multi-megabyte prompt.
-_SLICE_CHARS = 65536
+# Strings are measured in slices so that the temporary numpy arrays stay cache-sized and get
+# reused by malloc, instead of touching fresh pages for every multi-megabyte prompt.
+_SLICE_CHARS = 1 << 18
 
-# Script detection: frequent 64-code-point blocks (UTF-8 lead byte + second byte) that occur
-# in one Chinese script only. Simplified: 讠 speech radical (说 语 请 该 话 读 调 识 …) and
-# 纟 silk radical (经 给 结 统 续 维 …). Traditional: 言 speech radical (語 說 誰 課 調 認,
-# 計 記 設 許 話 該 詞 試 …) and 門 door radical (開 間 門 閱 …). Measured on the benchmark
-# corpus they are ~2.7% of Simplified and ~2.4% of Traditional ideographs, so raw counts
-# compare fairly.
-_SIMPLIFIED_MARKERS = (b"\xe8\xaf", b"\xe7\xbb")
-_TRADITIONAL_MARKERS = (b"\xe8\xaa", b"\xe8\xa9", b"\xe9\x96")
-# ~680 CJK characters from the first non-ASCII byte: enough for ~15 markers, cheap enough
-# (5 bytes.count calls over 2 KiB) to run on every message that has non-ASCII text.
-_SCRIPT_WINDOW_BYTES = 2048
+# Script detection: frequent 64-code-point blocks that occur in one Chinese script only.
+# Simplified: 讠 speech radical U+8BC0-8BFF (说 语 请 该 话 读 调 …) and 纟 silk radical
+# U+7EC0-7EFF (经 给 结 统 续 …). Traditional: 言 speech radical U+8A40-8ABF (語 說 誰 課 調 認
+# 記 設 許 話 該 詞 試 …) and 門 door radical U+9580-95BF (開 間 門 閱 …). On the benchmark
+# corpus they are ~2.7% of Simplified and ~1.8% of Traditional ideographs, and neither set
+# occurs in the other script's text, so single-script text gets a share of exactly 0 or 1.
+_SIMPLIFIED_BLOCKS = (0x8BC0 >> 6, 0x7EC0 >> 6)
+_TRADITIONAL_BLOCKS = (0x8A40 >> 6, 0x8A80 >> 6, 0x9580 >> 6)
+# ~1000 characters from the first non-ASCII one hold ~20 markers of either script; a window
+# keeps the check at a few µs however long the message is.
+_SCRIPT_WINDOW_CHARS = 1024
 
 
 class TextFeatures(NamedTuple):
@@ -87,58 +88,87 @@ class TextFeatures(NamedTuple):
     letters: int
     symbol_starts: int
     symbol_repeats: int
-    simplified_bytes: float  # non-ASCII bytes charged at the Simplified Chinese rate
-    traditional_bytes: float  # non-ASCII bytes charged at the Traditional Chinese rate
+    simplified_bytes: float  # non-ASCII UTF-8 bytes charged at the Simplified Chinese rate
+    traditional_bytes: float  # non-ASCII UTF-8 bytes charged at the Traditional Chinese rate
 
 
 def text_features(text: str) -> TextFeatures:
-    """Count the byte classes `fast_estimate` is built on. O(bytes), all in numpy / C."""
-    letters = symbol_repeats = non_ascii = total = 0
-    previous_byte = -1  # last byte of the previous slice, to see runs across slices
-    script_window = b""
+    """Count the byte classes `fast_estimate` is built on. O(length), all in numpy / C.
+
+    The classes are defined on UTF-8 bytes (what the tokenizer sees) but counted on UTF-16
+    code units, because CPython encodes a str to UTF-16 3-4x faster than to UTF-8 and every
+    count has a UTF-16 twin: ASCII is ASCII, a unit >= 0x80 is 2 UTF-8 bytes and one >= 0x800
+    is 3. The one difference: a character outside the BMP (emoji) counts 6 bytes instead of
+    4, which nudges emoji, under-estimated otherwise, the right way.
+    """
+    letters = symbol_repeats = high_units = wide_units = total = 0
+    previous_unit = -1  # last unit of the previous slice, to see runs across slices
+    # The script window: _SCRIPT_WINDOW_CHARS units from the first non-ASCII one, possibly
+    # spread over two slices; -1 until it starts.
+    window_parts: list[np.ndarray] = []
+    window_left = -1
+    ascii_only = text.isascii()  # O(1): CPython keeps the flag
     for start in range(0, len(text), _SLICE_CHARS):
-        # surrogatepass: JSON may carry lone surrogates ("\ud83d"); they must not raise here.
-        data = text[start : start + _SLICE_CHARS].encode("utf-8", "surrogatepass")
-        a = np.frombuffer(data, dtype=np.uint8)
-        # (b | 0x20) - 97 maps A-Z and a-z onto 0..25 (uint8 wraps everything else above).
+        piece = text[start : start + _SLICE_CHARS]
+        # A slice gets the narrowest representation that fits it, so English with a stray
+        # curly quote still takes the cheap ASCII path in the slices without one.
+        piece_ascii = ascii_only or piece.isascii()
+        if piece_ascii:
+            a = np.frombuffer(piece.encode("ascii"), dtype=np.uint8)
+        else:
+            # surrogatepass: JSON may carry lone surrogates ("\ud83d"); they must not raise.
+            a = np.frombuffer(piece.encode("utf-16-le", "surrogatepass"), dtype=np.uint16)
+        if window_left > 0:
+            part = a[:window_left]
+            window_left -= part.size
+            if not piece_ascii:
+                window_parts.append(part)
+        # (u | 0x20) - 97 maps A-Z and a-z onto 0..25; unsigned wrap puts everything else above.
         folded = a | 0x20
         folded -= 97
         is_word = folded < 26
         letters += int(np.count_nonzero(is_word))
-        is_high = a >= 0x80
-        high = int(np.count_nonzero(is_high))
-        non_ascii += high
-        if high and not script_window:
-            first_high = int(np.argmax(is_high))
-            script_window = data[first_high : first_high + _SCRIPT_WINDOW_BYTES]
-        # A "symbol repeat" is an ASCII non-letter equal to the byte before it.
-        is_word |= is_high
+        if not piece_ascii:
+            is_high = a >= 0x80
+            piece_high = int(np.count_nonzero(is_high))
+            if piece_high:
+                high_units += piece_high
+                wide_units += int(np.count_nonzero(a >= 0x800))
+                is_word |= is_high
+                if window_left < 0:
+                    first = int(np.argmax(is_high))
+                    window_parts.append(a[first : first + _SCRIPT_WINDOW_CHARS])
+                    window_left = _SCRIPT_WINDOW_CHARS - window_parts[0].size
+        # A symbol repeat is an ASCII non-letter equal to the unit before it: for booleans
+        # `same > is_word` is `same and not is_word`, one pass instead of two.
         same = a[1:] == a[:-1]
-        same &= ~is_word[1:]
+        np.greater(same, is_word[1:], out=same)
         symbol_repeats += int(np.count_nonzero(same))
-        if a[0] == previous_byte and not is_word[0]:
+        if int(a[0]) == previous_unit and not is_word[0]:
             symbol_repeats += 1
-        previous_byte = int(a[-1])
+        previous_unit = int(a[-1])
         total += a.size
-    symbol_starts = total - letters - non_ascii - symbol_repeats
-    share = _traditional_share(script_window)
+    non_ascii_bytes = 2 * high_units + wide_units
+    # Only CJK needs the script check; accented Latin or Cyrillic text skips it.
+    share = _traditional_share(window_parts) if wide_units else 0.0
     return TextFeatures(
         letters=letters,
-        symbol_starts=symbol_starts,
+        symbol_starts=total - letters - high_units - symbol_repeats,
         symbol_repeats=symbol_repeats,
-        simplified_bytes=non_ascii * (1.0 - share),
-        traditional_bytes=non_ascii * share,
+        simplified_bytes=non_ascii_bytes * (1.0 - share),
+        traditional_bytes=non_ascii_bytes * share,
     )
 
 
-def _traditional_share(window: bytes) -> float:
-    """0.0 (Simplified, also the default for no evidence) .. 1.0 (Traditional)."""
-    if not window:
+def _traditional_share(window_parts: list[np.ndarray]) -> float:
+    """0.0 (Simplified, also the default without evidence) .. 1.0 (Traditional)."""
+    blocks = sum(np.bincount(part >> 6, minlength=1024) for part in window_parts)
+    if not isinstance(blocks, np.ndarray):
         return 0.0
-    simplified = sum(window.count(m) for m in _SIMPLIFIED_MARKERS)
-    traditional = sum(window.count(m) for m in _TRADITIONAL_MARKERS)
+    traditional = sum(int(blocks[b]) for b in _TRADITIONAL_BLOCKS)
     if traditional == 0:
         return 0.0
+    simplified = sum(int(blocks[b]) for b in _SIMPLIFIED_BLOCKS)
     return traditional / (traditional + simplified)
 
 
@@ -178,7 +208,7 @@ def default_tokenizer_path() -> Path:
 
 
 class ExactTokenCounter:
-    """The real DeepSeek tokenizer, loaded on first use (~0.2 s), then shared by all threads.
+    """The real DeepSeek tokenizer, loaded on first use (0.2-1 s), then shared by all threads.
 
     The Rust tokenizer is safe to call from several threads at once; only loading needs the
     lock, so that two threads racing on the first request do not load it twice.
@@ -220,8 +250,8 @@ class ExactTokenCounter:
 
 
 def _encodable(text: str) -> str:
-    # Lone surrogates cannot cross into Rust. The server replaces them with U+FFFD (also one
-    # replacement character per surrogate), so count what it will see.
+    # Lone surrogates (from JSON "\ud83d" escapes) cannot cross into Rust and are not valid
+    # UTF-8 on the wire either; count them as the U+FFFD a UTF-8 encoder/decoder makes of them.
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -259,9 +289,10 @@ class TokenEstimator:
     def count_exact(self, texts: Sequence[str]) -> int:
         """Exact count with the same per-message overhead.
 
-        Blocks for milliseconds to tens of milliseconds on long prompts (and ~0.2 s for the
-        first call, which loads the tokenizer): run it in a worker thread, and only when
-        `near_threshold` says the estimate could flip a decision.
+        Costs ~2 ms per 1k tokens (~150 ms for a 70k-token prompt on the benchmark machine)
+        plus 0.2-1 s on the first call, which loads the tokenizer; the tokenizer releases the
+        GIL. Run it in a worker thread, and only when `near_threshold` says the estimate could
+        flip a decision.
         """
         if self._exact is None:
             raise RuntimeError("TokenEstimator was built without an ExactTokenCounter")
