@@ -21,7 +21,7 @@ from __future__ import annotations
 class RequestRejected(Exception):
     status: int = 400
     error_type: str = "invalid_request_error"
-    code: str | None = None
+    code: str | None = None  # OpenAI leaves it null for generic invalid requests
 
     def __init__(self, message: str, *, reason: str, retry_after_s: int | None = None) -> None:
         super().__init__(message)
@@ -33,7 +33,6 @@ class RequestRejected(Exception):
 class InvalidRequest(RequestRejected):
     status = 400
     error_type = "invalid_request_error"
-    code = None
 
 
 class ContextLengthExceeded(InvalidRequest):

@@ -16,7 +16,6 @@ from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
 
 from extproc.contract import METADATA_NAMESPACE, REASON_HEADER
 from extproc.errors import RequestRejected
@@ -65,11 +64,17 @@ def routed_body_reply(decision: RoutingDecision) -> pb.ProcessingResponse:
         common.body_mutation.body = decision.new_body
         headers["content-length"] = str(len(decision.new_body))
     common.header_mutation.set_headers.extend(_set_headers(headers))
-    metadata = struct_pb2.Struct()
-    metadata.update({METADATA_NAMESPACE: decision.metadata()})
-    return pb.ProcessingResponse(
-        request_body=pb.BodyResponse(response=common), dynamic_metadata=metadata
-    )
+    reply = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+    # Field by field: Struct.update walks generic Python values and costs ~3x as much.
+    fields = reply.dynamic_metadata.fields[METADATA_NAMESPACE].struct_value.fields
+    for key, value in decision.metadata().items():
+        if isinstance(value, bool):
+            fields[key].bool_value = value
+        elif isinstance(value, str):
+            fields[key].string_value = value
+        else:
+            fields[key].number_value = value
+    return reply
 
 
 def passthrough_reply(request: pb.ProcessingRequest) -> pb.ProcessingResponse:
@@ -96,7 +101,7 @@ def rejection(
         headers["retry-after"] = str(max(1, int(error.retry_after_s)))
     headers.update(extra_headers)
     immediate = pb.ImmediateResponse(
-        status=http_status_pb2.HttpStatus(code=error.status),  # type: ignore[arg-type]
+        status=http_status_pb2.HttpStatus(code=error.status),
         body=error_body(error),
         details=f"slogate_{error.reason}",
     )

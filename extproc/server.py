@@ -46,17 +46,18 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
             try:
                 reply = await self._reply(flow, phase, request)
             except RequestRejected as error:
-                self._metrics.rejections.labels(error.reason, str(error.status)).inc()
-                reply = rejection(error)
+                reply = self._rejection(error)
             except Exception:
                 log.exception("ext_proc %s failed", phase)
-                error = InternalError(
-                    "The gateway failed to process the request.", reason="internal"
+                reply = self._rejection(
+                    InternalError("The gateway failed to process the request.", reason="internal")
                 )
-                self._metrics.rejections.labels(error.reason, str(error.status)).inc()
-                reply = rejection(error)
-            self._metrics.decision_seconds.labels(phase).observe(time.perf_counter() - started)
+            self._metrics.decision_seconds(phase).observe(time.perf_counter() - started)
             yield reply
+
+    def _rejection(self, error: RequestRejected) -> pb.ProcessingResponse:
+        self._metrics.rejections(error.reason, str(error.status)).inc()
+        return rejection(error)
 
     async def _reply(
         self, flow: RequestFlow, phase: str, request: pb.ProcessingRequest
@@ -67,10 +68,10 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
             return header_reply(verdict)
         if phase == "request_body":
             decision = await flow.on_request_body(request.request_body.body)
-            self._metrics.decisions.labels(
+            self._metrics.decisions(
                 decision.pool, decision.bucket.name, decision.caller.tier.value
             ).inc()
-            self._metrics.context_tokens.labels(decision.pool).observe(decision.context_tokens)
+            self._metrics.context_tokens(decision.pool).observe(decision.context_tokens)
             if decision.exact:
                 self._metrics.exact_counts.inc()
             return routed_body_reply(decision)

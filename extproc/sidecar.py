@@ -45,7 +45,7 @@ class PolicyHolder:
         self._metrics = metrics
         self._policy = load_policy(path)
         self._mtime_ns = self._stat()
-        metrics.policy_info.set(len(self._policy.keys))
+        metrics.policy_keys.set(len(self._policy.keys))
 
     def __call__(self) -> Policy:
         return self._policy
@@ -60,12 +60,12 @@ class PolicyHolder:
         try:
             policy = load_policy(self.path)
         except (PolicyError, OSError) as error:
-            self._metrics.policy_reloads.labels("rejected").inc()
+            self._metrics.policy_reloads("rejected").inc()
             log.error("policy reload refused, keeping the active policy: %s", error)
             return False
         self._policy = policy
-        self._metrics.policy_reloads.labels("ok").inc()
-        self._metrics.policy_info.set(len(policy.keys))
+        self._metrics.policy_reloads("ok").inc()
+        self._metrics.policy_keys.set(len(policy.keys))
         log.info("policy reloaded from %s (%d keys)", self.path, len(policy.keys))
         return True
 

@@ -42,8 +42,9 @@ META = {
 
 def test_routed_entry_becomes_outcome() -> None:
     outcome = outcome_from_entry(
-        entry(tags={"ttft_ms": "120", "prompt_tokens": "40000", "completion_tokens": "16"},
-              meta=META)
+        entry(
+            tags={"ttft_ms": "120", "prompt_tokens": "40000", "completion_tokens": "16"}, meta=META
+        )
     )
     assert outcome is not None
     assert (outcome.pool, outcome.bucket, outcome.tier) == ("long", "32k-128k", "critical")
@@ -87,16 +88,28 @@ def test_recorder_feeds_metrics_windows_and_sinks() -> None:
     recorder.record_entry(entry(status=413, details="request_payload_too_large"))
     recorder.record_entry(entry(status=404))  # an upstream 404 on a non-inference path
     value = metrics.registry.get_sample_value
-    assert value("slogate_tokens_total", {"pool": "long", "bucket": "32k-128k",
-                                          "kind": "completion"}) == 11
-    assert value("slogate_upstream_ttft_seconds_count", {"pool": "long", "bucket": "32k-128k",
-                                                         "tier": "critical"}) == 1
+    assert (
+        value("slogate_tokens_total", {"pool": "long", "bucket": "32k-128k", "kind": "completion"})
+        == 11
+    )
+    assert (
+        value(
+            "slogate_upstream_ttft_seconds_count",
+            {"pool": "long", "bucket": "32k-128k", "tier": "critical"},
+        )
+        == 1
+    )
     assert value("slogate_responses_total", {"pool": "long", "code_class": "5xx"}) == 1
     assert value("slogate_envoy_local_replies_total", {"status": "413"}) == 1
     assert value("slogate_envoy_local_replies_total", {"status": "404"}) is None
     # tpot = (0.9 s - 0.1 s) / (11 - 1)
-    assert value("slogate_upstream_time_per_output_token_seconds_sum",
-                 {"pool": "long", "bucket": "32k-128k"}) == 0.08
+    assert (
+        value(
+            "slogate_upstream_time_per_output_token_seconds_sum",
+            {"pool": "long", "bucket": "32k-128k"},
+        )
+        == 0.08
+    )
     assert windows.error_rate("long", 60) == 0.5
     assert windows.quantile("ttft", 0.5, 60, pool="long") is not None
     assert [o.status for o in sink.seen] == [200, 503]  # the broken sink did not stop it

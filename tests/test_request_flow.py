@@ -31,8 +31,12 @@ POLICY = parse_policy(
         ],
     }
 )
-HEADERS = {":path": "/v1/chat/completions", ":method": "POST", "authorization": "Bearer sk-a",
-           "x-request-id": "rid-1"}
+HEADERS = {
+    ":path": "/v1/chat/completions",
+    ":method": "POST",
+    "authorization": "Bearer sk-a",
+    "x-request-id": "rid-1",
+}
 
 
 def decider(policy: Policy = POLICY, exact: bool = False) -> Decider:
@@ -50,8 +54,9 @@ def body(content: str = "hello", **fields: Any) -> bytes:
     return json.dumps({"messages": [{"role": "user", "content": content}], **fields}).encode()
 
 
-async def decide(raw: bytes, headers: dict[str, str] | None = None,
-                 d: Decider | None = None) -> RoutingDecision:
+async def decide(
+    raw: bytes, headers: dict[str, str] | None = None, d: Decider | None = None
+) -> RoutingDecision:
     flow = (d or decider()).new_flow()
     verdict = flow.on_request_headers(headers or HEADERS, end_of_stream=False)
     assert verdict.inference
@@ -125,8 +130,12 @@ def test_x_api_key_header_is_accepted_and_bodyless_post_refused() -> None:
 
 
 def test_other_paths_skip_the_body_and_strip_slogate_headers() -> None:
-    verdict = decider().new_flow().on_request_headers(
-        {":path": "/health?x=1", ":method": "GET", "x-slogate-pool": "long"}, end_of_stream=True
+    verdict = (
+        decider()
+        .new_flow()
+        .on_request_headers(
+            {":path": "/health?x=1", ":method": "GET", "x-slogate-pool": "long"}, end_of_stream=True
+        )
     )
     assert not verdict.inference and verdict.strip_headers == ("x-slogate-pool",)
 
