@@ -103,6 +103,20 @@ class Policy:
     route_rules: tuple[RouteRule, ...]
     keys: Mapping[str, ApiKey] = field(repr=False)
     source: str = "<memory>"
+    # Token counts where one token more or less changes a decision (bucket edges, pool
+    # rules, the model max): near these the exact tokenizer is worth its cost.
+    decision_thresholds: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        points: set[int] = {self.max_context_tokens}
+        points.update(b.max_tokens for b in self.buckets if b.max_tokens is not None)
+        for rule in self.route_rules:
+            points.add(rule.min_context_tokens)
+            if rule.max_context_tokens is not None:
+                points.add(rule.max_context_tokens)
+        points.discard(0)
+        # Derived once per policy, not per request; frozen, hence object.__setattr__.
+        object.__setattr__(self, "decision_thresholds", tuple(sorted(points)))
 
     def key_for(self, api_key: str) -> ApiKey | None:
         return self.keys.get(hash_api_key(api_key))
@@ -118,17 +132,6 @@ class Policy:
             if rule.matches(context_tokens):
                 return rule.pool
         return self.default_pool
-
-    def decision_thresholds(self) -> tuple[int, ...]:
-        """Token counts where one token more or less changes a decision (exact counting helps)."""
-        points: set[int] = {self.max_context_tokens}
-        points.update(b.max_tokens for b in self.buckets if b.max_tokens is not None)
-        for rule in self.route_rules:
-            points.add(rule.min_context_tokens)
-            if rule.max_context_tokens is not None:
-                points.add(rule.max_context_tokens)
-        points.discard(0)
-        return tuple(sorted(points))
 
 
 def hash_api_key(api_key: str) -> str:

@@ -16,26 +16,22 @@ from typing import Protocol
 import grpc
 from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
-from google.protobuf import struct_pb2
 
 from breaker.latency import ResponseWindows
-from extproc.contract import METADATA_NAMESPACE
+from extproc.contract import METADATA_NAMESPACE, TRACKING_ID_FIELD
+from extproc.inflight import InFlight
 from extproc.metrics import SidecarMetrics
+from extproc.request_flow import RoutingDecision
 
 log = logging.getLogger("slogate.accesslog")
 
 
 @dataclass(frozen=True, slots=True)
 class RequestOutcome:
-    request_id: str
-    key_id: str
-    tenant: str
-    tier: str
-    pool: str
-    bucket: str
-    status: int
-    prompt_tokens_est: int
-    max_tokens: int
+    """What became of a routed request: its decision plus what Envoy saw of the response."""
+
+    decision: RoutingDecision
+    status: int  # 0: no access-log entry ever came (expired from the in-flight table)
     prompt_tokens: int | None  # from upstream usage; None when the response had none
     completion_tokens: int | None
     ttft_s: float | None  # None when no response body byte arrived
@@ -67,37 +63,26 @@ def _tag_ms(tags: Mapping[str, str], name: str) -> float | None:
     return None if value is None else value / 1000.0
 
 
-def _meta_text(fields: Mapping[str, struct_pb2.Value], name: str) -> str:
-    value = fields.get(name)
-    return value.string_value if value is not None else ""
-
-
-def _meta_int(fields: Mapping[str, struct_pb2.Value], name: str) -> int:
-    value = fields.get(name)
-    return int(value.number_value) if value is not None else 0
-
-
-def outcome_from_entry(entry: accesslog_pb2.HTTPAccessLogEntry) -> RequestOutcome | None:
-    """The outcome of a request the sidecar routed; None for any other request."""
-    common = entry.common_properties
-    if METADATA_NAMESPACE not in common.metadata.filter_metadata:
+def tracking_id(entry: accesslog_pb2.HTTPAccessLogEntry) -> str | None:
+    """The sidecar's in-flight id of a routed request; None for any other request."""
+    namespace = entry.common_properties.metadata.filter_metadata.get(METADATA_NAMESPACE)
+    if namespace is None:
         return None
-    # Direct field reads: json_format.MessageToDict cost ~40 us per entry.
-    meta = common.metadata.filter_metadata[METADATA_NAMESPACE].fields
+    value = namespace.fields.get(TRACKING_ID_FIELD)
+    return value.string_value if value is not None else None
+
+
+def outcome_from_entry(
+    decision: RoutingDecision, entry: accesslog_pb2.HTTPAccessLogEntry
+) -> RequestOutcome:
+    common = entry.common_properties
     tags = common.custom_tags
     duration_s = common.duration.ToNanoseconds() / 1e9 if common.HasField("duration") else 0.0
     if duration_s == 0.0 and common.HasField("time_to_last_downstream_tx_byte"):
         duration_s = common.time_to_last_downstream_tx_byte.ToNanoseconds() / 1e9
     return RequestOutcome(
-        request_id=_meta_text(meta, "request_id"),
-        key_id=_meta_text(meta, "key_id"),
-        tenant=_meta_text(meta, "tenant"),
-        tier=_meta_text(meta, "tier"),
-        pool=_meta_text(meta, "pool"),
-        bucket=_meta_text(meta, "bucket"),
+        decision=decision,
         status=entry.response.response_code.value,
-        prompt_tokens_est=_meta_int(meta, "prompt_tokens_est"),
-        max_tokens=_meta_int(meta, "max_tokens"),
         prompt_tokens=_tag_int(tags, "prompt_tokens"),
         completion_tokens=_tag_int(tags, "completion_tokens"),
         ttft_s=_tag_ms(tags, "ttft_ms"),
@@ -106,26 +91,32 @@ def outcome_from_entry(entry: accesslog_pb2.HTTPAccessLogEntry) -> RequestOutcom
     )
 
 
+def expired_outcome(decision: RoutingDecision) -> RequestOutcome:
+    return RequestOutcome(decision, 0, None, None, None, 0.0, "expired")
+
+
 def _code_class(status: int) -> str:
     return f"{status // 100}xx" if 100 <= status < 600 else "other"
 
 
 class OutcomeRecorder:
-    """Feeds each outcome to metrics, the latency windows and the registered sinks."""
+    """Matches entries to in-flight decisions; feeds metrics, latency windows and sinks."""
 
     def __init__(
         self,
         metrics: SidecarMetrics,
         windows: ResponseWindows,
+        inflight: InFlight[RoutingDecision],
         sinks: Sequence[OutcomeSink] = (),
     ) -> None:
         self.metrics = metrics
         self.windows = windows
+        self.inflight = inflight
         self.sinks = list(sinks)
 
     def record_entry(self, entry: accesslog_pb2.HTTPAccessLogEntry) -> None:
-        outcome = outcome_from_entry(entry)
-        if outcome is None:
+        key = tracking_id(entry)
+        if key is None:
             self.metrics.access_log_entries("other").inc()
             status = entry.response.response_code.value
             details = entry.response.response_code_details
@@ -133,21 +124,39 @@ class OutcomeRecorder:
                 # Envoy answered itself (413 over the buffer limit, 503 sidecar down, ...).
                 self.metrics.envoy_local_replies(str(status)).inc()
             return
+        decision = self.inflight.pop(key)
+        if decision is None:
+            # Expired before its entry came, or decided by an earlier sidecar process.
+            self.metrics.access_log_entries("unmatched").inc()
+            return
         self.metrics.access_log_entries("routed").inc()
-        self.record(outcome)
+        self.record(outcome_from_entry(decision, entry))
+
+    def expire(self) -> int:
+        """Settle the requests whose entry never came (the safety net); returns how many."""
+        expired = self.inflight.expire()
+        for decision in expired:
+            self.metrics.inflight_expired.inc()
+            self._to_sinks(expired_outcome(decision))
+        self.metrics.inflight.set(len(self.inflight))
+        return len(expired)
 
     def record(self, outcome: RequestOutcome) -> None:
         m = self.metrics
-        m.responses(outcome.pool, _code_class(outcome.status)).inc()
-        self.windows.record_response(outcome.pool, outcome.status)
+        d = outcome.decision
+        pool, bucket, tier = d.pool, d.bucket.name, d.caller.tier.value
+        m.responses(pool, _code_class(outcome.status)).inc()
+        self.windows.record_response(pool, outcome.status)
         if outcome.status < 400:
-            labels = (outcome.pool, outcome.bucket, outcome.tier)
-            m.duration_seconds(*labels).observe(outcome.duration_s)
-            self.windows.record_latency("total", *labels, outcome.duration_s)
+            m.duration_seconds(pool, bucket, tier).observe(outcome.duration_s)
+            self.windows.record_latency("total", pool, tier, bucket, outcome.duration_s)
             if outcome.ttft_s is not None:
-                m.ttft_seconds(*labels).observe(outcome.ttft_s)
-                self.windows.record_latency("ttft", *labels, outcome.ttft_s)
+                m.ttft_seconds(pool, bucket, tier).observe(outcome.ttft_s)
+                self.windows.record_latency("ttft", pool, tier, bucket, outcome.ttft_s)
             self._record_usage(outcome)
+        self._to_sinks(outcome)
+
+    def _to_sinks(self, outcome: RequestOutcome) -> None:
         for sink in self.sinks:
             try:
                 sink.record(outcome)
@@ -156,21 +165,21 @@ class OutcomeRecorder:
 
     def _record_usage(self, outcome: RequestOutcome) -> None:
         m = self.metrics
+        d = outcome.decision
+        pool, bucket = d.pool, d.bucket.name
         if outcome.prompt_tokens is not None:
-            m.tokens(outcome.pool, outcome.bucket, "prompt").inc(outcome.prompt_tokens)
+            m.tokens(pool, bucket, "prompt").inc(outcome.prompt_tokens)
             if outcome.prompt_tokens > 0:
-                m.estimate_ratio.observe(outcome.prompt_tokens_est / outcome.prompt_tokens)
+                m.estimate_ratio.observe(d.prompt_tokens / outcome.prompt_tokens)
         if outcome.completion_tokens is None:
-            m.usage_missing(outcome.pool).inc()
+            m.usage_missing(pool).inc()
             return
-        m.tokens(outcome.pool, outcome.bucket, "completion").inc(outcome.completion_tokens)
+        m.tokens(pool, bucket, "completion").inc(outcome.completion_tokens)
         if outcome.ttft_s is not None and outcome.completion_tokens > 1:
             tpot_s = (outcome.duration_s - outcome.ttft_s) / (outcome.completion_tokens - 1)
             if tpot_s >= 0:
-                m.tpot_seconds(outcome.pool, outcome.bucket).observe(tpot_s)
-                self.windows.record_latency(
-                    "tpot", outcome.pool, outcome.tier, outcome.bucket, tpot_s
-                )
+                m.tpot_seconds(pool, bucket).observe(tpot_s)
+                self.windows.record_latency("tpot", pool, d.caller.tier.value, bucket, tpot_s)
 
 
 class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):

@@ -6,6 +6,7 @@ What lives here: metadata namespaces, header names and access-log tag names. No 
 from __future__ import annotations
 
 METADATA_NAMESPACE = "slogate"  # set by the sidecar on the request path (ext_proc)
+TRACKING_ID_FIELD = "id"  # in METADATA_NAMESPACE: the sidecar's in-flight id of the request
 USAGE_NAMESPACE = "slogate.usage"  # set by the Lua usage tap (usage_tap.lua spells both)
 
 SLOGATE_HEADER_PREFIX = "x-slogate-"  # only slogate sets these; client copies are removed

@@ -71,10 +71,11 @@ class SidecarMetrics:
             ["phase"],
             _DECISION_BUCKETS_S,
         )
-        self.exact_counts = Counter(
-            "slogate_exact_token_counts_total",
-            "Prompts counted with the real tokenizer because the estimate was near a threshold.",
-            registry=r,
+        self.prompt_estimates = counter(
+            "slogate_prompt_estimates_total",
+            "How routed prompts were counted: upper_bound (clearly below every threshold), "
+            "fitted (byte-class estimate), exact (real tokenizer, near a threshold).",
+            ["kind"],
         )
         self.context_tokens = histogram(
             "slogate_request_context_tokens",
@@ -123,8 +124,18 @@ class SidecarMetrics:
         )
         self.access_log_entries = counter(
             "slogate_access_log_entries_total",
-            "Access-log entries received from Envoy, by kind (routed, other).",
+            "Access-log entries received from Envoy, by kind (routed, unmatched, other).",
             ["kind"],
+        )
+        self.inflight = Gauge(
+            "slogate_inflight_requests",
+            "Routed requests whose access-log entry has not arrived yet.",
+            registry=r,
+        )
+        self.inflight_expired = Counter(
+            "slogate_inflight_expired_total",
+            "Routed requests whose access-log entry never came; settled by expiry.",
+            registry=r,
         )
         self.envoy_local_replies = counter(
             "slogate_envoy_local_replies_total",

@@ -12,9 +12,11 @@ the route is known and before the decision is returned.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol
 
 from budget.policy import ApiKey, ContextBucket, Policy
@@ -26,6 +28,7 @@ from extproc.errors import (
     MethodNotAllowed,
 )
 from extproc.identity import IdentityResolver
+from extproc.inflight import InFlight
 from extproc.openai_request import (
     INFERENCE_PATHS,
     InferenceRequest,
@@ -33,6 +36,12 @@ from extproc.openai_request import (
     with_usage_requested,
 )
 from extproc.tokens import TokenEstimator, near_threshold
+
+
+class EstimateKind(StrEnum):
+    UPPER_BOUND = "upper_bound"  # clearly below every threshold: the cheap bound decided
+    FITTED = "fitted"  # the fitted byte-class estimate
+    EXACT = "exact"  # the real tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +60,12 @@ class RoutingDecision:
     bucket: ContextBucket
     prompt_tokens: int
     max_tokens: int
-    exact: bool  # prompt_tokens came from the real tokenizer
+    estimate: EstimateKind  # how prompt_tokens was counted
     stream: bool
-    new_body: bytes | None = field(default=None, repr=False)
+
+    @property
+    def exact(self) -> bool:
+        return self.estimate is EstimateKind.EXACT
 
     @property
     def context_tokens(self) -> int:
@@ -68,19 +80,14 @@ class RoutingDecision:
             "x-slogate-est-tokens": str(self.context_tokens),
         }
 
-    def metadata(self) -> dict[str, str | int | float | bool]:
-        """What the access log brings back with the request's outcome (no secrets)."""
-        return {
-            "request_id": self.request_id,
-            "key_id": self.caller.key_id,
-            "tenant": self.caller.tenant,
-            "tier": self.caller.tier.value,
-            "pool": self.pool,
-            "bucket": self.bucket.name,
-            "prompt_tokens_est": self.prompt_tokens,
-            "max_tokens": self.max_tokens,
-            "exact": self.exact,
-        }
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """The body phase's answer: the decision, its in-flight id and the new body, if any."""
+
+    decision: RoutingDecision
+    tracking_id: str  # comes back in the access log; see extproc.inflight
+    new_body: bytes | None = field(default=None, repr=False)
 
 
 class Admission(Protocol):
@@ -104,38 +111,55 @@ class Decider:
         estimator: TokenEstimator,
         exact_executor: Executor | None = None,
         admission: Admission | None = None,
+        inflight: InFlight[RoutingDecision] | None = None,
     ) -> None:
         self.policy = policy
         self.identity = identity
         self.estimator = estimator
         self.exact_executor = exact_executor  # None: never count exactly
         self.admission: Admission = admission or AdmitAll()
+        # Decisions wait here for their access-log entry; expired after the upstream timeout.
+        self.inflight: InFlight[RoutingDecision] = inflight or InFlight(
+            time.monotonic, policy().upstream_timeout_s + 60.0
+        )
 
     def new_flow(self) -> RequestFlow:
         return RequestFlow(self)
 
-    async def count_prompt(self, request: InferenceRequest, policy: Policy) -> tuple[int, bool]:
-        """Prompt tokens, and whether they are exact.
+    async def count_prompt(
+        self, request: InferenceRequest, policy: Policy
+    ) -> tuple[int, EstimateKind]:
+        """Prompt tokens, and how they were counted.
 
-        The fast estimate decides unless the context lands within `exact_margin` of a
-        threshold where one token changes the answer (bucket edge, pool rule, model max);
-        then the real tokenizer runs off the event loop, for prompts up to `exact_max_bytes`.
+        Three steps, each only when the one before cannot settle the decision:
+        - an upper bound (a few µs): when even the bound keeps the context clearly below
+          every threshold, the decision is the one the estimate would give;
+        - the fitted estimate (numpy, O(bytes));
+        - the real tokenizer, off the event loop, when the context lands within
+          `exact_margin` of a threshold where one token changes the answer (bucket edge,
+          pool rule, model max), for prompts up to `exact_max_bytes`.
         """
+        max_tokens = request.max_tokens or policy.default_max_tokens
+        bound = self.estimator.upper_bound_messages(request.prompt_texts)
+        bound += request.prompt_token_ids
+        lowest = policy.decision_thresholds[0] if policy.decision_thresholds else 0
+        if bound + max_tokens < lowest * (1.0 - policy.exact_margin):
+            return bound, EstimateKind.UPPER_BOUND
         estimate = self.estimator.estimate_messages(request.prompt_texts)
         estimate += request.prompt_token_ids
-        context = estimate + (request.max_tokens or policy.default_max_tokens)
+        context = estimate + max_tokens
         if (
             self.exact_executor is None
             or not request.prompt_texts
             or request.prompt_chars > policy.exact_max_bytes
-            or not near_threshold(context, policy.decision_thresholds(), policy.exact_margin)
+            or not near_threshold(context, policy.decision_thresholds, policy.exact_margin)
         ):
-            return estimate, False
+            return estimate, EstimateKind.FITTED
         loop = asyncio.get_running_loop()
         exact = await loop.run_in_executor(
             self.exact_executor, self.estimator.count_exact, request.prompt_texts
         )
-        return exact + request.prompt_token_ids, True
+        return exact + request.prompt_token_ids, EstimateKind.EXACT
 
 
 class RequestFlow:
@@ -168,7 +192,7 @@ class RequestFlow:
         self._verdict = HeaderVerdict(True, strip, caller, request_id)
         return self._verdict
 
-    async def on_request_body(self, body: bytes) -> RoutingDecision:
+    async def on_request_body(self, body: bytes) -> Routed:
         verdict = self._verdict
         if verdict is None or not verdict.inference or verdict.caller is None:
             raise InvalidRequest("Request body without an inference request.", reason="protocol")
@@ -176,7 +200,7 @@ class RequestFlow:
         if len(body) > policy.max_body_bytes:
             raise _too_large(len(body), policy)
         request = parse_inference_body(self._path, body)
-        prompt_tokens, exact = await self._decider.count_prompt(request, policy)
+        prompt_tokens, estimate = await self._decider.count_prompt(request, policy)
         max_tokens = request.max_tokens or policy.default_max_tokens
         if prompt_tokens + max_tokens > policy.max_context_tokens:
             raise ContextLengthExceeded(
@@ -194,11 +218,13 @@ class RequestFlow:
             bucket=policy.bucket_for(context),
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
-            exact=exact,
+            estimate=estimate,
             stream=request.stream,
-            new_body=with_usage_requested(body, request),
         )
-        return await self._decider.admission.admit(decision)
+        decision = await self._decider.admission.admit(decision)
+        return Routed(
+            decision, self._decider.inflight.add(decision), with_usage_requested(body, request)
+        )
 
 
 def _too_large(size_bytes: int, policy: Policy) -> BodyTooLarge:

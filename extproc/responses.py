@@ -17,20 +17,20 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 
-from extproc.contract import METADATA_NAMESPACE, REASON_HEADER
+from extproc.contract import METADATA_NAMESPACE, REASON_HEADER, TRACKING_ID_FIELD
 from extproc.errors import RequestRejected
-from extproc.request_flow import HeaderVerdict, RoutingDecision
+from extproc.request_flow import HeaderVerdict, Routed
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 
-def _set_headers(headers: Mapping[str, str]) -> list[base_pb2.HeaderValueOption]:
-    return [
-        base_pb2.HeaderValueOption(
-            header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
-        )
-        for k, v in headers.items()
-    ]
+def _set_headers(mutation: pb.HeaderMutation, headers: Mapping[str, str]) -> None:
+    # add() + field assignment builds in place: 2-3x cheaper than constructing messages.
+    options = mutation.set_headers
+    for key, value in headers.items():
+        option = options.add(append_action=_OVERWRITE)
+        option.header.key = key
+        option.header.raw_value = value.encode()
 
 
 def headers_to_dict(header_map: pb.HttpHeaders) -> dict[str, str]:
@@ -57,23 +57,18 @@ def header_reply(verdict: HeaderVerdict) -> pb.ProcessingResponse:
     return reply
 
 
-def routed_body_reply(decision: RoutingDecision) -> pb.ProcessingResponse:
-    headers = decision.upstream_headers()
-    common = pb.CommonResponse(clear_route_cache=True)
-    if decision.new_body is not None:
-        common.body_mutation.body = decision.new_body
-        headers["content-length"] = str(len(decision.new_body))
-    common.header_mutation.set_headers.extend(_set_headers(headers))
-    reply = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
-    # Field by field: Struct.update walks generic Python values and costs ~3x as much.
+def routed_body_reply(routed: Routed) -> pb.ProcessingResponse:
+    headers = routed.decision.upstream_headers()
+    reply = pb.ProcessingResponse()
+    common = reply.request_body.response
+    common.clear_route_cache = True
+    if routed.new_body is not None:
+        common.body_mutation.body = routed.new_body
+        headers["content-length"] = str(len(routed.new_body))
+    _set_headers(common.header_mutation, headers)
+    # The decision itself stays in the sidecar (extproc.inflight); only its id travels.
     fields = reply.dynamic_metadata.fields[METADATA_NAMESPACE].struct_value.fields
-    for key, value in decision.metadata().items():
-        if isinstance(value, bool):
-            fields[key].bool_value = value
-        elif isinstance(value, str):
-            fields[key].string_value = value
-        else:
-            fields[key].number_value = value
+    fields[TRACKING_ID_FIELD].string_value = routed.tracking_id
     return reply
 
 
@@ -105,5 +100,5 @@ def rejection(
         body=error_body(error),
         details=f"slogate_{error.reason}",
     )
-    immediate.headers.set_headers.extend(_set_headers(headers))
+    _set_headers(immediate.headers, headers)
     return pb.ProcessingResponse(immediate_response=immediate)

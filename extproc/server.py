@@ -67,12 +67,12 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
             verdict = flow.on_request_headers(headers_to_dict(headers), headers.end_of_stream)
             return header_reply(verdict)
         if phase == "request_body":
-            decision = await flow.on_request_body(request.request_body.body)
+            routed = await flow.on_request_body(request.request_body.body)
+            decision = routed.decision
             self._metrics.decisions(
                 decision.pool, decision.bucket.name, decision.caller.tier.value
             ).inc()
             self._metrics.context_tokens(decision.pool).observe(decision.context_tokens)
-            if decision.exact:
-                self._metrics.exact_counts.inc()
-            return routed_body_reply(decision)
+            self._metrics.prompt_estimates(decision.estimate.value).inc()
+            return routed_body_reply(routed)
         return passthrough_reply(request)

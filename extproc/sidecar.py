@@ -97,7 +97,6 @@ class Sidecar:
         self.metrics = SidecarMetrics()
         self.policy = PolicyHolder(policy_path, self.metrics)
         self.windows = ResponseWindows(clock=time.monotonic)
-        self.recorder = OutcomeRecorder(self.metrics, self.windows)
         self._exact_executor = (
             ThreadPoolExecutor(1, "slogate-tokenizer") if exact_tokenizer else None
         )
@@ -110,6 +109,7 @@ class Sidecar:
             estimator=self.estimator,
             exact_executor=self._exact_executor,
         )
+        self.recorder = OutcomeRecorder(self.metrics, self.windows, self.decider.inflight)
         self._host = host
         self._grpc_port = grpc_port
         self._metrics_port = metrics_port
@@ -155,13 +155,15 @@ class Sidecar:
             asyncio.get_running_loop().run_in_executor(
                 self._exact_executor, self._exact.count, "warm up"
             )
-        self._watch_task = asyncio.create_task(self._watch_policy())
+        self._watch_task = asyncio.create_task(self._housekeeping())
         return SidecarAddress(self._host, port, metrics_port)
 
-    async def _watch_policy(self) -> None:
+    async def _housekeeping(self) -> None:
+        """Policy file changes, and the expiry of requests whose access log never came."""
         while True:
             await asyncio.sleep(self._watch_interval_s)
             self.policy.reload_if_changed()
+            self.recorder.expire()
 
     async def stop(self, grace_s: float = 5.0) -> None:
         if self._watch_task is not None:

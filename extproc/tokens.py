@@ -32,6 +32,7 @@ __all__ = [
     "fast_estimate",
     "near_threshold",
     "text_features",
+    "upper_estimate",
 ]
 
 # --- the fast estimate -------------------------------------------------------------------
@@ -192,6 +193,42 @@ def fast_estimate(text: str) -> int:
     return max(1, math.ceil(tokens))
 
 
+_LETTER_BYTES = bytes(range(ord("A"), ord("Z") + 1)) + bytes(range(ord("a"), ord("z") + 1))
+_HIGH_BYTES = bytes(range(0x80, 0x100))
+_FOUR_BYTE_LEADS = bytes(range(0xF0, 0x100))
+_MAX_CJK_RATE = max(TOKENS_PER_SIMPLIFIED_BYTE, TOKENS_PER_TRADITIONAL_BYTE)
+
+
+def upper_estimate(text: str) -> int:
+    """A bound that is never below `fast_estimate(text)`, from three bytes.translate calls.
+
+    It charges symbol repeats like symbol starts and every CJK byte at the dearer script's
+    rate, so it over-states code and Simplified Chinese; in exchange it costs a few µs and
+    touches no numpy. The request path uses it to skip the fitted estimate for prompts that
+    are clearly below every decision threshold: there the bound decides exactly as the
+    estimate would. A non-BMP character is 4 UTF-8 bytes but counts 6 in `text_features`
+    (UTF-16), hence the two extra bytes per 4-byte sequence.
+    """
+    if not text:
+        return 0
+    if text.isascii():
+        data = text.encode("ascii")
+        high = four_byte = 0
+    else:
+        data = text.encode("utf-8", "surrogatepass")
+        high = len(data) - len(data.translate(None, _HIGH_BYTES))
+        four_byte = len(data) - len(data.translate(None, _FOUR_BYTE_LEADS))
+    letters = len(data) - len(data.translate(None, _LETTER_BYTES))
+    symbols = len(data) - letters - high
+    non_ascii = high + 2.0 * four_byte
+    tokens = (
+        TOKENS_PER_LETTER * letters
+        + max(TOKENS_PER_SYMBOL_START, TOKENS_PER_SYMBOL_REPEAT) * symbols
+        + _MAX_CJK_RATE * non_ascii
+    )
+    return max(1, math.ceil(tokens))
+
+
 # --- the exact count ---------------------------------------------------------------------
 
 
@@ -285,6 +322,11 @@ class TokenEstimator:
         """Fast estimate, cheap enough for the event loop."""
         overhead = self.per_message_overhead_tokens * len(texts)
         return sum(fast_estimate(t) for t in texts) + overhead
+
+    def upper_bound_messages(self, texts: Sequence[str]) -> int:
+        """Never below `estimate_messages(texts)`; a few µs per message, no numpy."""
+        overhead = self.per_message_overhead_tokens * len(texts)
+        return sum(upper_estimate(t) for t in texts) + overhead
 
     def count_exact(self, texts: Sequence[str]) -> int:
         """Exact count with the same per-message overhead.

@@ -1,18 +1,39 @@
-"""Access-log entries -> outcomes -> metrics and windows, without Envoy or gRPC."""
+"""Access-log entries -> outcomes -> metrics, windows and sinks, without Envoy or gRPC."""
 
 from __future__ import annotations
 
 from envoy.data.accesslog.v3 import accesslog_pb2
 
 from breaker.latency import ResponseWindows
+from budget.policy import ApiKey, ContextBucket, Tier
 from extproc.accesslog import OutcomeRecorder, RequestOutcome, outcome_from_entry
+from extproc.inflight import InFlight
 from extproc.metrics import SidecarMetrics
+from extproc.request_flow import EstimateKind, RoutingDecision
+
+DECISION = RoutingDecision(
+    request_id="r1",
+    caller=ApiKey("ab" * 32, "t", Tier.CRITICAL),
+    pool="long",
+    bucket=ContextBucket("32k-128k", 32769, 131072, 2.5),
+    prompt_tokens=41000,
+    max_tokens=16,
+    estimate=EstimateKind.FITTED,
+    stream=False,
+)
+
+
+class Clock:
+    now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
 
 
 def entry(
     status: int = 200,
     tags: dict[str, str] | None = None,
-    meta: dict[str, object] | None = None,
+    tracking: str | None = None,
     duration_ms: int = 900,
     details: str = "via_upstream",
 ) -> accesslog_pb2.HTTPAccessLogEntry:
@@ -22,46 +43,23 @@ def entry(
     e.common_properties.duration.FromMilliseconds(duration_ms)
     for k, v in (tags or {}).items():
         e.common_properties.custom_tags[k] = v
-    if meta is not None:
-        e.common_properties.metadata.filter_metadata["slogate"].update(meta)
+    if tracking is not None:
+        e.common_properties.metadata.filter_metadata["slogate"].update({"id": tracking})
     return e
 
 
-META = {
-    "request_id": "r1",
-    "key_id": "abc",
-    "tenant": "t",
-    "tier": "critical",
-    "pool": "long",
-    "bucket": "32k-128k",
-    "prompt_tokens_est": 41000,
-    "max_tokens": 16,
-    "exact": False,
-}
-
-
-def test_routed_entry_becomes_outcome() -> None:
-    outcome = outcome_from_entry(
-        entry(
-            tags={"ttft_ms": "120", "prompt_tokens": "40000", "completion_tokens": "16"}, meta=META
-        )
-    )
-    assert outcome is not None
-    assert (outcome.pool, outcome.bucket, outcome.tier) == ("long", "32k-128k", "critical")
+def test_entry_becomes_outcome_of_its_decision() -> None:
+    tags = {"ttft_ms": "120", "prompt_tokens": "40000", "completion_tokens": "16"}
+    outcome = outcome_from_entry(DECISION, entry(tags=tags))
+    assert outcome.decision is DECISION
     assert outcome.prompt_tokens == 40000 and outcome.completion_tokens == 16
-    assert outcome.ttft_s == 0.12 and outcome.duration_s == 0.9
-    assert outcome.prompt_tokens_est == 41000 and outcome.has_usage
+    assert outcome.ttft_s == 0.12 and outcome.duration_s == 0.9 and outcome.has_usage
 
 
 def test_missing_tags_mean_not_reported() -> None:
-    outcome = outcome_from_entry(entry(tags={"ttft_ms": "-", "completion_tokens": "x"}, meta=META))
-    assert outcome is not None
+    outcome = outcome_from_entry(DECISION, entry(tags={"ttft_ms": "-", "completion_tokens": "x"}))
     assert outcome.ttft_s is None and outcome.completion_tokens is None
     assert not outcome.has_usage
-
-
-def test_unrouted_entry_is_not_an_outcome() -> None:
-    assert outcome_from_entry(entry()) is None
 
 
 class Sink:
@@ -77,39 +75,57 @@ class BrokenSink:
         raise RuntimeError("boom")
 
 
-def test_recorder_feeds_metrics_windows_and_sinks() -> None:
-    metrics = SidecarMetrics()
-    windows = ResponseWindows(clock=lambda: 50.0)
+def recorder() -> tuple[OutcomeRecorder, InFlight[RoutingDecision], Sink, Clock]:
+    clock = Clock()
+    inflight: InFlight[RoutingDecision] = InFlight(clock, ttl_s=60)
     sink = Sink()
-    recorder = OutcomeRecorder(metrics, windows, [BrokenSink(), sink])
+    rec = OutcomeRecorder(SidecarMetrics(), ResponseWindows(clock), inflight, [BrokenSink(), sink])
+    return rec, inflight, sink, clock
+
+
+def test_recorder_feeds_metrics_windows_and_sinks() -> None:
+    rec, inflight, sink, _ = recorder()
+    ok, failed = inflight.add(DECISION), inflight.add(DECISION)
     tags = {"ttft_ms": "100", "prompt_tokens": "40000", "completion_tokens": "11"}
-    recorder.record_entry(entry(tags=tags, meta=META))
-    recorder.record_entry(entry(status=503, meta=META, details="via_upstream"))
-    recorder.record_entry(entry(status=413, details="request_payload_too_large"))
-    recorder.record_entry(entry(status=404))  # an upstream 404 on a non-inference path
-    value = metrics.registry.get_sample_value
-    assert (
-        value("slogate_tokens_total", {"pool": "long", "bucket": "32k-128k", "kind": "completion"})
-        == 11
-    )
-    assert (
-        value(
-            "slogate_upstream_ttft_seconds_count",
-            {"pool": "long", "bucket": "32k-128k", "tier": "critical"},
-        )
-        == 1
-    )
+    rec.record_entry(entry(tags=tags, tracking=ok))
+    rec.record_entry(entry(status=503, tracking=failed))
+    rec.record_entry(entry(status=413, details="request_payload_too_large"))
+    rec.record_entry(entry(status=404))  # an upstream 404 on a non-inference path
+    rec.record_entry(entry(tracking=ok))  # a duplicate: its decision is gone
+    value = rec.metrics.registry.get_sample_value
+    labels = {"pool": "long", "bucket": "32k-128k"}
+    assert value("slogate_tokens_total", {**labels, "kind": "completion"}) == 11
+    assert value("slogate_upstream_ttft_seconds_count", {**labels, "tier": "critical"}) == 1
     assert value("slogate_responses_total", {"pool": "long", "code_class": "5xx"}) == 1
     assert value("slogate_envoy_local_replies_total", {"status": "413"}) == 1
     assert value("slogate_envoy_local_replies_total", {"status": "404"}) is None
+    assert value("slogate_access_log_entries_total", {"kind": "unmatched"}) == 1
     # tpot = (0.9 s - 0.1 s) / (11 - 1)
-    assert (
-        value(
-            "slogate_upstream_time_per_output_token_seconds_sum",
-            {"pool": "long", "bucket": "32k-128k"},
-        )
-        == 0.08
-    )
-    assert windows.error_rate("long", 60) == 0.5
-    assert windows.quantile("ttft", 0.5, 60, pool="long") is not None
+    assert value("slogate_upstream_time_per_output_token_seconds_sum", labels) == 0.08
+    assert rec.windows.error_rate("long", 60) == 0.5
+    assert rec.windows.quantile("ttft", 0.5, 60, pool="long") is not None
     assert [o.status for o in sink.seen] == [200, 503]  # the broken sink did not stop it
+    assert len(inflight) == 0
+
+
+def test_requests_without_an_entry_expire_and_reach_sinks() -> None:
+    rec, inflight, sink, clock = recorder()
+    inflight.add(DECISION)
+    clock.now_s += 30
+    late = inflight.add(DECISION)
+    assert rec.expire() == 0
+    clock.now_s += 31  # the first is now 61 s old, the second 31 s
+    assert rec.expire() == 1
+    assert [o.status for o in sink.seen] == [0] and sink.seen[0].details == "expired"
+    assert rec.metrics.registry.get_sample_value("slogate_inflight_expired_total") == 1
+    assert rec.metrics.registry.get_sample_value("slogate_inflight_requests") == 1
+    rec.record_entry(entry(tracking=late))
+    assert len(inflight) == 0
+
+
+def test_inflight_ids_are_unique_and_pop_once() -> None:
+    table: InFlight[int] = InFlight(Clock(), ttl_s=1)
+    ids = {table.add(i) for i in range(1000)}
+    assert len(ids) == 1000
+    key = next(iter(ids))
+    assert table.pop(key) is not None and table.pop(key) is None

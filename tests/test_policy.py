@@ -93,5 +93,5 @@ def test_not_yaml_is_a_policy_error(tmp_path: Path) -> None:
 
 def test_thresholds_cover_buckets_rules_and_model_max() -> None:
     policy = parse_policy({})
-    thresholds = policy.decision_thresholds()
+    thresholds = policy.decision_thresholds
     assert {4096, 8192, 32768, 32769, 131072} <= set(thresholds)

@@ -18,7 +18,7 @@ from extproc.errors import (
     Unauthenticated,
 )
 from extproc.identity import ApiKeyResolver
-from extproc.request_flow import Decider, RoutingDecision
+from extproc.request_flow import Decider, EstimateKind, Routed, RoutingDecision
 from extproc.tokens import ExactTokenCounter, TokenEstimator, fast_estimate
 
 POLICY = parse_policy(
@@ -54,13 +54,19 @@ def body(content: str = "hello", **fields: Any) -> bytes:
     return json.dumps({"messages": [{"role": "user", "content": content}], **fields}).encode()
 
 
-async def decide(
+async def route(
     raw: bytes, headers: dict[str, str] | None = None, d: Decider | None = None
-) -> RoutingDecision:
+) -> Routed:
     flow = (d or decider()).new_flow()
     verdict = flow.on_request_headers(headers or HEADERS, end_of_stream=False)
     assert verdict.inference
     return await flow.on_request_body(raw)
+
+
+async def decide(
+    raw: bytes, headers: dict[str, str] | None = None, d: Decider | None = None
+) -> RoutingDecision:
+    return (await route(raw, headers, d)).decision
 
 
 async def test_short_request_routes_default_with_identity() -> None:
@@ -69,8 +75,7 @@ async def test_short_request_routes_default_with_identity() -> None:
     assert decision.caller.tenant == "team-a" and decision.max_tokens == 10
     headers = decision.upstream_headers()
     assert headers["x-slogate-pool"] == "default" and headers["x-slogate-tier"] == "critical"
-    meta = decision.metadata()
-    assert meta["request_id"] == "rid-1" and "sk-a" not in json.dumps(meta)
+    assert decision.request_id == "rid-1"
 
 
 async def test_default_max_tokens_is_charged_when_absent() -> None:
@@ -103,7 +108,16 @@ async def test_near_threshold_uses_exact_count() -> None:
     assert decision.exact
     assert decision.prompt_tokens == d.estimator.count_exact([prompt])
     far = await decide(body("hello", max_tokens=16), d=d)
-    assert not far.exact
+    assert far.estimate is EstimateKind.UPPER_BOUND
+
+
+async def test_cheap_bound_decides_only_when_clearly_below_every_threshold() -> None:
+    short = await decide(body("def f(x):\n        return x\n" * 20, max_tokens=100))
+    assert short.estimate is EstimateKind.UPPER_BOUND
+    assert short.prompt_tokens >= fast_estimate("def f(x):\n        return x\n" * 20)
+    # ~6k tokens: past the first bucket edge, so the fitted estimate decides.
+    mid = await decide(body(" word" * 6000, max_tokens=100))
+    assert mid.estimate is EstimateKind.FITTED and mid.bucket.name == "4-8k"
 
 
 @pytest.mark.parametrize(
@@ -146,6 +160,14 @@ async def test_body_over_limit_without_content_length() -> None:
 
 
 async def test_stream_gets_usage_requested() -> None:
-    decision = await decide(body("hi", stream=True))
-    assert decision.stream and decision.new_body is not None
-    assert json.loads(decision.new_body)["stream_options"]["include_usage"] is True
+    routed = await route(body("hi", stream=True))
+    assert routed.decision.stream and routed.new_body is not None
+    assert json.loads(routed.new_body)["stream_options"]["include_usage"] is True
+
+
+async def test_routed_requests_wait_in_flight_by_their_own_id() -> None:
+    d = decider()
+    first = await route(body("a"), d=d)
+    second = await route(body("b"), d=d)  # same x-request-id from the client: no collision
+    assert first.tracking_id != second.tracking_id and len(d.inflight) == 2
+    assert d.inflight.pop(first.tracking_id) is first.decision

@@ -249,3 +249,34 @@ def test_near_threshold(
 
 def test_near_threshold_accepts_any_iterable() -> None:
     assert near_threshold(1_000, (t for t in (999, 5_000)), 0.01)
+
+
+# --- the cheap upper bound -------------------------------------------------------------
+
+
+def _random_texts(count: int) -> list[str]:
+    rng = random.Random(11)
+    alphabet = "ab Z9-=_\n\t    ({})\u00e9\u4e2d\u8a9e\u8bf4\U0001f600\ud83d"
+    pools = [_sample(language) for language in SAMPLES]
+    texts = []
+    for _ in range(count):
+        if rng.random() < 0.5:
+            source = rng.choice(pools)
+            start = rng.randrange(len(source))
+            texts.append(source[start : start + rng.randrange(1, 4000)])
+        else:
+            texts.append("".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 300))))
+    return texts
+
+
+def test_upper_bound_is_never_below_the_fitted_estimate() -> None:
+    for text in _random_texts(600):
+        assert tokens.upper_estimate(text) >= fast_estimate(text), repr(text[:80])
+
+
+def test_upper_bound_stays_within_a_factor_of_two_on_real_text(exact: ExactTokenCounter) -> None:
+    for language in SAMPLES:
+        text = _sample(language)
+        ratio = tokens.upper_estimate(text) / exact.count(text)
+        assert 0.9 <= ratio <= 2.0, (language, ratio)
+    assert tokens.upper_estimate("") == 0
