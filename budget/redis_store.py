@@ -1,0 +1,180 @@
+"""The Redis store: budget.ledger's arithmetic as Lua scripts, one round trip per operation.
+
+Scripts are loaded once and called with EVALSHA; a NOSCRIPT reply (Redis restarted, or a
+failover to a replica that never saw the script) reloads and retries. Every key of one API
+key shares a hash tag (`slogate:{<key id>}:...`), so each script touches one Redis Cluster
+slot. Time is the Redis server's TIME unless a clock is injected (tests). Any Redis error
+or timeout becomes a `BudgetStoreError`, so the caller can degrade to local budgets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from importlib import resources
+from typing import Any
+
+from redis import exceptions as redis_errors
+
+from budget.ledger import USAGE_SLOT_S, Charge, Limits, Verdict
+from budget.store import USAGE_WINDOWS_S, BudgetStoreError
+
+# An idle key's state expires after two hours: longer than any window or reservation.
+KEY_TTL_S = 7200
+
+
+def connect(url: str, cluster: bool = False, max_connections: int = 64) -> Any:
+    """An asyncio client whose pool waits for a free connection instead of failing."""
+    if cluster:
+        from redis.asyncio.cluster import RedisCluster
+
+        return RedisCluster.from_url(url, max_connections=max_connections)
+    from redis.asyncio import BlockingConnectionPool, Redis
+
+    pool = BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=None)
+    return Redis(connection_pool=pool)
+
+
+def _script(name: str) -> str:
+    return resources.files("budget").joinpath("lua", name).read_text(encoding="utf-8")
+
+
+def _limit(value: int | None) -> int:
+    return -1 if value is None else value
+
+
+def _optional_float(raw: Any) -> float | None:
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return float(text) if text else None
+
+
+def _optional_int(raw: Any) -> int | None:
+    value = _optional_float(raw)
+    return None if value is None else int(value)
+
+
+class RedisStore:
+    def __init__(
+        self,
+        client: Any,  # redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster
+        clock: Callable[[], float] | None = None,
+        prefix: str = "slogate",
+        timeout_s: float | None = None,
+    ) -> None:
+        self._client = client
+        self._clock = clock
+        self._prefix = prefix
+        self._timeout_s = timeout_s
+        self._sources = {name: _script(name) for name in ("reserve.lua", "settle.lua")}
+        self._shas: dict[str, str] = {}
+
+    def _keys(self, key_id: str, *parts: str) -> list[str]:
+        return [f"{self._prefix}:{{{key_id}}}:{part}" for part in parts]
+
+    def _now_arg(self) -> str:
+        return repr(self._clock()) if self._clock is not None else "-1"
+
+    async def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await asyncio.wait_for(self._evalsha(name, keys, args), self._timeout_s)
+        except (redis_errors.RedisError, OSError, TimeoutError) as error:
+            raise BudgetStoreError(f"redis {name}: {type(error).__name__}: {error}") from error
+
+    async def _evalsha(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        sha = self._shas.get(name)
+        if sha is None:
+            sha = self._shas[name] = await self._load(name)
+        try:
+            return await self._client.evalsha(sha, len(keys), *keys, *args)
+        except redis_errors.NoScriptError:
+            self._shas[name] = await self._load(name)
+            return await self._client.evalsha(self._shas[name], len(keys), *keys, *args)
+
+    async def _load(self, name: str) -> str:
+        result = await self._client.script_load(self._sources[name])
+        if isinstance(result, dict):  # a cluster answers per node; the sha is the same
+            result = next(iter(result.values()))
+        return result.decode() if isinstance(result, bytes) else str(result)
+
+    async def reserve(
+        self, key_id: str, limits: Limits, charge: Charge, reservation_id: str, ttl_s: float
+    ) -> Verdict:
+        reply = await self._eval(
+            "reserve.lua",
+            self._keys(key_id, "state", "res", "exp"),
+            [
+                self._now_arg(),
+                _limit(limits.requests_per_minute),
+                _limit(limits.tokens_per_minute),
+                _limit(limits.tokens_per_hour),
+                _limit(limits.concurrent_requests),
+                repr(float(charge.weighted_tokens)),
+                charge.raw_tokens,
+                reservation_id,
+                repr(float(ttl_s)),
+                KEY_TTL_S,
+            ],
+        )
+        admitted, reason, retry, remaining_requests, remaining_tokens, reset = reply
+        return Verdict(
+            admitted=int(admitted) == 1,
+            reason=reason.decode() if isinstance(reason, bytes) else str(reason),
+            retry_after_s=_optional_float(retry),
+            limit_requests=limits.requests_per_minute,
+            remaining_requests=_optional_int(remaining_requests),
+            limit_tokens=limits.tokens_per_minute,
+            remaining_tokens=_optional_int(remaining_tokens),
+            reset_tokens_s=_optional_float(reset) or 0.0,
+        )
+
+    async def settle(
+        self, key_id: str, limits: Limits, reservation_id: str, actual: Charge | None
+    ) -> bool:
+        used_weighted = -1.0 if actual is None else float(actual.weighted_tokens)
+        used_raw = 0 if actual is None else actual.raw_tokens
+        reply = await self._eval(
+            "settle.lua",
+            self._keys(key_id, "state", "res", "exp", "use"),
+            [
+                self._now_arg(),
+                _limit(limits.requests_per_minute),
+                _limit(limits.tokens_per_minute),
+                _limit(limits.tokens_per_hour),
+                reservation_id,
+                repr(used_weighted),
+                used_raw,
+                KEY_TTL_S,
+            ],
+        )
+        return int(reply) == 1
+
+    async def _server_now(self) -> float:
+        if self._clock is not None:
+            return self._clock()
+        seconds, micros = await self._client.time()
+        return float(seconds) + float(micros) / 1e6
+
+    async def usage(
+        self, key_id: str, windows_s: Sequence[int] = USAGE_WINDOWS_S
+    ) -> dict[int, float]:
+        try:
+            (use_key,) = self._keys(key_id, "use")
+            slots = await self._client.hgetall(use_key)
+            now_s = await self._server_now()
+        except (redis_errors.RedisError, OSError) as error:
+            raise BudgetStoreError(f"redis usage: {error}") from error
+        parsed = {float(k): float(v) for k, v in slots.items()}
+        return {
+            w: sum(t for s, t in parsed.items() if s + USAGE_SLOT_S > now_s - w) for w in windows_s
+        }
+
+    async def outstanding(self, key_id: str) -> int:
+        try:
+            (exp_key,) = self._keys(key_id, "exp")
+            now_s = await self._server_now()
+            return int(await self._client.zcount(exp_key, f"({now_s!r}", "+inf"))
+        except (redis_errors.RedisError, OSError) as error:
+            raise BudgetStoreError(f"redis outstanding: {error}") from error
+
+    async def close(self) -> None:
+        await self._client.aclose()
