@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from budget.ledger import Limits
+
 T = TypeVar("T")
 
 
@@ -78,11 +80,26 @@ class ApiKey:
     key_sha256: str
     tenant: str
     tier: Tier
+    limits: Limits = field(default_factory=Limits)  # tier defaults + this key's overrides
 
     @property
     def key_id(self) -> str:
         """Short, non-reversible name for logs and admin views; never the key itself."""
         return self.key_sha256[:12]
+
+
+class BudgetStoreKind(StrEnum):
+    MEMORY = "memory"  # in-process: one sidecar, nothing to run beside it
+    REDIS = "redis"  # shared by every sidecar replica
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetConfig:
+    store: BudgetStoreKind = BudgetStoreKind.MEMORY
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_cluster: bool = False
+    redis_timeout_ms: float = 10.0  # past this a decision falls back to local budgets
+    replicas: int = 1  # sidecars sharing the budgets; each keeps 1/replicas when degraded
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +119,7 @@ class Policy:
     default_pool: str
     route_rules: tuple[RouteRule, ...]
     keys: Mapping[str, ApiKey] = field(repr=False)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
     source: str = "<memory>"
     # Token counts where one token more or less changes a decision (bucket edges, pool
     # rules, the model max): near these the exact tokenizer is worth its cost.
@@ -261,7 +279,9 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
     route_rules = _parse_rules(rules_raw, routing.child("rules"), pools)
     routing.close()
 
-    keys = _parse_keys(root.raw("keys"), root.child("keys"))
+    budget = _parse_budget(root.section("budget"))
+    tier_limits = _parse_tiers(root.section("tiers"))
+    keys = _parse_keys(root.raw("keys"), root.child("keys"), tier_limits)
     root.close()
 
     return Policy(
@@ -280,6 +300,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         default_pool=default_pool,
         route_rules=route_rules,
         keys=keys,
+        budget=budget,
         source=source,
     )
 
@@ -361,7 +382,62 @@ def _parse_rules(raw: object, path: str, pools: Mapping[str, Pool]) -> tuple[Rou
     return tuple(rules)
 
 
-def _parse_keys(raw: object, path: str) -> dict[str, ApiKey]:
+_LIMIT_FIELDS = (
+    "requests_per_minute",
+    "tokens_per_minute",
+    "tokens_per_hour",
+    "concurrent_requests",
+    "max_context_tokens",
+)
+
+
+def _parse_limits(sec: _Section, base: Limits) -> Limits:
+    values: dict[str, int | None] = {}
+    for name in _LIMIT_FIELDS:
+        value = sec.get(name, int, -1)
+        if value == -1:
+            values[name] = getattr(base, name)
+            continue
+        if value < 0:
+            raise PolicyError(f"{sec.child(name)}: must be >= 0")
+        values[name] = value
+    sec.close()
+    return Limits(**values)
+
+
+def _parse_tiers(sec: _Section) -> dict[Tier, Limits]:
+    limits = {}
+    for tier in Tier:
+        limits[tier] = _parse_limits(sec.section(tier.value), Limits())
+    sec.close()
+    return limits
+
+
+_DEFAULT_BUDGET = BudgetConfig()
+
+
+def _parse_budget(sec: _Section) -> BudgetConfig:
+    store_raw = sec.get("store", str, BudgetStoreKind.MEMORY.value)
+    try:
+        store = BudgetStoreKind(store_raw)
+    except ValueError:
+        raise PolicyError(f"{sec.child('store')}: expected 'memory' or 'redis'") from None
+    config = BudgetConfig(
+        store=store,
+        redis_url=sec.get("redis_url", str, _DEFAULT_BUDGET.redis_url),
+        redis_cluster=sec.get("redis_cluster", bool, False),
+        redis_timeout_ms=sec.get("redis_timeout_ms", float, _DEFAULT_BUDGET.redis_timeout_ms),
+        replicas=sec.get("replicas", int, 1),
+    )
+    if not config.redis_url.startswith(("redis://", "rediss://", "unix://")):
+        raise PolicyError(f"{sec.child('redis_url')}: expected redis://, rediss:// or unix://")
+    _positive(config.redis_timeout_ms, sec.child("redis_timeout_ms"))
+    _positive(config.replicas, sec.child("replicas"))
+    sec.close()
+    return config
+
+
+def _parse_keys(raw: object, path: str, tier_limits: Mapping[Tier, Limits]) -> dict[str, ApiKey]:
     if raw is None:
         return {}
     if not isinstance(raw, list):
@@ -386,10 +462,11 @@ def _parse_keys(raw: object, path: str) -> dict[str, ApiKey]:
         except ValueError:
             allowed = ", ".join(t.value for t in Tier)
             raise PolicyError(f"{sec.child('tier')}: expected one of {allowed}") from None
+        limits = _parse_limits(sec.section("limits"), tier_limits[tier])
         sec.close()
         if digest in keys:
             raise PolicyError(f"{path}[{i}]: duplicate API key")
-        keys[digest] = ApiKey(digest, tenant, tier)
+        keys[digest] = ApiKey(digest, tenant, tier, limits)
     return keys
 
 

@@ -24,6 +24,7 @@ from extproc.metrics import SidecarMetrics
 from extproc.request_flow import RoutingDecision
 
 log = logging.getLogger("slogate.accesslog")
+EXPIRED_DETAILS = "slogate_expired"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +32,8 @@ class RequestOutcome:
     """What became of a routed request: its decision plus what Envoy saw of the response."""
 
     decision: RoutingDecision
-    status: int  # 0: no access-log entry ever came (expired from the in-flight table)
+    tracking_id: str
+    status: int  # as Envoy logged it; 0 when no response was sent (or `expired`)
     prompt_tokens: int | None  # from upstream usage; None when the response had none
     completion_tokens: int | None
     ttft_s: float | None  # None when no response body byte arrived
@@ -41,6 +43,11 @@ class RequestOutcome:
     @property
     def has_usage(self) -> bool:
         return self.completion_tokens is not None
+
+    @property
+    def expired(self) -> bool:
+        """No access-log entry ever came: the in-flight table gave up on it."""
+        return self.details == EXPIRED_DETAILS
 
 
 class OutcomeSink(Protocol):
@@ -73,7 +80,7 @@ def tracking_id(entry: accesslog_pb2.HTTPAccessLogEntry) -> str | None:
 
 
 def outcome_from_entry(
-    decision: RoutingDecision, entry: accesslog_pb2.HTTPAccessLogEntry
+    decision: RoutingDecision, tracking: str, entry: accesslog_pb2.HTTPAccessLogEntry
 ) -> RequestOutcome:
     common = entry.common_properties
     tags = common.custom_tags
@@ -82,6 +89,7 @@ def outcome_from_entry(
         duration_s = common.time_to_last_downstream_tx_byte.ToNanoseconds() / 1e9
     return RequestOutcome(
         decision=decision,
+        tracking_id=tracking,
         status=entry.response.response_code.value,
         prompt_tokens=_tag_int(tags, "prompt_tokens"),
         completion_tokens=_tag_int(tags, "completion_tokens"),
@@ -91,8 +99,8 @@ def outcome_from_entry(
     )
 
 
-def expired_outcome(decision: RoutingDecision) -> RequestOutcome:
-    return RequestOutcome(decision, 0, None, None, None, 0.0, "expired")
+def expired_outcome(decision: RoutingDecision, tracking: str) -> RequestOutcome:
+    return RequestOutcome(decision, tracking, 0, None, None, None, 0.0, EXPIRED_DETAILS)
 
 
 def _code_class(status: int) -> str:
@@ -130,14 +138,14 @@ class OutcomeRecorder:
             self.metrics.access_log_entries("unmatched").inc()
             return
         self.metrics.access_log_entries("routed").inc()
-        self.record(outcome_from_entry(decision, entry))
+        self.record(outcome_from_entry(decision, key, entry))
 
     def expire(self) -> int:
         """Settle the requests whose entry never came (the safety net); returns how many."""
         expired = self.inflight.expire()
-        for decision in expired:
+        for tracking, decision in expired:
             self.metrics.inflight_expired.inc()
-            self._to_sinks(expired_outcome(decision))
+            self._to_sinks(expired_outcome(decision, tracking))
         self.metrics.inflight.set(len(self.inflight))
         return len(expired)
 

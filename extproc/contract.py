@@ -13,6 +13,16 @@ SLOGATE_HEADER_PREFIX = "x-slogate-"  # only slogate sets these; client copies a
 POOL_HEADER = "x-slogate-pool"  # request: the route; response: the pool that served it
 REASON_HEADER = "x-slogate-reason"  # on every rejection slogate answers itself
 
+# OpenAI's rate-limit response headers. The sidecar puts each into METADATA_NAMESPACE under
+# its own name; the route renders them, so no response message goes to the sidecar.
+RATE_LIMIT_HEADERS = (
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+)
+
 ACCESS_LOG_NAME = "slogate"
 # Access-log custom tags, by name, and the Envoy formatter that fills each.
 ACCESS_LOG_TAGS: dict[str, str] = {

@@ -45,6 +45,7 @@ from extproc.contract import (
     ACCESS_LOG_TAGS,
     METADATA_NAMESPACE,
     POOL_HEADER,
+    RATE_LIMIT_HEADERS,
     REASON_HEADER,
 )
 
@@ -161,6 +162,17 @@ def access_log() -> accesslog.AccessLog:
     return accesslog.AccessLog(**_typed("envoy.access_loggers.http_grpc", config))
 
 
+def _rate_limit_headers() -> list[core.HeaderValueOption]:
+    """OpenAI's rate-limit headers, filled from the sidecar's dynamic metadata.
+
+    An empty value (no budget on this key) adds no header: keep_empty_value is false.
+    """
+    return [
+        _header(name, f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:{name})%")
+        for name in RATE_LIMIT_HEADERS
+    ]
+
+
 def route_config(policy: Policy) -> route.RouteConfiguration:
     timeout = dt.timedelta(seconds=policy.upstream_timeout_s)
     routes = [
@@ -175,7 +187,7 @@ def route_config(policy: Policy) -> route.RouteConfiguration:
                 ],
             ),
             route=route.RouteAction(cluster=pool, timeout=timeout),
-            response_headers_to_add=[_header(POOL_HEADER, pool)],
+            response_headers_to_add=[_header(POOL_HEADER, pool), *_rate_limit_headers()],
         )
         for pool in policy.pools
     ]

@@ -17,17 +17,27 @@ Envoy ImmediateResponse happens in exactly one place: `extproc.responses.rejecti
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 class RequestRejected(Exception):
     status: int = 400
     error_type: str = "invalid_request_error"
     code: str | None = None  # OpenAI leaves it null for generic invalid requests
 
-    def __init__(self, message: str, *, reason: str, retry_after_s: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        retry_after_s: int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.reason = reason
         self.retry_after_s = retry_after_s
+        self.headers: Mapping[str, str] = headers or {}  # e.g. the rate-limit headers
 
 
 class InvalidRequest(RequestRejected):

@@ -33,23 +33,29 @@ class InFlight(Generic[T]):
     def __len__(self) -> int:
         return len(self._entries)
 
-    def add(self, item: T) -> str:
-        key = f"{self._prefix}-{next(self._counter):x}"
+    def new_id(self) -> str:
+        return f"{self._prefix}-{next(self._counter):x}"
+
+    def put(self, key: str, item: T) -> None:
         self._entries[key] = (self._clock(), item)
+
+    def add(self, item: T) -> str:
+        key = self.new_id()
+        self.put(key, item)
         return key
 
     def pop(self, key: str) -> T | None:
         entry = self._entries.pop(key, None)
         return None if entry is None else entry[1]
 
-    def expire(self) -> list[T]:
-        """Remove and return every entry older than the ttl."""
+    def expire(self) -> list[tuple[str, T]]:
+        """Remove and return (id, entry) for every entry older than the ttl."""
         oldest_kept = self._clock() - self._ttl_s
-        expired: list[T] = []
+        expired: list[tuple[str, T]] = []
         while self._entries:
             key, (added_at, item) = next(iter(self._entries.items()))
             if added_at > oldest_kept:
                 break
             del self._entries[key]
-            expired.append(item)
+            expired.append((key, item))
         return expired

@@ -142,6 +142,28 @@ class SidecarMetrics:
             "Errors Envoy answered itself (e.g. body over the buffer limit, sidecar down).",
             ["status"],
         )
+        self.budget_decisions = counter(
+            "slogate_budget_decisions_total",
+            "Budget reservations by tenant and result (ok, or the limit that refused: "
+            "requests, tokens, hour, concurrency).",
+            ["tenant", "result"],
+        )
+        self.tenant_tokens = counter(
+            "slogate_tenant_tokens_total",
+            "Raw tokens (prompt + completion) settled per tenant; rate() gives the "
+            "sliding-window usage.",
+            ["tenant"],
+        )
+        self.budget_store_decisions = counter(
+            "slogate_budget_store_decisions_total",
+            "Budget decisions by where they were made: shared (Redis) or local (degraded).",
+            ["store"],
+        )
+        self.redis_up = Gauge(
+            "slogate_redis_up",
+            "1 while the shared budget store answers, 0 while deciding on local shares.",
+            registry=r,
+        )
         self.policy_reloads = counter(
             "slogate_policy_reloads_total",
             "Policy reload attempts by result (ok, rejected).",

@@ -82,23 +82,37 @@ class RoutingDecision:
 
 
 @dataclass(frozen=True, slots=True)
+class Admitted:
+    """Admission's answer: the decision (maybe re-routed) and headers for the client."""
+
+    decision: RoutingDecision
+    response_headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Routed:
     """The body phase's answer: the decision, its in-flight id and the new body, if any."""
 
     decision: RoutingDecision
     tracking_id: str  # comes back in the access log; see extproc.inflight
     new_body: bytes | None = field(default=None, repr=False)
+    # Rendered by Envoy on the response from dynamic metadata (no extra round trip).
+    response_headers: Mapping[str, str] = field(default_factory=dict)
 
 
 class Admission(Protocol):
-    """Budgets and breakers: admit (maybe changing the pool) or raise a RequestRejected."""
+    """Budgets and breakers: admit (maybe changing the pool) or raise a RequestRejected.
 
-    async def admit(self, decision: RoutingDecision) -> RoutingDecision: ...
+    `reservation_id` is the request's in-flight id: whatever admission holds for the
+    request is released under that id when its outcome comes back.
+    """
+
+    async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted: ...
 
 
 class AdmitAll:
-    async def admit(self, decision: RoutingDecision) -> RoutingDecision:
-        return decision
+    async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
+        return Admitted(decision)
 
 
 class Decider:
@@ -221,9 +235,15 @@ class RequestFlow:
             estimate=estimate,
             stream=request.stream,
         )
-        decision = await self._decider.admission.admit(decision)
+        inflight = self._decider.inflight
+        tracking_id = inflight.new_id()
+        admitted = await self._decider.admission.admit(decision, tracking_id)
+        inflight.put(tracking_id, admitted.decision)
         return Routed(
-            decision, self._decider.inflight.add(decision), with_usage_requested(body, request)
+            admitted.decision,
+            tracking_id,
+            with_usage_requested(body, request),
+            admitted.response_headers,
         )
 
 

@@ -69,6 +69,8 @@ def routed_body_reply(routed: Routed) -> pb.ProcessingResponse:
     # The decision itself stays in the sidecar (extproc.inflight); only its id travels.
     fields = reply.dynamic_metadata.fields[METADATA_NAMESPACE].struct_value.fields
     fields[TRACKING_ID_FIELD].string_value = routed.tracking_id
+    for name, value in routed.response_headers.items():
+        fields[name].string_value = value  # see envoy_config.route_config
     return reply
 
 
@@ -94,6 +96,7 @@ def rejection(
     headers = {"content-type": "application/json", REASON_HEADER: error.reason}
     if error.retry_after_s is not None:
         headers["retry-after"] = str(max(1, int(error.retry_after_s)))
+    headers.update(error.headers)
     headers.update(extra_headers)
     immediate = pb.ImmediateResponse(
         status=http_status_pb2.HttpStatus(code=error.status),

@@ -23,8 +23,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from prometheus_client import start_http_server
 
 from breaker.latency import ResponseWindows
-from budget.policy import Policy, PolicyError, load_policy
+from budget.failover import FailoverStore
+from budget.policy import BudgetStoreKind, Policy, PolicyError, load_policy
+from budget.redis_store import RedisStore, connect
+from budget.store import BudgetStore, InProcessStore
 from extproc.accesslog import AccessLogService, OutcomeRecorder
+from extproc.budgeting import BudgetGate
 from extproc.identity import ApiKeyResolver
 from extproc.metrics import SidecarMetrics
 from extproc.request_flow import Decider
@@ -77,6 +81,24 @@ class PolicyHolder:
         return self.reload()
 
 
+def build_store(policy: Policy, metrics: SidecarMetrics) -> BudgetStore:
+    """The budget store the policy asks for. Changing it needs a restart, not a reload."""
+    config = policy.budget
+    if config.store is BudgetStoreKind.MEMORY:
+        return InProcessStore()
+
+    def on_decision(degraded: bool) -> None:
+        metrics.budget_store_decisions("local" if degraded else "shared").inc()
+        metrics.redis_up.set(0 if degraded else 1)
+
+    metrics.redis_up.set(1)
+    shared = RedisStore(
+        connect(config.redis_url, config.redis_cluster),
+        timeout_s=config.redis_timeout_ms / 1000.0,
+    )
+    return FailoverStore(shared, InProcessStore(), config.replicas, on_decision=on_decision)
+
+
 @dataclass(frozen=True, slots=True)
 class SidecarAddress:
     host: str
@@ -103,13 +125,19 @@ class Sidecar:
         exact = ExactTokenCounter() if exact_tokenizer else None
         initial = self.policy()
         self.estimator = TokenEstimator(exact, initial.per_message_overhead_tokens)
+        self.store = build_store(initial, self.metrics)
+        # A reservation outlives the longest request by a minute before it expires.
+        self.budgets = BudgetGate(self.store, self.metrics, initial.upstream_timeout_s + 60.0)
         self.decider = Decider(
             policy=self.policy,
             identity=ApiKeyResolver(self.policy),
             estimator=self.estimator,
             exact_executor=self._exact_executor,
+            admission=self.budgets,
         )
-        self.recorder = OutcomeRecorder(self.metrics, self.windows, self.decider.inflight)
+        self.recorder = OutcomeRecorder(
+            self.metrics, self.windows, self.decider.inflight, sinks=[self.budgets]
+        )
         self._host = host
         self._grpc_port = grpc_port
         self._metrics_port = metrics_port
@@ -171,6 +199,8 @@ class Sidecar:
         if self._server is not None:
             # In-flight streams finish within the grace period; new ones are refused.
             await self._server.stop(grace_s)
+        await self.budgets.drain()
+        await self.store.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()

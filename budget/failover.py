@@ -1,0 +1,133 @@
+"""Redis trouble is not an outage: shared budgets when Redis answers, local shares when not.
+
+What lives here: `FailoverStore`, a BudgetStore over a shared store (Redis) and a local
+one (in-process). While the shared store fails or is slower than its timeout, decisions
+are made locally against 1/replicas of every limit, so the replicas together stay near
+the shared limit. After `retry_interval_s` the next decision tries the shared store
+again; once it answers, new reservations go there. Each reservation is settled in the
+store that made it, so nothing made during the outage is lost or settled twice.
+
+What is not done: usage spent locally during an outage is not copied into Redis when it
+returns (each side's buckets refill within a minute; hourly buckets may admit up to one
+local share more in the hour of the outage).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from budget.ledger import Charge, Limits, Verdict
+from budget.store import USAGE_WINDOWS_S, BudgetStore, BudgetStoreError
+
+log = logging.getLogger("slogate.budget")
+
+
+def local_share(limits: Limits, replicas: int) -> Limits:
+    """Each replica's part of the limits; at least 1 of each so a key is never frozen."""
+    if replicas <= 1:
+        return limits
+
+    def part(value: int | None) -> int | None:
+        return None if value is None else max(1, math.floor(value / replicas))
+
+    return dataclasses.replace(
+        limits,
+        requests_per_minute=part(limits.requests_per_minute),
+        tokens_per_minute=part(limits.tokens_per_minute),
+        tokens_per_hour=part(limits.tokens_per_hour),
+        concurrent_requests=part(limits.concurrent_requests),
+    )
+
+
+class FailoverStore:
+    def __init__(
+        self,
+        shared: BudgetStore,
+        local: BudgetStore,
+        replicas: int,
+        retry_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_decision: Callable[[bool], None] | None = None,  # called with degraded=True/False
+    ) -> None:
+        self._shared = shared
+        self._local = local
+        self._replicas = replicas
+        self._retry_interval_s = retry_interval_s
+        self._clock = clock
+        self._on_decision = on_decision
+        self.healthy = True
+        self._retry_at = 0.0
+        self._local_reservations: set[str] = set()
+
+    def _failed(self, error: BudgetStoreError) -> None:
+        if self.healthy:
+            log.warning("budget store unavailable, deciding on local shares: %s", error)
+        self.healthy = False
+        self._retry_at = self._clock() + self._retry_interval_s
+
+    def _try_shared(self) -> bool:
+        return self.healthy or self._clock() >= self._retry_at
+
+    async def reserve(
+        self, key_id: str, limits: Limits, charge: Charge, reservation_id: str, ttl_s: float
+    ) -> Verdict:
+        if self._try_shared():
+            try:
+                verdict = await self._shared.reserve(key_id, limits, charge, reservation_id, ttl_s)
+            except BudgetStoreError as error:
+                self._failed(error)
+            else:
+                if not self.healthy:
+                    log.warning("budget store is back; shared budgets again")
+                self.healthy = True
+                if self._on_decision:
+                    self._on_decision(False)
+                return verdict
+        verdict = await self._local.reserve(
+            key_id, local_share(limits, self._replicas), charge, reservation_id, ttl_s
+        )
+        if verdict.admitted:
+            self._local_reservations.add(reservation_id)
+        if self._on_decision:
+            self._on_decision(True)
+        return verdict
+
+    async def settle(
+        self, key_id: str, limits: Limits, reservation_id: str, actual: Charge | None
+    ) -> bool:
+        if reservation_id in self._local_reservations:
+            self._local_reservations.discard(reservation_id)
+            return await self._local.settle(
+                key_id, local_share(limits, self._replicas), reservation_id, actual
+            )
+        try:
+            return await self._shared.settle(key_id, limits, reservation_id, actual)
+        except BudgetStoreError as error:
+            # The reservation stays in Redis and expires there: its slot frees, nothing leaks.
+            self._failed(error)
+            return False
+
+    async def usage(
+        self, key_id: str, windows_s: Sequence[int] = USAGE_WINDOWS_S
+    ) -> dict[int, float]:
+        local = await self._local.usage(key_id, windows_s)
+        try:
+            shared = await self._shared.usage(key_id, windows_s)
+        except BudgetStoreError:
+            return local
+        return {w: shared[w] + local[w] for w in windows_s}
+
+    async def outstanding(self, key_id: str) -> int:
+        local = await self._local.outstanding(key_id)
+        try:
+            return local + await self._shared.outstanding(key_id)
+        except BudgetStoreError:
+            return local
+
+    async def close(self) -> None:
+        await self._shared.close()
+        await self._local.close()

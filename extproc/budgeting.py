@@ -1,0 +1,132 @@
+"""Budgets on the request path: reserve before routing, settle from the access log.
+
+What lives here: `BudgetGate`, the Admission that reserves a request's weighted estimate
+in the key's budget (429 with Retry-After when it does not fit) and the OutcomeSink that
+settles it with the real usage; plus the pure rules for what a request is charged.
+
+Charges: reserved = (prompt estimate + max_tokens) x the context bucket's cost weight.
+Settled = (prompt + completion tokens from upstream usage) x the same weight. Without
+usage: an upstream error (status >= 400) refunds everything; a success without usage (a
+client that went away mid-stream) keeps the reservation, since the GPU did the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+
+from budget.ledger import Charge, Verdict
+from budget.store import BudgetStore
+from extproc.accesslog import RequestOutcome
+from extproc.errors import ContextLengthExceeded, RateLimited
+from extproc.metrics import SidecarMetrics
+from extproc.request_flow import Admitted, RoutingDecision
+
+log = logging.getLogger("slogate.budget")
+
+
+def reserved_charge(decision: RoutingDecision) -> Charge:
+    raw = decision.context_tokens
+    return Charge(raw * decision.bucket.cost_weight, raw)
+
+
+def settled_charge(outcome: RequestOutcome) -> Charge | None:
+    """What the request is finally charged; None refunds it."""
+    decision = outcome.decision
+    if outcome.completion_tokens is None:
+        if outcome.status >= 400 or outcome.status == 0:  # upstream error, or never sent
+            return None
+        return reserved_charge(decision)
+    prompt = outcome.prompt_tokens if outcome.prompt_tokens is not None else decision.prompt_tokens
+    raw = prompt + outcome.completion_tokens
+    return Charge(raw * decision.bucket.cost_weight, raw)
+
+
+def _duration_text(seconds: float) -> str:
+    """OpenAI's reset format: '6m0s', '1s', '250ms'."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    whole = math.ceil(seconds)
+    minutes, secs = divmod(whole, 60)
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
+
+
+def rate_limit_headers(verdict: Verdict) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    if verdict.limit_requests is not None and verdict.remaining_requests is not None:
+        headers["x-ratelimit-limit-requests"] = str(verdict.limit_requests)
+        headers["x-ratelimit-remaining-requests"] = str(max(0, verdict.remaining_requests))
+    if verdict.limit_tokens is not None and verdict.remaining_tokens is not None:
+        headers["x-ratelimit-limit-tokens"] = str(verdict.limit_tokens)
+        headers["x-ratelimit-remaining-tokens"] = str(max(0, verdict.remaining_tokens))
+        headers["x-ratelimit-reset-tokens"] = _duration_text(verdict.reset_tokens_s)
+    return headers
+
+
+class BudgetGate:
+    def __init__(self, store: BudgetStore, metrics: SidecarMetrics, ttl_s: float) -> None:
+        self._store = store
+        self._metrics = metrics
+        self._ttl_s = ttl_s
+        self._settling: set[asyncio.Task[None]] = set()
+
+    async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
+        caller = decision.caller
+        limits = caller.limits
+        if limits.max_context_tokens is not None and decision.context_tokens > (
+            limits.max_context_tokens
+        ):
+            raise ContextLengthExceeded(
+                f"This API key allows at most {limits.max_context_tokens} tokens of context "
+                f"per request; you requested {decision.context_tokens}.",
+                reason="key_context_limit",
+            )
+        verdict = await self._store.reserve(
+            caller.key_id, limits, reserved_charge(decision), reservation_id, self._ttl_s
+        )
+        headers = rate_limit_headers(verdict)
+        self._metrics.budget_decisions(caller.tenant, verdict.reason).inc()
+        if verdict.admitted:
+            return Admitted(decision, headers)
+        if verdict.retry_after_s is None:
+            raise RateLimited(
+                f"Request too large for this API key: it needs "
+                f"{reserved_charge(decision).weighted_tokens:.0f} weighted tokens and the "
+                f"key's limit ({verdict.reason}) is smaller. Reduce max_tokens or the prompt.",
+                reason=f"budget_{verdict.reason}",
+                headers=headers,
+            )
+        raise RateLimited(
+            f"Rate limit reached for this API key ({verdict.reason}). "
+            f"Please try again in {math.ceil(verdict.retry_after_s)}s.",
+            reason=f"budget_{verdict.reason}",
+            retry_after_s=max(1, math.ceil(verdict.retry_after_s)),
+            headers=headers,
+        )
+
+    def record(self, outcome: RequestOutcome) -> None:
+        """OutcomeSink: settle in the background; the access-log stream never waits on it."""
+        if outcome.expired:
+            return  # the store expires the reservation itself (slot freed, charge kept)
+        task = asyncio.get_running_loop().create_task(self._settle(outcome))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _settle(self, outcome: RequestOutcome) -> None:
+        decision = outcome.decision
+        actual = settled_charge(outcome)
+        try:
+            settled = await self._store.settle(
+                decision.caller.key_id, decision.caller.limits, outcome.tracking_id, actual
+            )
+        except Exception:
+            log.exception("settling %s failed; the reservation will expire", outcome.tracking_id)
+            return
+        if settled and actual is not None:
+            self._metrics.tenant_tokens(decision.caller.tenant).inc(actual.raw_tokens)
+
+    async def drain(self) -> None:
+        """Wait for settlements in flight (shutdown, tests)."""
+        while self._settling:
+            await asyncio.gather(*list(self._settling), return_exceptions=True)
