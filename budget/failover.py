@@ -62,6 +62,9 @@ class FailoverStore:
         self.healthy = True
         self._retry_at = 0.0
         self._local_reservations: set[str] = set()
+        # Reserves that failed or timed out may still have run in Redis; they are refunded
+        # there once it answers again, so a timeout never leaves a phantom reservation.
+        self._orphans: dict[str, tuple[str, Limits]] = {}
 
     def _failed(self, error: BudgetStoreError) -> None:
         if self.healthy:
@@ -79,11 +82,14 @@ class FailoverStore:
             try:
                 verdict = await self._shared.reserve(key_id, limits, charge, reservation_id, ttl_s)
             except BudgetStoreError as error:
+                self._orphans[reservation_id] = (key_id, limits)
                 self._failed(error)
             else:
                 if not self.healthy:
                     log.warning("budget store is back; shared budgets again")
                 self.healthy = True
+                if self._orphans:
+                    await self._refund_orphans()
                 if self._on_decision:
                     self._on_decision(False)
                 return verdict
@@ -95,6 +101,14 @@ class FailoverStore:
         if self._on_decision:
             self._on_decision(True)
         return verdict
+
+    async def _refund_orphans(self) -> None:
+        orphans, self._orphans = self._orphans, {}
+        for reservation_id, (key_id, limits) in orphans.items():
+            try:
+                await self._shared.settle(key_id, limits, reservation_id, None)
+            except BudgetStoreError:
+                self._orphans[reservation_id] = (key_id, limits)  # next time, then
 
     async def settle(
         self, key_id: str, limits: Limits, reservation_id: str, actual: Charge | None

@@ -57,7 +57,9 @@ def test_entry_becomes_outcome_of_its_decision() -> None:
 
 
 def test_missing_tags_mean_not_reported() -> None:
-    outcome = outcome_from_entry(DECISION, "t1", entry(tags={"ttft_ms": "-", "completion_tokens": "x"}))
+    outcome = outcome_from_entry(
+        DECISION, "t1", entry(tags={"ttft_ms": "-", "completion_tokens": "x"})
+    )
     assert outcome.ttft_s is None and outcome.completion_tokens is None
     assert not outcome.has_usage
 
