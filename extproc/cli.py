@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     overhead.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     estimator = bench_sub.add_parser("estimator", help="token estimate accuracy and speed")
     estimator.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    decisions = bench_sub.add_parser("decisions", help="budget decision cost per store")
+    decisions.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    decisions.add_argument("--calls", type=int, default=5000)
     return parser
 
 
@@ -144,10 +147,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from extproc.benchmarks.overhead import run as run_overhead
 
         run_overhead(args.out_dir, args.duration_s)
-        return 0
-    from extproc.benchmarks.estimator import run as run_estimator
+    elif args.bench == "decisions":
+        from extproc.benchmarks.decisions import run as run_decisions
 
-    run_estimator(args.out_dir)
+        run_decisions(args.out_dir, args.calls)
+    else:
+        from extproc.benchmarks.estimator import run as run_estimator
+
+        run_estimator(args.out_dir)
     return 0
 
 

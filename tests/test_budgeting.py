@@ -1,0 +1,110 @@
+"""What a request is charged, and how the gate answers, with the in-process store."""
+
+from __future__ import annotations
+
+import pytest
+
+from budget.ledger import Charge, Limits, Verdict
+from budget.policy import ApiKey, ContextBucket, Tier
+from budget.store import InProcessStore
+from extproc.accesslog import RequestOutcome
+from extproc.budgeting import BudgetGate, rate_limit_headers, reserved_charge, settled_charge
+from extproc.errors import ContextLengthExceeded, RateLimited
+from extproc.metrics import SidecarMetrics
+from extproc.request_flow import EstimateKind, RoutingDecision
+
+
+def decision(limits: Limits, prompt: int = 1000, max_tokens: int = 500) -> RoutingDecision:
+    return RoutingDecision(
+        request_id="r",
+        caller=ApiKey("cd" * 32, "team", Tier.STANDARD, limits),
+        pool="default",
+        bucket=ContextBucket("4-8k", 4097, 8192, 1.3),
+        prompt_tokens=prompt,
+        max_tokens=max_tokens,
+        estimate=EstimateKind.FITTED,
+        stream=True,
+    )
+
+
+def outcome(
+    d: RoutingDecision,
+    status: int,
+    prompt: int | None,
+    completion: int | None,
+    tracking_id: str = "t",
+) -> RequestOutcome:
+    return RequestOutcome(d, tracking_id, status, prompt, completion, 0.1, 1.0, "via_upstream")
+
+
+def test_reservation_is_weighted_context() -> None:
+    assert reserved_charge(decision(Limits())) == Charge(1500 * 1.3, 1500)
+
+
+@pytest.mark.parametrize(
+    ("status", "prompt", "completion", "expected"),
+    [
+        (200, 900, 100, Charge(1000 * 1.3, 1000)),  # real usage
+        (200, None, 100, Charge(1100 * 1.3, 1100)),  # no prompt count: the estimate stands
+        (503, None, None, None),  # upstream error: refund
+        (400, None, None, None),
+        (0, None, None, None),  # never sent upstream (client left first): refund
+        (200, None, None, Charge(1500 * 1.3, 1500)),  # stream cut without usage: keep
+    ],
+)
+def test_settled_charge_rules(
+    status: int, prompt: int | None, completion: int | None, expected: Charge | None
+) -> None:
+    assert settled_charge(outcome(decision(Limits()), status, prompt, completion)) == expected
+
+
+def test_rate_limit_headers_use_openai_names_and_formats() -> None:
+    verdict = Verdict(True, "ok", None, 60, 59, 1000, 400, 36.2)
+    assert rate_limit_headers(verdict) == {
+        "x-ratelimit-limit-requests": "60",
+        "x-ratelimit-remaining-requests": "59",
+        "x-ratelimit-limit-tokens": "1000",
+        "x-ratelimit-remaining-tokens": "400",
+        "x-ratelimit-reset-tokens": "37s",
+    }
+    minutes = Verdict(True, "ok", None, None, None, 10, 0, 61.0)
+    assert rate_limit_headers(minutes) == {
+        "x-ratelimit-limit-tokens": "10",
+        "x-ratelimit-remaining-tokens": "0",
+        "x-ratelimit-reset-tokens": "1m1s",
+    }
+    assert (
+        rate_limit_headers(Verdict(True, "ok", None, None, None, 5, 5, 0.25))[
+            "x-ratelimit-reset-tokens"
+        ]
+        == "250ms"
+    )
+
+
+async def test_gate_admits_refuses_and_settles() -> None:
+    store = InProcessStore()
+    gate = BudgetGate(store, SidecarMetrics(), ttl_s=60)
+    limits = Limits(tokens_per_minute=3000)
+    first = decision(limits)
+    admitted = await gate.admit(first, "a")
+    assert admitted.response_headers["x-ratelimit-remaining-tokens"] == str(3000 - 1950)
+    with pytest.raises(RateLimited) as info:
+        await gate.admit(decision(limits), "b")
+    refused = info.value
+    assert refused.status == 429 and refused.retry_after_s is not None
+    assert refused.retry_after_s == 18  # (1950 - 1050) tokens at 3000 per minute
+    assert refused.headers["x-ratelimit-remaining-tokens"] == "1050"
+    gate.record(outcome(first, 200, 100, 100, tracking_id="a"))  # 200 raw, 260 weighted
+    await gate.drain()
+    assert (await gate.admit(decision(limits), "c")).decision.pool == "default"
+    assert await store.outstanding("cd" * 6) == 1
+
+
+async def test_gate_refuses_what_can_never_fit_and_key_context_limits() -> None:
+    gate = BudgetGate(InProcessStore(), SidecarMetrics(), ttl_s=60)
+    with pytest.raises(RateLimited) as info:
+        await gate.admit(decision(Limits(tokens_per_minute=100)), "a")
+    assert info.value.retry_after_s is None and "too large" in info.value.message
+    with pytest.raises(ContextLengthExceeded) as context:
+        await gate.admit(decision(Limits(max_context_tokens=1024)), "b")
+    assert context.value.reason == "key_context_limit"
