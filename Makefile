@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint bench-overhead envoy-config clean
+.PHONY: up test lint bench-overhead bench-decisions bench-estimator envoy-config clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,10 +25,18 @@ test: $(STAMP) lint
 	$(BIN)/pytest
 
 envoy-config: $(STAMP)
-	$(BIN)/slogate envoy-config --policy deploy/policy.example.yaml --out envoy/bootstrap.yaml
+	$(BIN)/slogate envoy-config --policy deploy/policy.example.yaml --out envoy/bootstrap.json
 
+# Benchmarks are commands, not tests: they print tables and write bench/results/.
 bench-overhead: $(STAMP)
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(BIN)/slogate bench overhead
+
+bench-decisions: $(STAMP)
+	$(BIN)/slogate bench decisions
+
+bench-estimator: $(STAMP)
+	$(BIN)/slogate bench estimator
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

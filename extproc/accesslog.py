@@ -8,8 +8,9 @@ chunks: usage and timings were extracted inside Envoy (see usage_tap.lua).
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,7 +54,7 @@ class RequestOutcome:
 class OutcomeSink(Protocol):
     """Something that needs each finished request (budget settlement, the breaker)."""
 
-    def record(self, outcome: RequestOutcome) -> None: ...
+    async def record(self, outcome: RequestOutcome) -> None: ...
 
 
 def _tag_int(tags: Mapping[str, str], name: str) -> int | None:
@@ -103,6 +104,21 @@ def expired_outcome(decision: RoutingDecision, tracking: str) -> RequestOutcome:
     return RequestOutcome(decision, tracking, 0, None, None, None, 0.0, EXPIRED_DETAILS)
 
 
+async def _guarded(sink: OutcomeSink, outcome: RequestOutcome) -> None:
+    try:
+        await sink.record(outcome)
+    except Exception:  # one broken sink must not starve the others
+        log.exception("outcome sink %r failed", sink)
+
+
+async def finish(pending: Sequence[Awaitable[None]]) -> None:
+    """Await sink work: directly when there is one (no task), concurrently when several."""
+    if len(pending) == 1:
+        await pending[0]
+    elif pending:
+        await asyncio.gather(*pending)
+
+
 def _code_class(status: int) -> str:
     return f"{status // 100}xx" if 100 <= status < 600 else "other"
 
@@ -122,7 +138,8 @@ class OutcomeRecorder:
         self.inflight = inflight
         self.sinks = list(sinks)
 
-    def record_entry(self, entry: accesslog_pb2.HTTPAccessLogEntry) -> None:
+    def record_entry(self, entry: accesslog_pb2.HTTPAccessLogEntry) -> list[Awaitable[None]]:
+        """Record one entry; returns the sinks' work, for the caller to await (batched)."""
         key = tracking_id(entry)
         if key is None:
             self.metrics.access_log_entries("other").inc()
@@ -131,25 +148,27 @@ class OutcomeRecorder:
             if status >= 400 and details != "via_upstream" and not details.startswith("slogate_"):
                 # Envoy answered itself (413 over the buffer limit, 503 sidecar down, ...).
                 self.metrics.envoy_local_replies(str(status)).inc()
-            return
+            return []
         decision = self.inflight.pop(key)
         if decision is None:
             # Expired before its entry came, or decided by an earlier sidecar process.
             self.metrics.access_log_entries("unmatched").inc()
-            return
+            return []
         self.metrics.access_log_entries("routed").inc()
-        self.record(outcome_from_entry(decision, key, entry))
+        return self.record(outcome_from_entry(decision, key, entry))
 
-    def expire(self) -> int:
+    async def expire(self) -> int:
         """Settle the requests whose entry never came (the safety net); returns how many."""
         expired = self.inflight.expire()
+        pending: list[Awaitable[None]] = []
         for tracking, decision in expired:
             self.metrics.inflight_expired.inc()
-            self._to_sinks(expired_outcome(decision, tracking))
+            pending.extend(self._to_sinks(expired_outcome(decision, tracking)))
         self.metrics.inflight.set(len(self.inflight))
+        await finish(pending)
         return len(expired)
 
-    def record(self, outcome: RequestOutcome) -> None:
+    def record(self, outcome: RequestOutcome) -> list[Awaitable[None]]:
         m = self.metrics
         d = outcome.decision
         pool, bucket, tier = d.pool, d.bucket.name, d.caller.tier.value
@@ -162,14 +181,10 @@ class OutcomeRecorder:
                 m.ttft_seconds(pool, bucket, tier).observe(outcome.ttft_s)
                 self.windows.record_latency("ttft", pool, tier, bucket, outcome.ttft_s)
             self._record_usage(outcome)
-        self._to_sinks(outcome)
+        return self._to_sinks(outcome)
 
-    def _to_sinks(self, outcome: RequestOutcome) -> None:
-        for sink in self.sinks:
-            try:
-                sink.record(outcome)
-            except Exception:  # one broken sink must not starve the others
-                log.exception("outcome sink %r failed", sink)
+    def _to_sinks(self, outcome: RequestOutcome) -> list[Awaitable[None]]:
+        return [_guarded(sink, outcome) for sink in self.sinks]
 
     def _record_usage(self, outcome: RequestOutcome) -> None:
         m = self.metrics
@@ -200,9 +215,12 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> als_pb2.StreamAccessLogsResponse:
         async for message in request_iterator:
+            pending: list[Awaitable[None]] = []
             for entry in message.http_logs.log_entry:
                 try:
-                    self._recorder.record_entry(entry)
+                    pending.extend(self._recorder.record_entry(entry))
                 except Exception:  # a malformed entry must not end the stream for the rest
                     log.exception("could not record an access-log entry")
+            # Settlements of one batch run concurrently (Redis: one round trip each).
+            await finish(pending)
         return als_pb2.StreamAccessLogsResponse()

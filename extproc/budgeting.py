@@ -12,7 +12,6 @@ client that went away mid-stream) keeps the reservation, since the GPU did the w
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 
@@ -69,7 +68,6 @@ class BudgetGate:
         self._store = store
         self._metrics = metrics
         self._ttl_s = ttl_s
-        self._settling: set[asyncio.Task[None]] = set()
 
     async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
         caller = decision.caller
@@ -105,15 +103,10 @@ class BudgetGate:
             headers=headers,
         )
 
-    def record(self, outcome: RequestOutcome) -> None:
-        """OutcomeSink: settle in the background; the access-log stream never waits on it."""
+    async def record(self, outcome: RequestOutcome) -> None:
+        """OutcomeSink: settle the request's reservation with what it really used."""
         if outcome.expired:
             return  # the store expires the reservation itself (slot freed, charge kept)
-        task = asyncio.get_running_loop().create_task(self._settle(outcome))
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
-
-    async def _settle(self, outcome: RequestOutcome) -> None:
         decision = outcome.decision
         actual = settled_charge(outcome)
         try:
@@ -125,8 +118,3 @@ class BudgetGate:
             return
         if settled and actual is not None:
             self._metrics.tenant_tokens(decision.caller.tenant).inc(actual.raw_tokens)
-
-    async def drain(self) -> None:
-        """Wait for settlements in flight (shutdown, tests)."""
-        while self._settling:
-            await asyncio.gather(*list(self._settling), return_exceptions=True)

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 METADATA_NAMESPACE = "slogate"  # set by the sidecar on the request path (ext_proc)
 TRACKING_ID_FIELD = "id"  # in METADATA_NAMESPACE: the sidecar's in-flight id of the request
+# In METADATA_NAMESPACE, true when the sidecar asked for the stream's usage itself: the Lua
+# tap then removes the usage-only event the client never asked for.
+STRIP_USAGE_FIELD = "strip_usage"
 USAGE_NAMESPACE = "slogate.usage"  # set by the Lua usage tap (usage_tap.lua spells both)
 
 SLOGATE_HEADER_PREFIX = "x-slogate-"  # only slogate sets these; client copies are removed

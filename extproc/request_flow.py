@@ -37,6 +37,11 @@ from extproc.openai_request import (
 )
 from extproc.tokens import TokenEstimator, near_threshold
 
+# Exact counts queued or running at once; past this the estimate decides. At the largest
+# prompt counted exactly (exact_max_bytes, ~64k tokens, ~130 ms) two fit well inside the
+# default 1 s message timeout.
+MAX_EXACT_PENDING = 2
+
 
 class EstimateKind(StrEnum):
     UPPER_BOUND = "upper_bound"  # clearly below every threshold: the cheap bound decided
@@ -131,6 +136,7 @@ class Decider:
         self.identity = identity
         self.estimator = estimator
         self.exact_executor = exact_executor  # None: never count exactly
+        self._exact_pending = 0
         self.admission: Admission = admission or AdmitAll()
         # Decisions wait here for their access-log entry; expired after the upstream timeout.
         self.inflight: InFlight[RoutingDecision] = inflight or InFlight(
@@ -166,13 +172,20 @@ class Decider:
             self.exact_executor is None
             or not request.prompt_texts
             or request.prompt_chars > policy.exact_max_bytes
+            # A queue of exact counts would outlast Envoy's message timeout: decide on the
+            # estimate rather than let a burst of near-threshold prompts time out.
+            or self._exact_pending >= MAX_EXACT_PENDING
             or not near_threshold(context, policy.decision_thresholds, policy.exact_margin)
         ):
             return estimate, EstimateKind.FITTED
         loop = asyncio.get_running_loop()
-        exact = await loop.run_in_executor(
-            self.exact_executor, self.estimator.count_exact, request.prompt_texts
-        )
+        self._exact_pending += 1
+        try:
+            exact = await loop.run_in_executor(
+                self.exact_executor, self.estimator.count_exact, request.prompt_texts
+            )
+        finally:
+            self._exact_pending -= 1
         return exact + request.prompt_token_ids, EstimateKind.EXACT
 
 

@@ -17,7 +17,12 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 
-from extproc.contract import METADATA_NAMESPACE, REASON_HEADER, TRACKING_ID_FIELD
+from extproc.contract import (
+    METADATA_NAMESPACE,
+    REASON_HEADER,
+    STRIP_USAGE_FIELD,
+    TRACKING_ID_FIELD,
+)
 from extproc.errors import RequestRejected
 from extproc.request_flow import HeaderVerdict, Routed
 
@@ -69,6 +74,8 @@ def routed_body_reply(routed: Routed) -> pb.ProcessingResponse:
     # The decision itself stays in the sidecar (extproc.inflight); only its id travels.
     fields = reply.dynamic_metadata.fields[METADATA_NAMESPACE].struct_value.fields
     fields[TRACKING_ID_FIELD].string_value = routed.tracking_id
+    if routed.new_body is not None:
+        fields[STRIP_USAGE_FIELD].bool_value = True
     for name, value in routed.response_headers.items():
         fields[name].string_value = value  # see envoy_config.route_config
     return reply

@@ -191,7 +191,7 @@ class Sidecar:
         while True:
             await asyncio.sleep(self._watch_interval_s)
             self.policy.reload_if_changed()
-            self.recorder.expire()
+            await self.recorder.expire()
 
     async def stop(self, grace_s: float = 5.0) -> None:
         if self._watch_task is not None:
@@ -199,7 +199,6 @@ class Sidecar:
         if self._server is not None:
             # In-flight streams finish within the grace period; new ones are refused.
             await self._server.stop(grace_s)
-        await self.budgets.drain()
         await self.store.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()

@@ -6,7 +6,7 @@ from envoy.data.accesslog.v3 import accesslog_pb2
 
 from breaker.latency import ResponseWindows
 from budget.policy import ApiKey, ContextBucket, Tier
-from extproc.accesslog import OutcomeRecorder, RequestOutcome, outcome_from_entry
+from extproc.accesslog import OutcomeRecorder, RequestOutcome, finish, outcome_from_entry
 from extproc.inflight import InFlight
 from extproc.metrics import SidecarMetrics
 from extproc.request_flow import EstimateKind, RoutingDecision
@@ -68,12 +68,12 @@ class Sink:
     def __init__(self) -> None:
         self.seen: list[RequestOutcome] = []
 
-    def record(self, outcome: RequestOutcome) -> None:
+    async def record(self, outcome: RequestOutcome) -> None:
         self.seen.append(outcome)
 
 
 class BrokenSink:
-    def record(self, outcome: RequestOutcome) -> None:
+    async def record(self, outcome: RequestOutcome) -> None:
         raise RuntimeError("boom")
 
 
@@ -85,15 +85,16 @@ def recorder() -> tuple[OutcomeRecorder, InFlight[RoutingDecision], Sink, Clock]
     return rec, inflight, sink, clock
 
 
-def test_recorder_feeds_metrics_windows_and_sinks() -> None:
+async def test_recorder_feeds_metrics_windows_and_sinks() -> None:
     rec, inflight, sink, _ = recorder()
     ok, failed = inflight.add(DECISION), inflight.add(DECISION)
     tags = {"ttft_ms": "100", "prompt_tokens": "40000", "completion_tokens": "11"}
-    rec.record_entry(entry(tags=tags, tracking=ok))
-    rec.record_entry(entry(status=503, tracking=failed))
-    rec.record_entry(entry(status=413, details="request_payload_too_large"))
-    rec.record_entry(entry(status=404))  # an upstream 404 on a non-inference path
-    rec.record_entry(entry(tracking=ok))  # a duplicate: its decision is gone
+    pending = rec.record_entry(entry(tags=tags, tracking=ok))
+    pending += rec.record_entry(entry(status=503, tracking=failed))
+    pending += rec.record_entry(entry(status=413, details="request_payload_too_large"))
+    pending += rec.record_entry(entry(status=404))  # an upstream 404, non-inference path
+    pending += rec.record_entry(entry(tracking=ok))  # a duplicate: its decision is gone
+    await finish(pending)
     value = rec.metrics.registry.get_sample_value
     labels = {"pool": "long", "bucket": "32k-128k"}
     assert value("slogate_tokens_total", {**labels, "kind": "completion"}) == 11
@@ -110,18 +111,18 @@ def test_recorder_feeds_metrics_windows_and_sinks() -> None:
     assert len(inflight) == 0
 
 
-def test_requests_without_an_entry_expire_and_reach_sinks() -> None:
+async def test_requests_without_an_entry_expire_and_reach_sinks() -> None:
     rec, inflight, sink, clock = recorder()
     inflight.add(DECISION)
     clock.now_s += 30
     late = inflight.add(DECISION)
-    assert rec.expire() == 0
+    assert await rec.expire() == 0
     clock.now_s += 31  # the first is now 61 s old, the second 31 s
-    assert rec.expire() == 1
+    assert await rec.expire() == 1
     assert len(sink.seen) == 1 and sink.seen[0].expired and not sink.seen[0].has_usage
     assert rec.metrics.registry.get_sample_value("slogate_inflight_expired_total") == 1
     assert rec.metrics.registry.get_sample_value("slogate_inflight_requests") == 1
-    rec.record_entry(entry(tracking=late))
+    await finish(rec.record_entry(entry(tracking=late)))
     assert len(inflight) == 0
 
 

@@ -94,8 +94,7 @@ async def test_gate_admits_refuses_and_settles() -> None:
     assert refused.status == 429 and refused.retry_after_s is not None
     assert refused.retry_after_s == 18  # (1950 - 1050) tokens at 3000 per minute
     assert refused.headers["x-ratelimit-remaining-tokens"] == "1050"
-    gate.record(outcome(first, 200, 100, 100, tracking_id="a"))  # 200 raw, 260 weighted
-    await gate.drain()
+    await gate.record(outcome(first, 200, 100, 100, tracking_id="a"))  # 200 raw, 260 weighted
     assert (await gate.admit(decision(limits), "c")).decision.pool == "default"
     assert await store.outstanding("cd" * 6) == 1
 

@@ -67,7 +67,12 @@ def test_stream_is_charged_its_real_usage_not_max_tokens(stack: LocalStack) -> N
     reply = post(
         stack.url,
         CHAT,
-        chat_body("write a long story", max_tokens=2000, stream=True),
+        chat_body(
+            "write a long story",
+            max_tokens=2000,
+            stream=True,
+            stream_options={"include_usage": True},
+        ),
         key="sk-demo-batch",
     )
     assert reply.status == 200

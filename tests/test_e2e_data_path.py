@@ -86,38 +86,74 @@ def test_client_cannot_pick_the_pool_or_spoof_identity(stack: LocalStack) -> Non
     conn.close()
 
 
-def test_stream_is_not_held_back_and_usage_is_requested(stack: LocalStack) -> None:
-    body = json.dumps(chat_body("tell me a story", max_tokens=120, stream=True)).encode()
+def read_stream(
+    stack: LocalStack, body: dict[str, object], key: str = "sk-demo-critical"
+) -> tuple[http.client.HTTPResponse, list[float], list[str]]:
+    """Send a streaming request; the response, chunk arrival times and SSE events."""
     conn = http.client.HTTPConnection("127.0.0.1", stack.listen_port, timeout=30)
     conn.request(
         "POST",
         CHAT,
-        body=body,
-        headers={"authorization": "Bearer sk-demo-critical", "content-type": "application/json"},
+        body=json.dumps(body).encode(),
+        headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
     )
     started = time.monotonic()
     response = conn.getresponse()
-    assert response.status == 200
-    assert json.loads(response.getheader("x-sim-stream-options") or "null") == {
-        "include_usage": True
-    }
     arrivals: list[float] = []
-    events: list[str] = []
     buffer = b""
-    while True:
-        chunk = response.read1(65536)
-        if not chunk:
-            break
+    while chunk := response.read1(65536):
         arrivals.append(time.monotonic() - started)
         buffer += chunk
     conn.close()
     events = [e for e in buffer.decode().split("\n\n") if e.startswith("data: ")]
-    assert events[-1] == "data: [DONE]"
-    usage = [json.loads(e[6:]) for e in events[:-1] if '"usage"' in e]
-    assert usage and usage[-1]["usage"]["completion_tokens"] >= 1
+    return response, arrivals, events
+
+
+def usage_events(events: list[str]) -> list[dict[str, object]]:
+    decoded = [json.loads(e[6:]) for e in events if e != "data: [DONE]"]
+    return [e for e in decoded if e.get("usage")]
+
+
+def test_stream_is_not_held_back(stack: LocalStack) -> None:
+    response, arrivals, events = read_stream(
+        stack, chat_body("tell me a story", max_tokens=120, stream=True)
+    )
+    assert response.status == 200 and events[-1] == "data: [DONE]"
     # Chunks arrive spread over the stream's life, not all at its end.
     assert len(arrivals) > 5
     assert arrivals[0] < 0.5 * arrivals[-1], arrivals[:3] + arrivals[-3:]
+
+
+def test_stream_usage_is_accounted_but_only_shown_when_asked(stack: LocalStack) -> None:
+    before = settled(stack)
+    response, _, events = read_stream(
+        stack, chat_body("tell me a story", max_tokens=60, stream=True), key="sk-demo-batch"
+    )
+    # The pool was asked for usage, the client was not shown it (it did not ask) ...
+    assert json.loads(response.getheader("x-sim-stream-options") or "null") == {
+        "include_usage": True
+    }
+    assert usage_events(events) == []
+    assert not any('"choices": []' in e or '"choices":[]' in e for e in events)
+    decoded = [json.loads(e[6:]) for e in events if e != "data: [DONE]"]
+    content_chunks = [
+        e for e in decoded if e["choices"] and e["choices"][0]["delta"].get("content")
+    ]
+    after = settled(stack)
+    # ... yet the sidecar accounted it: one completion token per content chunk.
+    completion = metric(after, "slogate_tokens_total", kind="completion") - metric(
+        before, "slogate_tokens_total", kind="completion"
+    )
+    assert completion == len(content_chunks) > 0
+
+    # A client that asks keeps its usage chunk, untouched.
+    _, _, asked = read_stream(
+        stack,
+        chat_body("again", max_tokens=30, stream=True, stream_options={"include_usage": True}),
+        key="sk-demo-batch",
+    )
+    usage = usage_events(asked)
+    assert len(usage) == 1 and usage[0]["choices"] == []
 
 
 def test_usage_and_ttft_reach_sidecar_metrics(stack: LocalStack) -> None:

@@ -71,3 +71,10 @@ def test_bootstrap_shape() -> None:
     assert int(vhost["requestBodyBufferLimit"]) == policy.max_body_bytes
     tags = manager["accessLog"][0]["typedConfig"]["commonConfig"]["customTags"]
     assert {t["tag"] for t in tags} == set(ACCESS_LOG_TAGS)
+
+
+def test_committed_bootstrap_matches_the_example_policy() -> None:
+    """envoy/bootstrap.json is generated (`make envoy-config`); it must never drift."""
+    committed = Path(__file__).resolve().parent.parent / "envoy" / "bootstrap.json"
+    generated = build_bootstrap(load_policy(EXAMPLE_POLICY))
+    assert json.loads(committed.read_text()) == generated, "run `make envoy-config`"
