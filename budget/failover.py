@@ -14,33 +14,19 @@ local share more in the hour of the outage).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 
-from budget.ledger import Charge, Limits, Verdict
+from budget.ledger import Charge, Limits, Verdict, scale_limits
 from budget.store import USAGE_WINDOWS_S, BudgetStore, BudgetStoreError
 
 log = logging.getLogger("slogate.budget")
 
 
 def local_share(limits: Limits, replicas: int) -> Limits:
-    """Each replica's part of the limits; at least 1 of each so a key is never frozen."""
-    if replicas <= 1:
-        return limits
-
-    def part(value: int | None) -> int | None:
-        return None if value is None else max(1, math.floor(value / replicas))
-
-    return dataclasses.replace(
-        limits,
-        requests_per_minute=part(limits.requests_per_minute),
-        tokens_per_minute=part(limits.tokens_per_minute),
-        tokens_per_hour=part(limits.tokens_per_hour),
-        concurrent_requests=part(limits.concurrent_requests),
-    )
+    """Each replica's part of the limits when it must decide alone."""
+    return scale_limits(limits, 1.0 / replicas) if replicas > 1 else limits
 
 
 class FailoverStore:

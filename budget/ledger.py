@@ -44,6 +44,24 @@ class Limits:
         }[bucket]
 
 
+def scale_limits(limits: Limits, factor: float) -> Limits:
+    """Every rate and the concurrency scaled by `factor` (at least 1 each, so a key is never
+    frozen shut); the per-request context cap is not a rate and stays."""
+    if factor == 1.0:
+        return limits
+
+    def part(value: int | None) -> int | None:
+        return None if value is None else max(1, math.floor(value * factor))
+
+    return Limits(
+        requests_per_minute=part(limits.requests_per_minute),
+        tokens_per_minute=part(limits.tokens_per_minute),
+        tokens_per_hour=part(limits.tokens_per_hour),
+        concurrent_requests=part(limits.concurrent_requests),
+        max_context_tokens=limits.max_context_tokens,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Charge:
     weighted_tokens: float  # (prompt + completion) x the context bucket's cost weight

@@ -24,14 +24,27 @@ KEY_TTL_S = 7200
 
 
 def connect(url: str, cluster: bool = False, max_connections: int = 64) -> Any:
-    """An asyncio client whose pool waits for a free connection instead of failing."""
+    """An asyncio client whose pool waits for a free connection instead of failing, and that
+    retries a command once on a fresh connection: after a Redis restart every pooled
+    connection is dead, and each would otherwise cost one decision its shared budget."""
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    retry = Retry(NoBackoff(), 1)
     if cluster:
         from redis.asyncio.cluster import RedisCluster
 
         return RedisCluster.from_url(url, max_connections=max_connections)
     from redis.asyncio import BlockingConnectionPool, Redis
 
-    pool = BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=None)
+    # Retry settings belong to the connections, so they go to the pool, not to the client.
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=None,
+        retry=retry,
+        retry_on_error=[redis_errors.ConnectionError],
+    )
     return Redis(connection_pool=pool)
 
 

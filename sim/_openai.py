@@ -51,6 +51,8 @@ class ParsedRequest:
     # vLLM extension: keep generating until max_tokens; makes completion length exact.
     ignore_eos: bool
     segments: tuple[PromptSegment, ...]
+    # The `model` the client asked for (echoed back for tests; the pool serves its own).
+    requested_model: str | None = None
 
 
 def approx_tokens(text: str) -> int:
@@ -147,6 +149,7 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
         stream_options=stream_options,
         ignore_eos=body.get("ignore_eos") is True,
         segments=tuple(chain_segments(pieces)),
+        requested_model=body["model"] if isinstance(body.get("model"), str) else None,
     )
 
 

@@ -54,8 +54,10 @@ async def _sleep_until(deadline: float) -> None:
         await asyncio.sleep(delay)
 
 
-def echo_headers(request: web.Request, stream_options: dict[str, Any] | None) -> dict[str, str]:
-    """What the upstream saw, for tests: slogate's headers and the stream_options it got."""
+def echo_headers(
+    request: web.Request, stream_options: dict[str, Any] | None, model: str | None = None
+) -> dict[str, str]:
+    """What the upstream saw, for tests: slogate's headers, stream_options and model."""
     saw: dict[str, str] = {}
     for name, value in request.headers.items():
         lowered = name.lower()
@@ -64,6 +66,7 @@ def echo_headers(request: web.Request, stream_options: dict[str, Any] | None) ->
     return {
         "x-sim-saw-headers": json.dumps(saw, sort_keys=True),
         "x-sim-stream-options": json.dumps(stream_options, sort_keys=True),
+        "x-sim-model": json.dumps(model),
     }
 
 
@@ -103,7 +106,7 @@ class SimPool:
         except RequestError as exc:
             headers = echo_headers(request, None)
             return error_response(400, exc.message, "invalid_request_error", exc.code, headers)
-        headers = echo_headers(request, parsed.stream_options)
+        headers = echo_headers(request, parsed.stream_options, parsed.requested_model)
         context_tokens = parsed.prompt_tokens + parsed.max_tokens
         if context_tokens > self.config.max_model_len_tokens:
             message = (
