@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from breaker.levels import BreakerThresholds
 from budget.ledger import Limits
 
 T = TypeVar("T")
@@ -103,6 +104,17 @@ class BudgetConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    thresholds: BreakerThresholds = field(default_factory=BreakerThresholds)
+    window_s: float = 60.0  # latency and error windows the breaker reads
+    min_samples: int = 20  # fewer responses in the window: no latency / error signal
+    evaluate_interval_s: float = 1.0
+    scrape_metrics: bool = True  # scrape vLLM /metrics of every pool endpoint
+    scrape_interval_s: float = 5.0
+    stale_after_s: float = 15.0  # engine metrics older than this count as saturated
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     model_name: str
     max_context_tokens: int
@@ -120,7 +132,16 @@ class Policy:
     route_rules: tuple[RouteRule, ...]
     keys: Mapping[str, ApiKey] = field(repr=False)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    breaker: BreakerConfig = field(default_factory=lambda: BreakerConfig())
+    fallback_pool: str = "fallback"
+    fallback_model: str | None = None  # None: keep the requested model at L3
+    # P99 TTFT SLO in ms per (tier, bucket name); "*" is the tier's default for any bucket.
+    slo_ttft_p99_ms: Mapping[tuple[Tier, str], float] = field(default_factory=dict)
     source: str = "<memory>"
+
+    def slo_ms(self, tier: Tier, bucket: str) -> float | None:
+        return self.slo_ttft_p99_ms.get((tier, bucket), self.slo_ttft_p99_ms.get((tier, "*")))
+
     # Token counts where one token more or less changes a decision (bucket edges, pool
     # rules, the model max): near these the exact tokenizer is worth its cost.
     decision_thresholds: tuple[int, ...] = ()
@@ -234,6 +255,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
 
     model = root.section("model")
     model_name = model.get("name", str, "deepseek-v4")
+    fallback_model = model.get("fallback_model", str, "") or None
     max_context = model.get("max_context_tokens", int, 131072)
     _positive(max_context, model.child("max_context_tokens"))
     default_max_tokens = model.get("default_max_tokens", int, 1024)
@@ -271,6 +293,11 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
 
     routing = root.section("routing")
     default_pool = routing.get("default_pool", str, "default")
+    routing_fallback = routing.get(
+        "fallback_pool", str, "fallback" if "fallback" in pools else default_pool
+    )
+    if routing_fallback not in pools:
+        raise PolicyError(f"{routing.child('fallback_pool')}: no pool named {routing_fallback!r}")
     if default_pool not in pools:
         raise PolicyError(f"{routing.child('default_pool')}: no pool named {default_pool!r}")
     rules_raw = routing.raw("rules")
@@ -280,6 +307,11 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
     routing.close()
 
     budget = _parse_budget(root.section("budget"))
+    breaker = _parse_breaker(root.section("breaker"))
+    bucket_names = {b.name for b in buckets}
+    slos = _parse_slos(root.section("slos"), bucket_names)
+    fallback_pool = routing_fallback
+
     tier_limits = _parse_tiers(root.section("tiers"))
     keys = _parse_keys(root.raw("keys"), root.child("keys"), tier_limits)
     root.close()
@@ -301,6 +333,10 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         route_rules=route_rules,
         keys=keys,
         budget=budget,
+        breaker=breaker,
+        fallback_pool=fallback_pool,
+        fallback_model=fallback_model,
+        slo_ttft_p99_ms=slos,
         source=source,
     )
 
@@ -414,6 +450,71 @@ def _parse_tiers(sec: _Section) -> dict[Tier, Limits]:
 
 
 _DEFAULT_BUDGET = BudgetConfig()
+_DEFAULT_THRESHOLDS = BreakerThresholds()
+_DEFAULT_SLOS_MS = {Tier.CRITICAL: 2000.0, Tier.STANDARD: 4000.0, Tier.SHEDDABLE: 15000.0}
+
+
+def _parse_breaker(sec: _Section) -> BreakerConfig:
+    t = _DEFAULT_THRESHOLDS
+    th = sec.section("thresholds")
+    values: dict[str, float] = {}
+    for name in (
+        "l1_p99_over_slo",
+        "l2_p99_over_slo",
+        "l3_p99_over_slo",
+        "l1_kv_cache",
+        "l2_error_rate",
+        "l3_error_rate",
+        "l2_gpu_memory",
+        "l3_gpu_memory",
+        "cooldown_s",
+        "probe_hold_s",
+        "probe_fraction",
+    ):
+        values[name] = th.get(name, float, getattr(t, name))
+        if values[name] < 0:
+            raise PolicyError(f"{th.child(name)}: must be >= 0")
+    hold_raw = th.raw("enter_hold_s")
+    hold = t.enter_hold_s
+    if hold_raw is not None:
+        if not isinstance(hold_raw, list) or len(hold_raw) != 3:
+            raise PolicyError(f"{th.child('enter_hold_s')}: expected [L1, L2, L3] seconds")
+        path = th.child("enter_hold_s")
+        l1, l2, l3 = (_expect(v, float, f"{path}[{i}]") for i, v in enumerate(hold_raw))
+        hold = (l1, l2, l3)
+    th.close()
+    if not 0.0 <= values["probe_fraction"] <= 1.0:
+        raise PolicyError(f"{th.child('probe_fraction')}: must be in [0, 1]")
+    config = BreakerConfig(
+        thresholds=BreakerThresholds(enter_hold_s=hold, **values),  # type: ignore[arg-type]
+        window_s=sec.get("window_s", float, 60.0),
+        min_samples=sec.get("min_samples", int, 20),
+        evaluate_interval_s=sec.get("evaluate_interval_s", float, 1.0),
+        scrape_metrics=sec.get("scrape_metrics", bool, True),
+        scrape_interval_s=sec.get("scrape_interval_s", float, 5.0),
+        stale_after_s=sec.get("stale_after_s", float, 15.0),
+    )
+    for name in ("window_s", "evaluate_interval_s", "scrape_interval_s", "stale_after_s"):
+        _positive(getattr(config, name), sec.child(name))
+    if config.scrape_interval_s > 15.0:
+        raise PolicyError(f"{sec.child('scrape_interval_s')}: at most 15 s")
+    sec.close()
+    return config
+
+
+def _parse_slos(sec: _Section, bucket_names: set[str]) -> dict[tuple[Tier, str], float]:
+    slos: dict[tuple[Tier, str], float] = {(t, "*"): ms for t, ms in _DEFAULT_SLOS_MS.items()}
+    for tier in Tier:
+        tier_sec = sec.section(tier.value)
+        for name in list(tier_sec._raw):
+            if name != "default" and name not in bucket_names:
+                raise PolicyError(f"{tier_sec.child(name)}: no bucket named {name!r}")
+            value = tier_sec.get(name, float, 0.0)
+            _positive(value, tier_sec.child(name))
+            slos[(tier, "*" if name == "default" else name)] = value
+        tier_sec.close()
+    sec.close()
+    return slos
 
 
 def _parse_budget(sec: _Section) -> BudgetConfig:
