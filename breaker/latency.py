@@ -139,6 +139,18 @@ class ResponseWindows:
     ) -> float | None:
         return self.merged(metric, window_s, pool, tier, bucket).quantile(q)
 
+    def response_counts(self, pool: str | None, window_s: float) -> tuple[int, int]:
+        """(responses, 5xx) of a pool in the window; None sums every pool."""
+        responses = errors = 0
+        for slot in self._within(window_s):
+            if pool is None:
+                responses += sum(slot.responses.values())
+                errors += sum(slot.errors.values())
+            else:
+                responses += slot.responses.get(pool, 0)
+                errors += slot.errors.get(pool, 0)
+        return responses, errors
+
     def error_rate(self, pool: str, window_s: float) -> float | None:
         """Share of 5xx among the pool's responses in the window; None without responses."""
         slots = self._within(window_s)

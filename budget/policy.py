@@ -486,7 +486,7 @@ def _parse_breaker(sec: _Section) -> BreakerConfig:
     if not 0.0 <= values["probe_fraction"] <= 1.0:
         raise PolicyError(f"{th.child('probe_fraction')}: must be in [0, 1]")
     config = BreakerConfig(
-        thresholds=BreakerThresholds(enter_hold_s=hold, **values),  # type: ignore[arg-type]
+        thresholds=BreakerThresholds(enter_hold_s=hold, **values),
         window_s=sec.get("window_s", float, 60.0),
         min_samples=sec.get("min_samples", int, 20),
         evaluate_interval_s=sec.get("evaluate_interval_s", float, 1.0),
