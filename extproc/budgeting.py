@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
-from budget.ledger import Charge, Verdict
+from budget.ledger import Charge, Limits, Verdict, scale_limits
 from budget.store import BudgetStore
 from extproc.accesslog import RequestOutcome
 from extproc.errors import ContextLengthExceeded, RateLimited
@@ -64,14 +65,26 @@ def rate_limit_headers(verdict: Verdict) -> dict[str, str]:
 
 
 class BudgetGate:
-    def __init__(self, store: BudgetStore, metrics: SidecarMetrics, ttl_s: float) -> None:
+    def __init__(
+        self,
+        store: BudgetStore,
+        metrics: SidecarMetrics,
+        ttl_s: float,
+        scale: Callable[[RoutingDecision], float] | None = None,
+    ) -> None:
         self._store = store
         self._metrics = metrics
         self._ttl_s = ttl_s
+        # The breaker shrinks low-tier budgets under load: the key's limits times this.
+        self._scale = scale
+
+    def _limits(self, decision: RoutingDecision) -> Limits:
+        limits = decision.caller.limits
+        return limits if self._scale is None else scale_limits(limits, self._scale(decision))
 
     async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
         caller = decision.caller
-        limits = caller.limits
+        limits = self._limits(decision)
         if limits.max_context_tokens is not None and decision.context_tokens > (
             limits.max_context_tokens
         ):
@@ -111,7 +124,7 @@ class BudgetGate:
         actual = settled_charge(outcome)
         try:
             settled = await self._store.settle(
-                decision.caller.key_id, decision.caller.limits, outcome.tracking_id, actual
+                decision.caller.key_id, self._limits(decision), outcome.tracking_id, actual
             )
         except Exception:
             log.exception("settling %s failed; the reservation will expire", outcome.tracking_id)

@@ -63,6 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--time-scale", type=float, default=1.0, help="simulated latency factor")
     up.add_argument("--failure-mode", choices=[m.value for m in FailureMode], default=None)
 
+    drill = sub.add_parser(
+        "drill", help="force a breaker level on a pool for a while (read by `slogate serve`)"
+    )
+    _policy_arg(drill)
+    drill.add_argument("--pool", required=True, help="a pool name, or 'global'")
+    drill.add_argument("--level", type=int, choices=[0, 1, 2, 3], required=True)
+    drill.add_argument("--minutes", type=float, default=10.0, help="0 ends a running drill")
+
     bench = sub.add_parser("bench", help="benchmarks (results under bench/results/)")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     overhead = bench_sub.add_parser("overhead", help="Envoy vs pass-through ext_proc vs slogate")
@@ -142,6 +150,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_drill(args: argparse.Namespace) -> int:
+    from extproc.breaking import write_drill
+
+    policy = load_policy(args.policy)
+    if args.pool != "global" and args.pool not in policy.pools:
+        print(f"slogate: no pool {args.pool!r} in {args.policy}", file=sys.stderr)
+        return 2
+    path = write_drill(args.policy, args.pool, args.level, args.minutes)
+    print(f"drill: {args.pool} at least L{args.level} for {args.minutes:g} min ({path})")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench == "overhead":
         from extproc.benchmarks.overhead import run as run_overhead
@@ -167,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         "serve": cmd_serve,
         "envoy-config": cmd_envoy_config,
         "up": cmd_up,
+        "drill": cmd_drill,
         "bench": cmd_bench,
     }
     try:

@@ -46,10 +46,10 @@ from extproc.contract import (
     METADATA_NAMESPACE,
     POOL_HEADER,
     RATE_LIMIT_HEADERS,
-    REASON_HEADER,
 )
 
 SIDECAR_CLUSTER = "slogate_sidecar"
+SIDECAR_FAILURE_STATUS = 502  # what clients get when fail-closed and the sidecar fails
 
 
 class FilterProfile(StrEnum):
@@ -122,8 +122,8 @@ def ext_proc_filter(policy: Policy, failure_mode_allow: bool | None = None) -> h
                 untyped=[METADATA_NAMESPACE]
             ),
         ),
-        # A sidecar that is down must look like an unavailable service, not a 500 bug.
-        status_on_error=_http_status(503),
+        # A failed sidecar is a bad gateway, not a 500 bug; and never the breaker's 503.
+        status_on_error=_http_status(SIDECAR_FAILURE_STATUS),
     )
     return hcm.HttpFilter(**_typed("envoy.filters.http.ext_proc", config))
 
@@ -214,30 +214,22 @@ def route_config(policy: Policy) -> route.RouteConfiguration:
     )
 
 
-def _json_error_mapper(status: int, message: str, error_type: str, code: str) -> hcm.ResponseMapper:
-    return hcm.ResponseMapper(
-        filter=accesslog.AccessLogFilter(
-            and_filter=accesslog.AndFilter(
-                filters=[
-                    accesslog.AccessLogFilter(
-                        status_code_filter=accesslog.StatusCodeFilter(
-                            comparison=accesslog.ComparisonFilter(
-                                op=accesslog.ComparisonFilterOp.EQ,
-                                value=core.RuntimeUInt32(default_value=status, runtime_key="-"),
-                            )
-                        )
-                    ),
-                    # Our own immediate responses already carry an OpenAI body; leave them be.
-                    accesslog.AccessLogFilter(
-                        header_filter=accesslog.HeaderFilter(
-                            header=route.HeaderMatcher(
-                                name=REASON_HEADER, present_match=True, invert_match=True
-                            )
-                        )
-                    ),
-                ]
+def _status_filter(status: int) -> accesslog.AccessLogFilter:
+    return accesslog.AccessLogFilter(
+        status_code_filter=accesslog.StatusCodeFilter(
+            comparison=accesslog.ComparisonFilter(
+                op=accesslog.ComparisonFilterOp.EQ,
+                value=core.RuntimeUInt32(default_value=status, runtime_key="-"),
             )
-        ),
+        )
+    )
+
+
+def _json_error_mapper(
+    match: accesslog.AccessLogFilter, message: str, error_type: str, code: str
+) -> hcm.ResponseMapper:
+    return hcm.ResponseMapper(
+        filter=match,
         body_format_override=core.SubstitutionFormatString(
             json_format=pb.Struct.from_dict(
                 {"error": {"message": message, "type": error_type, "code": code}}
@@ -248,26 +240,43 @@ def _json_error_mapper(status: int, message: str, error_type: str, code: str) ->
 
 
 def local_reply_config() -> hcm.LocalReplyConfig:
-    """Envoy's own errors (body over the buffer limit, sidecar down) as OpenAI JSON."""
+    """Envoy's own errors as OpenAI JSON.
+
+    Mappers apply to every local reply, the sidecar's ImmediateResponses included, so they
+    match only what the sidecar never sends: 502 (the sidecar failed: ext_proc's
+    status_on_error), 504 (timeouts), upstream-unavailable response flags, and 413 (which
+    both say the same thing). The sidecar's own 503 (breaker) keeps its body.
+    """
+    upstream_down = accesslog.AccessLogFilter(
+        response_flag_filter=accesslog.ResponseFlagFilter(
+            flags=["UH", "UF", "UO", "NR", "URX", "UC"]
+        )
+    )
     return hcm.LocalReplyConfig(
         mappers=[
             _json_error_mapper(
-                413,
+                _status_filter(413),
                 "Request body is larger than the limit this gateway accepts.",
                 "invalid_request_error",
                 "request_too_large",
             ),
             _json_error_mapper(
-                503,
+                _status_filter(SIDECAR_FAILURE_STATUS),
                 "The inference gateway is temporarily unavailable: %RESPONSE_CODE_DETAILS%",
                 "server_error",
                 "gateway_unavailable",
             ),
             _json_error_mapper(
-                504,
+                _status_filter(504),
                 "The inference gateway timed out: %RESPONSE_CODE_DETAILS%",
                 "server_error",
                 "gateway_timeout",
+            ),
+            _json_error_mapper(
+                upstream_down,
+                "No inference server is available for this request: %RESPONSE_CODE_DETAILS%",
+                "server_error",
+                "upstream_unavailable",
             ),
         ]
     )

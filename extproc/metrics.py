@@ -164,6 +164,50 @@ class SidecarMetrics:
             "1 while the shared budget store answers, 0 while deciding on local shares.",
             registry=r,
         )
+        self.shed = counter(
+            "slogate_shed_total",
+            "Requests the breaker refused or sent to the fallback pool, by tier and reason.",
+            ["tier", "reason"],
+        )
+        self.breaker_probes = counter(
+            "slogate_breaker_probes_total",
+            "Requests let through as half-open probes, by pool.",
+            ["pool"],
+        )
+        self.breaker_transitions = counter(
+            "slogate_breaker_transitions_total",
+            "Breaker level changes (and failed probes, from == to) by pool, from, to, reason.",
+            ["pool", "from_level", "to_level", "reason"],
+        )
+        self.breaker_level = Family(
+            Gauge(
+                "slogate_breaker_level",
+                "Breaker level in force per pool (0-3, drills included); pool=global too.",
+                ["pool"],
+                registry=r,
+            )
+        )
+        self.breaker_drill = Family(
+            Gauge(
+                "slogate_breaker_drill_level",
+                "Level forced by a running drill per pool (0: no drill).",
+                ["pool"],
+                registry=r,
+            )
+        )
+        self.breaker_signal = Family(
+            Gauge(
+                "slogate_breaker_signal",
+                "Signal values the breaker last used (NaN: no data), by pool and signal.",
+                ["pool", "signal"],
+                registry=r,
+            )
+        )
+        self.gpu_available = Gauge(
+            "slogate_gpu_available",
+            "1 when NVML reports a GPU on this node; 0: GPU memory signal unavailable.",
+            registry=r,
+        )
         self.policy_reloads = counter(
             "slogate_policy_reloads_total",
             "Policy reload attempts by result (ok, rejected).",

@@ -178,3 +178,10 @@ def with_usage_requested(body: bytes, request: InferenceRequest) -> bytes | None
     options = document.get("stream_options")
     document["stream_options"] = {**(options or {}), "include_usage": True}
     return msgspec.json.encode(document)
+
+
+def with_model(body: bytes, model: str) -> bytes:
+    """The body with `model` replaced (the breaker's fallback model); re-encoded, rare."""
+    document = msgspec.json.decode(body)
+    document["model"] = model
+    return msgspec.json.encode(document)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -33,6 +33,7 @@ from extproc.openai_request import (
     INFERENCE_PATHS,
     InferenceRequest,
     parse_inference_body,
+    with_model,
     with_usage_requested,
 )
 from extproc.tokens import TokenEstimator, near_threshold
@@ -67,6 +68,7 @@ class RoutingDecision:
     max_tokens: int
     estimate: EstimateKind  # how prompt_tokens was counted
     stream: bool
+    model_override: str | None = None  # the breaker's fallback model at L3
 
     @property
     def exact(self) -> bool:
@@ -118,6 +120,21 @@ class Admission(Protocol):
 class AdmitAll:
     async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
         return Admitted(decision)
+
+
+class AdmissionChain:
+    """Admission steps in order (breaker before budgets: a shed request spends nothing)."""
+
+    def __init__(self, steps: Sequence[Admission]) -> None:
+        self._steps = list(steps)
+
+    async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
+        headers: dict[str, str] = {}
+        for admission in self._steps:
+            admitted = await admission.admit(decision, reservation_id)
+            decision = admitted.decision
+            headers.update(admitted.response_headers)
+        return Admitted(decision, headers)
 
 
 class Decider:
@@ -252,12 +269,10 @@ class RequestFlow:
         tracking_id = inflight.new_id()
         admitted = await self._decider.admission.admit(decision, tracking_id)
         inflight.put(tracking_id, admitted.decision)
-        return Routed(
-            admitted.decision,
-            tracking_id,
-            with_usage_requested(body, request),
-            admitted.response_headers,
-        )
+        new_body = with_usage_requested(body, request)
+        if admitted.decision.model_override is not None:
+            new_body = with_model(new_body or body, admitted.decision.model_override)
+        return Routed(admitted.decision, tracking_id, new_body, admitted.response_headers)
 
 
 def _too_large(size_bytes: int, policy: Policy) -> BodyTooLarge:

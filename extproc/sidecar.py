@@ -22,16 +22,20 @@ from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from prometheus_client import start_http_server
 
+from breaker.board import BreakerBoard
+from breaker.engine import EngineScraper, GpuMemory
 from breaker.latency import ResponseWindows
+from breaker.shedding import budget_multiplier
 from budget.failover import FailoverStore
 from budget.policy import BudgetStoreKind, Policy, PolicyError, load_policy
 from budget.redis_store import RedisStore, connect
 from budget.store import BudgetStore, InProcessStore
 from extproc.accesslog import AccessLogService, OutcomeRecorder
+from extproc.breaking import BreakerGate, BreakerLoop, drill_file_for
 from extproc.budgeting import BudgetGate
 from extproc.identity import ApiKeyResolver
 from extproc.metrics import SidecarMetrics
-from extproc.request_flow import Decider
+from extproc.request_flow import AdmissionChain, Decider
 from extproc.server import ExternalProcessorService
 from extproc.tokens import ExactTokenCounter, TokenEstimator
 
@@ -118,22 +122,51 @@ class Sidecar:
     ) -> None:
         self.metrics = SidecarMetrics()
         self.policy = PolicyHolder(policy_path, self.metrics)
-        self.windows = ResponseWindows(clock=time.monotonic)
+        initial = self.policy()
+        window_s = initial.breaker.window_s
+        # Slots fine enough that the breaker's window forgets a spike within ~1/6 of it.
+        self.windows = ResponseWindows(
+            clock=time.monotonic,
+            slot_s=min(10.0, window_s / 6),
+            horizon_s=max(300.0, window_s),
+        )
+        self.gpu = GpuMemory()
+        self.metrics.gpu_available.set(1 if self.gpu.available else 0)
+        self.scraper = EngineScraper(
+            lambda: {name: pool.endpoints for name, pool in self.policy().pools.items()},
+            interval_s=initial.breaker.scrape_interval_s,
+            stale_after_s=initial.breaker.stale_after_s,
+        )
+        scraping = initial.breaker.scrape_metrics
+        self.board = BreakerBoard(
+            self.policy,
+            self.windows,
+            kv_cache_usage=self.scraper.kv_cache_usage if scraping else (lambda pool: None),
+            gpu_memory_usage=self.gpu.usage,
+            clock=time.monotonic,
+        )
+        self.breaker_loop = BreakerLoop(self.board, self.metrics, drill_file_for(policy_path))
         self._exact_executor = (
             ThreadPoolExecutor(1, "slogate-tokenizer") if exact_tokenizer else None
         )
         exact = ExactTokenCounter() if exact_tokenizer else None
-        initial = self.policy()
         self.estimator = TokenEstimator(exact, initial.per_message_overhead_tokens)
         self.store = build_store(initial, self.metrics)
         # A reservation outlives the longest request by a minute before it expires.
-        self.budgets = BudgetGate(self.store, self.metrics, initial.upstream_timeout_s + 60.0)
+        self.budgets = BudgetGate(
+            self.store,
+            self.metrics,
+            initial.upstream_timeout_s + 60.0,
+            scale=lambda d: budget_multiplier(self.board.level(d.pool), d.caller.tier),
+        )
         self.decider = Decider(
             policy=self.policy,
             identity=ApiKeyResolver(self.policy),
             estimator=self.estimator,
             exact_executor=self._exact_executor,
-            admission=self.budgets,
+            admission=AdmissionChain(
+                [BreakerGate(self.board, self.policy, self.metrics), self.budgets]
+            ),
         )
         self.recorder = OutcomeRecorder(
             self.metrics, self.windows, self.decider.inflight, sinks=[self.budgets]
@@ -144,7 +177,7 @@ class Sidecar:
         self._watch_interval_s = watch_interval_s
         self._server: grpc.aio.Server | None = None
         self._metrics_server: Any = None
-        self._watch_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._exact = exact
 
     def _grpc_options(self) -> list[tuple[str, int]]:
@@ -183,8 +216,21 @@ class Sidecar:
             asyncio.get_running_loop().run_in_executor(
                 self._exact_executor, self._exact.count, "warm up"
             )
-        self._watch_task = asyncio.create_task(self._housekeeping())
+        self._tasks = [
+            asyncio.create_task(self._housekeeping()),
+            asyncio.create_task(self._run_breaker()),
+        ]
+        if self.policy().breaker.scrape_metrics:
+            self._tasks.append(asyncio.create_task(self.scraper.run()))
         return SidecarAddress(self._host, port, metrics_port)
+
+    async def _run_breaker(self) -> None:
+        while True:
+            await asyncio.sleep(self.policy().breaker.evaluate_interval_s)
+            try:
+                self.breaker_loop.tick()
+            except Exception:  # the loop must outlive one bad evaluation
+                log.exception("breaker evaluation failed")
 
     async def _housekeeping(self) -> None:
         """Policy file changes, and the expiry of requests whose access log never came."""
@@ -194,8 +240,8 @@ class Sidecar:
             await self.recorder.expire()
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        if self._watch_task is not None:
-            self._watch_task.cancel()
+        for task in self._tasks:
+            task.cancel()
         if self._server is not None:
             # In-flight streams finish within the grace period; new ones are refused.
             await self._server.stop(grace_s)

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from budget.policy import FailureMode, Policy, Pool, load_policy
 from extproc.envoy_config import EnvoyPorts, build_bootstrap
 from extproc.processes import ManagedProcess, envoy_binary, free_port, python_module
@@ -42,6 +44,7 @@ class LocalStack:
     processes: list[ManagedProcess] = field(default_factory=list)
     pool_ports: dict[str, int] = field(default_factory=dict)
     sidecar: ManagedProcess | None = None
+    sidecar_policy_path: Path | None = None
     envoy: ManagedProcess | None = None
     listen_port: int = 0
     admin_port: int = 0
@@ -64,6 +67,12 @@ class LocalStack:
             policy = load_policy(self.policy_path)
             for pool in policy.pools.values():
                 self.start_pool(pool)
+            moved = any(
+                pool.endpoints[0] != (HOST, self.pool_ports[name])
+                for name, pool in policy.pools.items()
+            )
+            # Only when a pool moved: otherwise the sidecar reads (and reloads) the user's file.
+            self.sidecar_policy_path = self.write_runtime_policy() if moved else self.policy_path
             self.start_sidecar()
             self.start_envoy(policy)
         except BaseException:
@@ -92,12 +101,23 @@ class LocalStack:
         match = proc.wait_for_line(r"listening on http://[^:]+:(\d+)")
         self.pool_ports[pool.name] = int(match.group(1))
 
+    def write_runtime_policy(self) -> Path:
+        """The policy file the sidecar reads: the given one with each pool's endpoint set to
+        the simulated pool started for it, so engine metrics are scraped from the real ones."""
+        raw = yaml.safe_load(self.policy_path.read_text(encoding="utf-8")) or {}
+        raw["pools"] = {
+            name: {"endpoints": [f"{HOST}:{port}"]} for name, port in self.pool_ports.items()
+        }
+        path = self.work_dir / "policy.yaml"
+        path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+        return path
+
     def start_sidecar(self) -> None:
         argv = python_module(
             "extproc.cli",
             "serve",
             "--policy",
-            str(self.policy_path),
+            str(self.sidecar_policy_path),
             "--host",
             HOST,
             "--grpc-port",

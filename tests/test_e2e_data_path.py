@@ -347,7 +347,7 @@ def test_sidecar_down_follows_failure_mode(tmp_path: Path, mode: FailureMode) ->
         local.stop_sidecar()
         reply = post(local.url, CHAT, chat_body())
         if mode is FailureMode.CLOSED:
-            assert reply.status == 503, reply.body
+            assert reply.status == 502, reply.body
             assert reply.json()["error"]["code"] == "gateway_unavailable"
             assert "x-sim-pool" not in reply.headers
         else:

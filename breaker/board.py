@@ -1,0 +1,128 @@
+"""All breakers of one sidecar: one per pool and a global one on top. Pure, clock injected.
+
+What lives here: `pool_signals` (latency windows + engine + GPU readings -> `Signals`,
+with the SLO table from the policy) and `BreakerBoard`, which evaluates every breaker on
+the caller's schedule and answers the request path's one question: what level applies
+to this pool now. Metrics and timers live with the caller (extproc.breaking).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from breaker.latency import ResponseWindows
+from breaker.levels import BreakerLevel, BreakerState, Signals, Transition, step
+from budget.policy import Policy, Tier
+
+GLOBAL = "global"
+
+
+def p99_over_slo(windows: ResponseWindows, policy: Policy, pool: str) -> float | None:
+    """Worst P99 TTFT / SLO over the (tier, bucket) pairs with enough samples."""
+    config = policy.breaker
+    worst: float | None = None
+    for tier in Tier:
+        for bucket in policy.buckets:
+            slo_ms = policy.slo_ms(tier, bucket.name)
+            if slo_ms is None:
+                continue
+            merged = windows.merged("ttft", config.window_s, pool, tier.value, bucket.name)
+            if merged.total < config.min_samples:
+                continue
+            p99_s = merged.quantile(0.99)
+            if p99_s is not None:
+                ratio = p99_s * 1000.0 / slo_ms
+                worst = ratio if worst is None else max(worst, ratio)
+    return worst
+
+
+def error_rate(windows: ResponseWindows, policy: Policy, pool: str | None) -> float | None:
+    responses, errors = windows.response_counts(pool, policy.breaker.window_s)
+    if responses < policy.breaker.min_samples:
+        return None
+    return errors / responses
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What the board read for one breaker, kept for metrics and the admin view."""
+
+    signals: Signals
+    transition: Transition | None
+
+
+class BreakerBoard:
+    def __init__(
+        self,
+        policy: Callable[[], Policy],
+        windows: ResponseWindows,
+        kv_cache_usage: Callable[[str], float | None],
+        gpu_memory_usage: Callable[[], float | None],
+        clock: Callable[[], float],
+    ) -> None:
+        self._policy = policy
+        self._windows = windows
+        self._kv = kv_cache_usage
+        self._gpu = gpu_memory_usage
+        self._clock = clock
+        self.states: dict[str, BreakerState] = {}
+        self.readings: dict[str, Reading] = {}
+
+    def _state(self, name: str) -> BreakerState:
+        state = self.states.get(name)
+        thresholds = self._policy().breaker.thresholds
+        if state is None:
+            state = self.states[name] = BreakerState(name, thresholds, entered_s=self._clock())
+        state.thresholds = thresholds  # a reloaded policy applies at once
+        return state
+
+    def signals(self, name: str) -> Signals:
+        policy = self._policy()
+        if name == GLOBAL:
+            # The fleet as a whole: errors across pools and this node's GPU memory.
+            return Signals(
+                error_rate=error_rate(self._windows, policy, None),
+                gpu_memory_usage=self._gpu(),
+            )
+        return Signals(
+            p99_over_slo=p99_over_slo(self._windows, policy, name),
+            error_rate=error_rate(self._windows, policy, name),
+            kv_cache_usage=self._kv(name),
+        )
+
+    def evaluate(self) -> list[Transition]:
+        """Step every breaker once; the caller runs this every evaluate_interval_s."""
+        now_s = self._clock()
+        transitions = []
+        for name in self.names():
+            signals = self.signals(name)
+            transition = step(self._state(name), signals, now_s)
+            self.readings[name] = Reading(signals, transition)
+            if transition is not None:
+                transitions.append(transition)
+        return transitions
+
+    def names(self) -> Iterable[str]:
+        return [*self._policy().pools, GLOBAL]
+
+    def level(self, pool: str) -> BreakerLevel:
+        """The level a request to `pool` meets: its pool's or the global one, whichever is
+        higher (drills included)."""
+        now_s = self._clock()
+        return max(
+            self._state(pool).effective_level(now_s), self._state(GLOBAL).effective_level(now_s)
+        )
+
+    def probing(self, pool: str) -> bool:
+        return self._state(pool).probing or self._state(GLOBAL).probing
+
+    def retry_after_s(self, pool: str) -> float:
+        """An honest hint for shed clients: the rest of the cool-down plus the probe hold."""
+        state = self._state(pool)
+        t = state.thresholds
+        left_s = t.cooldown_s - (self._clock() - state.entered_s)
+        return max(1.0, left_s) + t.probe_hold_s
+
+    def drill(self, name: str, level: BreakerLevel, duration_s: float) -> None:
+        self._state(name).drill(level, self._clock(), duration_s)

@@ -1,0 +1,157 @@
+"""Upstream engine signals: vLLM metrics scraped from each pool, and GPU memory via NVML.
+
+What lives here: `parse_vllm_metrics` (pure: exposition text -> `EngineSnapshot`),
+`EngineScraper` (fetches every endpoint of every pool on an interval and remembers when
+each last answered) and `GpuMemory` (NVML, or "unavailable" when there is no GPU).
+
+"No data" is decided here: an endpoint that has not answered within `stale_after_s`
+reports KV-cache usage 1.0, i.e. saturated; no GPU reports None, i.e. unknown and never an
+error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+log = logging.getLogger("slogate.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    kv_cache_usage: float | None  # 0..1
+    running: float | None
+    waiting: float | None
+    prefix_cache_hit_rate: float | None  # hits / queries since the engine started
+
+
+def parse_vllm_metrics(text: str) -> EngineSnapshot:
+    """Read the vLLM names; samples of several models or engines are summed (max for KV)."""
+    kv: float | None = None
+    running = waiting = hits = queries = None
+
+    def add(current: float | None, value: float) -> float:
+        return value if current is None else current + value
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, value = sample.name, float(sample.value)
+            if name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+                kv = value if kv is None else max(kv, value)
+            elif name == "vllm:num_requests_running":
+                running = add(running, value)
+            elif name == "vllm:num_requests_waiting":
+                waiting = add(waiting, value)
+            elif name == "vllm:prefix_cache_hits_total":
+                hits = add(hits, value)
+            elif name == "vllm:prefix_cache_queries_total":
+                queries = add(queries, value)
+    hit_rate = hits / queries if hits is not None and queries else None
+    return EngineSnapshot(kv, running, waiting, hit_rate)
+
+
+class EngineScraper:
+    """Scrapes `http://<endpoint>/metrics` of every pool endpoint every `interval_s`."""
+
+    def __init__(
+        self,
+        endpoints: Callable[[], Mapping[str, Iterable[tuple[str, int]]]],
+        interval_s: float = 5.0,
+        stale_after_s: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._endpoints = endpoints
+        self.interval_s = interval_s
+        self.stale_after_s = stale_after_s
+        self._clock = clock
+        self._latest: dict[tuple[str, str, int], tuple[float, EngineSnapshot]] = {}
+        self._started_s = clock()
+
+    def record(self, pool: str, host: str, port: int, snapshot: EngineSnapshot) -> None:
+        self._latest[(pool, host, port)] = (self._clock(), snapshot)
+
+    def kv_cache_usage(self, pool: str) -> float | None:
+        """Worst endpoint of the pool; 1.0 when any endpoint's metrics are stale."""
+        now_s = self._clock()
+        worst: float | None = None
+        for host, port in self._endpoints().get(pool, ()):
+            seen = self._latest.get((pool, host, port))
+            if seen is None:
+                if now_s - self._started_s < self.stale_after_s:
+                    continue  # just started: not stale yet
+                return 1.0
+            at_s, snapshot = seen
+            if now_s - at_s > self.stale_after_s:
+                return 1.0
+            if snapshot.kv_cache_usage is not None:
+                worst = (
+                    snapshot.kv_cache_usage
+                    if worst is None
+                    else max(worst, snapshot.kv_cache_usage)
+                )
+        return worst
+
+    def snapshot(self, pool: str, host: str, port: int) -> EngineSnapshot | None:
+        seen = self._latest.get((pool, host, port))
+        return None if seen is None else seen[1]
+
+    async def scrape_once(self, session: aiohttp.ClientSession) -> None:
+        async def one(pool: str, host: str, port: int) -> None:
+            try:
+                async with session.get(f"http://{host}:{port}/metrics") as response:
+                    if response.status != 200:
+                        return
+                    text = await response.text()
+                self.record(pool, host, port, parse_vllm_metrics(text))
+            except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+                log.debug("scraping %s:%d failed: %s", host, port, error)
+
+        await asyncio.gather(
+            *(one(pool, h, p) for pool, eps in self._endpoints().items() for h, p in eps)
+        )
+
+    async def run(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=max(1.0, self.interval_s / 2))
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                await self.scrape_once(session)
+                await asyncio.sleep(self.interval_s)
+
+
+class GpuMemory:
+    """Used / total GPU memory of the busiest device on this node, through NVML."""
+
+    def __init__(self) -> None:
+        self.available = False
+        self.reason = "not initialised"
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._count = pynvml.nvmlDeviceGetCount()
+            self.available = self._count > 0
+            self.reason = "ok" if self.available else "no GPU devices"
+        except Exception as error:  # no driver, no library, no GPU: all mean "unavailable"
+            self.reason = f"unavailable: {type(error).__name__}: {error}"
+
+    def usage(self) -> float | None:
+        if not self.available:
+            return None
+        try:
+            worst = 0.0
+            for index in range(self._count):
+                info = self._nvml.nvmlDeviceGetMemoryInfo(
+                    self._nvml.nvmlDeviceGetHandleByIndex(index)
+                )
+                worst = max(worst, float(info.used) / float(info.total))
+            return worst
+        except Exception as error:
+            log.warning("NVML read failed: %s", error)
+            return None

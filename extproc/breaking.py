@@ -1,0 +1,165 @@
+"""The breaker on the request path, and its loop: evaluate, export, drill.
+
+What lives here: `BreakerGate`, the Admission that applies the shedding table to each
+request at its pool's level (503 + Retry-After, or the fallback pool with the fallback
+model at L3, or a probe in half-open), and `BreakerLoop`, which evaluates the board on
+an interval, exports levels / transitions / signals to Prometheus, and applies drills.
+
+Drills: `slogate drill` writes a small JSON file next to the policy
+(`<policy>.drill.json`); the loop reads it when it changes. A drill forces a minimum
+level on one pool (or "global") for a number of minutes and shows in metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from breaker.board import GLOBAL, BreakerBoard
+from breaker.levels import BreakerLevel
+from breaker.shedding import Action, shed
+from budget.policy import Policy
+from extproc.errors import Overloaded
+from extproc.metrics import SidecarMetrics
+from extproc.request_flow import Admitted, RoutingDecision
+
+log = logging.getLogger("slogate.breaker")
+
+_MESSAGES = {
+    "long_context_shed": "Long-context requests of this priority are paused while the "
+    "inference fleet is under load. Retry later or send a shorter request.",
+    "tier_shed": "Requests of this priority are paused while the inference fleet recovers.",
+    "context_capped": "The context of requests of this priority is temporarily capped at "
+    "8192 tokens (prompt + max_tokens) while the inference fleet is under load.",
+}
+
+
+class BreakerGate:
+    def __init__(
+        self,
+        board: BreakerBoard,
+        policy: Callable[[], Policy],
+        metrics: SidecarMetrics,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._board = board
+        self._policy = policy
+        self._metrics = metrics
+        self._rng = rng or random.Random()
+
+    async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
+        level = self._board.level(decision.pool)
+        verdict = shed(level, decision.caller.tier, decision.context_tokens)
+        if verdict.action is Action.ADMIT:
+            return Admitted(decision)
+        tier = decision.caller.tier.value
+        if verdict.action is Action.REROUTE:
+            policy = self._policy()
+            self._metrics.shed(tier, verdict.reason).inc()
+            rerouted = dataclasses.replace(
+                decision, pool=policy.fallback_pool, model_override=policy.fallback_model
+            )
+            return Admitted(rerouted, {"x-slogate-degraded": f"L{int(level)}"})
+        probe_fraction = self._policy().breaker.thresholds.probe_fraction
+        if self._board.probing(decision.pool) and self._rng.random() < probe_fraction:
+            # Half-open: a few of the requests this level sheds are let through as probes.
+            self._metrics.breaker_probes(decision.pool).inc()
+            return Admitted(decision)
+        self._metrics.shed(tier, verdict.reason).inc()
+        raise Overloaded(
+            _MESSAGES[verdict.reason],
+            reason=f"shed_{verdict.reason}",
+            retry_after_s=math.ceil(self._board.retry_after_s(decision.pool)),
+        )
+
+
+class BreakerLoop:
+    """Evaluates the board and keeps Prometheus and drills in step with it."""
+
+    def __init__(
+        self, board: BreakerBoard, metrics: SidecarMetrics, drill_file: Path | None
+    ) -> None:
+        self._board = board
+        self._metrics = metrics
+        self._drill_file = drill_file
+        self._drill_mtime_ns = 0
+
+    def tick(self) -> None:
+        self._read_drill()
+        for transition in self._board.evaluate():
+            log.warning(
+                "breaker %s: L%d -> L%d (%s)",
+                transition.pool,
+                transition.from_level,
+                transition.to_level,
+                transition.reason,
+            )
+            self._metrics.breaker_transitions(
+                transition.pool,
+                f"L{int(transition.from_level)}",
+                f"L{int(transition.to_level)}",
+                transition.reason,
+            ).inc()
+        now_s = time.monotonic()
+        for name in self._board.names():
+            level = (
+                self._board.level(name)
+                if name != GLOBAL
+                else (self._board.states[GLOBAL].effective_level(now_s))
+            )
+            self._metrics.breaker_level(name).set(int(level))
+            state = self._board.states[name]
+            drilled = state.drill_level if now_s < state.drill_until_s else BreakerLevel.L0
+            self._metrics.breaker_drill(name).set(int(drilled))
+            reading = self._board.readings.get(name)
+            if reading is None:
+                continue
+            for signal, value in (
+                ("p99_over_slo", reading.signals.p99_over_slo),
+                ("error_rate", reading.signals.error_rate),
+                ("kv_cache_usage", reading.signals.kv_cache_usage),
+                ("gpu_memory_usage", reading.signals.gpu_memory_usage),
+            ):
+                # NaN says "no data" in Prometheus without inventing a value.
+                self._metrics.breaker_signal(name, signal).set(math.nan if value is None else value)
+
+    def _read_drill(self) -> None:
+        if self._drill_file is None:
+            return
+        try:
+            mtime = self._drill_file.stat().st_mtime_ns
+        except OSError:
+            return
+        if mtime == self._drill_mtime_ns:
+            return
+        self._drill_mtime_ns = mtime
+        try:
+            drill = json.loads(self._drill_file.read_text())
+            name, level = str(drill["pool"]), BreakerLevel(int(drill["level"]))
+            remaining_s = float(drill["until_epoch_s"]) - time.time()
+        except (ValueError, KeyError, TypeError, OSError) as error:
+            log.error("ignoring drill file %s: %s", self._drill_file, error)
+            return
+        if name not in self._board.names():
+            log.error("ignoring drill for unknown pool %r", name)
+            return
+        self._board.drill(name, level, max(0.0, remaining_s))
+        log.warning("drill: %s forced to at least L%d for %.0f s", name, level, remaining_s)
+
+
+def drill_file_for(policy_path: Path) -> Path:
+    return policy_path.with_name(policy_path.name + ".drill.json")
+
+
+def write_drill(policy_path: Path, pool: str, level: int, minutes: float) -> Path:
+    path = drill_file_for(policy_path)
+    path.write_text(
+        json.dumps({"pool": pool, "level": level, "until_epoch_s": time.time() + minutes * 60})
+    )
+    return path
