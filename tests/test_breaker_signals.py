@@ -1,0 +1,124 @@
+"""Signals the breaker reads: vLLM metrics, staleness, P99 against SLOs, the board, NVML."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import aiohttp
+from aiohttp import web
+
+from breaker.board import GLOBAL, BreakerBoard, p99_over_slo
+from breaker.engine import EngineScraper, EngineSnapshot, GpuMemory, parse_vllm_metrics
+from breaker.latency import ResponseWindows
+from breaker.levels import BreakerLevel
+from budget.policy import Tier, parse_policy
+from sim.config import PoolConfig
+from sim.pool import create_app
+
+VLLM_TEXT = """\
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.42
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.91
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3
+vllm:num_requests_running{engine="1",model_name="m"} 4
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 2
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{model_name="m"} 1000
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{model_name="m"} 250
+"""
+
+
+class Clock:
+    now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_vllm_exposition_is_read_worst_kv_and_summed_counts() -> None:
+    snapshot = parse_vllm_metrics(VLLM_TEXT)
+    assert snapshot == EngineSnapshot(0.91, 7.0, 2.0, 0.25)
+    assert parse_vllm_metrics("") == EngineSnapshot(None, None, None, None)
+
+
+def test_stale_engine_metrics_count_as_saturated() -> None:
+    clock = Clock()
+    scraper = EngineScraper(
+        lambda: {"default": [("h", 1), ("h", 2)]}, stale_after_s=15.0, clock=clock
+    )
+    assert scraper.kv_cache_usage("default") is None  # just started: no verdict yet
+    clock.now_s += 16
+    assert scraper.kv_cache_usage("default") == 1.0  # never answered: saturated
+    scraper.record("default", "h", 1, EngineSnapshot(0.3, 1, 0, None))
+    scraper.record("default", "h", 2, EngineSnapshot(0.6, 1, 0, None))
+    assert scraper.kv_cache_usage("default") == 0.6
+    clock.now_s += 16
+    assert scraper.kv_cache_usage("default") == 1.0  # answered once, then went quiet
+
+
+def test_scraper_reads_a_real_simulated_pool() -> None:
+    async def scenario() -> None:
+        runner = web.AppRunner(create_app(PoolConfig(name="default", time_scale=0.01)))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        scraper = EngineScraper(lambda: {"default": [("127.0.0.1", port)]})
+        async with aiohttp.ClientSession() as session:
+            await scraper.scrape_once(session)
+        snapshot = scraper.snapshot("default", "127.0.0.1", port)
+        assert snapshot is not None and snapshot.kv_cache_usage == 0.0
+        assert scraper.kv_cache_usage("default") == 0.0
+        await runner.cleanup()
+
+    asyncio.run(scenario())
+
+
+POLICY = parse_policy(
+    {
+        "slos": {"critical": {"default": 1000, "8-32k": 3000}},
+        "breaker": {"min_samples": 10, "window_s": 60},
+    }
+)
+
+
+def test_p99_over_slo_uses_the_bucket_slo_and_needs_enough_samples() -> None:
+    clock = Clock()
+    windows = ResponseWindows(clock)
+    for _ in range(9):
+        windows.record_latency("ttft", "default", "critical", "0-4k", 2.0)
+    assert p99_over_slo(windows, POLICY, "default") is None  # 9 < min_samples
+    windows.record_latency("ttft", "default", "critical", "0-4k", 2.0)
+    assert math.isclose(p99_over_slo(windows, POLICY, "default") or 0, 2.0, rel_tol=0.06)
+    for _ in range(10):
+        windows.record_latency("ttft", "long", "critical", "8-32k", 2.0)
+    ratio = p99_over_slo(windows, POLICY, "long")
+    assert ratio is not None and ratio < 1.0  # 2 s against the 8-32k bucket's 3 s SLO
+    assert POLICY.slo_ms(Tier.CRITICAL, "0-4k") == 1000 and POLICY.slo_ms(Tier.SHEDDABLE, "x")
+
+
+def test_board_level_is_the_worse_of_pool_and_global() -> None:
+    clock = Clock()
+    windows = ResponseWindows(clock)
+    board = BreakerBoard(lambda: POLICY, windows, lambda pool: 0.1, lambda: None, clock)
+    board.evaluate()
+    assert board.level("default") is BreakerLevel.L0
+    board.drill(GLOBAL, BreakerLevel.L2, duration_s=60)
+    assert board.level("default") is BreakerLevel.L2
+    assert board.level("long") is BreakerLevel.L2
+    clock.now_s += 61
+    assert board.level("default") is BreakerLevel.L0
+    assert set(board.names()) == {"default", "long", "fallback", GLOBAL}
+
+
+def test_gpu_memory_is_unavailable_without_a_gpu_and_never_raises() -> None:
+    gpu = GpuMemory()
+    usage = gpu.usage()
+    if gpu.available:  # a GPU node: a fraction
+        assert usage is not None and 0.0 <= usage <= 1.0
+    else:  # this machine: unknown, with a reason, and no exception
+        assert usage is None and gpu.reason
