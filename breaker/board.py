@@ -68,6 +68,10 @@ class BreakerBoard:
         self._clock = clock
         self.states: dict[str, BreakerState] = {}
         self.readings: dict[str, Reading] = {}
+        # What the request path reads: recomputed by evaluate() and drill(), so a request
+        # pays one dict lookup, not a walk over states and clocks.
+        self._levels: dict[str, BreakerLevel] = {}
+        self._probing: set[str] = set()
 
     def _state(self, name: str) -> BreakerState:
         state = self.states.get(name)
@@ -101,21 +105,31 @@ class BreakerBoard:
             self.readings[name] = Reading(signals, transition)
             if transition is not None:
                 transitions.append(transition)
+        self._refresh(now_s)
         return transitions
+
+    def _refresh(self, now_s: float) -> None:
+        global_state = self._state(GLOBAL)
+        global_level = global_state.effective_level(now_s)
+        names = [n for n in self.names() if n != GLOBAL]
+        self._levels = {
+            name: max(self._state(name).effective_level(now_s), global_level) for name in names
+        }
+        self._levels[GLOBAL] = global_level
+        self._probing = {
+            name for name in names if self._state(name).probing or global_state.probing
+        }
 
     def names(self) -> Iterable[str]:
         return [*self._policy().pools, GLOBAL]
 
     def level(self, pool: str) -> BreakerLevel:
         """The level a request to `pool` meets: its pool's or the global one, whichever is
-        higher (drills included)."""
-        now_s = self._clock()
-        return max(
-            self._state(pool).effective_level(now_s), self._state(GLOBAL).effective_level(now_s)
-        )
+        higher (drills included), as of the last evaluation."""
+        return self._levels.get(pool, BreakerLevel.L0)
 
     def probing(self, pool: str) -> bool:
-        return self._state(pool).probing or self._state(GLOBAL).probing
+        return pool in self._probing
 
     def retry_after_s(self, pool: str) -> float:
         """An honest hint for shed clients: the rest of the cool-down plus the probe hold."""
@@ -125,4 +139,6 @@ class BreakerBoard:
         return max(1.0, left_s) + t.probe_hold_s
 
     def drill(self, name: str, level: BreakerLevel, duration_s: float) -> None:
-        self._state(name).drill(level, self._clock(), duration_s)
+        now_s = self._clock()
+        self._state(name).drill(level, now_s, duration_s)
+        self._refresh(now_s)

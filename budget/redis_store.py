@@ -78,7 +78,8 @@ class RedisStore:
         self._clock = clock
         self._prefix = prefix
         self._timeout_s = timeout_s
-        self._sources = {name: _script(name) for name in ("reserve.lua", "settle.lua")}
+        prelude = _script("common.lua")
+        self._sources = {name: prelude + _script(name) for name in ("reserve.lua", "settle.lua")}
         self._shas: dict[str, str] = {}
 
     def _keys(self, key_id: str, *parts: str) -> list[str]:

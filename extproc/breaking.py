@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from breaker.board import GLOBAL, BreakerBoard
+from breaker.board import BreakerBoard
 from breaker.levels import BreakerLevel
 from breaker.shedding import Action, shed
 from budget.policy import Policy
@@ -108,12 +108,7 @@ class BreakerLoop:
             ).inc()
         now_s = time.monotonic()
         for name in self._board.names():
-            level = (
-                self._board.level(name)
-                if name != GLOBAL
-                else (self._board.states[GLOBAL].effective_level(now_s))
-            )
-            self._metrics.breaker_level(name).set(int(level))
+            self._metrics.breaker_level(name).set(int(self._board.level(name)))
             state = self._board.states[name]
             drilled = state.drill_level if now_s < state.drill_until_s else BreakerLevel.L0
             self._metrics.breaker_drill(name).set(int(drilled))

@@ -5,19 +5,9 @@
 -- ARGV: now_s (< 0: Redis server time), requests_per_minute, tokens_per_minute,
 -- tokens_per_hour, concurrent_requests (each < 0: unlimited), weighted, raw, id, ttl_s,
 -- key_ttl_s.
-local function clock(arg)
-  local now = tonumber(arg)
-  if now < 0 then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  end
-  return now
-end
-local function num(x) return string.format('%.17g', x) end
+-- (common.lua comes first: clock, num, ORDER, WINDOWS, refilled, save_levels.)
 
 local now = clock(ARGV[1])
-local order = {'requests', 'tokens', 'hour'}
-local windows = {requests = 60, tokens = 60, hour = 3600}
 local caps = {requests = tonumber(ARGV[2]), tokens = tonumber(ARGV[3]), hour = tonumber(ARGV[4])}
 local concurrent = tonumber(ARGV[5])
 local amount = {requests = 1, tokens = tonumber(ARGV[6]), hour = tonumber(ARGV[7])}
@@ -30,30 +20,10 @@ if #expired > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', num(now))
 end
 
--- refill every bucket to now
-local st = redis.call('HMGET', KEYS[1], 'requests', 'tokens', 'hour', 'updated')
-local updated = tonumber(st[4])
-local elapsed = 0
-if updated then elapsed = math.max(0, now - updated) end
-local levels = {}
-for i, b in ipairs(order) do
-  if caps[b] >= 0 then
-    local level = tonumber(st[i]) or caps[b]
-    levels[b] = math.min(caps[b], level + elapsed * caps[b] / windows[b])
-  end
-end
-local now_updated = now
-if updated and updated > now then now_updated = updated end
+local levels, now_updated = refilled(KEYS[1], caps, now)
 
 local function save()
-  for _, b in ipairs(order) do
-    if levels[b] then
-      redis.call('HSET', KEYS[1], b, num(levels[b]))
-    else
-      redis.call('HDEL', KEYS[1], b)
-    end
-  end
-  redis.call('HSET', KEYS[1], 'updated', num(now_updated))
+  save_levels(KEYS[1], levels, now_updated)
   for i = 1, 3 do redis.call('EXPIRE', KEYS[i], key_ttl) end
 end
 
@@ -73,23 +43,23 @@ end
 if concurrent >= 0 and redis.call('HLEN', KEYS[2]) >= concurrent then
   return verdict(0, 'concurrency', 1)
 end
-for _, b in ipairs(order) do
+for _, b in ipairs(ORDER) do
   if levels[b] then
     local need = amount[b]
     if need > caps[b] then return verdict(0, b, nil) end
     if need > levels[b] then
-      local wait = (need - levels[b]) * windows[b] / caps[b]
-      for _, o in ipairs(order) do
+      local wait = (need - levels[b]) * WINDOWS[b] / caps[b]
+      for _, o in ipairs(ORDER) do
         if levels[o] then
           local deficit = amount[o] - levels[o]
-          if deficit > 0 then wait = math.max(wait, deficit * windows[o] / caps[o]) end
+          if deficit > 0 then wait = math.max(wait, deficit * WINDOWS[o] / caps[o]) end
         end
       end
       return verdict(0, b, wait)
     end
   end
 end
-for _, b in ipairs(order) do
+for _, b in ipairs(ORDER) do
   if levels[b] then levels[b] = levels[b] - amount[b] end
 end
 redis.call('HSET', KEYS[2], id, num(amount.tokens) .. ' ' .. num(amount.hour) .. ' ' .. num(now + ttl))

@@ -3,19 +3,9 @@
 -- (10-second slot start -> raw tokens); one hash tag, one cluster slot.
 -- ARGV: now_s (< 0: server time), requests_per_minute, tokens_per_minute, tokens_per_hour
 -- (< 0: unlimited), id, used weighted (< 0: refund everything), used raw, key_ttl_s.
-local function clock(arg)
-  local now = tonumber(arg)
-  if now < 0 then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  end
-  return now
-end
-local function num(x) return string.format('%.17g', x) end
+-- (common.lua comes first: clock, num, ORDER, WINDOWS, refilled, save_levels.)
 
 local now = clock(ARGV[1])
-local order = {'requests', 'tokens', 'hour'}
-local windows = {requests = 60, tokens = 60, hour = 3600}
 local caps = {requests = tonumber(ARGV[2]), tokens = tonumber(ARGV[3]), hour = tonumber(ARGV[4])}
 local id = ARGV[5]
 local used_weighted, used_raw = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -31,19 +21,7 @@ local refund = used_weighted < 0
 local used = {tokens = math.max(used_weighted, 0), hour = math.max(used_raw, 0)}
 if refund then used = {tokens = 0, hour = 0} end
 
-local st = redis.call('HMGET', KEYS[1], 'requests', 'tokens', 'hour', 'updated')
-local updated = tonumber(st[4])
-local elapsed = 0
-if updated then elapsed = math.max(0, now - updated) end
-local levels = {}
-for i, b in ipairs(order) do
-  if caps[b] >= 0 then
-    local level = tonumber(st[i]) or caps[b]
-    levels[b] = math.min(caps[b], level + elapsed * caps[b] / windows[b])
-  end
-end
-local now_updated = now
-if updated and updated > now then now_updated = updated end
+local levels, now_updated = refilled(KEYS[1], caps, now)
 
 for _, b in ipairs({'tokens', 'hour'}) do
   if levels[b] then
@@ -61,13 +39,6 @@ elseif used.hour > 0 then
     if tonumber(s) <= oldest then redis.call('HDEL', KEYS[4], s) end
   end
 end
-for _, b in ipairs(order) do
-  if levels[b] then
-    redis.call('HSET', KEYS[1], b, num(levels[b]))
-  else
-    redis.call('HDEL', KEYS[1], b)
-  end
-end
-redis.call('HSET', KEYS[1], 'updated', num(now_updated))
+save_levels(KEYS[1], levels, now_updated)
 for i = 1, 4 do redis.call('EXPIRE', KEYS[i], key_ttl) end
 return 1

@@ -1,0 +1,47 @@
+-- slogate budget: what reserve.lua and settle.lua share. The Redis store sends this prelude
+-- in front of each script (one script per operation, one EVALSHA per call).
+
+-- ARGV[1] is the time: < 0 means the Redis server's TIME (production), else a test clock.
+local function clock(arg)
+  local now = tonumber(arg)
+  if now < 0 then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  end
+  return now
+end
+
+local function num(x) return string.format('%.17g', x) end
+
+local ORDER = {'requests', 'tokens', 'hour'}
+local WINDOWS = {requests = 60, tokens = 60, hour = 3600}
+
+-- Bucket levels refilled to `now` (capped at capacity; unlimited buckets absent), and the
+-- `updated` time to store: like budget/ledger.py `_refill`.
+local function refilled(state_key, caps, now)
+  local st = redis.call('HMGET', state_key, 'requests', 'tokens', 'hour', 'updated')
+  local updated = tonumber(st[4])
+  local elapsed = 0
+  if updated then elapsed = math.max(0, now - updated) end
+  local levels = {}
+  for i, b in ipairs(ORDER) do
+    if caps[b] >= 0 then
+      local level = tonumber(st[i]) or caps[b]
+      levels[b] = math.min(caps[b], level + elapsed * caps[b] / WINDOWS[b])
+    end
+  end
+  local now_updated = now
+  if updated and updated > now then now_updated = updated end
+  return levels, now_updated
+end
+
+local function save_levels(state_key, levels, now_updated)
+  for _, b in ipairs(ORDER) do
+    if levels[b] then
+      redis.call('HSET', state_key, b, num(levels[b]))
+    else
+      redis.call('HDEL', state_key, b)
+    end
+  end
+  redis.call('HSET', state_key, 'updated', num(now_updated))
+end
