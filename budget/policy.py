@@ -279,7 +279,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
     request.close()
 
     estimation = root.section("estimation")
-    exact_margin = estimation.get("exact_margin", float, 0.10)
+    exact_margin = estimation.get("exact_margin", float, 0.15)
     if not 0.0 <= exact_margin < 1.0:
         raise PolicyError(f"{estimation.child('exact_margin')}: must be in [0, 1)")
     exact_max_bytes = estimation.get("exact_max_bytes", int, 256 * 1024)
