@@ -1,0 +1,225 @@
+"""A discrete-event fleet on a virtual clock that runs slogate's REAL decision code.
+
+What lives here: `OfflineFleet`, which plays a workload (arrivals of (time, key, prompt,
+max_tokens)) through the same steps as the sidecar -- routing from the policy, the breaker
+board and shedding table, the budget ledger -- into simulated engines (sim.model's KV cache
+and latency model, one per pool). Nothing is copied: the breaker and the budgets are the
+modules the sidecar imports, fed by a virtual clock. One simulated hour runs in seconds.
+
+Each request draws its latencies from its own random generator seeded by (seed, its arrival
+time and prompt), so two runs that differ only in another tenant's traffic give a tenant's requests
+the same draws: differences come from interference, not from reshuffled randomness.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from breaker.board import BreakerBoard
+from breaker.latency import ResponseWindows
+from breaker.shedding import Action, budget_multiplier, shed
+from budget.ledger import Charge, KeyState, reserve, scale_limits, settle
+from budget.policy import ApiKey, Policy
+from sim.model import Admission, KvCache, LatencyConfig, LatencyModel, kv_tokens_for
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    at_s: float
+    key: ApiKey
+    prompt_tokens: int
+    max_tokens: int
+
+
+@dataclass(slots=True)
+class Served:
+    """What became of one request."""
+
+    arrival: Arrival
+    pool: str
+    outcome: str  # served, budget, shed, engine_full
+    ttft_s: float | None = None  # arrival to first token, queueing included
+    done_s: float | None = None
+
+
+class VirtualClock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+@dataclass(slots=True)
+class _Engine:
+    kv: KvCache
+    waiting: dict[str, tuple[int, Arrival]] = field(default_factory=dict)
+
+
+class OfflineFleet:
+    def __init__(
+        self,
+        policy: Policy,
+        seed: int = 0,
+        budgets: bool = True,
+        breaker: bool = True,
+        kv_capacity_tokens: int = 400_000,
+        max_running: int = 64,
+        latency: LatencyConfig | None = None,
+    ) -> None:
+        self.policy = policy
+        self.seed = seed
+        self.use_budgets = budgets
+        self.use_breaker = breaker
+        self.clock = VirtualClock()
+        self.latency = latency or LatencyConfig()
+        self.engines = {
+            name: _Engine(KvCache(kv_capacity_tokens, max_running=max_running, max_queue=10_000))
+            for name in policy.pools
+        }
+        self.windows = ResponseWindows(self.clock, slot_s=5.0, horizon_s=600.0)
+        self.board = BreakerBoard(
+            lambda: policy,
+            self.windows,
+            kv_cache_usage=lambda pool: self.engines[pool].kv.usage_perc,
+            gpu_memory_usage=lambda: None,
+            clock=self.clock,
+        )
+        self.ledgers: dict[str, KeyState] = {}
+        self.results: dict[str, Served] = {}
+        self._outputs: dict[str, int] = {}
+        self._arrivals: dict[str, Arrival] = {}
+        self._events: list[tuple[float, int, str, str]] = []
+        self._sequence = itertools.count()
+
+    def _push(self, at_s: float, kind: str, request_id: str) -> None:
+        heapq.heappush(self._events, (at_s, next(self._sequence), kind, request_id))
+
+    def run(self, arrivals: Iterable[Arrival], until_s: float) -> dict[str, Served]:
+        for index, arrival in enumerate(arrivals):
+            request_id = f"r{index}"
+            self._arrivals[request_id] = arrival
+            self._push(arrival.at_s, "arrive", request_id)
+        interval_s = self.policy.breaker.evaluate_interval_s
+        for tick in range(math.ceil(until_s / interval_s)):
+            self._push(tick * interval_s, "evaluate", "")
+        while self._events:
+            at_s, _, kind, request_id = heapq.heappop(self._events)
+            self.clock.now_s = at_s
+            if kind == "arrive":
+                self._arrive(request_id)
+            elif kind == "finish":
+                self._finish(request_id)
+            elif kind == "evaluate" and self.use_breaker:
+                self.board.evaluate()
+        return self.results
+
+    def _arrive(self, request_id: str) -> None:
+        arrival = self._arrivals[request_id]
+        policy = self.policy
+        context = arrival.prompt_tokens + arrival.max_tokens
+        pool = policy.pool_for(context)
+        bucket = policy.bucket_for(context)
+        tier = arrival.key.tier
+        level = self.board.level(pool) if self.use_breaker else None
+        if level is not None:
+            verdict = shed(level, tier, context)
+            if verdict.action is Action.REFUSE:
+                self.results[request_id] = Served(arrival, pool, "shed")
+                return
+            if verdict.action is Action.REROUTE:
+                pool = policy.fallback_pool
+        if self.use_budgets:
+            limits = arrival.key.limits
+            if level is not None:
+                limits = scale_limits(limits, budget_multiplier(level, tier))
+            state = self.ledgers.setdefault(arrival.key.key_id, KeyState())
+            charge = Charge(context * bucket.cost_weight, context)
+            if not reserve(state, limits, charge, request_id, self.clock.now_s, 3600.0).admitted:
+                self.results[request_id] = Served(arrival, pool, "budget")
+                return
+        engine = self.engines[pool]
+        kv_tokens = kv_tokens_for(arrival.prompt_tokens, arrival.max_tokens, self.latency.buckets)
+        self.results[request_id] = Served(arrival, pool, "served")
+        admission = engine.kv.submit(request_id, kv_tokens)
+        if admission is Admission.ADMITTED:
+            self._start(request_id, engine)
+        elif admission is Admission.QUEUED:
+            engine.waiting[request_id] = (kv_tokens, arrival)
+        else:
+            self.results[request_id].outcome = "engine_full"
+            self._settle(request_id, None)
+
+    def _start(self, request_id: str, engine: _Engine) -> None:
+        arrival = self._arrivals[request_id]
+        engine.waiting.pop(request_id, None)
+        # Seeded by the arrival itself, so the same request draws the same latencies in runs
+        # that differ only in other tenants' traffic.
+        draws = np.random.default_rng([self.seed, round(arrival.at_s * 1e6), arrival.prompt_tokens])
+        model = LatencyModel(self.latency, draws)
+        running = engine.kv.num_running
+        ttft_s = model.sample_ttft_s(arrival.prompt_tokens, running)
+        output = model.sample_output_tokens(arrival.max_tokens)
+        context = arrival.prompt_tokens + arrival.max_tokens
+        decode_s = output * model.sample_decode_s_per_token(running, context)
+        served = self.results[request_id]
+        served.ttft_s = self.clock.now_s - arrival.at_s + ttft_s
+        served.done_s = self.clock.now_s + ttft_s + decode_s
+        self._push(served.done_s, "finish", request_id)
+        self._outputs[request_id] = output
+
+    def _finish(self, request_id: str) -> None:
+        served = self.results[request_id]
+        engine = self.engines[served.pool]
+        for started in engine.kv.release(request_id):
+            self._start(started, engine)
+        arrival = served.arrival
+        context = self.policy.bucket_for(arrival.prompt_tokens + arrival.max_tokens)
+        tier = arrival.key.tier.value
+        assert served.ttft_s is not None
+        self.windows.record_latency("ttft", served.pool, tier, context.name, served.ttft_s)
+        self.windows.record_response(served.pool, 200)
+        output = self._outputs.pop(request_id)
+        used = arrival.prompt_tokens + output
+        self._settle(request_id, Charge(used * context.cost_weight, used))
+
+    def _settle(self, request_id: str, actual: Charge | None) -> None:
+        if not self.use_budgets:
+            return
+        arrival = self._arrivals[request_id]
+        state = self.ledgers[arrival.key.key_id]
+        settle(state, arrival.key.limits, request_id, actual, self.clock.now_s)
+
+
+def poisson_arrivals(
+    key: ApiKey,
+    rate_per_s: float,
+    start_s: float,
+    end_s: float,
+    prompt_tokens: tuple[int, int],
+    max_tokens: int,
+    seed: int,
+) -> list[Arrival]:
+    """Poisson arrivals with uniformly drawn prompt lengths, reproducible for a seed."""
+    rng = np.random.default_rng(seed)
+    arrivals: list[Arrival] = []
+    now_s = start_s
+    while True:
+        now_s += float(rng.exponential(1.0 / rate_per_s))
+        if now_s >= end_s:
+            return arrivals
+        prompt = int(rng.integers(prompt_tokens[0], prompt_tokens[1] + 1))
+        arrivals.append(Arrival(now_s, key, prompt, max_tokens))
+
+
+def p99(values: Iterable[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
