@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint bench-overhead bench-decisions bench-estimator envoy-config clean
+.PHONY: up test lint promtool bench-overhead bench-decisions bench-estimator envoy-config clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(STAMP) lint
+# promtool (Debian's prometheus package) unit-tests the alert rules in deploy/prometheus/.
+promtool:
+	@command -v promtool >/dev/null || (apt-get update -qq && \
+		apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
+
+test: $(STAMP) lint promtool
 	$(BIN)/pytest
 
 envoy-config: $(STAMP)

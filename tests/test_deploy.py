@@ -1,0 +1,77 @@
+"""Deployment artefacts: alert rules (promtool), and the metrics catalogue against the code."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from extproc.metrics import SidecarMetrics
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "deploy" / "prometheus" / "slogate-rules.yaml"
+RULE_TESTS = ROOT / "deploy" / "prometheus" / "slogate-rules.test.yaml"
+
+
+def promtool() -> str:
+    found = shutil.which("promtool")
+    assert found, "promtool is missing: `make test` installs Debian's prometheus package"
+    return found
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_alert_rules_are_valid_and_their_unit_tests_pass() -> None:
+    check = run("check", "rules", RULES.name, cwd=RULES.parent)
+    assert check.returncode == 0, check.stdout + check.stderr
+    tested = run("test", "rules", RULE_TESTS.name, cwd=RULES.parent)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+@pytest.mark.parametrize(
+    ("original", "weakened"),
+    [
+        ("> 0.01\n", "> 0.05\n"),  # 5xx threshold
+        ("for: 2m", "for: 20m"),  # KV cache hold time
+        ("slogate_redis_up == 0", "slogate_redis_up == 2"),
+    ],
+)
+def test_rule_tests_catch_a_weakened_rule(tmp_path: Path, original: str, weakened: str) -> None:
+    text = RULES.read_text()
+    assert original in text
+    (tmp_path / RULES.name).write_text(text.replace(original, weakened, 1))
+    shutil.copy(RULE_TESTS, tmp_path / RULE_TESTS.name)
+    assert run("test", "rules", RULE_TESTS.name, cwd=tmp_path).returncode != 0
+
+
+def exported_metrics() -> set[str]:
+    """Every metric name the sidecar exports, as written in PromQL and the catalogue."""
+    names = set()
+    for family in SidecarMetrics().registry.collect():
+        names.add(f"{family.name}_total" if family.type == "counter" else family.name)
+    return names
+
+
+def _base(name: str) -> str:
+    return re.sub(r"_(sum|count|bucket)$", "", name)
+
+
+def test_alert_rules_only_use_exported_metrics() -> None:
+    used = {_base(n) for n in re.findall(r"\bslogate_[a-z0-9_]+", RULES.read_text())}
+    assert used and used <= exported_metrics(), used - exported_metrics()
+
+
+def test_readme_catalogue_lists_exactly_the_exported_metrics() -> None:
+    readme = (ROOT / "README.md").read_text()
+    catalogue = set(re.findall(r"^\| `(slogate_[a-z0-9_]+)` \|", readme, flags=re.M))
+    assert catalogue == exported_metrics(), (
+        f"missing from README: {exported_metrics() - catalogue}; "
+        f"not exported: {catalogue - exported_metrics()}"
+    )
