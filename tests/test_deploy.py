@@ -23,9 +23,7 @@ def promtool() -> str:
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run([promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 def test_alert_rules_are_valid_and_their_unit_tests_pass() -> None:
