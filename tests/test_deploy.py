@@ -73,3 +73,16 @@ def test_readme_catalogue_lists_exactly_the_exported_metrics() -> None:
         f"missing from README: {exported_metrics() - catalogue}; "
         f"not exported: {catalogue - exported_metrics()}"
     )
+
+
+def test_dashboard_queries_only_use_exported_metrics() -> None:
+    import json
+
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "slogate-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert exprs and all(p["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"])
+    used = {_base(n) for e in exprs for n in re.findall(r"\bslogate_[a-z0-9_]+", e)}
+    assert used <= exported_metrics(), used - exported_metrics()
+    titles = " ".join(p["title"] for p in dashboard["panels"])
+    for topic in ("TTFT", "Context length", "tenant", "Breaker level", "Redis"):
+        assert topic in titles
