@@ -145,6 +145,9 @@ class Policy:
     # Token counts where one token more or less changes a decision (bucket edges, pool
     # rules, the model max): near these the exact tokenizer is worth its cost.
     decision_thresholds: tuple[int, ...] = ()
+    # Per path prefix: what Envoy does when the sidecar is unreachable there (e.g. health
+    # checks open while inference stays closed). Longest prefix first in the routes.
+    failure_mode_by_path: Mapping[str, FailureMode] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         points: set[int] = {self.max_context_tokens}
@@ -276,6 +279,18 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         raise PolicyError(
             f"{request.child('failure_mode')}: expected 'closed' or 'open', got {failure_raw!r}"
         ) from None
+    by_path_raw = request.raw("failure_mode_by_path") or {}
+    if not isinstance(by_path_raw, dict):
+        raise PolicyError(f"{request.child('failure_mode_by_path')}: expected path -> mode")
+    failure_by_path: dict[str, FailureMode] = {}
+    for prefix, mode in by_path_raw.items():
+        path = f"{request.child('failure_mode_by_path')}.{prefix}"
+        if not isinstance(prefix, str) or not prefix.startswith("/"):
+            raise PolicyError(f"{path}: path prefixes start with '/'")
+        try:
+            failure_by_path[prefix] = FailureMode(mode)
+        except ValueError:
+            raise PolicyError(f"{path}: expected 'closed' or 'open', got {mode!r}") from None
     request.close()
 
     estimation = root.section("estimation")
@@ -324,6 +339,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         message_timeout_ms=message_timeout_ms,
         upstream_timeout_s=upstream_timeout_s,
         failure_mode=failure_mode,
+        failure_mode_by_path=failure_by_path,
         exact_margin=exact_margin,
         exact_max_bytes=exact_max_bytes,
         per_message_overhead_tokens=overhead,

@@ -192,6 +192,26 @@ def route_config(policy: Policy) -> route.RouteConfiguration:
         )
         for pool in policy.pools
     ]
+    for prefix in sorted(policy.failure_mode_by_path, key=len, reverse=True):
+        routes.append(
+            route.Route(
+                name=f"failure_mode:{prefix}",
+                match=route.RouteMatch(prefix=prefix),
+                route=route.RouteAction(cluster=policy.default_pool, timeout=timeout),
+                response_headers_to_add=[_header(POOL_HEADER, policy.default_pool)],
+                typed_per_filter_config={
+                    "envoy.filters.http.ext_proc": pb.Any.pack(
+                        ext_proc.ExtProcPerRoute(
+                            overrides=ext_proc.ExtProcOverrides(
+                                failure_mode_allow=(
+                                    policy.failure_mode_by_path[prefix] is FailureMode.OPEN
+                                )
+                            )
+                        )
+                    )
+                },
+            )
+        )
     routes.append(
         route.Route(
             name="unrouted",

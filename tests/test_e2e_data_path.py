@@ -12,10 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from budget.policy import FailureMode
 from extproc.stack import LocalStack
-from tests.conftest import chat_body, metric, post, scrape, start_stack
+from tests.conftest import EXAMPLE_POLICY, chat_body, metric, post, scrape, start_stack
 
 CHAT = "/v1/chat/completions"
 pytestmark = pytest.mark.e2e
@@ -353,6 +354,31 @@ def test_sidecar_down_follows_failure_mode(tmp_path: Path, mode: FailureMode) ->
         else:
             assert reply.status == 200, reply.body
             assert reply.headers["x-sim-pool"] == "default"
+    except BaseException:
+        print(local.logs())
+        raise
+    finally:
+        local.stop()
+
+
+def test_failure_mode_per_path(tmp_path: Path) -> None:
+    """Health checks fail open while inference stays closed, with the sidecar down."""
+    raw = yaml.safe_load(EXAMPLE_POLICY.read_text())
+    raw["request"]["failure_mode_by_path"] = {"/health": "open"}
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(raw))
+    local = start_stack(tmp_path, policy, exact_tokenizer=False)
+    try:
+        local.stop_sidecar()
+        conn = http.client.HTTPConnection("127.0.0.1", local.listen_port, timeout=10)
+        conn.request("GET", "/health")
+        health = conn.getresponse()
+        health.read()
+        conn.close()
+        assert health.status == 200 and health.getheader("x-sim-pool") == "default"
+        inference = post(local.url, CHAT, chat_body())
+        assert inference.status == 502
+        assert inference.json()["error"]["code"] == "gateway_unavailable"
     except BaseException:
         print(local.logs())
         raise
