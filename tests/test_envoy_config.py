@@ -66,7 +66,14 @@ def test_bootstrap_shape() -> None:
     assert ext_proc.get("failureModeAllow", False) is False  # closed by default
     assert ext_proc["allowModeOverride"] is True
     routes = manager["routeConfig"]["virtualHosts"][0]["routes"]
-    assert [r["route"]["cluster"] for r in routes] == ["default", "long", "fallback", "default"]
+    assert [r["route"]["cluster"] for r in routes] == [
+        "default",
+        "long",
+        "fallback",
+        "default",
+        "default",
+    ]
+    assert routes[3]["name"] == "failure_mode:/health"  # from the example policy
     vhost = manager["routeConfig"]["virtualHosts"][0]
     assert int(vhost["requestBodyBufferLimit"]) == policy.max_body_bytes
     tags = manager["accessLog"][0]["typedConfig"]["commonConfig"]["customTags"]
