@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int, default=50051)
     serve.add_argument("--metrics-port", type=int, default=9464)
     serve.add_argument(
+        "--metrics-host", default=None, help="address for /metrics (default: --host)"
+    )
+    serve.add_argument(
         "--no-exact-tokenizer",
         action="store_true",
         help="never load the real tokenizer; decide on the fast estimate alone",
@@ -62,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--time-scale", type=float, default=1.0, help="simulated latency factor")
     up.add_argument("--failure-mode", choices=[m.value for m in FailureMode], default=None)
+
+    k8s = sub.add_parser("k8s", help="write Kubernetes manifests (Envoy + sidecar pod)")
+    _policy_arg(k8s)
+    k8s.add_argument("--out", type=Path, default=Path("deploy/k8s/slogate.yaml"))
 
     drill = sub.add_parser(
         "drill", help="force a breaker level on a pool for a while (read by `slogate serve`)"
@@ -89,7 +96,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     asyncio.run(
         run_sidecar(
-            args.policy, args.host, args.grpc_port, args.metrics_port, not args.no_exact_tokenizer
+            args.policy,
+            args.host,
+            args.grpc_port,
+            args.metrics_port,
+            not args.no_exact_tokenizer,
+            args.metrics_host,
         )
     )
     return 0
@@ -150,6 +162,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_k8s(args: argparse.Namespace) -> int:
+    from extproc.k8s import write_manifests
+
+    write_manifests(args.policy, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_drill(args: argparse.Namespace) -> int:
     from extproc.breaking import write_drill
 
@@ -188,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "envoy-config": cmd_envoy_config,
         "up": cmd_up,
         "drill": cmd_drill,
+        "k8s": cmd_k8s,
         "bench": cmd_bench,
     }
     try:

@@ -65,7 +65,8 @@ class EnvoyPorts:
     listen_port: int = 10000
     admin_port: int = 9901
     sidecar_port: int = 50051
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the sidecar and the admin interface: loopback only
+    listen_host: str | None = None  # the client listener; None: `host` (0.0.0.0 in a pod)
 
 
 def usage_tap_lua() -> str:
@@ -377,7 +378,7 @@ def build_bootstrap(
             listeners=[
                 listener.Listener(
                     name="inference",
-                    address=_address(ports.host, ports.listen_port),
+                    address=_address(ports.listen_host or ports.host, ports.listen_port),
                     filter_chains=[
                         listener.FilterChain(
                             filters=[

@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from breaker.board import BreakerBoard
@@ -96,8 +97,10 @@ def build_store(policy: Policy, metrics: SidecarMetrics) -> BudgetStore:
         metrics.redis_up.set(0 if degraded else 1)
 
     metrics.redis_up.set(1)
+    # The URL may carry a password: deployments pass it through the environment (a Secret).
+    url = os.environ.get("SLOGATE_REDIS_URL") or config.redis_url
     shared = RedisStore(
-        connect(config.redis_url, config.redis_cluster),
+        connect(url, config.redis_cluster),
         timeout_s=config.redis_timeout_ms / 1000.0,
     )
     return FailoverStore(shared, InProcessStore(), config.replicas, on_decision=on_decision)
@@ -119,6 +122,7 @@ class Sidecar:
         metrics_port: int | None = 9464,
         exact_tokenizer: bool = True,
         watch_interval_s: float = 1.0,
+        metrics_host: str | None = None,
     ) -> None:
         self.metrics = SidecarMetrics()
         self.policy = PolicyHolder(policy_path, self.metrics)
@@ -174,10 +178,13 @@ class Sidecar:
         self._host = host
         self._grpc_port = grpc_port
         self._metrics_port = metrics_port
+        # Prometheus may need the pod address while ext_proc stays on loopback.
+        self._metrics_host = metrics_host or host
         self._watch_interval_s = watch_interval_s
         self._server: grpc.aio.Server | None = None
         self._metrics_server: Any = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._health = health.aio.HealthServicer()
         self._exact = exact
 
     def _grpc_options(self) -> list[tuple[str, int]]:
@@ -199,15 +206,18 @@ class Sidecar:
             ExternalProcessorService(self.decider, self.metrics), server
         )
         als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogService(self.recorder), server)
+        # grpc.health.v1 for Kubernetes probes: SERVING once started, NOT_SERVING on stop.
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         port = server.add_insecure_port(f"{self._host}:{self._grpc_port}")
         if port == 0:
             raise OSError(f"cannot bind the sidecar gRPC port {self._host}:{self._grpc_port}")
         await server.start()
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._server = server
         metrics_port = None
         if self._metrics_port is not None:
             httpd, _thread = start_http_server(
-                self._metrics_port, addr=self._host, registry=self.metrics.registry
+                self._metrics_port, addr=self._metrics_host, registry=self.metrics.registry
             )
             self._metrics_server = httpd
             metrics_port = int(httpd.server_port)
@@ -243,6 +253,7 @@ class Sidecar:
         for task in self._tasks:
             task.cancel()
         if self._server is not None:
+            await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
             # In-flight streams finish within the grace period; new ones are refused.
             await self._server.stop(grace_s)
         await self.store.close()
@@ -254,10 +265,22 @@ class Sidecar:
 
 
 async def run_sidecar(
-    policy_path: Path, host: str, grpc_port: int, metrics_port: int | None, exact: bool = True
+    policy_path: Path,
+    host: str,
+    grpc_port: int,
+    metrics_port: int | None,
+    exact: bool = True,
+    metrics_host: str | None = None,
 ) -> None:
     """`slogate serve`: run until SIGINT/SIGTERM; SIGHUP reloads the policy."""
-    sidecar = Sidecar(policy_path, host, grpc_port, metrics_port, exact_tokenizer=exact)
+    sidecar = Sidecar(
+        policy_path,
+        host,
+        grpc_port,
+        metrics_port,
+        exact_tokenizer=exact,
+        metrics_host=metrics_host,
+    )
     address = await sidecar.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -265,7 +288,9 @@ async def run_sidecar(
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, sidecar.policy.reload)
     metrics = (
-        f" metrics http://{host}:{address.metrics_port}/metrics" if address.metrics_port else ""
+        f" metrics http://{metrics_host or host}:{address.metrics_port}/metrics"
+        if address.metrics_port
+        else ""
     )
     print(
         f"slogate sidecar ready: grpc {host}:{address.grpc_port}{metrics} pid {os.getpid()}",

@@ -86,3 +86,89 @@ def test_dashboard_queries_only_use_exported_metrics() -> None:
     titles = " ".join(p["title"] for p in dashboard["panels"])
     for topic in ("TTFT", "Context length", "tenant", "Breaker level", "Redis"):
         assert topic in titles
+
+
+def test_k8s_manifests_are_current_and_their_envoy_config_is_valid(tmp_path: Path) -> None:
+    import json
+
+    import yaml
+
+    from budget.policy import parse_policy
+    from extproc.k8s import render_manifests
+    from extproc.processes import envoy_binary
+
+    committed = list(yaml.safe_load_all((ROOT / "deploy" / "k8s" / "slogate.yaml").read_text()))
+    assert committed == render_manifests(ROOT / "deploy" / "policy.example.yaml"), (
+        "run `slogate k8s`"
+    )
+    kinds = {d["kind"]: d for d in committed}
+    assert set(kinds) == {"ConfigMap", "Secret", "Deployment", "Service", "PodMonitor"}
+    pod = kinds["Deployment"]["spec"]["template"]
+    containers = {c["name"]: c for c in pod["spec"]["containers"]}
+    sidecar = containers["slogate"]
+    assert sidecar["readinessProbe"]["grpc"]["port"] == 50051
+    assert sidecar["livenessProbe"]["grpc"]["port"] == 50051
+    assert sidecar["resources"]["requests"]
+    assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    interval = kinds["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["interval"]
+    assert int(interval.rstrip("s")) <= 15
+    assert sidecar["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "slogate-redis"
+    data = kinds["ConfigMap"]["data"]
+    parse_policy(yaml.safe_load(data["policy.yaml"]))  # the embedded policy is valid
+    bootstrap = json.loads(data["envoy.json"])
+    listener = bootstrap["staticResources"]["listeners"][0]["address"]["socketAddress"]
+    assert listener["address"] == "0.0.0.0"
+    (tmp_path / "envoy.json").write_text(data["envoy.json"])
+    result = subprocess.run(
+        [
+            envoy_binary(),
+            "--mode",
+            "validate",
+            "-c",
+            str(tmp_path / "envoy.json"),
+            "--log-level",
+            "error",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_sidecar_answers_grpc_health_checks(tmp_path: Path) -> None:
+    import asyncio
+
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from extproc.processes import ManagedProcess, python_module
+
+    proc = ManagedProcess(
+        "sidecar",
+        python_module(
+            "extproc.cli",
+            "serve",
+            "--policy",
+            str(ROOT / "deploy" / "policy.example.yaml"),
+            "--grpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--no-exact-tokenizer",
+        ),
+        tmp_path,
+    ).start()
+    try:
+        port = int(proc.wait_for_line(r"sidecar ready: grpc [^:]+:(\d+)").group(1))
+
+        async def check() -> int:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                reply = await health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service="")
+                )
+                return int(reply.status)
+
+        assert asyncio.run(check()) == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        proc.stop()
