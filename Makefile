@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint promtool bench-overhead bench-decisions bench-estimator envoy-config clean
+.PHONY: up test lint promtool protos bench-overhead bench-decisions bench-estimator envoy-config clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ promtool:
 
 test: $(STAMP) lint promtool
 	$(BIN)/pytest
+
+# The admin API's generated code is checked in; a test fails when it is stale.
+protos: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --grpc_python_out=. \
+		--pyi_out=. protos/extproc/adminpb/admin.proto
 
 envoy-config: $(STAMP)
 	$(BIN)/slogate envoy-config --policy deploy/policy.example.yaml --out envoy/bootstrap.json

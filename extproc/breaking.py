@@ -5,24 +5,21 @@ request at its pool's level (503 + Retry-After, or the fallback pool with the fa
 model at L3, or a probe in half-open), and `BreakerLoop`, which evaluates the board on
 an interval, exports levels / transitions / signals to Prometheus, and applies drills.
 
-Drills: `slogate drill` writes a small JSON file next to the policy
-(`<policy>.drill.json`); the loop reads it when it changes. A drill forces a minimum
-level on one pool (or "global") for a number of minutes and shows in metrics.
+Drills come through the admin API (`slogate drill`): a minimum level on one pool (or
+"global") for a number of minutes, visible in metrics.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import random
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from breaker.board import BreakerBoard
-from breaker.levels import BreakerLevel
+from breaker.levels import BreakerLevel, Transition
 from breaker.shedding import Action, shed
 from budget.policy import Policy
 from extproc.errors import Overloaded
@@ -80,18 +77,19 @@ class BreakerGate:
 
 
 class BreakerLoop:
-    """Evaluates the board and keeps Prometheus and drills in step with it."""
+    """Evaluates the board and keeps Prometheus (and the admin view) in step with it."""
 
     def __init__(
-        self, board: BreakerBoard, metrics: SidecarMetrics, drill_file: Path | None
+        self,
+        board: BreakerBoard,
+        metrics: SidecarMetrics,
+        on_transition: Callable[[Transition], None] | None = None,
     ) -> None:
         self._board = board
         self._metrics = metrics
-        self._drill_file = drill_file
-        self._drill_mtime_ns = 0
+        self._on_transition = on_transition
 
     def tick(self) -> None:
-        self._read_drill()
         for transition in self._board.evaluate():
             log.warning(
                 "breaker %s: L%d -> L%d (%s)",
@@ -106,11 +104,18 @@ class BreakerLoop:
                 f"L{int(transition.to_level)}",
                 transition.reason,
             ).inc()
+            if self._on_transition is not None:
+                self._on_transition(transition)
+        self.export()
+
+    def export(self) -> None:
         now_s = time.monotonic()
         for name in self._board.names():
             self._metrics.breaker_level(name).set(int(self._board.level(name)))
-            state = self._board.states[name]
-            drilled = state.drill_level if now_s < state.drill_until_s else BreakerLevel.L0
+            state = self._board.states.get(name)
+            drilled = BreakerLevel.L0
+            if state is not None and now_s < state.drill_until_s:
+                drilled = state.drill_level
             self._metrics.breaker_drill(name).set(int(drilled))
             reading = self._board.readings.get(name)
             if reading is None:
@@ -123,38 +128,3 @@ class BreakerLoop:
             ):
                 # NaN says "no data" in Prometheus without inventing a value.
                 self._metrics.breaker_signal(name, signal).set(math.nan if value is None else value)
-
-    def _read_drill(self) -> None:
-        if self._drill_file is None:
-            return
-        try:
-            mtime = self._drill_file.stat().st_mtime_ns
-        except OSError:
-            return
-        if mtime == self._drill_mtime_ns:
-            return
-        self._drill_mtime_ns = mtime
-        try:
-            drill = json.loads(self._drill_file.read_text())
-            name, level = str(drill["pool"]), BreakerLevel(int(drill["level"]))
-            remaining_s = float(drill["until_epoch_s"]) - time.time()
-        except (ValueError, KeyError, TypeError, OSError) as error:
-            log.error("ignoring drill file %s: %s", self._drill_file, error)
-            return
-        if name not in self._board.names():
-            log.error("ignoring drill for unknown pool %r", name)
-            return
-        self._board.drill(name, level, max(0.0, remaining_s))
-        log.warning("drill: %s forced to at least L%d for %.0f s", name, level, remaining_s)
-
-
-def drill_file_for(policy_path: Path) -> Path:
-    return policy_path.with_name(policy_path.name + ".drill.json")
-
-
-def write_drill(policy_path: Path, pool: str, level: int, minutes: float) -> Path:
-    path = drill_file_for(policy_path)
-    path.write_text(
-        json.dumps({"pool": pool, "level": level, "until_epoch_s": time.time() + minutes * 60})
-    )
-    return path

@@ -15,6 +15,7 @@ from pathlib import Path
 from budget.policy import FailureMode, PolicyError, load_policy
 
 DEFAULT_POLICY = Path("deploy/policy.example.yaml")
+DEFAULT_ADMIN = "127.0.0.1:50052"
 
 
 def _policy_arg(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-host", default=None, help="address for /metrics (default: --host)"
     )
     serve.add_argument(
+        "--admin-address",
+        default=DEFAULT_ADMIN,
+        help="admin API: host:port or unix:/path; 'none' turns it off",
+    )
+    serve.add_argument(
         "--no-exact-tokenizer",
         action="store_true",
         help="never load the real tokenizer; decide on the fast estimate alone",
@@ -60,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--admin-port", type=int, default=9901)
     up.add_argument("--grpc-port", type=int, default=50051)
     up.add_argument("--metrics-port", type=int, default=9464)
+    up.add_argument("--admin-api-port", type=int, default=50052, help="sidecar admin API")
     up.add_argument(
         "--pool-port", type=_pool_port, action="append", default=[], metavar="NAME=PORT"
     )
@@ -70,10 +77,17 @@ def build_parser() -> argparse.ArgumentParser:
     _policy_arg(k8s)
     k8s.add_argument("--out", type=Path, default=Path("deploy/k8s/slogate.yaml"))
 
-    drill = sub.add_parser(
-        "drill", help="force a breaker level on a pool for a while (read by `slogate serve`)"
-    )
-    _policy_arg(drill)
+    def admin_command(name: str, help_text: str) -> argparse.ArgumentParser:
+        command = sub.add_parser(name, help=help_text)
+        command.add_argument("--admin", default=DEFAULT_ADMIN, help="the sidecar's admin API")
+        command.add_argument("--json", action="store_true", help="print JSON, not a table")
+        return command
+
+    admin_command("status", "breaker state per pool with its signals, budget store health")
+    keys = admin_command("keys", "keys with limits, in-flight reservations and usage")
+    keys.add_argument("--tenant", default="")
+    admin_command("reload", "re-read the policy file now (a bad policy is refused)")
+    drill = admin_command("drill", "force a breaker level on a pool for a while")
     drill.add_argument("--pool", required=True, help="a pool name, or 'global'")
     drill.add_argument("--level", type=int, choices=[0, 1, 2, 3], required=True)
     drill.add_argument("--minutes", type=float, default=10.0, help="0 ends a running drill")
@@ -102,6 +116,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             args.metrics_port,
             not args.no_exact_tokenizer,
             args.metrics_host,
+            None if args.admin_address == "none" else args.admin_address,
         )
     )
     return 0
@@ -123,7 +138,12 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     work_dir = Path(tempfile.mkdtemp(prefix="slogate-up-"))
     ports = StackPorts(
-        args.listen_port, args.admin_port, args.grpc_port, args.metrics_port, dict(args.pool_port)
+        listen=args.listen_port,
+        admin=args.admin_port,
+        grpc=args.grpc_port,
+        metrics=args.metrics_port,
+        admin_api=args.admin_api_port,
+        pools=dict(args.pool_port),
     )
     failure = FailureMode(args.failure_mode) if args.failure_mode else None
     stack = LocalStack(args.policy, work_dir, ports, args.time_scale, failure)
@@ -138,7 +158,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     stack.start()
     print(
         f"slogate up: {stack.url}  (metrics {stack.metrics_url}, Envoy admin "
-        f"http://127.0.0.1:{stack.admin_port}, logs {work_dir})\n"
+        f"http://127.0.0.1:{stack.admin_port}, slogate admin {stack.admin_address}, "
+        f"logs {work_dir})\n"
         f"  try: curl -s {stack.url}/v1/chat/completions -H 'Authorization: Bearer "
         "sk-demo-standard' -H 'content-type: application/json' -d '{\"model\": "
         '"deepseek-v4", "messages": [{"role": "user", "content": "hello"}], '
@@ -170,16 +191,51 @@ def cmd_k8s(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_drill(args: argparse.Namespace) -> int:
-    from extproc.breaking import write_drill
+def cmd_admin(args: argparse.Namespace) -> int:
+    """status / keys / reload / drill: one call to the running sidecar's admin API."""
+    import grpc
 
-    policy = load_policy(args.policy)
-    if args.pool != "global" and args.pool not in policy.pools:
-        print(f"slogate: no pool {args.pool!r} in {args.policy}", file=sys.stderr)
-        return 2
-    path = write_drill(args.policy, args.pool, args.level, args.minutes)
-    print(f"drill: {args.pool} at least L{args.level} for {args.minutes:g} min ({path})")
-    return 0
+    from extproc import admin
+    from extproc.adminpb import admin_pb2 as pb
+
+    async def call() -> int:
+        channel, stub = admin.stub(args.admin)
+        try:
+            if args.command == "status":
+                status = await stub.Status(pb.StatusRequest(), timeout=5)
+                print(admin.as_json(status) if args.json else admin.status_table(status))
+            elif args.command == "keys":
+                keys = await stub.Keys(pb.KeysRequest(tenant=args.tenant), timeout=10)
+                print(admin.as_json(keys) if args.json else admin.keys_table(keys))
+            elif args.command == "reload":
+                reloaded = await stub.ReloadPolicy(pb.ReloadPolicyRequest(), timeout=10)
+                print(
+                    admin.as_json(reloaded)
+                    if args.json
+                    else f"reloaded: {reloaded.keys} keys"
+                    if reloaded.ok
+                    else f"refused, the old policy stays: {reloaded.error}"
+                )
+                return 0 if reloaded.ok else 1
+            else:
+                drilled = await stub.Drill(
+                    pb.DrillRequest(pool=args.pool, level=args.level, minutes=args.minutes),
+                    timeout=5,
+                )
+                print(
+                    admin.as_json(drilled)
+                    if args.json
+                    else f"drill: {drilled.pool} at least L{drilled.level} for "
+                    f"{drilled.remaining_s:.0f} s"
+                )
+            return 0
+        except grpc.aio.AioRpcError as error:
+            print(f"slogate: {args.admin}: {error.code().name}: {error.details()}", file=sys.stderr)
+            return 2
+        finally:
+            await channel.close()
+
+    return asyncio.run(call())
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -207,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         "serve": cmd_serve,
         "envoy-config": cmd_envoy_config,
         "up": cmd_up,
-        "drill": cmd_drill,
+        "status": cmd_admin,
+        "keys": cmd_admin,
+        "reload": cmd_admin,
+        "drill": cmd_admin,
         "k8s": cmd_k8s,
         "bench": cmd_bench,
     }

@@ -32,7 +32,9 @@ from budget.policy import BudgetStoreKind, Policy, PolicyError, load_policy
 from budget.redis_store import RedisStore, connect
 from budget.store import BudgetStore, InProcessStore
 from extproc.accesslog import AccessLogService, OutcomeRecorder
-from extproc.breaking import BreakerGate, BreakerLoop, drill_file_for
+from extproc.admin import AdminService
+from extproc.adminpb import admin_pb2_grpc
+from extproc.breaking import BreakerGate, BreakerLoop
 from extproc.budgeting import BudgetGate
 from extproc.identity import ApiKeyResolver
 from extproc.metrics import SidecarMetrics
@@ -66,17 +68,21 @@ class PolicyHolder:
             return 0
 
     def reload(self) -> bool:
+        return self.reload_error() is None
+
+    def reload_error(self) -> str | None:
+        """Re-read the file; None when the new policy is active, else why it was refused."""
         try:
             policy = load_policy(self.path)
         except (PolicyError, OSError) as error:
             self._metrics.policy_reloads("rejected").inc()
             log.error("policy reload refused, keeping the active policy: %s", error)
-            return False
+            return str(error)
         self._policy = policy
         self._metrics.policy_reloads("ok").inc()
         self._metrics.policy_keys.set(len(policy.keys))
         log.info("policy reloaded from %s (%d keys)", self.path, len(policy.keys))
-        return True
+        return None
 
     def reload_if_changed(self) -> bool:
         mtime = self._stat()
@@ -111,6 +117,7 @@ class SidecarAddress:
     host: str
     grpc_port: int
     metrics_port: int | None
+    admin: str | None  # host:port or unix:path of the admin API
 
 
 class Sidecar:
@@ -123,8 +130,11 @@ class Sidecar:
         exact_tokenizer: bool = True,
         watch_interval_s: float = 1.0,
         metrics_host: str | None = None,
+        admin_address: str | None = "127.0.0.1:50052",
     ) -> None:
         self.metrics = SidecarMetrics()
+        self._admin_address = admin_address
+        self._admin_server: grpc.aio.Server | None = None
         self.policy = PolicyHolder(policy_path, self.metrics)
         initial = self.policy()
         window_s = initial.breaker.window_s
@@ -149,7 +159,14 @@ class Sidecar:
             gpu_memory_usage=self.gpu.usage,
             clock=time.monotonic,
         )
-        self.breaker_loop = BreakerLoop(self.board, self.metrics, drill_file_for(policy_path))
+        self.admin = AdminService(self)
+        self.breaker_loop = BreakerLoop(
+            self.board,
+            self.metrics,
+            on_transition=lambda t: self.admin.note_transition(
+                t.pool, f"L{int(t.from_level)}->L{int(t.to_level)} {t.reason}"
+            ),
+        )
         self._exact_executor = (
             ThreadPoolExecutor(1, "slogate-tokenizer") if exact_tokenizer else None
         )
@@ -221,6 +238,7 @@ class Sidecar:
             )
             self._metrics_server = httpd
             metrics_port = int(httpd.server_port)
+        admin = await self._start_admin()
         if self._exact is not None and self._exact_executor is not None:
             # Load the tokenizer now, off the loop, so no request waits for it later.
             asyncio.get_running_loop().run_in_executor(
@@ -232,7 +250,22 @@ class Sidecar:
         ]
         if self.policy().breaker.scrape_metrics:
             self._tasks.append(asyncio.create_task(self.scraper.run()))
-        return SidecarAddress(self._host, port, metrics_port)
+        return SidecarAddress(self._host, port, metrics_port, admin)
+
+    async def _start_admin(self) -> str | None:
+        """The admin API on its own server: loopback or a Unix socket, never the pod IP."""
+        if self._admin_address is None:
+            return None
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        admin_pb2_grpc.add_AdminServicer_to_server(self.admin, server)
+        bound = server.add_insecure_port(self._admin_address)
+        if bound == 0 and not self._admin_address.startswith("unix:"):
+            raise OSError(f"cannot bind the admin API on {self._admin_address}")
+        await server.start()
+        self._admin_server = server
+        if self._admin_address.startswith("unix:"):
+            return self._admin_address
+        return f"{self._admin_address.rsplit(':', 1)[0]}:{bound}"
 
     async def _run_breaker(self) -> None:
         while True:
@@ -256,6 +289,8 @@ class Sidecar:
             await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
             # In-flight streams finish within the grace period; new ones are refused.
             await self._server.stop(grace_s)
+        if self._admin_server is not None:
+            await self._admin_server.stop(1.0)
         await self.store.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
@@ -271,6 +306,7 @@ async def run_sidecar(
     metrics_port: int | None,
     exact: bool = True,
     metrics_host: str | None = None,
+    admin_address: str | None = "127.0.0.1:50052",
 ) -> None:
     """`slogate serve`: run until SIGINT/SIGTERM; SIGHUP reloads the policy."""
     sidecar = Sidecar(
@@ -280,6 +316,7 @@ async def run_sidecar(
         metrics_port,
         exact_tokenizer=exact,
         metrics_host=metrics_host,
+        admin_address=admin_address,
     )
     address = await sidecar.start()
     loop = asyncio.get_running_loop()
@@ -292,8 +329,9 @@ async def run_sidecar(
         if address.metrics_port
         else ""
     )
+    admin = f" admin {address.admin}" if address.admin else ""
     print(
-        f"slogate sidecar ready: grpc {host}:{address.grpc_port}{metrics} pid {os.getpid()}",
+        f"slogate sidecar ready: grpc {host}:{address.grpc_port}{metrics}{admin} pid {os.getpid()}",
         flush=True,
     )
     await stop.wait()

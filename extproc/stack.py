@@ -29,6 +29,7 @@ class StackPorts:
     admin: int = 9901
     grpc: int = 50051
     metrics: int = 9464
+    admin_api: int = 50052
     pools: dict[str, int] = field(default_factory=dict)  # pool name -> port; absent: policy's
 
 
@@ -50,6 +51,7 @@ class LocalStack:
     admin_port: int = 0
     grpc_port: int = 0
     metrics_port: int = 0
+    admin_address: str = ""
 
     @property
     def url(self) -> str:
@@ -124,13 +126,18 @@ class LocalStack:
             str(self.ports.grpc),
             "--metrics-port",
             str(self.ports.metrics),
+            "--admin-address",
+            f"{HOST}:{self.ports.admin_api}",
         )
         if not self.exact_tokenizer:
             argv.append("--no-exact-tokenizer")
         self.sidecar = ManagedProcess("sidecar", argv, self.work_dir).start()
         self.processes.append(self.sidecar)
-        match = self.sidecar.wait_for_line(r"sidecar ready: grpc [^:]+:(\d+) metrics \S+:(\d+)/")
+        match = self.sidecar.wait_for_line(
+            r"sidecar ready: grpc [^:]+:(\d+) metrics \S+:(\d+)/metrics admin (\S+)"
+        )
         self.grpc_port, self.metrics_port = int(match.group(1)), int(match.group(2))
+        self.admin_address = match.group(3)
 
     def runtime_policy(self, policy: Policy) -> Policy:
         """The policy with each pool pointed at the simulated pool started for it."""

@@ -28,6 +28,7 @@ def random_ports() -> StackPorts:
         admin=0,
         grpc=0,
         metrics=0,
+        admin_api=0,
         pools={
             "default": 0,
             "long": 0,

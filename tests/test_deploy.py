@@ -155,6 +155,8 @@ def test_sidecar_answers_grpc_health_checks(tmp_path: Path) -> None:
             "0",
             "--metrics-port",
             "0",
+            "--admin-address",
+            "127.0.0.1:0",
             "--no-exact-tokenizer",
         ),
         tmp_path,

@@ -151,22 +151,23 @@ def test_error_surge_sends_critical_to_fallback_and_streams_survive(
 
 
 def test_drill_forces_a_level_and_shows_in_metrics(breaker_stack: LocalStack) -> None:
-    from extproc.breaking import write_drill
+    from tests.test_admin import slogate
 
     stack = breaker_stack
-    assert stack.sidecar_policy_path is not None
-    path = write_drill(stack.sidecar_policy_path, "default", 3, minutes=0.1)
+    assert (
+        slogate(stack, "drill", "--pool", "default", "--level", "3", "--minutes", "1").returncode
+        == 0
+    )
     try:
-        deadline = time.monotonic() + 10
-        while level(stack) != 3 and time.monotonic() < deadline:
-            time.sleep(0.1)
         samples = scrape(stack.metrics_url)
+        assert metric(samples, "slogate_breaker_level", pool="default") == 3
         assert metric(samples, "slogate_breaker_drill_level", pool="default") == 3
         assert post(stack.url, CHAT, chat_body("x"), key="sk-demo-standard").status == 503
     finally:
-        write_drill(stack.sidecar_policy_path, "default", 0, minutes=0)
-        path.unlink()
-    deadline = time.monotonic() + 10
-    while level(stack) != 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
+        assert (
+            slogate(
+                stack, "drill", "--pool", "default", "--level", "0", "--minutes", "0"
+            ).returncode
+            == 0
+        )
     assert level(stack) == 0

@@ -55,6 +55,8 @@ def test_running_sidecar_reloads_on_sighup_and_file_change(tmp_path: Path) -> No
             "0",
             "--metrics-port",
             "0",
+            "--admin-address",
+            "127.0.0.1:0",
             "--no-exact-tokenizer",
         ),
         tmp_path,

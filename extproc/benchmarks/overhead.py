@@ -253,6 +253,8 @@ def measure_setup(
                     "0",
                     "--metrics-port",
                     "0",
+                    "--admin-address",
+                    "127.0.0.1:0",
                 ),
                 work,
             ).start()

@@ -1,0 +1,203 @@
+"""The admin API (protos/extproc/adminpb/admin.proto): servicer and the CLI's client side.
+
+What lives here: `AdminService`, which answers from a running `Sidecar` (breaker board,
+policy holder, budget store, in-flight table), and the table printers the `slogate status`
+/ `keys` / `drill` / `reload` commands use. The server binds to loopback or a Unix socket
+by default: it changes a live gateway (drills, reloads) and has no authentication.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from google.protobuf import json_format
+
+from breaker.levels import BreakerLevel
+from budget.failover import FailoverStore
+from budget.ledger import Limits
+from extproc.adminpb import admin_pb2 as pb
+from extproc.adminpb import admin_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from extproc.sidecar import Sidecar
+
+
+def _limits(limits: Limits) -> pb.Limits:
+    message = pb.Limits()
+    for field in (
+        "requests_per_minute",
+        "tokens_per_minute",
+        "tokens_per_hour",
+        "concurrent_requests",
+        "max_context_tokens",
+    ):
+        value = getattr(limits, field)
+        if value is not None:
+            setattr(message, field, value)
+    return message
+
+
+class AdminService(pb_grpc.AdminServicer):
+    def __init__(self, sidecar: Sidecar) -> None:
+        self._sidecar = sidecar
+        self._last_transition: dict[str, str] = {}
+
+    def note_transition(self, pool: str, text: str) -> None:
+        self._last_transition[pool] = text
+
+    async def Status(
+        self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StatusReply:
+        sidecar = self._sidecar
+        board = sidecar.board
+        policy = sidecar.policy()
+        now_s = time.monotonic()
+        reply = pb.StatusReply(
+            budget_store=policy.budget.store.value,
+            redis_up=not isinstance(sidecar.store, FailoverStore) or sidecar.store.healthy,
+            policy_source=policy.source,
+            keys=len(policy.keys),
+            inflight_requests=len(sidecar.decider.inflight),
+            gpu_available=sidecar.gpu.available,
+        )
+        for name in board.names():
+            state = board.states.get(name)
+            breaker = reply.breakers.add(pool=name, level=int(board.level(name)))
+            if state is None:
+                continue
+            breaker.signal_level = int(state.level)
+            breaker.probing = state.probing
+            if now_s < state.drill_until_s and state.drill_level > BreakerLevel.L0:
+                breaker.drill_level = int(state.drill_level)
+                breaker.drill_remaining_s = state.drill_until_s - now_s
+            breaker.last_transition = self._last_transition.get(name, "")
+            reading = board.readings.get(name)
+            if reading is not None:
+                for field in ("p99_over_slo", "error_rate", "kv_cache_usage", "gpu_memory_usage"):
+                    value = getattr(reading.signals, field)
+                    if value is not None:
+                        setattr(breaker.signals, field, value)
+        return reply
+
+    async def Keys(
+        self, request: pb.KeysRequest, context: grpc.aio.ServicerContext
+    ) -> pb.KeysReply:
+        sidecar = self._sidecar
+        reply = pb.KeysReply()
+        keys = sorted(sidecar.policy().keys.values(), key=lambda k: (k.tenant, k.key_id))
+        for key in keys:
+            if request.tenant and key.tenant != request.tenant:
+                continue
+            usage = await sidecar.store.usage(key.key_id)
+            reply.keys.add(
+                key_id=key.key_id,
+                tenant=key.tenant,
+                tier=key.tier.value,
+                limits=_limits(key.limits),
+                outstanding=await sidecar.store.outstanding(key.key_id),
+                usage_1m=usage[60],
+                usage_5m=usage[300],
+                usage_1h=usage[3600],
+            )
+        return reply
+
+    async def Drill(
+        self, request: pb.DrillRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DrillReply:
+        board = self._sidecar.board
+        if request.pool not in board.names():
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no pool {request.pool!r}")
+        if not 0 <= request.level <= 3 or request.minutes < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "level 0-3, minutes >= 0")
+        duration_s = request.minutes * 60.0
+        board.drill(request.pool, BreakerLevel(request.level), duration_s)
+        self._sidecar.breaker_loop.export()
+        return pb.DrillReply(pool=request.pool, level=request.level, remaining_s=duration_s)
+
+    async def ReloadPolicy(
+        self, request: pb.ReloadPolicyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReloadPolicyReply:
+        holder = self._sidecar.policy
+        error = holder.reload_error()
+        if error is not None:
+            return pb.ReloadPolicyReply(ok=False, error=error, keys=len(holder().keys))
+        return pb.ReloadPolicyReply(ok=True, keys=len(holder().keys))
+
+
+# --- the CLI side ----------------------------------------------------------------------
+
+
+def stub(address: str) -> tuple[grpc.aio.Channel, pb_grpc.AdminStub]:
+    channel = grpc.aio.insecure_channel(address)
+    return channel, pb_grpc.AdminStub(channel)
+
+
+def as_json(message: Any) -> str:
+    return json_format.MessageToJson(message, always_print_fields_with_no_presence=True)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _number(message: Any, field: str, fmt: str = "{:.3g}") -> str:
+    return fmt.format(getattr(message, field)) if message.HasField(field) else "-"
+
+
+def status_table(reply: pb.StatusReply) -> str:
+    rows = [
+        (
+            b.pool,
+            f"L{b.level}",
+            f"L{b.signal_level}",
+            "yes" if b.probing else "",
+            f"L{b.drill_level} {b.drill_remaining_s:.0f}s" if b.drill_level else "",
+            _number(b.signals, "p99_over_slo"),
+            _number(b.signals, "error_rate"),
+            _number(b.signals, "kv_cache_usage"),
+            _number(b.signals, "gpu_memory_usage"),
+            b.last_transition,
+        )
+        for b in reply.breakers
+    ]
+    head = (
+        f"policy {reply.policy_source} ({reply.keys} keys), budget store {reply.budget_store}"
+        f" ({'up' if reply.redis_up else 'DEGRADED: local shares'}), "
+        f"{reply.inflight_requests} requests in flight, "
+        f"GPU {'available' if reply.gpu_available else 'unavailable'}"
+    )
+    return (
+        head
+        + "\n\n"
+        + table(
+            ("pool", "level", "signals", "probing", "drill", "p99/slo", "5xx", "kv", "gpu", "last"),
+            rows,
+        )
+    )
+
+
+def keys_table(reply: pb.KeysReply) -> str:
+    rows = [
+        (
+            k.key_id,
+            k.tenant,
+            k.tier,
+            _number(k.limits, "requests_per_minute", "{}"),
+            _number(k.limits, "tokens_per_minute", "{}"),
+            _number(k.limits, "concurrent_requests", "{}"),
+            k.outstanding,
+            f"{k.usage_1m:.0f}",
+            f"{k.usage_5m:.0f}",
+            f"{k.usage_1h:.0f}",
+        )
+        for k in reply.keys
+    ]
+    return table(
+        ("key", "tenant", "tier", "rpm", "tpm", "conc", "in flight", "1m", "5m", "1h"), rows
+    )

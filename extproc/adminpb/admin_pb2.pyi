@@ -1,0 +1,141 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Signals(_message.Message):
+    __slots__ = ("p99_over_slo", "error_rate", "kv_cache_usage", "gpu_memory_usage")
+    P99_OVER_SLO_FIELD_NUMBER: _ClassVar[int]
+    ERROR_RATE_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_USAGE_FIELD_NUMBER: _ClassVar[int]
+    p99_over_slo: float
+    error_rate: float
+    kv_cache_usage: float
+    gpu_memory_usage: float
+    def __init__(self, p99_over_slo: _Optional[float] = ..., error_rate: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., gpu_memory_usage: _Optional[float] = ...) -> None: ...
+
+class Breaker(_message.Message):
+    __slots__ = ("pool", "level", "signal_level", "probing", "drill_level", "drill_remaining_s", "signals", "last_transition")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    PROBING_FIELD_NUMBER: _ClassVar[int]
+    DRILL_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    DRILL_REMAINING_S_FIELD_NUMBER: _ClassVar[int]
+    SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    LAST_TRANSITION_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    level: int
+    signal_level: int
+    probing: bool
+    drill_level: int
+    drill_remaining_s: float
+    signals: Signals
+    last_transition: str
+    def __init__(self, pool: _Optional[str] = ..., level: _Optional[int] = ..., signal_level: _Optional[int] = ..., probing: _Optional[bool] = ..., drill_level: _Optional[int] = ..., drill_remaining_s: _Optional[float] = ..., signals: _Optional[_Union[Signals, _Mapping]] = ..., last_transition: _Optional[str] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("breakers", "budget_store", "redis_up", "policy_source", "keys", "inflight_requests", "gpu_available")
+    BREAKERS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_STORE_FIELD_NUMBER: _ClassVar[int]
+    REDIS_UP_FIELD_NUMBER: _ClassVar[int]
+    POLICY_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    GPU_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    breakers: _containers.RepeatedCompositeFieldContainer[Breaker]
+    budget_store: str
+    redis_up: bool
+    policy_source: str
+    keys: int
+    inflight_requests: int
+    gpu_available: bool
+    def __init__(self, breakers: _Optional[_Iterable[_Union[Breaker, _Mapping]]] = ..., budget_store: _Optional[str] = ..., redis_up: _Optional[bool] = ..., policy_source: _Optional[str] = ..., keys: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., gpu_available: _Optional[bool] = ...) -> None: ...
+
+class KeysRequest(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+
+class Limits(_message.Message):
+    __slots__ = ("requests_per_minute", "tokens_per_minute", "tokens_per_hour", "concurrent_requests", "max_context_tokens")
+    REQUESTS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    requests_per_minute: int
+    tokens_per_minute: int
+    tokens_per_hour: int
+    concurrent_requests: int
+    max_context_tokens: int
+    def __init__(self, requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ..., tokens_per_hour: _Optional[int] = ..., concurrent_requests: _Optional[int] = ..., max_context_tokens: _Optional[int] = ...) -> None: ...
+
+class KeyStatus(_message.Message):
+    __slots__ = ("key_id", "tenant", "tier", "limits", "outstanding", "usage_1m", "usage_5m", "usage_1h")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
+    USAGE_1M_FIELD_NUMBER: _ClassVar[int]
+    USAGE_5M_FIELD_NUMBER: _ClassVar[int]
+    USAGE_1H_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    tenant: str
+    tier: str
+    limits: Limits
+    outstanding: int
+    usage_1m: float
+    usage_5m: float
+    usage_1h: float
+    def __init__(self, key_id: _Optional[str] = ..., tenant: _Optional[str] = ..., tier: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., outstanding: _Optional[int] = ..., usage_1m: _Optional[float] = ..., usage_5m: _Optional[float] = ..., usage_1h: _Optional[float] = ...) -> None: ...
+
+class KeysReply(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[KeyStatus]
+    def __init__(self, keys: _Optional[_Iterable[_Union[KeyStatus, _Mapping]]] = ...) -> None: ...
+
+class DrillRequest(_message.Message):
+    __slots__ = ("pool", "level", "minutes")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    MINUTES_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    level: int
+    minutes: float
+    def __init__(self, pool: _Optional[str] = ..., level: _Optional[int] = ..., minutes: _Optional[float] = ...) -> None: ...
+
+class DrillReply(_message.Message):
+    __slots__ = ("pool", "level", "remaining_s")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_S_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    level: int
+    remaining_s: float
+    def __init__(self, pool: _Optional[str] = ..., level: _Optional[int] = ..., remaining_s: _Optional[float] = ...) -> None: ...
+
+class ReloadPolicyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReloadPolicyReply(_message.Message):
+    __slots__ = ("ok", "error", "keys")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    error: str
+    keys: int
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., keys: _Optional[int] = ...) -> None: ...
