@@ -104,6 +104,25 @@ class BudgetConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TlsConfig:
+    cert_file: str
+    key_file: str
+
+
+@dataclass(frozen=True, slots=True)
+class JwtConfig:
+    """Callers identified by a JWT that Envoy verified (jwt_authn) instead of an API key."""
+
+    issuer: str
+    audiences: tuple[str, ...]
+    jwks_file: str | None  # a local JWKS file, or
+    jwks_uri: str | None  # a remote JWKS (https://host[:port]/path), cached by Envoy
+    tenant_claim: str = "tenant"
+    tier_claim: str = "tier"
+    required: bool = True  # False: requests without a token fall back to API keys
+
+
+@dataclass(frozen=True, slots=True)
 class BreakerConfig:
     thresholds: BreakerThresholds = field(default_factory=BreakerThresholds)
     window_s: float = 60.0  # latency and error windows the breaker reads
@@ -137,6 +156,9 @@ class Policy:
     fallback_model: str | None = None  # None: keep the requested model at L3
     # P99 TTFT SLO in ms per (tier, bucket name); "*" is the tier's default for any bucket.
     slo_ttft_p99_ms: Mapping[tuple[Tier, str], float] = field(default_factory=dict)
+    tls: TlsConfig | None = None
+    jwt: JwtConfig | None = None
+    tier_limits: Mapping[Tier, Limits] = field(default_factory=dict)  # for JWT callers
     source: str = "<memory>"
 
     def slo_ms(self, tier: Tier, bucket: str) -> float | None:
@@ -322,6 +344,8 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
     routing.close()
 
     budget = _parse_budget(root.section("budget"))
+    tls = _parse_tls(root.raw("tls"), root.child("tls"))
+    jwt = _parse_jwt(root.raw("jwt"), root.child("jwt"))
     breaker = _parse_breaker(root.section("breaker"))
     bucket_names = {b.name for b in buckets}
     slos = _parse_slos(root.section("slos"), bucket_names)
@@ -353,6 +377,9 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         fallback_pool=fallback_pool,
         fallback_model=fallback_model,
         slo_ttft_p99_ms=slos,
+        tls=tls,
+        jwt=jwt,
+        tier_limits=tier_limits,
         source=source,
     )
 
@@ -466,6 +493,45 @@ def _parse_tiers(sec: _Section) -> dict[Tier, Limits]:
 
 
 _DEFAULT_BUDGET = BudgetConfig()
+
+
+def _parse_tls(raw: object, path: str) -> TlsConfig | None:
+    if raw is None:
+        return None
+    sec = _Section(raw, path)
+    config = TlsConfig(sec.require("cert_file", str), sec.require("key_file", str))
+    sec.close()
+    return config
+
+
+def _parse_jwt(raw: object, path: str) -> JwtConfig | None:
+    if raw is None:
+        return None
+    sec = _Section(raw, path)
+    issuer = sec.require("issuer", str)
+    audiences_raw = sec.get("audiences", list, [])
+    audiences = tuple(
+        _expect(a, str, f"{sec.child('audiences')}[{i}]") for i, a in enumerate(audiences_raw)
+    )
+    jwks_file = sec.get("jwks_file", str, "") or None
+    jwks_uri = sec.get("jwks_uri", str, "") or None
+    if (jwks_file is None) == (jwks_uri is None):
+        raise PolicyError(f"{path}: exactly one of 'jwks_file' or 'jwks_uri' is required")
+    if jwks_uri is not None and not re.match(r"^https?://[^/]+/", jwks_uri):
+        raise PolicyError(f"{sec.child('jwks_uri')}: expected http(s)://host[:port]/path")
+    config = JwtConfig(
+        issuer=issuer,
+        audiences=audiences,
+        jwks_file=jwks_file,
+        jwks_uri=jwks_uri,
+        tenant_claim=sec.get("tenant_claim", str, "tenant"),
+        tier_claim=sec.get("tier_claim", str, "tier"),
+        required=sec.get("required", bool, True),
+    )
+    sec.close()
+    return config
+
+
 _DEFAULT_THRESHOLDS = BreakerThresholds()
 _DEFAULT_SLOS_MS = {Tier.CRITICAL: 2000.0, Tier.STANDARD: 4000.0, Tier.SHEDDABLE: 15000.0}
 

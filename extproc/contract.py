@@ -12,6 +12,10 @@ TRACKING_ID_FIELD = "id"  # in METADATA_NAMESPACE: the sidecar's in-flight id of
 STRIP_USAGE_FIELD = "strip_usage"
 USAGE_NAMESPACE = "slogate.usage"  # set by the Lua usage tap (usage_tap.lua spells both)
 
+# jwt_authn writes the verified payload here; ext_proc forwards it with the headers.
+JWT_AUTHN_NAMESPACE = "envoy.filters.http.jwt_authn"
+JWT_PAYLOAD_KEY = "jwt_payload"
+
 SLOGATE_HEADER_PREFIX = "x-slogate-"  # only slogate sets these; client copies are removed
 POOL_HEADER = "x-slogate-pool"  # request: the route; response: the pool that served it
 REASON_HEADER = "x-slogate-reason"  # on every rejection slogate answers itself

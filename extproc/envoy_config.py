@@ -17,6 +17,7 @@ The shape, and why:
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from importlib import resources
@@ -31,9 +32,11 @@ import envoy_data_plane.envoy.config.listener.v3 as listener
 import envoy_data_plane.envoy.config.route.v3 as route
 import envoy_data_plane.envoy.extensions.access_loggers.grpc.v3 as grpc_log
 import envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 as ext_proc
+import envoy_data_plane.envoy.extensions.filters.http.jwt_authn.v3 as jwt_authn
 import envoy_data_plane.envoy.extensions.filters.http.lua.v3 as lua
 import envoy_data_plane.envoy.extensions.filters.http.router.v3 as router
 import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 as hcm
+import envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 as tls
 import envoy_data_plane.envoy.extensions.upstreams.http.v3 as upstream_http
 import envoy_data_plane.envoy.type.matcher.v3 as matcher
 import envoy_data_plane.envoy.type.tracing.v3 as tracing
@@ -43,6 +46,8 @@ from budget.policy import FailureMode, Policy
 from extproc.contract import (
     ACCESS_LOG_NAME,
     ACCESS_LOG_TAGS,
+    JWT_AUTHN_NAMESPACE,
+    JWT_PAYLOAD_KEY,
     METADATA_NAMESPACE,
     POOL_HEADER,
     RATE_LIMIT_HEADERS,
@@ -122,6 +127,12 @@ def ext_proc_filter(policy: Policy, failure_mode_allow: bool | None = None) -> h
             receiving_namespaces=ext_proc.MetadataOptionsMetadataNamespaces(
                 untyped=[METADATA_NAMESPACE]
             ),
+            # Verified JWT claims reach the sidecar with the request headers.
+            forwarding_namespaces=ext_proc.MetadataOptionsMetadataNamespaces(
+                untyped=[JWT_AUTHN_NAMESPACE]
+            )
+            if policy.jwt is not None
+            else None,
         ),
         # A failed sidecar is a bad gateway, not a 500 bug; and never the breaker's 503.
         status_on_error=_http_status(SIDECAR_FAILURE_STATUS),
@@ -273,8 +284,29 @@ def local_reply_config() -> hcm.LocalReplyConfig:
             flags=["UH", "UF", "UO", "NR", "URX", "UC"]
         )
     )
+    jwt_failed = accesslog.AccessLogFilter(
+        metadata_filter=accesslog.MetadataFilter(
+            matcher=matcher.MetadataMatcher(
+                filter=JWT_AUTHN_NAMESPACE,
+                path=[matcher.MetadataMatcherPathSegment(key=JWT_FAILURE_KEY)],
+                value=matcher.ValueMatcher(present_match=True),
+            ),
+            match_if_key_not_found=False,
+        )
+    )
+    token_mapper = _json_error_mapper(
+        jwt_failed,
+        "Invalid or missing bearer token: "
+        f"%DYNAMIC_METADATA({JWT_AUTHN_NAMESPACE}:{JWT_FAILURE_KEY}:message)%",
+        "invalid_request_error",
+        "invalid_api_key",
+    )
+    # jwt_authn answers some failures (audience, issuer) with 403; to a client each of them
+    # is the same thing: the token does not let it in.
+    token_mapper.status_code = 401
     return hcm.LocalReplyConfig(
         mappers=[
+            token_mapper,
             _json_error_mapper(
                 _status_filter(413),
                 "Request body is larger than the limit this gateway accepts.",
@@ -303,12 +335,102 @@ def local_reply_config() -> hcm.LocalReplyConfig:
     )
 
 
+JWKS_CLUSTER = "slogate_jwks"
+JWT_FAILURE_KEY = "jwt_failure"
+
+
+def jwt_filter(policy: Policy) -> hcm.HttpFilter | None:
+    """jwt_authn before ext_proc: Envoy answers bad or missing tokens with 401 itself and
+    hands the verified claims to the sidecar as metadata."""
+    config = policy.jwt
+    if config is None:
+        return None
+    if config.jwks_file is not None:
+        jwks: dict[str, Any] = {"local_jwks": core.DataSource(filename=config.jwks_file)}
+    else:
+        assert config.jwks_uri is not None
+        jwks = {
+            "remote_jwks": jwt_authn.RemoteJwks(
+                http_uri=core.HttpUri(
+                    uri=config.jwks_uri, cluster=JWKS_CLUSTER, timeout=dt.timedelta(seconds=5)
+                ),
+                cache_duration=dt.timedelta(minutes=10),
+            )
+        }
+    provider = jwt_authn.JwtProvider(
+        issuer=config.issuer,
+        audiences=list(config.audiences),
+        payload_in_metadata=JWT_PAYLOAD_KEY,
+        failed_status_in_metadata=JWT_FAILURE_KEY,  # lets the local reply mapper find it
+        forward=False,  # the token stops here; upstreams get slogate's headers
+        **jwks,
+    )
+    requirement = (
+        jwt_authn.JwtRequirement(provider_name="slogate")
+        if config.required
+        else jwt_authn.JwtRequirement(
+            requires_any=jwt_authn.JwtRequirementOrList(
+                requirements=[
+                    jwt_authn.JwtRequirement(provider_name="slogate"),
+                    jwt_authn.JwtRequirement(allow_missing=pb.Empty()),
+                ]
+            )
+        )
+    )
+    authn = jwt_authn.JwtAuthentication(
+        providers={"slogate": provider},
+        rules=[
+            jwt_authn.RequirementRule(match=route.RouteMatch(prefix="/v1/"), requires=requirement)
+        ],
+    )
+    return hcm.HttpFilter(**_typed(JWT_AUTHN_NAMESPACE, authn))
+
+
+def _jwks_cluster(uri: str) -> cluster.Cluster:
+    match = re.match(r"^(https?)://([^/:]+)(?::(\d+))?/", uri)
+    assert match is not None  # the policy loader checked the form
+    scheme, host = match.group(1), match.group(2)
+    port = int(match.group(3) or (443 if scheme == "https" else 80))
+    jwks = _static_cluster(JWKS_CLUSTER, ((host, port),))
+    if scheme == "https":
+        jwks.transport_socket = core.TransportSocket(
+            **_typed(
+                "envoy.transport_sockets.tls",
+                tls.UpstreamTlsContext(sni=host),
+            )
+        )
+    return jwks
+
+
+def _downstream_tls(policy: Policy) -> core.TransportSocket | None:
+    if policy.tls is None:
+        return None
+    context = tls.DownstreamTlsContext(
+        common_tls_context=tls.CommonTlsContext(
+            tls_certificates=[
+                tls.TlsCertificate(
+                    certificate_chain=core.DataSource(filename=policy.tls.cert_file),
+                    private_key=core.DataSource(filename=policy.tls.key_file),
+                )
+            ],
+            alpn_protocols=["h2", "http/1.1"],
+        )
+    )
+    return core.TransportSocket(**_typed("envoy.transport_sockets.tls", context))
+
+
 def http_connection_manager(
     policy: Policy, profile: FilterProfile = FilterProfile.SLOGATE
 ) -> hcm.HttpConnectionManager:
+    authn = [f for f in (jwt_filter(policy),) if f is not None]
     filters = {
-        FilterProfile.SLOGATE: [ext_proc_filter(policy), usage_tap_filter(), router_filter()],
-        FilterProfile.EXT_PROC_ONLY: [ext_proc_filter(policy), router_filter()],
+        FilterProfile.SLOGATE: [
+            *authn,
+            ext_proc_filter(policy),
+            usage_tap_filter(),
+            router_filter(),
+        ],
+        FilterProfile.EXT_PROC_ONLY: [*authn, ext_proc_filter(policy), router_filter()],
         FilterProfile.PLAIN: [router_filter()],
     }[profile]
     logs = [access_log()] if profile is FilterProfile.SLOGATE else []
@@ -372,6 +494,8 @@ def build_bootstrap(
     clusters.append(
         _static_cluster(SIDECAR_CLUSTER, ((ports.host, ports.sidecar_port),), http2=True)
     )
+    if policy.jwt is not None and policy.jwt.jwks_uri is not None:
+        clusters.append(_jwks_cluster(policy.jwt.jwks_uri))
     config = bootstrap.Bootstrap(
         admin=bootstrap.Admin(address=_address(ports.host, ports.admin_port)),
         static_resources=bootstrap.BootstrapStaticResources(
@@ -381,13 +505,14 @@ def build_bootstrap(
                     address=_address(ports.listen_host or ports.host, ports.listen_port),
                     filter_chains=[
                         listener.FilterChain(
+                            transport_socket=_downstream_tls(policy),
                             filters=[
                                 listener.Filter(
                                     **_typed(
                                         "envoy.filters.network.http_connection_manager", manager
                                     )
                                 )
-                            ]
+                            ],
                         )
                     ],
                 )

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from budget.policy import ApiKey, ContextBucket, Policy
 from extproc.contract import POOL_HEADER, SLOGATE_HEADER_PREFIX
@@ -214,7 +214,12 @@ class RequestFlow:
         self._path = ""
         self._verdict: HeaderVerdict | None = None
 
-    def on_request_headers(self, headers: Mapping[str, str], end_of_stream: bool) -> HeaderVerdict:
+    def on_request_headers(
+        self,
+        headers: Mapping[str, str],
+        end_of_stream: bool,
+        claims: Mapping[str, Any] | None = None,
+    ) -> HeaderVerdict:
         policy = self._decider.policy()
         path = headers.get(":path", "").split("?", 1)[0]
         strip = tuple(h for h in headers if h.startswith(SLOGATE_HEADER_PREFIX))
@@ -223,7 +228,7 @@ class RequestFlow:
             self._verdict = HeaderVerdict(False, strip, None, request_id)
             return self._verdict
         self._path = path
-        caller = self._decider.identity.resolve(headers)
+        caller = self._decider.identity.resolve(headers, claims)
         if headers.get(":method", "POST") != "POST":
             raise MethodNotAllowed(
                 f"Only POST is supported on {path}.", reason="method_not_allowed"

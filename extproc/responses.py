@@ -10,14 +10,18 @@ Envoy 1.40 reads and writes header values as `raw_value` bytes; `value` must sta
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import msgspec
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
+from google.protobuf import json_format
 
 from extproc.contract import (
+    JWT_AUTHN_NAMESPACE,
+    JWT_PAYLOAD_KEY,
     METADATA_NAMESPACE,
     REASON_HEADER,
     STRIP_USAGE_FIELD,
@@ -43,6 +47,18 @@ def headers_to_dict(header_map: pb.HttpHeaders) -> dict[str, str]:
         h.key: (h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
         for h in header_map.headers.headers
     }
+
+
+def jwt_claims(request: pb.ProcessingRequest) -> dict[str, Any] | None:
+    """The payload jwt_authn verified (forwarded as metadata), or None without a token."""
+    namespaces = request.metadata_context.filter_metadata
+    authn = namespaces.get(JWT_AUTHN_NAMESPACE) if namespaces else None
+    if authn is None:
+        return None
+    payload = authn.fields.get(JWT_PAYLOAD_KEY)
+    if payload is None:
+        return None
+    return json_format.MessageToDict(payload.struct_value)
 
 
 def header_reply(verdict: HeaderVerdict) -> pb.ProcessingResponse:

@@ -21,6 +21,7 @@ from extproc.request_flow import Decider, RequestFlow
 from extproc.responses import (
     header_reply,
     headers_to_dict,
+    jwt_claims,
     passthrough_reply,
     rejection,
     routed_body_reply,
@@ -64,7 +65,9 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
     ) -> pb.ProcessingResponse:
         if phase == "request_headers":
             headers = request.request_headers
-            verdict = flow.on_request_headers(headers_to_dict(headers), headers.end_of_stream)
+            verdict = flow.on_request_headers(
+                headers_to_dict(headers), headers.end_of_stream, jwt_claims(request)
+            )
             return header_reply(verdict)
         if phase == "request_body":
             routed = await flow.on_request_body(request.request_body.body)

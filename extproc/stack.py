@@ -53,9 +53,11 @@ class LocalStack:
     metrics_port: int = 0
     admin_address: str = ""
 
+    tls: bool = False
+
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.listen_port}"
+        return f"{'https' if self.tls else 'http'}://{HOST}:{self.listen_port}"
 
     @property
     def metrics_url(self) -> str:
@@ -67,6 +69,7 @@ class LocalStack:
     def start(self) -> LocalStack:
         try:
             policy = load_policy(self.policy_path)
+            self.tls = policy.tls is not None
             for pool in policy.pools.values():
                 self.start_pool(pool)
             moved = any(

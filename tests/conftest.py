@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import ssl
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -78,10 +79,16 @@ def post(
     headers: dict[str, str] | None = None,
     timeout_s: float = 30.0,
     chunked: bool = False,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> Reply:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+    scheme, _, address = url.partition("://")
+    host, port = address.split(":")
+    conn: http.client.HTTPConnection
+    if scheme == "https":
+        conn = http.client.HTTPSConnection(host, int(port), timeout=timeout_s, context=ssl_context)
+    else:
+        conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
     sent = {"content-type": "application/json", **(headers or {})}
     if key is not None:
         sent["authorization"] = f"Bearer {key}"
