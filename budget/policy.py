@@ -104,6 +104,21 @@ class BudgetConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ShadowConfig:
+    """Mirror a sampled share of routed inference requests to a shadow pool (Envoy)."""
+
+    pool: str
+    fraction: float  # 0..1
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionLogConfig:
+    directory: str
+    sample_rate: float = 0.01
+    keep_days: int = 7
+
+
+@dataclass(frozen=True, slots=True)
 class TlsConfig:
     cert_file: str
     key_file: str
@@ -159,6 +174,8 @@ class Policy:
     tls: TlsConfig | None = None
     jwt: JwtConfig | None = None
     tier_limits: Mapping[Tier, Limits] = field(default_factory=dict)  # for JWT callers
+    shadow: ShadowConfig | None = None
+    decision_log: DecisionLogConfig | None = None
     source: str = "<memory>"
 
     def slo_ms(self, tier: Tier, bucket: str) -> float | None:
@@ -345,6 +362,8 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
 
     budget = _parse_budget(root.section("budget"))
     tls = _parse_tls(root.raw("tls"), root.child("tls"))
+    shadow = _parse_shadow(root.raw("shadow"), root.child("shadow"), pools)
+    decision_log = _parse_decision_log(root.raw("decision_log"), root.child("decision_log"))
     jwt = _parse_jwt(root.raw("jwt"), root.child("jwt"))
     breaker = _parse_breaker(root.section("breaker"))
     bucket_names = {b.name for b in buckets}
@@ -380,6 +399,8 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         tls=tls,
         jwt=jwt,
         tier_limits=tier_limits,
+        shadow=shadow,
+        decision_log=decision_log,
         source=source,
     )
 
@@ -493,6 +514,36 @@ def _parse_tiers(sec: _Section) -> dict[Tier, Limits]:
 
 
 _DEFAULT_BUDGET = BudgetConfig()
+
+
+def _parse_shadow(raw: object, path: str, pools: Mapping[str, Pool]) -> ShadowConfig | None:
+    if raw is None:
+        return None
+    sec = _Section(raw, path)
+    pool = sec.require("pool", str)
+    if pool not in pools:
+        raise PolicyError(f"{sec.child('pool')}: no pool named {pool!r}")
+    fraction = sec.get("fraction", float, 0.01)
+    if not 0.0 <= fraction <= 1.0:
+        raise PolicyError(f"{sec.child('fraction')}: must be in [0, 1]")
+    sec.close()
+    return ShadowConfig(pool, fraction)
+
+
+def _parse_decision_log(raw: object, path: str) -> DecisionLogConfig | None:
+    if raw is None:
+        return None
+    sec = _Section(raw, path)
+    config = DecisionLogConfig(
+        directory=sec.require("dir", str),
+        sample_rate=sec.get("sample_rate", float, 0.01),
+        keep_days=sec.get("keep_days", int, 7),
+    )
+    if not 0.0 <= config.sample_rate <= 1.0:
+        raise PolicyError(f"{sec.child('sample_rate')}: must be in [0, 1]")
+    _positive(config.keep_days, sec.child("keep_days"))
+    sec.close()
+    return config
 
 
 def _parse_tls(raw: object, path: str) -> TlsConfig | None:

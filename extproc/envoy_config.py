@@ -40,6 +40,7 @@ import envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 as tls
 import envoy_data_plane.envoy.extensions.upstreams.http.v3 as upstream_http
 import envoy_data_plane.envoy.type.matcher.v3 as matcher
 import envoy_data_plane.envoy.type.tracing.v3 as tracing
+import envoy_data_plane.envoy.type.v3 as envoy_type
 import envoy_data_plane.google.protobuf as pb
 
 from budget.policy import FailureMode, Policy
@@ -175,6 +176,25 @@ def access_log() -> accesslog.AccessLog:
     return accesslog.AccessLog(**_typed("envoy.access_loggers.http_grpc", config))
 
 
+def _shadow(policy: Policy) -> list[route.RouteActionRequestMirrorPolicy]:
+    """Routed inference requests, sampled, copied to the shadow pool; its answers are
+    dropped by Envoy, so clients and budgets never see them."""
+    if policy.shadow is None:
+        return []
+    per_million = round(policy.shadow.fraction * 1_000_000)
+    return [
+        route.RouteActionRequestMirrorPolicy(
+            cluster=policy.shadow.pool,
+            runtime_fraction=core.RuntimeFractionalPercent(
+                default_value=envoy_type.FractionalPercent(
+                    numerator=per_million,
+                    denominator=envoy_type.FractionalPercentDenominatorType.MILLION,
+                )
+            ),
+        )
+    ]
+
+
 def _rate_limit_headers() -> list[core.HeaderValueOption]:
     """OpenAI's rate-limit headers, filled from the sidecar's dynamic metadata.
 
@@ -199,7 +219,9 @@ def route_config(policy: Policy) -> route.RouteConfiguration:
                     )
                 ],
             ),
-            route=route.RouteAction(cluster=pool, timeout=timeout),
+            route=route.RouteAction(
+                cluster=pool, timeout=timeout, request_mirror_policies=_shadow(policy)
+            ),
             response_headers_to_add=[_header(POOL_HEADER, pool), *_rate_limit_headers()],
         )
         for pool in policy.pools

@@ -214,6 +214,15 @@ class RequestFlow:
         self._path = ""
         self._verdict: HeaderVerdict | None = None
 
+    @property
+    def request_id(self) -> str:
+        return self._verdict.request_id if self._verdict is not None else ""
+
+    @property
+    def tenant(self) -> str | None:
+        caller = self._verdict.caller if self._verdict is not None else None
+        return caller.tenant if caller is not None else None
+
     def on_request_headers(
         self,
         headers: Mapping[str, str],

@@ -15,6 +15,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from extproc.decision_log import DecisionLog
 from extproc.errors import InternalError, RequestRejected
 from extproc.metrics import SidecarMetrics
 from extproc.request_flow import Decider, RequestFlow
@@ -31,9 +32,15 @@ log = logging.getLogger("slogate.extproc")
 
 
 class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
-    def __init__(self, decider: Decider, metrics: SidecarMetrics) -> None:
+    def __init__(
+        self,
+        decider: Decider,
+        metrics: SidecarMetrics,
+        decision_log: DecisionLog | None = None,
+    ) -> None:
         self._decider = decider
         self._metrics = metrics
+        self._decision_log = decision_log
 
     async def Process(
         self,
@@ -47,17 +54,20 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
             try:
                 reply = await self._reply(flow, phase, request)
             except RequestRejected as error:
-                reply = self._rejection(error)
+                reply = self._rejection(error, flow)
             except Exception:
                 log.exception("ext_proc %s failed", phase)
                 reply = self._rejection(
-                    InternalError("The gateway failed to process the request.", reason="internal")
+                    InternalError("The gateway failed to process the request.", reason="internal"),
+                    flow,
                 )
             self._metrics.decision_seconds(phase).observe(time.perf_counter() - started)
             yield reply
 
-    def _rejection(self, error: RequestRejected) -> pb.ProcessingResponse:
+    def _rejection(self, error: RequestRejected, flow: RequestFlow) -> pb.ProcessingResponse:
         self._metrics.rejections(error.reason, str(error.status)).inc()
+        if self._decision_log is not None:
+            self._decision_log.refused(error, flow.request_id, flow.tenant)
         return rejection(error)
 
     async def _reply(

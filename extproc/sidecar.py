@@ -31,11 +31,12 @@ from budget.failover import FailoverStore
 from budget.policy import BudgetStoreKind, Policy, PolicyError, load_policy
 from budget.redis_store import RedisStore, connect
 from budget.store import BudgetStore, InProcessStore
-from extproc.accesslog import AccessLogService, OutcomeRecorder
+from extproc.accesslog import AccessLogService, OutcomeRecorder, OutcomeSink
 from extproc.admin import AdminService
 from extproc.adminpb import admin_pb2_grpc
 from extproc.breaking import BreakerGate, BreakerLoop
 from extproc.budgeting import BudgetGate
+from extproc.decision_log import DecisionLog
 from extproc.identity import ApiKeyResolver
 from extproc.metrics import SidecarMetrics
 from extproc.request_flow import AdmissionChain, Decider
@@ -189,8 +190,20 @@ class Sidecar:
                 [BreakerGate(self.board, self.policy, self.metrics), self.budgets]
             ),
         )
+        self.decision_log = (
+            DecisionLog(
+                Path(initial.decision_log.directory),
+                initial.decision_log.sample_rate,
+                initial.decision_log.keep_days,
+            )
+            if initial.decision_log is not None
+            else None
+        )
+        sinks: list[OutcomeSink] = [self.budgets]
+        if self.decision_log is not None:
+            sinks.append(self.decision_log)
         self.recorder = OutcomeRecorder(
-            self.metrics, self.windows, self.decider.inflight, sinks=[self.budgets]
+            self.metrics, self.windows, self.decider.inflight, sinks=sinks
         )
         self._host = host
         self._grpc_port = grpc_port
@@ -220,7 +233,7 @@ class Sidecar:
     async def start(self) -> SidecarAddress:
         server = grpc.aio.server(options=self._grpc_options())
         external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
-            ExternalProcessorService(self.decider, self.metrics), server
+            ExternalProcessorService(self.decider, self.metrics, self.decision_log), server
         )
         als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogService(self.recorder), server)
         # grpc.health.v1 for Kubernetes probes: SERVING once started, NOT_SERVING on stop.
@@ -292,6 +305,8 @@ class Sidecar:
         if self._admin_server is not None:
             await self._admin_server.stop(1.0)
         await self.store.close()
+        if self.decision_log is not None:
+            self.decision_log.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()

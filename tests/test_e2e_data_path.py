@@ -16,7 +16,15 @@ import yaml
 
 from budget.policy import FailureMode
 from extproc.stack import LocalStack
-from tests.conftest import EXAMPLE_POLICY, chat_body, metric, post, scrape, start_stack
+from tests.conftest import (
+    EXAMPLE_POLICY,
+    chat_body,
+    metric,
+    post,
+    random_ports,
+    scrape,
+    start_stack,
+)
 
 CHAT = "/v1/chat/completions"
 pytestmark = pytest.mark.e2e
@@ -379,6 +387,48 @@ def test_failure_mode_per_path(tmp_path: Path) -> None:
         inference = post(local.url, CHAT, chat_body())
         assert inference.status == 502
         assert inference.json()["error"]["code"] == "gateway_unavailable"
+    except BaseException:
+        print(local.logs())
+        raise
+    finally:
+        local.stop()
+
+
+def test_shadow_pool_gets_mirrored_traffic_and_decisions_are_logged(tmp_path: Path) -> None:
+    raw = yaml.safe_load(EXAMPLE_POLICY.read_text())
+    raw["pools"]["shadow"] = {"endpoints": ["127.0.0.1:18004"]}
+    raw["shadow"] = {"pool": "shadow", "fraction": 1.0}
+    raw["decision_log"] = {"dir": str(tmp_path / "decisions"), "sample_rate": 1.0}
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(raw))
+    ports = random_ports()
+    ports.pools["shadow"] = 0
+    local = LocalStack(policy, tmp_path, ports, time_scale=0.05, exact_tokenizer=False).start()
+    try:
+        for _ in range(3):
+            reply = post(local.url, CHAT, chat_body("mirror me"))
+            assert reply.status == 200 and reply.headers["x-sim-pool"] == "default"
+        assert post(local.url, CHAT, b"{broken").status == 400
+
+        def mirrored() -> float:
+            return metric(
+                scrape(f"{local.pool_url('shadow')}/metrics"), "vllm:request_success_total"
+            )
+
+        assert wait_for(lambda: mirrored() >= 3)
+        lines: list[dict[str, object]] = []
+
+        def logged() -> bool:
+            nonlocal lines
+            files = list((tmp_path / "decisions").glob("decisions-*.jsonl"))
+            lines = [json.loads(x) for f in files for x in f.read_text().splitlines()]
+            return sum(1 for x in lines if x["decision"] == "routed") >= 3
+
+        assert wait_for(logged)
+        routed = [x for x in lines if x["decision"] == "routed"]
+        assert all(x["pool"] == "default" and x["tenant"] == "demo-standard" for x in routed)
+        assert any(x["decision"] == "refused" and x["reason"] == "malformed_json" for x in lines)
+        assert "mirror me" not in json.dumps(lines)
     except BaseException:
         print(local.logs())
         raise
