@@ -85,3 +85,31 @@ def test_committed_bootstrap_matches_the_example_policy() -> None:
     committed = Path(__file__).resolve().parent.parent / "envoy" / "bootstrap.json"
     generated = build_bootstrap(load_policy(EXAMPLE_POLICY))
     assert json.loads(committed.read_text()) == generated, "run `make envoy-config`"
+
+
+@pytest.mark.parametrize("required", [True, False])
+def test_tls_and_remote_jwks_bootstrap_is_valid(tmp_path: Path, required: bool) -> None:
+    from budget.policy import parse_policy
+
+    policy = parse_policy(
+        {
+            "tls": {"cert_file": "/etc/slogate/tls.crt", "key_file": "/etc/slogate/tls.key"},
+            "jwt": {
+                "issuer": "https://auth.example.com/",
+                "audiences": ["slogate"],
+                "jwks_uri": "https://auth.example.com/.well-known/jwks.json",
+                "required": required,
+            },
+        }
+    )
+    config = build_bootstrap(policy)
+    clusters = {c["name"] for c in config["staticResources"]["clusters"]}
+    assert "slogate_jwks" in clusters
+    names = [f["name"] for f in _filters(config)["httpFilters"]]
+    assert names[:2] == ["envoy.filters.http.jwt_authn", "envoy.filters.http.ext_proc"]
+    # The certificate files do not exist here: validation reads them, so check the rest.
+    chain = config["staticResources"]["listeners"][0]["filterChains"][0]
+    assert chain["transportSocket"]["name"] == "envoy.transport_sockets.tls"
+    del chain["transportSocket"]
+    result = validate(config, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
