@@ -21,6 +21,41 @@ from extproc.processes import ManagedProcess, envoy_binary, free_port, python_mo
 HOST = "127.0.0.1"
 
 
+@dataclass(frozen=True, slots=True)
+class SidecarPorts:
+    grpc: int
+    metrics: int
+    admin: str
+
+
+def start_sidecar(
+    work_dir: Path,
+    policy_path: Path,
+    name: str = "sidecar",
+    grpc_port: int = 0,
+    metrics_port: int = 0,
+    admin_port: int = 0,
+    exact_tokenizer: bool = False,
+) -> tuple[ManagedProcess, SidecarPorts]:
+    """`slogate serve` as a child process on loopback; 0 ports: picked by the OS."""
+    argv = python_module(
+        "extproc.cli",
+        "serve",
+        "--policy", str(policy_path),
+        "--host", HOST,
+        "--grpc-port", str(grpc_port),
+        "--metrics-port", str(metrics_port),
+        "--admin-address", f"{HOST}:{admin_port}",
+    )  # fmt: skip
+    if not exact_tokenizer:
+        argv.append("--no-exact-tokenizer")
+    proc = ManagedProcess(name, argv, work_dir).start()
+    match = proc.wait_for_line(
+        r"sidecar ready: grpc [^:]+:(\d+) metrics \S+:(\d+)/metrics admin (\S+)"
+    )
+    return proc, SidecarPorts(int(match.group(1)), int(match.group(2)), match.group(3))
+
+
 @dataclass
 class StackPorts:
     """0 means: pick a free port (tests); the defaults are the documented local ports."""
@@ -118,29 +153,18 @@ class LocalStack:
         return path
 
     def start_sidecar(self) -> None:
-        argv = python_module(
-            "extproc.cli",
-            "serve",
-            "--policy",
-            str(self.sidecar_policy_path),
-            "--host",
-            HOST,
-            "--grpc-port",
-            str(self.ports.grpc),
-            "--metrics-port",
-            str(self.ports.metrics),
-            "--admin-address",
-            f"{HOST}:{self.ports.admin_api}",
+        assert self.sidecar_policy_path is not None
+        self.sidecar, ports = start_sidecar(
+            self.work_dir,
+            self.sidecar_policy_path,
+            grpc_port=self.ports.grpc,
+            metrics_port=self.ports.metrics,
+            admin_port=self.ports.admin_api,
+            exact_tokenizer=self.exact_tokenizer,
         )
-        if not self.exact_tokenizer:
-            argv.append("--no-exact-tokenizer")
-        self.sidecar = ManagedProcess("sidecar", argv, self.work_dir).start()
         self.processes.append(self.sidecar)
-        match = self.sidecar.wait_for_line(
-            r"sidecar ready: grpc [^:]+:(\d+) metrics \S+:(\d+)/metrics admin (\S+)"
-        )
-        self.grpc_port, self.metrics_port = int(match.group(1)), int(match.group(2))
-        self.admin_address = match.group(3)
+        self.grpc_port, self.metrics_port = ports.grpc, ports.metrics
+        self.admin_address = ports.admin
 
     def runtime_policy(self, policy: Policy) -> Policy:
         """The policy with each pool pointed at the simulated pool started for it."""

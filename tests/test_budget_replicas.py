@@ -17,8 +17,9 @@ import yaml
 from budget.ledger import Limits
 from budget.policy import hash_api_key
 from budget.redis_store import RedisStore, connect
+from extproc import stack
 from extproc.benchmarks.driver import SidecarDriver
-from extproc.processes import ManagedProcess, python_module, start_redis
+from extproc.processes import ManagedProcess, start_redis
 from tests.conftest import metric, scrape
 
 TOKENS_PER_MINUTE = 20_000
@@ -47,25 +48,8 @@ def write_policy(path: Path, redis_port: int, replicas: int, timeout_ms: float =
 
 
 def start_sidecar(work: Path, name: str, policy: Path) -> tuple[ManagedProcess, int, int]:
-    proc = ManagedProcess(
-        name,
-        python_module(
-            "extproc.cli",
-            "serve",
-            "--policy",
-            str(policy),
-            "--grpc-port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--admin-address",
-            "127.0.0.1:0",
-            "--no-exact-tokenizer",
-        ),
-        work,
-    ).start()
-    match = proc.wait_for_line(r"sidecar ready: grpc [^:]+:(\d+) metrics \S+:(\d+)/")
-    return proc, int(match.group(1)), int(match.group(2))
+    proc, ports = stack.start_sidecar(work, policy, name)
+    return proc, ports.grpc, ports.metrics
 
 
 @pytest.fixture

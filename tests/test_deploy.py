@@ -142,27 +142,11 @@ def test_sidecar_answers_grpc_health_checks(tmp_path: Path) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from extproc.processes import ManagedProcess, python_module
+    from extproc.stack import start_sidecar
 
-    proc = ManagedProcess(
-        "sidecar",
-        python_module(
-            "extproc.cli",
-            "serve",
-            "--policy",
-            str(ROOT / "deploy" / "policy.example.yaml"),
-            "--grpc-port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--admin-address",
-            "127.0.0.1:0",
-            "--no-exact-tokenizer",
-        ),
-        tmp_path,
-    ).start()
+    proc, ports = start_sidecar(tmp_path, ROOT / "deploy" / "policy.example.yaml")
     try:
-        port = int(proc.wait_for_line(r"sidecar ready: grpc [^:]+:(\d+)").group(1))
+        port = ports.grpc
 
         async def check() -> int:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:

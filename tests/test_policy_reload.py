@@ -12,8 +12,8 @@ import pytest
 
 from extproc.benchmarks.driver import SidecarDriver
 from extproc.metrics import SidecarMetrics
-from extproc.processes import ManagedProcess, python_module
 from extproc.sidecar import PolicyHolder
+from extproc.stack import start_sidecar
 from tests.conftest import metric, scrape
 
 KEYS_A = "keys:\n  - {key: sk-a, tenant: a}\n"
@@ -44,26 +44,9 @@ def test_holder_swaps_good_policies_and_keeps_the_old_one_on_errors(tmp_path: Pa
 def test_running_sidecar_reloads_on_sighup_and_file_change(tmp_path: Path) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text(KEYS_A)
-    proc = ManagedProcess(
-        "sidecar",
-        python_module(
-            "extproc.cli",
-            "serve",
-            "--policy",
-            str(path),
-            "--grpc-port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--admin-address",
-            "127.0.0.1:0",
-            "--no-exact-tokenizer",
-        ),
-        tmp_path,
-    ).start()
+    proc, ports = start_sidecar(tmp_path, path)
     try:
-        match = proc.wait_for_line(r"sidecar ready: grpc [^:]+:(\d+) metrics \S+:(\d+)/")
-        grpc_port, metrics_port = int(match.group(1)), int(match.group(2))
+        grpc_port, metrics_port = ports.grpc, ports.metrics
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 

@@ -40,6 +40,7 @@ import yaml
 from budget.policy import load_policy
 from extproc.envoy_config import EnvoyPorts, FilterProfile, build_bootstrap
 from extproc.processes import ManagedProcess, envoy_binary, free_port, python_module
+from extproc.stack import start_sidecar
 
 HOST = "127.0.0.1"
 SETUPS = ("envoy_alone", "passthrough", "slogate")
@@ -242,24 +243,11 @@ def measure_setup(
             procs.append(side)
             grpc_port = int(side.wait_for_line(r"grpc [^:]+:(\d+)").group(1))
         elif setup == "slogate":
-            side = ManagedProcess(
-                f"{setup}-sidecar",
-                python_module(
-                    "extproc.cli",
-                    "serve",
-                    "--policy",
-                    str(bench_policy(work)),
-                    "--grpc-port",
-                    "0",
-                    "--metrics-port",
-                    "0",
-                    "--admin-address",
-                    "127.0.0.1:0",
-                ),
-                work,
-            ).start()
+            side, sidecar_ports = start_sidecar(
+                work, bench_policy(work), f"{setup}-sidecar", exact_tokenizer=True
+            )
             procs.append(side)
-            grpc_port = int(side.wait_for_line(r"sidecar ready: grpc [^:]+:(\d+)").group(1))
+            grpc_port = sidecar_ports.grpc
         policy = load_policy(POLICY)
         pools = {
             name: dataclasses.replace(pool, endpoints=((HOST, upstream_port),))
