@@ -146,6 +146,11 @@ class BreakerConfig:
     scrape_metrics: bool = True  # scrape vLLM /metrics of every pool endpoint
     scrape_interval_s: float = 5.0
     stale_after_s: float = 15.0  # engine metrics older than this count as saturated
+    # The dynamic quota controller (breaker/controller.py): tier multipliers on budgets.
+    controller_enabled: bool = True
+    controller_interval_s: float = 5.0
+    latency_weight: float = 0.7
+    kv_weight: float = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -626,8 +631,18 @@ def _parse_breaker(sec: _Section) -> BreakerConfig:
         scrape_metrics=sec.get("scrape_metrics", bool, True),
         scrape_interval_s=sec.get("scrape_interval_s", float, 5.0),
         stale_after_s=sec.get("stale_after_s", float, 15.0),
+        controller_enabled=sec.get("controller_enabled", bool, True),
+        controller_interval_s=sec.get("controller_interval_s", float, 5.0),
+        latency_weight=sec.get("latency_weight", float, 0.7),
+        kv_weight=sec.get("kv_weight", float, 0.3),
     )
-    for name in ("window_s", "evaluate_interval_s", "scrape_interval_s", "stale_after_s"):
+    for name in (
+        "window_s",
+        "evaluate_interval_s",
+        "scrape_interval_s",
+        "stale_after_s",
+        "controller_interval_s",
+    ):
         _positive(getattr(config, name), sec.child(name))
     if config.scrape_interval_s > 15.0:
         raise PolicyError(f"{sec.child('scrape_interval_s')}: at most 15 s")

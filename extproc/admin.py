@@ -63,6 +63,13 @@ class AdminService(pb_grpc.AdminServicer):
             inflight_requests=len(sidecar.decider.inflight),
             gpu_available=sidecar.gpu.available,
         )
+        reply.quota_multipliers.update(sidecar.quotas.values)
+        forecaster = sidecar.quotas.forecaster
+        if forecaster.level is not None:
+            reply.load_score = forecaster.level
+            forecast = forecaster.forecast(sidecar.quotas.horizon)
+            if forecast is not None:
+                reply.load_forecast = forecast
         for name in board.names():
             state = board.states.get(name)
             breaker = reply.breakers.add(pool=name, level=int(board.level(name)))
@@ -170,7 +177,10 @@ def status_table(reply: pb.StatusReply) -> str:
         f"policy {reply.policy_source} ({reply.keys} keys), budget store {reply.budget_store}"
         f" ({'up' if reply.redis_up else 'DEGRADED: local shares'}), "
         f"{reply.inflight_requests} requests in flight, "
-        f"GPU {'available' if reply.gpu_available else 'unavailable'}"
+        f"GPU {'available' if reply.gpu_available else 'unavailable'}\n"
+        "quota multipliers: "
+        + ", ".join(f"{t} {v:.2f}" for t, v in sorted(reply.quota_multipliers.items()))
+        + f" (load {_number(reply, 'load_score')}, forecast {_number(reply, 'load_forecast')})"
     )
     return (
         head

@@ -203,6 +203,27 @@ class SidecarMetrics:
                 registry=r,
             )
         )
+        self.quota_multiplier = Family(
+            Gauge(
+                "slogate_quota_multiplier",
+                "Dynamic quota controller's budget multiplier per tier (1.0: full budgets).",
+                ["tier"],
+                registry=r,
+            )
+        )
+        self.load_score = Family(
+            Gauge(
+                "slogate_load_score",
+                "Controller load score (0.7 P99/SLO + 0.3 KV) as measured and as forecast.",
+                ["kind"],
+                registry=r,
+            )
+        )
+        self.quota_adjustments = counter(
+            "slogate_quota_adjustments_total",
+            "Controller moves of a tier multiplier, by tier and direction (shrink, grow).",
+            ["tier", "direction"],
+        )
         self.gpu_available = Gauge(
             "slogate_gpu_available",
             "1 when NVML reports a GPU on this node; 0: GPU memory signal unavailable.",

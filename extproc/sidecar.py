@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from breaker.board import BreakerBoard
+from breaker.controller import TierMultipliers, load_score
 from breaker.engine import EngineScraper, GpuMemory
 from breaker.latency import ResponseWindows
 from breaker.shedding import budget_multiplier
@@ -161,6 +162,9 @@ class Sidecar:
             clock=time.monotonic,
         )
         self.admin = AdminService(self)
+        self.quotas = TierMultipliers()
+        for tier, value in self.quotas.values.items():
+            self.metrics.quota_multiplier(tier).set(value)
         self.breaker_loop = BreakerLoop(
             self.board,
             self.metrics,
@@ -179,7 +183,10 @@ class Sidecar:
             self.store,
             self.metrics,
             initial.upstream_timeout_s + 60.0,
-            scale=lambda d: budget_multiplier(self.board.level(d.pool), d.caller.tier),
+            scale=lambda d: (
+                budget_multiplier(self.board.level(d.pool), d.caller.tier)
+                * self.quotas.values[d.caller.tier.value]
+            ),
         )
         self.decider = Decider(
             policy=self.policy,
@@ -260,6 +267,7 @@ class Sidecar:
         self._tasks = [
             asyncio.create_task(self._housekeeping()),
             asyncio.create_task(self._run_breaker()),
+            asyncio.create_task(self._run_controller()),
         ]
         if self.policy().breaker.scrape_metrics:
             self._tasks.append(asyncio.create_task(self.scraper.run()))
@@ -279,6 +287,50 @@ class Sidecar:
         if self._admin_address.startswith("unix:"):
             return self._admin_address
         return f"{self._admin_address.rsplit(':', 1)[0]}:{bound}"
+
+    async def _run_controller(self) -> None:
+        """Every controller interval: fleet load score -> tier multipliers on budgets."""
+        while True:
+            config = self.policy().breaker
+            await asyncio.sleep(config.controller_interval_s)
+            if not config.controller_enabled:
+                continue
+            try:
+                self.control_quotas()
+            except Exception:
+                log.exception("quota controller step failed")
+
+    def control_quotas(self) -> None:
+        config = self.policy().breaker
+        scores = [
+            load_score(
+                self.board.signals(pool).p99_over_slo,
+                self.board.signals(pool).kv_cache_usage,
+                config.latency_weight,
+                config.kv_weight,
+            )
+            for pool in self.policy().pools
+        ]
+        known = [s for s in scores if s is not None]
+        score = max(known) if known else None  # the most loaded pool sets the pace
+        for adjustment in self.quotas.step(score):
+            tier = adjustment.what.split(":", 1)[1]
+            direction = "shrink" if adjustment.after < adjustment.before else "grow"
+            log.info(
+                "quota multiplier %s %.2f -> %.2f (score %.2f, forecast %.2f)",
+                tier,
+                adjustment.before,
+                adjustment.after,
+                adjustment.inputs["score"],
+                adjustment.inputs["forecast"],
+            )
+            self.metrics.quota_adjustments(tier, direction).inc()
+            self.metrics.quota_multiplier(tier).set(adjustment.after)
+        if score is not None:
+            self.metrics.load_score("measured").set(score)
+            forecast = self.quotas.forecaster.forecast(self.quotas.horizon)
+            if forecast is not None:
+                self.metrics.load_score("forecast").set(forecast)
 
     async def _run_breaker(self) -> None:
         while True:

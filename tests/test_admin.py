@@ -35,6 +35,8 @@ def test_status_shows_every_breaker_with_signals(stack: LocalStack) -> None:
     reply = json.loads(slogate(stack, "status", "--json").stdout)
     assert {b["pool"] for b in reply["breakers"]} == {"default", "long", "fallback", "global"}
     assert reply["keys"] >= 4 and reply["budgetStore"] == "memory"
+    assert set(reply["quotaMultipliers"]) == {"critical", "standard", "sheddable"}
+    assert "quota multipliers:" in table.stdout
 
 
 def test_keys_show_limits_and_usage_never_the_key(stack: LocalStack) -> None:

@@ -32,6 +32,7 @@ def breaker_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSta
         "evaluate_interval_s": 0.2,
         "scrape_interval_s": 1,
         "stale_after_s": 10,
+        "controller_interval_s": 0.3,
         "thresholds": {
             "enter_hold_s": [0.4, 0.4, 0.4],
             "cooldown_s": 1.0,
@@ -89,6 +90,18 @@ def test_latency_over_slo_sheds_sheddable_keeps_critical_then_recovers(
         assert capped.status == 503 and "8192" in capped.json()["error"]["message"]
         served = post(stack.url, CHAT, chat_body("urgent"), key="sk-demo-critical")
         assert served.status == 200 and served.headers["x-sim-pool"] == "default"
+        # The quota controller saw the same load and shrank the sheddable budgets first.
+        assert drive_until(
+            stack,
+            lambda: (
+                metric(scrape(stack.metrics_url), "slogate_quota_multiplier", tier="sheddable")
+                < 1.0
+            ),
+            key="sk-demo-critical",
+        )
+        samples = scrape(stack.metrics_url)
+        assert metric(samples, "slogate_quota_multiplier", tier="critical") == 1.0
+        assert metric(samples, "slogate_load_score", kind="measured") > 1.0
     finally:
         fault(stack, "default")
     assert drive_until(stack, lambda: level(stack) == 0, key="sk-demo-critical")

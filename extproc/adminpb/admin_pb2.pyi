@@ -43,7 +43,14 @@ class Breaker(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., level: _Optional[int] = ..., signal_level: _Optional[int] = ..., probing: _Optional[bool] = ..., drill_level: _Optional[int] = ..., drill_remaining_s: _Optional[float] = ..., signals: _Optional[_Union[Signals, _Mapping]] = ..., last_transition: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("breakers", "budget_store", "redis_up", "policy_source", "keys", "inflight_requests", "gpu_available")
+    __slots__ = ("breakers", "budget_store", "redis_up", "policy_source", "keys", "inflight_requests", "gpu_available", "quota_multipliers", "load_score", "load_forecast")
+    class QuotaMultipliersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     BREAKERS_FIELD_NUMBER: _ClassVar[int]
     BUDGET_STORE_FIELD_NUMBER: _ClassVar[int]
     REDIS_UP_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +58,9 @@ class StatusReply(_message.Message):
     KEYS_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     GPU_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_MULTIPLIERS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_SCORE_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FORECAST_FIELD_NUMBER: _ClassVar[int]
     breakers: _containers.RepeatedCompositeFieldContainer[Breaker]
     budget_store: str
     redis_up: bool
@@ -58,7 +68,10 @@ class StatusReply(_message.Message):
     keys: int
     inflight_requests: int
     gpu_available: bool
-    def __init__(self, breakers: _Optional[_Iterable[_Union[Breaker, _Mapping]]] = ..., budget_store: _Optional[str] = ..., redis_up: _Optional[bool] = ..., policy_source: _Optional[str] = ..., keys: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., gpu_available: _Optional[bool] = ...) -> None: ...
+    quota_multipliers: _containers.ScalarMap[str, float]
+    load_score: float
+    load_forecast: float
+    def __init__(self, breakers: _Optional[_Iterable[_Union[Breaker, _Mapping]]] = ..., budget_store: _Optional[str] = ..., redis_up: _Optional[bool] = ..., policy_source: _Optional[str] = ..., keys: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., gpu_available: _Optional[bool] = ..., quota_multipliers: _Optional[_Mapping[str, float]] = ..., load_score: _Optional[float] = ..., load_forecast: _Optional[float] = ...) -> None: ...
 
 class KeysRequest(_message.Message):
     __slots__ = ("tenant",)
