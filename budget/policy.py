@@ -149,6 +149,7 @@ class BreakerConfig:
     # The dynamic quota controller (breaker/controller.py): tier multipliers on budgets.
     controller_enabled: bool = True
     controller_interval_s: float = 5.0
+    controller_key_budgets: bool = False  # enforce per-key dynamic budgets (else: shown only)
     latency_weight: float = 0.7
     kv_weight: float = 0.3
 
@@ -632,6 +633,7 @@ def _parse_breaker(sec: _Section) -> BreakerConfig:
         scrape_interval_s=sec.get("scrape_interval_s", float, 5.0),
         stale_after_s=sec.get("stale_after_s", float, 15.0),
         controller_enabled=sec.get("controller_enabled", bool, True),
+        controller_key_budgets=sec.get("controller_key_budgets", bool, False),
         controller_interval_s=sec.get("controller_interval_s", float, 5.0),
         latency_weight=sec.get("latency_weight", float, 0.7),
         kv_weight=sec.get("kv_weight", float, 0.3),

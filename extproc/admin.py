@@ -99,7 +99,7 @@ class AdminService(pb_grpc.AdminServicer):
             if request.tenant and key.tenant != request.tenant:
                 continue
             usage = await sidecar.store.usage(key.key_id)
-            reply.keys.add(
+            status = reply.keys.add(
                 key_id=key.key_id,
                 tenant=key.tenant,
                 tier=key.tier.value,
@@ -109,6 +109,12 @@ class AdminService(pb_grpc.AdminServicer):
                 usage_5m=usage[300],
                 usage_1h=usage[3600],
             )
+            dynamic = sidecar.key_quotas.tokens_per_minute(key)
+            if dynamic is not None:
+                status.dynamic_tokens_per_minute = dynamic
+            safety = sidecar.key_quotas.safety_factor(key)
+            if safety is not None:
+                status.safety_factor = safety
         return reply
 
     async def Drill(
@@ -205,9 +211,25 @@ def keys_table(reply: pb.KeysReply) -> str:
             f"{k.usage_1m:.0f}",
             f"{k.usage_5m:.0f}",
             f"{k.usage_1h:.0f}",
+            _number(k, "dynamic_tokens_per_minute", "{:.0f}"),
+            _number(k, "safety_factor", "{:.2f}"),
         )
         for k in reply.keys
     ]
     return table(
-        ("key", "tenant", "tier", "rpm", "tpm", "conc", "in flight", "1m", "5m", "1h"), rows
+        (
+            "key",
+            "tenant",
+            "tier",
+            "rpm",
+            "tpm",
+            "conc",
+            "in flight",
+            "1m",
+            "5m",
+            "1h",
+            "dynamic tpm",
+            "safety",
+        ),
+        rows,
     )

@@ -12,6 +12,7 @@ client that went away mid-stream) keeps the reservation, since the GPU did the w
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -71,16 +72,28 @@ class BudgetGate:
         metrics: SidecarMetrics,
         ttl_s: float,
         scale: Callable[[RoutingDecision], float] | None = None,
+        ceiling: Callable[[RoutingDecision], float | None] | None = None,
+        on_settled: Callable[[RoutingDecision, Charge], None] | None = None,
     ) -> None:
         self._store = store
         self._metrics = metrics
         self._ttl_s = ttl_s
         # The breaker shrinks low-tier budgets under load: the key's limits times this.
         self._scale = scale
+        # The controller's per-key tokens-per-minute ceiling, when enforced.
+        self._ceiling = ceiling
+        self._on_settled = on_settled
 
     def _limits(self, decision: RoutingDecision) -> Limits:
         limits = decision.caller.limits
-        return limits if self._scale is None else scale_limits(limits, self._scale(decision))
+        if self._scale is not None:
+            limits = scale_limits(limits, self._scale(decision))
+        ceiling = self._ceiling(decision) if self._ceiling is not None else None
+        if ceiling is not None and limits.tokens_per_minute is not None:
+            limits = dataclasses.replace(
+                limits, tokens_per_minute=max(1, min(limits.tokens_per_minute, int(ceiling)))
+            )
+        return limits
 
     async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
         caller = decision.caller
@@ -131,3 +144,5 @@ class BudgetGate:
             return
         if settled and actual is not None:
             self._metrics.tenant_tokens(decision.caller.tenant).inc(actual.raw_tokens)
+            if self._on_settled is not None:
+                self._on_settled(decision, actual)

@@ -219,6 +219,12 @@ class SidecarMetrics:
                 registry=r,
             )
         )
+        self.safety_factor = Gauge(
+            "slogate_safety_factor",
+            "Lowest per-key safety factor of the dynamic budgets (1.3, decaying to 1.1 "
+            "while GPU/KV memory is over the emergency line).",
+            registry=r,
+        )
         self.quota_adjustments = counter(
             "slogate_quota_adjustments_total",
             "Controller moves of a tier multiplier, by tier and direction (shrink, grow).",

@@ -40,6 +40,7 @@ from extproc.budgeting import BudgetGate
 from extproc.decision_log import DecisionLog
 from extproc.identity import ApiKeyResolver
 from extproc.metrics import SidecarMetrics
+from extproc.quotas import KeyQuotas
 from extproc.request_flow import AdmissionChain, Decider
 from extproc.server import ExternalProcessorService
 from extproc.tokens import ExactTokenCounter, TokenEstimator
@@ -163,6 +164,7 @@ class Sidecar:
         )
         self.admin = AdminService(self)
         self.quotas = TierMultipliers()
+        self.key_quotas = KeyQuotas(initial.breaker.controller_interval_s)
         for tier, value in self.quotas.values.items():
             self.metrics.quota_multiplier(tier).set(value)
         self.breaker_loop = BreakerLoop(
@@ -186,6 +188,14 @@ class Sidecar:
             scale=lambda d: (
                 budget_multiplier(self.board.level(d.pool), d.caller.tier)
                 * self.quotas.values[d.caller.tier.value]
+            ),
+            ceiling=lambda d: (
+                self.key_quotas.tokens_per_minute(d.caller)
+                if self.policy().breaker.controller_key_budgets
+                else None
+            ),
+            on_settled=lambda d, charge: self.key_quotas.observe(
+                d.caller.key_id, charge.weighted_tokens
             ),
         )
         self.decider = Decider(
@@ -326,6 +336,15 @@ class Sidecar:
             )
             self.metrics.quota_adjustments(tier, direction).inc()
             self.metrics.quota_multiplier(tier).set(adjustment.after)
+        memory = [self.board.signals(pool).kv_cache_usage for pool in self.policy().pools]
+        memory.append(self.gpu.usage())
+        known_memory = [m for m in memory if m is not None]
+        self.key_quotas.step(
+            self.policy().keys.values(), max(known_memory) if known_memory else None
+        )
+        lowest = self.key_quotas.lowest_safety_factor()
+        if lowest is not None:
+            self.metrics.safety_factor.set(lowest)
         if score is not None:
             self.metrics.load_score("measured").set(score)
             forecast = self.quotas.forecaster.forecast(self.quotas.horizon)

@@ -94,7 +94,7 @@ class Limits(_message.Message):
     def __init__(self, requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ..., tokens_per_hour: _Optional[int] = ..., concurrent_requests: _Optional[int] = ..., max_context_tokens: _Optional[int] = ...) -> None: ...
 
 class KeyStatus(_message.Message):
-    __slots__ = ("key_id", "tenant", "tier", "limits", "outstanding", "usage_1m", "usage_5m", "usage_1h")
+    __slots__ = ("key_id", "tenant", "tier", "limits", "outstanding", "usage_1m", "usage_5m", "usage_1h", "dynamic_tokens_per_minute", "safety_factor")
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +103,8 @@ class KeyStatus(_message.Message):
     USAGE_1M_FIELD_NUMBER: _ClassVar[int]
     USAGE_5M_FIELD_NUMBER: _ClassVar[int]
     USAGE_1H_FIELD_NUMBER: _ClassVar[int]
+    DYNAMIC_TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    SAFETY_FACTOR_FIELD_NUMBER: _ClassVar[int]
     key_id: str
     tenant: str
     tier: str
@@ -111,7 +113,9 @@ class KeyStatus(_message.Message):
     usage_1m: float
     usage_5m: float
     usage_1h: float
-    def __init__(self, key_id: _Optional[str] = ..., tenant: _Optional[str] = ..., tier: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., outstanding: _Optional[int] = ..., usage_1m: _Optional[float] = ..., usage_5m: _Optional[float] = ..., usage_1h: _Optional[float] = ...) -> None: ...
+    dynamic_tokens_per_minute: float
+    safety_factor: float
+    def __init__(self, key_id: _Optional[str] = ..., tenant: _Optional[str] = ..., tier: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., outstanding: _Optional[int] = ..., usage_1m: _Optional[float] = ..., usage_5m: _Optional[float] = ..., usage_1h: _Optional[float] = ..., dynamic_tokens_per_minute: _Optional[float] = ..., safety_factor: _Optional[float] = ...) -> None: ...
 
 class KeysReply(_message.Message):
     __slots__ = ("keys",)

@@ -1,0 +1,61 @@
+"""Per-key dynamic budgets: consumption in, a tokens-per-minute ceiling per key out.
+
+What lives here: `KeyQuotas`, which collects each key's settled weighted tokens per
+controller interval and keeps a `breaker.controller.KeyBudget` per key whose policy has a
+tokens-per-minute limit. A key's dynamic ceiling = P95 of its recent per-interval
+consumption x the safety factor, scaled to a minute, never above the policy limit and never
+below `floor_share` of it (an idle key must not be frozen out by its own quiet history).
+Enforced only when the policy says so (`breaker.controller_key_budgets`); otherwise it is
+computed and shown (admin API, metrics), so an operator can watch it before turning it on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from breaker.controller import Adjustment, KeyBudget
+from budget.policy import ApiKey
+
+
+class KeyQuotas:
+    def __init__(self, interval_s: float, floor_share: float = 0.1) -> None:
+        self.interval_s = interval_s
+        self.floor_share = floor_share
+        self._consumed: dict[str, float] = {}
+        self._budgets: dict[str, KeyBudget] = {}
+
+    def observe(self, key_id: str, weighted_tokens: float) -> None:
+        self._consumed[key_id] = self._consumed.get(key_id, 0.0) + weighted_tokens
+
+    def step(self, keys: Iterable[ApiKey], memory_usage: float | None) -> list[Adjustment]:
+        """One controller interval for every key with a tokens-per-minute limit."""
+        consumed, self._consumed = self._consumed, {}
+        adjustments: list[Adjustment] = []
+        per_interval = self.interval_s / 60.0
+        for key in keys:
+            limit = key.limits.tokens_per_minute
+            if limit is None:
+                continue
+            budget = self._budgets.get(key.key_id)
+            if budget is None:
+                budget = self._budgets[key.key_id] = KeyBudget(hard_limit=limit * per_interval)
+            budget.hard_limit = limit * per_interval  # a reloaded policy applies at once
+            adjustments += budget.step(consumed.get(key.key_id, 0.0), memory_usage, key.key_id)
+        return adjustments
+
+    def tokens_per_minute(self, key: ApiKey) -> float | None:
+        """The key's dynamic ceiling per minute, or None without a policy limit / history."""
+        budget = self._budgets.get(key.key_id)
+        limit = key.limits.tokens_per_minute
+        if budget is None or limit is None or not budget.history:
+            return None
+        per_minute = budget.budget * 60.0 / self.interval_s
+        return min(float(limit), max(self.floor_share * limit, per_minute))
+
+    def safety_factor(self, key: ApiKey) -> float | None:
+        budget = self._budgets.get(key.key_id)
+        return None if budget is None else budget.safety
+
+    def lowest_safety_factor(self) -> float | None:
+        factors = [b.safety for b in self._budgets.values()]
+        return min(factors) if factors else None
