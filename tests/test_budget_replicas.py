@@ -40,7 +40,8 @@ def write_policy(path: Path, redis_port: int, replicas: int, timeout_ms: float =
                 "tenant": "hammer",
                 "tier": "standard",
                 "limits": {"tokens_per_minute": TOKENS_PER_MINUTE, "concurrent_requests": 10_000},
-            }
+            },
+            {"key": "sk-warm-up", "tenant": "warm-up", "tier": "standard"},
         ],
     }
     path.write_text(yaml.safe_dump(policy))
@@ -87,6 +88,10 @@ def test_replicas_share_one_budget_exactly(tmp_path: Path, processes: list[Manag
 
     async def scenario() -> None:
         drivers = [SidecarDriver(f"127.0.0.1:{port}") for _, port, _ in sidecars]
+        # Warm both replicas (connections, scripts loaded) on another key, so that both
+        # take part in the race for the hammered key from its first request.
+        for driver in drivers:
+            assert (await driver.decide("sk-warm-up", body())).status == 200
         started = time.monotonic()
         results = await hammer(drivers, requests=400, in_flight=200)
         elapsed_s = time.monotonic() - started
