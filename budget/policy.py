@@ -82,6 +82,13 @@ class ApiKey:
     tenant: str
     tier: Tier
     limits: Limits = field(default_factory=Limits)  # tier defaults + this key's overrides
+    from_jwt: bool = False  # a JWT caller: tenant named by a claim, not by the policy
+
+    @property
+    def tenant_label(self) -> str:
+        """The tenant as a metric label: policy tenants are few and known; JWT tenants are
+        whatever a claim says, so they share one label to keep cardinality bounded."""
+        return "jwt" if self.from_jwt else self.tenant
 
     @property
     def key_id(self) -> str:

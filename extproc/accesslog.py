@@ -179,6 +179,7 @@ class OutcomeRecorder:
             self.windows.record_latency("total", pool, tier, bucket, outcome.duration_s)
             if outcome.ttft_s is not None:
                 m.ttft_seconds(pool, bucket, tier).observe(outcome.ttft_s)
+                m.tenant_ttft_seconds(d.caller.tenant_label).observe(outcome.ttft_s)
                 self.windows.record_latency("ttft", pool, tier, bucket, outcome.ttft_s)
             self._record_usage(outcome)
         return self._to_sinks(outcome)

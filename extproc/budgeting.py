@@ -110,7 +110,7 @@ class BudgetGate:
             caller.key_id, limits, reserved_charge(decision), reservation_id, self._ttl_s
         )
         headers = rate_limit_headers(verdict)
-        self._metrics.budget_decisions(caller.tenant, verdict.reason).inc()
+        self._metrics.budget_decisions(caller.tenant_label, verdict.reason).inc()
         if verdict.admitted:
             return Admitted(decision, headers)
         if verdict.retry_after_s is None:
@@ -143,6 +143,6 @@ class BudgetGate:
             log.exception("settling %s failed; the reservation will expire", outcome.tracking_id)
             return
         if settled and actual is not None:
-            self._metrics.tenant_tokens(decision.caller.tenant).inc(actual.raw_tokens)
+            self._metrics.tenant_tokens(decision.caller.tenant_label).inc(actual.raw_tokens)
             if self._on_settled is not None:
                 self._on_settled(decision, actual)

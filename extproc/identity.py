@@ -83,4 +83,6 @@ def caller_from_claims(policy: Policy, claims: Mapping[str, Any]) -> ApiKey:
             reason="jwt_bad_tier",
         ) from None
     subject = f"jwt:{claims.get('iss', '')}:{claims.get('sub', tenant)}"
-    return ApiKey(hash_api_key(subject), tenant, tier, policy.tier_limits.get(tier, Limits()))
+    return ApiKey(
+        hash_api_key(subject), tenant, tier, policy.tier_limits.get(tier, Limits()), from_jwt=True
+    )

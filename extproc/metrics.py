@@ -89,6 +89,12 @@ class SidecarMetrics:
             ["pool", "bucket", "tier"],
             _LATENCY_BUCKETS_S,
         )
+        self.tenant_ttft_seconds = histogram(
+            "slogate_tenant_ttft_seconds",
+            'TTFT per tenant (policy tenants; every JWT tenant shares tenant="jwt").',
+            ["tenant"],
+            _LATENCY_BUCKETS_S,
+        )
         self.duration_seconds = histogram(
             "slogate_upstream_duration_seconds",
             "Total request duration as Envoy saw it, for requests the sidecar routed.",

@@ -84,7 +84,15 @@ def test_dashboard_queries_only_use_exported_metrics() -> None:
     used = {_base(n) for e in exprs for n in re.findall(r"\bslogate_[a-z0-9_]+", e)}
     assert used <= exported_metrics(), used - exported_metrics()
     titles = " ".join(p["title"] for p in dashboard["panels"])
-    for topic in ("TTFT", "Context length", "tenant", "Breaker level", "Redis"):
+    for topic in (
+        "TTFT heatmap per tenant",
+        "Context length",
+        "by tenant",
+        "Breaker level",
+        "Redis",
+        "Quota multipliers",
+        "safety factor",
+    ):
         assert topic in titles
 
 

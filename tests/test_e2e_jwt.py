@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
 from extproc.stack import LocalStack
-from tests.conftest import EXAMPLE_POLICY, chat_body, post, start_stack
+from tests.conftest import EXAMPLE_POLICY, chat_body, metric, post, scrape, start_stack
 
 pytestmark = pytest.mark.e2e
 ISSUER = "https://issuer.slogate.test"
@@ -129,6 +129,10 @@ def test_valid_token_names_tenant_and_tier_over_https(
     assert int(again.headers["x-ratelimit-remaining-requests"]) < int(
         reply.headers["x-ratelimit-remaining-requests"]
     )
+    # Claim values are unbounded: in metrics every JWT tenant is tenant="jwt".
+    samples = scrape(stack.metrics_url)
+    assert metric(samples, "slogate_budget_decisions_total", tenant="jwt") >= 2
+    assert metric(samples, "slogate_budget_decisions_total", tenant="acme") == 0
 
 
 @pytest.mark.parametrize(
