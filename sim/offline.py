@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from breaker.board import BreakerBoard
+from breaker.controller import TierMultipliers, load_score
 from breaker.latency import ResponseWindows
 from breaker.shedding import Action, budget_multiplier, shed
 from budget.ledger import Charge, KeyState, reserve, scale_limits, settle
@@ -69,6 +70,7 @@ class OfflineFleet:
         seed: int = 0,
         budgets: bool = True,
         breaker: bool = True,
+        controller: bool = False,
         kv_capacity_tokens: int = 400_000,
         max_running: int = 64,
         latency: LatencyConfig | None = None,
@@ -92,6 +94,10 @@ class OfflineFleet:
             clock=self.clock,
         )
         self.ledgers: dict[str, KeyState] = {}
+        # The dynamic quota controller: the same TierMultipliers the sidecar runs.
+        self.use_controller = controller
+        self.quotas = TierMultipliers()
+        self.multiplier_history: list[tuple[float, dict[str, float]]] = []
         self.results: dict[str, Served] = {}
         self._outputs: dict[str, int] = {}
         self._arrivals: dict[str, Arrival] = {}
@@ -109,6 +115,9 @@ class OfflineFleet:
         interval_s = self.policy.breaker.evaluate_interval_s
         for tick in range(math.ceil(until_s / interval_s)):
             self._push(tick * interval_s, "evaluate", "")
+        control_s = self.policy.breaker.controller_interval_s
+        for tick in range(1, math.ceil(until_s / control_s)):
+            self._push(tick * control_s, "control", "")
         while self._events:
             at_s, _, kind, request_id = heapq.heappop(self._events)
             self.clock.now_s = at_s
@@ -118,6 +127,8 @@ class OfflineFleet:
                 self._finish(request_id)
             elif kind == "evaluate" and self.use_breaker:
                 self.board.evaluate()
+            elif kind == "control" and self.use_controller:
+                self._control()
         return self.results
 
     def _arrive(self, request_id: str) -> None:
@@ -137,8 +148,10 @@ class OfflineFleet:
                 pool = policy.fallback_pool
         if self.use_budgets:
             limits = arrival.key.limits
-            if level is not None:
-                limits = scale_limits(limits, budget_multiplier(level, tier))
+            factor = budget_multiplier(level, tier) if level is not None else 1.0
+            if self.use_controller:
+                factor *= self.quotas.values[tier.value]
+            limits = scale_limits(limits, factor)
             state = self.ledgers.setdefault(arrival.key.key_id, KeyState())
             charge = Charge(context * bucket.cost_weight, context)
             if not reserve(state, limits, charge, request_id, self.clock.now_s, 3600.0).admitted:
@@ -155,6 +168,24 @@ class OfflineFleet:
         else:
             self.results[request_id].outcome = "engine_full"
             self._settle(request_id, None)
+
+    def _control(self) -> None:
+        """One controller interval, exactly as the sidecar runs it (extproc.sidecar)."""
+        config = self.policy.breaker
+        scores = []
+        for pool in self.policy.pools:
+            signals = self.board.signals(pool)
+            scores.append(
+                load_score(
+                    signals.p99_over_slo,
+                    signals.kv_cache_usage,
+                    config.latency_weight,
+                    config.kv_weight,
+                )
+            )
+        known = [score for score in scores if score is not None]
+        if self.quotas.step(max(known) if known else None):
+            self.multiplier_history.append((self.clock.now_s, dict(self.quotas.values)))
 
     def _start(self, request_id: str, engine: _Engine) -> None:
         arrival = self._arrivals[request_id]

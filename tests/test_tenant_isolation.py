@@ -90,3 +90,16 @@ def test_burst_is_refused_by_the_tenants_own_budget(breaker: bool) -> None:
     )
     refused_b = sum(1 for r in results.values() if r.arrival.key is B and r.outcome != "served")
     assert refused_a > 500 and refused_b == 0
+
+
+def test_controller_runs_in_the_offline_fleet() -> None:
+    """The simulator drives the real controller: under a sustained overload it shrinks the
+    sheddable tier first, over one simulated hour of traffic."""
+    b_hour = poisson_arrivals(B, 3.0, 0, 3600, (500, 2000), 256, seed=11)
+    a_hour = poisson_arrivals(A, 6.0, 0, 3600, (4000, 8000), 1024, seed=12)
+    fleet = OfflineFleet(POLICY, seed=5, controller=True, kv_capacity_tokens=150_000)
+    results = fleet.run(sorted(b_hour + a_hour, key=lambda x: x.at_s), until_s=3600)
+    assert len(results) == len(b_hour) + len(a_hour)
+    assert fleet.multiplier_history, "the controller never moved"
+    first_moves = [values for _, values in fleet.multiplier_history[:3]]
+    assert first_moves[0]["sheddable"] < 1.0 and first_moves[0]["critical"] == 1.0
