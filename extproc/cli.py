@@ -92,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--level", type=int, choices=[0, 1, 2, 3], required=True)
     drill.add_argument("--minutes", type=float, default=10.0, help="0 ends a running drill")
 
+    simulate = sub.add_parser(
+        "simulate", help="offline fleet: best static quota (sweep) vs the dynamic controller"
+    )
+    simulate.add_argument("--workload", default="burst-10x", help="a name in sim/workloads/")
+    simulate.add_argument("--seed", type=int, default=7)
+    simulate.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+
     bench = sub.add_parser("bench", help="benchmarks (results under bench/results/)")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     overhead = bench_sub.add_parser("overhead", help="Envoy vs pass-through ext_proc vs slogate")
@@ -238,6 +245,34 @@ def cmd_admin(args: argparse.Namespace) -> int:
     return asyncio.run(call())
 
 
+# The breaker timings used in the offline comparisons: seconds-scale windows, so that a
+# 5-15 minute workload sees the breaker and the controller act.
+SIMULATION_POLICY = {
+    "breaker": {
+        "window_s": 30,
+        "controller_interval_s": 5,
+        "thresholds": {"enter_hold_s": [5, 5, 5], "cooldown_s": 30, "probe_hold_s": 15},
+    }
+}
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from sim.scenarios import WORKLOADS, compare, load_workload, table
+
+    path = WORKLOADS / f"{args.workload}.yaml"
+    if not path.exists():
+        names = ", ".join(sorted(p.stem for p in WORKLOADS.glob("*.yaml")))
+        print(f"slogate: no workload {args.workload!r}; have: {names}", file=sys.stderr)
+        return 2
+    comparison = compare(load_workload(path, SIMULATION_POLICY), seed=args.seed)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / f"simulate-{args.workload}.json"
+    out.write_text(json.dumps(comparison, indent=2) + "\n")
+    print(table(comparison))
+    print(f"wrote {out}")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench == "overhead":
         from extproc.benchmarks.overhead import run as run_overhead
@@ -268,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         "reload": cmd_admin,
         "drill": cmd_admin,
         "k8s": cmd_k8s,
+        "simulate": cmd_simulate,
         "bench": cmd_bench,
     }
     try:

@@ -47,6 +47,7 @@ class Served:
     outcome: str  # served, budget, shed, engine_full
     ttft_s: float | None = None  # arrival to first token, queueing included
     done_s: float | None = None
+    output_tokens: int = 0
 
 
 class VirtualClock:
@@ -71,6 +72,7 @@ class OfflineFleet:
         budgets: bool = True,
         breaker: bool = True,
         controller: bool = False,
+        fixed_multipliers: dict[str, float] | None = None,
         kv_capacity_tokens: int = 400_000,
         max_running: int = 64,
         latency: LatencyConfig | None = None,
@@ -97,6 +99,10 @@ class OfflineFleet:
         # The dynamic quota controller: the same TierMultipliers the sidecar runs.
         self.use_controller = controller
         self.quotas = TierMultipliers()
+        if fixed_multipliers is not None:  # a static quota: set once, never stepped
+            self.quotas.values.update(fixed_multipliers)
+        self.apply_multipliers = controller or fixed_multipliers is not None
+        self.kv_samples: list[float] = []
         self.multiplier_history: list[tuple[float, dict[str, float]]] = []
         self.results: dict[str, Served] = {}
         self._outputs: dict[str, int] = {}
@@ -125,8 +131,12 @@ class OfflineFleet:
                 self._arrive(request_id)
             elif kind == "finish":
                 self._finish(request_id)
-            elif kind == "evaluate" and self.use_breaker:
-                self.board.evaluate()
+            elif kind == "evaluate":
+                self.kv_samples.append(
+                    sum(e.kv.usage_perc for e in self.engines.values()) / len(self.engines)
+                )
+                if self.use_breaker:
+                    self.board.evaluate()
             elif kind == "control" and self.use_controller:
                 self._control()
         return self.results
@@ -149,7 +159,7 @@ class OfflineFleet:
         if self.use_budgets:
             limits = arrival.key.limits
             factor = budget_multiplier(level, tier) if level is not None else 1.0
-            if self.use_controller:
+            if self.apply_multipliers:
                 factor *= self.quotas.values[tier.value]
             limits = scale_limits(limits, factor)
             state = self.ledgers.setdefault(arrival.key.key_id, KeyState())
@@ -204,6 +214,7 @@ class OfflineFleet:
         served.done_s = self.clock.now_s + ttft_s + decode_s
         self._push(served.done_s, "finish", request_id)
         self._outputs[request_id] = output
+        served.output_tokens = output
 
     def _finish(self, request_id: str) -> None:
         served = self.results[request_id]
