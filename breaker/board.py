@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from breaker.controller import load_score
 from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel, BreakerState, Signals, Transition, step
 from budget.policy import Policy, Tier
@@ -119,6 +120,30 @@ class BreakerBoard:
         self._probing = {
             name for name in names if self._state(name).probing or global_state.probing
         }
+
+    def fleet_load(self) -> tuple[float | None, float | None]:
+        """The quota controller's inputs: the load score of the most loaded pool (None
+        without any signal) and the worst memory usage (KV cache or GPU), each pool's
+        signals computed once."""
+        config = self._policy().breaker
+        scores: list[float] = []
+        memory: list[float] = []
+        for pool in self._policy().pools:
+            signals = self.signals(pool)
+            score = load_score(
+                signals.p99_over_slo,
+                signals.kv_cache_usage,
+                config.latency_weight,
+                config.kv_weight,
+            )
+            if score is not None:
+                scores.append(score)
+            if signals.kv_cache_usage is not None:
+                memory.append(signals.kv_cache_usage)
+        gpu = self._gpu()
+        if gpu is not None:
+            memory.append(gpu)
+        return (max(scores) if scores else None), (max(memory) if memory else None)
 
     def names(self) -> Iterable[str]:
         return [*self._policy().pools, GLOBAL]

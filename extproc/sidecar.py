@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from breaker.board import BreakerBoard
-from breaker.controller import TierMultipliers, load_score
+from breaker.controller import TierMultipliers
 from breaker.engine import EngineScraper, GpuMemory
 from breaker.latency import ResponseWindows
 from breaker.shedding import budget_multiplier
@@ -311,18 +311,7 @@ class Sidecar:
                 log.exception("quota controller step failed")
 
     def control_quotas(self) -> None:
-        config = self.policy().breaker
-        scores = [
-            load_score(
-                self.board.signals(pool).p99_over_slo,
-                self.board.signals(pool).kv_cache_usage,
-                config.latency_weight,
-                config.kv_weight,
-            )
-            for pool in self.policy().pools
-        ]
-        known = [s for s in scores if s is not None]
-        score = max(known) if known else None  # the most loaded pool sets the pace
+        score, memory_usage = self.board.fleet_load()  # the most loaded pool sets the pace
         for adjustment in self.quotas.step(score):
             tier = adjustment.what.split(":", 1)[1]
             direction = "shrink" if adjustment.after < adjustment.before else "grow"
@@ -336,12 +325,7 @@ class Sidecar:
             )
             self.metrics.quota_adjustments(tier, direction).inc()
             self.metrics.quota_multiplier(tier).set(adjustment.after)
-        memory = [self.board.signals(pool).kv_cache_usage for pool in self.policy().pools]
-        memory.append(self.gpu.usage())
-        known_memory = [m for m in memory if m is not None]
-        self.key_quotas.step(
-            self.policy().keys.values(), max(known_memory) if known_memory else None
-        )
+        self.key_quotas.step(self.policy().keys.values(), memory_usage)
         lowest = self.key_quotas.lowest_safety_factor()
         if lowest is not None:
             self.metrics.safety_factor.set(lowest)

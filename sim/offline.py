@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from breaker.board import BreakerBoard
-from breaker.controller import TierMultipliers, load_score
+from breaker.controller import TierMultipliers
 from breaker.latency import ResponseWindows
 from breaker.shedding import Action, budget_multiplier, shed
 from budget.ledger import Charge, KeyState, reserve, scale_limits, settle
@@ -180,21 +180,9 @@ class OfflineFleet:
             self._settle(request_id, None)
 
     def _control(self) -> None:
-        """One controller interval, exactly as the sidecar runs it (extproc.sidecar)."""
-        config = self.policy.breaker
-        scores = []
-        for pool in self.policy.pools:
-            signals = self.board.signals(pool)
-            scores.append(
-                load_score(
-                    signals.p99_over_slo,
-                    signals.kv_cache_usage,
-                    config.latency_weight,
-                    config.kv_weight,
-                )
-            )
-        known = [score for score in scores if score is not None]
-        if self.quotas.step(max(known) if known else None):
+        """One controller interval, from the same inputs the sidecar uses (board.fleet_load)."""
+        score, _ = self.board.fleet_load()
+        if self.quotas.step(score):
             self.multiplier_history.append((self.clock.now_s, dict(self.quotas.values)))
 
     def _start(self, request_id: str, engine: _Engine) -> None:
