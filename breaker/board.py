@@ -61,11 +61,13 @@ class BreakerBoard:
         kv_cache_usage: Callable[[str], float | None],
         gpu_memory_usage: Callable[[], float | None],
         clock: Callable[[], float],
+        engine_queue: Callable[[str], float | None] = lambda pool: None,
     ) -> None:
         self._policy = policy
         self._windows = windows
         self._kv = kv_cache_usage
         self._gpu = gpu_memory_usage
+        self._queue = engine_queue
         self._clock = clock
         self.states: dict[str, BreakerState] = {}
         self.readings: dict[str, Reading] = {}
@@ -94,6 +96,7 @@ class BreakerBoard:
             p99_over_slo=p99_over_slo(self._windows, policy, name),
             error_rate=error_rate(self._windows, policy, name),
             kv_cache_usage=self._kv(name),
+            queue_ratio=self._queue(name),
         )
 
     def evaluate(self) -> list[Transition]:
@@ -128,13 +131,18 @@ class BreakerBoard:
         config = self._policy().breaker
         scores: list[float] = []
         memory: list[float] = []
-        for pool in self._policy().pools:
+        for pool, spec in self._policy().pools.items():
             signals = self.signals(pool)
+            # A pool with KV admission keeps its cache under the tiers' shares by itself;
+            # the KV guard would only cut quotas for a cache that is full by design.
+            kv_line = None if spec.kv_capacity_tokens else config.thresholds.l1_kv_cache
             score = load_score(
                 signals.p99_over_slo,
                 signals.kv_cache_usage,
                 config.latency_weight,
                 config.kv_weight,
+                signals.queue_ratio,
+                kv_line,
             )
             if score is not None:
                 scores.append(score)

@@ -7,12 +7,13 @@ that moved a value, so an SRE can see why a quota moved.
 
 - `HoltWinters`: additive level + trend (+ season once a whole season of history exists).
 - `TierMultipliers`: a load score (weights from the policy, the field's 0.7 latency /
-  0.3 KV) taken at max(now, forecast) drives per-tier multipliers. Over `shrink_above`,
-  sheddable shrinks first, standard once sheddable sits at its floor, critical last. Under
-  `grow_below`, critical grows back first, then standard, then sheddable, by small steps.
-  Between the two nothing moves, and a move needs its condition on consecutive
-  intervals (2 to shrink, 5 to grow): the dead band and the confirmations are what keep
-  it from oscillating.
+  0.3 KV; an engine queue or a KV cache at the breaker's line overrides both), taken at
+  max(now, now + trend x horizon), drives per-tier multipliers. Over `shrink_above`,
+  sheddable shrinks first, standard once sheddable sits at its floor, critical last; the
+  cut is deeper the higher the pressure. Under `grow_below`, critical grows back first,
+  then standard, then sheddable, by small steps. Between the two nothing moves, and a move
+  needs its condition on consecutive intervals (2 to shrink, or 1 past the emergency
+  line; 3 to grow): the dead band and the confirmations keep it from oscillating.
 - `KeyBudget`: a key's dynamic budget = P95 of its recent per-interval consumption x a
   safety factor (default 1.3), capped by the key's hard limit; the factor decays x0.9 (floor
   1.1) while GPU/KV memory is above the emergency line (0.7) and recovers when below.
@@ -111,25 +112,42 @@ def load_score(
     kv_cache_usage: float | None,
     latency_weight: float = 0.7,
     kv_weight: float = 0.3,
+    queue_ratio: float | None = None,
+    kv_line: float | None = None,
 ) -> float | None:
-    """Weighted load; 1.0 = at the SLO / at a full cache. None without any signal."""
+    """Weighted load; 1.0 = at the SLO / at a full cache. None without any signal.
+
+    Two saturation guards sit on top of the weighted sum, because an average hides one
+    resource at its limit behind the others' slack:
+    - a queue in the engine (`queue_ratio` = waiting / running requests > 0) means the
+      engine is at capacity: the score is at least 1 + queue_ratio. The P99 of finished
+      requests shows a queue only when the queued requests end;
+    - KV-cache usage at `kv_line` (the breaker's L1 line) scores 1.0: the controller trims
+      quotas before the breaker has to shed whole classes of traffic.
+    """
     parts = [(latency_weight, p99_over_slo), (kv_weight, kv_cache_usage)]
     known = [(w, v) for w, v in parts if v is not None]
-    if not known:
+    if not known and queue_ratio is None:
         return None
-    total_weight = sum(w for w, _ in known)
-    return sum(w * v for w, v in known) / total_weight
+    score = sum(w * v for w, v in known) / sum(w for w, _ in known) if known else 0.0
+    if queue_ratio is not None and queue_ratio > 0:
+        score = max(score, 1.0 + queue_ratio)
+    if kv_line and kv_cache_usage is not None:
+        score = max(score, kv_cache_usage / kv_line)
+    return score
 
 
 @dataclass
 class TierMultipliers:
     shrink_above: float = 1.0
     grow_below: float = 0.8
-    shrink_factor: float = 0.8
-    grow_step: float = 0.05
-    horizon: int = 3  # intervals the forecast looks ahead: act before the ramp arrives
-    confirm_shrink: int = 2  # consecutive intervals over the band before shrinking
-    confirm_grow: int = 5  # ... under it before growing: slow to trust a recovery
+    shrink_factor: float = 0.8  # the gentlest cut, just over the line
+    deepest_cut: float = 0.5  # the deepest cut in one interval, at pressure >= 2x the line
+    emergency: float = 1.5  # pressure at which one interval is enough to cut
+    grow_step: float = 0.05  # doubled while the pressure is under half of grow_below
+    horizon: int = 3  # intervals the trend looks ahead: act before the ramp arrives
+    confirm_shrink: int = 2  # consecutive intervals over the band before cutting
+    confirm_grow: int = 3  # ... under it before growing: slower to trust a recovery
     values: dict[str, float] = field(
         default_factory=lambda: {tier: 1.0 for tier in TIERS_SHRINK_ORDER}
     )
@@ -143,19 +161,34 @@ class TierMultipliers:
             return []
         self.forecaster.update(score)
         forecast = self.forecaster.forecast(self.horizon)
-        pressure = max(score, forecast if forecast is not None else score)
-        inputs = {"score": score, "forecast": forecast if forecast is not None else score}
+        # Where the score is heading: today's value plus the smoothed trend. Not the smoothed
+        # level, which lags: after a burst it would keep cutting quotas for idle engines.
+        heading = score + self.horizon * max(0.0, self.forecaster.trend)
+        pressure = max(score, heading)
+        inputs = {
+            "score": score,
+            "forecast": forecast if forecast is not None else score,
+            "pressure": pressure,
+        }
         self._over = self._over + 1 if pressure > self.shrink_above else 0
         self._under = self._under + 1 if pressure < self.grow_below else 0
-        if self._over >= self.confirm_shrink:
+        confirmed = self._over >= self.confirm_shrink or (
+            self._over >= 1 and pressure >= self.emergency
+        )
+        if confirmed:
+            # Multiplicative decrease in proportion to the overload (x0.8 just over the
+            # line, down to x0.5), additive increase below: the AIMD shape that converges
+            # without oscillating.
+            cut = max(self.deepest_cut, min(self.shrink_factor, self.shrink_above / pressure))
             for tier in TIERS_SHRINK_ORDER:  # the first tier not yet at its floor gives way
                 if self.values[tier] > FLOORS[tier]:
-                    return [self._set(tier, self.values[tier] * self.shrink_factor, inputs)]
+                    return [self._set(tier, self.values[tier] * cut, inputs)]
             return []
         if self._under >= self.confirm_grow:
+            step = self.grow_step * (2 if pressure < self.grow_below / 2 else 1)
             for tier in reversed(TIERS_SHRINK_ORDER):  # critical recovers first
                 if self.values[tier] < 1.0:
-                    return [self._set(tier, self.values[tier] + self.grow_step, inputs)]
+                    return [self._set(tier, self.values[tier] + step, inputs)]
         return []
 
     def _set(self, tier: str, value: float, inputs: dict[str, float]) -> Adjustment:

@@ -97,6 +97,24 @@ class EngineScraper:
                 )
         return worst
 
+    def queue_ratio(self, pool: str) -> float | None:
+        """Waiting / running requests over the pool's fresh endpoints; None without data
+        (stale endpoints already read as a full KV cache)."""
+        now_s = self._clock()
+        waiting = running = 0.0
+        seen = False
+        for host, port in self._endpoints().get(pool, ()):
+            latest = self._latest.get((pool, host, port))
+            if latest is None or now_s - latest[0] > self.stale_after_s:
+                continue
+            snapshot = latest[1]
+            if snapshot.waiting is None:
+                continue
+            seen = True
+            waiting += snapshot.waiting
+            running += snapshot.running or 0.0
+        return waiting / max(1.0, running) if seen else None
+
     def snapshot(self, pool: str, host: str, port: int) -> EngineSnapshot | None:
         seen = self._latest.get((pool, host, port))
         return None if seen is None else seen[1]

@@ -44,6 +44,10 @@ class Signals:
     kv_cache_usage: float | None = None
     # GPU memory used 0..1 from NVML. None: no GPU on this node (never an error).
     gpu_memory_usage: float | None = None
+    # Requests waiting in the engine's queue per running request (vLLM num_requests_waiting /
+    # num_requests_running). Read by the quota controller, not by the level rules: a queue is
+    # the first sign of saturation, long before the P99 of finished requests shows it.
+    queue_ratio: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

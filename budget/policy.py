@@ -47,6 +47,9 @@ class ContextBucket:
     min_tokens: int
     max_tokens: int | None
     cost_weight: float
+    # KV-cache memory per token relative to a short request (the field: 1x / 1.8x / 4.2x);
+    # what a request of this bucket holds in the engine's cache, for KV admission.
+    kv_weight: float = 1.0
 
     def contains(self, context_tokens: int) -> bool:
         return context_tokens >= self.min_tokens and (
@@ -58,6 +61,9 @@ class ContextBucket:
 class Pool:
     name: str
     endpoints: tuple[tuple[str, int], ...]
+    # The pool's KV cache in tokens, all endpoints together. Set: requests are admitted
+    # against what is in flight (breaker.kv_shares per tier). None: no KV admission.
+    kv_capacity_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +165,11 @@ class BreakerConfig:
     controller_key_budgets: bool = False  # enforce per-key dynamic budgets (else: shown only)
     latency_weight: float = 0.7
     kv_weight: float = 0.3
+    # KV admission: the share of a pool's KV capacity each tier may fill with what is in
+    # flight. Lower tiers stop short so that a burst of critical traffic finds room.
+    kv_shares: Mapping[Tier, float] = field(
+        default_factory=lambda: {Tier.CRITICAL: 1.0, Tier.STANDARD: 0.95, Tier.SHEDDABLE: 0.85}
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,13 +303,14 @@ def _positive(value: int | float, path: str) -> None:
         raise PolicyError(f"{path}: must be > 0, got {value}")
 
 
-_DEFAULT_BUCKETS: tuple[tuple[str, int | None, float], ...] = (
-    # Weights follow the field's latency slopes: a long request costs more per token.
-    ("0-4k", 4096, 1.0),
-    ("4-8k", 8192, 1.3),
-    ("8-32k", 32768, 1.8),
-    ("32k-128k", 131072, 2.5),
-    ("128k+", None, 3.0),
+_DEFAULT_BUCKETS: tuple[tuple[str, int | None, float, float], ...] = (
+    # Cost weights follow the field's latency slopes: a long request costs more per token;
+    # KV weights its memory per token (1x / 1.8x / 4.2x, +15% for long sessions).
+    ("0-4k", 4096, 1.0, 1.0),
+    ("4-8k", 8192, 1.3, 1.8),
+    ("8-32k", 32768, 1.8, 4.2),
+    ("32k-128k", 131072, 2.5, 4.83),
+    ("128k+", None, 3.0, 4.83),
 )
 _ENDPOINT = re.compile(r"^(?P<host>[A-Za-z0-9.\-]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -420,7 +432,10 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
 
 def _parse_buckets(raw: object, path: str) -> tuple[ContextBucket, ...]:
     if raw is None:
-        raw = [{"name": n, "max_tokens": m, "cost_weight": w} for n, m, w in _DEFAULT_BUCKETS]
+        raw = [
+            {"name": n, "max_tokens": m, "cost_weight": w, "kv_weight": kv}
+            for n, m, w, kv in _DEFAULT_BUCKETS
+        ]
     if not isinstance(raw, list) or not raw:
         raise PolicyError(f"{path}: expected a non-empty list of buckets")
     buckets: list[ContextBucket] = []
@@ -432,12 +447,14 @@ def _parse_buckets(raw: object, path: str) -> tuple[ContextBucket, ...]:
         upper = None if upper_raw is None else _expect(upper_raw, int, sec.child("max_tokens"))
         weight = sec.get("cost_weight", float, 1.0)
         _positive(weight, sec.child("cost_weight"))
+        kv_weight = sec.get("kv_weight", float, 1.0)
+        _positive(kv_weight, sec.child("kv_weight"))
         sec.close()
         if upper is not None and upper < lower:
             raise PolicyError(f"{sec.child('max_tokens')}: buckets must be in ascending order")
         if upper is None and i != len(raw) - 1:
             raise PolicyError(f"{sec.child('max_tokens')}: only the last bucket may be unbounded")
-        buckets.append(ContextBucket(name, lower, upper, weight))
+        buckets.append(ContextBucket(name, lower, upper, weight, kv_weight))
         lower = (upper or 0) + 1
     if buckets[-1].max_tokens is not None:
         raise PolicyError(f"{path}[{len(raw) - 1}].max_tokens: the last bucket must be unbounded")
@@ -462,6 +479,14 @@ def _parse_pools(raw: object, path: str) -> dict[str, Pool]:
             raise PolicyError(f"{pool_path}: pool names are lowercase [a-z0-9_-], max 32 chars")
         sec = _Section(item, pool_path)
         endpoints_raw = sec.require("endpoints", list)
+        kv_capacity_raw = sec.raw("kv_capacity_tokens")
+        kv_capacity = (
+            None
+            if kv_capacity_raw is None
+            else _expect(kv_capacity_raw, int, sec.child("kv_capacity_tokens"))
+        )
+        if kv_capacity is not None:
+            _positive(kv_capacity, sec.child("kv_capacity_tokens"))
         sec.close()
         if not endpoints_raw:
             raise PolicyError(f"{sec.child('endpoints')}: needs at least one endpoint")
@@ -472,7 +497,7 @@ def _parse_pools(raw: object, path: str) -> dict[str, Pool]:
             if match is None or not 0 < int(match["port"]) < 65536:
                 raise PolicyError(f"{ep_path}: expected 'host:port', got {ep!r}")
             endpoints.append((match["host"].strip("[]"), int(match["port"])))
-        pools[name] = Pool(name, tuple(endpoints))
+        pools[name] = Pool(name, tuple(endpoints), kv_capacity)
     return pools
 
 
@@ -644,6 +669,7 @@ def _parse_breaker(sec: _Section) -> BreakerConfig:
         controller_interval_s=sec.get("controller_interval_s", float, 5.0),
         latency_weight=sec.get("latency_weight", float, 0.7),
         kv_weight=sec.get("kv_weight", float, 0.3),
+        kv_shares=_parse_kv_shares(sec.section("kv_shares")),
     )
     for name in (
         "window_s",
@@ -657,6 +683,19 @@ def _parse_breaker(sec: _Section) -> BreakerConfig:
         raise PolicyError(f"{sec.child('scrape_interval_s')}: at most 15 s")
     sec.close()
     return config
+
+
+def _parse_kv_shares(sec: _Section) -> dict[Tier, float]:
+    shares = dict(BreakerConfig().kv_shares)
+    for tier in Tier:
+        value = sec.get(tier.value, float, shares[tier])
+        if not 0.0 < value <= 1.0:
+            raise PolicyError(f"{sec.child(tier.value)}: a share of the KV cache, in (0, 1]")
+        shares[tier] = value
+    sec.close()
+    if not shares[Tier.SHEDDABLE] <= shares[Tier.STANDARD] <= shares[Tier.CRITICAL]:
+        raise PolicyError(f"{sec.child('sheddable')}: shares must not grow from critical down")
+    return shares
 
 
 def _parse_slos(sec: _Section, bucket_names: set[str]) -> dict[tuple[Tier, str], float]:

@@ -125,6 +125,7 @@ class BreakerLoop:
                 ("error_rate", reading.signals.error_rate),
                 ("kv_cache_usage", reading.signals.kv_cache_usage),
                 ("gpu_memory_usage", reading.signals.gpu_memory_usage),
+                ("queue_ratio", reading.signals.queue_ratio),
             ):
                 # NaN says "no data" in Prometheus without inventing a value.
                 self._metrics.breaker_signal(name, signal).set(math.nan if value is None else value)

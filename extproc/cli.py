@@ -250,14 +250,15 @@ def cmd_admin(args: argparse.Namespace) -> int:
 SIMULATION_POLICY = {
     "breaker": {
         "window_s": 30,
-        "controller_interval_s": 5,
+        "controller_interval_s": 2,
+        "scrape_interval_s": 1,
         "thresholds": {"enter_hold_s": [5, 5, 5], "cooldown_s": 30, "probe_hold_s": 15},
     }
 }
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from sim.scenarios import WORKLOADS, compare, load_workload, table
+    from sim.scenarios import WORKLOADS, compare, gains, load_workload, table
 
     path = WORKLOADS / f"{args.workload}.yaml"
     if not path.exists():
@@ -265,11 +266,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"slogate: no workload {args.workload!r}; have: {names}", file=sys.stderr)
         return 2
     comparison = compare(load_workload(path, SIMULATION_POLICY), seed=args.seed)
+    comparison["gains"] = gains(comparison)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"simulate-{args.workload}.json"
     out.write_text(json.dumps(comparison, indent=2) + "\n")
-    print(table(comparison))
-    print(f"wrote {out}")
+    text = table(comparison)
+    out.with_suffix(".md").write_text(
+        f"# slogate simulate --workload {args.workload} --seed {args.seed}\n\n{text}\n"
+    )
+    print(text)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    try:
+        from sim.plots import draw_comparison
+
+        print(f"wrote {draw_comparison(comparison, out.with_suffix('.png'))}")
+    except ImportError:
+        print("no plots: matplotlib is not installed (pip install 'slogate[sim]')")
     return 0
 
 

@@ -209,6 +209,15 @@ class SidecarMetrics:
                 registry=r,
             )
         )
+        self.kv_in_flight = Family(
+            Gauge(
+                "slogate_kv_in_flight_tokens",
+                "KV-cache footprint (context x bucket KV weight) of the requests this sidecar "
+                "admitted and has not seen end, by pool (pools with kv_capacity_tokens).",
+                ["pool"],
+                registry=r,
+            )
+        )
         self.quota_multiplier = Family(
             Gauge(
                 "slogate_quota_multiplier",
@@ -220,7 +229,8 @@ class SidecarMetrics:
         self.load_score = Family(
             Gauge(
                 "slogate_load_score",
-                "Controller load score (0.7 P99/SLO + 0.3 KV) as measured and as forecast.",
+                "Controller load score (0.7 P99/SLO + 0.3 KV, saturation guards) as measured and "
+                "as forecast.",
                 ["kind"],
                 registry=r,
             )

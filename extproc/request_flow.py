@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from budget.policy import ApiKey, ContextBucket, Policy
 from extproc.contract import POOL_HEADER, SLOGATE_HEADER_PREFIX
@@ -26,6 +26,7 @@ from extproc.errors import (
     ContextLengthExceeded,
     InvalidRequest,
     MethodNotAllowed,
+    RequestRejected,
 )
 from extproc.identity import IdentityResolver
 from extproc.inflight import InFlight
@@ -122,18 +123,37 @@ class AdmitAll:
         return Admitted(decision)
 
 
+class Releasing(Protocol):
+    """An admission step that holds something (a KV footprint) until the request ends."""
+
+    async def release(self, decision: RoutingDecision, reservation_id: str) -> None: ...
+
+
 class AdmissionChain:
-    """Admission steps in order (breaker before budgets: a shed request spends nothing)."""
+    """Admission steps in order (breaker before budgets: a shed request spends nothing).
+
+    When a step refuses, the steps before it that hold something give it back: a request
+    refused by its budget must not keep KV room it will never use.
+    """
 
     def __init__(self, steps: Sequence[Admission]) -> None:
         self._steps = list(steps)
 
     async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
         headers: dict[str, str] = {}
+        holding: list[tuple[Releasing, RoutingDecision]] = []
         for admission in self._steps:
-            admitted = await admission.admit(decision, reservation_id)
+            try:
+                admitted = await admission.admit(decision, reservation_id)
+            except RequestRejected:
+                for step, held in reversed(holding):
+                    await step.release(held, reservation_id)
+                raise
             decision = admitted.decision
             headers.update(admitted.response_headers)
+            release = getattr(admission, "release", None)
+            if release is not None:
+                holding.append((cast(Releasing, admission), decision))
         return Admitted(decision, headers)
 
 

@@ -39,6 +39,7 @@ from extproc.breaking import BreakerGate, BreakerLoop
 from extproc.budgeting import BudgetGate
 from extproc.decision_log import DecisionLog
 from extproc.identity import ApiKeyResolver
+from extproc.kv_gate import KvGate
 from extproc.metrics import SidecarMetrics
 from extproc.quotas import KeyQuotas
 from extproc.request_flow import AdmissionChain, Decider
@@ -161,6 +162,7 @@ class Sidecar:
             kv_cache_usage=self.scraper.kv_cache_usage if scraping else (lambda pool: None),
             gpu_memory_usage=self.gpu.usage,
             clock=time.monotonic,
+            engine_queue=self.scraper.queue_ratio if scraping else (lambda pool: None),
         )
         self.admin = AdminService(self)
         self.quotas = TierMultipliers()
@@ -198,13 +200,14 @@ class Sidecar:
                 d.caller.key_id, charge.weighted_tokens
             ),
         )
+        self.kv_gate = KvGate(self.policy, self.metrics)
         self.decider = Decider(
             policy=self.policy,
             identity=ApiKeyResolver(self.policy),
             estimator=self.estimator,
             exact_executor=self._exact_executor,
             admission=AdmissionChain(
-                [BreakerGate(self.board, self.policy, self.metrics), self.budgets]
+                [BreakerGate(self.board, self.policy, self.metrics), self.kv_gate, self.budgets]
             ),
         )
         self.decision_log = (
@@ -216,7 +219,7 @@ class Sidecar:
             if initial.decision_log is not None
             else None
         )
-        sinks: list[OutcomeSink] = [self.budgets]
+        sinks: list[OutcomeSink] = [self.budgets, self.kv_gate]
         if self.decision_log is not None:
             sinks.append(self.decision_log)
         self.recorder = OutcomeRecorder(

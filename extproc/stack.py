@@ -145,8 +145,11 @@ class LocalStack:
         """The policy file the sidecar reads: the given one with each pool's endpoint set to
         the simulated pool started for it, so engine metrics are scraped from the real ones."""
         raw = yaml.safe_load(self.policy_path.read_text(encoding="utf-8")) or {}
+        given = raw.get("pools") or {}
+        # Only the endpoints move: every other pool setting (kv_capacity_tokens) is kept.
         raw["pools"] = {
-            name: {"endpoints": [f"{HOST}:{port}"]} for name, port in self.pool_ports.items()
+            name: {**(given.get(name) or {}), "endpoints": [f"{HOST}:{port}"]}
+            for name, port in self.pool_ports.items()
         }
         path = self.work_dir / "policy.yaml"
         path.write_text(yaml.safe_dump(raw), encoding="utf-8")

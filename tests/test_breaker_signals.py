@@ -6,6 +6,7 @@ import asyncio
 import math
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from breaker.board import GLOBAL, BreakerBoard, p99_over_slo
@@ -58,6 +59,17 @@ def test_stale_engine_metrics_count_as_saturated() -> None:
     assert scraper.kv_cache_usage("default") == 0.6
     clock.now_s += 16
     assert scraper.kv_cache_usage("default") == 1.0  # answered once, then went quiet
+
+
+def test_queue_ratio_sums_fresh_endpoints_and_forgets_stale_ones() -> None:
+    clock = Clock()
+    scraper = EngineScraper(lambda: {"default": [("h", 1), ("h", 2)]}, clock=clock)
+    assert scraper.queue_ratio("default") is None  # nothing scraped yet
+    scraper.record("default", "h", 1, EngineSnapshot(0.9, 8, 6, None))
+    scraper.record("default", "h", 2, EngineSnapshot(0.5, 4, 0, None))
+    assert scraper.queue_ratio("default") == pytest.approx(6 / 12)
+    clock.now_s += 16
+    assert scraper.queue_ratio("default") is None  # stale: the KV signal says saturated
 
 
 def test_scraper_reads_a_real_simulated_pool() -> None:

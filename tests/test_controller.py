@@ -48,6 +48,26 @@ def test_load_score_weights_and_missing_signals() -> None:
     assert load_score(1.0, 0.5) == pytest.approx(0.85)
     assert load_score(None, 0.9) == pytest.approx(0.9)
     assert load_score(None, None) is None
+    assert load_score(None, None, queue_ratio=0.0) == 0.0  # an idle engine: known, unloaded
+
+
+def test_saturation_guards_override_the_weighted_average() -> None:
+    # Latency still fine, but the engine queues: the queue says "at capacity" at once.
+    assert load_score(0.3, 0.6, queue_ratio=0.5) == pytest.approx(1.5)
+    assert load_score(0.3, 0.6, queue_ratio=0.0) == pytest.approx(0.39)
+    # A KV cache at the breaker's line scores 1.0 whatever the latency says.
+    assert load_score(0.2, 0.85, kv_line=0.85) == pytest.approx(1.0)
+    assert load_score(0.2, 0.85) == pytest.approx(0.395)
+
+
+def test_the_cut_deepens_with_the_overload_and_an_emergency_acts_at_once() -> None:
+    mild, severe = TierMultipliers(), TierMultipliers()
+    assert mild.step(1.1) == []  # one interval just over the line: wait for a second
+    (mild_cut,) = mild.step(1.1)
+    (severe_cut,) = severe.step(3.0)  # past the emergency line: no confirmation needed
+    assert mild_cut.after == pytest.approx(0.8)  # the gentlest cut
+    assert severe_cut.after == pytest.approx(0.5)  # the deepest
+    assert severe_cut.inputs["pressure"] >= 3.0
 
 
 def test_step_overload_shrinks_sheddable_first_then_standard_then_critical() -> None:
@@ -70,7 +90,7 @@ def test_recovery_is_gradual_and_critical_first() -> None:
     recovered = []
     for _ in range(200):
         for adjustment in control.step(0.5):
-            assert adjustment.after - adjustment.before <= control.grow_step + 1e-9
+            assert adjustment.after - adjustment.before <= 2 * control.grow_step + 1e-9
             recovered.append(adjustment.what)
     assert all(v == pytest.approx(1.0) for v in control.values.values())
     tiers = [r.split(":")[1] for r in recovered]

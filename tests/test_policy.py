@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,34 @@ def test_thresholds_cover_buckets_rules_and_model_max() -> None:
     policy = parse_policy({})
     thresholds = policy.decision_thresholds
     assert {4096, 8192, 32768, 32769, 131072} <= set(thresholds)
+
+
+def test_kv_admission_settings_are_checked() -> None:
+    policy = parse_policy(
+        {
+            "pools": {"default": {"endpoints": ["127.0.0.1:1"], "kv_capacity_tokens": 500_000}},
+            "routing": {"fallback_pool": "default"},
+            "breaker": {"kv_shares": {"sheddable": 0.7}},
+        }
+    )
+    assert policy.pools["default"].kv_capacity_tokens == 500_000
+    assert policy.breaker.kv_shares[Tier.SHEDDABLE] == 0.7
+    assert policy.breaker.kv_shares[Tier.STANDARD] == 0.95  # the default stays
+    assert policy.buckets[2].kv_weight == 4.2  # the field's 8-32k KV factor
+    bad = [
+        ({"breaker": {"kv_shares": {"critical": 0}}}, "breaker.kv_shares.critical"),
+        ({"breaker": {"kv_shares": {"standard": 0.5}}}, "breaker.kv_shares.sheddable"),
+        ({"breaker": {"kv_shares": {"everyone": 0.5}}}, "breaker.kv_shares"),
+        (
+            {"pools": {"default": {"endpoints": ["h:1"], "kv_capacity_tokens": -1}}},
+            "pools.default.kv_capacity_tokens",
+        ),
+        (
+            {"pools": {"default": {"endpoints": ["h:1"], "kv_capacity_tokens": "lots"}}},
+            "pools.default.kv_capacity_tokens",
+        ),
+        ({"buckets": [{"name": "all", "kv_weight": 0}]}, "buckets[0].kv_weight"),
+    ]
+    for raw, where in bad:
+        with pytest.raises(PolicyError, match=re.escape(where)):
+            parse_policy(raw)

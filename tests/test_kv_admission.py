@@ -1,0 +1,101 @@
+"""KV admission: the pure ledger, the chain's rollback, and the gate through the real stack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from breaker.kv_admission import KvLedger, kv_footprint
+from budget.policy import parse_policy
+from extproc.errors import RateLimited
+from extproc.request_flow import AdmissionChain, Admitted, RoutingDecision
+from tests.conftest import EXAMPLE_POLICY, chat_body, metric, post, scrape, start_stack
+from tests.test_e2e_data_path import CHAT, settled
+
+
+def test_footprint_weights_the_context_by_its_bucket() -> None:
+    policy = parse_policy({})
+    assert kv_footprint(1000, policy.bucket_for(1000)) == 1000
+    assert kv_footprint(20_000, policy.bucket_for(20_000)) == 84_000  # 8-32k: 4.2x
+
+
+def test_each_tier_fills_the_pool_up_to_its_share() -> None:
+    ledger = KvLedger()
+    assert ledger.admit("a", "p", 800, capacity_tokens=1000, share=0.85).admitted
+    refused = ledger.admit("b", "p", 100, capacity_tokens=1000, share=0.85)
+    assert not refused.admitted and refused.in_flight_tokens == 800
+    assert refused.ceiling_tokens == 850
+    assert ledger.admit("c", "p", 100, capacity_tokens=1000, share=1.0).admitted  # critical
+    assert ledger.admit("d", "other", 900, capacity_tokens=1000, share=0.95).admitted
+    assert ledger.release("a") and not ledger.release("a")  # released once
+    assert not ledger.release("b")  # never admitted: nothing to give back
+    assert ledger.in_flight == {"p": 100, "other": 900}
+    assert ledger.usage("p", 1000) == pytest.approx(0.1)
+
+
+class _Holding:
+    def __init__(self) -> None:
+        self.held: set[str] = set()
+
+    async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
+        self.held.add(reservation_id)
+        return Admitted(decision)
+
+    async def release(self, decision: RoutingDecision, reservation_id: str) -> None:
+        self.held.discard(reservation_id)
+
+
+class _Refusing:
+    async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
+        raise RateLimited("no", reason="budget_tokens")
+
+
+async def test_a_later_refusal_releases_what_earlier_steps_hold() -> None:
+    holding = _Holding()
+    decision: Any = object()  # the steps here never look inside
+    with pytest.raises(RateLimited):
+        await AdmissionChain([holding, _Refusing()]).admit(decision, "r1")
+    assert holding.held == set()
+    await AdmissionChain([holding]).admit(decision, "r2")
+    assert holding.held == {"r2"}  # admitted: held until the request ends
+
+
+def _policy_with_kv(tmp: Path) -> Path:
+    raw = yaml.safe_load(EXAMPLE_POLICY.read_text())
+    raw["pools"]["default"]["kv_capacity_tokens"] = 10_000
+    raw.setdefault("breaker", {})["kv_shares"] = {"standard": 0.6, "sheddable": 0.3}
+    path = tmp / "policy-kv.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.e2e
+def test_kv_admission_through_the_stack(tmp_path: Path) -> None:
+    stack = start_stack(tmp_path, policy=_policy_with_kv(tmp_path))
+    try:
+        # ~4000 tokens of context: more than sheddable's 3000, within critical's 10000.
+        body = chat_body("tell me a story", max_tokens=4000)
+        refused = post(stack.url, CHAT, body, key="sk-demo-batch")
+        assert refused.status == 503, refused.body
+        assert refused.headers["x-slogate-reason"] == "kv_cache_full"
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "overloaded"
+        admitted = post(stack.url, CHAT, body, key="sk-demo-critical")
+        assert admitted.status == 200, admitted.body
+        # Refused by its budget after KV admission: the footprint must not stay held.
+        statuses = [
+            post(stack.url, CHAT, chat_body("hi", max_tokens=4), key="sk-demo-small").status
+            for _ in range(7)
+        ]
+        assert 429 in statuses and 200 in statuses
+        metrics = settled(stack)
+        assert metric(metrics, "slogate_kv_in_flight_tokens", pool="default") == 0
+        rejected = metric(
+            scrape(stack.metrics_url), "slogate_rejections_total", reason="kv_cache_full"
+        )
+        assert rejected == 1
+    finally:
+        stack.stop()
