@@ -16,13 +16,14 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from breaker.board import BreakerBoard
 from breaker.controller import TierMultipliers
+from breaker.kv_admission import KvLedger, kv_footprint
 from breaker.latency import ResponseWindows
 from breaker.shedding import Action, budget_multiplier, shed
 from budget.ledger import Charge, KeyState, reserve, scale_limits, settle
@@ -44,7 +45,7 @@ class Served:
 
     arrival: Arrival
     pool: str
-    outcome: str  # served, budget, shed, engine_full
+    outcome: str  # served, budget, shed, kv_full, engine_full, oom
     ttft_s: float | None = None  # arrival to first token, queueing included
     done_s: float | None = None
     output_tokens: int = 0
@@ -62,6 +63,21 @@ class VirtualClock:
 class _Engine:
     kv: KvCache
     waiting: dict[str, tuple[int, Arrival]] = field(default_factory=dict)
+    # Integrals over virtual time, for utilisation: KV tokens in use x seconds.
+    kv_token_s: float = 0.0
+    served: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """The fleet once per breaker evaluation, for plots: per pool KV usage, queue, level."""
+
+    at_s: float
+    kv_usage: dict[str, float]
+    waiting: dict[str, int]
+    levels: dict[str, int]
+    multipliers: dict[str, float]
+    score: float | None
 
 
 class OfflineFleet:
@@ -76,6 +92,8 @@ class OfflineFleet:
         kv_capacity_tokens: int = 400_000,
         max_running: int = 64,
         latency: LatencyConfig | None = None,
+        overcommit_ratio: float = 1.0,
+        overcommit_error_rate: float = 0.5,
     ) -> None:
         self.policy = policy
         self.seed = seed
@@ -83,18 +101,32 @@ class OfflineFleet:
         self.use_breaker = breaker
         self.clock = VirtualClock()
         self.latency = latency or LatencyConfig()
+        # overcommit_ratio > 1: the engine admits past its real KV capacity, and requests
+        # started in that region fail like an OOM (a 500), as in the simulated pool.
+        self.overcommit_error_rate = overcommit_error_rate
         self.engines = {
-            name: _Engine(KvCache(kv_capacity_tokens, max_running=max_running, max_queue=10_000))
+            name: _Engine(
+                KvCache(
+                    kv_capacity_tokens,
+                    max_running=max_running,
+                    max_queue=10_000,
+                    overcommit_ratio=overcommit_ratio,
+                )
+            )
             for name in policy.pools
         }
         self.windows = ResponseWindows(self.clock, slot_s=5.0, horizon_s=600.0)
         self.board = BreakerBoard(
             lambda: policy,
             self.windows,
-            kv_cache_usage=lambda pool: self.engines[pool].kv.usage_perc,
+            # The breaker and the controller see the engines as the sidecar does: through a
+            # metrics scrape every scrape_interval_s, not the instantaneous state.
+            kv_cache_usage=lambda pool: self._scraped.get(pool, (None, None))[0],
             gpu_memory_usage=lambda: None,
             clock=self.clock,
+            engine_queue=lambda pool: self._scraped.get(pool, (None, None))[1],
         )
+        self._scraped: dict[str, tuple[float, float]] = {}
         self.ledgers: dict[str, KeyState] = {}
         # The dynamic quota controller: the same TierMultipliers the sidecar runs.
         self.use_controller = controller
@@ -102,7 +134,14 @@ class OfflineFleet:
         if fixed_multipliers is not None:  # a static quota: set once, never stepped
             self.quotas.values.update(fixed_multipliers)
         self.apply_multipliers = controller or fixed_multipliers is not None
+        # KV admission for pools whose policy gives kv_capacity_tokens: the sidecar's ledger.
+        self.kv_ledger = KvLedger()
         self.kv_samples: list[float] = []
+        self.timeline: list[Sample] = []
+        self.oom_events = 0
+        self._last_score: float | None = None
+        self._accounted_s = 0.0
+        self.until_s = math.inf
         self.multiplier_history: list[tuple[float, dict[str, float]]] = []
         self.results: dict[str, Served] = {}
         self._outputs: dict[str, int] = {}
@@ -124,8 +163,13 @@ class OfflineFleet:
         control_s = self.policy.breaker.controller_interval_s
         for tick in range(1, math.ceil(until_s / control_s)):
             self._push(tick * control_s, "control", "")
+        scrape_s = self.policy.breaker.scrape_interval_s
+        for tick in range(math.ceil(until_s / scrape_s)):
+            self._push(tick * scrape_s, "scrape", "")
+        self.until_s = until_s
         while self._events:
             at_s, _, kind, request_id = heapq.heappop(self._events)
+            self._account(at_s)
             self.clock.now_s = at_s
             if kind == "arrive":
                 self._arrive(request_id)
@@ -137,8 +181,14 @@ class OfflineFleet:
                 )
                 if self.use_breaker:
                     self.board.evaluate()
+                self._sample()
             elif kind == "control" and self.use_controller:
                 self._control()
+            elif kind == "scrape":
+                self._scraped = {
+                    name: (engine.kv.usage_perc, self._queue_ratio(name))
+                    for name, engine in self.engines.items()
+                }
         return self.results
 
     def _arrive(self, request_id: str) -> None:
@@ -156,6 +206,14 @@ class OfflineFleet:
                 return
             if verdict.action is Action.REROUTE:
                 pool = policy.fallback_pool
+        # The sidecar's order: breaker, KV admission, budgets (a refused budget frees the KV).
+        capacity = policy.pools[pool].kv_capacity_tokens
+        if capacity is not None:
+            footprint = kv_footprint(context, bucket)
+            share = policy.breaker.kv_shares[tier]
+            if not self.kv_ledger.admit(request_id, pool, footprint, capacity, share).admitted:
+                self.results[request_id] = Served(arrival, pool, "kv_full")
+                return
         if self.use_budgets:
             limits = arrival.key.limits
             factor = budget_multiplier(level, tier) if level is not None else 1.0
@@ -165,10 +223,12 @@ class OfflineFleet:
             state = self.ledgers.setdefault(arrival.key.key_id, KeyState())
             charge = Charge(context * bucket.cost_weight, context)
             if not reserve(state, limits, charge, request_id, self.clock.now_s, 3600.0).admitted:
+                self.kv_ledger.release(request_id)
                 self.results[request_id] = Served(arrival, pool, "budget")
                 return
         engine = self.engines[pool]
         kv_tokens = kv_tokens_for(arrival.prompt_tokens, arrival.max_tokens, self.latency.buckets)
+        engine.served += 1
         self.results[request_id] = Served(arrival, pool, "served")
         admission = engine.kv.submit(request_id, kv_tokens)
         if admission is Admission.ADMITTED:
@@ -177,11 +237,50 @@ class OfflineFleet:
             engine.waiting[request_id] = (kv_tokens, arrival)
         else:
             self.results[request_id].outcome = "engine_full"
+            self.kv_ledger.release(request_id)
             self._settle(request_id, None)
+
+    def _account(self, until_s: float) -> None:
+        """Advance the utilisation integrals to `until_s` (state is constant in between)."""
+        elapsed_s = min(until_s, self.until_s) - self._accounted_s
+        if elapsed_s <= 0:
+            return
+        for engine in self.engines.values():
+            engine.kv_token_s += min(engine.kv.used_tokens, engine.kv.capacity_tokens) * elapsed_s
+        self._accounted_s += elapsed_s
+
+    def utilisation(self) -> dict[str, float]:
+        """Per pool: KV-cache occupancy averaged over the run, 0..1 (the GPU memory that
+        bounds how many requests an engine can batch: the utilisation that quotas move)."""
+        span_s = max(self._accounted_s, 1e-9)
+        return {
+            name: engine.kv_token_s / (engine.kv.capacity_tokens * span_s)
+            for name, engine in self.engines.items()
+        }
+
+    def busiest_pool(self) -> str:
+        return max(self.engines, key=lambda name: self.engines[name].served)
+
+    def _queue_ratio(self, pool: str) -> float:
+        kv = self.engines[pool].kv
+        return kv.num_waiting / max(1, kv.num_running)
+
+    def _sample(self) -> None:
+        self.timeline.append(
+            Sample(
+                at_s=self.clock.now_s,
+                kv_usage={n: e.kv.usage_perc for n, e in self.engines.items()},
+                waiting={n: e.kv.num_waiting for n, e in self.engines.items()},
+                levels={n: int(self.board.level(n)) for n in self.engines},
+                multipliers=dict(self.quotas.values),
+                score=self._last_score,
+            )
+        )
 
     def _control(self) -> None:
         """One controller interval, from the same inputs the sidecar uses (board.fleet_load)."""
         score, _ = self.board.fleet_load()
+        self._last_score = score
         if self.quotas.step(score):
             self.multiplier_history.append((self.clock.now_s, dict(self.quotas.values)))
 
@@ -194,10 +293,17 @@ class OfflineFleet:
         model = LatencyModel(self.latency, draws)
         running = engine.kv.num_running
         ttft_s = model.sample_ttft_s(arrival.prompt_tokens, running)
+        served = self.results[request_id]
+        if engine.kv.is_overcommitted and draws.random() < self.overcommit_error_rate:
+            # Started past the real KV capacity: the engine fails it during prefill.
+            served.outcome = "oom"
+            served.done_s = self.clock.now_s + ttft_s
+            self._push(served.done_s, "finish", request_id)
+            self._outputs[request_id] = 0
+            return
         output = model.sample_output_tokens(arrival.max_tokens)
         context = arrival.prompt_tokens + arrival.max_tokens
         decode_s = output * model.sample_decode_s_per_token(running, context)
-        served = self.results[request_id]
         served.ttft_s = self.clock.now_s - arrival.at_s + ttft_s
         served.done_s = self.clock.now_s + ttft_s + decode_s
         self._push(served.done_s, "finish", request_id)
@@ -207,15 +313,21 @@ class OfflineFleet:
     def _finish(self, request_id: str) -> None:
         served = self.results[request_id]
         engine = self.engines[served.pool]
+        self.kv_ledger.release(request_id)
         for started in engine.kv.release(request_id):
             self._start(started, engine)
         arrival = served.arrival
         context = self.policy.bucket_for(arrival.prompt_tokens + arrival.max_tokens)
         tier = arrival.key.tier.value
+        output = self._outputs.pop(request_id)
+        if served.outcome == "oom":
+            self.oom_events += 1
+            self.windows.record_response(served.pool, 500)
+            self._settle(request_id, None)  # failed upstream: the charge is refunded
+            return
         assert served.ttft_s is not None
         self.windows.record_latency("ttft", served.pool, tier, context.name, served.ttft_s)
         self.windows.record_response(served.pool, 200)
-        output = self._outputs.pop(request_id)
         used = arrival.prompt_tokens + output
         self._settle(request_id, Charge(used * context.cost_weight, used))
 
@@ -235,16 +347,29 @@ def poisson_arrivals(
     prompt_tokens: tuple[int, int],
     max_tokens: int,
     seed: int,
+    shape: Sequence[tuple[float, float]] = (),
 ) -> list[Arrival]:
-    """Poisson arrivals with uniformly drawn prompt lengths, reproducible for a seed."""
+    """Poisson arrivals with uniformly drawn prompt lengths, reproducible for a seed.
+
+    `shape`: (time, factor) points; the rate at time t is rate_per_s x the factor linearly
+    interpolated between them (a daily curve, a ramp). Drawn by thinning: candidates at the
+    peak rate, each kept with probability factor / peak.
+    """
     rng = np.random.default_rng(seed)
+    times = [float(t) for t, _ in shape]
+    factors = [float(f) for _, f in shape]
+    peak = max(factors, default=1.0)
+    if peak <= 0:
+        return []
     arrivals: list[Arrival] = []
     now_s = start_s
     while True:
-        now_s += float(rng.exponential(1.0 / rate_per_s))
+        now_s += float(rng.exponential(1.0 / (rate_per_s * peak)))
         if now_s >= end_s:
             return arrivals
         prompt = int(rng.integers(prompt_tokens[0], prompt_tokens[1] + 1))
+        if shape and rng.random() * peak > float(np.interp(now_s, times, factors)):
+            continue
         arrivals.append(Arrival(now_s, key, prompt, max_tokens))
 
 

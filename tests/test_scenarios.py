@@ -1,9 +1,27 @@
-"""Workload files load into the offline fleet; the comparison is deterministic for a seed."""
+"""Workload files load into the offline fleet; the simulator is deterministic for a seed; on
+the burst workload slogate's dynamic control beats the best static quota of a sweep."""
 
 from __future__ import annotations
 
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from extproc.cli import SIMULATION_POLICY
 from sim.offline import OfflineFleet
-from sim.scenarios import WORKLOADS, compare, load_workload, summarize
+from sim.scenarios import (
+    SWEEP,
+    WORKLOADS,
+    compare,
+    gains,
+    load_workload,
+    run_once,
+    summarize,
+    table,
+    with_kv_admission,
+)
 
 
 def test_every_workload_file_loads() -> None:
@@ -13,16 +31,23 @@ def test_every_workload_file_loads() -> None:
         assert all(0 <= a.at_s < workload.duration_s for a in workload.arrivals)
         tiers = {a.key.tier.value for a in workload.arrivals}
         assert tiers <= {"critical", "standard", "sheddable"}
+        tenants = {a.key.tenant for a in workload.arrivals}
+        assert workload.burst_tenants <= tenants, path
 
 
-def test_comparison_is_deterministic_and_complete() -> None:
-    workload = load_workload(WORKLOADS / "attack-100k.yaml")
-    first, second = compare(workload, seed=3), compare(workload, seed=3)
-    assert first == second
-    assert len(first["sweep"]) == 12
-    for report in (first["static_best"]["report"], first["dynamic"]):
-        assert set(report["tiers"]) == {"critical", "standard", "sheddable"}
-        assert report["goodput_tokens_per_s"] > 0
+def test_rate_shape_follows_the_curve() -> None:
+    workload = load_workload(WORKLOADS / "burst-10x.yaml")
+    product = [a.at_s for a in workload.arrivals if a.key.tenant == "product"]
+    quiet = sum(1 for t in product if t < 20)  # factor 0.15 -> 0.23: ~38 expected
+    peak = sum(1 for t in product if 240 <= t < 260)  # factor 1.0: ~200 expected
+    assert 20 < quiet < 60 and 160 < peak < 240, (quiet, peak)
+
+
+def test_simulator_is_deterministic_for_a_seed() -> None:
+    workload = with_kv_admission(load_workload(WORKLOADS / "burst-10x.yaml", SIMULATION_POLICY))
+    first = run_once(workload, seed=3, controller=True)
+    assert first == run_once(workload, seed=3, controller=True)
+    assert first != run_once(workload, seed=4, controller=True)
 
 
 def test_attack_key_is_contained_by_its_own_budget() -> None:
@@ -33,3 +58,48 @@ def test_attack_key_is_contained_by_its_own_budget() -> None:
     assert report["tiers"]["critical"]["slo_attainment"] == 1.0
     attacker = [r for r in results.values() if r.arrival.key.tenant == "attacker"]
     assert sum(r.outcome != "served" for r in attacker) > 0.8 * len(attacker)
+
+
+@pytest.fixture(scope="module")
+def burst() -> dict[str, Any]:
+    return compare(load_workload(WORKLOADS / "burst-10x.yaml", SIMULATION_POLICY), seed=7)
+
+
+def test_comparison_is_complete(burst: dict[str, Any], tmp_path: Path) -> None:
+    assert len(burst["sweep"]) == len(list(itertools.product(*SWEEP.values())))
+    best = burst["static_best"]["report"]
+    # The baseline really is the best of its sweep under the stated rule.
+    eligible = [
+        row["report"]["goodput_tokens_per_s"]
+        for row in burst["sweep"]
+        if row["report"]["tiers"]["critical"]["slo_attainment"] >= 0.99
+    ]
+    assert best["goodput_tokens_per_s"] == max(eligible)
+    for report in (best, burst["dynamic"], burst["controller_only"]):
+        assert set(report["tiers"]) == {"critical", "standard", "sheddable"}
+    assert burst["dynamic"]["timeline"] and burst["dynamic"]["p99_ttft_series"]
+    text = table(burst)
+    assert "dynamic vs best static" in text and "static (contract, 1.0)" in text
+    pytest.importorskip("matplotlib")
+    from sim.plots import draw_comparison
+
+    png = draw_comparison(burst, tmp_path / "burst.png")
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_dynamic_beats_the_best_static_quota_on_the_burst_workload(
+    burst: dict[str, Any],
+) -> None:
+    """Margins, not numbers: measured at seed 7, +21% utilisation, +15% goodput, burst
+    handling 0.48 -> 0.78, no OOM (bench/results/simulate-burst-10x.json)."""
+    static, dynamic = burst["static_best"]["report"], burst["dynamic"]
+    g = gains(burst)
+    assert g["utilisation_relative"] is not None and g["utilisation_relative"] > 0.10
+    assert g["goodput_relative"] is not None and g["goodput_relative"] > 0.05
+    assert dynamic["burst_handling"] > static["burst_handling"] + 0.15
+    assert dynamic["oom_events"] == 0
+    critical = dynamic["tiers"]["critical"]
+    assert critical["slo_attainment"] >= 0.99
+    # Not ahead on critical P99 (the engines run fuller, and TTFT grows with the batch),
+    # but held well inside the 2 s SLO.
+    assert critical["p99_ttft_s"] < 0.5 * 2.0

@@ -1,0 +1,80 @@
+"""PNG plots of a static-vs-dynamic comparison: load, P99 TTFT and breaker level over time.
+
+What lives here: `draw_comparison`, which reads the JSON that `sim.scenarios.compare`
+writes (the best static run and the dynamic run carry a timeline) and draws one figure
+with both runs on shared time axes. matplotlib is an optional dependency (`slogate[sim]`);
+without it the caller gets an ImportError it can report.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+RUNS = (("static_best", "static (best sweep)", "tab:gray"), ("dynamic", "dynamic", "tab:blue"))
+
+
+def _report(comparison: dict[str, Any], name: str) -> dict[str, Any]:
+    run = comparison[name]
+    report: dict[str, Any] = run.get("report", run)
+    return report
+
+
+def draw_comparison(comparison: dict[str, Any], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers
+    import matplotlib.pyplot as plt
+
+    figure, (load, latency, level) = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    pool = _report(comparison, "dynamic")["timeline"][0]["kv_usage"]
+    busiest = max(
+        pool, key=lambda name: _report(comparison, "dynamic")["utilisation_by_pool"][name]
+    )
+    for name, label, colour in RUNS:
+        report = _report(comparison, name)
+        timeline = report["timeline"]
+        times = [s["at_s"] for s in timeline]
+        load.plot(times, [s["kv_usage"][busiest] for s in timeline], color=colour, label=label)
+        series = report["p99_ttft_series"]
+        latency.plot(
+            [b["at_s"] for b in series],
+            [b["critical"] for b in series],
+            color=colour,
+            label=f"{label}: critical",
+        )
+        latency.plot(
+            [b["at_s"] for b in series],
+            [b["all"] for b in series],
+            color=colour,
+            linestyle=":",
+            label=f"{label}: all tiers",
+        )
+        level.step(times, [s["levels"][busiest] for s in timeline], color=colour, label=label)
+        if name == "dynamic":
+            load.plot(
+                times,
+                [s["multipliers"]["sheddable"] for s in timeline],
+                color=colour,
+                linestyle="--",
+                label="dynamic: sheddable multiplier",
+            )
+    for start, end in comparison.get("bursts", []):
+        for axis in (load, latency, level):
+            axis.axvspan(start, end, color="tab:orange", alpha=0.15)
+    load.set_ylabel(f"KV-cache usage ({busiest})")
+    load.set_ylim(0, 1.1)
+    latency.set_ylabel("P99 TTFT s (10 s of arrivals)")
+    latency.set_yscale("log")
+    level.set_ylabel("breaker level")
+    level.set_yticks([0, 1, 2, 3])
+    level.set_xlabel("simulated time s (bursts shaded)")
+    for axis in (load, latency, level):
+        axis.legend(loc="upper right", fontsize="small")
+        axis.grid(alpha=0.3)
+    figure.suptitle(f"{comparison['workload']} (seed {comparison['seed']})")
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=80)
+    plt.close(figure)
+    return out
