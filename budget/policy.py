@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -64,6 +64,15 @@ class Pool:
     # The pool's KV cache in tokens, all endpoints together. Set: requests are admitted
     # against what is in flight (breaker.kv_shares per tier). None: no KV admission.
     kv_capacity_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyFit:
+    """A pool's measured latency model (`slogate calibrate`): what the simulator plays."""
+
+    base_latency_ms: float  # TTFT of a tiny request at empty load, network excluded
+    prefill_ms_per_1k_tokens: float  # in the first context bucket
+    bucket_slopes: Mapping[str, float]  # bucket name -> prefill cost relative to the first
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +209,7 @@ class Policy:
     tier_limits: Mapping[Tier, Limits] = field(default_factory=dict)  # for JWT callers
     shadow: ShadowConfig | None = None
     decision_log: DecisionLogConfig | None = None
+    latency_models: Mapping[str, LatencyFit] = field(default_factory=dict)  # pool -> fit
     source: str = "<memory>"
 
     def slo_ms(self, tier: Tier, bucket: str) -> float | None:
@@ -389,6 +399,9 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
     tls = _parse_tls(root.raw("tls"), root.child("tls"))
     shadow = _parse_shadow(root.raw("shadow"), root.child("shadow"), pools)
     decision_log = _parse_decision_log(root.raw("decision_log"), root.child("decision_log"))
+    latency_models = _parse_latency_models(
+        root.raw("latency_model"), root.child("latency_model"), pools, buckets
+    )
     jwt = _parse_jwt(root.raw("jwt"), root.child("jwt"))
     breaker = _parse_breaker(root.section("breaker"))
     bucket_names = {b.name for b in buckets}
@@ -426,6 +439,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         tier_limits=tier_limits,
         shadow=shadow,
         decision_log=decision_log,
+        latency_models=latency_models,
         source=source,
     )
 
@@ -683,6 +697,37 @@ def _parse_breaker(sec: _Section) -> BreakerConfig:
         raise PolicyError(f"{sec.child('scrape_interval_s')}: at most 15 s")
     sec.close()
     return config
+
+
+def _parse_latency_models(
+    raw: object, path: str, pools: Mapping[str, Pool], buckets: Sequence[ContextBucket]
+) -> dict[str, LatencyFit]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise PolicyError(f"{path}: expected pool name -> latency model")
+    names = {b.name for b in buckets}
+    fits: dict[str, LatencyFit] = {}
+    for pool, item in raw.items():
+        sec = _Section(item, f"{path}.{pool}")
+        if pool not in pools:
+            raise PolicyError(f"{path}.{pool}: no pool named {pool!r}")
+        base = sec.require("base_latency_ms", float)
+        prefill = sec.require("prefill_ms_per_1k_tokens", float)
+        slopes_raw = sec.get("bucket_slopes", dict, {})
+        sec.close()
+        for name, value in (("base_latency_ms", base), ("prefill_ms_per_1k_tokens", prefill)):
+            if value < 0:
+                raise PolicyError(f"{sec.child(name)}: must be >= 0")
+        slopes: dict[str, float] = {}
+        for name, value in slopes_raw.items():
+            where = f"{sec.child('bucket_slopes')}.{name}"
+            if name not in names:
+                raise PolicyError(f"{where}: no bucket named {name!r}")
+            slopes[name] = _expect(value, float, where)
+            _positive(slopes[name], where)
+        fits[pool] = LatencyFit(base, prefill, slopes)
+    return fits
 
 
 def _parse_kv_shares(sec: _Section) -> dict[Tier, float]:

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from budget.policy import Policy, Tier, parse_policy
+from sim.model import LatencyConfig
 from sim.offline import Arrival, OfflineFleet, Served, p99, poisson_arrivals
 
 WORKLOADS = Path(__file__).parent / "workloads"
@@ -186,15 +187,19 @@ def with_kv_admission(workload: Workload) -> Workload:
     return dataclasses.replace(workload, policy=policy)
 
 
-def compare(workload: Workload, seed: int = 7) -> dict[str, Any]:
+def compare(
+    workload: Workload, seed: int = 7, latency: LatencyConfig | None = None
+) -> dict[str, Any]:
     """The best static per-tier quota (a sweep, as a careful operator would tune it) against
     slogate's dynamic control, same workload and seed. Also reported: the static quota as
     contracted (every multiplier 1.0, what most fleets run) and the controller without KV
-    admission, so each part's share of the difference shows."""
+    admission, so each part's share of the difference shows. `latency`: a measured model
+    (`slogate calibrate`) instead of the field's numbers."""
+    engine: dict[str, Any] = {} if latency is None else {"latency": latency}
     sweep = []
     for standard, sheddable in itertools.product(SWEEP["standard"], SWEEP["sheddable"]):
         multipliers = {"critical": 1.0, "standard": standard, "sheddable": sheddable}
-        report = run_once(workload, seed, fixed_multipliers=multipliers)
+        report = run_once(workload, seed, fixed_multipliers=multipliers, **engine)
         sweep.append({"multipliers": multipliers, "report": report})
     best = max(sweep, key=lambda row: _rank(row["report"]))
     best_report = run_once(workload, seed, timeline=True, fixed_multipliers=best["multipliers"])
@@ -206,8 +211,10 @@ def compare(workload: Workload, seed: int = 7) -> dict[str, Any]:
         "bursts": workload.bursts,
         "static_best": {"multipliers": best["multipliers"], "report": best_report},
         "static_contract": contract,
-        "dynamic": run_once(with_kv_admission(workload), seed, timeline=True, controller=True),
-        "controller_only": run_once(workload, seed, controller=True),
+        "dynamic": run_once(
+            with_kv_admission(workload), seed, timeline=True, controller=True, **engine
+        ),
+        "controller_only": run_once(workload, seed, controller=True, **engine),
         "sweep": sweep,
     }
 
