@@ -14,8 +14,9 @@ that moved a value, so an SRE can see why a quota moved.
   then standard, then sheddable, by small steps. Between the two nothing moves, and a move
   needs its condition on consecutive intervals (2 to shrink, or 1 past the emergency
   line; 3 to grow): the dead band and the confirmations keep it from oscillating.
-- `KeyBudget`: a key's dynamic budget = P95 of its recent per-interval consumption x a
-  safety factor (default 1.3), capped by the key's hard limit; the factor decays x0.9 (floor
+- `KeyBudget`: a key's dynamic budget = the larger of the P95 of its recent per-interval
+  consumption and its Holt-Winters demand forecast, x a safety factor (default 1.3), capped
+  by the key's hard limit; the factor decays x0.9 (floor
   1.1) while GPU/KV memory is above the emergency line (0.7) and recovers when below.
 """
 
@@ -208,13 +209,18 @@ class KeyBudget:
     safety_floor: float = 1.1
     decay: float = 0.9
     emergency_line: float = 0.7
+    horizon: int = 3  # intervals the demand forecast looks ahead
     history: deque[float] = field(default_factory=lambda: deque(maxlen=60))
+    # The key's demand: Holt-Winters on its consumption per interval. A key whose use is
+    # rising gets budget ahead of its own history (a class starting, a launch ramping).
+    demand: HoltWinters = field(default_factory=lambda: HoltWinters(alpha=0.3, beta=0.1))
 
     def __post_init__(self) -> None:
         self.history = deque(self.history, maxlen=self.window)
 
     def step(self, consumed: float, memory_usage: float | None, key: str) -> list[Adjustment]:
         self.history.append(consumed)
+        self.demand.update(consumed)
         adjustments = []
         before = self.safety
         if memory_usage is not None and memory_usage > self.emergency_line:
@@ -232,10 +238,16 @@ class KeyBudget:
             )
         return adjustments
 
+    def forecast(self) -> float | None:
+        """Expected consumption `horizon` intervals ahead (never below zero)."""
+        value = self.demand.forecast(self.horizon)
+        return None if value is None else max(0.0, value)
+
     @property
     def budget(self) -> float:
-        """P95 of recent consumption x the safety factor, never above the hard limit."""
+        """max(P95 of recent consumption, the demand forecast) x the safety factor, never
+        above the hard limit."""
         if not self.history:
             return self.hard_limit
         p95 = float(np.percentile(np.asarray(self.history, dtype=float), 95))
-        return min(self.hard_limit, p95 * self.safety)
+        return min(self.hard_limit, max(p95, self.forecast() or 0.0) * self.safety)

@@ -218,6 +218,16 @@ class SidecarMetrics:
                 registry=r,
             )
         )
+        self.tenant_demand = Family(
+            Gauge(
+                "slogate_tenant_demand_tokens_per_minute",
+                "Weighted tokens per minute a tenant's keys settled in the last controller "
+                "interval (actual) and the Holt-Winters forecast 3 intervals ahead (forecast); "
+                "keys with a tokens-per-minute limit.",
+                ["tenant", "kind"],
+                registry=r,
+            )
+        )
         self.quota_multiplier = Family(
             Gauge(
                 "slogate_quota_multiplier",

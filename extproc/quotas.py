@@ -3,8 +3,9 @@
 What lives here: `KeyQuotas`, which collects each key's settled weighted tokens per
 controller interval and keeps a `breaker.controller.KeyBudget` per key whose policy has a
 tokens-per-minute limit. A key's dynamic ceiling = P95 of its recent per-interval
-consumption x the safety factor, scaled to a minute, never above the policy limit and never
-below `floor_share` of it (an idle key must not be frozen out by its own quiet history).
+consumption (or its Holt-Winters demand forecast, when higher) x the safety factor, scaled
+to a minute, never above the policy limit and never below `floor_share` of it (an idle key
+must not be frozen out by its own quiet history).
 Enforced only when the policy says so (`breaker.controller_key_budgets`); otherwise it is
 computed and shown (admin API, metrics), so an operator can watch it before turning it on.
 """
@@ -51,6 +52,18 @@ class KeyQuotas:
             return None
         per_minute = budget.budget * 60.0 / self.interval_s
         return min(float(limit), max(self.floor_share * limit, per_minute))
+
+    def demand(self, key: ApiKey) -> tuple[float, float | None] | None:
+        """The key's last interval of weighted tokens, and its forecast, per minute."""
+        budget = self._budgets.get(key.key_id)
+        if budget is None or not budget.history:
+            return None
+        per_minute = 60.0 / self.interval_s
+        forecast = budget.forecast()
+        return (
+            budget.history[-1] * per_minute,
+            None if forecast is None else forecast * per_minute,
+        )
 
     def safety_factor(self, key: ApiKey) -> float | None:
         budget = self._budgets.get(key.key_id)

@@ -328,7 +328,16 @@ class Sidecar:
             )
             self.metrics.quota_adjustments(tier, direction).inc()
             self.metrics.quota_multiplier(tier).set(adjustment.after)
-        self.key_quotas.step(self.policy().keys.values(), memory_usage)
+        keys = list(self.policy().keys.values())
+        self.key_quotas.step(keys, memory_usage)
+        for key in keys:
+            demand = self.key_quotas.demand(key)
+            if demand is None:
+                continue
+            actual, forecast = demand
+            self.metrics.tenant_demand(key.tenant_label, "actual").set(actual)
+            if forecast is not None:
+                self.metrics.tenant_demand(key.tenant_label, "forecast").set(forecast)
         lowest = self.key_quotas.lowest_safety_factor()
         if lowest is not None:
             self.metrics.safety_factor.set(lowest)

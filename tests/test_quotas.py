@@ -74,3 +74,21 @@ async def test_budget_gate_enforces_the_ceiling_and_reports_consumption() -> Non
     await gate.record(RequestOutcome(decision, "a", 200, 900, 100, 0.1, 1.0, "via_upstream"))
     assert seen == [1000.0]
     assert Charge(1000.0, 1000).weighted_tokens == seen[0]
+
+
+def test_a_rising_key_gets_budget_ahead_of_its_history() -> None:
+    quotas = KeyQuotas(interval_s=5.0)
+    for t in range(30):
+        quotas.observe(KEY.key_id, 100.0 + 20.0 * t)  # a class starting: +20 per interval
+        quotas.step([KEY], memory_usage=0.2)
+    demand = quotas.demand(KEY)
+    assert demand is not None
+    actual, forecast = demand
+    assert actual == pytest.approx((100 + 20 * 29) * 12)
+    assert forecast is not None and forecast > actual  # the trend carries it forward
+    # Above what P95 x safety of the history alone would allow.
+    p95_only = (100 + 20 * 29 - 20 * 0.5) * 1.3 * 12
+    ceiling = quotas.tokens_per_minute(KEY)
+    assert ceiling is not None and ceiling > p95_only
+    assert ceiling == pytest.approx(forecast * 1.3)
+    assert quotas.demand(FREE) is None
