@@ -13,7 +13,7 @@ from budget.policy import parse_policy
 from extproc.errors import RateLimited
 from extproc.request_flow import AdmissionChain, Admitted, RoutingDecision
 from tests.conftest import EXAMPLE_POLICY, chat_body, metric, post, scrape, start_stack
-from tests.test_e2e_data_path import CHAT, settled
+from tests.test_e2e_data_path import CHAT, settled, wait_for
 
 
 def test_footprint_weights_the_context_by_its_bucket() -> None:
@@ -97,5 +97,17 @@ def test_kv_admission_through_the_stack(tmp_path: Path) -> None:
             scrape(stack.metrics_url), "slogate_rejections_total", reason="kv_cache_full"
         )
         assert rejected == 1
+
+        # The controller's queue signal comes from the pools' vLLM metrics (scraped).
+        def queue_seen() -> bool:
+            wanted = {("pool", "default"), ("signal", "queue_ratio")}
+            values = [
+                value
+                for (name, labels), value in scrape(stack.metrics_url).items()
+                if name == "slogate_breaker_signal" and wanted <= set(labels)
+            ]
+            return values == [0.0]  # NaN until the first scrape; NaN != 0
+
+        assert wait_for(queue_seen, timeout_s=15.0)
     finally:
         stack.stop()
