@@ -75,6 +75,6 @@ def draw_comparison(comparison: dict[str, Any], out: Path) -> Path:
     figure.suptitle(f"{comparison['workload']} (seed {comparison['seed']})")
     figure.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=80)
+    figure.savefig(out, dpi=64)
     plt.close(figure)
     return out
