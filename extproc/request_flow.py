@@ -137,12 +137,15 @@ class AdmissionChain:
     """
 
     def __init__(self, steps: Sequence[Admission]) -> None:
-        self._steps = list(steps)
+        # Which steps hold something is known once, not looked up per request.
+        self._steps = [
+            (step, cast(Releasing, step) if hasattr(step, "release") else None) for step in steps
+        ]
 
     async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
         headers: dict[str, str] = {}
         holding: list[tuple[Releasing, RoutingDecision]] = []
-        for admission in self._steps:
+        for admission, releasing in self._steps:
             try:
                 admitted = await admission.admit(decision, reservation_id)
             except RequestRejected:
@@ -151,9 +154,8 @@ class AdmissionChain:
                 raise
             decision = admitted.decision
             headers.update(admitted.response_headers)
-            release = getattr(admission, "release", None)
-            if release is not None:
-                holding.append((cast(Releasing, admission), decision))
+            if releasing is not None:
+                holding.append((releasing, decision))
         return Admitted(decision, headers)
 
 
