@@ -1,14 +1,16 @@
 """KV-cache admission: each pool's KV capacity, shared out by tier, against what is in flight.
 
 What lives here: `kv_footprint` (the cache a request can hold: its whole context, prompt +
-max_tokens, times its bucket's KV weight) and `KvLedger`, which counts the footprints of
-the requests this sidecar admitted and has not yet seen finish, per pool. Pure: no clock,
-no I/O; the sidecar and the offline simulator call the same methods.
+max_tokens, times its bucket's KV weight) and `KvLedger`, which counts the footprints and
+the number of the requests this sidecar admitted and has not yet seen finish, per pool:
+an engine runs out of KV cache with long contexts and out of batch slots (vLLM's
+max_num_seqs) with many short ones, and either way the next request waits in its queue.
+Pure: no clock, no I/O; the sidecar and the offline simulator call the same methods.
 
 Why: the breaker and the quota controller read the engines through a metrics scrape, seconds
 late, and a 10x burst fills a KV cache in less. The ledger knows each admission the moment
-it happens. A tier may fill its pool up to its share (default: critical 100%, standard
-95%, sheddable 85%), so the last 5-15% stays free for the tiers above it and a burst
+it happens. A tier may fill its pool (cache and slots) up to its share (default: critical
+100%, standard 95%, sheddable 85%), so the last 5-15% stays free for the tiers above it and a burst
 meets a refusal here (429, retry) rather than an OOM or a queue in the engine.
 
 The footprint is an upper bound: the engine holds the prompt plus the tokens generated so
@@ -21,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from budget.policy import ContextBucket
+from budget.policy import ContextBucket, Pool
 
 
 def kv_footprint(context_tokens: int, bucket: ContextBucket) -> int:
@@ -29,28 +31,53 @@ def kv_footprint(context_tokens: int, bucket: ContextBucket) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolCapacity:
+    """What one sidecar may fill of a pool (its part, with several replicas); None: unknown,
+    not limited."""
+
+    kv_tokens: float | None  # the engines' KV cache
+    sequences: float | None  # the engines' batch slots (vLLM max_num_seqs, summed)
+
+
+def pool_capacity(pool: Pool, replicas: int = 1) -> PoolCapacity | None:
+    """One sidecar's part of what the policy says the pool holds; None: no admission."""
+    if pool.kv_capacity_tokens is None and pool.max_num_seqs is None:
+        return None
+    return PoolCapacity(
+        None if pool.kv_capacity_tokens is None else pool.kv_capacity_tokens / replicas,
+        None if pool.max_num_seqs is None else pool.max_num_seqs / replicas,
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class KvVerdict:
     admitted: bool
+    limit: str  # "" when admitted, else what is full: "kv_cache" or "sequences"
     in_flight_tokens: int  # the pool's committed footprint after this decision
-    ceiling_tokens: int  # what this tier may fill the pool to
+    in_flight_requests: int
 
 
 class KvLedger:
     def __init__(self) -> None:
         self.in_flight: dict[str, int] = {}  # pool -> tokens held by admitted requests
+        self.requests: dict[str, int] = {}  # pool -> admitted requests not yet ended
         self._held: dict[str, tuple[str, int]] = {}  # request id -> (pool, tokens)
 
     def admit(
-        self, request_id: str, pool: str, tokens: int, capacity_tokens: float, share: float
+        self, request_id: str, pool: str, tokens: int, capacity: PoolCapacity, share: float
     ) -> KvVerdict:
-        """Hold `tokens` of `pool` for the request if the tier's share leaves room."""
+        """Hold `tokens` and a batch slot of `pool` for the request if the tier's share of
+        both leaves room."""
         current = self.in_flight.get(pool, 0)
-        ceiling = math.floor(capacity_tokens * share)
-        if current + tokens > ceiling:
-            return KvVerdict(False, current, ceiling)
+        running = self.requests.get(pool, 0)
+        if capacity.kv_tokens is not None and current + tokens > capacity.kv_tokens * share:
+            return KvVerdict(False, "kv_cache", current, running)
+        if capacity.sequences is not None and running + 1 > capacity.sequences * share:
+            return KvVerdict(False, "sequences", current, running)
         self.in_flight[pool] = current + tokens
+        self.requests[pool] = running + 1
         self._held[request_id] = (pool, tokens)
-        return KvVerdict(True, current + tokens, ceiling)
+        return KvVerdict(True, "", current + tokens, running + 1)
 
     def release(self, request_id: str) -> bool:
         """Free what the request held; False when it held nothing (never admitted, or done)."""
@@ -59,6 +86,7 @@ class KvLedger:
             return False
         pool, tokens = held
         self.in_flight[pool] -= tokens
+        self.requests[pool] -= 1
         return True
 
     def usage(self, pool: str, capacity_tokens: float) -> float:

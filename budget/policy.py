@@ -61,9 +61,11 @@ class ContextBucket:
 class Pool:
     name: str
     endpoints: tuple[tuple[str, int], ...]
-    # The pool's KV cache in tokens, all endpoints together. Set: requests are admitted
-    # against what is in flight (breaker.kv_shares per tier). None: no KV admission.
+    # The pool's KV cache in tokens and its batch slots (vLLM max_num_seqs), all endpoints
+    # together. Set: requests are admitted against what is in flight (breaker.kv_shares per
+    # tier). None: not limited.
     kv_capacity_tokens: int | None = None
+    max_num_seqs: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,14 +495,14 @@ def _parse_pools(raw: object, path: str) -> dict[str, Pool]:
             raise PolicyError(f"{pool_path}: pool names are lowercase [a-z0-9_-], max 32 chars")
         sec = _Section(item, pool_path)
         endpoints_raw = sec.require("endpoints", list)
-        kv_capacity_raw = sec.raw("kv_capacity_tokens")
-        kv_capacity = (
-            None
-            if kv_capacity_raw is None
-            else _expect(kv_capacity_raw, int, sec.child("kv_capacity_tokens"))
-        )
-        if kv_capacity is not None:
-            _positive(kv_capacity, sec.child("kv_capacity_tokens"))
+        capacities: dict[str, int | None] = {}
+        for field_name in ("kv_capacity_tokens", "max_num_seqs"):
+            value = sec.raw(field_name)
+            capacities[field_name] = (
+                None if value is None else _expect(value, int, sec.child(field_name))
+            )
+            if value is not None:
+                _positive(capacities[field_name] or 0, sec.child(field_name))
         sec.close()
         if not endpoints_raw:
             raise PolicyError(f"{sec.child('endpoints')}: needs at least one endpoint")
@@ -511,7 +513,7 @@ def _parse_pools(raw: object, path: str) -> dict[str, Pool]:
             if match is None or not 0 < int(match["port"]) < 65536:
                 raise PolicyError(f"{ep_path}: expected 'host:port', got {ep!r}")
             endpoints.append((match["host"].strip("[]"), int(match["port"])))
-        pools[name] = Pool(name, tuple(endpoints), kv_capacity)
+        pools[name] = Pool(name, tuple(endpoints), **capacities)
     return pools
 
 

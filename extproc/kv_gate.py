@@ -1,7 +1,8 @@
 """KV admission on the request path: hold a request's KV footprint in its pool, or 503.
 
 What lives here: `KvGate`, the Admission that asks `breaker.kv_admission.KvLedger` whether
-the request's tier may still fill its pool (pools with `kv_capacity_tokens` only), and the
+the request's tier may still fill its pool (pools with `kv_capacity_tokens` or
+`max_num_seqs` only), and the
 OutcomeSink that frees the footprint when the request's access-log entry (or its expiry)
 comes back. A refusal is a 503 with a 1 s Retry-After: the pool is full right now, which
 says nothing about the caller's budget, and a slot frees as soon as any request ends.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from breaker.kv_admission import KvLedger, kv_footprint
+from breaker.kv_admission import KvLedger, kv_footprint, pool_capacity
 from budget.policy import Policy
 from extproc.accesslog import RequestOutcome
 from extproc.errors import Overloaded
@@ -25,36 +26,42 @@ class KvGate:
         self._metrics = metrics
         self.ledger = KvLedger()
 
-    def capacity_tokens(self, pool: str) -> float | None:
-        """This sidecar's part of the pool's KV cache: capacity / replicas."""
-        policy = self._policy()
-        spec = policy.pools.get(pool)
-        if spec is None or spec.kv_capacity_tokens is None:
-            return None
-        return spec.kv_capacity_tokens / policy.budget.replicas
-
     async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
-        capacity = self.capacity_tokens(decision.pool)
+        policy = self._policy()
+        spec = policy.pools.get(decision.pool)
+        capacity = None if spec is None else pool_capacity(spec, policy.budget.replicas)
         if capacity is None:
             return Admitted(decision)
-        share = self._policy().breaker.kv_shares[decision.caller.tier]
+        share = policy.breaker.kv_shares[decision.caller.tier]
         tokens = kv_footprint(decision.context_tokens, decision.bucket)
         verdict = self.ledger.admit(reservation_id, decision.pool, tokens, capacity, share)
-        self._metrics.kv_in_flight(decision.pool).set(verdict.in_flight_tokens)
+        self._export(decision.pool)
         if verdict.admitted:
             return Admitted(decision)
+        tier = decision.caller.tier.value
+        if verdict.limit == "kv_cache":
+            raise Overloaded(
+                f"The {decision.pool!r} pool has no KV-cache room for this request's context "
+                f"({decision.context_tokens} tokens) at the {tier} tier right now. Please "
+                f"retry shortly, or lower max_tokens.",
+                reason="kv_cache_full",
+                retry_after_s=1,
+            )
         raise Overloaded(
-            f"The {decision.pool!r} pool has no KV-cache room for this request's context "
-            f"({decision.context_tokens} tokens) at the {decision.caller.tier.value} tier "
-            f"right now. Please retry shortly, or lower max_tokens.",
-            reason="kv_cache_full",
+            f"The {decision.pool!r} pool runs as many requests as it may at the {tier} tier "
+            f"right now. Please retry shortly.",
+            reason="sequences_full",
             retry_after_s=1,
         )
+
+    def _export(self, pool: str) -> None:
+        self._metrics.kv_in_flight(pool).set(self.ledger.in_flight.get(pool, 0))
+        self._metrics.sequences_in_flight(pool).set(self.ledger.requests.get(pool, 0))
 
     async def release(self, decision: RoutingDecision, reservation_id: str) -> None:
         """Undo an admission a later step refused."""
         if self.ledger.release(reservation_id):
-            self._metrics.kv_in_flight(decision.pool).set(self.ledger.in_flight[decision.pool])
+            self._export(decision.pool)
 
     async def record(self, outcome: RequestOutcome) -> None:
         """OutcomeSink: the request ended (or expired): its footprint is free again."""

@@ -213,7 +213,8 @@ class SidecarMetrics:
             Gauge(
                 "slogate_kv_in_flight_tokens",
                 "KV-cache footprint (context x bucket KV weight) of the requests this sidecar "
-                "admitted and has not seen end, by pool (pools with kv_capacity_tokens).",
+                "admitted and has not seen end, by pool (pools with kv_capacity_tokens or "
+                "max_num_seqs).",
                 ["pool"],
                 registry=r,
             )
@@ -225,6 +226,15 @@ class SidecarMetrics:
                 "interval (actual) and the Holt-Winters forecast 3 intervals ahead (forecast); "
                 "keys with a tokens-per-minute limit.",
                 ["tenant", "kind"],
+                registry=r,
+            )
+        )
+        self.sequences_in_flight = Family(
+            Gauge(
+                "slogate_sequences_in_flight",
+                "Requests this sidecar admitted and has not seen end, by pool (pools with "
+                "kv_capacity_tokens or max_num_seqs).",
+                ["pool"],
                 registry=r,
             )
         )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from breaker.kv_admission import KvLedger, kv_footprint
+from breaker.kv_admission import KvLedger, PoolCapacity, kv_footprint, pool_capacity
 from budget.policy import parse_policy
 from extproc.errors import RateLimited
 from extproc.request_flow import AdmissionChain, Admitted, RoutingDecision
@@ -24,16 +25,34 @@ def test_footprint_weights_the_context_by_its_bucket() -> None:
 
 def test_each_tier_fills_the_pool_up_to_its_share() -> None:
     ledger = KvLedger()
-    assert ledger.admit("a", "p", 800, capacity_tokens=1000, share=0.85).admitted
-    refused = ledger.admit("b", "p", 100, capacity_tokens=1000, share=0.85)
-    assert not refused.admitted and refused.in_flight_tokens == 800
-    assert refused.ceiling_tokens == 850
-    assert ledger.admit("c", "p", 100, capacity_tokens=1000, share=1.0).admitted  # critical
-    assert ledger.admit("d", "other", 900, capacity_tokens=1000, share=0.95).admitted
+    cache = PoolCapacity(kv_tokens=1000, sequences=None)
+    assert ledger.admit("a", "p", 800, cache, share=0.85).admitted
+    refused = ledger.admit("b", "p", 100, cache, share=0.85)
+    assert not refused.admitted and refused.limit == "kv_cache"
+    assert refused.in_flight_tokens == 800 and refused.in_flight_requests == 1
+    assert ledger.admit("c", "p", 100, cache, share=1.0).admitted  # critical: the top 15%
+    assert ledger.admit("d", "other", 900, cache, share=0.95).admitted
     assert ledger.release("a") and not ledger.release("a")  # released once
     assert not ledger.release("b")  # never admitted: nothing to give back
     assert ledger.in_flight == {"p": 100, "other": 900}
+    assert ledger.requests == {"p": 1, "other": 1}
     assert ledger.usage("p", 1000) == pytest.approx(0.1)
+
+
+def test_batch_slots_are_shared_by_tier_too() -> None:
+    ledger = KvLedger()
+    slots = PoolCapacity(kv_tokens=None, sequences=10)
+    admitted = [ledger.admit(f"s{i}", "p", 1, slots, share=0.85).admitted for i in range(10)]
+    assert admitted == [True] * 8 + [False] * 2  # sheddable: 8 of 10 slots
+    assert ledger.admit("c1", "p", 1, slots, share=1.0).admitted  # critical: the rest
+    assert ledger.admit("c2", "p", 1, slots, share=1.0).admitted
+    refused = ledger.admit("c3", "p", 1, slots, share=1.0)
+    assert not refused.admitted and refused.limit == "sequences"
+    policy = parse_policy({})
+    unlimited = policy.pools["default"]
+    assert pool_capacity(unlimited) is None  # nothing declared: no admission at all
+    declared = dataclasses.replace(unlimited, kv_capacity_tokens=9000, max_num_seqs=300)
+    assert pool_capacity(declared, replicas=3) == PoolCapacity(3000, 100)
 
 
 class _Holding:
