@@ -23,7 +23,7 @@ import numpy as np
 
 from breaker.board import BreakerBoard
 from breaker.controller import TierMultipliers
-from breaker.kv_admission import KvLedger, kv_footprint
+from breaker.kv_admission import KvLedger, kv_footprint, pool_capacity
 from breaker.latency import ResponseWindows
 from breaker.shedding import Action, budget_multiplier, shed
 from budget.ledger import Charge, KeyState, reserve, scale_limits, settle
@@ -63,8 +63,9 @@ class VirtualClock:
 class _Engine:
     kv: KvCache
     waiting: dict[str, tuple[int, Arrival]] = field(default_factory=dict)
-    # Integrals over virtual time, for utilisation: KV tokens in use x seconds.
-    kv_token_s: float = 0.0
+    # Integral over virtual time, for utilisation: occupancy (the fuller of the KV cache and
+    # the batch slots, 0..1) x seconds.
+    busy_s: float = 0.0
     served: int = 0
 
 
@@ -134,7 +135,7 @@ class OfflineFleet:
         if fixed_multipliers is not None:  # a static quota: set once, never stepped
             self.quotas.values.update(fixed_multipliers)
         self.apply_multipliers = controller or fixed_multipliers is not None
-        # KV admission for pools whose policy gives kv_capacity_tokens: the sidecar's ledger.
+        # Admission for pools whose policy gives their KV cache or batch slots: the ledger.
         self.kv_ledger = KvLedger()
         self.kv_samples: list[float] = []
         self.timeline: list[Sample] = []
@@ -207,7 +208,7 @@ class OfflineFleet:
             if verdict.action is Action.REROUTE:
                 pool = policy.fallback_pool
         # The sidecar's order: breaker, KV admission, budgets (a refused budget frees the KV).
-        capacity = policy.pools[pool].kv_capacity_tokens
+        capacity = pool_capacity(policy.pools[pool])
         if capacity is not None:
             footprint = kv_footprint(context, bucket)
             share = policy.breaker.kv_shares[tier]
@@ -246,17 +247,17 @@ class OfflineFleet:
         if elapsed_s <= 0:
             return
         for engine in self.engines.values():
-            engine.kv_token_s += min(engine.kv.used_tokens, engine.kv.capacity_tokens) * elapsed_s
+            kv = engine.kv
+            occupancy = max(kv.usage_perc, kv.num_running / kv.max_running)
+            engine.busy_s += occupancy * elapsed_s
         self._accounted_s += elapsed_s
 
     def utilisation(self) -> dict[str, float]:
-        """Per pool: KV-cache occupancy averaged over the run, 0..1 (the GPU memory that
-        bounds how many requests an engine can batch: the utilisation that quotas move)."""
+        """Per pool: occupancy averaged over the run, 0..1 -- at each moment the fuller of
+        the KV cache and the batch slots, whichever bounds how much the engine can batch
+        (long contexts fill the cache first, short ones the slots)."""
         span_s = max(self._accounted_s, 1e-9)
-        return {
-            name: engine.kv_token_s / (engine.kv.capacity_tokens * span_s)
-            for name, engine in self.engines.items()
-        }
+        return {name: engine.busy_s / span_s for name, engine in self.engines.items()}
 
     def busiest_pool(self) -> str:
         return max(self.engines, key=lambda name: self.engines[name].served)
