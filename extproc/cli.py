@@ -345,7 +345,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         measured = load_policy(args.latency_from)
         fit = measured.latency_models.get(measured.default_pool)
         if fit is None:
-            print(f"slogate: {args.latency_from} has no latency_model for its default pool")
+            print(
+                f"slogate: {args.latency_from} has no latency_model for its default pool",
+                file=sys.stderr,
+            )
             return 2
         latency = latency_config(fit, measured.buckets)
     workload = load_workload(path, SIMULATION_POLICY)
