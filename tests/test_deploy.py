@@ -39,6 +39,7 @@ def test_alert_rules_are_valid_and_their_unit_tests_pass() -> None:
         ("> 0.01\n", "> 0.05\n"),  # 5xx threshold
         ("for: 2m", "for: 20m"),  # KV cache hold time
         ("slogate_redis_up == 0", "slogate_redis_up == 2"),
+        ("> 0.10\n", "> 0.30\n"),  # pool-full refusal share
     ],
 )
 def test_rule_tests_catch_a_weakened_rule(tmp_path: Path, original: str, weakened: str) -> None:
