@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf import json_format
 
+from breaker.kv_admission import pool_capacity
 from breaker.levels import BreakerLevel
 from budget.failover import FailoverStore
 from budget.ledger import Limits
@@ -83,10 +84,30 @@ class AdminService(pb_grpc.AdminServicer):
             breaker.last_transition = self._last_transition.get(name, "")
             reading = board.readings.get(name)
             if reading is not None:
-                for field in ("p99_over_slo", "error_rate", "kv_cache_usage", "gpu_memory_usage"):
+                for field in (
+                    "p99_over_slo",
+                    "error_rate",
+                    "kv_cache_usage",
+                    "gpu_memory_usage",
+                    "queue_ratio",
+                ):
                     value = getattr(reading.signals, field)
                     if value is not None:
                         setattr(breaker.signals, field, value)
+        ledger = sidecar.kv_gate.ledger
+        for name, pool in policy.pools.items():
+            capacity = pool_capacity(pool, policy.budget.replicas)
+            if capacity is None:
+                continue
+            held = reply.admission.add(
+                pool=name,
+                kv_tokens_held=ledger.in_flight.get(name, 0),
+                requests_held=ledger.requests.get(name, 0),
+            )
+            if capacity.kv_tokens is not None:
+                held.kv_tokens_capacity = capacity.kv_tokens
+            if capacity.sequences is not None:
+                held.requests_capacity = capacity.sequences
         return reply
 
     async def Keys(
@@ -115,6 +136,11 @@ class AdminService(pb_grpc.AdminServicer):
             safety = sidecar.key_quotas.safety_factor(key)
             if safety is not None:
                 status.safety_factor = safety
+            demand = sidecar.key_quotas.demand(key)
+            if demand is not None:
+                status.demand_tokens_per_minute = demand[0]
+                if demand[1] is not None:
+                    status.demand_forecast_tokens_per_minute = demand[1]
         return reply
 
     async def Drill(
@@ -175,6 +201,7 @@ def status_table(reply: pb.StatusReply) -> str:
             _number(b.signals, "error_rate"),
             _number(b.signals, "kv_cache_usage"),
             _number(b.signals, "gpu_memory_usage"),
+            _number(b.signals, "queue_ratio"),
             b.last_transition,
         )
         for b in reply.breakers
@@ -188,14 +215,39 @@ def status_table(reply: pb.StatusReply) -> str:
         + ", ".join(f"{t} {v:.2f}" for t, v in sorted(reply.quota_multipliers.items()))
         + f" (load {_number(reply, 'load_score')}, forecast {_number(reply, 'load_forecast')})"
     )
-    return (
+    text = (
         head
         + "\n\n"
         + table(
-            ("pool", "level", "signals", "probing", "drill", "p99/slo", "5xx", "kv", "gpu", "last"),
+            (
+                "pool",
+                "level",
+                "signals",
+                "probing",
+                "drill",
+                "p99/slo",
+                "5xx",
+                "kv",
+                "gpu",
+                "queue",
+                "last",
+            ),
             rows,
         )
     )
+    if reply.admission:
+        held = [
+            (
+                a.pool,
+                f"{a.kv_tokens_held} / {_number(a, 'kv_tokens_capacity', '{:.0f}')}",
+                f"{a.requests_held} / {_number(a, 'requests_capacity', '{:.0f}')}",
+            )
+            for a in reply.admission
+        ]
+        text += "\n\nadmission (this sidecar)\n" + table(
+            ("pool", "KV tokens held / may hold", "requests held / may hold"), held
+        )
+    return text
 
 
 def keys_table(reply: pb.KeysReply) -> str:
@@ -213,6 +265,8 @@ def keys_table(reply: pb.KeysReply) -> str:
             f"{k.usage_1h:.0f}",
             _number(k, "dynamic_tokens_per_minute", "{:.0f}"),
             _number(k, "safety_factor", "{:.2f}"),
+            _number(k, "demand_tokens_per_minute", "{:.0f}"),
+            _number(k, "demand_forecast_tokens_per_minute", "{:.0f}"),
         )
         for k in reply.keys
     ]
@@ -230,6 +284,8 @@ def keys_table(reply: pb.KeysReply) -> str:
             "1h",
             "dynamic tpm",
             "safety",
+            "demand tpm",
+            "forecast",
         ),
         rows,
     )

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -128,5 +131,25 @@ def test_kv_admission_through_the_stack(tmp_path: Path) -> None:
             return values == [0.0]  # NaN until the first scrape; NaN != 0
 
         assert wait_for(queue_seen, timeout_s=15.0)
+
+        # The admin API shows what admission holds, against this sidecar's capacity.
+        status = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "extproc.cli",
+                "status",
+                "--json",
+                "--admin",
+                stack.admin_address,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        (held,) = json.loads(status.stdout)["admission"]
+        assert held["pool"] == "default" and held["kvTokensCapacity"] == 10_000
+        assert held.get("kvTokensHeld", "0") == "0" and "requestsCapacity" not in held
     finally:
         stack.stop()

@@ -11,16 +11,32 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Signals(_message.Message):
-    __slots__ = ("p99_over_slo", "error_rate", "kv_cache_usage", "gpu_memory_usage")
+    __slots__ = ("p99_over_slo", "error_rate", "kv_cache_usage", "gpu_memory_usage", "queue_ratio")
     P99_OVER_SLO_FIELD_NUMBER: _ClassVar[int]
     ERROR_RATE_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
     GPU_MEMORY_USAGE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_RATIO_FIELD_NUMBER: _ClassVar[int]
     p99_over_slo: float
     error_rate: float
     kv_cache_usage: float
     gpu_memory_usage: float
-    def __init__(self, p99_over_slo: _Optional[float] = ..., error_rate: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., gpu_memory_usage: _Optional[float] = ...) -> None: ...
+    queue_ratio: float
+    def __init__(self, p99_over_slo: _Optional[float] = ..., error_rate: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., gpu_memory_usage: _Optional[float] = ..., queue_ratio: _Optional[float] = ...) -> None: ...
+
+class PoolAdmission(_message.Message):
+    __slots__ = ("pool", "kv_tokens_held", "kv_tokens_capacity", "requests_held", "requests_capacity")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    KV_TOKENS_HELD_FIELD_NUMBER: _ClassVar[int]
+    KV_TOKENS_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_HELD_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    kv_tokens_held: int
+    kv_tokens_capacity: float
+    requests_held: int
+    requests_capacity: float
+    def __init__(self, pool: _Optional[str] = ..., kv_tokens_held: _Optional[int] = ..., kv_tokens_capacity: _Optional[float] = ..., requests_held: _Optional[int] = ..., requests_capacity: _Optional[float] = ...) -> None: ...
 
 class Breaker(_message.Message):
     __slots__ = ("pool", "level", "signal_level", "probing", "drill_level", "drill_remaining_s", "signals", "last_transition")
@@ -43,7 +59,7 @@ class Breaker(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., level: _Optional[int] = ..., signal_level: _Optional[int] = ..., probing: _Optional[bool] = ..., drill_level: _Optional[int] = ..., drill_remaining_s: _Optional[float] = ..., signals: _Optional[_Union[Signals, _Mapping]] = ..., last_transition: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("breakers", "budget_store", "redis_up", "policy_source", "keys", "inflight_requests", "gpu_available", "quota_multipliers", "load_score", "load_forecast")
+    __slots__ = ("breakers", "budget_store", "redis_up", "policy_source", "keys", "inflight_requests", "gpu_available", "quota_multipliers", "load_score", "load_forecast", "admission")
     class QuotaMultipliersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +77,7 @@ class StatusReply(_message.Message):
     QUOTA_MULTIPLIERS_FIELD_NUMBER: _ClassVar[int]
     LOAD_SCORE_FIELD_NUMBER: _ClassVar[int]
     LOAD_FORECAST_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_FIELD_NUMBER: _ClassVar[int]
     breakers: _containers.RepeatedCompositeFieldContainer[Breaker]
     budget_store: str
     redis_up: bool
@@ -71,7 +88,8 @@ class StatusReply(_message.Message):
     quota_multipliers: _containers.ScalarMap[str, float]
     load_score: float
     load_forecast: float
-    def __init__(self, breakers: _Optional[_Iterable[_Union[Breaker, _Mapping]]] = ..., budget_store: _Optional[str] = ..., redis_up: _Optional[bool] = ..., policy_source: _Optional[str] = ..., keys: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., gpu_available: _Optional[bool] = ..., quota_multipliers: _Optional[_Mapping[str, float]] = ..., load_score: _Optional[float] = ..., load_forecast: _Optional[float] = ...) -> None: ...
+    admission: _containers.RepeatedCompositeFieldContainer[PoolAdmission]
+    def __init__(self, breakers: _Optional[_Iterable[_Union[Breaker, _Mapping]]] = ..., budget_store: _Optional[str] = ..., redis_up: _Optional[bool] = ..., policy_source: _Optional[str] = ..., keys: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., gpu_available: _Optional[bool] = ..., quota_multipliers: _Optional[_Mapping[str, float]] = ..., load_score: _Optional[float] = ..., load_forecast: _Optional[float] = ..., admission: _Optional[_Iterable[_Union[PoolAdmission, _Mapping]]] = ...) -> None: ...
 
 class KeysRequest(_message.Message):
     __slots__ = ("tenant",)
@@ -94,7 +112,7 @@ class Limits(_message.Message):
     def __init__(self, requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ..., tokens_per_hour: _Optional[int] = ..., concurrent_requests: _Optional[int] = ..., max_context_tokens: _Optional[int] = ...) -> None: ...
 
 class KeyStatus(_message.Message):
-    __slots__ = ("key_id", "tenant", "tier", "limits", "outstanding", "usage_1m", "usage_5m", "usage_1h", "dynamic_tokens_per_minute", "safety_factor")
+    __slots__ = ("key_id", "tenant", "tier", "limits", "outstanding", "usage_1m", "usage_5m", "usage_1h", "dynamic_tokens_per_minute", "safety_factor", "demand_tokens_per_minute", "demand_forecast_tokens_per_minute")
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +123,8 @@ class KeyStatus(_message.Message):
     USAGE_1H_FIELD_NUMBER: _ClassVar[int]
     DYNAMIC_TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
     SAFETY_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_FORECAST_TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
     key_id: str
     tenant: str
     tier: str
@@ -115,7 +135,9 @@ class KeyStatus(_message.Message):
     usage_1h: float
     dynamic_tokens_per_minute: float
     safety_factor: float
-    def __init__(self, key_id: _Optional[str] = ..., tenant: _Optional[str] = ..., tier: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., outstanding: _Optional[int] = ..., usage_1m: _Optional[float] = ..., usage_5m: _Optional[float] = ..., usage_1h: _Optional[float] = ..., dynamic_tokens_per_minute: _Optional[float] = ..., safety_factor: _Optional[float] = ...) -> None: ...
+    demand_tokens_per_minute: float
+    demand_forecast_tokens_per_minute: float
+    def __init__(self, key_id: _Optional[str] = ..., tenant: _Optional[str] = ..., tier: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., outstanding: _Optional[int] = ..., usage_1m: _Optional[float] = ..., usage_5m: _Optional[float] = ..., usage_1h: _Optional[float] = ..., dynamic_tokens_per_minute: _Optional[float] = ..., safety_factor: _Optional[float] = ..., demand_tokens_per_minute: _Optional[float] = ..., demand_forecast_tokens_per_minute: _Optional[float] = ...) -> None: ...
 
 class KeysReply(_message.Message):
     __slots__ = ("keys",)
