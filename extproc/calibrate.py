@@ -145,6 +145,9 @@ async def measure(
     timeout_s: float = 120.0,
 ) -> Measurement:
     url = url.rstrip("/").removesuffix("/v1")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CalibrationError(f"{url!r}: expected http(s)://host[:port]")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     result = Measurement(pool, url)
     result.rtt_ms = await measure_rtt_ms(url)

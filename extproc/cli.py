@@ -293,6 +293,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from budget.policy import load_policy
     from extproc.calibrate import CalibrationError, Measurement, measure, report
 
+    if args.requests < 1 or args.per_size < 1 or args.max_context < 512:
+        print(
+            "slogate calibrate: --requests and --per-size must be >= 1, --max-context >= 512",
+            file=sys.stderr,
+        )
+        return 2
     policy = load_policy(args.policy)
     targets = []
     for index, value in enumerate(args.url):
@@ -318,7 +324,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     try:
         measurements = asyncio.run(run())
-    except (CalibrationError, OSError, TimeoutError, aiohttp.ClientError) as error:
+    except (CalibrationError, OSError, TimeoutError, aiohttp.ClientError, ValueError) as error:
         print(f"slogate calibrate: {error}", file=sys.stderr)
         return 1
     text = report(measurements, policy.buckets)

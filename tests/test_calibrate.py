@@ -11,7 +11,7 @@ import yaml
 from aiohttp import web
 
 from budget.policy import LatencyFit, load_policy, parse_policy
-from extproc.calibrate import measure, probe_sizes, report
+from extproc.calibrate import CalibrationError, measure, probe_sizes, report
 from sim.calibration import Sample, fit_latency, latency_config, pool_spread
 from sim.config import PoolConfig
 from sim.model import LatencyConfig
@@ -96,6 +96,26 @@ async def test_calibrating_a_simulated_pool_finds_its_model(tmp_path: Path) -> N
 def test_unreachable_endpoint_is_a_clear_error() -> None:
     with pytest.raises(OSError):
         asyncio.run(measure("default", "http://127.0.0.1:9", "m", POLICY.buckets, tiny_count=1))
+    with pytest.raises(CalibrationError, match="expected http"):
+        asyncio.run(measure("default", "not a url", "m", POLICY.buckets, tiny_count=1))
+
+
+async def test_an_endpoint_that_refuses_is_reported_with_its_answer() -> None:
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "bad key"}}, status=401)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        with pytest.raises(CalibrationError, match=r"answered 401.*bad key"):
+            await measure("default", f"http://127.0.0.1:{port}", "m", POLICY.buckets)
+    finally:
+        await runner.cleanup()
 
 
 def test_latency_model_section_is_checked() -> None:
