@@ -14,8 +14,13 @@ it happens. A tier may fill its pool (cache and slots) up to its share (default:
 meets a refusal here (429, retry) rather than an OOM or a queue in the engine.
 
 The footprint is an upper bound: the engine holds the prompt plus the tokens generated so
-far, not max_tokens from the start. Capacity is per sidecar: with `replicas` sidecars in
-front of a pool, each admits against capacity / replicas.
+far, not max_tokens from the start, and clients often send max_tokens far above what they
+get back (4096 for a 200-token answer counts 3-5x too much). So the ledger learns, per pool,
+the ratio of what the engine reports holding (its scraped KV usage) to what it counted, and
+admits against counted x ratio: up at once when the engine is fuller than thought, down
+slowly, back to 1.0 when the engine's metrics go stale. Each admission is still counted the
+moment it happens; only the conversion to real cache is learned. Capacity is per sidecar:
+with `replicas` sidecars in front of a pool, each admits against capacity / replicas.
 """
 
 from __future__ import annotations
@@ -58,10 +63,33 @@ class KvVerdict:
 
 
 class KvLedger:
+    min_ratio = 0.1  # never trust the engine to hold less than a tenth of the upper bound
+    min_share = 0.05  # ... nor learn from a pool this sidecar barely uses
+    decay = 0.1  # how fast the ratio follows the engine down; up, it follows at once
+
     def __init__(self) -> None:
         self.in_flight: dict[str, int] = {}  # pool -> tokens held by admitted requests
         self.requests: dict[str, int] = {}  # pool -> admitted requests not yet ended
         self._held: dict[str, tuple[str, int]] = {}  # request id -> (pool, tokens)
+        # pool -> what the engine really holds per counted token (1.0: the upper bound).
+        self.ratio: dict[str, float] = {}
+
+    def observe(self, pool: str, engine_kv_usage: float | None, capacity_tokens: float) -> None:
+        """Learn how much of the counted footprint the engine really holds, from its own KV
+        usage (scraped). Up at once (the safe side), down slowly; no reading, or a stale
+        one (reported as 1.0): back toward the upper bound."""
+        counted = self.in_flight.get(pool, 0)
+        current = self.ratio.get(pool, 1.0)
+        if engine_kv_usage is None or engine_kv_usage >= 1.0:
+            self.ratio[pool] = 1.0
+            return
+        if counted < self.min_share * capacity_tokens:
+            return  # too little in flight to tell
+        sample = min(1.0, max(self.min_ratio, engine_kv_usage * capacity_tokens / counted))
+        if sample >= current:
+            self.ratio[pool] = sample
+        else:
+            self.ratio[pool] = current + self.decay * (sample - current)
 
     def admit(
         self, request_id: str, pool: str, tokens: int, capacity: PoolCapacity, share: float
@@ -70,7 +98,11 @@ class KvLedger:
         both leaves room."""
         current = self.in_flight.get(pool, 0)
         running = self.requests.get(pool, 0)
-        if capacity.kv_tokens is not None and current + tokens > capacity.kv_tokens * share:
+        ratio = self.ratio.get(pool, 1.0)
+        if (
+            capacity.kv_tokens is not None
+            and (current + tokens) * ratio > capacity.kv_tokens * share
+        ):
             return KvVerdict(False, "kv_cache", current, running)
         if capacity.sequences is not None and running + 1 > capacity.sequences * share:
             return KvVerdict(False, "sequences", current, running)

@@ -54,6 +54,16 @@ class KvGate:
             retry_after_s=1,
         )
 
+    def observe(self, kv_cache_usage: Callable[[str], float | None]) -> None:
+        """Each controller interval: learn each pool's real-to-counted KV ratio."""
+        policy = self._policy()
+        for name, pool in policy.pools.items():
+            capacity = pool_capacity(pool, policy.budget.replicas)
+            if capacity is not None and capacity.kv_tokens is not None:
+                # The engine's usage is the whole pool's; this sidecar counts its part.
+                self.ledger.observe(name, kv_cache_usage(name), capacity.kv_tokens)
+                self._metrics.kv_footprint_ratio(name).set(self.ledger.ratio.get(name, 1.0))
+
     def _export(self, pool: str) -> None:
         self._metrics.kv_in_flight(pool).set(self.ledger.in_flight.get(pool, 0))
         self._metrics.sequences_in_flight(pool).set(self.ledger.requests.get(pool, 0))

@@ -238,6 +238,15 @@ class SidecarMetrics:
                 registry=r,
             )
         )
+        self.kv_footprint_ratio = Family(
+            Gauge(
+                "slogate_kv_footprint_ratio",
+                "KV the engines report holding per token admission counted (prompt + "
+                "max_tokens), learned per pool; 1.0: the upper bound.",
+                ["pool"],
+                registry=r,
+            )
+        )
         self.quota_multiplier = Family(
             Gauge(
                 "slogate_quota_multiplier",

@@ -315,6 +315,8 @@ class Sidecar:
 
     def control_quotas(self) -> None:
         score, memory_usage = self.board.fleet_load()  # the most loaded pool sets the pace
+        if self.policy().breaker.scrape_metrics:
+            self.kv_gate.observe(self.scraper.kv_cache_usage)
         for adjustment in self.quotas.step(score):
             tier = adjustment.what.split(":", 1)[1]
             direction = "shrink" if adjustment.after < adjustment.before else "grow"

@@ -146,6 +146,7 @@ class OfflineFleet:
         self.multiplier_history: list[tuple[float, dict[str, float]]] = []
         self.results: dict[str, Served] = {}
         self._outputs: dict[str, int] = {}
+        self._planned: dict[str, int] = {}  # request id -> output tokens it will generate
         self._arrivals: dict[str, Arrival] = {}
         self._events: list[tuple[float, int, str, str]] = []
         self._sequence = itertools.count()
@@ -228,7 +229,11 @@ class OfflineFleet:
                 self.results[request_id] = Served(arrival, pool, "budget")
                 return
         engine = self.engines[pool]
-        kv_tokens = kv_tokens_for(arrival.prompt_tokens, arrival.max_tokens, self.latency.buckets)
+        # What the engine will hold: the prompt and the tokens it will really generate (vLLM
+        # grows a request's cache as it decodes; it never sets max_tokens aside). The
+        # sidecar's ledger counts prompt + max_tokens: an upper bound, as in production.
+        output = self._planned[request_id] = self._output_tokens(arrival)
+        kv_tokens = kv_tokens_for(arrival.prompt_tokens, output, self.latency.buckets)
         engine.served += 1
         self.results[request_id] = Served(arrival, pool, "served")
         admission = engine.kv.submit(request_id, kv_tokens)
@@ -238,6 +243,7 @@ class OfflineFleet:
             engine.waiting[request_id] = (kv_tokens, arrival)
         else:
             self.results[request_id].outcome = "engine_full"
+            self._planned.pop(request_id, None)
             self.kv_ledger.release(request_id)
             self._settle(request_id, None)
 
@@ -281,9 +287,21 @@ class OfflineFleet:
     def _control(self) -> None:
         """One controller interval, from the same inputs the sidecar uses (board.fleet_load)."""
         score, _ = self.board.fleet_load()
+        for name, pool in self.policy.pools.items():
+            capacity = pool_capacity(pool)
+            if capacity is not None and capacity.kv_tokens is not None:
+                scraped = self._scraped.get(name, (None, None))[0]
+                self.kv_ledger.observe(name, scraped, capacity.kv_tokens)
         self._last_score = score
         if self.quotas.step(score):
             self.multiplier_history.append((self.clock.now_s, dict(self.quotas.values)))
+
+    def _output_tokens(self, arrival: Arrival) -> int:
+        """How long the model 'wants' to answer, from the request's own generator."""
+        draws = np.random.default_rng(
+            [self.seed, round(arrival.at_s * 1e6), arrival.prompt_tokens, 1]
+        )
+        return LatencyModel(self.latency, draws).sample_output_tokens(arrival.max_tokens)
 
     def _start(self, request_id: str, engine: _Engine) -> None:
         arrival = self._arrivals[request_id]
@@ -301,8 +319,9 @@ class OfflineFleet:
             served.done_s = self.clock.now_s + ttft_s
             self._push(served.done_s, "finish", request_id)
             self._outputs[request_id] = 0
+            self._planned.pop(request_id, None)
             return
-        output = model.sample_output_tokens(arrival.max_tokens)
+        output = self._planned.pop(request_id)
         context = arrival.prompt_tokens + arrival.max_tokens
         decode_s = output * model.sample_decode_s_per_token(running, context)
         served.ttft_s = self.clock.now_s - arrival.at_s + ttft_s

@@ -42,6 +42,30 @@ def test_each_tier_fills_the_pool_up_to_its_share() -> None:
     assert ledger.usage("p", 1000) == pytest.approx(0.1)
 
 
+def test_the_ledger_learns_what_the_engine_really_holds() -> None:
+    ledger = KvLedger()
+    cache = PoolCapacity(kv_tokens=10_000, sequences=None)
+    for i in range(4):  # 4 x 2000 counted (prompt + max_tokens), the engine holds 25% of it
+        assert ledger.admit(f"r{i}", "p", 2000, cache, share=0.85).admitted
+    assert not ledger.admit("x", "p", 2000, cache, share=0.85).admitted  # 10000 > 8500
+    ledger.observe("p", engine_kv_usage=0.2, capacity_tokens=10_000)  # 2000 real of 8000
+    assert ledger.ratio["p"] == pytest.approx(1.0 + 0.1 * (0.25 - 1.0))  # down slowly
+    for _ in range(60):
+        ledger.observe("p", engine_kv_usage=0.2, capacity_tokens=10_000)
+    assert ledger.ratio["p"] == pytest.approx(0.25, rel=0.01)
+    assert ledger.admit("x", "p", 2000, cache, share=0.85).admitted  # 10000 x 0.25 fits
+    ledger.observe("p", engine_kv_usage=0.6, capacity_tokens=10_000)  # fuller than thought
+    assert ledger.ratio["p"] == pytest.approx(0.6)  # up at once
+    ledger.observe("p", engine_kv_usage=1.0, capacity_tokens=10_000)  # stale metrics
+    assert ledger.ratio["p"] == 1.0
+    ledger.observe("p", engine_kv_usage=None, capacity_tokens=10_000)
+    assert ledger.ratio["p"] == 1.0
+    quiet = KvLedger()  # too little in flight to learn anything
+    quiet.admit("q", "p", 100, cache, share=1.0)
+    quiet.observe("p", engine_kv_usage=0.001, capacity_tokens=10_000)
+    assert quiet.ratio.get("p", 1.0) == 1.0
+
+
 def test_batch_slots_are_shared_by_tier_too() -> None:
     ledger = KvLedger()
     slots = PoolCapacity(kv_tokens=None, sequences=10)
