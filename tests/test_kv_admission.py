@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -175,5 +176,38 @@ def test_kv_admission_through_the_stack(tmp_path: Path) -> None:
         (held,) = json.loads(status.stdout)["admission"]
         assert held["pool"] == "default" and held["kvTokensCapacity"] == 10_000
         assert held.get("kvTokensHeld", "0") == "0" and "requestsCapacity" not in held
+    finally:
+        stack.stop()
+
+
+@pytest.mark.e2e
+def test_the_sidecar_learns_the_engines_real_footprint(tmp_path: Path) -> None:
+    """Streams that ask for 2000 tokens: the sidecar counts prompt + max_tokens, the pool's
+    engine reports its own KV usage, and the learned ratio falls below the upper bound."""
+    raw = yaml.safe_load(EXAMPLE_POLICY.read_text())
+    raw["pools"]["default"]["kv_capacity_tokens"] = 50_000
+    breaker = raw.setdefault("breaker", {})
+    breaker.update({"controller_interval_s": 1, "scrape_interval_s": 1})
+    path = tmp_path / "policy-ratio.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    stack = start_stack(tmp_path, policy=path, time_scale=0.2)  # ~8 s per stream
+    try:
+        body = chat_body("go on", max_tokens=2000, stream=True, ignore_eos=True)
+        with ThreadPoolExecutor(4) as pool:
+            streams = [
+                pool.submit(post, stack.url, CHAT, body, key="sk-demo-critical") for _ in range(4)
+            ]
+
+            def learned() -> bool:
+                samples = scrape(stack.metrics_url)
+                ratio = [
+                    value
+                    for (name, labels), value in samples.items()
+                    if name == "slogate_kv_footprint_ratio" and ("pool", "default") in labels
+                ]
+                return bool(ratio) and ratio[0] < 0.95
+
+            assert wait_for(learned, timeout_s=8.0)
+            assert all(s.result().status == 200 for s in streams)
     finally:
         stack.stop()
