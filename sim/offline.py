@@ -95,6 +95,7 @@ class OfflineFleet:
         latency: LatencyConfig | None = None,
         overcommit_ratio: float = 1.0,
         overcommit_error_rate: float = 0.5,
+        sidecar_split: Sequence[float] = (1.0,),
     ) -> None:
         self.policy = policy
         self.seed = seed
@@ -136,7 +137,12 @@ class OfflineFleet:
             self.quotas.values.update(fixed_multipliers)
         self.apply_multipliers = controller or fixed_multipliers is not None
         # Admission for pools whose policy gives their KV cache or batch slots: the ledger.
-        self.kv_ledger = KvLedger()
+        # One ledger per sidecar replica; each request goes through one, drawn with the
+        # split's weights (uneven load balancing across Envoys), and each admits against
+        # capacity / replicas, as in production.
+        self.sidecar_split = [w / sum(sidecar_split) for w in sidecar_split]
+        self.kv_ledgers = [KvLedger() for _ in self.sidecar_split]
+        self._sidecar_of: dict[str, int] = {}
         self.kv_samples: list[float] = []
         self.timeline: list[Sample] = []
         self.oom_events = 0
@@ -209,11 +215,12 @@ class OfflineFleet:
             if verdict.action is Action.REROUTE:
                 pool = policy.fallback_pool
         # The sidecar's order: breaker, KV admission, budgets (a refused budget frees the KV).
-        capacity = pool_capacity(policy.pools[pool])
+        capacity = pool_capacity(policy.pools[pool], len(self.kv_ledgers))
         if capacity is not None:
             footprint = kv_footprint(context, bucket)
             share = policy.breaker.kv_shares[tier]
-            if not self.kv_ledger.admit(request_id, pool, footprint, capacity, share).admitted:
+            ledger = self._ledger_for(request_id, arrival)
+            if not ledger.admit(request_id, pool, footprint, capacity, share).admitted:
                 self.results[request_id] = Served(arrival, pool, "kv_full")
                 return
         if self.use_budgets:
@@ -225,7 +232,7 @@ class OfflineFleet:
             state = self.ledgers.setdefault(arrival.key.key_id, KeyState())
             charge = Charge(context * bucket.cost_weight, context)
             if not reserve(state, limits, charge, request_id, self.clock.now_s, 3600.0).admitted:
-                self.kv_ledger.release(request_id)
+                self._ledger_for(request_id, arrival).release(request_id)
                 self.results[request_id] = Served(arrival, pool, "budget")
                 return
         engine = self.engines[pool]
@@ -244,7 +251,7 @@ class OfflineFleet:
         else:
             self.results[request_id].outcome = "engine_full"
             self._planned.pop(request_id, None)
-            self.kv_ledger.release(request_id)
+            self._ledger_for(request_id, arrival).release(request_id)
             self._settle(request_id, None)
 
     def _account(self, until_s: float) -> None:
@@ -288,13 +295,28 @@ class OfflineFleet:
         """One controller interval, from the same inputs the sidecar uses (board.fleet_load)."""
         score, _ = self.board.fleet_load()
         for name, pool in self.policy.pools.items():
-            capacity = pool_capacity(pool)
+            capacity = pool_capacity(pool, len(self.kv_ledgers))
             if capacity is not None and capacity.kv_tokens is not None:
                 scraped = self._scraped.get(name, (None, None))[0]
-                self.kv_ledger.observe(name, scraped, capacity.kv_tokens)
+                for ledger in self.kv_ledgers:  # every sidecar scrapes the same engines
+                    ledger.observe(name, scraped, capacity.kv_tokens)
         self._last_score = score
         if self.quotas.step(score):
             self.multiplier_history.append((self.clock.now_s, dict(self.quotas.values)))
+
+    def _ledger_for(self, request_id: str, arrival: Arrival) -> KvLedger:
+        index = self._sidecar_of.get(request_id)
+        if index is None:
+            if len(self.kv_ledgers) == 1:
+                index = 0
+            else:
+                draw = np.random.default_rng(
+                    [self.seed, round(arrival.at_s * 1e6), arrival.prompt_tokens, 2]
+                ).random()
+                index = int(np.searchsorted(np.cumsum(self.sidecar_split), draw))
+                index = min(index, len(self.kv_ledgers) - 1)
+            self._sidecar_of[request_id] = index
+        return self.kv_ledgers[index]
 
     def _output_tokens(self, arrival: Arrival) -> int:
         """How long the model 'wants' to answer, from the request's own generator."""
@@ -333,7 +355,7 @@ class OfflineFleet:
     def _finish(self, request_id: str) -> None:
         served = self.results[request_id]
         engine = self.engines[served.pool]
-        self.kv_ledger.release(request_id)
+        self._ledger_for(request_id, served.arrival).release(request_id)
         for started in engine.kv.release(request_id):
             self._start(started, engine)
         arrival = served.arrival
