@@ -25,6 +25,7 @@ class KvGate:
         self._policy = policy
         self._metrics = metrics
         self.ledger = KvLedger()
+        metrics.admission.source = lambda: (self.ledger.in_flight, self.ledger.requests)
 
     async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
         policy = self._policy()
@@ -35,7 +36,6 @@ class KvGate:
         share = policy.breaker.kv_shares[decision.caller.tier]
         tokens = kv_footprint(decision.context_tokens, decision.bucket)
         verdict = self.ledger.admit(reservation_id, decision.pool, tokens, capacity, share)
-        self._export(decision.pool)
         if verdict.admitted:
             return Admitted(decision)
         tier = decision.caller.tier.value
@@ -64,14 +64,9 @@ class KvGate:
                 self.ledger.observe(name, kv_cache_usage(name), capacity.kv_tokens)
                 self._metrics.kv_footprint_ratio(name).set(self.ledger.ratio.get(name, 1.0))
 
-    def _export(self, pool: str) -> None:
-        self._metrics.kv_in_flight(pool).set(self.ledger.in_flight.get(pool, 0))
-        self._metrics.sequences_in_flight(pool).set(self.ledger.requests.get(pool, 0))
-
     async def release(self, decision: RoutingDecision, reservation_id: str) -> None:
         """Undo an admission a later step refused."""
-        if self.ledger.release(reservation_id):
-            self._export(decision.pool)
+        self.ledger.release(reservation_id)
 
     async def record(self, outcome: RequestOutcome) -> None:
         """OutcomeSink: the request ended (or expired): its footprint is free again."""
