@@ -10,8 +10,9 @@ Pure: no clock, no I/O; the sidecar and the offline simulator call the same meth
 Why: the breaker and the quota controller read the engines through a metrics scrape, seconds
 late, and a 10x burst fills a KV cache in less. The ledger knows each admission the moment
 it happens. A tier may fill its pool (cache and slots) up to its share (default: critical
-100%, standard 95%, sheddable 85%), so the last 5-15% stays free for the tiers above it and a burst
-meets a refusal here (429, retry) rather than an OOM or a queue in the engine.
+100%, standard 95%, sheddable 85%), so the last 5-15% stays free for the tiers above it,
+and a burst meets a refusal here (503, retry in 1 s) rather than an OOM or a queue in the
+engine.
 
 The footprint is an upper bound: the engine holds the prompt plus the tokens generated so
 far, not max_tokens from the start, and clients often send max_tokens far above what they
@@ -26,6 +27,7 @@ with `replicas` sidecars in front of a pool, each admits against capacity / repl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from budget.policy import ContextBucket, Pool
@@ -91,6 +93,23 @@ class KvLedger:
         else:
             self.ratio[pool] = current + self.decay * (sample - current)
 
+    def observe_pools(
+        self,
+        pools: Mapping[str, Pool],
+        replicas: int,
+        kv_cache_usage: Callable[[str], float | None],
+    ) -> list[str]:
+        """`observe` every pool with a KV capacity; returns their names. The engine's usage
+        is the whole pool's, set against this sidecar's part of the capacity and its own
+        count: with even load balancing, the same ratio."""
+        observed = []
+        for name, pool in pools.items():
+            capacity = pool_capacity(pool, replicas)
+            if capacity is not None and capacity.kv_tokens is not None:
+                self.observe(name, kv_cache_usage(name), capacity.kv_tokens)
+                observed.append(name)
+        return observed
+
     def admit(
         self, request_id: str, pool: str, tokens: int, capacity: PoolCapacity, share: float
     ) -> KvVerdict:
@@ -120,6 +139,3 @@ class KvLedger:
         self.in_flight[pool] -= tokens
         self.requests[pool] -= 1
         return True
-
-    def usage(self, pool: str, capacity_tokens: float) -> float:
-        return self.in_flight.get(pool, 0) / capacity_tokens

@@ -2,10 +2,10 @@
 
 What lives here: `KvGate`, the Admission that asks `breaker.kv_admission.KvLedger` whether
 the request's tier may still fill its pool (pools with `kv_capacity_tokens` or
-`max_num_seqs` only), and the
-OutcomeSink that frees the footprint when the request's access-log entry (or its expiry)
-comes back. A refusal is a 503 with a 1 s Retry-After: the pool is full right now, which
-says nothing about the caller's budget, and a slot frees as soon as any request ends.
+`max_num_seqs` only), and the OutcomeSink that frees the footprint when the request's
+access-log entry (or its expiry) comes back. A refusal is a 503 with a 1 s Retry-After:
+the pool is full right now, which says nothing about the caller's budget, and room frees
+as soon as any request ends.
 """
 
 from __future__ import annotations
@@ -57,12 +57,8 @@ class KvGate:
     def observe(self, kv_cache_usage: Callable[[str], float | None]) -> None:
         """Each controller interval: learn each pool's real-to-counted KV ratio."""
         policy = self._policy()
-        for name, pool in policy.pools.items():
-            capacity = pool_capacity(pool, policy.budget.replicas)
-            if capacity is not None and capacity.kv_tokens is not None:
-                # The engine's usage is the whole pool's; this sidecar counts its part.
-                self.ledger.observe(name, kv_cache_usage(name), capacity.kv_tokens)
-                self._metrics.kv_footprint_ratio(name).set(self.ledger.ratio.get(name, 1.0))
+        for name in self.ledger.observe_pools(policy.pools, policy.budget.replicas, kv_cache_usage):
+            self._metrics.kv_footprint_ratio(name).set(self.ledger.ratio.get(name, 1.0))
 
     async def release(self, decision: RoutingDecision, reservation_id: str) -> None:
         """Undo an admission a later step refused."""

@@ -294,12 +294,12 @@ class OfflineFleet:
     def _control(self) -> None:
         """One controller interval, from the same inputs the sidecar uses (board.fleet_load)."""
         score, _ = self.board.fleet_load()
-        for name, pool in self.policy.pools.items():
-            capacity = pool_capacity(pool, len(self.kv_ledgers))
-            if capacity is not None and capacity.kv_tokens is not None:
-                scraped = self._scraped.get(name, (None, None))[0]
-                for ledger in self.kv_ledgers:  # every sidecar scrapes the same engines
-                    ledger.observe(name, scraped, capacity.kv_tokens)
+        for ledger in self.kv_ledgers:  # every sidecar scrapes the same engines
+            ledger.observe_pools(
+                self.policy.pools,
+                len(self.kv_ledgers),
+                lambda pool: self._scraped.get(pool, (None, None))[0],
+            )
         self._last_score = score
         if self.quotas.step(score):
             self.multiplier_history.append((self.clock.now_s, dict(self.quotas.values)))
