@@ -143,7 +143,6 @@ class OfflineFleet:
         self.sidecar_split = [w / sum(sidecar_split) for w in sidecar_split]
         self.kv_ledgers = [KvLedger() for _ in self.sidecar_split]
         self._sidecar_of: dict[str, int] = {}
-        self.kv_samples: list[float] = []
         self.timeline: list[Sample] = []
         self.oom_events = 0
         self._last_score: float | None = None
@@ -151,8 +150,7 @@ class OfflineFleet:
         self.until_s = math.inf
         self.multiplier_history: list[tuple[float, dict[str, float]]] = []
         self.results: dict[str, Served] = {}
-        self._outputs: dict[str, int] = {}
-        self._planned: dict[str, int] = {}  # request id -> output tokens it will generate
+        self._outputs: dict[str, int] = {}  # request id -> output tokens it will generate
         self._arrivals: dict[str, Arrival] = {}
         self._events: list[tuple[float, int, str, str]] = []
         self._sequence = itertools.count()
@@ -184,9 +182,6 @@ class OfflineFleet:
             elif kind == "finish":
                 self._finish(request_id)
             elif kind == "evaluate":
-                self.kv_samples.append(
-                    sum(e.kv.usage_perc for e in self.engines.values()) / len(self.engines)
-                )
                 if self.use_breaker:
                     self.board.evaluate()
                 self._sample()
@@ -239,7 +234,7 @@ class OfflineFleet:
         # What the engine will hold: the prompt and the tokens it will really generate (vLLM
         # grows a request's cache as it decodes; it never sets max_tokens aside). The
         # sidecar's ledger counts prompt + max_tokens: an upper bound, as in production.
-        output = self._planned[request_id] = self._output_tokens(arrival)
+        output = self._outputs[request_id] = self._output_tokens(arrival)
         kv_tokens = kv_tokens_for(arrival.prompt_tokens, output, self.latency.buckets)
         engine.served += 1
         self.results[request_id] = Served(arrival, pool, "served")
@@ -250,7 +245,7 @@ class OfflineFleet:
             engine.waiting[request_id] = (kv_tokens, arrival)
         else:
             self.results[request_id].outcome = "engine_full"
-            self._planned.pop(request_id, None)
+            self._outputs.pop(request_id, None)
             self._ledger_for(request_id, arrival).release(request_id)
             self._settle(request_id, None)
 
@@ -340,16 +335,13 @@ class OfflineFleet:
             served.outcome = "oom"
             served.done_s = self.clock.now_s + ttft_s
             self._push(served.done_s, "finish", request_id)
-            self._outputs[request_id] = 0
-            self._planned.pop(request_id, None)
             return
-        output = self._planned.pop(request_id)
+        output = self._outputs[request_id]
         context = arrival.prompt_tokens + arrival.max_tokens
         decode_s = output * model.sample_decode_s_per_token(running, context)
         served.ttft_s = self.clock.now_s - arrival.at_s + ttft_s
         served.done_s = self.clock.now_s + ttft_s + decode_s
         self._push(served.done_s, "finish", request_id)
-        self._outputs[request_id] = output
         served.output_tokens = output
 
     def _finish(self, request_id: str) -> None:
