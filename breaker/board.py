@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from breaker.controller import load_score
 from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel, BreakerState, Signals, Transition, step
-from budget.policy import Policy, Tier
+from policy import Policy, Tier
 
 GLOBAL = "global"
 

@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from budget.policy import ContextBucket, Pool
+from policy import ContextBucket, Pool
 
 
 def kv_footprint(context_tokens: int, bucket: ContextBucket) -> int:

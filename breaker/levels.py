@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from policy import BreakerThresholds
+
 
 class BreakerLevel(IntEnum):
     L0 = 0  # healthy
@@ -48,22 +50,6 @@ class Signals:
     # num_requests_running). Read by the quota controller, not by the level rules: a queue is
     # the first sign of saturation, long before the P99 of finished requests shows it.
     queue_ratio: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BreakerThresholds:
-    l1_p99_over_slo: float = 1.0
-    l2_p99_over_slo: float = 1.5
-    l3_p99_over_slo: float = 3.0
-    l1_kv_cache: float = 0.85
-    l2_error_rate: float = 0.01
-    l3_error_rate: float = 0.10
-    l2_gpu_memory: float = 0.90  # the emergency line
-    l3_gpu_memory: float = 0.98  # OOM is near
-    enter_hold_s: tuple[float, float, float] = (30.0, 30.0, 10.0)  # for L1, L2, L3
-    cooldown_s: float = 60.0
-    probe_hold_s: float = 30.0
-    probe_fraction: float = 0.1
 
 
 def _over(value: float | None, limit: float) -> bool:

@@ -1,41 +1,11 @@
-"""Per-key token budgets and the policy that defines them.
+"""Per-key token budgets: reserve on the request, settle on the response.
 
-What lives here: the policy schema and its strict loader (`budget.policy`), the pure
-reserve/settle arithmetic (`budget.ledger`), the store interface with the in-process store
-(`budget.store`) and the Redis store with its Lua scripts (`budget.redis_store`,
-`budget/lua/`). Nothing here does network I/O except the Redis store.
+What lives here: the pure reserve/settle arithmetic (`budget.ledger`), the store interface
+with the in-process store (`budget.store`), failover to local shares (`budget.failover`)
+and the Redis store with its Lua scripts (`budget.redis_store`, `budget/lua/`). Nothing here
+does network I/O except the Redis store. The policy that sets the limits lives in `policy`.
 """
 
-from budget.ledger import Charge, Limits, Verdict
-from budget.policy import (
-    ApiKey,
-    BudgetConfig,
-    BudgetStoreKind,
-    ContextBucket,
-    Policy,
-    PolicyError,
-    Pool,
-    RouteRule,
-    Tier,
-    hash_api_key,
-    load_policy,
-    parse_policy,
-)
+from budget.ledger import Charge, Verdict
 
-__all__ = [
-    "ApiKey",
-    "BudgetConfig",
-    "BudgetStoreKind",
-    "Charge",
-    "ContextBucket",
-    "Limits",
-    "Policy",
-    "PolicyError",
-    "Pool",
-    "RouteRule",
-    "Tier",
-    "Verdict",
-    "hash_api_key",
-    "load_policy",
-    "parse_policy",
-]
+__all__ = ["Charge", "Verdict"]

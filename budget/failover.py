@@ -18,8 +18,9 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from budget.ledger import Charge, Limits, Verdict, scale_limits
+from budget.ledger import Charge, Verdict, scale_limits
 from budget.store import USAGE_WINDOWS_S, BudgetStore, BudgetStoreError
+from policy import Limits
 
 log = logging.getLogger("slogate.budget")
 

@@ -20,28 +20,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from policy import Limits
+
 USAGE_SLOT_S = 10
 USAGE_HORIZON_S = 3600
 # (bucket, window in seconds); the limit of each comes from `Limits`.
 BUCKETS: tuple[tuple[str, int], ...] = (("requests", 60), ("tokens", 60), ("hour", 3600))
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """A key's limits; None means unlimited."""
-
-    requests_per_minute: int | None = None
-    tokens_per_minute: int | None = None  # weighted tokens
-    tokens_per_hour: int | None = None  # raw tokens (prompt + completion)
-    concurrent_requests: int | None = None
-    max_context_tokens: int | None = None
-
-    def capacity(self, bucket: str) -> int | None:
-        return {
-            "requests": self.requests_per_minute,
-            "tokens": self.tokens_per_minute,
-            "hour": self.tokens_per_hour,
-        }[bucket]
 
 
 def scale_limits(limits: Limits, factor: float) -> Limits:

@@ -16,8 +16,9 @@ from typing import Any
 
 from redis import exceptions as redis_errors
 
-from budget.ledger import USAGE_SLOT_S, Charge, Limits, Verdict
+from budget.ledger import USAGE_SLOT_S, Charge, Verdict
 from budget.store import USAGE_WINDOWS_S, BudgetStoreError
+from policy import Limits
 
 # An idle key's state expires after two hours: longer than any window or reservation.
 KEY_TTL_S = 7200

@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from budget.ledger import Charge, KeyState, Limits, Verdict, reserve, settle, usage
+from budget.ledger import Charge, KeyState, Verdict, reserve, settle, usage
+from policy import Limits
 
 USAGE_WINDOWS_S = (60, 300, 3600)
 

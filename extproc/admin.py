@@ -18,9 +18,9 @@ from google.protobuf import json_format
 from breaker.kv_admission import pool_capacity
 from breaker.levels import BreakerLevel
 from budget.failover import FailoverStore
-from budget.ledger import Limits
 from extproc.adminpb import admin_pb2 as pb
 from extproc.adminpb import admin_pb2_grpc as pb_grpc
+from policy import Limits
 
 if TYPE_CHECKING:
     from extproc.sidecar import Sidecar

@@ -21,10 +21,10 @@ from collections.abc import Callable
 from breaker.board import BreakerBoard
 from breaker.levels import BreakerLevel, Transition
 from breaker.shedding import Action, shed
-from budget.policy import Policy
 from extproc.errors import Overloaded
 from extproc.metrics import SidecarMetrics
 from extproc.request_flow import Admitted, RoutingDecision
+from policy import Policy
 
 log = logging.getLogger("slogate.breaker")
 

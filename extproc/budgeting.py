@@ -17,12 +17,13 @@ import logging
 import math
 from collections.abc import Callable
 
-from budget.ledger import Charge, Limits, Verdict, scale_limits
+from budget.ledger import Charge, Verdict, scale_limits
 from budget.store import BudgetStore
 from extproc.accesslog import RequestOutcome
 from extproc.errors import ContextLengthExceeded, RateLimited
 from extproc.metrics import SidecarMetrics
 from extproc.request_flow import Admitted, RoutingDecision
+from policy import Limits
 
 log = logging.getLogger("slogate.budget")
 

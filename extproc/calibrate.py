@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import yaml
 
-from budget.policy import ContextBucket, LatencyFit
+from policy import ContextBucket, LatencyFit
 from sim.calibration import Sample, fit_latency, pool_spread
 
 SPREAD_FLAG = 0.15  # the field flags pools more than 15% apart

@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from budget.policy import FailureMode, PolicyError, load_policy
+from policy import FailureMode, PolicyError, load_policy
 
 DEFAULT_POLICY = Path("deploy/policy.example.yaml")
 DEFAULT_ADMIN = "127.0.0.1:50052"
@@ -290,8 +290,8 @@ SIMULATION_POLICY = {
 def cmd_calibrate(args: argparse.Namespace) -> int:
     import aiohttp
 
-    from budget.policy import load_policy
     from extproc.calibrate import CalibrationError, Measurement, measure, report
+    from policy import load_policy
 
     if args.requests < 1 or args.per_size < 1 or args.max_context < 512:
         print(
@@ -345,7 +345,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 2
     latency = None
     if args.latency_from is not None:
-        from budget.policy import load_policy
+        from policy import load_policy
         from sim.calibration import latency_config
 
         measured = load_policy(args.latency_from)

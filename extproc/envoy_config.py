@@ -43,7 +43,6 @@ import envoy_data_plane.envoy.type.tracing.v3 as tracing
 import envoy_data_plane.envoy.type.v3 as envoy_type
 import envoy_data_plane.google.protobuf as pb
 
-from budget.policy import FailureMode, Policy
 from extproc.contract import (
     ACCESS_LOG_NAME,
     ACCESS_LOG_TAGS,
@@ -53,6 +52,7 @@ from extproc.contract import (
     POOL_HEADER,
     RATE_LIMIT_HEADERS,
 )
+from policy import FailureMode, Policy
 
 SIDECAR_CLUSTER = "slogate_sidecar"
 SIDECAR_FAILURE_STATUS = 502  # what clients get when fail-closed and the sidecar fails

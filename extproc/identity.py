@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from budget.ledger import Limits
-from budget.policy import ApiKey, Policy, Tier, hash_api_key
 from extproc.errors import Unauthenticated
+from policy import ApiKey, Limits, Policy, Tier, hash_api_key
 
 
 class IdentityResolver(Protocol):

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from budget.policy import load_policy
 from extproc.envoy_config import EnvoyPorts, build_bootstrap
+from policy import load_policy
 
 LISTEN_PORT = 10000
 ADMIN_PORT = 9901

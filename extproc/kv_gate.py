@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from breaker.kv_admission import KvLedger, kv_footprint, pool_capacity
-from budget.policy import Policy
 from extproc.accesslog import RequestOutcome
 from extproc.errors import Overloaded
 from extproc.metrics import SidecarMetrics
 from extproc.request_flow import Admitted, RoutingDecision
+from policy import Policy
 
 
 class KvGate:

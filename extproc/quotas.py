@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from breaker.controller import Adjustment, KeyBudget
-from budget.policy import ApiKey
+from policy import ApiKey
 
 
 class KeyQuotas:

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, cast
 
-from budget.policy import ApiKey, ContextBucket, Policy
 from extproc.contract import POOL_HEADER, SLOGATE_HEADER_PREFIX
 from extproc.errors import (
     BodyTooLarge,
@@ -38,6 +37,7 @@ from extproc.openai_request import (
     with_usage_requested,
 )
 from extproc.tokens import TokenEstimator, near_threshold
+from policy import ApiKey, ContextBucket, Policy
 
 # Exact counts queued or running at once; past this the estimate decides. At the largest
 # prompt counted exactly (exact_max_bytes, ~64k tokens, ~130 ms) two fit well inside the

@@ -29,7 +29,6 @@ from breaker.engine import EngineScraper, GpuMemory
 from breaker.latency import ResponseWindows
 from breaker.shedding import budget_multiplier
 from budget.failover import FailoverStore
-from budget.policy import BudgetStoreKind, Policy, PolicyError, load_policy
 from budget.redis_store import RedisStore, connect
 from budget.store import BudgetStore, InProcessStore
 from extproc.accesslog import AccessLogService, OutcomeRecorder, OutcomeSink
@@ -45,6 +44,7 @@ from extproc.quotas import KeyQuotas
 from extproc.request_flow import AdmissionChain, Decider
 from extproc.server import ExternalProcessorService
 from extproc.tokens import ExactTokenCounter, TokenEstimator
+from policy import BudgetStoreKind, Policy, PolicyError, load_policy
 
 log = logging.getLogger("slogate.sidecar")
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from budget.policy import FailureMode, Policy, Pool, load_policy
 from extproc.envoy_config import EnvoyPorts, build_bootstrap
 from extproc.processes import ManagedProcess, envoy_binary, free_port, python_module
+from policy import FailureMode, Policy, Pool, load_policy
 
 HOST = "127.0.0.1"
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from budget.policy import ContextBucket, LatencyFit
+from policy import ContextBucket, LatencyFit
 from sim.model import ContextBucketProfile, LatencyConfig
 
 

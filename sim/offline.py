@@ -27,7 +27,7 @@ from breaker.kv_admission import KvLedger, kv_footprint, pool_capacity
 from breaker.latency import ResponseWindows
 from breaker.shedding import Action, budget_multiplier, shed
 from budget.ledger import Charge, KeyState, reserve, scale_limits, settle
-from budget.policy import ApiKey, Policy
+from policy import ApiKey, Policy
 from sim.model import Admission, KvCache, LatencyConfig, LatencyModel, kv_tokens_for
 
 

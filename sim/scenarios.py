@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from budget.policy import Policy, Tier, parse_policy
+from policy import Policy, Tier, parse_policy
 from sim.model import LatencyConfig
 from sim.offline import Arrival, OfflineFleet, Served, p99, poisson_arrivals
 

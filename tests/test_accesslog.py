@@ -5,11 +5,11 @@ from __future__ import annotations
 from envoy.data.accesslog.v3 import accesslog_pb2
 
 from breaker.latency import ResponseWindows
-from budget.policy import ApiKey, ContextBucket, Tier
 from extproc.accesslog import OutcomeRecorder, RequestOutcome, finish, outcome_from_entry
 from extproc.inflight import InFlight
 from extproc.metrics import SidecarMetrics
 from extproc.request_flow import EstimateKind, RoutingDecision
+from policy import ApiKey, ContextBucket, Tier
 
 DECISION = RoutingDecision(
     request_id="r1",

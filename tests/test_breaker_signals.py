@@ -13,7 +13,7 @@ from breaker.board import GLOBAL, BreakerBoard, p99_over_slo
 from breaker.engine import EngineScraper, EngineSnapshot, GpuMemory, parse_vllm_metrics
 from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel
-from budget.policy import Tier, parse_policy
+from policy import Tier, parse_policy
 from sim.config import PoolConfig
 from sim.pool import create_app
 

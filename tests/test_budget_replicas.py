@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from budget.ledger import Limits
-from budget.policy import hash_api_key
 from budget.redis_store import RedisStore, connect
 from extproc import stack
 from extproc.benchmarks.driver import SidecarDriver
 from extproc.processes import ManagedProcess, start_redis
+from policy import Limits, hash_api_key
 from tests.conftest import metric, scrape
 
 TOKENS_PER_MINUTE = 20_000

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from budget.ledger import Charge, Limits
+from budget.ledger import Charge
 from budget.redis_store import RedisStore, connect
 from budget.store import BudgetStore, InProcessStore
 from extproc.processes import ManagedProcess, start_redis, start_redis_cluster
+from policy import Limits
 
 
 class Clock:

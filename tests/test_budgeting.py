@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from budget.ledger import Charge, Limits, Verdict
-from budget.policy import ApiKey, ContextBucket, Tier
+from budget.ledger import Charge, Verdict
 from budget.store import InProcessStore
 from extproc.accesslog import RequestOutcome
 from extproc.budgeting import BudgetGate, rate_limit_headers, reserved_charge, settled_charge
 from extproc.errors import ContextLengthExceeded, RateLimited
 from extproc.metrics import SidecarMetrics
 from extproc.request_flow import EstimateKind, RoutingDecision
+from policy import ApiKey, ContextBucket, Limits, Tier
 
 
 def decision(limits: Limits, prompt: int = 1000, max_tokens: int = 500) -> RoutingDecision:

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from aiohttp import web
 
-from budget.policy import LatencyFit, load_policy, parse_policy
 from extproc.calibrate import CalibrationError, measure, probe_sizes, report
+from policy import LatencyFit, load_policy, parse_policy
 from sim.calibration import Sample, fit_latency, latency_config, pool_spread
 from sim.config import PoolConfig
 from sim.model import LatencyConfig

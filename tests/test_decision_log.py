@@ -6,11 +6,11 @@ import asyncio
 import json
 from pathlib import Path
 
-from budget.policy import ApiKey, ContextBucket, Tier
 from extproc.accesslog import RequestOutcome
 from extproc.decision_log import DecisionLog
 from extproc.errors import RateLimited
 from extproc.request_flow import EstimateKind, RoutingDecision
+from policy import ApiKey, ContextBucket, Tier
 
 DAY_S = 86_400.0
 SECRET = "sk-very-secret"

@@ -102,9 +102,9 @@ def test_k8s_manifests_are_current_and_their_envoy_config_is_valid(tmp_path: Pat
 
     import yaml
 
-    from budget.policy import parse_policy
     from extproc.k8s import render_manifests
     from extproc.processes import envoy_binary
+    from policy import parse_policy
 
     committed = list(yaml.safe_load_all((ROOT / "deploy" / "k8s" / "slogate.yaml").read_text()))
     assert committed == render_manifests(ROOT / "deploy" / "policy.example.yaml"), (

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from budget.policy import FailureMode
 from extproc.stack import LocalStack
+from policy import FailureMode
 from tests.conftest import (
     EXAMPLE_POLICY,
     chat_body,

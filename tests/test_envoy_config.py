@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from budget.policy import FailureMode, load_policy
 from extproc.contract import ACCESS_LOG_TAGS
 from extproc.envoy_config import FilterProfile, build_bootstrap
 from extproc.processes import envoy_binary
+from policy import FailureMode, load_policy
 from tests.conftest import EXAMPLE_POLICY
 
 
@@ -89,7 +89,7 @@ def test_committed_bootstrap_matches_the_example_policy() -> None:
 
 @pytest.mark.parametrize("required", [True, False])
 def test_tls_and_remote_jwks_bootstrap_is_valid(tmp_path: Path, required: bool) -> None:
-    from budget.policy import parse_policy
+    from policy import parse_policy
 
     policy = parse_policy(
         {

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from breaker.kv_admission import KvLedger, PoolCapacity, kv_footprint, pool_capacity
-from budget.policy import parse_policy
 from extproc.errors import RateLimited
 from extproc.request_flow import AdmissionChain, Admitted, RoutingDecision
+from policy import parse_policy
 from tests.conftest import EXAMPLE_POLICY, chat_body, metric, post, scrape, start_stack
 from tests.test_e2e_data_path import CHAT, settled, wait_for
 

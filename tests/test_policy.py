@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from budget.policy import PolicyError, Tier, hash_api_key, load_policy, parse_policy
+from policy import PolicyError, Tier, hash_api_key, load_policy, parse_policy
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "deploy" / "policy.example.yaml"
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from budget.ledger import Charge, Limits
-from budget.policy import ApiKey, ContextBucket, Tier
+from budget.ledger import Charge
 from budget.store import InProcessStore
 from extproc.budgeting import BudgetGate
 from extproc.errors import RateLimited
 from extproc.metrics import SidecarMetrics
 from extproc.quotas import KeyQuotas
 from extproc.request_flow import EstimateKind, RoutingDecision
+from policy import ApiKey, ContextBucket, Limits, Tier
 
 KEY = ApiKey("aa" * 32, "acme", Tier.STANDARD, Limits(tokens_per_minute=60_000))
 FREE = ApiKey("bb" * 32, "free", Tier.STANDARD, Limits())

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from budget.policy import Policy, parse_policy
 from extproc.errors import (
     BodyTooLarge,
     ContextLengthExceeded,
@@ -20,6 +19,7 @@ from extproc.errors import (
 from extproc.identity import ApiKeyResolver
 from extproc.request_flow import Decider, EstimateKind, Routed, RoutingDecision
 from extproc.tokens import ExactTokenCounter, TokenEstimator, fast_estimate
+from policy import Policy, parse_policy
 
 POLICY = parse_policy(
     {

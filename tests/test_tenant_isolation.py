@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from budget.policy import Policy, parse_policy
+from policy import Policy, parse_policy
 from sim.offline import Arrival, OfflineFleet, p99, poisson_arrivals
 
 

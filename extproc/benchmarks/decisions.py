@@ -20,10 +20,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from budget.ledger import Charge, Limits
+from budget.ledger import Charge
 from budget.redis_store import RedisStore, connect
 from budget.store import BudgetStore, InProcessStore
 from extproc.processes import start_redis
+from policy import Limits
 
 LIMITS = Limits(
     requests_per_minute=10**9,

@@ -37,10 +37,10 @@ import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager
 import envoy_data_plane.google.protobuf as pb
 import yaml
 
-from budget.policy import load_policy
 from extproc.envoy_config import EnvoyPorts, FilterProfile, build_bootstrap
 from extproc.processes import ManagedProcess, envoy_binary, free_port, python_module
 from extproc.stack import start_sidecar
+from policy import load_policy
 
 HOST = "127.0.0.1"
 SETUPS = ("envoy_alone", "passthrough", "slogate")

@@ -1,0 +1,55 @@
+"""slogate's configuration and domain types: the bottom layer, importing nothing of ours.
+
+`policy.domain` holds the small value types (tier, key, limits, bucket, pool), `policy.apis`
+the catalogue of engine APIs slogate guards, `policy.schema` the frozen `Policy`, and
+`policy.loader` the strict YAML reader. Everything public is re-exported here.
+"""
+
+from policy._reader import PolicyError
+from policy.domain import (
+    ApiKey,
+    ContextBucket,
+    FailureMode,
+    LatencyFit,
+    Limits,
+    Pool,
+    RouteRule,
+    Tier,
+    hash_api_key,
+)
+from policy.loader import load_policy, parse_policy
+from policy.schema import (
+    BreakerConfig,
+    BreakerThresholds,
+    BudgetConfig,
+    BudgetStoreKind,
+    DecisionLogConfig,
+    JwtConfig,
+    Policy,
+    ShadowConfig,
+    TlsConfig,
+)
+
+__all__ = [
+    "ApiKey",
+    "BreakerConfig",
+    "BreakerThresholds",
+    "BudgetConfig",
+    "BudgetStoreKind",
+    "ContextBucket",
+    "DecisionLogConfig",
+    "FailureMode",
+    "JwtConfig",
+    "LatencyFit",
+    "Limits",
+    "Policy",
+    "PolicyError",
+    "Pool",
+    "RouteRule",
+    "ShadowConfig",
+    "Tier",
+    "TlsConfig",
+    "hash_api_key",
+    "load_policy",
+    "parse_policy",
+]

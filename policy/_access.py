@@ -1,0 +1,180 @@
+"""Policy sections about callers: limits, tiers, API keys, JWT, TLS, the budget store,
+shadow traffic and the decision log. Readers only; `policy.loader` calls them in order."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from policy._reader import PolicyError, Section, expect, positive
+from policy.domain import (
+    ApiKey,
+    Limits,
+    Pool,
+    Tier,
+    hash_api_key,
+)
+from policy.schema import (
+    BudgetConfig,
+    BudgetStoreKind,
+    DecisionLogConfig,
+    JwtConfig,
+    ShadowConfig,
+    TlsConfig,
+)
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+_LIMIT_FIELDS = (
+    "requests_per_minute",
+    "tokens_per_minute",
+    "tokens_per_hour",
+    "concurrent_requests",
+    "max_context_tokens",
+)
+
+
+def parse_limits(sec: Section, base: Limits) -> Limits:
+    values: dict[str, int | None] = {}
+    for name in _LIMIT_FIELDS:
+        value = sec.get(name, int, -1)
+        if value == -1:
+            values[name] = getattr(base, name)
+            continue
+        if value < 0:
+            raise PolicyError(f"{sec.child(name)}: must be >= 0")
+        values[name] = value
+    sec.close()
+    return Limits(**values)
+
+
+def parse_tiers(sec: Section) -> dict[Tier, Limits]:
+    limits = {}
+    for tier in Tier:
+        limits[tier] = parse_limits(sec.section(tier.value), Limits())
+    sec.close()
+    return limits
+
+
+_DEFAULT_BUDGET = BudgetConfig()
+
+
+def parse_shadow(raw: object, path: str, pools: Mapping[str, Pool]) -> ShadowConfig | None:
+    if raw is None:
+        return None
+    sec = Section(raw, path)
+    pool = sec.require("pool", str)
+    if pool not in pools:
+        raise PolicyError(f"{sec.child('pool')}: no pool named {pool!r}")
+    fraction = sec.get("fraction", float, 0.01)
+    if not 0.0 <= fraction <= 1.0:
+        raise PolicyError(f"{sec.child('fraction')}: must be in [0, 1]")
+    sec.close()
+    return ShadowConfig(pool, fraction)
+
+
+def parse_decision_log(raw: object, path: str) -> DecisionLogConfig | None:
+    if raw is None:
+        return None
+    sec = Section(raw, path)
+    config = DecisionLogConfig(
+        directory=sec.require("dir", str),
+        sample_rate=sec.get("sample_rate", float, 0.01),
+        keep_days=sec.get("keep_days", int, 7),
+    )
+    if not 0.0 <= config.sample_rate <= 1.0:
+        raise PolicyError(f"{sec.child('sample_rate')}: must be in [0, 1]")
+    positive(config.keep_days, sec.child("keep_days"))
+    sec.close()
+    return config
+
+
+def parse_tls(raw: object, path: str) -> TlsConfig | None:
+    if raw is None:
+        return None
+    sec = Section(raw, path)
+    config = TlsConfig(sec.require("cert_file", str), sec.require("key_file", str))
+    sec.close()
+    return config
+
+
+def parse_jwt(raw: object, path: str) -> JwtConfig | None:
+    if raw is None:
+        return None
+    sec = Section(raw, path)
+    issuer = sec.require("issuer", str)
+    audiences_raw = sec.get("audiences", list, [])
+    audiences = tuple(
+        expect(a, str, f"{sec.child('audiences')}[{i}]") for i, a in enumerate(audiences_raw)
+    )
+    jwks_file = sec.get("jwks_file", str, "") or None
+    jwks_uri = sec.get("jwks_uri", str, "") or None
+    if (jwks_file is None) == (jwks_uri is None):
+        raise PolicyError(f"{path}: exactly one of 'jwks_file' or 'jwks_uri' is required")
+    if jwks_uri is not None and not re.match(r"^https?://[^/]+/", jwks_uri):
+        raise PolicyError(f"{sec.child('jwks_uri')}: expected http(s)://host[:port]/path")
+    config = JwtConfig(
+        issuer=issuer,
+        audiences=audiences,
+        jwks_file=jwks_file,
+        jwks_uri=jwks_uri,
+        tenant_claim=sec.get("tenant_claim", str, "tenant"),
+        tier_claim=sec.get("tier_claim", str, "tier"),
+        required=sec.get("required", bool, True),
+    )
+    sec.close()
+    return config
+
+
+def parse_budget(sec: Section) -> BudgetConfig:
+    store_raw = sec.get("store", str, BudgetStoreKind.MEMORY.value)
+    try:
+        store = BudgetStoreKind(store_raw)
+    except ValueError:
+        raise PolicyError(f"{sec.child('store')}: expected 'memory' or 'redis'") from None
+    config = BudgetConfig(
+        store=store,
+        redis_url=sec.get("redis_url", str, _DEFAULT_BUDGET.redis_url),
+        redis_cluster=sec.get("redis_cluster", bool, False),
+        redis_timeout_ms=sec.get("redis_timeout_ms", float, _DEFAULT_BUDGET.redis_timeout_ms),
+        replicas=sec.get("replicas", int, 1),
+    )
+    if not config.redis_url.startswith(("redis://", "rediss://", "unix://")):
+        raise PolicyError(f"{sec.child('redis_url')}: expected redis://, rediss:// or unix://")
+    positive(config.redis_timeout_ms, sec.child("redis_timeout_ms"))
+    positive(config.replicas, sec.child("replicas"))
+    sec.close()
+    return config
+
+
+def parse_keys(raw: object, path: str, tier_limits: Mapping[Tier, Limits]) -> dict[str, ApiKey]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, list):
+        raise PolicyError(f"{path}: expected a list of keys")
+    keys: dict[str, ApiKey] = {}
+    for i, item in enumerate(raw):
+        sec = Section(item, f"{path}[{i}]")
+        clear = sec.raw("key")
+        hashed = sec.raw("key_sha256")
+        if (clear is None) == (hashed is None):
+            raise PolicyError(f"{path}[{i}]: exactly one of 'key' or 'key_sha256' is required")
+        if clear is not None:
+            digest = hash_api_key(expect(clear, str, sec.child("key")))
+        else:
+            digest = expect(hashed, str, sec.child("key_sha256")).lower()
+            if not _SHA256.match(digest):
+                raise PolicyError(f"{sec.child('key_sha256')}: expected 64 hex characters")
+        tenant = sec.require("tenant", str)
+        tier_raw = sec.get("tier", str, Tier.STANDARD.value)
+        try:
+            tier = Tier(tier_raw)
+        except ValueError:
+            allowed = ", ".join(t.value for t in Tier)
+            raise PolicyError(f"{sec.child('tier')}: expected one of {allowed}") from None
+        limits = parse_limits(sec.section("limits"), tier_limits[tier])
+        sec.close()
+        if digest in keys:
+            raise PolicyError(f"{path}[{i}]: duplicate API key")
+        keys[digest] = ApiKey(digest, tenant, tier, limits)
+    return keys

@@ -1,0 +1,73 @@
+"""Strict reading of one YAML mapping: every error names the path of the bad field.
+
+What lives here: `PolicyError`, `Section` (reads one mapping; `close()` rejects every key
+nobody asked for, so a typo is an error instead of a silent default) and the small checks
+the loader's sections share. No policy knowledge.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be used; the message starts with the path of the bad field."""
+
+
+class Section:
+    """Reads one mapping; `close()` rejects every key that nobody asked for."""
+
+    def __init__(self, raw: object, path: str) -> None:
+        if not isinstance(raw, dict):
+            raise PolicyError(f"{path or '<root>'}: expected a mapping, got {kind_of(raw)}")
+        self._raw: dict[str, Any] = raw
+        self._path = path
+        self._seen: set[str] = set()
+
+    def child(self, name: str) -> str:
+        return f"{self._path}.{name}" if self._path else name
+
+    def get(self, name: str, kind: type[T], default: T) -> T:
+        self._seen.add(name)
+        if name not in self._raw or self._raw[name] is None:
+            return default
+        return expect(self._raw[name], kind, self.child(name))
+
+    def require(self, name: str, kind: type[T]) -> T:
+        self._seen.add(name)
+        if name not in self._raw:
+            raise PolicyError(f"{self.child(name)}: required field is missing")
+        return expect(self._raw[name], kind, self.child(name))
+
+    def section(self, name: str) -> Section:
+        self._seen.add(name)
+        return Section(self._raw.get(name) or {}, self.child(name))
+
+    def raw(self, name: str) -> object:
+        self._seen.add(name)
+        return self._raw.get(name)
+
+    def close(self) -> None:
+        unknown = sorted(set(self._raw) - self._seen)
+        if unknown:
+            raise PolicyError(f"{self.child(str(unknown[0]))}: unknown field")
+
+
+def kind_of(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def expect(value: object, kind: type[T], path: str) -> T:
+    # bool is an int subclass in Python; a YAML `true` must not pass as a number.
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # type: ignore[return-value]
+    if not isinstance(value, kind) or (kind in (int, float) and isinstance(value, bool)):
+        raise PolicyError(f"{path}: expected {kind.__name__}, got {kind_of(value)}")
+    return value
+
+
+def positive(value: int | float, path: str) -> None:
+    if value <= 0:
+        raise PolicyError(f"{path}: must be > 0, got {value}")

@@ -1,0 +1,120 @@
+"""The small domain types every part of slogate speaks: tiers, keys, limits, buckets, pools.
+
+What lives here: frozen value types and the one hash that names an API key. Nothing here
+imports any other slogate module, reads a file or knows about Envoy, Redis or gRPC: this is
+the bottom layer (see the import contracts in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Tier(StrEnum):
+    CRITICAL = "critical"
+    STANDARD = "standard"
+    SHEDDABLE = "sheddable"
+
+
+class FailureMode(StrEnum):
+    CLOSED = "closed"  # sidecar unreachable -> Envoy refuses the request
+    OPEN = "open"  # sidecar unreachable -> Envoy forwards the request unchecked
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A key's limits; None means unlimited."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None  # weighted tokens
+    tokens_per_hour: int | None = None  # raw tokens (prompt + completion)
+    concurrent_requests: int | None = None
+    max_context_tokens: int | None = None
+
+    def capacity(self, bucket: str) -> int | None:
+        return {
+            "requests": self.requests_per_minute,
+            "tokens": self.tokens_per_minute,
+            "hour": self.tokens_per_hour,
+        }[bucket]
+
+
+@dataclass(frozen=True, slots=True)
+class ContextBucket:
+    """A context-length range; `max_tokens` is inclusive, None means unbounded."""
+
+    name: str
+    min_tokens: int
+    max_tokens: int | None
+    cost_weight: float
+    # KV-cache memory per token relative to a short request (the field: 1x / 1.8x / 4.2x);
+    # what a request of this bucket holds in the engine's cache, for KV admission.
+    kv_weight: float = 1.0
+
+    def contains(self, context_tokens: int) -> bool:
+        return context_tokens >= self.min_tokens and (
+            self.max_tokens is None or context_tokens <= self.max_tokens
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    name: str
+    endpoints: tuple[tuple[str, int], ...]
+    # The pool's KV cache in tokens and its batch slots (vLLM max_num_seqs), all endpoints
+    # together. Set: requests are admitted against what is in flight (breaker.kv_shares per
+    # tier). None: not limited.
+    kv_capacity_tokens: int | None = None
+    max_num_seqs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyFit:
+    """A pool's measured latency model (`slogate calibrate`): what the simulator plays."""
+
+    base_latency_ms: float  # TTFT of a tiny request at empty load, network excluded
+    prefill_ms_per_1k_tokens: float  # in the first context bucket
+    bucket_slopes: Mapping[str, float]  # bucket name -> prefill cost relative to the first
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRule:
+    """Send requests whose context lies in [min, max] tokens to `pool`."""
+
+    pool: str
+    min_context_tokens: int
+    max_context_tokens: int | None
+
+    def matches(self, context_tokens: int) -> bool:
+        return context_tokens >= self.min_context_tokens and (
+            self.max_context_tokens is None or context_tokens <= self.max_context_tokens
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """An API key as the policy knows it: only its SHA-256 is kept in memory."""
+
+    key_sha256: str
+    tenant: str
+    tier: Tier
+    limits: Limits = field(default_factory=Limits)  # tier defaults + this key's overrides
+    from_jwt: bool = False  # a JWT caller: tenant named by a claim, not by the policy
+
+    @property
+    def tenant_label(self) -> str:
+        """The tenant as a metric label: policy tenants are few and known; JWT tenants are
+        whatever a claim says, so they share one label to keep cardinality bounded."""
+        return "jwt" if self.from_jwt else self.tenant
+
+    @property
+    def key_id(self) -> str:
+        """Short, non-reversible name for logs and admin views; never the key itself."""
+        return self.key_sha256[:12]
+
+
+def hash_api_key(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode("utf-8")).hexdigest()

@@ -1,0 +1,161 @@
+"""The policy file: documented YAML schema -> defaults -> validation -> frozen `Policy`.
+
+What lives here: one reader per section of the file and `load_policy` / `parse_policy`.
+Every error names the path of the bad field (`pools.long.endpoints[0]`), and an unknown
+field is an error, so a typo never silently falls back to a default. The schema itself is
+documented in deploy/policy.example.yaml; the frozen objects live in `policy.schema`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from policy._access import (
+    parse_budget,
+    parse_decision_log,
+    parse_jwt,
+    parse_keys,
+    parse_shadow,
+    parse_tiers,
+    parse_tls,
+)
+from policy._fleet import (
+    parse_breaker,
+    parse_buckets,
+    parse_latency_models,
+    parse_pools,
+    parse_rules,
+    parse_slos,
+)
+from policy._reader import PolicyError, Section, positive
+from policy.domain import FailureMode
+from policy.schema import Policy
+
+
+def parse_policy(raw: object, source: str = "<memory>") -> Policy:
+    root = Section(raw, "")
+    root.get("version", int, 1)
+
+    model = root.section("model")
+    model_name = model.get("name", str, "deepseek-v4")
+    fallback_model = model.get("fallback_model", str, "") or None
+    max_context = model.get("max_context_tokens", int, 131072)
+    positive(max_context, model.child("max_context_tokens"))
+    default_max_tokens = model.get("default_max_tokens", int, 1024)
+    positive(default_max_tokens, model.child("default_max_tokens"))
+    model.close()
+
+    request = root.section("request")
+    max_body_bytes = request.get("max_body_bytes", int, 16 * 1024 * 1024)
+    positive(max_body_bytes, request.child("max_body_bytes"))
+    message_timeout_ms = request.get("message_timeout_ms", int, 1000)
+    positive(message_timeout_ms, request.child("message_timeout_ms"))
+    upstream_timeout_s = request.get("upstream_timeout_s", float, 600.0)
+    positive(upstream_timeout_s, request.child("upstream_timeout_s"))
+    failure_raw = request.get("failure_mode", str, FailureMode.CLOSED.value)
+    try:
+        failure_mode = FailureMode(failure_raw)
+    except ValueError:
+        raise PolicyError(
+            f"{request.child('failure_mode')}: expected 'closed' or 'open', got {failure_raw!r}"
+        ) from None
+    by_path_raw = request.raw("failure_mode_by_path") or {}
+    if not isinstance(by_path_raw, dict):
+        raise PolicyError(f"{request.child('failure_mode_by_path')}: expected path -> mode")
+    failure_by_path: dict[str, FailureMode] = {}
+    for prefix, mode in by_path_raw.items():
+        path = f"{request.child('failure_mode_by_path')}.{prefix}"
+        if not isinstance(prefix, str) or not prefix.startswith("/"):
+            raise PolicyError(f"{path}: path prefixes start with '/'")
+        try:
+            failure_by_path[prefix] = FailureMode(mode)
+        except ValueError:
+            raise PolicyError(f"{path}: expected 'closed' or 'open', got {mode!r}") from None
+    request.close()
+
+    estimation = root.section("estimation")
+    exact_margin = estimation.get("exact_margin", float, 0.15)
+    if not 0.0 <= exact_margin < 1.0:
+        raise PolicyError(f"{estimation.child('exact_margin')}: must be in [0, 1)")
+    exact_max_bytes = estimation.get("exact_max_bytes", int, 256 * 1024)
+    overhead = estimation.get("per_message_overhead_tokens", int, 4)
+    if overhead < 0:
+        raise PolicyError(f"{estimation.child('per_message_overhead_tokens')}: must be >= 0")
+    estimation.close()
+
+    buckets = parse_buckets(root.raw("buckets"), root.child("buckets"))
+    pools = parse_pools(root.raw("pools"), root.child("pools"))
+
+    routing = root.section("routing")
+    default_pool = routing.get("default_pool", str, "default")
+    routing_fallback = routing.get(
+        "fallback_pool", str, "fallback" if "fallback" in pools else default_pool
+    )
+    if routing_fallback not in pools:
+        raise PolicyError(f"{routing.child('fallback_pool')}: no pool named {routing_fallback!r}")
+    if default_pool not in pools:
+        raise PolicyError(f"{routing.child('default_pool')}: no pool named {default_pool!r}")
+    rules_raw = routing.raw("rules")
+    if rules_raw is None:
+        rules_raw = [{"pool": "long", "min_context_tokens": 32769}] if "long" in pools else []
+    route_rules = parse_rules(rules_raw, routing.child("rules"), pools)
+    routing.close()
+
+    budget = parse_budget(root.section("budget"))
+    tls = parse_tls(root.raw("tls"), root.child("tls"))
+    shadow = parse_shadow(root.raw("shadow"), root.child("shadow"), pools)
+    decision_log = parse_decision_log(root.raw("decision_log"), root.child("decision_log"))
+    latency_models = parse_latency_models(
+        root.raw("latency_model"), root.child("latency_model"), pools, buckets
+    )
+    jwt = parse_jwt(root.raw("jwt"), root.child("jwt"))
+    breaker = parse_breaker(root.section("breaker"))
+    bucket_names = {b.name for b in buckets}
+    slos = parse_slos(root.section("slos"), bucket_names)
+    fallback_pool = routing_fallback
+
+    tier_limits = parse_tiers(root.section("tiers"))
+    keys = parse_keys(root.raw("keys"), root.child("keys"), tier_limits)
+    root.close()
+
+    return Policy(
+        model_name=model_name,
+        max_context_tokens=max_context,
+        default_max_tokens=default_max_tokens,
+        max_body_bytes=max_body_bytes,
+        message_timeout_ms=message_timeout_ms,
+        upstream_timeout_s=upstream_timeout_s,
+        failure_mode=failure_mode,
+        failure_mode_by_path=failure_by_path,
+        exact_margin=exact_margin,
+        exact_max_bytes=exact_max_bytes,
+        per_message_overhead_tokens=overhead,
+        buckets=buckets,
+        pools=pools,
+        default_pool=default_pool,
+        route_rules=route_rules,
+        keys=keys,
+        budget=budget,
+        breaker=breaker,
+        fallback_pool=fallback_pool,
+        fallback_model=fallback_model,
+        slo_ttft_p99_ms=slos,
+        tls=tls,
+        jwt=jwt,
+        tier_limits=tier_limits,
+        shadow=shadow,
+        decision_log=decision_log,
+        latency_models=latency_models,
+        source=source,
+    )
+
+
+def load_policy(path: str | Path) -> Policy:
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"<root>: not valid YAML: {exc}") from None
+    return parse_policy(raw if raw is not None else {}, source=str(path))

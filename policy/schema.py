@@ -1,0 +1,179 @@
+"""The frozen policy the sidecar runs on: every section of the YAML file as a typed object.
+
+What lives here: the configuration dataclasses (`Policy` and its sections) with their
+defaults and the few derived lookups the request path needs (bucket, pool, SLO of a
+request). Reading and validating the YAML is `policy.loader`'s job; nothing here does I/O.
+Imports only `policy.domain` and `policy.apis`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from policy.domain import (
+    ApiKey,
+    ContextBucket,
+    FailureMode,
+    LatencyFit,
+    Limits,
+    Pool,
+    RouteRule,
+    Tier,
+    hash_api_key,
+)
+
+
+class BudgetStoreKind(StrEnum):
+    MEMORY = "memory"  # in-process: one sidecar, nothing to run beside it
+    REDIS = "redis"  # shared by every sidecar replica
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetConfig:
+    store: BudgetStoreKind = BudgetStoreKind.MEMORY
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_cluster: bool = False
+    redis_timeout_ms: float = 10.0  # past this a decision falls back to local budgets
+    replicas: int = 1  # sidecars sharing the budgets; each keeps 1/replicas when degraded
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowConfig:
+    """Mirror a sampled share of routed inference requests to a shadow pool (Envoy)."""
+
+    pool: str
+    fraction: float  # 0..1
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionLogConfig:
+    directory: str
+    sample_rate: float = 0.01
+    keep_days: int = 7
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    cert_file: str
+    key_file: str
+
+
+@dataclass(frozen=True, slots=True)
+class JwtConfig:
+    """Callers identified by a JWT that Envoy verified (jwt_authn) instead of an API key."""
+
+    issuer: str
+    audiences: tuple[str, ...]
+    jwks_file: str | None  # a local JWKS file, or
+    jwks_uri: str | None  # a remote JWKS (https://host[:port]/path), cached by Envoy
+    tenant_claim: str = "tenant"
+    tier_claim: str = "tier"
+    required: bool = True  # False: requests without a token fall back to API keys
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerThresholds:
+    l1_p99_over_slo: float = 1.0
+    l2_p99_over_slo: float = 1.5
+    l3_p99_over_slo: float = 3.0
+    l1_kv_cache: float = 0.85
+    l2_error_rate: float = 0.01
+    l3_error_rate: float = 0.10
+    l2_gpu_memory: float = 0.90  # the emergency line
+    l3_gpu_memory: float = 0.98  # OOM is near
+    enter_hold_s: tuple[float, float, float] = (30.0, 30.0, 10.0)  # for L1, L2, L3
+    cooldown_s: float = 60.0
+    probe_hold_s: float = 30.0
+    probe_fraction: float = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    thresholds: BreakerThresholds = field(default_factory=BreakerThresholds)
+    window_s: float = 60.0  # latency and error windows the breaker reads
+    min_samples: int = 20  # fewer responses in the window: no latency / error signal
+    evaluate_interval_s: float = 1.0
+    scrape_metrics: bool = True  # scrape vLLM /metrics of every pool endpoint
+    scrape_interval_s: float = 5.0
+    stale_after_s: float = 15.0  # engine metrics older than this count as saturated
+    # The dynamic quota controller (breaker/controller.py): tier multipliers on budgets.
+    controller_enabled: bool = True
+    controller_interval_s: float = 5.0
+    controller_key_budgets: bool = False  # enforce per-key dynamic budgets (else: shown only)
+    latency_weight: float = 0.7
+    kv_weight: float = 0.3
+    # KV admission: the share of a pool's KV capacity each tier may fill with what is in
+    # flight. Lower tiers stop short so that a burst of critical traffic finds room.
+    kv_shares: Mapping[Tier, float] = field(
+        default_factory=lambda: {Tier.CRITICAL: 1.0, Tier.STANDARD: 0.95, Tier.SHEDDABLE: 0.85}
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    model_name: str
+    max_context_tokens: int
+    default_max_tokens: int
+    max_body_bytes: int
+    message_timeout_ms: int
+    upstream_timeout_s: float
+    failure_mode: FailureMode
+    exact_margin: float
+    exact_max_bytes: int
+    per_message_overhead_tokens: int
+    buckets: tuple[ContextBucket, ...]
+    pools: Mapping[str, Pool]
+    default_pool: str
+    route_rules: tuple[RouteRule, ...]
+    keys: Mapping[str, ApiKey] = field(repr=False)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    breaker: BreakerConfig = field(default_factory=lambda: BreakerConfig())
+    fallback_pool: str = "fallback"
+    fallback_model: str | None = None  # None: keep the requested model at L3
+    # P99 TTFT SLO in ms per (tier, bucket name); "*" is the tier's default for any bucket.
+    slo_ttft_p99_ms: Mapping[tuple[Tier, str], float] = field(default_factory=dict)
+    tls: TlsConfig | None = None
+    jwt: JwtConfig | None = None
+    tier_limits: Mapping[Tier, Limits] = field(default_factory=dict)  # for JWT callers
+    shadow: ShadowConfig | None = None
+    decision_log: DecisionLogConfig | None = None
+    latency_models: Mapping[str, LatencyFit] = field(default_factory=dict)  # pool -> fit
+    source: str = "<memory>"
+
+    def slo_ms(self, tier: Tier, bucket: str) -> float | None:
+        return self.slo_ttft_p99_ms.get((tier, bucket), self.slo_ttft_p99_ms.get((tier, "*")))
+
+    # Token counts where one token more or less changes a decision (bucket edges, pool
+    # rules, the model max): near these the exact tokenizer is worth its cost.
+    decision_thresholds: tuple[int, ...] = ()
+    # Per path prefix: what Envoy does when the sidecar is unreachable there (e.g. health
+    # checks open while inference stays closed). Longest prefix first in the routes.
+    failure_mode_by_path: Mapping[str, FailureMode] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        points: set[int] = {self.max_context_tokens}
+        points.update(b.max_tokens for b in self.buckets if b.max_tokens is not None)
+        for rule in self.route_rules:
+            points.add(rule.min_context_tokens)
+            if rule.max_context_tokens is not None:
+                points.add(rule.max_context_tokens)
+        points.discard(0)
+        # Derived once per policy, not per request; frozen, hence object.__setattr__.
+        object.__setattr__(self, "decision_thresholds", tuple(sorted(points)))
+
+    def key_for(self, api_key: str) -> ApiKey | None:
+        return self.keys.get(hash_api_key(api_key))
+
+    def bucket_for(self, context_tokens: int) -> ContextBucket:
+        for bucket in self.buckets:
+            if bucket.contains(context_tokens):
+                return bucket
+        return self.buckets[-1]  # unreachable: validation makes the buckets cover [0, inf)
+
+    def pool_for(self, context_tokens: int) -> str:
+        for rule in self.route_rules:
+            if rule.matches(context_tokens):
+                return rule.pool
+        return self.default_pool
