@@ -14,19 +14,24 @@ it happens. A tier may fill its pool (cache and slots) up to its share (default:
 and a burst meets a refusal here (503, retry in 1 s) rather than an OOM or a queue in the
 engine.
 
-The footprint is an upper bound: the engine holds the prompt plus the tokens generated so
-far, not max_tokens from the start, and clients often send max_tokens far above what they
-get back (4096 for a 200-token answer counts 3-5x too much). So the ledger learns, per pool,
-the ratio of what the engine reports holding (its scraped KV usage) to what it counted, and
-admits against counted x ratio: up at once when the engine is fuller than thought, down
-slowly, back to 1.0 when the engine's metrics go stale. Each admission is still counted the
-moment it happens; only the conversion to real cache is learned. Capacity is per sidecar:
-with `replicas` sidecars in front of a pool, each admits against capacity / replicas.
+The footprint is an upper bound on the generated part: the engine holds the prompt plus the
+tokens generated so far, not max_tokens from the start, and clients often send max_tokens
+far above what they get back (4096 for a 200-token answer counts 3-5x too much). So the
+ledger learns, per pool, the ratio of what the engine reports holding (its scraped KV
+usage) to what it counted, and admits against counted x ratio: up at once when the engine
+is fuller than thought, down slowly. The ratio may rise above 1.0 (up to `max_ratio`) when
+the engine holds more than was counted (prompts counted low, say) for `sustain` readings in
+a row: above 1.0 it follows the smallest of them, since a single reading can be high only
+because requests ended between the scrape and the count. Requests that run to their limit
+(ignore_eos, min_tokens) are never discounted below their count. Each admission is still
+counted the moment it happens; only the conversion to real cache is learned. Capacity is per
+sidecar: with `replicas` sidecars in front of a pool, each admits against capacity / replicas.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -66,28 +71,41 @@ class KvVerdict:
 
 class KvLedger:
     min_ratio = 0.1  # never trust the engine to hold less than a tenth of the upper bound
+    max_ratio = 4.0  # ... nor more than four times what was counted
     min_share = 0.05  # ... nor learn from a pool this sidecar barely uses
     decay = 0.1  # how fast the ratio follows the engine down; up, it follows at once
+    sustain = 3  # readings in a row above the count before the ratio goes past 1.0
 
     def __init__(self) -> None:
         self.in_flight: dict[str, int] = {}  # pool -> tokens held by admitted requests
-        self.requests: dict[str, int] = {}  # pool -> admitted requests not yet ended
-        self._held: dict[str, tuple[str, int]] = {}  # request id -> (pool, tokens)
+        self.requests: dict[str, int] = {}  # pool -> batch slots held (one per completion)
+        # pool -> the part of in_flight held by requests that run to their limit
+        self.fixed: dict[str, int] = {}
+        self._held: dict[str, tuple[str, int, int, bool]] = {}  # id -> (pool, tokens, slots, fixed)
         # pool -> what the engine really holds per counted token (1.0: the upper bound).
         self.ratio: dict[str, float] = {}
+        self._recent: dict[str, deque[float]] = {}  # pool -> the last `sustain` readings
 
     def observe(self, pool: str, engine_kv_usage: float | None, capacity_tokens: float) -> None:
         """Learn how much of the counted footprint the engine really holds, from its own KV
-        usage (scraped). Up at once (the safe side), down slowly; no reading, or a stale
-        one (reported as 1.0): back toward the upper bound."""
+        usage (scraped). Up at once (the safe side), down slowly; no reading: back to the
+        upper bound (1.0). A stale engine reads as full, which raises the ratio."""
         counted = self.in_flight.get(pool, 0)
         current = self.ratio.get(pool, 1.0)
-        if engine_kv_usage is None or engine_kv_usage >= 1.0:
-            self.ratio[pool] = 1.0
+        if engine_kv_usage is None:
+            self.ratio[pool] = max(1.0, current)
             return
         if counted < self.min_share * capacity_tokens:
+            if engine_kv_usage >= 1.0:
+                self.ratio[pool] = max(1.0, current)  # full without our traffic: no discount
             return  # too little in flight to tell
-        sample = min(1.0, max(self.min_ratio, engine_kv_usage * capacity_tokens / counted))
+        raw = engine_kv_usage * capacity_tokens / counted
+        recent = self._recent.setdefault(pool, deque(maxlen=self.sustain))
+        recent.append(raw)
+        sample = min(self.max_ratio, max(self.min_ratio, raw))
+        if sample > 1.0:
+            sustained = min(recent) if len(recent) == self.sustain else 1.0
+            sample = min(sample, max(1.0, sustained))
         if sample >= current:
             self.ratio[pool] = sample
         else:
@@ -110,32 +128,51 @@ class KvLedger:
                 observed.append(name)
         return observed
 
+    def expected(self, pool: str, extra_tokens: int = 0, extra_fixed: bool = False) -> float:
+        """What the engine is expected to hold for this sidecar's admissions (plus one more):
+        the discountable part times the ratio, the fixed part never below its count."""
+        ratio = self.ratio.get(pool, 1.0)
+        total = self.in_flight.get(pool, 0) + extra_tokens
+        fixed = self.fixed.get(pool, 0) + (extra_tokens if extra_fixed else 0)
+        return (total - fixed) * ratio + fixed * max(1.0, ratio)
+
     def admit(
-        self, request_id: str, pool: str, tokens: int, capacity: PoolCapacity, share: float
+        self,
+        request_id: str,
+        pool: str,
+        tokens: int,
+        capacity: PoolCapacity,
+        share: float,
+        sequences: int = 1,
+        fixed: bool = False,
     ) -> KvVerdict:
-        """Hold `tokens` and a batch slot of `pool` for the request if the tier's share of
-        both leaves room."""
+        """Hold `tokens` and `sequences` batch slots of `pool` for the request if the tier's
+        share of both leaves room. `fixed`: the request runs to its limit, so its footprint
+        is never discounted by a ratio below 1."""
         current = self.in_flight.get(pool, 0)
         running = self.requests.get(pool, 0)
-        ratio = self.ratio.get(pool, 1.0)
         if (
             capacity.kv_tokens is not None
-            and (current + tokens) * ratio > capacity.kv_tokens * share
+            and self.expected(pool, tokens, fixed) > capacity.kv_tokens * share
         ):
             return KvVerdict(False, "kv_cache", current, running)
-        if capacity.sequences is not None and running + 1 > capacity.sequences * share:
+        if capacity.sequences is not None and running + sequences > capacity.sequences * share:
             return KvVerdict(False, "sequences", current, running)
         self.in_flight[pool] = current + tokens
-        self.requests[pool] = running + 1
-        self._held[request_id] = (pool, tokens)
-        return KvVerdict(True, "", current + tokens, running + 1)
+        self.requests[pool] = running + sequences
+        if fixed:
+            self.fixed[pool] = self.fixed.get(pool, 0) + tokens
+        self._held[request_id] = (pool, tokens, sequences, fixed)
+        return KvVerdict(True, "", current + tokens, running + sequences)
 
     def release(self, request_id: str) -> bool:
         """Free what the request held; False when it held nothing (never admitted, or done)."""
         held = self._held.pop(request_id, None)
         if held is None:
             return False
-        pool, tokens = held
+        pool, tokens, sequences, fixed = held
         self.in_flight[pool] -= tokens
-        self.requests[pool] -= 1
+        self.requests[pool] -= sequences
+        if fixed:
+            self.fixed[pool] -= tokens
         return True

@@ -23,6 +23,7 @@ from extproc.contract import METADATA_NAMESPACE, TRACKING_ID_FIELD
 from extproc.inflight import InFlight
 from extproc.metrics import SidecarMetrics
 from extproc.request_flow import RoutingDecision
+from policy.apis import ApiKind
 
 log = logging.getLogger("slogate.accesslog")
 EXPIRED_DETAILS = "slogate_expired"
@@ -40,6 +41,7 @@ class RequestOutcome:
     ttft_s: float | None  # None when no response body byte arrived
     duration_s: float
     details: str
+    stream_events: int | None = None  # SSE events seen (usage_tap.lua); None: not a stream
 
     @property
     def has_usage(self) -> bool:
@@ -88,15 +90,20 @@ def outcome_from_entry(
     duration_s = common.duration.ToNanoseconds() / 1e9 if common.HasField("duration") else 0.0
     if duration_s == 0.0 and common.HasField("time_to_last_downstream_tx_byte"):
         duration_s = common.time_to_last_downstream_tx_byte.ToNanoseconds() / 1e9
+    prompt = _tag_int(tags, "prompt_tokens")
+    completion = _tag_int(tags, "completion_tokens")
+    if completion is None and prompt is not None and decision.api.kind is ApiKind.EMBED:
+        completion = 0  # embeddings report only prompt_tokens: that is their whole usage
     return RequestOutcome(
         decision=decision,
         tracking_id=tracking,
         status=entry.response.response_code.value,
-        prompt_tokens=_tag_int(tags, "prompt_tokens"),
-        completion_tokens=_tag_int(tags, "completion_tokens"),
+        prompt_tokens=prompt,
+        completion_tokens=completion,
         ttft_s=_tag_ms(tags, "ttft_ms"),
         duration_s=duration_s,
         details=entry.response.response_code_details,
+        stream_events=_tag_int(tags, "stream_events"),
     )
 
 
@@ -181,7 +188,8 @@ class OutcomeRecorder:
                 m.ttft_seconds(pool, bucket, tier).observe(outcome.ttft_s)
                 m.tenant_ttft_seconds(d.caller.tenant_label).observe(outcome.ttft_s)
                 self.windows.record_latency("ttft", pool, tier, bucket, outcome.ttft_s)
-            self._record_usage(outcome)
+            if d.meters_tokens:
+                self._record_usage(outcome)
         return self._to_sinks(outcome)
 
     def _to_sinks(self, outcome: RequestOutcome) -> list[Awaitable[None]]:

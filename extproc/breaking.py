@@ -51,6 +51,8 @@ class BreakerGate:
         self._rng = rng or random.Random()
 
     async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
+        if not decision.meters_tokens:
+            return Admitted(decision)  # tokenize, the model list: nothing to shed
         level = self._board.level(decision.pool)
         verdict = shed(level, decision.caller.tier, decision.context_tokens)
         if verdict.action is Action.ADMIT:

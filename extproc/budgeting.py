@@ -29,20 +29,34 @@ log = logging.getLogger("slogate.budget")
 
 
 def reserved_charge(decision: RoutingDecision) -> Charge:
-    raw = decision.context_tokens
+    """The prompt once plus every completion's limit, at the bucket's weight; one request and
+    no tokens for the cheap APIs."""
+    raw = decision.reserved_tokens
     return Charge(raw * decision.bucket.cost_weight, raw)
 
 
 def settled_charge(outcome: RequestOutcome) -> Charge | None:
-    """What the request is finally charged; None refunds it."""
+    """What the request is finally charged; None refunds it.
+
+    With the engine's usage: prompt + completion tokens. Without it: an upstream error (or
+    no response at all) refunds everything; a stream that was cut before its usage arrived
+    is charged its prompt and one token per event it sent (Envoy saw every one of them);
+    any other success without usage keeps the reservation (the GPU did the work).
+    """
     decision = outcome.decision
-    if outcome.completion_tokens is None:
-        if outcome.status >= 400 or outcome.status == 0:  # upstream error, or never sent
-            return None
-        return reserved_charge(decision)
+    if not decision.meters_tokens:
+        return Charge(0.0, 0)  # it counted as one request; nothing to settle
     prompt = outcome.prompt_tokens if outcome.prompt_tokens is not None else decision.prompt_tokens
-    raw = prompt + outcome.completion_tokens
-    return Charge(raw * decision.bucket.cost_weight, raw)
+    weight = decision.bucket.cost_weight
+    if outcome.completion_tokens is not None:
+        raw = prompt + outcome.completion_tokens
+        return Charge(raw * weight, raw)
+    if outcome.stream_events:
+        sent = min(outcome.stream_events, decision.sequences * decision.max_tokens)
+        return Charge((prompt + sent) * weight, prompt + sent)
+    if outcome.status >= 400 or outcome.status == 0:  # upstream error, or never sent
+        return None
+    return reserved_charge(decision)
 
 
 def _duration_text(seconds: float) -> str:

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 METADATA_NAMESPACE = "slogate"  # set by the sidecar on the request path (ext_proc)
 TRACKING_ID_FIELD = "id"  # in METADATA_NAMESPACE: the sidecar's in-flight id of the request
+# In METADATA_NAMESPACE: the pool the sidecar chose. Envoy's pool routes match on it, so only
+# the sidecar can pick a pool: a client can send any header, but cannot set metadata.
+POOL_FIELD = "pool"
 # In METADATA_NAMESPACE, true when the sidecar asked for the stream's usage itself: the Lua
 # tap then removes the usage-only event the client never asked for.
 STRIP_USAGE_FIELD = "strip_usage"
@@ -37,4 +40,7 @@ ACCESS_LOG_TAGS: dict[str, str] = {
     "ttft_ms": "%COMMON_DURATION(DS_RX_BEG:US_RX_BODY_BEG:ms)%",
     "prompt_tokens": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:prompt_tokens)%",
     "completion_tokens": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:completion_tokens)%",
+    # SSE events the stream sent (usage_tap.lua): what a stream cut before its usage is
+    # settled with.
+    "stream_events": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:stream_events)%",
 }

@@ -17,6 +17,7 @@ The shape, and why:
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -49,10 +50,13 @@ from extproc.contract import (
     JWT_AUTHN_NAMESPACE,
     JWT_PAYLOAD_KEY,
     METADATA_NAMESPACE,
+    POOL_FIELD,
     POOL_HEADER,
     RATE_LIMIT_HEADERS,
 )
+from extproc.errors import error_document
 from policy import FailureMode, Policy
+from policy.apis import ErrorStyle
 
 SIDECAR_CLUSTER = "slogate_sidecar"
 SIDECAR_FAILURE_STATUS = 502  # what clients get when fail-closed and the sidecar fails
@@ -206,54 +210,110 @@ def _rate_limit_headers() -> list[core.HeaderValueOption]:
     ]
 
 
+def _path_match(path: str) -> route.RouteMatch:
+    """Exactly this path, with or without one trailing slash. One regex per path: RE2's
+    default program size limit (100) is too small for the list as one alternation."""
+    return route.RouteMatch(safe_regex=matcher.RegexMatcher(regex=f"^{re.escape(path)}/?$"))
+
+
+# A trailing slash names the same API; engines see the path without it (as the sidecar does).
+_NO_TRAILING_SLASH = matcher.RegexMatchAndSubstitute(
+    pattern=matcher.RegexMatcher(regex="^(.+)/$"), substitution="\\1"
+)
+
+
+def _ext_proc_per_route(mode: FailureMode | None, disabled: bool = False) -> dict[str, Any]:
+    if disabled:
+        config = ext_proc.ExtProcPerRoute(disabled=True)
+    elif mode is None:
+        return {}
+    else:
+        config = ext_proc.ExtProcPerRoute(
+            overrides=ext_proc.ExtProcOverrides(failure_mode_allow=mode is FailureMode.OPEN)
+        )
+    return {"typed_per_filter_config": {"envoy.filters.http.ext_proc": pb.Any.pack(config)}}
+
+
+def _failure_modes(policy: Policy) -> list[tuple[str, FailureMode | None]]:
+    """Each forwarded path with the failure mode its longest matching `failure_mode_by_path`
+    prefix gives it (None: the policy-wide mode)."""
+    prefixes = sorted(policy.failure_mode_by_path, key=len, reverse=True)
+    modes = []
+    for path in policy.paths.forwarded_paths:
+        prefix = next((p for p in prefixes if path.startswith(p)), None)
+        modes.append((path, None if prefix is None else policy.failure_mode_by_path[prefix]))
+    return modes
+
+
+def _not_found(name: str, prefix: str, style: ErrorStyle) -> route.Route:
+    """Default deny: a path no policy list names is answered here, never by an engine; the
+    sidecar is not consulted (ext_proc is off on this route)."""
+    body = error_document(
+        style,
+        404,
+        "Unknown request URL: this gateway serves only the APIs its policy lists.",
+        "invalid_request_error",
+        "not_found",
+    )
+    return route.Route(
+        name=name,
+        match=route.RouteMatch(prefix=prefix),
+        direct_response=route.DirectResponseAction(
+            status=404, body=core.DataSource(inline_string=json.dumps(body))
+        ),
+        response_headers_to_add=[_header("content-type", "application/json")],
+        **_ext_proc_per_route(None, disabled=True),
+    )
+
+
 def route_config(policy: Policy) -> route.RouteConfiguration:
+    """Routes, in order:
+    - one per pool, matching the pool the sidecar put in dynamic metadata; the sidecar sets
+      it only for requests on an enabled API that it admitted (clients can send any header,
+      but cannot write metadata: only the sidecar picks a pool);
+    - one per forwarded path without a sidecar decision, to the default pool: public paths,
+      and the first match of every API request (it carries the path's failure mode; when the
+      sidecar answers, its decision re-routes the request to a pool route);
+    - everything else: a 404 from Envoy itself (default deny).
+    """
     timeout = dt.timedelta(seconds=policy.upstream_timeout_s)
     routes = [
         route.Route(
             name=f"pool_{pool}",
             match=route.RouteMatch(
                 prefix="/",
-                headers=[
-                    route.HeaderMatcher(
-                        name=POOL_HEADER, string_match=matcher.StringMatcher(exact=pool)
+                dynamic_metadata=[
+                    matcher.MetadataMatcher(
+                        filter=METADATA_NAMESPACE,
+                        path=[matcher.MetadataMatcherPathSegment(key=POOL_FIELD)],
+                        value=matcher.ValueMatcher(string_match=matcher.StringMatcher(exact=pool)),
                     )
                 ],
             ),
             route=route.RouteAction(
-                cluster=pool, timeout=timeout, request_mirror_policies=_shadow(policy)
+                cluster=pool,
+                timeout=timeout,
+                request_mirror_policies=_shadow(policy),
+                regex_rewrite=_NO_TRAILING_SLASH,
             ),
             response_headers_to_add=[_header(POOL_HEADER, pool), *_rate_limit_headers()],
         )
         for pool in policy.pools
     ]
-    for prefix in sorted(policy.failure_mode_by_path, key=len, reverse=True):
+    for path, mode in _failure_modes(policy):
         routes.append(
             route.Route(
-                name=f"failure_mode:{prefix}",
-                match=route.RouteMatch(prefix=prefix),
-                route=route.RouteAction(cluster=policy.default_pool, timeout=timeout),
+                name=f"forwarded:{path}",
+                match=_path_match(path),
+                route=route.RouteAction(
+                    cluster=policy.default_pool, timeout=timeout, regex_rewrite=_NO_TRAILING_SLASH
+                ),
                 response_headers_to_add=[_header(POOL_HEADER, policy.default_pool)],
-                typed_per_filter_config={
-                    "envoy.filters.http.ext_proc": pb.Any.pack(
-                        ext_proc.ExtProcPerRoute(
-                            overrides=ext_proc.ExtProcOverrides(
-                                failure_mode_allow=(
-                                    policy.failure_mode_by_path[prefix] is FailureMode.OPEN
-                                )
-                            )
-                        )
-                    )
-                },
+                **_ext_proc_per_route(mode),
             )
         )
-    routes.append(
-        route.Route(
-            name="unrouted",
-            match=route.RouteMatch(prefix="/"),
-            route=route.RouteAction(cluster=policy.default_pool, timeout=timeout),
-            response_headers_to_add=[_header(POOL_HEADER, policy.default_pool)],
-        )
-    )
+    routes.append(_not_found("not_found:messages", "/v1/messages", ErrorStyle.ANTHROPIC))
+    routes.append(_not_found("not_found", "/", ErrorStyle.OPENAI))
     return route.RouteConfiguration(
         name="slogate",
         virtual_hosts=[
@@ -280,13 +340,30 @@ def _status_filter(status: int) -> accesslog.AccessLogFilter:
 
 
 def _json_error_mapper(
-    match: accesslog.AccessLogFilter, message: str, error_type: str, code: str
+    match: accesslog.AccessLogFilter,
+    status: int,
+    message: str,
+    error_type: str,
+    code: str,
+    style: ErrorStyle,
 ) -> hcm.ResponseMapper:
+    if style is ErrorStyle.ANTHROPIC:
+        # Anthropic's clients call /v1/messages; they get Anthropic's error shape.
+        on_messages = accesslog.AccessLogFilter(
+            header_filter=accesslog.HeaderFilter(
+                header=route.HeaderMatcher(
+                    name=":path", string_match=matcher.StringMatcher(prefix="/v1/messages")
+                )
+            )
+        )
+        match = accesslog.AccessLogFilter(
+            and_filter=accesslog.AndFilter(filters=[on_messages, match])
+        )
     return hcm.ResponseMapper(
         filter=match,
         body_format_override=core.SubstitutionFormatString(
             json_format=pb.Struct.from_dict(
-                {"error": {"message": message, "type": error_type, "code": code}}
+                error_document(style, status, message, error_type, code)
             ),
             content_type="application/json",
         ),
@@ -294,12 +371,14 @@ def _json_error_mapper(
 
 
 def local_reply_config() -> hcm.LocalReplyConfig:
-    """Envoy's own errors as OpenAI JSON.
+    """Envoy's own errors as JSON in the API's error shape (Anthropic's on /v1/messages,
+    OpenAI's elsewhere).
 
     Mappers apply to every local reply, the sidecar's ImmediateResponses included, so they
     match only what the sidecar never sends: 502 (the sidecar failed: ext_proc's
-    status_on_error), 504 (timeouts), upstream-unavailable response flags, and 413 (which
-    both say the same thing). The sidecar's own 503 (breaker) keeps its body.
+    status_on_error), 504 (timeouts: a hung sidecar past message_timeout_ms, or a slow
+    upstream), upstream-unavailable response flags, and 413 (which both say the same thing).
+    The sidecar's own 503 (breaker) keeps its body.
     """
     upstream_down = accesslog.AccessLogFilter(
         response_flag_filter=accesslog.ResponseFlagFilter(
@@ -316,45 +395,56 @@ def local_reply_config() -> hcm.LocalReplyConfig:
             match_if_key_not_found=False,
         )
     )
-    token_mapper = _json_error_mapper(
-        jwt_failed,
-        "Invalid or missing bearer token: "
-        f"%DYNAMIC_METADATA({JWT_AUTHN_NAMESPACE}:{JWT_FAILURE_KEY}:message)%",
-        "invalid_request_error",
-        "invalid_api_key",
-    )
-    # jwt_authn answers some failures (audience, issuer) with 403; to a client each of them
-    # is the same thing: the token does not let it in.
-    token_mapper.status_code = 401
-    return hcm.LocalReplyConfig(
-        mappers=[
+    mappers = []
+    for style in (ErrorStyle.ANTHROPIC, ErrorStyle.OPENAI):
+        token_mapper = _json_error_mapper(
+            jwt_failed,
+            401,
+            "Invalid or missing bearer token: "
+            f"%DYNAMIC_METADATA({JWT_AUTHN_NAMESPACE}:{JWT_FAILURE_KEY}:message)%",
+            "invalid_request_error",
+            "invalid_api_key",
+            style,
+        )
+        # jwt_authn answers some failures (audience, issuer) with 403; to a client each of
+        # them is the same thing: the token does not let it in.
+        token_mapper.status_code = 401
+        mappers += [
             token_mapper,
             _json_error_mapper(
                 _status_filter(413),
+                413,
                 "Request body is larger than the limit this gateway accepts.",
                 "invalid_request_error",
                 "request_too_large",
+                style,
             ),
             _json_error_mapper(
                 _status_filter(SIDECAR_FAILURE_STATUS),
+                SIDECAR_FAILURE_STATUS,
                 "The inference gateway is temporarily unavailable: %RESPONSE_CODE_DETAILS%",
                 "server_error",
                 "gateway_unavailable",
+                style,
             ),
             _json_error_mapper(
                 _status_filter(504),
+                504,
                 "The inference gateway timed out: %RESPONSE_CODE_DETAILS%",
                 "server_error",
                 "gateway_timeout",
+                style,
             ),
             _json_error_mapper(
                 upstream_down,
+                503,
                 "No inference server is available for this request: %RESPONSE_CODE_DETAILS%",
                 "server_error",
                 "upstream_unavailable",
+                style,
             ),
         ]
-    )
+    return hcm.LocalReplyConfig(mappers=mappers)
 
 
 JWKS_CLUSTER = "slogate_jwks"
@@ -399,10 +489,12 @@ def jwt_filter(policy: Policy) -> hcm.HttpFilter | None:
             )
         )
     )
+    # Every forwarded path but the public ones needs the token; unknown paths get the 404.
     authn = jwt_authn.JwtAuthentication(
         providers={"slogate": provider},
         rules=[
-            jwt_authn.RequirementRule(match=route.RouteMatch(prefix="/v1/"), requires=requirement)
+            jwt_authn.RequirementRule(match=_path_match(path), requires=requirement)
+            for path in sorted(policy.paths.apis)
         ],
     )
     return hcm.HttpFilter(**_typed(JWT_AUTHN_NAMESPACE, authn))
@@ -463,6 +555,16 @@ def http_connection_manager(
         http_filters=filters,
         access_log=logs,
         local_reply_config=local_reply_config(),
+        # The path the routes and the sidecar decide on is the one engines act on: RFC 3986
+        # normalised (percent-encoded unreserved characters decoded, dot segments removed,
+        # backslashes made slashes), slashes merged, escaped slashes (%2F, %5C) unescaped.
+        # Otherwise `/v1/%63hat/completions` misses every rule and an engine, which decodes
+        # the path itself, serves it.
+        normalize_path=True,
+        merge_slashes=True,
+        path_with_escaped_slashes_action=(
+            hcm.HttpConnectionManagerPathWithEscapedSlashesAction.UNESCAPE_AND_FORWARD
+        ),
         # Streams may run for minutes; the route timeout bounds them, not an idle timer.
         stream_idle_timeout=dt.timedelta(seconds=policy.upstream_timeout_s),
     )

@@ -4,7 +4,8 @@
     ├── InvalidRequest        400  invalid_request_error     malformed or wrong-typed body
     │   └── ContextLengthExceeded 400 context_length_exceeded prompt + max_tokens over the model max
     ├── Unauthenticated       401  invalid_api_key           missing or unknown API key
-    ├── MethodNotAllowed      405  method_not_allowed        inference path without POST
+    ├── NotFound              404  not_found                 a path the policy does not forward
+    ├── MethodNotAllowed      405  method_not_allowed        a method the API does not serve
     ├── BodyTooLarge          413  request_too_large         body over the policy byte limit
     ├── RateLimited           429  rate_limit_exceeded       budget spent (carries Retry-After)
     ├── InternalError         500  internal_error            a slogate bug: never route on a guess
@@ -12,12 +13,16 @@
 
 Each error carries `reason`, a short label from a fixed set, used as the metric label for
 rejections. The messages never contain prompt text or API keys. Turning these into an
-Envoy ImmediateResponse happens in exactly one place: `extproc.responses.rejection`.
+Envoy ImmediateResponse happens in exactly one place: `extproc.responses.rejection`, in the
+error shape of the API the client called (OpenAI's, or Anthropic's for /v1/messages).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
+
+from policy.apis import ErrorStyle
 
 
 class RequestRejected(Exception):
@@ -73,6 +78,12 @@ class Overloaded(RequestRejected):
     code = "overloaded"
 
 
+class NotFound(RequestRejected):
+    status = 404
+    error_type = "invalid_request_error"
+    code = "not_found"
+
+
 class MethodNotAllowed(RequestRejected):
     status = 405
     error_type = "invalid_request_error"
@@ -85,3 +96,29 @@ class InternalError(RequestRejected):
     status = 500
     error_type = "server_error"
     code = "internal_error"
+
+
+# Anthropic's error types by status (its SDKs branch on them); 503 is its overloaded_error.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def error_document(
+    style: ErrorStyle, status: int, message: str, error_type: str, code: str | None
+) -> dict[str, Any]:
+    """An error as the API's own clients expect it: OpenAI's `{"error": {message, type,
+    code}}`, or Anthropic's `{"type": "error", "error": {type, message}}`. Used for the
+    sidecar's replies and Envoy's local replies alike."""
+    if style is ErrorStyle.ANTHROPIC:
+        kind = _ANTHROPIC_TYPES.get(status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    return {"error": {"message": message, "type": error_type, "code": code}}

@@ -28,14 +28,24 @@ class KvGate:
         metrics.admission.source = lambda: (self.ledger.in_flight, self.ledger.requests)
 
     async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
+        if not decision.meters_tokens:
+            return Admitted(decision)  # one cheap request: no KV, no batch slot
         policy = self._policy()
         spec = policy.pools.get(decision.pool)
         capacity = None if spec is None else pool_capacity(spec, policy.budget.replicas)
         if capacity is None:
             return Admitted(decision)
         share = policy.breaker.kv_shares[decision.caller.tier]
-        tokens = kv_footprint(decision.context_tokens, decision.bucket)
-        verdict = self.ledger.admit(reservation_id, decision.pool, tokens, capacity, share)
+        tokens = kv_footprint(decision.reserved_tokens, decision.bucket)
+        verdict = self.ledger.admit(
+            reservation_id,
+            decision.pool,
+            tokens,
+            capacity,
+            share,
+            sequences=decision.sequences,
+            fixed=decision.runs_to_limit,
+        )
         if verdict.admitted:
             return Admitted(decision)
         tier = decision.caller.tier.value

@@ -99,8 +99,8 @@ class SidecarMetrics:
 
         self.decisions = counter(
             "slogate_decisions_total",
-            "Inference requests admitted and routed, by pool, context bucket and tier.",
-            ["pool", "bucket", "tier"],
+            "Requests admitted and routed, by pool, context bucket, tier and API.",
+            ["pool", "bucket", "tier", "api"],
         )
         self.rejections = counter(
             "slogate_rejections_total",

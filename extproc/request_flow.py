@@ -19,25 +19,21 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, cast
 
+from extproc.bodies import InferenceRequest, adds_usage, parse_inference_body, rewritten_body
 from extproc.contract import POOL_HEADER, SLOGATE_HEADER_PREFIX
 from extproc.errors import (
     BodyTooLarge,
     ContextLengthExceeded,
     InvalidRequest,
     MethodNotAllowed,
+    NotFound,
     RequestRejected,
 )
 from extproc.identity import IdentityResolver
 from extproc.inflight import InFlight
-from extproc.openai_request import (
-    INFERENCE_PATHS,
-    InferenceRequest,
-    parse_inference_body,
-    with_model,
-    with_usage_requested,
-)
 from extproc.tokens import TokenEstimator, near_threshold
 from policy import ApiKey, ContextBucket, Policy
+from policy.apis import KNOWN_APIS, Api, ApiKind, BodyShape, ErrorStyle, PathClass, error_style_for
 
 # Exact counts queued or running at once; past this the estimate decides. At the largest
 # prompt counted exactly (exact_max_bytes, ~64k tokens, ~130 ms) two fit well inside the
@@ -51,12 +47,9 @@ class EstimateKind(StrEnum):
     EXACT = "exact"  # the real tokenizer
 
 
-@dataclass(frozen=True, slots=True)
-class HeaderVerdict:
-    inference: bool  # the body phase follows
-    strip_headers: tuple[str, ...]  # client-supplied x-slogate-* headers
-    caller: ApiKey | None
-    request_id: str
+_CHAT_API = KNOWN_APIS[0]
+# What vLLM (and OpenAI's legacy API) generate for a completion that names no max_tokens.
+COMPLETION_DEFAULT_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +59,13 @@ class RoutingDecision:
     pool: str
     bucket: ContextBucket
     prompt_tokens: int
-    max_tokens: int
+    max_tokens: int  # per completion: what the request was charged for (and may generate)
     estimate: EstimateKind  # how prompt_tokens was counted
     stream: bool
     model_override: str | None = None  # the breaker's fallback model at L3
+    api: Api = _CHAT_API
+    sequences: int = 1  # completions generated at once (n, best_of, beam width, batch)
+    runs_to_limit: bool = False  # generates max_tokens whatever the model does (ignore_eos)
 
     @property
     def exact(self) -> bool:
@@ -77,7 +73,20 @@ class RoutingDecision:
 
     @property
     def context_tokens(self) -> int:
+        """One completion's context: what the model window holds, and what picks the bucket
+        and the pool."""
         return self.prompt_tokens + self.max_tokens
+
+    @property
+    def reserved_tokens(self) -> int:
+        """Everything the request can make the engine hold and generate: the prompt once
+        (the completions share it) plus each completion's limit."""
+        return self.prompt_tokens + self.sequences * self.max_tokens
+
+    @property
+    def meters_tokens(self) -> bool:
+        """False for the cheap APIs (tokenize, model list): one request, no tokens, no KV."""
+        return self.api.kind is not ApiKind.REQUEST
 
     def upstream_headers(self) -> dict[str, str]:
         return {
@@ -106,6 +115,20 @@ class Routed:
     new_body: bytes | None = field(default=None, repr=False)
     # Rendered by Envoy on the response from dynamic metadata (no extra round trip).
     response_headers: Mapping[str, str] = field(default_factory=dict)
+    # slogate asked the stream for its usage itself: the Lua tap hides it from the client.
+    hide_usage: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderVerdict:
+    """The header phase's answer. `routed` is set when the request was admitted already
+    (an API whose body is not read: its route and tracking id go out with the headers)."""
+
+    inference: bool  # the body phase follows
+    strip_headers: tuple[str, ...]  # client-supplied x-slogate-* headers
+    caller: ApiKey | None
+    request_id: str
+    routed: Routed | None = None
 
 
 class Admission(Protocol):
@@ -229,12 +252,18 @@ class Decider:
 
 
 class RequestFlow:
-    """One Envoy stream: headers first, then (for inference paths) the buffered body."""
+    """One Envoy stream: headers first, then (for APIs whose body is read) the buffered body.
+
+    The header phase classifies the path under the policy: public (forwarded as it is),
+    an enabled API (identity required), or unknown (404: default deny). APIs whose body is
+    not read (tokenize, the model list) are admitted right there, as one request each.
+    """
 
     def __init__(self, decider: Decider) -> None:
         self._decider = decider
-        self._path = ""
+        self._api: Api | None = None
         self._verdict: HeaderVerdict | None = None
+        self.error_style = ErrorStyle.OPENAI
 
     @property
     def request_id(self) -> str:
@@ -245,25 +274,42 @@ class RequestFlow:
         caller = self._verdict.caller if self._verdict is not None else None
         return caller.tenant if caller is not None else None
 
-    def on_request_headers(
+    async def on_request_headers(
         self,
         headers: Mapping[str, str],
         end_of_stream: bool,
         claims: Mapping[str, Any] | None = None,
     ) -> HeaderVerdict:
         policy = self._decider.policy()
-        path = headers.get(":path", "").split("?", 1)[0]
+        path = headers.get(":path", "")
+        self.error_style = error_style_for(path)
         strip = tuple(h for h in headers if h.startswith(SLOGATE_HEADER_PREFIX))
         request_id = headers.get("x-request-id", "")
-        if path not in INFERENCE_PATHS:
+        kind, api = policy.paths.classify(path)
+        if kind is PathClass.PUBLIC:
             self._verdict = HeaderVerdict(False, strip, None, request_id)
             return self._verdict
-        self._path = path
-        caller = self._decider.identity.resolve(headers, claims)
-        if headers.get(":method", "POST") != "POST":
-            raise MethodNotAllowed(
-                f"Only POST is supported on {path}.", reason="method_not_allowed"
+        if api is None:
+            raise NotFound(
+                "Unknown request URL. This gateway serves the inference APIs its policy "
+                "lists; see its documentation.",
+                reason="unknown_path",
             )
+        self._api = api
+        caller = self._decider.identity.resolve(headers, claims)
+        method = headers.get(":method", "POST")
+        if method not in api.methods:
+            allowed = ", ".join(sorted(api.methods))
+            raise MethodNotAllowed(
+                f"{method} is not supported on {api.path}; use {allowed}.",
+                reason="method_not_allowed",
+                headers={"allow": allowed},
+            )
+        if not api.reads_body:
+            decision = self._request_decision(policy, api, caller, request_id)
+            routed = await self._admit(decision, None, None)
+            self._verdict = HeaderVerdict(False, strip, caller, request_id, routed)
+            return self._verdict
         if end_of_stream:
             raise InvalidRequest("The request has no body.", reason="missing_body")
         declared = headers.get("content-length")
@@ -274,23 +320,31 @@ class RequestFlow:
 
     async def on_request_body(self, body: bytes) -> Routed:
         verdict = self._verdict
-        if verdict is None or not verdict.inference or verdict.caller is None:
+        api = self._api
+        if verdict is None or not verdict.inference or verdict.caller is None or api is None:
             raise InvalidRequest("Request body without an inference request.", reason="protocol")
+        assert api.shape is not None
         policy = self._decider.policy()
         if len(body) > policy.max_body_bytes:
             raise _too_large(len(body), policy)
-        request = parse_inference_body(self._path, body)
+        request = parse_inference_body(api.shape, body)
+        if request.sequences > policy.max_sequences:
+            raise InvalidRequest(
+                f"This request asks for {request.sequences} completions at once (n, best_of "
+                f"or a batch of prompts); this gateway allows at most {policy.max_sequences}.",
+                reason="too_many_sequences",
+            )
         prompt_tokens, estimate = await self._decider.count_prompt(request, policy)
-        max_tokens = request.max_tokens or policy.default_max_tokens
-        if prompt_tokens + max_tokens > policy.max_context_tokens:
+        max_tokens = charged_max_tokens(request, policy, prompt_tokens)
+        context = prompt_tokens + max_tokens
+        if context > policy.max_context_tokens:
             raise ContextLengthExceeded(
                 f"This model's maximum context length is {policy.max_context_tokens} tokens. "
-                f"However, you requested {prompt_tokens + max_tokens} tokens "
+                f"However, you requested {context} tokens "
                 f"({prompt_tokens} in the messages, {max_tokens} in the completion). "
                 "Please reduce the length of the messages or completion.",
                 reason="context_length_exceeded",
             )
-        context = prompt_tokens + max_tokens
         decision = RoutingDecision(
             request_id=verdict.request_id,
             caller=verdict.caller,
@@ -300,15 +354,56 @@ class RequestFlow:
             max_tokens=max_tokens,
             estimate=estimate,
             stream=request.stream,
+            api=api,
+            sequences=request.sequences,
+            runs_to_limit=request.runs_to_limit,
         )
+        return await self._admit(decision, request, body)
+
+    def _request_decision(
+        self, policy: Policy, api: Api, caller: ApiKey, request_id: str
+    ) -> RoutingDecision:
+        """A request counted as one request and no tokens, on the default pool."""
+        return RoutingDecision(
+            request_id=request_id,
+            caller=caller,
+            pool=policy.default_pool,
+            bucket=policy.bucket_for(0),
+            prompt_tokens=0,
+            max_tokens=0,
+            estimate=EstimateKind.UPPER_BOUND,
+            stream=False,
+            api=api,
+        )
+
+    async def _admit(
+        self, decision: RoutingDecision, request: InferenceRequest | None, body: bytes | None
+    ) -> Routed:
         inflight = self._decider.inflight
         tracking_id = inflight.new_id()
         admitted = await self._decider.admission.admit(decision, tracking_id)
         inflight.put(tracking_id, admitted.decision)
-        new_body = with_usage_requested(body, request)
-        if admitted.decision.model_override is not None:
-            new_body = with_model(new_body or body, admitted.decision.model_override)
-        return Routed(admitted.decision, tracking_id, new_body, admitted.response_headers)
+        new_body = None
+        if request is not None and body is not None:
+            written = admitted.decision.max_tokens if request.max_tokens is None else None
+            new_body = rewritten_body(body, request, written, admitted.decision.model_override)
+        hide_usage = request is not None and adds_usage(request)
+        headers = admitted.response_headers
+        return Routed(admitted.decision, tracking_id, new_body, headers, hide_usage)
+
+
+def charged_max_tokens(request: InferenceRequest, policy: Policy, prompt_tokens: int) -> int:
+    """Each completion's output limit: the one the request names; for completions without
+    one, the 16 tokens the engine generates then; otherwise the policy's default, cut to
+    what the model's window leaves after the prompt (it is written into the forwarded body,
+    so the engine cannot generate more than was charged)."""
+    if not request.generates:
+        return 0
+    if request.max_tokens is not None:
+        return request.max_tokens
+    if request.shape is BodyShape.COMPLETION:
+        return COMPLETION_DEFAULT_MAX_TOKENS
+    return max(1, min(policy.default_max_tokens, policy.max_context_tokens - prompt_tokens))
 
 
 def _too_large(size_bytes: int, policy: Policy) -> BodyTooLarge:

@@ -23,12 +23,14 @@ from extproc.contract import (
     JWT_AUTHN_NAMESPACE,
     JWT_PAYLOAD_KEY,
     METADATA_NAMESPACE,
+    POOL_FIELD,
     REASON_HEADER,
     STRIP_USAGE_FIELD,
     TRACKING_ID_FIELD,
 )
-from extproc.errors import RequestRejected
+from extproc.errors import RequestRejected, error_document
 from extproc.request_flow import HeaderVerdict, Routed
+from policy.apis import ErrorStyle
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
@@ -62,12 +64,16 @@ def jwt_claims(request: pb.ProcessingRequest) -> dict[str, Any] | None:
 
 
 def header_reply(verdict: HeaderVerdict) -> pb.ProcessingResponse:
-    common = pb.CommonResponse()
+    reply = pb.ProcessingResponse()
+    reply.request_headers.SetInParent()  # an empty CONTINUE is still a headers reply
+    common = reply.request_headers.response
     if verdict.strip_headers:
         common.header_mutation.remove_headers.extend(verdict.strip_headers)
         # The route may have been chosen on a spoofed header: pick it again without it.
         common.clear_route_cache = True
-    reply = pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common))
+    if verdict.routed is not None:
+        # Admitted with its headers (an API whose body is not read): route it now.
+        _route(reply, common, verdict.routed)
     if not verdict.inference:
         reply.mode_override.CopyFrom(
             processing_mode_pb2.ProcessingMode(
@@ -79,22 +85,29 @@ def header_reply(verdict: HeaderVerdict) -> pb.ProcessingResponse:
 
 
 def routed_body_reply(routed: Routed) -> pb.ProcessingResponse:
-    headers = routed.decision.upstream_headers()
     reply = pb.ProcessingResponse()
     common = reply.request_body.response
-    common.clear_route_cache = True
     if routed.new_body is not None:
         common.body_mutation.body = routed.new_body
+    _route(reply, common, routed)
+    return reply
+
+
+def _route(reply: pb.ProcessingResponse, common: pb.CommonResponse, routed: Routed) -> None:
+    """Upstream headers, the pool in metadata (the route matches on it) and a fresh route."""
+    headers = routed.decision.upstream_headers()
+    if routed.new_body is not None:
         headers["content-length"] = str(len(routed.new_body))
     _set_headers(common.header_mutation, headers)
+    common.clear_route_cache = True
     # The decision itself stays in the sidecar (extproc.inflight); only its id travels.
     fields = reply.dynamic_metadata.fields[METADATA_NAMESPACE].struct_value.fields
     fields[TRACKING_ID_FIELD].string_value = routed.tracking_id
-    if routed.new_body is not None:
+    fields[POOL_FIELD].string_value = routed.decision.pool
+    if routed.hide_usage:
         fields[STRIP_USAGE_FIELD].bool_value = True
     for name, value in routed.response_headers.items():
         fields[name].string_value = value  # see envoy_config.route_config
-    return reply
 
 
 def passthrough_reply(request: pb.ProcessingRequest) -> pb.ProcessingResponse:
@@ -107,14 +120,16 @@ def passthrough_reply(request: pb.ProcessingRequest) -> pb.ProcessingResponse:
     return pb.ProcessingResponse(**{str(phase): pb.TrailersResponse()})
 
 
-def error_body(error: RequestRejected) -> bytes:
+def error_body(error: RequestRejected, style: ErrorStyle = ErrorStyle.OPENAI) -> bytes:
     return msgspec.json.encode(
-        {"error": {"message": error.message, "type": error.error_type, "code": error.code}}
+        error_document(style, error.status, error.message, error.error_type, error.code)
     )
 
 
 def rejection(
-    error: RequestRejected, extra_headers: Iterable[tuple[str, str]] = ()
+    error: RequestRejected,
+    style: ErrorStyle = ErrorStyle.OPENAI,
+    extra_headers: Iterable[tuple[str, str]] = (),
 ) -> pb.ProcessingResponse:
     headers = {"content-type": "application/json", REASON_HEADER: error.reason}
     if error.retry_after_s is not None:
@@ -123,7 +138,7 @@ def rejection(
     headers.update(extra_headers)
     immediate = pb.ImmediateResponse(
         status=http_status_pb2.HttpStatus(code=error.status),
-        body=error_body(error),
+        body=error_body(error, style),
         details=f"slogate_{error.reason}",
     )
     _set_headers(immediate.headers, headers)

@@ -18,7 +18,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from extproc.decision_log import DecisionLog
 from extproc.errors import InternalError, RequestRejected
 from extproc.metrics import SidecarMetrics
-from extproc.request_flow import Decider, RequestFlow
+from extproc.request_flow import Decider, RequestFlow, RoutingDecision
 from extproc.responses import (
     header_reply,
     headers_to_dict,
@@ -68,24 +68,29 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         self._metrics.rejections(error.reason, str(error.status)).inc()
         if self._decision_log is not None:
             self._decision_log.refused(error, flow.request_id, flow.tenant)
-        return rejection(error)
+        return rejection(error, flow.error_style)
 
     async def _reply(
         self, flow: RequestFlow, phase: str, request: pb.ProcessingRequest
     ) -> pb.ProcessingResponse:
         if phase == "request_headers":
             headers = request.request_headers
-            verdict = flow.on_request_headers(
+            verdict = await flow.on_request_headers(
                 headers_to_dict(headers), headers.end_of_stream, jwt_claims(request)
             )
+            if verdict.routed is not None:
+                self._count(verdict.routed.decision)
             return header_reply(verdict)
         if phase == "request_body":
             routed = await flow.on_request_body(request.request_body.body)
-            decision = routed.decision
-            self._metrics.decisions(
-                decision.pool, decision.bucket.name, decision.caller.tier.value
-            ).inc()
-            self._metrics.context_tokens(decision.pool).observe(decision.context_tokens)
-            self._metrics.prompt_estimates(decision.estimate.value).inc()
+            self._count(routed.decision)
             return routed_body_reply(routed)
         return passthrough_reply(request)
+
+    def _count(self, decision: RoutingDecision) -> None:
+        self._metrics.decisions(
+            decision.pool, decision.bucket.name, decision.caller.tier.value, decision.api.name
+        ).inc()
+        if decision.meters_tokens:
+            self._metrics.context_tokens(decision.pool).observe(decision.context_tokens)
+            self._metrics.prompt_estimates(decision.estimate.value).inc()

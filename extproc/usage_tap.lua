@@ -1,19 +1,31 @@
 -- slogate usage tap: picks `usage` out of an inference response inside Envoy, so Python never
 -- sees response chunks. It iterates the body chunk by chunk (nothing is buffered: each chunk
--- goes on to the client as soon as the loop has looked at it) and writes the last
--- prompt_tokens / completion_tokens it saw into dynamic metadata; the gRPC access log carries
--- them to the sidecar once per request.
+-- goes on to the client as soon as the loop has looked at it) and writes what it learnt into
+-- dynamic metadata ("slogate.usage"); the gRPC access log carries it to the sidecar once per
+-- request.
 --
--- Only requests the sidecar decided on (namespace "slogate" present) are looked at.
--- The usage object of an SSE stream can straddle two chunks, so the last few bytes of the
--- previous chunk are searched again together with the next one. JSON-escaped text inside
--- message content (\"completion_tokens\") cannot match: the pattern needs a bare quote.
+-- Every API's usage shape is read: OpenAI's prompt_tokens / completion_tokens (chat,
+-- completions, embeddings) and input_tokens / output_tokens (the Responses API's
+-- `response.completed` event, Anthropic's `message_start` and `message_delta` events, and
+-- their JSON bodies). The last value seen wins: Anthropic's running output count ends with
+-- the final one. It also counts the SSE events of a stream (`stream_events`), so that a
+-- stream cut before its usage arrived is settled with what was sent.
+--
+-- Metadata is written as soon as a value changes, inside the loop: a stream the client cuts
+-- never reaches the end of the loop, and its access-log entry must still carry what was seen.
+--
+-- Only requests the sidecar decided on (namespace "slogate" present) are looked at. A usage
+-- object or an event marker can straddle two chunks, so the last few bytes of the previous
+-- chunk are searched again together with the next one. JSON-escaped text inside message
+-- content (\"completion_tokens\") cannot match: the patterns need a bare quote.
 --
 -- When the sidecar added `stream_options.include_usage` itself (metadata strip_usage), the
 -- client never asked for the usage chunk: it is read here, then cut out of the stream, so
 -- clients written against the plain OpenAI stream see exactly that.
 
 local TAIL_BYTES = 96
+local EVENT = "\ndata:"
+local DONE = "\ndata: [DONE]"
 
 -- The usage-only event of an OpenAI stream: `data: {...,"choices":[],...,"usage":{...}}`.
 local function without_usage_events(data)
@@ -25,26 +37,64 @@ local function without_usage_events(data)
   end)
 end
 
+local function count(haystack, needle)
+  local n = 0
+  local at = 1
+  while true do
+    local found = string.find(haystack, needle, at, true)
+    if found == nil then
+      return n
+    end
+    n = n + 1
+    at = found + 1
+  end
+end
+
+local function last_number(data, pattern, current)
+  for value in string.gmatch(data, pattern) do
+    current = tonumber(value)
+  end
+  return current
+end
+
 -- Handles from streamInfo() die at each yield (every chunk of the loop is one), so the
--- metadata object is fetched again after the loop instead of being kept.
+-- metadata object is fetched anew each time it is written instead of being kept.
+local function publish(response_handle, key, value)
+  response_handle:streamInfo():dynamicMetadata():set("slogate.usage", key, value)
+end
+
 function envoy_on_response(response_handle)
   local decided = response_handle:streamInfo():dynamicMetadata():get("slogate")
   if decided == nil then
     return
   end
   local strip = decided["strip_usage"] == true
-  local tail = ""
+  -- An event starts at a line start; the leading newline lets the first one match too.
+  local tail = "\n"
   local prompt = nil
   local completion = nil
+  local events = 0
   for chunk in response_handle:bodyChunks() do
     local bytes = chunk:getBytes(0, chunk:length())
     local data = tail .. bytes
+    -- Markers wholly inside the tail were counted with the previous chunk.
+    local new_events = (count(data, EVENT) - count(tail, EVENT)) - (count(data, DONE) - count(tail, DONE))
+    if new_events > 0 then
+      events = events + new_events
+      publish(response_handle, "stream_events", events)
+    end
     if string.find(data, "_tokens\"", 1, true) ~= nil then
-      for value in string.gmatch(data, "\"prompt_tokens\"%s*:%s*(%d+)") do
-        prompt = value
+      local p = last_number(data, "\"prompt_tokens\"%s*:%s*(%d+)", prompt)
+      p = last_number(data, "\"input_tokens\"%s*:%s*(%d+)", p)
+      local c = last_number(data, "\"completion_tokens\"%s*:%s*(%d+)", completion)
+      c = last_number(data, "\"output_tokens\"%s*:%s*(%d+)", c)
+      if p ~= prompt then
+        prompt = p
+        publish(response_handle, "prompt_tokens", prompt)
       end
-      for value in string.gmatch(data, "\"completion_tokens\"%s*:%s*(%d+)") do
-        completion = value
+      if c ~= completion then
+        completion = c
+        publish(response_handle, "completion_tokens", completion)
       end
       if strip then
         local kept, removed = without_usage_events(bytes)
@@ -58,12 +108,5 @@ function envoy_on_response(response_handle)
     else
       tail = data
     end
-  end
-  local metadata = response_handle:streamInfo():dynamicMetadata()
-  if prompt ~= nil then
-    metadata:set("slogate.usage", "prompt_tokens", tonumber(prompt))
-  end
-  if completion ~= nil then
-    metadata:set("slogate.usage", "completion_tokens", tonumber(completion))
   end
 end

@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 
 from policy._reader import PolicyError, Section, expect, positive
+from policy.apis import DEFAULT_PUBLIC_PATHS, KNOWN_API_NAMES, PathTable, api_named
 from policy.domain import (
     ApiKey,
     Limits,
@@ -178,3 +179,45 @@ def parse_keys(raw: object, path: str, tier_limits: Mapping[Tier, Limits]) -> di
             raise PolicyError(f"{path}[{i}]: duplicate API key")
         keys[digest] = ApiKey(digest, tenant, tier, limits)
     return keys
+
+
+_PATH = re.compile(r"^/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*$")
+
+
+def _exact_path(value: object, where: str) -> str:
+    path = expect(value, str, where)
+    if not _PATH.match(path) or "//" in path or "/./" in path or "/../" in path:
+        raise PolicyError(f"{where}: expected an absolute, normalised path, got {path!r}")
+    if len(path) > 1 and path.endswith("/"):
+        raise PolicyError(f"{where}: no trailing slash (it names the same path)")
+    return path
+
+
+def parse_paths(sec: Section) -> PathTable:
+    """Default deny: only these paths reach a pool. `public` ones need no identity; `apis`
+    names the engine APIs slogate parses and meters; `authenticated` are further exact paths
+    (an operator endpoint, say) forwarded for identified callers, one request each."""
+    public_raw = sec.get("public", list, list(DEFAULT_PUBLIC_PATHS))
+    public = [_exact_path(p, f"{sec.child('public')}[{i}]") for i, p in enumerate(public_raw)]
+    names_raw = sec.get("apis", list, list(KNOWN_API_NAMES))
+    apis = []
+    for i, name in enumerate(names_raw):
+        where = f"{sec.child('apis')}[{i}]"
+        api = api_named(expect(name, str, where))
+        if api is None:
+            raise PolicyError(f"{where}: unknown API {name!r}; known: {', '.join(KNOWN_API_NAMES)}")
+        apis.append(api)
+    extra_raw = sec.get("authenticated", list, [])
+    extra = [_exact_path(p, f"{sec.child('authenticated')}[{i}]") for i, p in enumerate(extra_raw)]
+    sec.close()
+    seen: dict[str, str] = {}
+    for kind, paths in (
+        ("public", public),
+        ("apis", [a.path for a in apis]),
+        ("authenticated", extra),
+    ):
+        for path in paths:
+            if path in seen:
+                raise PolicyError(f"{sec.child(kind)}: {path} is listed twice ({seen[path]})")
+            seen[path] = kind
+    return PathTable.build(public, apis, extra)

@@ -17,6 +17,7 @@ from policy._access import (
     parse_decision_log,
     parse_jwt,
     parse_keys,
+    parse_paths,
     parse_shadow,
     parse_tiers,
     parse_tls,
@@ -54,6 +55,8 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
     positive(message_timeout_ms, request.child("message_timeout_ms"))
     upstream_timeout_s = request.get("upstream_timeout_s", float, 600.0)
     positive(upstream_timeout_s, request.child("upstream_timeout_s"))
+    max_sequences = request.get("max_sequences", int, 16)
+    positive(max_sequences, request.child("max_sequences"))
     failure_raw = request.get("failure_mode", str, FailureMode.CLOSED.value)
     try:
         failure_mode = FailureMode(failure_raw)
@@ -111,6 +114,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         root.raw("latency_model"), root.child("latency_model"), pools, buckets
     )
     jwt = parse_jwt(root.raw("jwt"), root.child("jwt"))
+    paths = parse_paths(root.section("paths"))
     breaker = parse_breaker(root.section("breaker"))
     bucket_names = {b.name for b in buckets}
     slos = parse_slos(root.section("slos"), bucket_names)
@@ -148,6 +152,8 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         shadow=shadow,
         decision_log=decision_log,
         latency_models=latency_models,
+        paths=paths,
+        max_sequences=max_sequences,
         source=source,
     )
 

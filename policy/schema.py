@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from policy.apis import KNOWN_APIS, PathTable
 from policy.domain import (
     ApiKey,
     ContextBucket,
@@ -140,6 +141,10 @@ class Policy:
     shadow: ShadowConfig | None = None
     decision_log: DecisionLogConfig | None = None
     latency_models: Mapping[str, LatencyFit] = field(default_factory=dict)  # pool -> fit
+    # Which paths reach a pool (default deny): public ones, the enabled APIs, extra ones.
+    paths: PathTable = field(default_factory=lambda: PathTable.build(("/health",), KNOWN_APIS))
+    # Completions one request may ask for at once (n, best_of, beam width); more: 400.
+    max_sequences: int = 16
     source: str = "<memory>"
 
     def slo_ms(self, tier: Tier, bucket: str) -> float | None:

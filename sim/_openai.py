@@ -1,7 +1,10 @@
-"""OpenAI wire format for the simulated pool: request parsing and response/SSE bodies.
+"""Request bodies the simulated pool accepts, as vLLM 0.32 does: parsing into one shape.
 
-Only shapes live here: no sleeping, no KV accounting, no aiohttp. Token counts are a cheap
-approximation (ceil(utf-8 bytes / 4), +4 per chat message), not a tokenizer.
+The APIs: OpenAI chat completions and completions, the Responses API, Anthropic's Messages
+API, embeddings (and /invocations, routed to chat or completions by its payload). Only
+shapes live here: no sleeping, no KV accounting, no aiohttp; response bodies are in
+`sim._frames`. Token counts are a cheap approximation (ceil(utf-8 bytes / 4), +4 per chat
+message), not a tokenizer.
 """
 
 from __future__ import annotations
@@ -9,7 +12,6 @@ from __future__ import annotations
 import enum
 import json
 import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,13 @@ _FILLER_WORDS = (
 class Endpoint(enum.Enum):
     CHAT = "chat"
     COMPLETIONS = "completions"
+    RESPONSES = "responses"
+    MESSAGES = "messages"
+    EMBEDDINGS = "embeddings"
+
+    @property
+    def generates(self) -> bool:
+        return self is not Endpoint.EMBEDDINGS
 
 
 class RequestError(ValueError):
@@ -53,6 +62,8 @@ class ParsedRequest:
     segments: tuple[PromptSegment, ...]
     # The `model` the client asked for (echoed back for tests; the pool serves its own).
     requested_model: str | None = None
+    # The output limit as the body named it (None: not named), echoed back for tests.
+    named_max_tokens: int | None = None
 
 
 def approx_tokens(text: str) -> int:
@@ -115,15 +126,91 @@ def _completion_pieces(body: dict[str, Any]) -> list[tuple[str, int]]:
     return pieces
 
 
-def _max_tokens(body: dict[str, Any]) -> int:
-    for key in ("max_completion_tokens", "max_tokens"):
+def _texts_of(value: Any) -> str:
+    """Every string inside an item except its structural members (type, role, ids)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(t for t in (_texts_of(v) for v in value) if t)
+    if isinstance(value, dict):
+        skip = {"type", "role", "id", "call_id", "status"}
+        return "\n".join(t for k, v in value.items() if k not in skip for t in [_texts_of(v)] if t)
+    return ""
+
+
+def _text_pieces(texts: list[str]) -> list[tuple[str, int]]:
+    return [(text, approx_tokens(text) + _TOKENS_PER_MESSAGE) for text in texts]
+
+
+def _responses_pieces(body: dict[str, Any]) -> list[tuple[str, int]]:
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [items]
+    if not isinstance(items, list) or not items:
+        raise RequestError("'input' must be a non-empty string or list", "missing_input")
+    texts = [body["instructions"]] if isinstance(body.get("instructions"), str) else []
+    return _text_pieces(texts + [_texts_of(item) for item in items])
+
+
+def _messages_pieces(body: dict[str, Any]) -> list[tuple[str, int]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages: Field required", "missing_messages")
+    texts = [_texts_of(body["system"])] if body.get("system") else []
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise RequestError("each message must be an object with a string 'role'")
+        texts.append(_texts_of(message.get("content")))
+    return _text_pieces(texts)
+
+
+def _embeddings_pieces(body: dict[str, Any]) -> list[tuple[str, int]]:
+    return _completion_pieces({"prompt": body.get("input")})
+
+
+_PIECES = {
+    Endpoint.CHAT: _chat_pieces,
+    Endpoint.COMPLETIONS: _completion_pieces,
+    Endpoint.RESPONSES: _responses_pieces,
+    Endpoint.MESSAGES: _messages_pieces,
+    Endpoint.EMBEDDINGS: _embeddings_pieces,
+}
+# What each API generates when the request names no limit (vLLM: completions 16; the
+# simulator's stand-in for "the rest of the model's window" elsewhere).
+_LIMIT_MEMBERS = {
+    Endpoint.CHAT: ("max_completion_tokens", "max_tokens"),
+    Endpoint.COMPLETIONS: ("max_tokens",),
+    Endpoint.RESPONSES: ("max_output_tokens",),
+    Endpoint.MESSAGES: ("max_tokens",),
+    Endpoint.EMBEDDINGS: (),
+}
+_DEFAULT_LIMITS = {Endpoint.COMPLETIONS: 16, Endpoint.EMBEDDINGS: 0}
+
+
+def _max_tokens(body: dict[str, Any], endpoint: Endpoint) -> int:
+    for key in _LIMIT_MEMBERS[endpoint]:
         value = body.get(key)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise RequestError(f"'{key}' must be a positive integer", "invalid_max_tokens")
         return value
-    return DEFAULT_MAX_TOKENS
+    if endpoint is Endpoint.MESSAGES:
+        raise RequestError("max_tokens: Field required", "missing_max_tokens")
+    return _DEFAULT_LIMITS.get(endpoint, DEFAULT_MAX_TOKENS)
+
+
+def invocation_endpoint(raw: bytes) -> Endpoint:
+    """vLLM's /invocations: a chat payload (`messages`) or a completion one (`prompt`)."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(f"request body is not valid JSON: {exc}", "invalid_json") from exc
+    if isinstance(body, dict) and "messages" in body:
+        return Endpoint.CHAT
+    if isinstance(body, dict) and "prompt" in body:
+        return Endpoint.COMPLETIONS
+    raise RequestError("an invocation needs 'messages' or 'prompt'", "invalid_invocation")
 
 
 def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
@@ -133,7 +220,7 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
         raise RequestError(f"request body is not valid JSON: {exc}", "invalid_json") from exc
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object", "invalid_json")
-    pieces = _chat_pieces(body) if endpoint is Endpoint.CHAT else _completion_pieces(body)
+    pieces = _PIECES[endpoint](body)
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise RequestError("'stream_options' must be an object")
@@ -143,103 +230,14 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
     return ParsedRequest(
         endpoint=endpoint,
         prompt_tokens=sum(tokens for _, tokens in pieces),
-        max_tokens=_max_tokens(body),
-        stream=stream,
+        max_tokens=_max_tokens(body, endpoint),
+        stream=stream and endpoint.generates,
         include_usage=bool(stream_options and stream_options.get("include_usage") is True),
         stream_options=stream_options,
         ignore_eos=body.get("ignore_eos") is True,
         segments=tuple(chain_segments(pieces)),
         requested_model=body["model"] if isinstance(body.get("model"), str) else None,
+        named_max_tokens=next(
+            (body[k] for k in _LIMIT_MEMBERS[endpoint] if isinstance(body.get(k), int)), None
+        ),
     )
-
-
-def filler_token(index: int) -> str:
-    return " " + _FILLER_WORDS[index % len(_FILLER_WORDS)]
-
-
-def error_body(message: str, error_type: str, code: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": error_type, "code": code}}
-
-
-def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseFrame:
-    """Fields shared by every body of one response."""
-
-    endpoint: Endpoint
-    response_id: str
-    model: str
-    created_s: int
-
-    @classmethod
-    def new(cls, endpoint: Endpoint, response_id: str, model: str) -> ResponseFrame:
-        return cls(endpoint, response_id, model, int(time.time()))
-
-    def _head(self, object_name: str) -> dict[str, Any]:
-        return {
-            "id": self.response_id,
-            "object": object_name,
-            "created": self.created_s,
-            "model": self.model,
-        }
-
-    def full_response(self, text: str, finish_reason: str, usage: dict[str, Any]) -> bytes:
-        if self.endpoint is Endpoint.CHAT:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-            body = self._head("chat.completion")
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-            body = self._head("text_completion")
-        body["choices"] = [choice]
-        body["usage"] = usage
-        return json.dumps(body).encode()
-
-    def _chunk(self, choices: list[dict[str, Any]], with_usage_field: bool) -> bytes:
-        name = "chat.completion.chunk" if self.endpoint is Endpoint.CHAT else "text_completion"
-        body = self._head(name)
-        body["choices"] = choices
-        if with_usage_field:
-            # OpenAI: with include_usage every chunk carries "usage": null except the last.
-            body["usage"] = None
-        return b"data: " + json.dumps(body).encode() + b"\n\n"
-
-    def role_chunk(self, with_usage_field: bool) -> bytes:
-        delta = {"role": "assistant", "content": ""}
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
-        return self._chunk([choice], with_usage_field)
-
-    def token_chunk(self, token_text: str, with_usage_field: bool) -> bytes:
-        return self._chunk([self._stream_choice(token_text, None)], with_usage_field)
-
-    def finish_chunk(self, finish_reason: str, with_usage_field: bool) -> bytes:
-        return self._chunk([self._stream_choice(None, finish_reason)], with_usage_field)
-
-    def _stream_choice(self, token_text: str | None, finish_reason: str | None) -> dict[str, Any]:
-        if self.endpoint is Endpoint.CHAT:
-            delta = {} if token_text is None else {"content": token_text}
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        text = "" if token_text is None else token_text
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-
-    def usage_chunk(self, usage: dict[str, Any]) -> bytes:
-        name = "chat.completion.chunk" if self.endpoint is Endpoint.CHAT else "text_completion"
-        body = self._head(name)
-        body["choices"] = []
-        body["usage"] = usage
-        return b"data: " + json.dumps(body).encode() + b"\n\n"
-
-
-DONE_EVENT = b"data: [DONE]\n\n"

@@ -9,24 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 
-from sim._openai import (
-    DONE_EVENT,
-    Endpoint,
-    ParsedRequest,
-    RequestError,
-    ResponseFrame,
-    error_body,
-    filler_token,
-    parse_request,
-    usage_body,
-)
+from sim._frames import Frame, Usage, anthropic_error_body, error_body, filler_token, frame_for
+from sim._openai import Endpoint, ParsedRequest, RequestError, parse_request
 from sim.config import PoolConfig
 from sim.faults import Faults, FaultState
 from sim.metrics import PoolMetrics
@@ -55,9 +45,13 @@ async def _sleep_until(deadline: float) -> None:
 
 
 def echo_headers(
-    request: web.Request, stream_options: dict[str, Any] | None, model: str | None = None
+    request: web.Request,
+    stream_options: dict[str, Any] | None,
+    model: str | None = None,
+    max_tokens: int | None = None,
 ) -> dict[str, str]:
-    """What the upstream saw, for tests: slogate's headers, stream_options and model."""
+    """What the upstream saw, for tests: slogate's headers, stream_options, model and the
+    output limit the body named."""
     saw: dict[str, str] = {}
     for name, value in request.headers.items():
         lowered = name.lower()
@@ -67,7 +61,11 @@ def echo_headers(
         "x-sim-saw-headers": json.dumps(saw, sort_keys=True),
         "x-sim-stream-options": json.dumps(stream_options, sort_keys=True),
         "x-sim-model": json.dumps(model),
+        "x-sim-max-tokens": json.dumps(max_tokens),
     }
+
+
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "overloaded_error"}
 
 
 def error_response(
@@ -76,10 +74,14 @@ def error_response(
     error_type: str,
     code: str,
     headers: dict[str, str] | None = None,
+    endpoint: Endpoint | None = None,
 ) -> web.Response:
-    return web.json_response(
-        error_body(message, error_type, code), status=status, headers=headers or {}
-    )
+    """An error in the API's own shape (Anthropic's for the Messages API)."""
+    if endpoint is Endpoint.MESSAGES:
+        body = anthropic_error_body(message, _ANTHROPIC_TYPES.get(status, "api_error"))
+    else:
+        body = error_body(message, error_type, code)
+    return web.json_response(body, status=status, headers=headers or {})
 
 
 class SimPool:
@@ -105,8 +107,12 @@ class SimPool:
             parsed = parse_request(await request.read(), endpoint)
         except RequestError as exc:
             headers = echo_headers(request, None)
-            return error_response(400, exc.message, "invalid_request_error", exc.code, headers)
-        headers = echo_headers(request, parsed.stream_options, parsed.requested_model)
+            return error_response(
+                400, exc.message, "invalid_request_error", exc.code, headers, endpoint
+            )
+        headers = echo_headers(
+            request, parsed.stream_options, parsed.requested_model, parsed.named_max_tokens
+        )
         context_tokens = parsed.prompt_tokens + parsed.max_tokens
         if context_tokens > self.config.max_model_len_tokens:
             message = (
@@ -114,12 +120,17 @@ class SimPool:
                 f"model's maximum of {self.config.max_model_len_tokens}"
             )
             return error_response(
-                400, message, "invalid_request_error", "context_length_exceeded", headers
+                400, message, "invalid_request_error", "context_length_exceeded", headers, endpoint
             )
         faults = self.faults.current()
         if faults.error_rate > 0 and self.rng.random() < faults.error_rate:
             return error_response(
-                faults.error_status, "injected fault", "server_error", "sim_fault", headers
+                faults.error_status,
+                "injected fault",
+                "server_error",
+                "sim_fault",
+                headers,
+                endpoint,
             )
         return await self._admit_and_run(request, parsed, faults, arrived_at, headers)
 
@@ -159,9 +170,7 @@ class SimPool:
                 message = "KV cache exhausted (overcommitted)"
                 return error_response(500, message, "server_error", "kv_cache_oom", headers)
             plan = self._plan(parsed, faults, arrived_at)
-            frame = ResponseFrame.new(
-                parsed.endpoint, _response_id(parsed.endpoint), self.config.model
-            )
+            frame = frame_for(parsed.endpoint, self.config.model, parsed.prompt_tokens)
             try:
                 if parsed.stream:
                     return await self._stream(request, parsed, plan, frame, headers)
@@ -187,7 +196,9 @@ class SimPool:
         ttft_s = self.latency.sample_ttft_s(parsed.prompt_tokens, running, cached_tokens)
         context_tokens = parsed.prompt_tokens + parsed.max_tokens
         decode_s = self.latency.sample_decode_s_per_token(running, context_tokens)
-        if parsed.ignore_eos:
+        if not parsed.endpoint.generates:
+            completion_tokens = 0
+        elif parsed.ignore_eos:
             completion_tokens = parsed.max_tokens
         else:
             completion_tokens = self.latency.sample_output_tokens(parsed.max_tokens)
@@ -216,16 +227,16 @@ class SimPool:
         self.metrics.request_finished(plan.finish_reason)
 
     async def _respond(
-        self, parsed: ParsedRequest, plan: _Plan, frame: ResponseFrame, headers: dict[str, str]
+        self, parsed: ParsedRequest, plan: _Plan, frame: Frame, headers: dict[str, str]
     ) -> web.Response:
         await _sleep_until(plan.first_token_at)
         first_token_at = self._first_token_out(parsed, plan)
-        last_token_at = plan.first_token_at + (plan.completion_tokens - 1) * plan.token_interval_s
-        await _sleep_until(last_token_at)
+        tokens = max(0, plan.completion_tokens - 1)
+        await _sleep_until(plan.first_token_at + tokens * plan.token_interval_s)
         self.metrics.generation_tokens.inc(plan.completion_tokens)
         self._finished(plan, first_token_at)
         text = "".join(filler_token(i) for i in range(plan.completion_tokens))
-        usage = usage_body(parsed.prompt_tokens, plan.completion_tokens, plan.cached_tokens)
+        usage = Usage(parsed.prompt_tokens, plan.completion_tokens, plan.cached_tokens)
         body = frame.full_response(text, plan.finish_reason, usage)
         return web.Response(body=body, content_type="application/json", headers=headers)
 
@@ -234,7 +245,7 @@ class SimPool:
         request: web.Request,
         parsed: ParsedRequest,
         plan: _Plan,
-        frame: ResponseFrame,
+        frame: Frame,
         headers: dict[str, str],
     ) -> web.StreamResponse:
         response = web.StreamResponse(
@@ -245,17 +256,15 @@ class SimPool:
         try:
             await _sleep_until(plan.first_token_at)
             first_token_at = self._first_token_out(parsed, plan)
-            if parsed.endpoint is Endpoint.CHAT:
-                await response.write(frame.role_chunk(usage_field))
+            opening = frame.stream_open(usage_field)
+            if opening:
+                await response.write(opening)
             for index in range(plan.completion_tokens):
                 await _sleep_until(plan.first_token_at + index * plan.token_interval_s)
-                await response.write(frame.token_chunk(filler_token(index), usage_field))
+                await response.write(frame.stream_token(filler_token(index), usage_field))
                 self.metrics.generation_tokens.inc()
-            await response.write(frame.finish_chunk(plan.finish_reason, usage_field))
-            if parsed.include_usage:
-                usage = usage_body(parsed.prompt_tokens, plan.completion_tokens, plan.cached_tokens)
-                await response.write(frame.usage_chunk(usage))
-            await response.write(DONE_EVENT)
+            usage = Usage(parsed.prompt_tokens, plan.completion_tokens, plan.cached_tokens)
+            await response.write(frame.stream_close(plan.finish_reason, usage, usage_field))
             await response.write_eof()
         except ConnectionResetError:
             # The client went away mid-write; the finally in _admit_and_run frees its KV cache.
@@ -263,8 +272,3 @@ class SimPool:
             return response
         self._finished(plan, first_token_at)
         return response
-
-
-def _response_id(endpoint: Endpoint) -> str:
-    prefix = "chatcmpl" if endpoint is Endpoint.CHAT else "cmpl"
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"

@@ -7,10 +7,15 @@
 Prints `sim pool <name> listening on http://<host>:<port>` once bound (`--port 0` picks a free
 port and prints it) and exits 0 on SIGTERM/SIGINT.
 
-Endpoints: POST /v1/chat/completions, POST /v1/completions (OpenAI-compatible, JSON or SSE),
-GET /v1/models, GET /health, GET /metrics (vLLM names), GET|POST|DELETE /fault.
-Every response carries `x-sim-pool: <name>`; inference responses also echo what the upstream
-received (`x-sim-saw-headers`, `x-sim-stream-options`).
+Endpoints, as vLLM 0.32 serves them: POST /v1/chat/completions, /v1/completions,
+/v1/responses (OpenAI Responses API), /v1/messages (Anthropic Messages API), /v1/embeddings
+and /invocations (JSON or SSE, each API's own shapes); the cheap POST /tokenize, /detokenize,
+/v1/messages/count_tokens; GET /v1/models, /health, /metrics (vLLM names); and some of
+vLLM's operational endpoints (/scale_elastic_ep, /reset_prefix_cache, /sleep, /version,
+/v1/chat/completions/batch, /pooling), which answer 200 so that a test can tell whether a
+gateway forwarded them. GET|POST|DELETE /fault injects faults. Every response carries
+`x-sim-pool: <name>`; inference responses also echo what the upstream received
+(`x-sim-saw-headers`, `x-sim-stream-options`, `x-sim-model`, `x-sim-max-tokens`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from sim._openai import Endpoint
+from sim._openai import Endpoint, RequestError, approx_tokens, invocation_endpoint
 from sim._serving import SimPool, error_response
 from sim.config import PoolConfig
 from sim.faults import parse_fault_request
@@ -35,6 +40,16 @@ from sim.faults import parse_fault_request
 __all__ = ["POOL_KEY", "PoolConfig", "SimPool", "create_app", "main", "serve_pool"]
 
 POOL_KEY = web.AppKey("sim_pool", SimPool)
+OPERATIONAL_PATHS = (
+    "/scale_elastic_ep",
+    "/reset_prefix_cache",
+    "/sleep",
+    "/wake_up",
+    "/version",
+    "/v1/chat/completions/batch",
+    "/pooling",
+    "/generative_scoring",
+)
 _log = logging.getLogger("sim.pool")
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error"}
@@ -63,11 +78,41 @@ def create_app(config: PoolConfig) -> web.Application:
     async def add_pool_header(_: web.Request, response: web.StreamResponse) -> None:
         response.headers["x-sim-pool"] = config.name
 
-    async def chat(request: web.Request) -> web.StreamResponse:
-        return await pool.serve(request, Endpoint.CHAT)
+    def inference(endpoint: Endpoint) -> _Handler:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await pool.serve(request, endpoint)
 
-    async def completions(request: web.Request) -> web.StreamResponse:
-        return await pool.serve(request, Endpoint.COMPLETIONS)
+        return handler
+
+    async def invocations(request: web.Request) -> web.StreamResponse:
+        try:
+            endpoint = invocation_endpoint(await request.read())
+        except RequestError as exc:
+            return error_response(400, exc.message, "invalid_request_error", exc.code)
+        return await pool.serve(request, endpoint)
+
+    async def tokenize(request: web.Request) -> web.Response:
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            return error_response(400, "invalid JSON", "invalid_request_error", "invalid_json")
+        text = json.dumps(body.get("prompt") or body.get("messages") or "")
+        count = approx_tokens(text)
+        return web.json_response({"count": count, "max_model_len": config.max_model_len_tokens})
+
+    async def detokenize(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"prompt": ""})
+
+    async def count_tokens(request: web.Request) -> web.Response:
+        raw = await request.read()
+        return web.json_response({"input_tokens": approx_tokens(raw.decode("utf-8", "replace"))})
+
+    async def operational(request: web.Request) -> web.Response:
+        # vLLM's operator endpoints: a gateway must never forward these unless told to.
+        await request.read()
+        return web.json_response({"operational": request.path})
 
     async def models(_: web.Request) -> web.Response:
         entry = {
@@ -102,8 +147,17 @@ def create_app(config: PoolConfig) -> web.Application:
         return web.json_response(pool.faults.describe())
 
     app.on_response_prepare.append(add_pool_header)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", inference(Endpoint.CHAT))
+    app.router.add_post("/v1/completions", inference(Endpoint.COMPLETIONS))
+    app.router.add_post("/v1/responses", inference(Endpoint.RESPONSES))
+    app.router.add_post("/v1/messages", inference(Endpoint.MESSAGES))
+    app.router.add_post("/v1/embeddings", inference(Endpoint.EMBEDDINGS))
+    app.router.add_post("/invocations", invocations)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    for path in OPERATIONAL_PATHS:
+        app.router.add_route("*", path, operational)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

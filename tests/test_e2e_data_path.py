@@ -85,9 +85,13 @@ def test_client_cannot_pick_the_pool_or_spoof_identity(stack: LocalStack) -> Non
     assert reply.status == 200, reply.body
     assert reply.headers["x-sim-pool"] == "default"
     assert json.loads(reply.headers["x-sim-saw-headers"])["x-slogate-tenant"] == "demo-standard"
-    # Non-inference paths skip the body phase but are still stripped and re-routed.
+    # Paths whose body is not read are admitted with their headers, stripped and re-routed.
     conn = http.client.HTTPConnection("127.0.0.1", stack.listen_port, timeout=10)
-    conn.request("GET", "/v1/models", headers={"x-slogate-pool": "long"})
+    conn.request(
+        "GET",
+        "/v1/models",
+        headers={"x-slogate-pool": "long", "authorization": "Bearer sk-demo-standard"},
+    )
     response = conn.getresponse()
     response.read()
     assert response.status == 200

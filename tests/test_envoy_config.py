@@ -65,15 +65,24 @@ def test_bootstrap_shape() -> None:
     assert mode["responseHeaderMode"] == "SKIP"  # Python stays off the response path
     assert ext_proc.get("failureModeAllow", False) is False  # closed by default
     assert ext_proc["allowModeOverride"] is True
+    # The path the sidecar and the routes decide on is the one the engines act on.
+    assert manager["normalizePath"] is True and manager["mergeSlashes"] is True
+    assert manager["pathWithEscapedSlashesAction"] == "UNESCAPE_AND_FORWARD"
     routes = manager["routeConfig"]["virtualHosts"][0]["routes"]
-    assert [r["route"]["cluster"] for r in routes] == [
-        "default",
-        "long",
-        "fallback",
-        "default",
-        "default",
-    ]
-    assert routes[3]["name"] == "failure_mode:/health"  # from the example policy
+    pools = routes[:3]
+    assert [r["route"]["cluster"] for r in pools] == ["default", "long", "fallback"]
+    for r in pools:  # only the sidecar's metadata picks a pool, never a client header
+        assert "headers" not in r["match"] and r["match"]["dynamicMetadata"]
+    forwarded = {r["name"]: r for r in routes[3:-2]}
+    assert set(forwarded) == {f"forwarded:{p}" for p in policy.paths.forwarded_paths}
+    assert all(r["route"]["cluster"] == "default" for r in forwarded.values())
+    # /health is fail-open in the example policy; inference paths keep the closed default.
+    health = forwarded["forwarded:/health"]["typedPerFilterConfig"]
+    assert health["envoy.filters.http.ext_proc"]["overrides"]["failureModeAllow"] is True
+    assert "typedPerFilterConfig" not in forwarded["forwarded:/v1/chat/completions"]
+    # Default deny: everything else is Envoy's own 404, without asking the sidecar.
+    assert [r["name"] for r in routes[-2:]] == ["not_found:messages", "not_found"]
+    assert all(int(r["directResponse"]["status"]) == 404 for r in routes[-2:])
     vhost = manager["routeConfig"]["virtualHosts"][0]
     assert int(vhost["requestBodyBufferLimit"]) == policy.max_body_bytes
     tags = manager["accessLog"][0]["typedConfig"]["commonConfig"]["customTags"]

@@ -27,6 +27,47 @@ def test_footprint_weights_the_context_by_its_bucket() -> None:
     assert kv_footprint(20_000, policy.bucket_for(20_000)) == 84_000  # 8-32k: 4.2x
 
 
+def test_the_ratio_rises_past_one_only_when_the_engine_stays_fuller() -> None:
+    ledger = KvLedger()
+    cache = PoolCapacity(kv_tokens=10_000, sequences=None)
+    assert ledger.admit("a", "p", 2000, cache, share=1.0).admitted
+    ledger.observe("p", 0.6, 10_000)  # the engine holds 6000 of a counted 2000: once
+    assert ledger.ratio["p"] == 1.0  # one reading may be scrape lag
+    ledger.observe("p", 0.5, 10_000)
+    ledger.observe("p", 0.7, 10_000)  # three in a row: 3x, 2.5x, 3.5x
+    assert ledger.ratio["p"] == pytest.approx(2.5)  # the smallest of them
+    # What is in flight now counts 2.5x: 2000 more fits (4000 -> 10000), 2500 does not.
+    assert not ledger.admit("b", "p", 2500, cache, share=1.0).admitted
+    assert ledger.admit("c", "p", 2000, cache, share=1.0).admitted
+    ledger.observe("p", 1.0, 10_000)
+    assert ledger.ratio["p"] <= KvLedger.max_ratio
+
+
+def test_requests_that_run_to_their_limit_are_never_discounted() -> None:
+    ledger = KvLedger()
+    cache = PoolCapacity(kv_tokens=10_000, sequences=None)
+    for i in range(3):
+        assert ledger.admit(f"r{i}", "p", 1000, cache, share=1.0).admitted
+    ledger.observe("p", 0.03, 10_000)  # the engine holds a tenth of what was counted
+    for _ in range(60):
+        ledger.observe("p", 0.03, 10_000)
+    assert ledger.ratio["p"] == pytest.approx(0.1, rel=0.05)
+    # An ignore_eos request of 8000 counts in full: 3000 x 0.1 + 8000 > 8000 ... fits 10000.
+    assert ledger.admit("fixed", "p", 8000, cache, share=1.0, fixed=True).admitted
+    assert ledger.expected("p") == pytest.approx(3000 * ledger.ratio["p"] + 8000)
+    assert not ledger.admit("fixed2", "p", 2000, cache, share=1.0, fixed=True).admitted
+    assert ledger.release("fixed") and ledger.fixed["p"] == 0
+
+
+def test_parallel_completions_take_a_batch_slot_each() -> None:
+    ledger = KvLedger()
+    slots = PoolCapacity(kv_tokens=None, sequences=10)
+    assert ledger.admit("n8", "p", 10, slots, share=1.0, sequences=8).admitted
+    assert not ledger.admit("n4", "p", 10, slots, share=1.0, sequences=4).admitted
+    assert ledger.requests["p"] == 8
+    assert ledger.release("n8") and ledger.requests["p"] == 0
+
+
 def test_each_tier_fills_the_pool_up_to_its_share() -> None:
     ledger = KvLedger()
     cache = PoolCapacity(kv_tokens=1000, sequences=None)

@@ -13,6 +13,7 @@ from extproc.errors import (
     ContextLengthExceeded,
     InvalidRequest,
     MethodNotAllowed,
+    NotFound,
     RequestRejected,
     Unauthenticated,
 )
@@ -58,7 +59,7 @@ async def route(
     raw: bytes, headers: dict[str, str] | None = None, d: Decider | None = None
 ) -> Routed:
     flow = (d or decider()).new_flow()
-    verdict = flow.on_request_headers(headers or HEADERS, end_of_stream=False)
+    verdict = await flow.on_request_headers(headers or HEADERS, end_of_stream=False)
     assert verdict.inference
     return await flow.on_request_body(raw)
 
@@ -130,28 +131,88 @@ async def test_cheap_bound_decides_only_when_clearly_below_every_threshold() -> 
         ({**HEADERS, "content-length": "2000000"}, BodyTooLarge),
     ],
 )
-def test_header_phase_rejections(headers: dict[str, str], error: type[RequestRejected]) -> None:
+async def test_header_phase_rejections(
+    headers: dict[str, str], error: type[RequestRejected]
+) -> None:
     with pytest.raises(error):
-        decider().new_flow().on_request_headers(headers, end_of_stream=False)
+        await decider().new_flow().on_request_headers(headers, end_of_stream=False)
 
 
-def test_x_api_key_header_is_accepted_and_bodyless_post_refused() -> None:
+async def test_x_api_key_header_is_accepted_and_bodyless_post_refused() -> None:
     headers = {":path": "/v1/completions", ":method": "POST", "x-api-key": "sk-b"}
-    verdict = decider().new_flow().on_request_headers(headers, end_of_stream=False)
+    verdict = await decider().new_flow().on_request_headers(headers, end_of_stream=False)
     assert verdict.caller is not None and verdict.caller.tenant == "team-b"
     with pytest.raises(InvalidRequest):
-        decider().new_flow().on_request_headers(headers, end_of_stream=True)
+        await decider().new_flow().on_request_headers(headers, end_of_stream=True)
 
 
-def test_other_paths_skip_the_body_and_strip_slogate_headers() -> None:
+async def test_public_paths_skip_the_body_and_strip_slogate_headers() -> None:
     verdict = (
-        decider()
+        await decider()
         .new_flow()
         .on_request_headers(
             {":path": "/health?x=1", ":method": "GET", "x-slogate-pool": "long"}, end_of_stream=True
         )
     )
     assert not verdict.inference and verdict.strip_headers == ("x-slogate-pool",)
+    assert verdict.caller is None and verdict.routed is None
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/x", "/V1/chat/completions", "/v1/chat/completions/batch", "/scale_elastic_ep"]
+)
+async def test_unknown_paths_are_not_found_even_without_a_key(path: str) -> None:
+    with pytest.raises(NotFound) as info:
+        await (
+            decider()
+            .new_flow()
+            .on_request_headers({":path": path, ":method": "POST"}, end_of_stream=False)
+        )
+    assert info.value.status == 404
+
+
+async def test_cheap_apis_need_a_key_and_count_as_one_request() -> None:
+    d = decider()
+    with pytest.raises(Unauthenticated):
+        await d.new_flow().on_request_headers({":path": "/v1/models", ":method": "GET"}, True)
+    flow = d.new_flow()
+    verdict = await flow.on_request_headers(
+        {**HEADERS, ":path": "/v1/models/", ":method": "GET"}, True
+    )
+    assert not verdict.inference and verdict.routed is not None
+    decision = verdict.routed.decision
+    assert decision.api.name == "models" and not decision.meters_tokens
+    assert decision.reserved_tokens == 0 and d.inflight.pop(verdict.routed.tracking_id) is decision
+    with pytest.raises(MethodNotAllowed) as info:
+        await d.new_flow().on_request_headers({**HEADERS, ":path": "/v1/models"}, True)
+    assert info.value.headers["allow"] == "GET"
+
+
+async def test_n_multiplies_what_is_reserved_and_is_capped() -> None:
+    decision = await decide(body("hi", max_tokens=100, n=8))
+    assert decision.sequences == 8 and decision.context_tokens == decision.prompt_tokens + 100
+    assert decision.reserved_tokens == decision.prompt_tokens + 800
+    with pytest.raises(InvalidRequest) as info:
+        await decide(body("hi", max_tokens=100, n=17))  # max_sequences defaults to 16
+    assert info.value.reason == "too_many_sequences"
+
+
+async def test_the_charged_limit_reaches_the_engine() -> None:
+    routed = await route(body("hi"))
+    assert routed.new_body is not None and json.loads(routed.new_body)["max_tokens"] == 512
+    named = await route(body("hi", max_tokens=7))
+    assert named.new_body is None
+
+
+async def test_other_apis_route_like_chat() -> None:
+    d = decider()
+    flow = d.new_flow()
+    await flow.on_request_headers({**HEADERS, ":path": "/v1/messages"}, end_of_stream=False)
+    routed = await flow.on_request_body(
+        json.dumps({"max_tokens": 9, "messages": [{"role": "user", "content": "x"}]}).encode()
+    )
+    assert routed.decision.api.name == "messages" and routed.decision.max_tokens == 9
+    assert flow.error_style.value == "anthropic"
 
 
 async def test_body_over_limit_without_content_length() -> None:
