@@ -97,6 +97,9 @@ class SidecarMetrics:
         ) -> Family[Histogram]:
             return Family(Histogram(name, doc, labels, buckets=buckets, registry=r))
 
+        def gauge(name: str, doc: str, labels: list[str]) -> Family[Gauge]:
+            return Family(Gauge(name, doc, labels, registry=r))
+
         self.decisions = counter(
             "slogate_decisions_total",
             "Requests admitted and routed, by pool, context bucket, tier and API.",
@@ -113,11 +116,24 @@ class SidecarMetrics:
             ["phase"],
             _DECISION_BUCKETS_S,
         )
-        self.prompt_estimates = counter(
-            "slogate_prompt_estimates_total",
-            "How routed prompts were counted: upper_bound (clearly below every threshold), "
-            "fitted (byte-class estimate), exact (real tokenizer, near a threshold).",
+        self.prompt_counts = counter(
+            "slogate_prompt_counts_total",
+            "How routed prompts were counted: exact (DeepSeek's vocabulary), cached (every "
+            "message counted before), bound (too large to count: one token per byte), busy "
+            "(the counter was busy: one token per byte).",
             ["kind"],
+        )
+        self.prompt_undercounts = counter(
+            "slogate_prompt_undercounts_total",
+            "Settled requests whose engine-reported prompt exceeded slogate's count by more "
+            "than 10%, by tenant.",
+            ["tenant"],
+        )
+        self.prompt_correction = gauge(
+            "slogate_prompt_correction",
+            "Factor on the prompt counts of a key whose settled prompts keep exceeding them "
+            "(1.0: none), the latest one set for a key of this tenant.",
+            ["tenant"],
         )
         self.context_tokens = histogram(
             "slogate_request_context_tokens",
@@ -166,7 +182,8 @@ class SidecarMetrics:
         )
         self.estimate_ratio = Histogram(
             "slogate_prompt_estimate_ratio",
-            "Estimated / actual prompt tokens for finished requests (1.0 = exact).",
+            "Counted / engine-reported prompt tokens of finished requests (1.0: the same; the "
+            "engine's chat template makes it a little different).",
             buckets=(0.5, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 2.0),
             registry=r,
         )

@@ -11,12 +11,10 @@ the route is known and before the decision is returned.
 
 from __future__ import annotations
 
-import asyncio
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Protocol, cast
 
 from extproc.bodies import InferenceRequest, adds_usage, parse_inference_body, rewritten_body
@@ -27,25 +25,14 @@ from extproc.errors import (
     InvalidRequest,
     MethodNotAllowed,
     NotFound,
+    Overloaded,
     RequestRejected,
 )
 from extproc.identity import IdentityResolver
 from extproc.inflight import InFlight
-from extproc.tokens import TokenEstimator, near_threshold
+from extproc.tokens import CountKind, PromptCorrections, PromptCount, PromptCounter
 from policy import ApiKey, ContextBucket, Policy
 from policy.apis import KNOWN_APIS, Api, ApiKind, BodyShape, ErrorStyle, PathClass, error_style_for
-
-# Exact counts queued or running at once; past this the estimate decides. At the largest
-# prompt counted exactly (exact_max_bytes, ~64k tokens, ~130 ms) two fit well inside the
-# default 1 s message timeout.
-MAX_EXACT_PENDING = 2
-
-
-class EstimateKind(StrEnum):
-    UPPER_BOUND = "upper_bound"  # clearly below every threshold: the cheap bound decided
-    FITTED = "fitted"  # the fitted byte-class estimate
-    EXACT = "exact"  # the real tokenizer
-
 
 _CHAT_API = KNOWN_APIS[0]
 # What vLLM (and OpenAI's legacy API) generate for a completion that names no max_tokens.
@@ -60,16 +47,18 @@ class RoutingDecision:
     bucket: ContextBucket
     prompt_tokens: int
     max_tokens: int  # per completion: what the request was charged for (and may generate)
-    estimate: EstimateKind  # how prompt_tokens was counted
+    estimate: CountKind  # how prompt_tokens was counted
     stream: bool
     model_override: str | None = None  # the breaker's fallback model at L3
     api: Api = _CHAT_API
     sequences: int = 1  # completions generated at once (n, best_of, beam width, batch)
     runs_to_limit: bool = False  # generates max_tokens whatever the model does (ignore_eos)
+    # The caller's prompt correction that prompt_tokens includes (extproc.tokens.corrections).
+    prompt_correction: float = 1.0
 
     @property
     def exact(self) -> bool:
-        return self.estimate is EstimateKind.EXACT
+        return self.estimate in (CountKind.EXACT, CountKind.CACHED)
 
     @property
     def context_tokens(self) -> int:
@@ -189,16 +178,15 @@ class Decider:
         self,
         policy: Callable[[], Policy],
         identity: IdentityResolver,
-        estimator: TokenEstimator,
-        exact_executor: Executor | None = None,
+        counter: PromptCounter,
         admission: Admission | None = None,
         inflight: InFlight[RoutingDecision] | None = None,
+        corrections: PromptCorrections | None = None,
     ) -> None:
         self.policy = policy
         self.identity = identity
-        self.estimator = estimator
-        self.exact_executor = exact_executor  # None: never count exactly
-        self._exact_pending = 0
+        self.counter = counter
+        self.corrections = corrections or PromptCorrections()
         self.admission: Admission = admission or AdmitAll()
         # Decisions wait here for their access-log entry; expired after the upstream timeout.
         self.inflight: InFlight[RoutingDecision] = inflight or InFlight(
@@ -209,46 +197,16 @@ class Decider:
         return RequestFlow(self)
 
     async def count_prompt(
-        self, request: InferenceRequest, policy: Policy
-    ) -> tuple[int, EstimateKind]:
-        """Prompt tokens, and how they were counted.
-
-        Three steps, each only when the one before cannot settle the decision:
-        - an upper bound (a few µs): when even the bound keeps the context clearly below
-          every threshold, the decision is the one the estimate would give;
-        - the fitted estimate (numpy, O(bytes));
-        - the real tokenizer, off the event loop, when the context lands within
-          `exact_margin` of a threshold where one token changes the answer (bucket edge,
-          pool rule, model max), for prompts up to `exact_max_bytes`.
-        """
-        max_tokens = request.max_tokens or policy.default_max_tokens
-        bound = self.estimator.upper_bound_messages(request.prompt_texts)
-        bound += request.prompt_token_ids
-        lowest = policy.decision_thresholds[0] if policy.decision_thresholds else 0
-        if bound + max_tokens < lowest * (1.0 - policy.exact_margin):
-            return bound, EstimateKind.UPPER_BOUND
-        estimate = self.estimator.estimate_messages(request.prompt_texts)
-        estimate += request.prompt_token_ids
-        context = estimate + max_tokens
-        if (
-            self.exact_executor is None
-            or not request.prompt_texts
-            or request.prompt_chars > policy.exact_max_bytes
-            # A queue of exact counts would outlast Envoy's message timeout: decide on the
-            # estimate rather than let a burst of near-threshold prompts time out.
-            or self._exact_pending >= MAX_EXACT_PENDING
-            or not near_threshold(context, policy.decision_thresholds, policy.exact_margin)
-        ):
-            return estimate, EstimateKind.FITTED
-        loop = asyncio.get_running_loop()
-        self._exact_pending += 1
-        try:
-            exact = await loop.run_in_executor(
-                self.exact_executor, self.estimator.count_exact, request.prompt_texts
-            )
-        finally:
-            self._exact_pending -= 1
-        return exact + request.prompt_token_ids, EstimateKind.EXACT
+        self, request: InferenceRequest, caller: ApiKey
+    ) -> tuple[PromptCount, float]:
+        """Prompt tokens (see extproc.tokens.prompt for the rule and its bound), times the
+        caller's correction when its settled prompts keep exceeding its counts; and that
+        correction."""
+        counted = await self.counter.count(request.prompt_texts, request.prompt_token_ids)
+        factor = self.corrections.factor(caller.key_id)
+        if factor == 1.0 or not counted.exact:
+            return counted, 1.0
+        return PromptCount(math.ceil(counted.tokens * factor), counted.kind), factor
 
 
 class RequestFlow:
@@ -334,15 +292,30 @@ class RequestFlow:
                 f"or a batch of prompts); this gateway allows at most {policy.max_sequences}.",
                 reason="too_many_sequences",
             )
-        prompt_tokens, estimate = await self._decider.count_prompt(request, policy)
+        counted, correction = await self._decider.count_prompt(request, verdict.caller)
+        prompt_tokens = counted.tokens
         max_tokens = charged_max_tokens(request, policy, prompt_tokens)
         context = prompt_tokens + max_tokens
+        if context > policy.max_context_tokens and counted.kind is CountKind.BUSY:
+            # The byte bound says it may not fit, but only a count could say it does not.
+            raise Overloaded(
+                "The gateway is too busy to count this request's prompt right now. "
+                "Please retry shortly.",
+                reason="token_count_busy",
+                retry_after_s=1,
+            )
         if context > policy.max_context_tokens:
+            counted_how = (
+                f" (The prompt is over {policy.counting.max_bytes} bytes, which this gateway "
+                "does not count: it is taken at one token per byte, the most it can hold.)"
+                if counted.kind is CountKind.BOUND
+                else ""
+            )
             raise ContextLengthExceeded(
                 f"This model's maximum context length is {policy.max_context_tokens} tokens. "
                 f"However, you requested {context} tokens "
                 f"({prompt_tokens} in the messages, {max_tokens} in the completion). "
-                "Please reduce the length of the messages or completion.",
+                f"Please reduce the length of the messages or completion.{counted_how}",
                 reason="context_length_exceeded",
             )
         decision = RoutingDecision(
@@ -352,11 +325,12 @@ class RequestFlow:
             bucket=policy.bucket_for(context),
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
-            estimate=estimate,
+            estimate=counted.kind,
             stream=request.stream,
             api=api,
             sequences=request.sequences,
             runs_to_limit=request.runs_to_limit,
+            prompt_correction=correction,
         )
         return await self._admit(decision, request, body)
 
@@ -371,7 +345,7 @@ class RequestFlow:
             bucket=policy.bucket_for(0),
             prompt_tokens=0,
             max_tokens=0,
-            estimate=EstimateKind.UPPER_BOUND,
+            estimate=CountKind.EXACT,
             stream=False,
             api=api,
         )

@@ -93,4 +93,4 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         ).inc()
         if decision.meters_tokens:
             self._metrics.context_tokens(decision.pool).observe(decision.context_tokens)
-            self._metrics.prompt_estimates(decision.estimate.value).inc()
+            self._metrics.prompt_counts(decision.estimate.value).inc()

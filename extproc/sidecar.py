@@ -40,10 +40,11 @@ from extproc.decision_log import DecisionLog
 from extproc.identity import ApiKeyResolver
 from extproc.kv_gate import KvGate
 from extproc.metrics import SidecarMetrics
+from extproc.prompt_feedback import PromptFeedback
 from extproc.quotas import KeyQuotas
 from extproc.request_flow import AdmissionChain, Decider
 from extproc.server import ExternalProcessorService
-from extproc.tokens import ExactTokenCounter, TokenEstimator
+from extproc.tokens import DeepSeekBpe, PromptCorrections, PromptCounter
 from policy import BudgetStoreKind, Policy, PolicyError, load_policy
 
 log = logging.getLogger("slogate.sidecar")
@@ -176,11 +177,11 @@ class Sidecar:
                 t.pool, f"L{int(t.from_level)}->L{int(t.to_level)} {t.reason}"
             ),
         )
-        self._exact_executor = (
-            ThreadPoolExecutor(1, "slogate-tokenizer") if exact_tokenizer else None
-        )
-        exact = ExactTokenCounter() if exact_tokenizer else None
-        self.estimator = TokenEstimator(exact, initial.per_message_overhead_tokens)
+        # Counting settings take effect at start: the worker threads and the cache live on.
+        self._exact_executor = ThreadPoolExecutor(initial.counting.workers, "slogate-tokenizer")
+        self._exact_tokenizer = exact_tokenizer
+        self.counter = PromptCounter(None, initial.counting, self._exact_executor)
+        self.corrections = PromptCorrections()
         self.store = build_store(initial, self.metrics)
         # A reservation outlives the longest request by a minute before it expires.
         self.budgets = BudgetGate(
@@ -204,8 +205,8 @@ class Sidecar:
         self.decider = Decider(
             policy=self.policy,
             identity=ApiKeyResolver(self.policy),
-            estimator=self.estimator,
-            exact_executor=self._exact_executor,
+            counter=self.counter,
+            corrections=self.corrections,
             admission=AdmissionChain(
                 [BreakerGate(self.board, self.policy, self.metrics), self.kv_gate, self.budgets]
             ),
@@ -219,7 +220,11 @@ class Sidecar:
             if initial.decision_log is not None
             else None
         )
-        sinks: list[OutcomeSink] = [self.budgets, self.kv_gate]
+        sinks: list[OutcomeSink] = [
+            self.budgets,
+            self.kv_gate,
+            PromptFeedback(self.corrections, self.metrics),
+        ]
         if self.decision_log is not None:
             sinks.append(self.decision_log)
         self.recorder = OutcomeRecorder(
@@ -235,7 +240,6 @@ class Sidecar:
         self._metrics_server: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._health = health.aio.HealthServicer()
-        self._exact = exact
 
     def _grpc_options(self) -> list[tuple[str, int]]:
         limit = self.policy().max_body_bytes + _GRPC_MESSAGE_SLACK_BYTES
@@ -251,6 +255,13 @@ class Sidecar:
         ]
 
     async def start(self) -> SidecarAddress:
+        if self._exact_tokenizer:
+            # Loaded before the servers start (~1 s), off the loop: no request is
+            # ever counted by its byte bound only because the tokenizer was still loading.
+            bpe = await asyncio.get_running_loop().run_in_executor(
+                self._exact_executor, DeepSeekBpe
+            )
+            self.counter.use(bpe)
         server = grpc.aio.server(options=self._grpc_options())
         external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
             ExternalProcessorService(self.decider, self.metrics, self.decision_log), server
@@ -272,11 +283,6 @@ class Sidecar:
             self._metrics_server = httpd
             metrics_port = int(httpd.server_port)
         admin = await self._start_admin()
-        if self._exact is not None and self._exact_executor is not None:
-            # Load the tokenizer now, off the loop, so no request waits for it later.
-            asyncio.get_running_loop().run_in_executor(
-                self._exact_executor, self._exact.count, "warm up"
-            )
         self._tasks = [
             asyncio.create_task(self._housekeeping()),
             asyncio.create_task(self._run_breaker()),
@@ -379,8 +385,7 @@ class Sidecar:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
-        if self._exact_executor is not None:
-            self._exact_executor.shutdown(wait=False, cancel_futures=True)
+        self._exact_executor.shutdown(wait=False, cancel_futures=True)
 
 
 async def run_sidecar(

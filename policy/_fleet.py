@@ -17,6 +17,7 @@ from policy.domain import (
 from policy.schema import (
     BreakerConfig,
     BreakerThresholds,
+    CountingConfig,
 )
 
 _DEFAULT_BUCKETS: tuple[tuple[str, int | None, float, float], ...] = (
@@ -242,3 +243,25 @@ def parse_slos(sec: Section, bucket_names: set[str]) -> dict[tuple[Tier, str], f
         tier_sec.close()
     sec.close()
     return slos
+
+
+def parse_counting(sec: Section) -> CountingConfig:
+    defaults = CountingConfig()
+    config = CountingConfig(
+        per_message_overhead_tokens=sec.get(
+            "per_message_overhead_tokens", int, defaults.per_message_overhead_tokens
+        ),
+        workers=sec.get("workers", int, defaults.workers),
+        inline_max_bytes=sec.get("inline_max_bytes", int, defaults.inline_max_bytes),
+        max_bytes=sec.get("max_bytes", int, defaults.max_bytes),
+        queue_max_bytes=sec.get("queue_max_bytes", int, defaults.queue_max_bytes),
+        cache_entries=sec.get("cache_entries", int, defaults.cache_entries),
+    )
+    sec.close()
+    if config.per_message_overhead_tokens < 0:
+        raise PolicyError(f"{sec.child('per_message_overhead_tokens')}: must be >= 0")
+    if config.inline_max_bytes < 0:
+        raise PolicyError(f"{sec.child('inline_max_bytes')}: must be >= 0")
+    for name in ("workers", "max_bytes", "queue_max_bytes", "cache_entries"):
+        positive(getattr(config, name), sec.child(name))
+    return config

@@ -25,6 +25,7 @@ from policy._access import (
 from policy._fleet import (
     parse_breaker,
     parse_buckets,
+    parse_counting,
     parse_latency_models,
     parse_pools,
     parse_rules,
@@ -78,15 +79,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
             raise PolicyError(f"{path}: expected 'closed' or 'open', got {mode!r}") from None
     request.close()
 
-    estimation = root.section("estimation")
-    exact_margin = estimation.get("exact_margin", float, 0.15)
-    if not 0.0 <= exact_margin < 1.0:
-        raise PolicyError(f"{estimation.child('exact_margin')}: must be in [0, 1)")
-    exact_max_bytes = estimation.get("exact_max_bytes", int, 256 * 1024)
-    overhead = estimation.get("per_message_overhead_tokens", int, 4)
-    if overhead < 0:
-        raise PolicyError(f"{estimation.child('per_message_overhead_tokens')}: must be >= 0")
-    estimation.close()
+    counting = parse_counting(root.section("counting"))
 
     buckets = parse_buckets(root.raw("buckets"), root.child("buckets"))
     pools = parse_pools(root.raw("pools"), root.child("pools"))
@@ -133,9 +126,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         upstream_timeout_s=upstream_timeout_s,
         failure_mode=failure_mode,
         failure_mode_by_path=failure_by_path,
-        exact_margin=exact_margin,
-        exact_max_bytes=exact_max_bytes,
-        per_message_overhead_tokens=overhead,
+        counting=counting,
         buckets=buckets,
         pools=pools,
         default_pool=default_pool,

@@ -113,6 +113,18 @@ class BreakerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class CountingConfig:
+    """How prompts are counted (extproc.tokens.prompt): exactly, within these bounds."""
+
+    per_message_overhead_tokens: int = 4  # the chat template around each message
+    workers: int = 2  # threads counting text too long for the event loop
+    inline_max_bytes: int = 2048  # uncounted text up to this is counted on the loop
+    max_bytes: int = 4 * 1024 * 1024  # larger prompts are not counted: the byte bound decides
+    queue_max_bytes: int = 8 * 1024 * 1024  # waiting past this: the byte bound decides
+    cache_entries: int = 65536  # message counts kept (chats resend their history)
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     model_name: str
     max_context_tokens: int
@@ -121,14 +133,12 @@ class Policy:
     message_timeout_ms: int
     upstream_timeout_s: float
     failure_mode: FailureMode
-    exact_margin: float
-    exact_max_bytes: int
-    per_message_overhead_tokens: int
     buckets: tuple[ContextBucket, ...]
     pools: Mapping[str, Pool]
     default_pool: str
     route_rules: tuple[RouteRule, ...]
     keys: Mapping[str, ApiKey] = field(repr=False)
+    counting: CountingConfig = field(default_factory=CountingConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     breaker: BreakerConfig = field(default_factory=lambda: BreakerConfig())
     fallback_pool: str = "fallback"
@@ -150,23 +160,9 @@ class Policy:
     def slo_ms(self, tier: Tier, bucket: str) -> float | None:
         return self.slo_ttft_p99_ms.get((tier, bucket), self.slo_ttft_p99_ms.get((tier, "*")))
 
-    # Token counts where one token more or less changes a decision (bucket edges, pool
-    # rules, the model max): near these the exact tokenizer is worth its cost.
-    decision_thresholds: tuple[int, ...] = ()
     # Per path prefix: what Envoy does when the sidecar is unreachable there (e.g. health
     # checks open while inference stays closed). Longest prefix first in the routes.
     failure_mode_by_path: Mapping[str, FailureMode] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        points: set[int] = {self.max_context_tokens}
-        points.update(b.max_tokens for b in self.buckets if b.max_tokens is not None)
-        for rule in self.route_rules:
-            points.add(rule.min_context_tokens)
-            if rule.max_context_tokens is not None:
-                points.add(rule.max_context_tokens)
-        points.discard(0)
-        # Derived once per policy, not per request; frozen, hence object.__setattr__.
-        object.__setattr__(self, "decision_thresholds", tuple(sorted(points)))
 
     def key_for(self, api_key: str) -> ApiKey | None:
         return self.keys.get(hash_api_key(api_key))

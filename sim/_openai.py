@@ -4,7 +4,7 @@ The APIs: OpenAI chat completions and completions, the Responses API, Anthropic'
 API, embeddings (and /invocations, routed to chat or completions by its payload). Only
 shapes live here: no sleeping, no KV accounting, no aiohttp; response bodies are in
 `sim._frames`. Token counts are a cheap approximation (ceil(utf-8 bytes / 4), +4 per chat
-message), not a tokenizer.
+message) unless the pool counts with DeepSeek's vocabulary (`sim.config.PoolConfig.tokenizer`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +67,13 @@ class ParsedRequest:
     named_max_tokens: int | None = None
 
 
+Counter = Callable[[str], int]
+
+
 def approx_tokens(text: str) -> int:
+    """A cheap stand-in for a tokenizer: a quarter of the UTF-8 bytes. Pools started with
+    `--tokenizer deepseek` count with the real vocabulary instead (crafted prompts cost the
+    engine what they would cost vLLM)."""
     return math.ceil(len(text.encode("utf-8")) / 4)
 
 
@@ -87,7 +94,7 @@ def _content_text(content: Any) -> str:
     raise RequestError("message content must be a string or a list of parts")
 
 
-def _chat_pieces(body: dict[str, Any]) -> list[tuple[str, int]]:
+def _chat_pieces(body: dict[str, Any], count: Counter) -> list[tuple[str, int]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' must be a non-empty list", "missing_messages")
@@ -96,11 +103,11 @@ def _chat_pieces(body: dict[str, Any]) -> list[tuple[str, int]]:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise RequestError("each message must be an object with a string 'role'")
         text = _content_text(message.get("content"))
-        pieces.append((message["role"] + "\x00" + text, approx_tokens(text) + _TOKENS_PER_MESSAGE))
+        pieces.append((message["role"] + "\x00" + text, count(text) + _TOKENS_PER_MESSAGE))
     return pieces
 
 
-def _completion_pieces(body: dict[str, Any]) -> list[tuple[str, int]]:
+def _completion_pieces(body: dict[str, Any], count: Counter) -> list[tuple[str, int]]:
     """Pieces of a `prompt`: a string, a list of strings, token ids, or lists of token ids.
 
     A list of several prompts is served as one concatenated prompt with one choice.
@@ -118,7 +125,8 @@ def _completion_pieces(body: dict[str, Any]) -> list[tuple[str, int]]:
             raw = item.encode("utf-8")
             for start in range(0, max(len(raw), 1), _PROMPT_BLOCK_BYTES):
                 block = raw[start : start + _PROMPT_BLOCK_BYTES]
-                pieces.append((block.decode("utf-8", "replace"), math.ceil(len(block) / 4)))
+                text = block.decode("utf-8", "replace")
+                pieces.append((text, count(text)))
         elif isinstance(item, list) and all(isinstance(t, int) for t in item):
             pieces.append((",".join(map(str, item)), len(item)))
         else:
@@ -138,21 +146,21 @@ def _texts_of(value: Any) -> str:
     return ""
 
 
-def _text_pieces(texts: list[str]) -> list[tuple[str, int]]:
-    return [(text, approx_tokens(text) + _TOKENS_PER_MESSAGE) for text in texts]
+def _text_pieces(texts: list[str], count: Counter) -> list[tuple[str, int]]:
+    return [(text, count(text) + _TOKENS_PER_MESSAGE) for text in texts]
 
 
-def _responses_pieces(body: dict[str, Any]) -> list[tuple[str, int]]:
+def _responses_pieces(body: dict[str, Any], count: Counter) -> list[tuple[str, int]]:
     items = body.get("input")
     if isinstance(items, str):
         items = [items]
     if not isinstance(items, list) or not items:
         raise RequestError("'input' must be a non-empty string or list", "missing_input")
     texts = [body["instructions"]] if isinstance(body.get("instructions"), str) else []
-    return _text_pieces(texts + [_texts_of(item) for item in items])
+    return _text_pieces(texts + [_texts_of(item) for item in items], count)
 
 
-def _messages_pieces(body: dict[str, Any]) -> list[tuple[str, int]]:
+def _messages_pieces(body: dict[str, Any], count: Counter) -> list[tuple[str, int]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages: Field required", "missing_messages")
@@ -161,11 +169,11 @@ def _messages_pieces(body: dict[str, Any]) -> list[tuple[str, int]]:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise RequestError("each message must be an object with a string 'role'")
         texts.append(_texts_of(message.get("content")))
-    return _text_pieces(texts)
+    return _text_pieces(texts, count)
 
 
-def _embeddings_pieces(body: dict[str, Any]) -> list[tuple[str, int]]:
-    return _completion_pieces({"prompt": body.get("input")})
+def _embeddings_pieces(body: dict[str, Any], count: Counter) -> list[tuple[str, int]]:
+    return _completion_pieces({"prompt": body.get("input")}, count)
 
 
 _PIECES = {
@@ -213,14 +221,14 @@ def invocation_endpoint(raw: bytes) -> Endpoint:
     raise RequestError("an invocation needs 'messages' or 'prompt'", "invalid_invocation")
 
 
-def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
+def parse_request(raw: bytes, endpoint: Endpoint, count: Counter | None = None) -> ParsedRequest:
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"request body is not valid JSON: {exc}", "invalid_json") from exc
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object", "invalid_json")
-    pieces = _PIECES[endpoint](body)
+    pieces = _PIECES[endpoint](body, count or approx_tokens)
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise RequestError("'stream_options' must be an object")

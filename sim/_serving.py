@@ -16,7 +16,7 @@ import numpy as np
 from aiohttp import web
 
 from sim._frames import Frame, Usage, anthropic_error_body, error_body, filler_token, frame_for
-from sim._openai import Endpoint, ParsedRequest, RequestError, parse_request
+from sim._openai import Counter, Endpoint, ParsedRequest, RequestError, approx_tokens, parse_request
 from sim.config import PoolConfig
 from sim.faults import Faults, FaultState
 from sim.metrics import PoolMetrics
@@ -98,13 +98,18 @@ class SimPool:
         self.prefix_cache = PrefixCache(config.prefix_cache_entries)
         self.faults = FaultState()
         self.metrics = PoolMetrics(config.model)
+        self.count_tokens: Counter = approx_tokens
+        if config.tokenizer == "deepseek":
+            from extproc.tokens import DeepSeekBpe
+
+            self.count_tokens = DeepSeekBpe().count
         self._admitted: dict[str, asyncio.Future[None]] = {}
         self._next_request = 0
 
     async def serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         arrived_at = asyncio.get_running_loop().time()
         try:
-            parsed = parse_request(await request.read(), endpoint)
+            parsed = parse_request(await request.read(), endpoint, self.count_tokens)
         except RequestError as exc:
             headers = echo_headers(request, None)
             return error_response(

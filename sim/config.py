@@ -32,6 +32,9 @@ class PoolConfig:
     overcommit_error_rate: float = 0.5
     prefix_cache_entries: int = 50_000
     latency: LatencyConfig | None = None
+    # How prompts are counted: "approx" (a quarter of the UTF-8 bytes, free) or "deepseek"
+    # (the real vocabulary, as vLLM counts: text built to fool an estimate costs its real size).
+    tokenizer: str = "approx"
 
     def __post_init__(self) -> None:
         if not self.name or not self.model:
@@ -44,6 +47,8 @@ class PoolConfig:
             raise ValueError("max_queue must be >= 0 and max_model_len_tokens > 0")
         if not 0.0 <= self.overcommit_error_rate <= 1.0:
             raise ValueError("overcommit_error_rate must be within 0..1")
+        if self.tokenizer not in ("approx", "deepseek"):
+            raise ValueError("tokenizer must be 'approx' or 'deepseek'")
         if self.kv_overcommit_ratio < 1.0:
             raise ValueError("kv_overcommit_ratio must be >= 1")
         self.latency_config()  # validates base_latency_ms against the shape

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from sim._openai import Endpoint, RequestError, approx_tokens, invocation_endpoint
+from sim._openai import Endpoint, RequestError, invocation_endpoint
 from sim._serving import SimPool, error_response
 from sim.config import PoolConfig
 from sim.faults import parse_fault_request
@@ -98,7 +98,7 @@ def create_app(config: PoolConfig) -> web.Application:
         except ValueError:
             return error_response(400, "invalid JSON", "invalid_request_error", "invalid_json")
         text = json.dumps(body.get("prompt") or body.get("messages") or "")
-        count = approx_tokens(text)
+        count = pool.count_tokens(text)
         return web.json_response({"count": count, "max_model_len": config.max_model_len_tokens})
 
     async def detokenize(request: web.Request) -> web.Response:
@@ -107,7 +107,9 @@ def create_app(config: PoolConfig) -> web.Application:
 
     async def count_tokens(request: web.Request) -> web.Response:
         raw = await request.read()
-        return web.json_response({"input_tokens": approx_tokens(raw.decode("utf-8", "replace"))})
+        return web.json_response(
+            {"input_tokens": pool.count_tokens(raw.decode("utf-8", "replace"))}
+        )
 
     async def operational(request: web.Request) -> web.Response:
         # vLLM's operator endpoints: a gateway must never forward these unless told to.
@@ -196,6 +198,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--kv-capacity-tokens", type=int, default=defaults.kv_capacity_tokens)
     parser.add_argument("--max-queue", type=int, default=defaults.max_queue)
     parser.add_argument("--base-latency-ms", type=float, default=defaults.base_latency_ms)
+    parser.add_argument("--tokenizer", choices=("approx", "deepseek"), default=defaults.tokenizer)
     return parser.parse_args(argv)
 
 
@@ -218,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             kv_capacity_tokens=args.kv_capacity_tokens,
             max_queue=args.max_queue,
             base_latency_ms=args.base_latency_ms,
+            tokenizer=args.tokenizer,
         )
     except ValueError as exc:
         print(f"sim pool: {exc}", file=sys.stderr)

@@ -8,7 +8,8 @@ from breaker.latency import ResponseWindows
 from extproc.accesslog import OutcomeRecorder, RequestOutcome, finish, outcome_from_entry
 from extproc.inflight import InFlight
 from extproc.metrics import SidecarMetrics
-from extproc.request_flow import EstimateKind, RoutingDecision
+from extproc.request_flow import RoutingDecision
+from extproc.tokens import CountKind
 from policy import ApiKey, ContextBucket, Tier
 
 DECISION = RoutingDecision(
@@ -18,7 +19,7 @@ DECISION = RoutingDecision(
     bucket=ContextBucket("32k-128k", 32769, 131072, 2.5),
     prompt_tokens=41000,
     max_tokens=16,
-    estimate=EstimateKind.FITTED,
+    estimate=CountKind.EXACT,
     stream=False,
 )
 

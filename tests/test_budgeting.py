@@ -10,7 +10,8 @@ from extproc.accesslog import RequestOutcome
 from extproc.budgeting import BudgetGate, rate_limit_headers, reserved_charge, settled_charge
 from extproc.errors import ContextLengthExceeded, RateLimited
 from extproc.metrics import SidecarMetrics
-from extproc.request_flow import EstimateKind, RoutingDecision
+from extproc.request_flow import RoutingDecision
+from extproc.tokens import CountKind
 from policy import ApiKey, ContextBucket, Limits, Tier
 
 
@@ -22,7 +23,7 @@ def decision(limits: Limits, prompt: int = 1000, max_tokens: int = 500) -> Routi
         bucket=ContextBucket("4-8k", 4097, 8192, 1.3),
         prompt_tokens=prompt,
         max_tokens=max_tokens,
-        estimate=EstimateKind.FITTED,
+        estimate=CountKind.EXACT,
         stream=True,
     )
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from extproc.accesslog import RequestOutcome
 from extproc.decision_log import DecisionLog
 from extproc.errors import RateLimited
-from extproc.request_flow import EstimateKind, RoutingDecision
+from extproc.request_flow import RoutingDecision
+from extproc.tokens import CountKind
 from policy import ApiKey, ContextBucket, Tier
 
 DAY_S = 86_400.0
@@ -31,7 +32,7 @@ def outcome() -> RequestOutcome:
         bucket=ContextBucket("0-4k", 0, 4096, 1.0),
         prompt_tokens=120,
         max_tokens=64,
-        estimate=EstimateKind.UPPER_BOUND,
+        estimate=CountKind.CACHED,
         stream=False,
     )
     return RequestOutcome(decision, "t1", 200, 110, 40, 0.25, 1.5, "via_upstream")
@@ -52,7 +53,7 @@ def test_lines_carry_the_decision_and_usage_never_secrets(tmp_path: Path) -> Non
     routed, refused = lines
     assert routed["key_id"] == "ef" * 6 and routed["tenant"] == "acme"
     assert routed["pool"] == "default" and routed["completion_tokens"] == 40
-    assert routed["ttft_ms"] == 250.0 and routed["estimate"] == "upper_bound"
+    assert routed["ttft_ms"] == 250.0 and routed["estimate"] == "cached"
     assert refused == {
         "request_id": "req-2",
         "tenant": "acme",

@@ -71,7 +71,15 @@ def test_keys_can_be_stored_hashed() -> None:
             "buckets[1].max_tokens",
         ),
         ({"buckets": [{"name": "a", "max_tokens": 10}]}, "buckets[0].max_tokens"),
-        ({"estimation": {"exact_margin": 2.0}}, "estimation.exact_margin"),
+        ({"counting": {"workers": 0}}, "counting.workers"),
+        ({"counting": {"exact_margin": 0.15}}, "counting.exact_margin"),
+        ({"request": {"max_sequences": 0}}, "request.max_sequences"),
+        ({"paths": {"apis": ["chat"]}}, "paths.apis[0]"),
+        ({"paths": {"public": ["/health/"]}}, "paths.public[0]"),
+        ({"paths": {"public": ["health"]}}, "paths.public[0]"),
+        ({"paths": {"authenticated": ["/a/../b"]}}, "paths.authenticated[0]"),
+        ({"paths": {"public": ["/v1/models"]}}, "paths.apis"),
+        ({"paths": {"colour": []}}, "paths.colour"),
     ],
 )
 def test_bad_fields_are_named_by_path(raw: dict[str, object], path: str) -> None:
@@ -92,10 +100,20 @@ def test_not_yaml_is_a_policy_error(tmp_path: Path) -> None:
         load_policy(bad)
 
 
-def test_thresholds_cover_buckets_rules_and_model_max() -> None:
-    policy = parse_policy({})
-    thresholds = policy.decision_thresholds
-    assert {4096, 8192, 32768, 32769, 131072} <= set(thresholds)
+def test_paths_default_to_health_public_and_every_known_api() -> None:
+    from policy.apis import KNOWN_APIS, PathClass
+
+    paths = parse_policy({}).paths
+    assert paths.public == {"/health"}
+    assert set(paths.apis) == {api.path for api in KNOWN_APIS}
+    assert paths.classify("/scale_elastic_ep")[0] is PathClass.UNKNOWN
+    narrow = parse_policy(
+        {"paths": {"apis": ["chat_completions"], "public": [], "authenticated": ["/sleep"]}}
+    ).paths
+    assert narrow.classify("/v1/completions")[0] is PathClass.UNKNOWN
+    assert narrow.classify("/health")[0] is PathClass.UNKNOWN
+    kind, api = narrow.classify("/sleep")
+    assert kind is PathClass.API and api is not None and api.name == "path:/sleep"
 
 
 def test_kv_admission_settings_are_checked() -> None:

@@ -11,7 +11,8 @@ from extproc.budgeting import BudgetGate
 from extproc.errors import RateLimited
 from extproc.metrics import SidecarMetrics
 from extproc.quotas import KeyQuotas
-from extproc.request_flow import EstimateKind, RoutingDecision
+from extproc.request_flow import RoutingDecision
+from extproc.tokens import CountKind
 from policy import ApiKey, ContextBucket, Limits, Tier
 
 KEY = ApiKey("aa" * 32, "acme", Tier.STANDARD, Limits(tokens_per_minute=60_000))
@@ -62,7 +63,7 @@ async def test_budget_gate_enforces_the_ceiling_and_reports_consumption() -> Non
         bucket=ContextBucket("0-4k", 0, 4096, 1.0),
         prompt_tokens=1000,
         max_tokens=1000,
-        estimate=EstimateKind.FITTED,
+        estimate=CountKind.EXACT,
         stream=False,
     )
     admitted = await gate.admit(decision, "a")  # 2000 of the 3000 ceiling

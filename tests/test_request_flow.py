@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+import string
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -14,12 +16,13 @@ from extproc.errors import (
     InvalidRequest,
     MethodNotAllowed,
     NotFound,
+    Overloaded,
     RequestRejected,
     Unauthenticated,
 )
 from extproc.identity import ApiKeyResolver
-from extproc.request_flow import Decider, EstimateKind, Routed, RoutingDecision
-from extproc.tokens import ExactTokenCounter, TokenEstimator, fast_estimate
+from extproc.request_flow import Decider, Routed, RoutingDecision
+from extproc.tokens import CountKind, DeepSeekBpe, PromptCounter
 from policy import Policy, parse_policy
 
 POLICY = parse_policy(
@@ -40,15 +43,12 @@ HEADERS = {
 }
 
 
-def decider(policy: Policy = POLICY, exact: bool = False) -> Decider:
-    executor = ThreadPoolExecutor(1) if exact else None
-    counter = ExactTokenCounter() if exact else None
-    return Decider(
-        policy=lambda: policy,
-        identity=ApiKeyResolver(lambda: policy),
-        estimator=TokenEstimator(counter, policy.per_message_overhead_tokens),
-        exact_executor=executor,
-    )
+_BPE = DeepSeekBpe()
+
+
+def decider(policy: Policy = POLICY, exact: bool = True) -> Decider:
+    counter = PromptCounter(_BPE if exact else None, policy.counting, ThreadPoolExecutor(1))
+    return Decider(policy=lambda: policy, identity=ApiKeyResolver(lambda: policy), counter=counter)
 
 
 def body(content: str = "hello", **fields: Any) -> bytes:
@@ -100,25 +100,46 @@ async def test_context_over_model_max_is_refused() -> None:
     assert "131072" in info.value.message and info.value.status == 400
 
 
-async def test_near_threshold_uses_exact_count() -> None:
-    d = decider(exact=True)
+async def test_prompts_are_counted_exactly_and_histories_once() -> None:
+    d = decider()
     sentence = "The quick brown fox jumps over the lazy dog near the river bank. "
-    # An estimated context within a few percent of the long-pool boundary (32769).
-    prompt = sentence * round(32_600 / fast_estimate(sentence))
+    prompt = sentence * 2000
     decision = await decide(body(prompt, max_tokens=16), d=d)
-    assert decision.exact
-    assert decision.prompt_tokens == d.estimator.count_exact([prompt])
-    far = await decide(body("hello", max_tokens=16), d=d)
-    assert far.estimate is EstimateKind.UPPER_BOUND
+    assert decision.estimate is CountKind.EXACT
+    assert (
+        decision.prompt_tokens == _BPE.count(prompt) + POLICY.counting.per_message_overhead_tokens
+    )
+    again = await decide(body(prompt, max_tokens=16), d=d)
+    assert again.estimate is CountKind.CACHED and again.prompt_tokens == decision.prompt_tokens
 
 
-async def test_cheap_bound_decides_only_when_clearly_below_every_threshold() -> None:
-    short = await decide(body("def f(x):\n        return x\n" * 20, max_tokens=100))
-    assert short.estimate is EstimateKind.UPPER_BOUND
-    assert short.prompt_tokens >= fast_estimate("def f(x):\n        return x\n" * 20)
-    # ~6k tokens: past the first bucket edge, so the fitted estimate decides.
-    mid = await decide(body(" word" * 6000, max_tokens=100))
-    assert mid.estimate is EstimateKind.FITTED and mid.bucket.name == "4-8k"
+async def test_crafted_text_is_counted_as_the_model_counts_it() -> None:
+    """480 KB of random letters is ~260k real tokens: refused at the model maximum, although
+    the fitted estimate took it for 30k (the bypass this rule closes)."""
+    rng = random.Random(3)
+    letters = "".join(rng.choice(string.ascii_letters) for _ in range(480_000))
+    with pytest.raises(ContextLengthExceeded):
+        await decide(body(letters, max_tokens=16))
+    medium = letters[:40_000]  # ~25k real tokens: the 8-32k bucket, not 0-4k
+    decision = await decide(body(medium, max_tokens=16))
+    assert decision.bucket.name == "8-32k" and decision.prompt_tokens > 20_000
+
+
+async def test_without_a_tokenizer_the_byte_bound_decides_on_the_safe_side() -> None:
+    d = decider(exact=False)
+    decision = await decide(body(" word" * 6000, max_tokens=16), d=d)  # 6k real, 30 KB
+    assert decision.estimate is CountKind.BOUND and decision.prompt_tokens >= 30_000
+    assert decision.bucket.name == "8-32k"  # over-counted: dearer, never cheaper
+
+
+async def test_a_busy_counter_never_refuses_as_too_long() -> None:
+    d = decider()
+    d.counter.queued_bytes = POLICY.counting.queue_max_bytes  # everyone else is counting
+    with pytest.raises(Overloaded) as info:
+        await decide(body("w" * 140_000, max_tokens=16), d=d)  # the bound: over the max
+    assert info.value.reason == "token_count_busy" and info.value.retry_after_s == 1
+    small = await decide(body("w" * 10_000, max_tokens=16), d=d)
+    assert small.estimate is CountKind.BUSY and small.prompt_tokens >= 10_000
 
 
 @pytest.mark.parametrize(

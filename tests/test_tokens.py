@@ -1,282 +1,196 @@
-"""Token estimation: the fast estimate against the real DeepSeek tokenizer, and the plumbing."""
+"""Counting prompts: the fast BPE against the reference tokenizer, token for token; the rule
+the request path applies (exact, cached per message, or the byte bound) and the per-key
+correction; and why the fitted estimate no longer decides anything (the hostile corpus)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
-import threading
-import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from extproc import tokens
 from extproc.tokens import (
-    ExactTokenCounter,
-    TokenEstimator,
+    CountKind,
+    DeepSeekBpe,
+    PromptCorrections,
+    PromptCounter,
+    ReferenceTokenizer,
     fast_estimate,
-    near_threshold,
-    text_features,
 )
+from policy import CountingConfig
 
 DATA_DIR = Path(__file__).parent / "data"
-SAMPLES = {
-    "en": "en_prose.txt",
-    "zh-Hans": "zh_hans_prose.txt",
-    "zh-Hant": "zh_hant_prose.txt",
-    "code": "code_sample.txt",
-}
-# The benchmark (bench/results/estimator_accuracy.md) puts P95 of the absolute error at
-# 11-17% per language; 25% leaves room for these small hand-written samples.
-TOLERANCE = 0.25
-# Over-estimates are preferred, so an under-estimate gets less room than an over-estimate.
-MAX_UNDER_ESTIMATE = 0.10
-
-
-def _sample(language: str) -> str:
-    return (DATA_DIR / SAMPLES[language]).read_text(encoding="utf-8")
+NATURAL = sorted(DATA_DIR.glob("*.txt"))
+HOSTILE = sorted((DATA_DIR / "hostile").glob("*.txt"))
 
 
 @pytest.fixture(scope="module")
-def exact() -> ExactTokenCounter:
-    return ExactTokenCounter()
+def bpe() -> DeepSeekBpe:
+    return DeepSeekBpe()
 
 
-def _reference_features(text: str) -> tuple[int, int, int, int]:
-    """The feature definitions, spelled out byte by byte on UTF-8 (slow, obviously right)."""
-    data = text.encode("utf-8", "surrogatepass")
-    letters = repeats = non_ascii = 0
-    for i, byte in enumerate(data):
-        if byte >= 0x80:
-            non_ascii += 1
-        elif chr(byte).isalpha():
-            letters += 1
-        elif i > 0 and data[i - 1] == byte:
-            repeats += 1
-    return letters, len(data) - letters - non_ascii - repeats, repeats, non_ascii
+@pytest.fixture(scope="module")
+def reference() -> ReferenceTokenizer:
+    return ReferenceTokenizer()
 
 
-def _features_tuple(text: str) -> tuple[int, int, int, int]:
-    f = text_features(text)
-    non_ascii = round(f.simplified_bytes + f.traditional_bytes)
-    return f.letters, f.symbol_starts, f.symbol_repeats, non_ascii
+def test_the_hostile_corpus_is_there() -> None:
+    assert len(HOSTILE) >= 25 and len(NATURAL) >= 4
 
 
-# --- accuracy ------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("language", SAMPLES)
-def test_fast_estimate_is_close_to_the_exact_count(language: str, exact: ExactTokenCounter) -> None:
-    text = _sample(language)
-    thirds = [text[: len(text) // 3], text[len(text) // 3 : 2 * len(text) // 3], text]
-    for part in thirds:
-        true_tokens = exact.count(part)
-        estimate = fast_estimate(part)
-        assert abs(estimate - true_tokens) <= TOLERANCE * true_tokens, (estimate, true_tokens)
-        assert estimate >= (1 - MAX_UNDER_ESTIMATE) * true_tokens, (estimate, true_tokens)
-
-
-def test_traditional_chinese_is_charged_at_its_own_rate() -> None:
-    hans = text_features(_sample("zh-Hans"))
-    hant = text_features(_sample("zh-Hant"))
-    assert hans.traditional_bytes == 0 and hans.simplified_bytes > 0
-    assert hant.simplified_bytes == 0 and hant.traditional_bytes > 0
-    assert tokens.TOKENS_PER_TRADITIONAL_BYTE > tokens.TOKENS_PER_SIMPLIFIED_BYTE
-
-
-def test_repeated_symbols_cost_less_than_distinct_ones() -> None:
-    # Indentation and ASCII rules are one token per run, not one per character.
-    assert fast_estimate(" " * 64) < fast_estimate(" ." * 32)
-    assert fast_estimate("-" * 80) < 10
-
-
-# --- shape of the function ---------------------------------------------------------------
-
-
-def test_empty_text_is_zero_tokens_and_any_other_text_at_least_one() -> None:
-    assert fast_estimate("") == 0
-    assert fast_estimate("a") == 1
-    assert fast_estimate(" ") == 1
-
-
-@pytest.mark.parametrize("language", SAMPLES)
-def test_estimate_never_drops_as_text_grows(language: str) -> None:
-    text = _sample(language)
-    estimates = [fast_estimate(text[:end]) for end in range(0, len(text) + 1, 7)]
-    assert estimates == sorted(estimates)
-
-
-def test_estimate_never_drops_as_random_mixed_text_grows() -> None:
-    rng = random.Random(7)
-    alphabet = [*"abcXYZ019 \n\t.,;:-_=()[]{}\"'", "é", "ß", "я", "…", "😀", "🇺", "\u200b"]
-    text = "".join(rng.choice(alphabet) for _ in range(3000))
-    estimates = [fast_estimate(text[:end]) for end in range(len(text) + 1)]
-    assert estimates == sorted(estimates)
-
-
-def test_features_match_the_byte_by_byte_definition() -> None:
-    rng = random.Random(11)
-    pieces = [_sample(language) for language in SAMPLES]
-    pieces += ["", "a", "  ", "\n\n\n", "é", "ÿ", "\u0800", "\uffff", "\ud83d", "--==--", "x" * 9]
-    pieces += ["".join(rng.choice("ab -=\n語说é") for _ in range(rng.randrange(1, 200)))]
-    for text in pieces:
-        assert _features_tuple(text) == _reference_features(text), repr(text[:40])
-
-
-def test_runs_are_seen_across_internal_slices(monkeypatch: pytest.MonkeyPatch) -> None:
-    text = "    def f():\n        return  1 -- é 語\n" * 5 + "=" * 50 + "    x"
-    whole = text_features(text)
-    monkeypatch.setattr(tokens, "_SLICE_CHARS", 7)
-    assert text_features(text) == whole
-
-
-def test_non_bmp_emoji_and_lone_surrogates_do_not_raise(exact: ExactTokenCounter) -> None:
-    awkward = [
-        "😀👍🏽🇯🇵 family: 👨‍👩‍👧‍👦",
-        "\U0001d518\U0001d52b\U0001d526 (math letters) 𠀀𠀁 (CJK ext. B)",
-        "mixed 中文 English 日本語 한국어 русский العربية\u200f",
-        "lone surrogates \ud83d and \udc00 from JSON escapes",
-        "\x00\x01\x7f control bytes",
-    ]
-    for text in awkward:
-        estimate = fast_estimate(text)
-        true_tokens = exact.count(text)
-        assert estimate >= 1 and true_tokens >= 1
-
-
-def test_one_megabyte_prompt_is_cheap() -> None:
-    paragraph = _sample("en") + _sample("code") + _sample("zh-Hans")
-    copies = 1_000_000 // len(paragraph.encode()) + 1
-    huge = paragraph * copies
-    assert len(huge.encode()) >= 1_000_000
-    fast_estimate(huge)  # first call pays for page faults
-    start = time.perf_counter()
-    estimate = fast_estimate(huge)
-    elapsed_ms = (time.perf_counter() - start) * 1e3
-    # Measured ~0.3-0.7 ms; 50 ms still fails a Python loop over characters (~300 ms).
-    assert elapsed_ms < 50
-    # Linear: the estimate of k copies is k times the estimate of one, give or take rounding.
-    assert estimate == pytest.approx(copies * fast_estimate(paragraph), rel=0.01)
-
-
-# --- TokenEstimator -----------------------------------------------------------------------
-
-
-def test_estimate_messages_sums_parts_and_per_message_overhead() -> None:
-    estimator = TokenEstimator(None, per_message_overhead_tokens=4)
-    texts = [_sample("en"), "", "你好世界。"]
-    assert estimator.estimate_messages([]) == 0
-    assert estimator.estimate_messages([""]) == 4
-    assert estimator.estimate_messages(texts) == sum(fast_estimate(t) for t in texts) + 12
-
-
-def test_count_exact_adds_the_same_overhead(exact: ExactTokenCounter) -> None:
-    estimator = TokenEstimator(exact, per_message_overhead_tokens=3)
-    assert exact.count("Hello world") == 2  # 'Hello', ' world'
-    texts = ["Hello world", "", "你好世界。今天很好。"]
-    expected = sum(exact.count(t) for t in texts) + 3 * len(texts)
-    assert estimator.count_exact(texts) == expected
-    assert estimator.count_exact([]) == 0
-
-
-def test_count_exact_without_a_tokenizer_is_an_error() -> None:
-    estimator = TokenEstimator(None)
-    assert not estimator.has_exact
-    with pytest.raises(RuntimeError):
-        estimator.count_exact(["hello"])
-
-
-def test_negative_overhead_is_rejected() -> None:
-    with pytest.raises(ValueError):
-        TokenEstimator(None, per_message_overhead_tokens=-1)
-
-
-# --- ExactTokenCounter --------------------------------------------------------------------
-
-
-def test_exact_counter_loads_lazily_and_once() -> None:
-    counter = ExactTokenCounter()
-    assert not counter.loaded  # constructing it costs nothing
-    barrier = threading.Barrier(8)
-    seen: list[object] = []
-    lock = threading.Lock()
-
-    def first_use() -> None:
-        barrier.wait()
-        tokenizer = counter.tokenizer()
-        with lock:
-            seen.append(tokenizer)
-
-    threads = [threading.Thread(target=first_use) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert counter.loaded
-    assert len({id(t) for t in seen}) == 1
-    assert counter.tokenizer() is seen[0]
-    assert counter.count("") == 0
-
-
-def test_default_tokenizer_path_points_at_the_packaged_file() -> None:
-    path = tokens.default_tokenizer_path()
-    assert path.name == "tokenizer.json" and path.is_file()
-
-
-# --- near_threshold -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("estimate", "thresholds", "margin", "expected"),
-    [
-        (32_000, [32_768], 0.05, True),  # 2.3% below the edge
-        (30_000, [32_768], 0.05, False),  # 8.4% below
-        (34_000, [32_768], 0.05, True),  # 3.8% above
-        (1_000, [4_096, 8_192], 0.10, False),
-        (7_500, [4_096, 8_192], 0.10, True),  # near the second threshold only
-        (100, [100], 0.0, True),  # margin 0: only an exact hit
-        (101, [100], 0.0, False),
-        (90, [100], 0.1, True),  # the band is closed at both ends
-        (110, [100], 0.1, True),
-        (111, [100], 0.1, False),
-        (5_000, [], 0.5, False),
-    ],
-)
-def test_near_threshold(
-    estimate: int, thresholds: list[int], margin: float, expected: bool
+@pytest.mark.parametrize("path", NATURAL + HOSTILE, ids=lambda p: p.stem)
+def test_bpe_gives_the_reference_tokens(
+    path: Path, bpe: DeepSeekBpe, reference: ReferenceTokenizer
 ) -> None:
-    assert near_threshold(estimate, thresholds, margin) is expected
+    text = path.read_text(encoding="utf-8")
+    assert bpe.ids(text) == reference.ids(text)
 
 
-def test_near_threshold_accepts_any_iterable() -> None:
-    assert near_threshold(1_000, (t for t in (999, 5_000)), 0.01)
-
-
-# --- the cheap upper bound -------------------------------------------------------------
-
-
-def _random_texts(count: int) -> list[str]:
-    rng = random.Random(11)
-    alphabet = "ab Z9-=_\n\t    ({})\u00e9\u4e2d\u8a9e\u8bf4\U0001f600\ud83d"
-    pools = [_sample(language) for language in SAMPLES]
-    texts = []
-    for _ in range(count):
-        if rng.random() < 0.5:
-            source = rng.choice(pools)
-            start = rng.randrange(len(source))
-            texts.append(source[start : start + rng.randrange(1, 4000)])
+def _random_text(rng: random.Random) -> str:
+    """Characters from every plane and category: letters of many scripts, marks, digits of
+    other scripts, punctuation, symbols, spaces of every kind, controls, unassigned and
+    private-use code points, lone surrogates."""
+    pieces = []
+    for _ in range(rng.randint(1, 30)):
+        r = rng.random()
+        if r < 0.25:
+            code = rng.randint(0x20, 0x7E)
+        elif r < 0.40:
+            code = rng.randint(0x80, 0x7FF)
+        elif r < 0.65:
+            code = rng.randint(0x800, 0xFFFF)
+        elif r < 0.75:
+            code = ord(rng.choice(" \n\r\t\u3000\u00a0\x0b\x0c\x85\u2028\u2029\u1680\u200b\ufeff"))
+        elif r < 0.85:
+            code = rng.randint(0, 0x1F)
         else:
-            texts.append("".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 300))))
-    return texts
+            code = rng.randint(0x10000, 0x10FFFF)
+        pieces.append(chr(code))
+    return "".join(pieces)
 
 
-def test_upper_bound_is_never_below_the_fitted_estimate() -> None:
-    for text in _random_texts(600):
-        assert tokens.upper_estimate(text) >= fast_estimate(text), repr(text[:80])
+def test_bpe_gives_the_reference_tokens_on_random_unicode(
+    bpe: DeepSeekBpe, reference: ReferenceTokenizer
+) -> None:
+    rng = random.Random(20261201)
+    for _ in range(6000):
+        text = _random_text(rng)
+        assert bpe.ids(text) == reference.ids(text), repr(text)
 
 
-def test_upper_bound_stays_within_a_factor_of_two_on_real_text(exact: ExactTokenCounter) -> None:
-    for language in SAMPLES:
-        text = _sample(language)
-        ratio = tokens.upper_estimate(text) / exact.count(text)
-        assert 0.9 <= ratio <= 2.0, (language, ratio)
-    assert tokens.upper_estimate("") == 0
+def test_special_tokens_in_text_count_as_the_reference_counts_them(
+    bpe: DeepSeekBpe, reference: ReferenceTokenizer
+) -> None:
+    for text in (
+        "a<\uff5cend\u2581of\u2581sentence\uff5c>b<\uff5cUser\uff5c>",
+        "<think>reasoning</think> answer",
+        "<|EOT|> and <|place_holder_mm_span_0021|>",
+    ):
+        assert bpe.ids(text) == reference.ids(text)
+        assert bpe.count(text) < len(text)  # the markers are single tokens
+
+
+@pytest.mark.parametrize("path", HOSTILE, ids=lambda p: p.stem)
+def test_the_fitted_estimate_cannot_be_trusted_but_the_count_can(
+    path: Path, bpe: DeepSeekBpe, reference: ReferenceTokenizer
+) -> None:
+    """The rule's bound, on every hostile text: the count is the real one (plus the template
+    overhead), never below it; and the byte bound it falls back on is never below either."""
+    text = path.read_text(encoding="utf-8")
+    real = reference.count(text)
+    counter = PromptCounter(bpe, CountingConfig(per_message_overhead_tokens=4))
+    counted = asyncio.run(counter.count([text]))
+    assert counted.exact and counted.tokens == real + 4
+    assert len(text.encode("utf-8")) >= real  # byte-level BPE: at most one token per byte
+    # What the estimate would have said instead: recorded in the accuracy benchmark.
+    assert fast_estimate(text) > 0
+
+
+def test_random_letters_fool_the_fitted_estimate_tenfold(reference: ReferenceTokenizer) -> None:
+    text = (DATA_DIR / "hostile" / "random_mixed_case.txt").read_text()
+    assert reference.count(text) > 9 * fast_estimate(text)
+
+
+# --- the counting rule ---------------------------------------------------------------------
+
+
+def counter_with(bpe: DeepSeekBpe | None, **settings: int) -> PromptCounter:
+    config = CountingConfig(**settings)
+    return PromptCounter(bpe, config, ThreadPoolExecutor(config.workers))
+
+
+async def test_a_chat_that_resends_its_history_counts_only_the_new_message(
+    bpe: DeepSeekBpe,
+) -> None:
+    counter = counter_with(bpe, per_message_overhead_tokens=3)
+    history = [(DATA_DIR / "en_prose.txt").read_text(), (DATA_DIR / "code_sample.txt").read_text()]
+    first = await counter.count(history)
+    assert first.kind is CountKind.EXACT
+    assert first.tokens == sum(bpe.count(t) for t in history) + 6
+    again = await counter.count(history)
+    assert again.kind is CountKind.CACHED and again.tokens == first.tokens
+    turn = [*history, "And one more question about the second file?" * 10]
+    grown = await counter.count(turn)
+    assert grown.kind is CountKind.EXACT
+    assert grown.tokens == first.tokens + bpe.count(turn[-1]) + 3
+    assert counter.cache_size == 3
+
+
+async def test_text_too_large_to_count_is_taken_at_one_token_per_byte(bpe: DeepSeekBpe) -> None:
+    counter = counter_with(bpe, max_bytes=10_000)
+    text = "x" * 20_000
+    counted = await counter.count([text, "short"], token_ids=7)
+    assert counted.kind is CountKind.BOUND
+    assert counted.tokens == 20_000 + 5 + 7 + 2 * 4  # bytes, token ids, overhead
+
+
+async def test_a_busy_counter_falls_back_on_the_byte_bound(bpe: DeepSeekBpe) -> None:
+    counter = counter_with(bpe, queue_max_bytes=100_000, inline_max_bytes=0)
+    counter.queued_bytes = 95_000  # others are being counted
+    counted = await counter.count(["y" * 10_000])
+    assert counted.kind is CountKind.BUSY and counted.tokens == 10_000 + 4
+    counter.queued_bytes = 0
+    assert (await counter.count(["y" * 10_000])).kind is CountKind.EXACT
+
+
+async def test_concurrent_counts_are_off_the_loop_and_release_their_queue(
+    bpe: DeepSeekBpe,
+) -> None:
+    counter = counter_with(bpe, inline_max_bytes=1024, workers=2)
+    texts = [(DATA_DIR / "hostile" / p.name).read_text() for p in HOSTILE[:8]]
+    counts = await asyncio.gather(*(counter.count([t]) for t in texts))
+    assert [c.tokens for c in counts] == [bpe.count(t) + 4 for t in texts]
+    assert counter.queued_bytes == 0
+
+
+async def test_without_a_tokenizer_every_count_is_the_bound() -> None:
+    counter = counter_with(None)
+    counted = await counter.count(["hello world"])
+    assert counted.kind is CountKind.BOUND and counted.tokens == len("hello world") + 4
+
+
+async def test_lone_surrogates_are_counted_not_raised(bpe: DeepSeekBpe) -> None:
+    counter = counter_with(bpe)
+    counted = await counter.count(["broken \ud83d emoji " * 100])
+    assert counted.exact and counted.tokens > 100
+
+
+# --- per-key corrections -------------------------------------------------------------------
+
+
+def test_a_key_whose_prompts_keep_exceeding_its_counts_is_corrected() -> None:
+    corrections = PromptCorrections()
+    assert not corrections.observe("k", counted=1000, engine=1040)  # the template: fine
+    assert corrections.factor("k") == 1.0
+    for _ in range(10):
+        corrections.observe("k", counted=1000, engine=1500)
+    assert corrections.factor("k") == pytest.approx(1.5, rel=0.05)
+    assert corrections.factor("other") == 1.0
+    for _ in range(30):
+        corrections.observe("k", counted=1000, engine=20_000)
+    assert corrections.factor("k") == PromptCorrections.max_factor
+    for _ in range(40):
+        corrections.observe("k", counted=1000, engine=1000)
+    assert corrections.factor("k") == 1.0  # back in line: no correction

