@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from breaker.controller import load_score
-from breaker.latency import ResponseWindows
+from breaker.latency import SLO_RATIO, ResponseWindows
 from breaker.levels import BreakerLevel, BreakerState, Signals, Transition, step
 from policy import Policy, Tier
 
@@ -20,20 +20,18 @@ GLOBAL = "global"
 
 
 def p99_over_slo(windows: ResponseWindows, policy: Policy, pool: str) -> float | None:
-    """Worst P99 TTFT / SLO over the (tier, bucket) pairs with enough samples."""
+    """Worst P99 of latency / objective over the (tier, bucket) pairs with enough samples:
+    streamed requests by their TTFT against the TTFT SLO, the others by their whole time
+    against the objective for their output (breaker.objectives)."""
     config = policy.breaker
     worst: float | None = None
     for tier in Tier:
         for bucket in policy.buckets:
-            slo_ms = policy.slo_ms(tier, bucket.name)
-            if slo_ms is None:
-                continue
-            merged = windows.merged("ttft", config.window_s, pool, tier.value, bucket.name)
+            merged = windows.merged(SLO_RATIO, config.window_s, pool, tier.value, bucket.name)
             if merged.total < config.min_samples:
                 continue
-            p99_s = merged.quantile(0.99)
-            if p99_s is not None:
-                ratio = p99_s * 1000.0 / slo_ms
+            ratio = merged.quantile(0.99)
+            if ratio is not None:
                 worst = ratio if worst is None else max(worst, ratio)
     return worst
 

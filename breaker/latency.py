@@ -61,6 +61,9 @@ class LogHistogram:
 
 
 SeriesKey = tuple[str, str, str, str]  # metric, pool, tier, bucket
+# The series the breaker reads: each finished request's latency / its objective
+# (breaker.objectives), dimensionless; 1.0 is on the SLO.
+SLO_RATIO = "slo_ratio"
 
 
 @dataclass

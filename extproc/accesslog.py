@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -18,11 +18,13 @@ import grpc
 from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
-from breaker.latency import ResponseWindows
+from breaker.latency import SLO_RATIO, ResponseWindows
+from breaker.objectives import latency_objective_s
 from extproc.contract import METADATA_NAMESPACE, TRACKING_ID_FIELD
 from extproc.inflight import InFlight
 from extproc.metrics import SidecarMetrics
 from extproc.request_flow import RoutingDecision
+from policy import Policy
 from policy.apis import ApiKind
 
 log = logging.getLogger("slogate.accesslog")
@@ -139,11 +141,13 @@ class OutcomeRecorder:
         windows: ResponseWindows,
         inflight: InFlight[RoutingDecision],
         sinks: Sequence[OutcomeSink] = (),
+        policy: Callable[[], Policy] | None = None,
     ) -> None:
         self.metrics = metrics
         self.windows = windows
         self.inflight = inflight
         self.sinks = list(sinks)
+        self._policy = policy  # None: no SLO samples (tests of the metrics alone)
 
     def record_entry(self, entry: accesslog_pb2.HTTPAccessLogEntry) -> list[Awaitable[None]]:
         """Record one entry; returns the sinks' work, for the caller to await (batched)."""
@@ -181,16 +185,34 @@ class OutcomeRecorder:
         pool, bucket, tier = d.pool, d.bucket.name, d.caller.tier.value
         m.responses(pool, _code_class(outcome.status)).inc()
         self.windows.record_response(pool, outcome.status)
-        if outcome.status < 400:
+        if outcome.status < 400 and d.meters_tokens:
             m.duration_seconds(pool, bucket, tier).observe(outcome.duration_s)
             self.windows.record_latency("total", pool, tier, bucket, outcome.duration_s)
             if outcome.ttft_s is not None:
+                # A stream's first body byte is its first token; a JSON answer's is all of it.
                 m.ttft_seconds(pool, bucket, tier).observe(outcome.ttft_s)
                 m.tenant_ttft_seconds(d.caller.tenant_label).observe(outcome.ttft_s)
                 self.windows.record_latency("ttft", pool, tier, bucket, outcome.ttft_s)
-            if d.meters_tokens:
-                self._record_usage(outcome)
+            self._record_slo(outcome)
+            self._record_usage(outcome)
         return self._to_sinks(outcome)
+
+    def _record_slo(self, outcome: RequestOutcome) -> None:
+        """What the breaker reads: observed / objective (breaker.objectives), like with like."""
+        if self._policy is None:
+            return
+        d = outcome.decision
+        observed_s = outcome.ttft_s if d.stream else outcome.duration_s
+        if observed_s is None:
+            return
+        objective_s = latency_objective_s(
+            self._policy(), d.caller.tier, d.bucket.name, d.stream, outcome.completion_tokens
+        )
+        if objective_s is not None and objective_s > 0:
+            ratio = observed_s / objective_s
+            self.windows.record_latency(
+                SLO_RATIO, d.pool, d.caller.tier.value, d.bucket.name, ratio
+            )
 
     def _to_sinks(self, outcome: RequestOutcome) -> list[Awaitable[None]]:
         return [_guarded(sink, outcome) for sink in self.sinks]

@@ -228,7 +228,7 @@ class Sidecar:
         if self.decision_log is not None:
             sinks.append(self.decision_log)
         self.recorder = OutcomeRecorder(
-            self.metrics, self.windows, self.decider.inflight, sinks=sinks
+            self.metrics, self.windows, self.decider.inflight, sinks=sinks, policy=self.policy
         )
         self._host = host
         self._grpc_port = grpc_port

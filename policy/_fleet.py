@@ -15,6 +15,7 @@ from policy.domain import (
     Tier,
 )
 from policy.schema import (
+    DEFAULT_TPOT_SLOS_MS,
     BreakerConfig,
     BreakerThresholds,
     CountingConfig,
@@ -265,3 +266,13 @@ def parse_counting(sec: Section) -> CountingConfig:
     for name in ("workers", "max_bytes", "queue_max_bytes", "cache_entries"):
         positive(getattr(config, name), sec.child(name))
     return config
+
+
+def parse_tpot_slos(sec: Section) -> dict[Tier, float]:
+    """P99 ms per output token per tier, for requests that are not streamed."""
+    slos: dict[Tier, float] = dict(DEFAULT_TPOT_SLOS_MS)
+    for tier in Tier:
+        slos[tier] = sec.get(tier.value, float, slos[tier])
+        positive(slos[tier], sec.child(tier.value))
+    sec.close()
+    return slos

@@ -30,6 +30,7 @@ from policy._fleet import (
     parse_pools,
     parse_rules,
     parse_slos,
+    parse_tpot_slos,
 )
 from policy._reader import PolicyError, Section, positive
 from policy.domain import FailureMode
@@ -111,6 +112,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
     breaker = parse_breaker(root.section("breaker"))
     bucket_names = {b.name for b in buckets}
     slos = parse_slos(root.section("slos"), bucket_names)
+    tpot_slos = parse_tpot_slos(root.section("tpot_slos"))
     fallback_pool = routing_fallback
 
     tier_limits = parse_tiers(root.section("tiers"))
@@ -137,6 +139,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         fallback_pool=fallback_pool,
         fallback_model=fallback_model,
         slo_ttft_p99_ms=slos,
+        slo_tpot_p99_ms=tpot_slos,
         tls=tls,
         jwt=jwt,
         tier_limits=tier_limits,

@@ -112,6 +112,13 @@ class BreakerConfig:
     )
 
 
+DEFAULT_TPOT_SLOS_MS: Mapping[Tier, float] = {
+    Tier.CRITICAL: 50.0,
+    Tier.STANDARD: 100.0,
+    Tier.SHEDDABLE: 200.0,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class CountingConfig:
     """How prompts are counted (extproc.tokens.prompt): exactly, within these bounds."""
@@ -145,6 +152,9 @@ class Policy:
     fallback_model: str | None = None  # None: keep the requested model at L3
     # P99 TTFT SLO in ms per (tier, bucket name); "*" is the tier's default for any bucket.
     slo_ttft_p99_ms: Mapping[tuple[Tier, str], float] = field(default_factory=dict)
+    # P99 ms per output token per tier: a non-streamed request, whose first byte is its
+    # whole answer, is held against the TTFT SLO + its output tokens x this.
+    slo_tpot_p99_ms: Mapping[Tier, float] = field(default_factory=lambda: DEFAULT_TPOT_SLOS_MS)
     tls: TlsConfig | None = None
     jwt: JwtConfig | None = None
     tier_limits: Mapping[Tier, Limits] = field(default_factory=dict)  # for JWT callers

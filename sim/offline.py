@@ -24,7 +24,8 @@ import numpy as np
 from breaker.board import BreakerBoard
 from breaker.controller import TierMultipliers
 from breaker.kv_admission import KvLedger, kv_footprint, pool_capacity
-from breaker.latency import ResponseWindows
+from breaker.latency import SLO_RATIO, ResponseWindows
+from breaker.objectives import latency_objective_s
 from breaker.shedding import Action, budget_multiplier, shed
 from budget.ledger import Charge, KeyState, reserve, scale_limits, settle
 from policy import ApiKey, Policy
@@ -361,6 +362,11 @@ class OfflineFleet:
             return
         assert served.ttft_s is not None
         self.windows.record_latency("ttft", served.pool, tier, context.name, served.ttft_s)
+        # Every simulated request streams: the breaker reads its TTFT against its SLO.
+        objective_s = latency_objective_s(self.policy, arrival.key.tier, context.name, True, None)
+        if objective_s:
+            ratio = served.ttft_s / objective_s
+            self.windows.record_latency(SLO_RATIO, served.pool, tier, context.name, ratio)
         self.windows.record_response(served.pool, 200)
         used = arrival.prompt_tokens + output
         self._settle(request_id, Charge(used * context.cost_weight, used))

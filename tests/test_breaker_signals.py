@@ -11,8 +11,9 @@ from aiohttp import web
 
 from breaker.board import GLOBAL, BreakerBoard, p99_over_slo
 from breaker.engine import EngineScraper, EngineSnapshot, GpuMemory, parse_vllm_metrics
-from breaker.latency import ResponseWindows
+from breaker.latency import SLO_RATIO, ResponseWindows
 from breaker.levels import BreakerLevel
+from breaker.objectives import latency_objective_s
 from policy import Tier, parse_policy
 from sim.config import PoolConfig
 from sim.pool import create_app
@@ -98,19 +99,50 @@ POLICY = parse_policy(
 )
 
 
+def record(
+    windows: ResponseWindows,
+    pool: str,
+    bucket: str,
+    seconds: float,
+    stream: bool = True,
+    output_tokens: int | None = None,
+) -> None:
+    """What the access-log recorder does with a finished critical request."""
+    objective = latency_objective_s(POLICY, Tier.CRITICAL, bucket, stream, output_tokens)
+    assert objective is not None
+    windows.record_latency(SLO_RATIO, pool, "critical", bucket, seconds / objective)
+
+
 def test_p99_over_slo_uses_the_bucket_slo_and_needs_enough_samples() -> None:
     clock = Clock()
     windows = ResponseWindows(clock)
     for _ in range(9):
-        windows.record_latency("ttft", "default", "critical", "0-4k", 2.0)
+        record(windows, "default", "0-4k", 2.0)
     assert p99_over_slo(windows, POLICY, "default") is None  # 9 < min_samples
-    windows.record_latency("ttft", "default", "critical", "0-4k", 2.0)
+    record(windows, "default", "0-4k", 2.0)
     assert math.isclose(p99_over_slo(windows, POLICY, "default") or 0, 2.0, rel_tol=0.06)
     for _ in range(10):
-        windows.record_latency("ttft", "long", "critical", "8-32k", 2.0)
+        record(windows, "long", "8-32k", 2.0)
     ratio = p99_over_slo(windows, POLICY, "long")
     assert ratio is not None and ratio < 1.0  # 2 s against the 8-32k bucket's 3 s SLO
     assert POLICY.slo_ms(Tier.CRITICAL, "0-4k") == 1000 and POLICY.slo_ms(Tier.SHEDDABLE, "x")
+
+
+def test_a_non_streamed_answer_is_held_against_its_whole_objective() -> None:
+    """Its first byte is its whole answer: 12 s for 400 tokens is healthy (1 s + 399 x 50 ms
+    = 21 s), though twelve times the 1 s TTFT SLO."""
+    assert latency_objective_s(POLICY, Tier.CRITICAL, "0-4k", False, 400) == pytest.approx(20.95)
+    assert latency_objective_s(POLICY, Tier.CRITICAL, "0-4k", True, 400) == 1.0
+    assert latency_objective_s(POLICY, Tier.CRITICAL, "0-4k", False, None) is None
+    clock = Clock()
+    windows = ResponseWindows(clock)
+    for _ in range(20):
+        record(windows, "default", "0-4k", 12.0, stream=False, output_tokens=400)
+    ratio = p99_over_slo(windows, POLICY, "default")
+    assert ratio is not None and ratio < 0.7
+    for _ in range(20):  # ... but 60 s for the same answer is not
+        record(windows, "default", "0-4k", 60.0, stream=False, output_tokens=400)
+    assert (p99_over_slo(windows, POLICY, "default") or 0) > 2.5
 
 
 def test_board_level_is_the_worse_of_pool_and_global() -> None:

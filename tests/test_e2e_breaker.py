@@ -41,6 +41,8 @@ def breaker_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSta
         },
     }
     raw["slos"] = {tier: {"default": 250} for tier in ("critical", "standard", "sheddable")}
+    # The driving traffic is not streamed: its objective is 250 ms + ~3 x this.
+    raw["tpot_slos"] = {tier: 5 for tier in ("critical", "standard", "sheddable")}
     policy = work / "policy.yaml"
     policy.write_text(yaml.safe_dump(raw))
     stack = start_stack(work, policy)
