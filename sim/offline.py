@@ -36,8 +36,17 @@ from sim.model import Admission, KvCache, LatencyConfig, LatencyModel, kv_tokens
 class Arrival:
     at_s: float
     key: ApiKey
-    prompt_tokens: int
+    prompt_tokens: int  # what the engine holds and reports
     max_tokens: int
+    # What the sidecar's counter makes of the prompt (None: the real count, which it gives
+    # for every text it counts). A workload can set it to model a count that is off.
+    counted_prompt_tokens: int | None = None
+
+    @property
+    def counted(self) -> int:
+        return (
+            self.prompt_tokens if self.counted_prompt_tokens is None else self.counted_prompt_tokens
+        )
 
 
 @dataclass(slots=True)
@@ -198,7 +207,7 @@ class OfflineFleet:
     def _arrive(self, request_id: str) -> None:
         arrival = self._arrivals[request_id]
         policy = self.policy
-        context = arrival.prompt_tokens + arrival.max_tokens
+        context = arrival.counted + arrival.max_tokens  # admission decides on the count
         pool = policy.pool_for(context)
         bucket = policy.bucket_for(context)
         tier = arrival.key.tier
