@@ -43,6 +43,15 @@ def error_rate(windows: ResponseWindows, policy: Policy, pool: str | None) -> fl
     return errors / responses
 
 
+def fleet_error_rate(windows: ResponseWindows, policy: Policy) -> float | None:
+    """The global breaker's error signal: a failure of the whole fleet, i.e. every pool with
+    traffic failing at once (the lowest of their error rates). One pool's errors are its own
+    breaker's business; summed across pools they would let one sick pool that carries most
+    of the traffic shed non-critical requests on the healthy pools too."""
+    rates = [r for pool in policy.pools if (r := error_rate(windows, policy, pool)) is not None]
+    return min(rates) if rates else None
+
+
 @dataclass(frozen=True, slots=True)
 class Reading:
     """What the board read for one breaker, kept for metrics and the admin view."""
@@ -85,9 +94,9 @@ class BreakerBoard:
     def signals(self, name: str) -> Signals:
         policy = self._policy()
         if name == GLOBAL:
-            # The fleet as a whole: errors across pools and this node's GPU memory.
+            # The fleet as a whole: every pool failing, and this node's GPU memory.
             return Signals(
-                error_rate=error_rate(self._windows, policy, None),
+                error_rate=fleet_error_rate(self._windows, policy),
                 gpu_memory_usage=self._gpu(),
             )
         return Signals(

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -126,7 +127,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     overhead = bench_sub.add_parser("overhead", help="Envoy vs pass-through ext_proc vs slogate")
     overhead.add_argument("--duration-s", type=float, default=10.0)
+    overhead.add_argument("--rounds", type=int, default=3)
+    overhead.add_argument(
+        "--profiles",
+        default="small,field_mix,multi_turn,chinese,code,hostile",
+        help="request bodies, comma-separated (small: the 4 KB body; others: bench/bodies.py)",
+    )
     overhead.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    cost = bench_sub.add_parser("decision-cost", help="body decision p50/p99 per body profile")
+    cost.add_argument("--seconds", type=float, default=4.0, help="per profile")
+    cost.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     estimator = bench_sub.add_parser("estimator", help="token estimate accuracy and speed")
     estimator.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     decisions = bench_sub.add_parser("decisions", help="budget decision cost per store")
@@ -382,7 +392,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench == "overhead":
         from extproc.benchmarks.overhead import run as run_overhead
 
-        run_overhead(args.out_dir, args.duration_s)
+        run_overhead(args.out_dir, args.duration_s, args.rounds, args.profiles.split(","))
+    elif args.bench == "decision-cost":
+        from extproc.benchmarks.decision_cost import run as run_decision_cost
+
+        run_decision_cost(args.out_dir, args.seconds)
     elif args.bench == "decisions":
         from extproc.benchmarks.decisions import run as run_decisions
 
@@ -417,6 +431,12 @@ def main(argv: list[str] | None = None) -> int:
     except PolicyError as error:
         print(f"slogate: bad policy {args.policy}: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # `slogate status | head`: the reader left. Point stdout at /dev/null so that the
+        # interpreter's final flush does not raise again, and exit as a piped command does.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

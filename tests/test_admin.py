@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -94,3 +95,25 @@ def test_generated_admin_code_is_current() -> None:
             fresh = (Path(out) / "extproc" / "adminpb" / name).read_text()
             committed = (ROOT / "extproc" / "adminpb" / name).read_text()
             assert fresh == committed, f"{name} is stale: run `make protos`"
+
+
+@pytest.mark.parametrize("command", [["status"], ["keys"], ["status", "--json"]])
+def test_a_reader_that_leaves_early_gets_no_traceback(
+    stack: LocalStack, command: list[str]
+) -> None:
+    """`slogate status | head`: the pipe closes before slogate has written. Here the reading
+    end is closed before it starts, so every write fails."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "extproc.cli", *command, "--admin", stack.admin_address],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
+    assert result.returncode == 141

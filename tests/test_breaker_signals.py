@@ -168,3 +168,21 @@ def test_gpu_memory_is_unavailable_without_a_gpu_and_never_raises() -> None:
         assert usage is not None and 0.0 <= usage <= 1.0
     else:  # this machine: unknown, with a reason, and no exception
         assert usage is None and gpu.reason
+
+
+def test_one_sick_pool_does_not_trip_the_global_breaker() -> None:
+    """default carries 90% of the traffic and fails half of it: its own breaker handles it;
+    the healthy long pool is not shed because of it. Only when every pool fails does the
+    global breaker see a fleet-wide failure."""
+    clock = Clock()
+    windows = ResponseWindows(clock)
+    for i in range(90):
+        windows.record_response("default", 500 if i % 2 else 200)
+    for _ in range(10):
+        windows.record_response("long", 200)
+    board = BreakerBoard(lambda: POLICY, windows, lambda pool: 0.1, lambda: None, clock)
+    assert board.signals("default").error_rate == 0.5
+    assert board.signals(GLOBAL).error_rate == 0.0
+    for _ in range(10):
+        windows.record_response("long", 503)
+    assert board.signals(GLOBAL).error_rate == 0.5  # now every pool with traffic fails
