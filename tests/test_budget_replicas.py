@@ -1,6 +1,6 @@
 """Several real sidecar processes sharing one real Redis: exact budgets, and Redis outages.
 
-The sidecars are driven over gRPC exactly as Envoy drives them (extproc.benchmarks.driver),
+The sidecars are driven over gRPC exactly as Envoy drives them (tooling.benchmarks.driver),
 so hundreds of requests can be in flight at once on a two-core machine.
 """
 
@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from budget.redis_store import RedisStore, connect
-from extproc import stack
-from extproc.benchmarks.driver import SidecarDriver
-from extproc.processes import ManagedProcess, start_redis
 from policy import Limits, hash_api_key
-from tests.conftest import metric, scrape
+from tests.support.http import metric, scrape
+from tooling import stack
+from tooling.benchmarks.driver import SidecarDriver
+from tooling.processes import ManagedProcess, start_redis
 
 TOKENS_PER_MINUTE = 20_000
 KEY = "sk-hammer"

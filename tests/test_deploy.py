@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from extproc.metrics import SidecarMetrics
+from extproc.service.metrics import SidecarMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "slogate-rules.yaml"
@@ -102,9 +102,9 @@ def test_k8s_manifests_are_current_and_their_envoy_config_is_valid(tmp_path: Pat
 
     import yaml
 
-    from extproc.k8s import render_manifests
-    from extproc.processes import envoy_binary
     from policy import parse_policy
+    from tooling.k8s import render_manifests
+    from tooling.processes import envoy_binary
 
     committed = list(yaml.safe_load_all((ROOT / "deploy" / "k8s" / "slogate.yaml").read_text()))
     assert committed == render_manifests(ROOT / "deploy" / "policy.example.yaml"), (
@@ -151,7 +151,7 @@ def test_sidecar_answers_grpc_health_checks(tmp_path: Path) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from extproc.stack import start_sidecar
+    from tooling.stack import start_sidecar
 
     proc, ports = start_sidecar(tmp_path, ROOT / "deploy" / "policy.example.yaml")
     try:

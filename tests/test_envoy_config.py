@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from extproc.contract import ACCESS_LOG_TAGS
-from extproc.envoy_config import FilterProfile, build_bootstrap
-from extproc.processes import envoy_binary
+from extproc.request.contract import ACCESS_LOG_TAGS
 from policy import FailureMode, load_policy
-from tests.conftest import EXAMPLE_POLICY
+from tests.support.stack import EXAMPLE_POLICY
+from tooling.envoy_config import FilterProfile, build_bootstrap
+from tooling.processes import envoy_binary
 
 
 def validate(config: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:

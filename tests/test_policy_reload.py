@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from extproc.benchmarks.driver import SidecarDriver
-from extproc.metrics import SidecarMetrics
-from extproc.sidecar import PolicyHolder
-from extproc.stack import start_sidecar
-from tests.conftest import metric, scrape
+from extproc.runtime.policy_holder import PolicyHolder
+from extproc.service.metrics import SidecarMetrics
+from tests.support.http import metric, scrape
+from tooling.benchmarks.driver import SidecarDriver
+from tooling.stack import start_sidecar
 
 KEYS_A = "keys:\n  - {key: sk-a, tenant: a}\n"
 KEYS_B = "keys:\n  - {key: sk-b, tenant: b}\n"

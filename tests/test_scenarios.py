@@ -3,13 +3,13 @@ the burst workload slogate's dynamic control beats the best static quota of a sw
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from extproc.cli import SIMULATION_POLICY
 from sim.offline import OfflineFleet
 from sim.scenarios import (
     SWEEP,
@@ -22,6 +22,7 @@ from sim.scenarios import (
     table,
     with_kv_admission,
 )
+from tooling.cli import SIMULATION_POLICY
 
 
 def test_every_workload_file_loads() -> None:
@@ -105,27 +106,35 @@ def test_dynamic_beats_the_best_static_quota_on_the_burst_workload(
     assert critical["p99_ttft_s"] < 0.5 * 2.0
 
 
-def test_sidecar_replicas_each_admit_against_their_part_of_the_pool() -> None:
-    """Known limit, kept visible until admission is shared across sidecars: with 4 sidecars
-    each admits against a quarter of the cache, so a 20-30k critical prompt (~107k tokens
-    of KV, a third of the pool) fits the pool but no sidecar's part of it."""
+def _refused_long_critical(replicas: tuple[float, ...]) -> tuple[int, int]:
+    """(refused, all) of field-mix's 20-30k-token critical prompts, with this many sidecar
+    replicas (the policy says how many there are; the split says how Envoys spread load)."""
     workload = with_kv_admission(load_workload(WORKLOADS / "field-mix.yaml", SIMULATION_POLICY))
-
-    def refused_long_critical(split: tuple[float, ...]) -> int:
-        fleet = OfflineFleet(workload.policy, seed=7, controller=True, sidecar_split=split)
-        results = fleet.run(workload.arrivals, until_s=workload.duration_s + 60)
-        return sum(
-            1
-            for r in results.values()
-            if r.outcome == "kv_full"
-            and r.arrival.key.tier.value == "critical"
-            and r.arrival.prompt_tokens >= 20_000
-        )
-
-    alone, four = refused_long_critical((1.0,)), refused_long_critical((0.4, 0.3, 0.2, 0.1))
-    long_critical = sum(
-        1 for a in workload.arrivals if a.key.tier.value == "critical" and a.prompt_tokens >= 20_000
+    policy = dataclasses.replace(
+        workload.policy,
+        budget=dataclasses.replace(workload.policy.budget, replicas=len(replicas)),
     )
-    assert alone < long_critical // 2
-    # Nearly every one (one slips through while the learned footprint ratio is low).
-    assert four >= 0.9 * long_critical, (four, long_critical)
+    fleet = OfflineFleet(policy, seed=7, controller=True, sidecar_split=replicas)
+    results = fleet.run(workload.arrivals, until_s=workload.duration_s + 60)
+    long_critical = [
+        r
+        for r in results.values()
+        if r.arrival.key.tier.value == "critical" and r.arrival.prompt_tokens >= 20_000
+    ]
+    return sum(1 for r in long_critical if r.outcome == "kv_full"), len(long_critical)
+
+
+def test_one_sidecar_admits_most_long_critical_prompts() -> None:
+    refused, total = _refused_long_critical((1.0,))
+    assert refused < total // 2
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limit until admission is shared across sidecars (fleet-wide admission): "
+    "with 4 sidecars each admits against a quarter of the cache, so a 20-30k critical "
+    "prompt (~107k tokens of KV, a third of the pool) fits the pool but no sidecar's part",
+)
+def test_four_sidecars_admit_long_critical_prompts_like_one() -> None:
+    refused, total = _refused_long_critical((0.4, 0.3, 0.2, 0.1))
+    assert refused < total // 2, (refused, total)
