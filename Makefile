@@ -20,6 +20,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # promtool (Debian's prometheus package) unit-tests the alert rules in deploy/prometheus/.
 promtool:

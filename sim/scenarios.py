@@ -19,10 +19,29 @@ from typing import Any
 import yaml
 
 from policy import Policy, Tier, parse_policy
+from sim.arrivals import Arrival, p99, poisson_arrivals
 from sim.model import LatencyConfig
-from sim.offline import Arrival, OfflineFleet, Served, p99, poisson_arrivals
+from sim.offline import OfflineFleet, Served
 
 WORKLOADS = Path(__file__).parent / "workloads"
+
+# The breaker timings used in the offline comparisons: seconds-scale windows, so that a
+# 5-15 minute workload sees the breaker and the controller act.
+SIMULATION_POLICY = {
+    # P99 TTFT SLOs the simulated engines can meet at empty load: their P99 for a 20-32k
+    # prompt is ~4-5 s (the field's tail), so a 2 s SLO there would be failed by design.
+    "slos": {
+        "critical": {"default": 2000, "8-32k": 6000, "32k-128k": 15000},
+        "standard": {"default": 4000, "8-32k": 12000, "32k-128k": 30000},
+        "sheddable": {"default": 15000, "8-32k": 30000, "32k-128k": 60000},
+    },
+    "breaker": {
+        "window_s": 30,
+        "controller_interval_s": 2,
+        "scrape_interval_s": 1,
+        "thresholds": {"enter_hold_s": [5, 5, 5], "cooldown_s": 30, "probe_hold_s": 15},
+    },
+}
 
 
 @dataclass(frozen=True, slots=True)

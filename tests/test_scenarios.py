@@ -12,6 +12,7 @@ import pytest
 
 from sim.offline import OfflineFleet
 from sim.scenarios import (
+    SIMULATION_POLICY,
     SWEEP,
     WORKLOADS,
     compare,
@@ -22,7 +23,6 @@ from sim.scenarios import (
     table,
     with_kv_admission,
 )
-from tooling.cli import SIMULATION_POLICY
 
 
 def test_every_workload_file_loads() -> None:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from policy import FailureMode, PolicyError, load_policy
+from tooling import offline_commands
 
 DEFAULT_POLICY = Path("deploy/policy.example.yaml")
 DEFAULT_ADMIN = "127.0.0.1:50052"
@@ -235,8 +236,8 @@ def cmd_admin(args: argparse.Namespace) -> int:
     """status / keys / reload / drill: one call to the running sidecar's admin API."""
     import grpc
 
-    from tooling import admin_client as admin
     from extproc.adminpb import admin_pb2 as pb
+    from tooling import admin_client as admin
 
     async def call() -> int:
         channel, stub = admin.stub(args.admin)
@@ -278,136 +279,6 @@ def cmd_admin(args: argparse.Namespace) -> int:
     return asyncio.run(call())
 
 
-# The breaker timings used in the offline comparisons: seconds-scale windows, so that a
-# 5-15 minute workload sees the breaker and the controller act.
-SIMULATION_POLICY = {
-    # P99 TTFT SLOs the simulated engines can meet at empty load: their P99 for a 20-32k
-    # prompt is ~4-5 s (the field's tail), so a 2 s SLO there would be failed by design.
-    "slos": {
-        "critical": {"default": 2000, "8-32k": 6000, "32k-128k": 15000},
-        "standard": {"default": 4000, "8-32k": 12000, "32k-128k": 30000},
-        "sheddable": {"default": 15000, "8-32k": 30000, "32k-128k": 60000},
-    },
-    "breaker": {
-        "window_s": 30,
-        "controller_interval_s": 2,
-        "scrape_interval_s": 1,
-        "thresholds": {"enter_hold_s": [5, 5, 5], "cooldown_s": 30, "probe_hold_s": 15},
-    },
-}
-
-
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    import aiohttp
-
-    from policy import load_policy
-    from tooling.calibrate import CalibrationError, Measurement, measure, report
-
-    if args.requests < 1 or args.per_size < 1 or args.max_context < 512:
-        print(
-            "slogate calibrate: --requests and --per-size must be >= 1, --max-context >= 512",
-            file=sys.stderr,
-        )
-        return 2
-    policy = load_policy(args.policy)
-    targets = []
-    for index, value in enumerate(args.url):
-        name, sep, url = value.partition("=")
-        if not sep or "://" in name:
-            name, url = ("default" if index == 0 else f"pool{index + 1}"), value
-        targets.append((name, url))
-
-    async def run() -> list[Measurement]:
-        return [
-            await measure(
-                name,
-                url,
-                args.model or policy.model_name,
-                policy.buckets,
-                tiny_count=args.requests,
-                per_size=args.per_size,
-                max_context=args.max_context,
-                api_key=args.api_key,
-            )
-            for name, url in targets
-        ]
-
-    try:
-        measurements = asyncio.run(run())
-    except (CalibrationError, OSError, TimeoutError, aiohttp.ClientError, ValueError) as error:
-        print(f"slogate calibrate: {error}", file=sys.stderr)
-        return 1
-    text = report(measurements, policy.buckets)
-    print(text, end="")
-    if args.out is not None:
-        args.out.write_text(text, encoding="utf-8")
-        print(f"# wrote {args.out}")
-    return 0
-
-
-def cmd_simulate(args: argparse.Namespace) -> int:
-    from sim.scenarios import WORKLOADS, compare, gains, load_workload, table
-
-    path = WORKLOADS / f"{args.workload}.yaml"
-    if not path.exists():
-        names = ", ".join(sorted(p.stem for p in WORKLOADS.glob("*.yaml")))
-        print(f"slogate: no workload {args.workload!r}; have: {names}", file=sys.stderr)
-        return 2
-    latency = None
-    if args.latency_from is not None:
-        from policy import load_policy
-        from sim.calibration import latency_config
-
-        measured = load_policy(args.latency_from)
-        fit = measured.latency_models.get(measured.default_pool)
-        if fit is None:
-            print(
-                f"slogate: {args.latency_from} has no latency_model for its default pool",
-                file=sys.stderr,
-            )
-            return 2
-        latency = latency_config(fit, measured.buckets)
-    workload = load_workload(path, SIMULATION_POLICY)
-    comparison = compare(workload, seed=args.seed, latency=latency)
-    comparison["gains"] = gains(comparison)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    out = args.out_dir / f"simulate-{args.workload}.json"
-    out.write_text(json.dumps(comparison, separators=(",", ":")) + "\n")  # raw: see the .md
-    text = table(comparison)
-    out.with_suffix(".md").write_text(
-        f"# slogate simulate --workload {args.workload} --seed {args.seed}\n\n{text}\n"
-    )
-    print(text)
-    print(f"wrote {out} and {out.with_suffix('.md')}")
-    try:
-        from sim.plots import draw_comparison
-
-        print(f"wrote {draw_comparison(comparison, out.with_suffix('.png'))}")
-    except ImportError:
-        print("no plots: matplotlib is not installed (pip install 'slogate[sim]')")
-    return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    if args.bench == "overhead":
-        from tooling.benchmarks.overhead import run as run_overhead
-
-        run_overhead(args.out_dir, args.duration_s, args.rounds, args.profiles.split(","))
-    elif args.bench == "decision-cost":
-        from tooling.benchmarks.decision_cost import run as run_decision_cost
-
-        run_decision_cost(args.out_dir, args.seconds)
-    elif args.bench == "decisions":
-        from tooling.benchmarks.decisions import run as run_decisions
-
-        run_decisions(args.out_dir, args.calls)
-    else:
-        from tooling.benchmarks.estimator import run as run_estimator
-
-        run_estimator(args.out_dir)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -422,9 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         "reload": cmd_admin,
         "drill": cmd_admin,
         "k8s": cmd_k8s,
-        "simulate": cmd_simulate,
-        "calibrate": cmd_calibrate,
-        "bench": cmd_bench,
+        "simulate": offline_commands.cmd_simulate,
+        "calibrate": offline_commands.cmd_calibrate,
+        "bench": offline_commands.cmd_bench,
     }
     try:
         return handlers[args.command](args)

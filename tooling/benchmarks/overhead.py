@@ -25,43 +25,23 @@ import dataclasses
 import datetime as dt
 import json
 import platform
-import re
 import shutil
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import envoy_data_plane.envoy.config.bootstrap.v3 as bootstrap
-import envoy_data_plane.envoy.config.core.v3 as core
-import envoy_data_plane.envoy.config.listener.v3 as listener
-import envoy_data_plane.envoy.config.route.v3 as route
-import envoy_data_plane.envoy.extensions.filters.http.router.v3 as router
-import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 as hcm
-import envoy_data_plane.google.protobuf as pb
 import yaml
 
 from policy import load_policy
+from tooling.benchmarks.wrk import start_envoy, upstream_bootstrap, wrk
 from tooling.envoy_config import EnvoyPorts, FilterProfile, build_bootstrap
-from tooling.processes import ManagedProcess, envoy_binary, free_port, python_module
+from tooling.processes import ManagedProcess, free_port, python_module
 from tooling.stack import start_sidecar
 
 HOST = "127.0.0.1"
 SETUPS = ("envoy_alone", "passthrough", "slogate")
 POLICY = Path(__file__).resolve().parents[2] / "deploy" / "policy.example.yaml"
-
-UPSTREAM_BODY = json.dumps(
-    {
-        "id": "chatcmpl-bench",
-        "object": "chat.completion",
-        "model": "deepseek-v4",
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-        ],
-        "usage": {"prompt_tokens": 1000, "completion_tokens": 2, "total_tokens": 1002},
-    }
-)
 
 
 def _request_body() -> str:
@@ -73,127 +53,6 @@ def _request_body() -> str:
             "max_tokens": 64,
         }
     )
-
-
-def upstream_bootstrap(port: int, admin_port: int) -> dict[str, Any]:
-    """A fixed-answer upstream: Envoy's direct_response, cheaper than any Python server."""
-    manager = hcm.HttpConnectionManager(
-        stat_prefix="upstream",
-        route_config=route.RouteConfiguration(
-            virtual_hosts=[
-                route.VirtualHost(
-                    name="fixed",
-                    domains=["*"],
-                    routes=[
-                        route.Route(
-                            match=route.RouteMatch(prefix="/"),
-                            direct_response=route.DirectResponseAction(
-                                status=200, body=core.DataSource(inline_string=UPSTREAM_BODY)
-                            ),
-                        )
-                    ],
-                )
-            ]
-        ),
-        http_filters=[
-            hcm.HttpFilter(
-                name="envoy.filters.http.router", typed_config=pb.Any.pack(router.Router())
-            )
-        ],
-    )
-    config = bootstrap.Bootstrap(
-        admin=bootstrap.Admin(
-            address=core.Address(
-                socket_address=core.SocketAddress(address=HOST, port_value=admin_port)
-            )
-        ),
-        static_resources=bootstrap.BootstrapStaticResources(
-            listeners=[
-                listener.Listener(
-                    name="upstream",
-                    address=core.Address(
-                        socket_address=core.SocketAddress(address=HOST, port_value=port)
-                    ),
-                    filter_chains=[
-                        listener.FilterChain(
-                            filters=[
-                                listener.Filter(
-                                    name="envoy.filters.network.http_connection_manager",
-                                    typed_config=pb.Any.pack(manager),
-                                )
-                            ]
-                        )
-                    ],
-                )
-            ]
-        ),
-    )
-    result: dict[str, Any] = config.to_dict()
-    return result
-
-
-def _start_envoy(name: str, config: dict[str, Any], admin_port: int, work: Path) -> ManagedProcess:
-    path = work / f"{name}.json"
-    path.write_text(json.dumps(config))
-    proc = ManagedProcess(
-        name,
-        [
-            envoy_binary(),
-            "-c",
-            str(path),
-            "--use-dynamic-base-id",
-            "--concurrency",
-            "1",
-            "--log-level",
-            "error",
-        ],
-        work,
-    ).start()
-    proc.wait_for_http(f"http://{HOST}:{admin_port}/ready")
-    return proc
-
-
-_UNITS_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
-
-
-def parse_wrk(output: str) -> dict[str, float]:
-    def latency(percent: str) -> float:
-        match = re.search(rf"^\s+{percent}%\s+([\d.]+)(us|ms|s)\s*$", output, re.M)
-        if match is None:
-            raise ValueError(f"no {percent}% line in wrk output:\n{output}")
-        return float(match.group(1)) * _UNITS_MS[match.group(2)]
-
-    rps = re.search(r"Requests/sec:\s+([\d.]+)", output)
-    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
-    if rps is None:
-        raise ValueError(f"no Requests/sec in wrk output:\n{output}")
-    return {
-        "p50_ms": latency("50"),
-        "p99_ms": latency("99"),
-        "rps": float(rps.group(1)),
-        "non_2xx": float(non_2xx.group(1)) if non_2xx else 0.0,
-    }
-
-
-def wrk(url: str, connections: int, duration_s: float, script: Path) -> dict[str, float]:
-    threads = min(2, connections)
-    result = subprocess.run(
-        [
-            "wrk",
-            f"-t{threads}",
-            f"-c{connections}",
-            f"-d{duration_s:g}s",
-            "--latency",
-            "-s",
-            str(script),
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=duration_s + 60,
-    )
-    return parse_wrk(result.stdout)
 
 
 BENCH_KEY = "sk-bench"
@@ -292,7 +151,7 @@ def measure_setup(
             "slogate": FilterProfile.SLOGATE,
         }[setup]
         config = build_bootstrap(policy, EnvoyPorts(listen, admin, grpc_port, HOST), profile)
-        procs.append(_start_envoy(f"{setup}-envoy", config, admin, work))
+        procs.append(start_envoy(f"{setup}-envoy", config, admin, work))
         url = f"http://{HOST}:{listen}/v1/chat/completions"
         wrk(url, 4, 2.0, script)  # warm-up: connections, tokenizer, JIT-less caches
         single = wrk(url, 1, duration_s, script)
@@ -340,7 +199,7 @@ def run(
     work = Path(tempfile.mkdtemp(prefix="slogate-bench-"))
     scripts = {profile: _wrk_script(work, profile) for profile in profiles}
     upstream_port, upstream_admin = free_port(), free_port()
-    upstream = _start_envoy(
+    upstream = start_envoy(
         "upstream", upstream_bootstrap(upstream_port, upstream_admin), upstream_admin, work
     )
     # Envoy alone is the floor for the small body; the profiles compare slogate with the
