@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint promtool protos bench-overhead bench-decisions bench-estimator envoy-config clean
+.PHONY: up test test-fast lint promtool protos bench-overhead bench-decisions bench-estimator envoy-config clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ promtool:
 
 test: $(STAMP) lint promtool
 	$(BIN)/pytest
+
+# The pure-logic and in-process tests only (no Envoy, sidecar, Valkey or promtool processes).
+test-fast: $(STAMP)
+	$(BIN)/pytest -m "not e2e"
 
 # The admin API's generated code is checked in; a test fails when it is stale.
 protos: $(STAMP)

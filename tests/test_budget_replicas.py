@@ -76,6 +76,7 @@ async def hammer(
     return await asyncio.gather(*(one(i) for i in range(requests)))
 
 
+@pytest.mark.e2e
 def test_replicas_share_one_budget_exactly(tmp_path: Path, processes: list[ManagedProcess]) -> None:
     redis_proc, redis_port = start_redis(tmp_path)
     processes.append(redis_proc)
@@ -131,6 +132,7 @@ def test_replicas_share_one_budget_exactly(tmp_path: Path, processes: list[Manag
     asyncio.run(scenario())
 
 
+@pytest.mark.e2e
 def test_redis_outage_degrades_to_local_shares_and_recovers(
     tmp_path: Path, processes: list[ManagedProcess]
 ) -> None:

@@ -38,7 +38,12 @@ def cluster_ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int
         proc.stop()
 
 
-STORES = ["memory", "redis", "cluster"]
+# The real servers are e2e; the in-process store runs in the fast suite too.
+STORES = [
+    "memory",
+    pytest.param("redis", marks=pytest.mark.e2e),
+    pytest.param("cluster", marks=pytest.mark.e2e),
+]
 
 
 @pytest.fixture
@@ -251,6 +256,7 @@ async def test_random_sequences_match_the_in_process_store(
     assert await store.usage(key) == await reference.usage(key)
 
 
+@pytest.mark.e2e
 def test_redis_restart_reloads_scripts(tmp_path: Path) -> None:
     """NOSCRIPT after a restart is answered by reloading the script, not by an error."""
 

@@ -26,6 +26,7 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.e2e
 def test_alert_rules_are_valid_and_their_unit_tests_pass() -> None:
     check = run("check", "rules", RULES.name, cwd=RULES.parent)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -33,6 +34,7 @@ def test_alert_rules_are_valid_and_their_unit_tests_pass() -> None:
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("original", "weakened"),
     [
@@ -97,6 +99,7 @@ def test_dashboard_queries_only_use_exported_metrics() -> None:
         assert topic in titles
 
 
+@pytest.mark.e2e
 def test_k8s_manifests_are_current_and_their_envoy_config_is_valid(tmp_path: Path) -> None:
     import json
 
@@ -145,6 +148,7 @@ def test_k8s_manifests_are_current_and_their_envoy_config_is_valid(tmp_path: Pat
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.e2e
 def test_sidecar_answers_grpc_health_checks(tmp_path: Path) -> None:
     import asyncio
 
