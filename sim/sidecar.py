@@ -90,11 +90,11 @@ class SimulatedSidecar:
             inflight=InFlight(clock, ttl_s),
         )
 
-    def decide(
+    def attempt(
         self, key: ApiKey, texts: tuple[str, ...], max_tokens: int, stream: bool, request_id: str
-    ) -> Routed | str:
-        """The request as the sidecar would decide it: admitted (`Routed`), or the kind of
-        refusal (shed, kv_full, budget, refused)."""
+    ) -> Routed | RequestRejected:
+        """The request (a chat of `texts`) as the sidecar decides it: admitted, or the
+        refusal the client would get."""
         request = InferenceRequest(
             shape=BodyShape.CHAT,
             model=None,
@@ -106,10 +106,19 @@ class SimulatedSidecar:
         try:
             return run_now(self.decider.decide(request, key, request_id, _CHAT, self.policy))
         except RequestRejected as refusal:
-            return next(
-                (kind for prefix, kind in _OUTCOMES if refusal.reason.startswith(prefix)),
-                "refused",
-            )
+            return refusal
+
+    def decide(
+        self, key: ApiKey, texts: tuple[str, ...], max_tokens: int, stream: bool, request_id: str
+    ) -> Routed | str:
+        """`attempt`, with a refusal told by its kind (shed, kv_full, budget, refused)."""
+        decided = self.attempt(key, texts, max_tokens, stream, request_id)
+        if isinstance(decided, Routed):
+            return decided
+        return next(
+            (kind for prefix, kind in _OUTCOMES if decided.reason.startswith(prefix)),
+            "refused",
+        )
 
     def finish(self, outcome: RequestOutcome) -> None:
         """The request ended: out of the in-flight table, settled by every step."""

@@ -78,7 +78,12 @@ class Sidecar:
         watch_interval_s: float = 1.0,
         metrics_host: str | None = None,
         admin_address: str | None = "127.0.0.1:50052",
+        clock: Callable[[], float] | None = None,
+        rng: random.Random | None = None,
     ) -> None:
+        # Injected for tests that run this object graph on a virtual clock beside the
+        # simulator's (tests/test_sim_matches_sidecar.py); a process uses the real ones.
+        self.clock = clock or time.monotonic
         self.metrics = SidecarMetrics()
         self.policy = PolicyHolder(policy_path, self.metrics)
         initial = self.policy()  # what is read only at start (policy.START_ONLY_SETTINGS)
@@ -86,7 +91,7 @@ class Sidecar:
         ttl_s = initial.upstream_timeout_s + _EXPIRY_SLACK_S
         # Slots fine enough that the breaker's window forgets a spike within ~1/6 of it.
         self.windows = ResponseWindows(
-            clock=time.monotonic,
+            clock=self.clock,
             slot_s=min(10.0, breaker.window_s / 6),
             horizon_s=max(300.0, breaker.window_s),
         )
@@ -106,21 +111,21 @@ class Sidecar:
             self.windows,
             kv_cache_usage=self.scraper.kv_cache_usage if self.scraper else _no_reading,
             gpu_memory_usage=self.gpu.usage,
-            clock=time.monotonic,
+            clock=self.clock,
             engine_queue=self.scraper.queue_ratio if self.scraper else _no_reading,
         )
         self.quotas = TierMultipliers()
         self.key_quotas = KeyQuotas(breaker.controller_interval_s)
-        self.store = build_store(initial, self.metrics)
+        self.store = build_store(initial, self.metrics, clock)
         self.admission = build_admission(
             board=self.board,
             store=self.store,
             events=MetricsEvents(self.metrics, self.key_quotas),
-            clock=time.monotonic,
+            clock=self.clock,
             ttl_s=ttl_s,
             multipliers=self.quotas.values,
             ceilings=self.key_quotas,
-            rng=random.Random(),
+            rng=rng or random.Random(),
         )
         self.metrics.admission.source = self.admission.kv.ledger.held_by_pool
         # Counting settings take effect at start: the worker threads and the cache live on.
@@ -134,7 +139,7 @@ class Sidecar:
             counter=self.counter,
             corrections=self.corrections,
             admission=self.admission.chain,
-            inflight=InFlight(time.monotonic, ttl_s),
+            inflight=InFlight(self.clock, ttl_s),
         )
         self.decision_log = (
             DecisionLog(

@@ -7,6 +7,7 @@ What lives here: `build_store`: the in-process store, or Redis behind the failov
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from budget.failover import FailoverStore
 from budget.redis_store import RedisStore, connect
@@ -15,11 +16,15 @@ from extproc.service.metrics import SidecarMetrics
 from policy import BudgetStoreKind, Policy
 
 
-def build_store(policy: Policy, metrics: SidecarMetrics) -> BudgetStore:
-    """The budget store the policy asks for. Changing it needs a restart, not a reload."""
+def build_store(
+    policy: Policy, metrics: SidecarMetrics, clock: Callable[[], float] | None = None
+) -> BudgetStore:
+    """The budget store the policy asks for. Changing it needs a restart, not a reload.
+    `clock` replaces the in-process store's wall clock (tests); Redis keeps wall time, which
+    every replica shares."""
     config = policy.budget
     if config.store is BudgetStoreKind.MEMORY:
-        return InProcessStore()
+        return InProcessStore(clock)
 
     def on_decision(degraded: bool) -> None:
         metrics.budget_store_decisions("local" if degraded else "shared").inc()
