@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,22 +215,28 @@ def with_kv_admission(workload: Workload) -> Workload:
 
 
 def compare(
-    workload: Workload, seed: int = 7, latency: LatencyConfig | None = None
+    workload: Workload,
+    seed: int = 7,
+    latency: LatencyConfig | None = None,
+    sweep_grid: Mapping[str, tuple[float, ...]] = SWEEP,
 ) -> dict[str, Any]:
     """The best static per-tier quota (a sweep, as a careful operator would tune it) against
     slogate's dynamic control, same workload and seed. Also reported: the static quota as
     contracted (every multiplier 1.0, what most fleets run) and the controller without KV
     admission, so each part's share of the difference shows. `latency`: a measured model
-    (`slogate calibrate`) instead of the field's numbers."""
+    (`slogate calibrate`) instead of the field's numbers, for every run alike."""
     engine: dict[str, Any] = {} if latency is None else {"latency": latency}
     sweep = []
-    for standard, sheddable in itertools.product(SWEEP["standard"], SWEEP["sheddable"]):
+    for standard, sheddable in itertools.product(sweep_grid["standard"], sweep_grid["sheddable"]):
         multipliers = {"critical": 1.0, "standard": standard, "sheddable": sheddable}
         report = run_once(workload, seed, fixed_multipliers=multipliers, **engine)
         sweep.append({"multipliers": multipliers, "report": report})
     best = max(sweep, key=lambda row: _rank(row["report"]))
-    best_report = run_once(workload, seed, timeline=True, fixed_multipliers=best["multipliers"])
-    contract = next(row for row in sweep if set(row["multipliers"].values()) == {1.0})
+    # Re-run for its timeline: on the same engine model as the sweep that chose it.
+    best_report = run_once(
+        workload, seed, timeline=True, fixed_multipliers=best["multipliers"], **engine
+    )
+    contract = next((row for row in sweep if set(row["multipliers"].values()) == {1.0}), sweep[-1])
     return {
         "workload": workload.name,
         "seed": seed,

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from sim.model import LatencyConfig
 from sim.offline import OfflineFleet
 from sim.scenarios import (
     SIMULATION_POLICY,
@@ -104,6 +105,27 @@ def test_dynamic_beats_the_best_static_quota_on_the_burst_workload(
     # Not ahead on critical P99 (the engines run fuller, and TTFT grows with the batch),
     # but held well inside the 2 s SLO.
     assert critical["p99_ttft_s"] < 0.5 * 2.0
+
+
+def test_a_measured_latency_model_reaches_every_run_of_the_comparison() -> None:
+    """`slogate simulate --latency-from`: the chosen static quota is re-run (for its
+    timeline) on the measured model too, so its report is the sweep's, not the field's."""
+    full = load_workload(WORKLOADS / "burst-10x.yaml", SIMULATION_POLICY)
+    short = dataclasses.replace(
+        full, arrivals=[a for a in full.arrivals if a.at_s < 40.0], duration_s=40.0
+    )
+    slow = LatencyConfig(base_latency_ms=900.0, prefill_ms_per_1k_tokens=120.0)
+    grid = {"standard": (1.0,), "sheddable": (0.5,)}
+    measured = compare(short, seed=3, latency=slow, sweep_grid=grid)
+    field = compare(short, seed=3, sweep_grid=grid)
+
+    def without_timeline(report: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in report.items() if k not in ("timeline", "p99_ttft_series")}
+
+    best = without_timeline(measured["static_best"]["report"])
+    assert best == measured["sweep"][0]["report"]
+    p99 = measured["sweep"][0]["report"]["tiers"]["critical"]["p99_ttft_s"]
+    assert p99 > field["sweep"][0]["report"]["tiers"]["critical"]["p99_ttft_s"]
 
 
 def _refused_long_critical(replicas: tuple[float, ...]) -> tuple[int, int]:
