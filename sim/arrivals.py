@@ -44,14 +44,19 @@ def poisson_arrivals(
     max_tokens: int,
     seed: int,
     shape: Sequence[tuple[float, float]] = (),
+    stream_share: float = 1.0,
+    crafted: bool = False,
 ) -> list[Arrival]:
     """Poisson arrivals with uniformly drawn prompt lengths, reproducible for a seed.
 
     `shape`: (time, factor) points; the rate at time t is rate_per_s x the factor linearly
     interpolated between them (a daily curve, a ramp). Drawn by thinning: candidates at the
-    peak rate, each kept with probability factor / peak.
+    peak rate, each kept with probability factor / peak. `stream_share`: the fraction of
+    requests that stream (most OpenAI clients do not); drawn apart, so the times and sizes
+    stay those of the same seed at any share. `crafted`: random-letter prompts.
     """
     rng = np.random.default_rng(seed)
+    streams = np.random.default_rng(seed + 7_919)
     times = [float(t) for t, _ in shape]
     factors = [float(f) for _, f in shape]
     peak = max(factors, default=1.0)
@@ -66,7 +71,8 @@ def poisson_arrivals(
         prompt = int(rng.integers(prompt_tokens[0], prompt_tokens[1] + 1))
         if shape and rng.random() * peak > float(np.interp(now_s, times, factors)):
             continue
-        arrivals.append(Arrival(now_s, key, prompt, max_tokens))
+        stream = stream_share >= 1.0 or float(streams.random()) < stream_share
+        arrivals.append(Arrival(now_s, key, prompt, max_tokens, stream=stream, crafted=crafted))
 
 
 def p99(values: Iterable[float]) -> float:

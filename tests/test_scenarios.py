@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sim.model import LatencyConfig
-from sim.offline import OfflineFleet
+from sim.offline import OfflineFleet, Served
 from sim.scenarios import (
     SIMULATION_POLICY,
     SWEEP,
@@ -35,6 +35,50 @@ def test_every_workload_file_loads() -> None:
         assert tiers <= {"critical", "standard", "sheddable"}
         tenants = {a.key.tenant for a in workload.arrivals}
         assert workload.burst_tenants <= tenants, path
+
+
+def test_stream_share_and_crafted_prompts_come_from_the_workload_file(tmp_path: Path) -> None:
+    text = (WORKLOADS / "field-mix.yaml").read_text()
+    assert "stream_share: 0.3" in text
+    every = tmp_path / "streamed.yaml"
+    every.write_text(text.replace("stream_share: 0.3", "stream_share: 1.0"))
+    mixed, streamed = load_workload(WORKLOADS / "field-mix.yaml"), load_workload(every)
+    share = sum(a.stream for a in mixed.arrivals) / len(mixed.arrivals)
+    assert 0.25 < share < 0.35, share
+    assert all(a.stream for a in streamed.arrivals)
+    # The share is drawn apart: the same seed gives the same times and sizes at any share.
+    assert [(a.at_s, a.prompt_tokens) for a in mixed.arrivals] == [
+        (a.at_s, a.prompt_tokens) for a in streamed.arrivals
+    ]
+    attack = load_workload(WORKLOADS / "attack-100k.yaml")
+    assert {a.key.tenant for a in attack.arrivals if a.crafted} == {"attacker"}
+
+
+def test_a_json_answer_is_judged_by_its_whole_time() -> None:
+    """Like with like: 0.5 s to the first token is inside a 2 s TTFT SLO, but a JSON answer
+    of 200 tokens done after 40 s is over TTFT SLO + 199 x the 50 ms per-token SLO (12 s)."""
+    workload = load_workload(WORKLOADS / "field-mix.yaml", SIMULATION_POLICY)
+    critical = next(a for a in workload.arrivals if a.key.tier.value == "critical")
+    small = dataclasses.replace(critical, prompt_tokens=1000, max_tokens=256)
+
+    def report(stream: bool) -> dict[str, Any]:
+        served = Served(
+            dataclasses.replace(small, stream=stream),
+            "default",
+            "served",
+            ttft_s=0.5,
+            done_s=small.at_s + 40.0,
+            output_tokens=200,
+        )
+        fleet = OfflineFleet(workload.policy, seed=1)
+        fleet.run([], until_s=1.0)
+        tiers: dict[str, Any] = summarize(fleet, {"r": served}, workload)["tiers"]
+        return dict(tiers["critical"])
+
+    assert report(stream=True)["slo_attainment"] == 1.0
+    judged = report(stream=False)
+    assert judged["slo_attainment"] == 0.0
+    assert judged["p99_over_objective"] == round(40.0 / (2.0 + 199 * 0.05), 3)
 
 
 def test_rate_shape_follows_the_curve() -> None:
