@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-fast lint promtool protos bench-overhead bench-decisions bench-estimator envoy-config clean
+.PHONY: up test test-fast lint promtool protos bench-overhead bench-decisions bench-decision-cost bench-estimator envoy-config clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,9 @@ bench-overhead: $(STAMP)
 
 bench-decisions: $(STAMP)
 	$(BIN)/slogate bench decisions
+
+bench-decision-cost: $(STAMP)
+	$(BIN)/slogate bench decision-cost
 
 bench-estimator: $(STAMP)
 	$(BIN)/slogate bench estimator

@@ -252,7 +252,7 @@ def markdown(report: dict[str, Any]) -> str:
         "# Token estimator accuracy",
         "",
         f"fast_estimate vs the exact DeepSeek tokenizer ({report['tokenizer']}), "
-        "held-out half of a local corpus (see extproc/benchmarks/estimator.py). "
+        "held-out half of a local corpus (see tooling/benchmarks/estimator.py). "
         "Error = (estimate - exact) / exact; positive = over-estimate.",
         "",
         "| language | samples | mean signed % | mean abs % | P95 abs % | max abs % |",

@@ -258,7 +258,7 @@ def run(
     (out_dir / "overhead.md").write_text(
         f"# Overhead benchmark ({when})\n\n{_cpus()} CPUs, "
         f"{rounds} interleaved rounds of {duration_s:g} s per setup and load, medians.\n"
-        "Bodies: small = the 4 KB chat body; the others from extproc/benchmarks/bodies.py, "
+        "Bodies: small = the 4 KB chat body; the others from tooling/benchmarks/bodies.py, "
         "every request's last message new. Upstream: Envoy direct_response.\n\n"
         f"{table}\n\nVerdicts (target: >= 0.8x throughput, <= +0.3 ms p50): "
         f"{json.dumps(verdicts)}; all responses 2xx: {all_2xx}\n"
