@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import yaml
-from envoy.data.accesslog.v3 import accesslog_pb2
 
 from admission.decision import RequestOutcome
 from admission.errors import RequestRejected
@@ -27,7 +26,6 @@ from breaker.controller import TierMultipliers
 from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel
 from budget.store import InProcessStore
-from extproc.request.contract import METADATA_NAMESPACE, TRACKING_ID_FIELD
 from extproc.request.flow import Routed
 from extproc.request.tokens import PromptCounter
 from extproc.runtime.sidecar import Sidecar
@@ -37,6 +35,7 @@ from sim.prompts import shared_bpe
 from sim.sidecar import SimulatedSidecar
 from tests.support.clock import VirtualClock
 from tests.support.stack import EXAMPLE_POLICY
+from tooling.benchmarks.driver import access_log_entry
 
 KEYS = ("sk-demo-critical", "sk-demo-standard", "sk-demo-batch", "sk-demo-small")
 WORDS = (
@@ -86,21 +85,6 @@ def body(step: Step) -> bytes:
     ).encode()
 
 
-def access_log_entry(tracking: str, prompt: int, completion: int) -> Any:
-    entry = accesslog_pb2.HTTPAccessLogEntry()
-    entry.response.response_code.value = 200
-    entry.response.response_code_details = "via_upstream"
-    entry.common_properties.duration.FromMilliseconds(1500)
-    entry.common_properties.metadata.filter_metadata[METADATA_NAMESPACE].update(
-        {TRACKING_ID_FIELD: tracking}
-    )
-    tags = entry.common_properties.custom_tags
-    tags["ttft_ms"] = "200"
-    tags["prompt_tokens"] = str(prompt)
-    tags["completion_tokens"] = str(completion)
-    return entry
-
-
 class SidecarSide:
     """The sidecar's composition root, not started: its request path and recorder."""
 
@@ -128,7 +112,8 @@ class SidecarSide:
             return refusal
 
     async def finish(self, routed: Routed, completion: int) -> None:
-        entry = access_log_entry(routed.tracking_id, routed.decision.prompt_tokens, completion)
+        prompt = routed.decision.prompt_tokens
+        entry = access_log_entry(routed.tracking_id, 200, prompt, completion, 1500, 200)
         await finish(self.sidecar.recorder.record_entry(entry))
 
 

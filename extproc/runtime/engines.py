@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable, Iterable, Mapping
 
 import aiohttp
 
@@ -21,14 +19,7 @@ log = logging.getLogger("slogate.engine")
 
 
 class EngineScraper(EngineReadings):
-    def __init__(
-        self,
-        endpoints: Callable[[], Mapping[str, Iterable[tuple[str, int]]]],
-        interval_s: float = 5.0,
-        stale_after_s: float = 15.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(endpoints, interval_s, stale_after_s, clock)
+    """EngineReadings fed by scraping every endpoint's /metrics."""
 
     async def scrape_once(self, session: aiohttp.ClientSession) -> None:
         async def one(pool: str, host: str, port: int) -> None:

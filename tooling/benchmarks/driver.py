@@ -45,6 +45,32 @@ def _headers_message(path: str, api_key: str, body: bytes) -> pb.ProcessingReque
     return request
 
 
+def access_log_entry(
+    tracking: str,
+    status: int,
+    prompt: int | None,
+    completion: int | None,
+    duration_ms: int = 100,
+    ttft_ms: int = 20,
+) -> accesslog_pb2.HTTPAccessLogEntry:
+    """An entry as Envoy's access logger sends it for a routed request (see
+    tooling.envoy_config for the tags it is configured with)."""
+    entry = accesslog_pb2.HTTPAccessLogEntry()
+    entry.response.response_code.value = status
+    entry.response.response_code_details = "via_upstream"
+    entry.common_properties.duration.FromMilliseconds(duration_ms)
+    entry.common_properties.metadata.filter_metadata[METADATA_NAMESPACE].update(
+        {TRACKING_ID_FIELD: tracking}
+    )
+    tags = entry.common_properties.custom_tags
+    tags["ttft_ms"] = str(ttft_ms)
+    if prompt is not None:
+        tags["prompt_tokens"] = str(prompt)
+    if completion is not None:
+        tags["completion_tokens"] = str(completion)
+    return entry
+
+
 class SidecarDriver:
     def __init__(self, target: str) -> None:
         self._channel = grpc.aio.insecure_channel(
@@ -95,20 +121,9 @@ class SidecarDriver:
             message = als_pb2.StreamAccessLogsMessage()
             message.identifier.log_name = ACCESS_LOG_NAME
             for tracking, status, prompt, completion in outcomes[start : start + batch]:
-                entry = accesslog_pb2.HTTPAccessLogEntry()
-                entry.response.response_code.value = status
-                entry.response.response_code_details = "via_upstream"
-                entry.common_properties.duration.FromMilliseconds(100)
-                entry.common_properties.metadata.filter_metadata[METADATA_NAMESPACE].update(
-                    {TRACKING_ID_FIELD: tracking}
+                message.http_logs.log_entry.append(
+                    access_log_entry(tracking, status, prompt, completion)
                 )
-                tags = entry.common_properties.custom_tags
-                tags["ttft_ms"] = "20"
-                if prompt is not None:
-                    tags["prompt_tokens"] = str(prompt)
-                if completion is not None:
-                    tags["completion_tokens"] = str(completion)
-                message.http_logs.log_entry.append(entry)
             messages.append(message)
 
         async def stream() -> object:
