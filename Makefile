@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint promtool protos bench-overhead bench-decisions bench-estimator envoy-config clean
+.PHONY: up test test-fast lint promtool protos bench-overhead bench-decisions bench-decision-cost bench-estimator envoy-config clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # promtool (Debian's prometheus package) unit-tests the alert rules in deploy/prometheus/.
 promtool:
@@ -28,6 +29,10 @@ promtool:
 
 test: $(STAMP) lint promtool
 	$(BIN)/pytest
+
+# The pure-logic and in-process tests only (no Envoy, sidecar, Valkey or promtool processes).
+test-fast: $(STAMP)
+	$(BIN)/pytest -m "not e2e"
 
 # The admin API's generated code is checked in; a test fails when it is stale.
 protos: $(STAMP)
@@ -44,6 +49,9 @@ bench-overhead: $(STAMP)
 
 bench-decisions: $(STAMP)
 	$(BIN)/slogate bench decisions
+
+bench-decision-cost: $(STAMP)
+	$(BIN)/slogate bench decision-cost
 
 bench-estimator: $(STAMP)
 	$(BIN)/slogate bench estimator

@@ -3,7 +3,7 @@
 What lives here: `pool_signals` (latency windows + engine + GPU readings -> `Signals`,
 with the SLO table from the policy) and `BreakerBoard`, which evaluates every breaker on
 the caller's schedule and answers the request path's one question: what level applies
-to this pool now. Metrics and timers live with the caller (extproc.breaking).
+to this pool now. Metrics and timers live with the caller (admission.breaker_step).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from breaker.controller import load_score
 from breaker.latency import SLO_RATIO, ResponseWindows
 from breaker.levels import BreakerLevel, BreakerState, Signals, Transition, step
 from policy import Policy, Tier
+from policy.schema import GLOBAL_BREAKER
 
-GLOBAL = "global"
+GLOBAL = GLOBAL_BREAKER
 
 
 def p99_over_slo(windows: ResponseWindows, policy: Policy, pool: str) -> float | None:

@@ -1,26 +1,22 @@
-"""Upstream engine signals: vLLM metrics scraped from each pool, and GPU memory via NVML.
+"""Upstream engine signals: what vLLM's metrics say about each pool. Pure.
 
-What lives here: `parse_vllm_metrics` (pure: exposition text -> `EngineSnapshot`),
-`EngineScraper` (fetches every endpoint of every pool on an interval and remembers when
-each last answered) and `GpuMemory` (NVML, or "unavailable" when there is no GPU).
+What lives here: `parse_vllm_metrics` (exposition text -> `EngineSnapshot`) and
+`EngineReadings`, which keeps each endpoint's latest snapshot with the time it was read and
+answers the breaker's questions per pool. Fetching the metrics (HTTP) and reading GPU memory
+(NVML) is I/O and lives with the sidecar's runtime (extproc.runtime.engines, .gpu): this
+package holds no I/O.
 
 "No data" is decided here: an endpoint that has not answered within `stale_after_s`
-reports KV-cache usage 1.0, i.e. saturated; no GPU reports None, i.e. unknown and never an
-error.
+reports KV-cache usage 1.0, i.e. saturated.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
-
-log = logging.getLogger("slogate.engine")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +52,8 @@ def parse_vllm_metrics(text: str) -> EngineSnapshot:
     return EngineSnapshot(kv, running, waiting, hit_rate)
 
 
-class EngineScraper:
-    """Scrapes `http://<endpoint>/metrics` of every pool endpoint every `interval_s`."""
+class EngineReadings:
+    """The latest snapshot of every pool endpoint, and what it means for each pool."""
 
     def __init__(
         self,
@@ -66,7 +62,7 @@ class EngineScraper:
         stale_after_s: float = 15.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._endpoints = endpoints
+        self.endpoints = endpoints
         self.interval_s = interval_s
         self.stale_after_s = stale_after_s
         self._clock = clock
@@ -80,7 +76,7 @@ class EngineScraper:
         """Worst endpoint of the pool; 1.0 when any endpoint's metrics are stale."""
         now_s = self._clock()
         worst: float | None = None
-        for host, port in self._endpoints().get(pool, ()):
+        for host, port in self.endpoints().get(pool, ()):
             seen = self._latest.get((pool, host, port))
             if seen is None:
                 if now_s - self._started_s < self.stale_after_s:
@@ -103,7 +99,7 @@ class EngineScraper:
         now_s = self._clock()
         waiting = running = 0.0
         seen = False
-        for host, port in self._endpoints().get(pool, ()):
+        for host, port in self.endpoints().get(pool, ()):
             latest = self._latest.get((pool, host, port))
             if latest is None or now_s - latest[0] > self.stale_after_s:
                 continue
@@ -118,58 +114,3 @@ class EngineScraper:
     def snapshot(self, pool: str, host: str, port: int) -> EngineSnapshot | None:
         seen = self._latest.get((pool, host, port))
         return None if seen is None else seen[1]
-
-    async def scrape_once(self, session: aiohttp.ClientSession) -> None:
-        async def one(pool: str, host: str, port: int) -> None:
-            try:
-                async with session.get(f"http://{host}:{port}/metrics") as response:
-                    if response.status != 200:
-                        return
-                    text = await response.text()
-                self.record(pool, host, port, parse_vllm_metrics(text))
-            except (aiohttp.ClientError, TimeoutError, ValueError) as error:
-                log.debug("scraping %s:%d failed: %s", host, port, error)
-
-        await asyncio.gather(
-            *(one(pool, h, p) for pool, eps in self._endpoints().items() for h, p in eps)
-        )
-
-    async def run(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(1.0, self.interval_s / 2))
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            while True:
-                await self.scrape_once(session)
-                await asyncio.sleep(self.interval_s)
-
-
-class GpuMemory:
-    """Used / total GPU memory of the busiest device on this node, through NVML."""
-
-    def __init__(self) -> None:
-        self.available = False
-        self.reason = "not initialised"
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml = pynvml
-            self._count = pynvml.nvmlDeviceGetCount()
-            self.available = self._count > 0
-            self.reason = "ok" if self.available else "no GPU devices"
-        except Exception as error:  # no driver, no library, no GPU: all mean "unavailable"
-            self.reason = f"unavailable: {type(error).__name__}: {error}"
-
-    def usage(self) -> float | None:
-        if not self.available:
-            return None
-        try:
-            worst = 0.0
-            for index in range(self._count):
-                info = self._nvml.nvmlDeviceGetMemoryInfo(
-                    self._nvml.nvmlDeviceGetHandleByIndex(index)
-                )
-                worst = max(worst, float(info.used) / float(info.total))
-            return worst
-        except Exception as error:
-            log.warning("NVML read failed: %s", error)
-            return None

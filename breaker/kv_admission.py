@@ -81,7 +81,8 @@ class KvLedger:
         self.requests: dict[str, int] = {}  # pool -> batch slots held (one per completion)
         # pool -> the part of in_flight held by requests that run to their limit
         self.fixed: dict[str, int] = {}
-        self._held: dict[str, tuple[str, int, int, bool]] = {}  # id -> (pool, tokens, slots, fixed)
+        # id -> (pool, tokens, slots, fixed, deadline): what each admitted request holds
+        self._held: dict[str, tuple[str, int, int, bool, float]] = {}
         # pool -> what the engine really holds per counted token (1.0: the upper bound).
         self.ratio: dict[str, float] = {}
         self._recent: dict[str, deque[float]] = {}  # pool -> the last `sustain` readings
@@ -145,10 +146,12 @@ class KvLedger:
         share: float,
         sequences: int = 1,
         fixed: bool = False,
+        deadline_s: float = math.inf,
     ) -> KvVerdict:
         """Hold `tokens` and `sequences` batch slots of `pool` for the request if the tier's
         share of both leaves room. `fixed`: the request runs to its limit, so its footprint
-        is never discounted by a ratio below 1."""
+        is never discounted by a ratio below 1. `deadline_s`: when `expire` frees it if
+        nothing released it before (the request's end was never seen)."""
         current = self.in_flight.get(pool, 0)
         running = self.requests.get(pool, 0)
         if (
@@ -162,7 +165,7 @@ class KvLedger:
         self.requests[pool] = running + sequences
         if fixed:
             self.fixed[pool] = self.fixed.get(pool, 0) + tokens
-        self._held[request_id] = (pool, tokens, sequences, fixed)
+        self._held[request_id] = (pool, tokens, sequences, fixed, deadline_s)
         return KvVerdict(True, "", current + tokens, running + sequences)
 
     def release(self, request_id: str) -> bool:
@@ -170,9 +173,25 @@ class KvLedger:
         held = self._held.pop(request_id, None)
         if held is None:
             return False
-        pool, tokens, sequences, fixed = held
+        pool, tokens, sequences, fixed, _ = held
         self.in_flight[pool] -= tokens
         self.requests[pool] -= sequences
         if fixed:
             self.fixed[pool] -= tokens
         return True
+
+    def expire(self, now_s: float) -> list[str]:
+        """Free every hold past its deadline; the ids freed. A safety net: every way a
+        request ends releases it, but a hold must never outlive its request by much."""
+        expired = [rid for rid, held in self._held.items() if held[4] <= now_s]
+        for request_id in expired:
+            self.release(request_id)
+        return expired
+
+    @property
+    def holds(self) -> int:
+        return len(self._held)
+
+    def held_by_pool(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(KV tokens, batch slots) held per pool: what the admission gauges show."""
+        return self.in_flight, self.requests

@@ -29,6 +29,7 @@ from policy.schema import (
     Policy,
     ShadowConfig,
     TlsConfig,
+    start_only_changes,
 )
 
 __all__ = [
@@ -54,4 +55,5 @@ __all__ = [
     "hash_api_key",
     "load_policy",
     "parse_policy",
+    "start_only_changes",
 ]

@@ -16,6 +16,7 @@ from policy.domain import (
 )
 from policy.schema import (
     DEFAULT_TPOT_SLOS_MS,
+    GLOBAL_BREAKER,
     BreakerConfig,
     BreakerThresholds,
     CountingConfig,
@@ -80,6 +81,10 @@ def parse_pools(raw: object, path: str) -> dict[str, Pool]:
         pool_path = f"{path}.{name}"
         if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", name):
             raise PolicyError(f"{pool_path}: pool names are lowercase [a-z0-9_-], max 32 chars")
+        if name == GLOBAL_BREAKER:
+            # The global breaker is named so in metrics, drills and the admin API: a pool of
+            # that name would silently merge with it.
+            raise PolicyError(f"{pool_path}: {GLOBAL_BREAKER!r} is the global breaker's name")
         sec = Section(item, pool_path)
         endpoints_raw = sec.require("endpoints", list)
         capacities: dict[str, int | None] = {}

@@ -112,6 +112,9 @@ class BreakerConfig:
     )
 
 
+# The name of the breaker above every pool (metrics, drills, the admin API): no pool has it.
+GLOBAL_BREAKER = "global"
+
 DEFAULT_TPOT_SLOS_MS: Mapping[Tier, float] = {
     Tier.CRITICAL: 50.0,
     Tier.STANDARD: 100.0,
@@ -121,7 +124,7 @@ DEFAULT_TPOT_SLOS_MS: Mapping[Tier, float] = {
 
 @dataclass(frozen=True, slots=True)
 class CountingConfig:
-    """How prompts are counted (extproc.tokens.prompt): exactly, within these bounds."""
+    """How prompts are counted (extproc.request.tokens.prompt): exactly, within these bounds."""
 
     per_message_overhead_tokens: int = 4  # the chat template around each message
     workers: int = 2  # threads counting text too long for the event loop
@@ -188,3 +191,39 @@ class Policy:
             if rule.matches(context_tokens):
                 return rule.pool
         return self.default_pool
+
+
+# Settings the sidecar reads once, when it starts (gRPC limits, stores, loops, windows,
+# Envoy's own configuration): a reload that changes any of them is refused as a whole, the
+# running policy stays, and the refusal names them. Applying half a policy is worse.
+START_ONLY_SETTINGS = (
+    "max_body_bytes",
+    "message_timeout_ms",
+    "upstream_timeout_s",
+    "failure_mode",
+    "failure_mode_by_path",
+    "paths",
+    "counting",
+    "budget",
+    "breaker.window_s",
+    "breaker.scrape_metrics",
+    "breaker.scrape_interval_s",
+    "breaker.stale_after_s",
+    "breaker.controller_interval_s",
+    "decision_log",
+    "tls",
+    "jwt",
+    "shadow",
+)
+
+
+def start_only_changes(running: Policy, new: Policy) -> list[str]:
+    """The start-only settings `new` would change."""
+
+    def read(policy: Policy, path: str) -> object:
+        value: object = policy
+        for part in path.split("."):
+            value = getattr(value, part)
+        return value
+
+    return [path for path in START_ONLY_SETTINGS if read(running, path) != read(new, path)]

@@ -100,7 +100,7 @@ class SimPool:
         self.metrics = PoolMetrics(config.model)
         self.count_tokens: Counter = approx_tokens
         if config.tokenizer == "deepseek":
-            from extproc.tokens import DeepSeekBpe
+            from extproc.request.tokens import DeepSeekBpe
 
             self.count_tokens = DeepSeekBpe().count
         self._admitted: dict[str, asyncio.Future[None]] = {}

@@ -1,10 +1,12 @@
 """A discrete-event fleet on a virtual clock that runs slogate's REAL decision code.
 
 What lives here: `OfflineFleet`, which plays a workload (arrivals of (time, key, prompt,
-max_tokens)) through the same steps as the sidecar -- routing from the policy, the breaker
-board and shedding table, the budget ledger -- into simulated engines (sim.model's KV cache
-and latency model, one per pool). Nothing is copied: the breaker and the budgets are the
-modules the sidecar imports, fed by a virtual clock. One simulated hour runs in seconds.
+max_tokens)) through one or more simulated sidecar replicas (sim.sidecar: the sidecar's own
+Decider, prompt counter and admission chain) into simulated engines (sim.model's KV cache
+and latency model, one per pool), and feeds what the engines did back the way the access
+log does: the same signals into the breaker (admission.signals), the same settlement in
+every admission step. Nothing is copied; only the clock, the engines and the arrivals are
+the simulator's own. One simulated hour runs in seconds.
 
 Each request draws its latencies from its own random generator seeded by (seed, its arrival
 time and prompt), so two runs that differ only in another tenant's traffic give a tenant's requests
@@ -16,37 +18,25 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from admission.decision import RequestOutcome
+from admission.signals import record_signals
 from breaker.board import BreakerBoard
 from breaker.controller import TierMultipliers
-from breaker.kv_admission import KvLedger, kv_footprint, pool_capacity
-from breaker.latency import SLO_RATIO, ResponseWindows
-from breaker.objectives import latency_objective_s
-from breaker.shedding import Action, budget_multiplier, shed
-from budget.ledger import Charge, KeyState, reserve, scale_limits, settle
-from policy import ApiKey, Policy
+from breaker.latency import ResponseWindows
+from budget.store import InProcessStore
+from extproc.request.flow import Routed
+from extproc.request.tokens import PromptCounter
+from policy import Policy
+from sim.arrivals import Arrival
 from sim.model import Admission, KvCache, LatencyConfig, LatencyModel, kv_tokens_for
-
-
-@dataclass(frozen=True, slots=True)
-class Arrival:
-    at_s: float
-    key: ApiKey
-    prompt_tokens: int  # what the engine holds and reports
-    max_tokens: int
-    # What the sidecar's counter makes of the prompt (None: the real count, which it gives
-    # for every text it counts). A workload can set it to model a count that is off.
-    counted_prompt_tokens: int | None = None
-
-    @property
-    def counted(self) -> int:
-        return (
-            self.prompt_tokens if self.counted_prompt_tokens is None else self.counted_prompt_tokens
-        )
+from sim.prompts import library, shared_bpe
+from sim.sidecar import SimulatedSidecar
 
 
 @dataclass(slots=True)
@@ -109,7 +99,6 @@ class OfflineFleet:
     ) -> None:
         self.policy = policy
         self.seed = seed
-        self.use_budgets = budgets
         self.use_breaker = breaker
         self.clock = VirtualClock()
         self.latency = latency or LatencyConfig()
@@ -139,20 +128,32 @@ class OfflineFleet:
             engine_queue=lambda pool: self._scraped.get(pool, (None, None))[1],
         )
         self._scraped: dict[str, tuple[float, float]] = {}
-        self.ledgers: dict[str, KeyState] = {}
         # The dynamic quota controller: the same TierMultipliers the sidecar runs.
         self.use_controller = controller
         self.quotas = TierMultipliers()
         if fixed_multipliers is not None:  # a static quota: set once, never stepped
             self.quotas.values.update(fixed_multipliers)
-        self.apply_multipliers = controller or fixed_multipliers is not None
-        # Admission for pools whose policy gives their KV cache or batch slots: the ledger.
-        # One ledger per sidecar replica; each request goes through one, drawn with the
-        # split's weights (uneven load balancing across Envoys), and each admits against
-        # capacity / replicas, as in production.
+        # The sidecar replicas: each request goes through one, drawn with the split's
+        # weights (uneven load balancing across Envoys). Budgets are one shared store (Redis
+        # shares them exactly); each replica has its own KV ledger and admits against
+        # capacity / replicas, as in production. The prompt counter is the sidecar's.
         self.sidecar_split = [w / sum(sidecar_split) for w in sidecar_split]
-        self.kv_ledgers = [KvLedger() for _ in self.sidecar_split]
+        store = InProcessStore(self.clock) if budgets else None
+        counter = PromptCounter(shared_bpe(), policy.counting)  # inline: nothing waits
+        self.sidecars = [
+            SimulatedSidecar(
+                policy,
+                self.board if breaker else None,
+                store,
+                counter,
+                self.clock,
+                self.quotas.values,
+                random.Random(seed * 100 + index),
+            )
+            for index in range(len(self.sidecar_split))
+        ]
         self._sidecar_of: dict[str, int] = {}
+        self._routed: dict[str, Routed] = {}
         self.timeline: list[Sample] = []
         self.oom_events = 0
         self._last_score: float | None = None
@@ -206,40 +207,15 @@ class OfflineFleet:
 
     def _arrive(self, request_id: str) -> None:
         arrival = self._arrivals[request_id]
-        policy = self.policy
-        context = arrival.counted + arrival.max_tokens  # admission decides on the count
-        pool = policy.pool_for(context)
-        bucket = policy.bucket_for(context)
-        tier = arrival.key.tier
-        level = self.board.level(pool) if self.use_breaker else None
-        if level is not None:
-            verdict = shed(level, tier, context)
-            if verdict.action is Action.REFUSE:
-                self.results[request_id] = Served(arrival, pool, "shed")
-                return
-            if verdict.action is Action.REROUTE:
-                pool = policy.fallback_pool
-        # The sidecar's order: breaker, KV admission, budgets (a refused budget frees the KV).
-        capacity = pool_capacity(policy.pools[pool], len(self.kv_ledgers))
-        if capacity is not None:
-            footprint = kv_footprint(context, bucket)
-            share = policy.breaker.kv_shares[tier]
-            ledger = self._ledger_for(request_id, arrival)
-            if not ledger.admit(request_id, pool, footprint, capacity, share).admitted:
-                self.results[request_id] = Served(arrival, pool, "kv_full")
-                return
-        if self.use_budgets:
-            limits = arrival.key.limits
-            factor = budget_multiplier(level, tier) if level is not None else 1.0
-            if self.apply_multipliers:
-                factor *= self.quotas.values[tier.value]
-            limits = scale_limits(limits, factor)
-            state = self.ledgers.setdefault(arrival.key.key_id, KeyState())
-            charge = Charge(context * bucket.cost_weight, context)
-            if not reserve(state, limits, charge, request_id, self.clock.now_s, 3600.0).admitted:
-                self._ledger_for(request_id, arrival).release(request_id)
-                self.results[request_id] = Served(arrival, pool, "budget")
-                return
+        sidecar = self.sidecars[self._sidecar_index(request_id, arrival)]
+        texts = library(arrival.crafted).messages(arrival.counted)
+        decided = sidecar.decide(arrival.key, texts, arrival.max_tokens, arrival.stream, request_id)
+        if isinstance(decided, str):
+            pool = self.policy.pool_for(arrival.counted + arrival.max_tokens)
+            self.results[request_id] = Served(arrival, pool, decided)
+            return
+        self._routed[request_id] = decided
+        pool = decided.decision.pool
         engine = self.engines[pool]
         # What the engine will hold: the prompt and the tokens it will really generate (vLLM
         # grows a request's cache as it decodes; it never sets max_tokens aside). The
@@ -256,8 +232,7 @@ class OfflineFleet:
         else:
             self.results[request_id].outcome = "engine_full"
             self._outputs.pop(request_id, None)
-            self._ledger_for(request_id, arrival).release(request_id)
-            self._settle(request_id, None)
+            self._end(request_id, status=503, output=None)
 
     def _account(self, until_s: float) -> None:
         """Advance the utilisation integrals to `until_s` (state is constant in between)."""
@@ -299,29 +274,26 @@ class OfflineFleet:
     def _control(self) -> None:
         """One controller interval, from the same inputs the sidecar uses (board.fleet_load)."""
         score, _ = self.board.fleet_load()
-        for ledger in self.kv_ledgers:  # every sidecar scrapes the same engines
-            ledger.observe_pools(
-                self.policy.pools,
-                len(self.kv_ledgers),
-                lambda pool: self._scraped.get(pool, (None, None))[0],
+        for sidecar in self.sidecars:  # every sidecar scrapes the same engines
+            sidecar.admission.kv.observe(
+                self.policy, lambda pool: self._scraped.get(pool, (None, None))[0]
             )
         self._last_score = score
         if self.quotas.step(score):
             self.multiplier_history.append((self.clock.now_s, dict(self.quotas.values)))
 
-    def _ledger_for(self, request_id: str, arrival: Arrival) -> KvLedger:
+    def _sidecar_index(self, request_id: str, arrival: Arrival) -> int:
         index = self._sidecar_of.get(request_id)
         if index is None:
-            if len(self.kv_ledgers) == 1:
-                index = 0
-            else:
+            index = 0
+            if len(self.sidecars) > 1:
                 draw = np.random.default_rng(
                     [self.seed, round(arrival.at_s * 1e6), arrival.prompt_tokens, 2]
                 ).random()
                 index = int(np.searchsorted(np.cumsum(self.sidecar_split), draw))
-                index = min(index, len(self.kv_ledgers) - 1)
+                index = min(index, len(self.sidecars) - 1)
             self._sidecar_of[request_id] = index
-        return self.kv_ledgers[index]
+        return index
 
     def _output_tokens(self, arrival: Arrival) -> int:
         """How long the model 'wants' to answer, from the request's own generator."""
@@ -357,73 +329,32 @@ class OfflineFleet:
     def _finish(self, request_id: str) -> None:
         served = self.results[request_id]
         engine = self.engines[served.pool]
-        self._ledger_for(request_id, served.arrival).release(request_id)
         for started in engine.kv.release(request_id):
             self._start(started, engine)
-        arrival = served.arrival
-        context = self.policy.bucket_for(arrival.prompt_tokens + arrival.max_tokens)
-        tier = arrival.key.tier.value
         output = self._outputs.pop(request_id)
         if served.outcome == "oom":
             self.oom_events += 1
-            self.windows.record_response(served.pool, 500)
-            self._settle(request_id, None)  # failed upstream: the charge is refunded
+            self._end(request_id, status=500, output=None)  # failed upstream: refunded
             return
-        assert served.ttft_s is not None
-        self.windows.record_latency("ttft", served.pool, tier, context.name, served.ttft_s)
-        # Every simulated request streams: the breaker reads its TTFT against its SLO.
-        objective_s = latency_objective_s(self.policy, arrival.key.tier, context.name, True, None)
-        if objective_s:
-            ratio = served.ttft_s / objective_s
-            self.windows.record_latency(SLO_RATIO, served.pool, tier, context.name, ratio)
-        self.windows.record_response(served.pool, 200)
-        used = arrival.prompt_tokens + output
-        self._settle(request_id, Charge(used * context.cost_weight, used))
+        self._end(request_id, status=200, output=output)
 
-    def _settle(self, request_id: str, actual: Charge | None) -> None:
-        if not self.use_budgets:
-            return
-        arrival = self._arrivals[request_id]
-        state = self.ledgers[arrival.key.key_id]
-        settle(state, arrival.key.limits, request_id, actual, self.clock.now_s)
-
-
-def poisson_arrivals(
-    key: ApiKey,
-    rate_per_s: float,
-    start_s: float,
-    end_s: float,
-    prompt_tokens: tuple[int, int],
-    max_tokens: int,
-    seed: int,
-    shape: Sequence[tuple[float, float]] = (),
-) -> list[Arrival]:
-    """Poisson arrivals with uniformly drawn prompt lengths, reproducible for a seed.
-
-    `shape`: (time, factor) points; the rate at time t is rate_per_s x the factor linearly
-    interpolated between them (a daily curve, a ramp). Drawn by thinning: candidates at the
-    peak rate, each kept with probability factor / peak.
-    """
-    rng = np.random.default_rng(seed)
-    times = [float(t) for t, _ in shape]
-    factors = [float(f) for _, f in shape]
-    peak = max(factors, default=1.0)
-    if peak <= 0:
-        return []
-    arrivals: list[Arrival] = []
-    now_s = start_s
-    while True:
-        now_s += float(rng.exponential(1.0 / (rate_per_s * peak)))
-        if now_s >= end_s:
-            return arrivals
-        prompt = int(rng.integers(prompt_tokens[0], prompt_tokens[1] + 1))
-        if shape and rng.random() * peak > float(np.interp(now_s, times, factors)):
-            continue
-        arrivals.append(Arrival(now_s, key, prompt, max_tokens))
-
-
-def p99(values: Iterable[float]) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+    def _end(self, request_id: str, status: int, output: int | None) -> None:
+        """What Envoy's access log would say of the request, handed back as the sidecar
+        takes it: the breaker's signals, then settlement in every admission step."""
+        served = self.results[request_id]
+        routed = self._routed.pop(request_id)
+        arrival = served.arrival
+        duration_s = (served.done_s or self.clock.now_s) - arrival.at_s
+        outcome = RequestOutcome(
+            decision=routed.decision,
+            tracking_id=routed.tracking_id,
+            status=status,
+            prompt_tokens=arrival.prompt_tokens if output is not None else None,
+            completion_tokens=output,
+            # A stream's first byte is its first token; a JSON answer's first byte its end.
+            ttft_s=served.ttft_s if arrival.stream else duration_s,
+            duration_s=duration_s,
+            details="via_upstream",
+        )
+        record_signals(self.windows, self.policy, outcome)
+        self.sidecars[self._sidecar_of.get(request_id, 0)].finish(outcome)

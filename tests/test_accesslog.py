@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from envoy.data.accesslog.v3 import accesslog_pb2
 
+from admission.decision import CountKind, RequestOutcome, RoutingDecision
 from breaker.latency import ResponseWindows
-from extproc.accesslog import OutcomeRecorder, RequestOutcome, finish, outcome_from_entry
-from extproc.inflight import InFlight
-from extproc.metrics import SidecarMetrics
-from extproc.request_flow import RoutingDecision
-from extproc.tokens import CountKind
-from policy import ApiKey, ContextBucket, Tier
+from extproc.request.inflight import InFlight
+from extproc.service.access_log import OutcomeRecorder, finish, outcome_from_entry
+from extproc.service.metrics import SidecarMetrics
+from policy import ApiKey, ContextBucket, Tier, parse_policy
+from tests.support.clock import VirtualClock
+
+POLICY = parse_policy({})
 
 DECISION = RoutingDecision(
     request_id="r1",
@@ -22,13 +24,6 @@ DECISION = RoutingDecision(
     estimate=CountKind.EXACT,
     stream=False,
 )
-
-
-class Clock:
-    now_s = 100.0
-
-    def __call__(self) -> float:
-        return self.now_s
 
 
 def entry(
@@ -78,11 +73,13 @@ class BrokenSink:
         raise RuntimeError("boom")
 
 
-def recorder() -> tuple[OutcomeRecorder, InFlight[RoutingDecision], Sink, Clock]:
-    clock = Clock()
+def recorder() -> tuple[OutcomeRecorder, InFlight[RoutingDecision], Sink, VirtualClock]:
+    clock = VirtualClock(100.0)
     inflight: InFlight[RoutingDecision] = InFlight(clock, ttl_s=60)
     sink = Sink()
-    rec = OutcomeRecorder(SidecarMetrics(), ResponseWindows(clock), inflight, [BrokenSink(), sink])
+    rec = OutcomeRecorder(
+        SidecarMetrics(), ResponseWindows(clock), inflight, lambda: POLICY, [BrokenSink(), sink]
+    )
     return rec, inflight, sink, clock
 
 
@@ -128,7 +125,7 @@ async def test_requests_without_an_entry_expire_and_reach_sinks() -> None:
 
 
 def test_inflight_ids_are_unique_and_pop_once() -> None:
-    table: InFlight[int] = InFlight(Clock(), ttl_s=1)
+    table: InFlight[int] = InFlight(VirtualClock(100.0), ttl_s=1)
     ids = {table.add(i) for i in range(1000)}
     assert len(ids) == 1000
     key = next(iter(ids))

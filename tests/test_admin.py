@@ -11,19 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from extproc.stack import LocalStack
-from tests.conftest import ROOT, chat_body, post
+from tests.support.http import chat_body, post
+from tests.support.stack import ROOT, slogate
+from tooling.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
-
-
-def slogate(stack: LocalStack, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "extproc.cli", *args, "--admin", stack.admin_address],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
 
 
 def test_status_shows_every_breaker_with_signals(stack: LocalStack) -> None:
@@ -107,7 +99,7 @@ def test_a_reader_that_leaves_early_gets_no_traceback(
     os.close(read_end)
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "extproc.cli", *command, "--admin", stack.admin_address],
+            [sys.executable, "-m", "tooling.cli", *command, "--admin", stack.admin_address],
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from extproc.bodies import InferenceRequest, parse_inference_body, rewritten_body
-from extproc.errors import InvalidRequest
+from admission.errors import InvalidRequest
+from extproc.request.bodies import InferenceRequest, parse_inference_body, rewritten_body
 from policy.apis import BodyShape
 
 CHAT = BodyShape.CHAT

@@ -10,13 +10,16 @@ import pytest
 from aiohttp import web
 
 from breaker.board import GLOBAL, BreakerBoard, p99_over_slo
-from breaker.engine import EngineScraper, EngineSnapshot, GpuMemory, parse_vllm_metrics
+from breaker.engine import EngineSnapshot, parse_vllm_metrics
 from breaker.latency import SLO_RATIO, ResponseWindows
 from breaker.levels import BreakerLevel
 from breaker.objectives import latency_objective_s
+from extproc.runtime.engines import EngineScraper
+from extproc.runtime.gpu import GpuMemory
 from policy import Tier, parse_policy
 from sim.config import PoolConfig
 from sim.pool import create_app
+from tests.support.clock import VirtualClock
 
 VLLM_TEXT = """\
 # TYPE vllm:kv_cache_usage_perc gauge
@@ -34,13 +37,6 @@ vllm:prefix_cache_hits_total{model_name="m"} 250
 """
 
 
-class Clock:
-    now_s = 1000.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
 def test_vllm_exposition_is_read_worst_kv_and_summed_counts() -> None:
     snapshot = parse_vllm_metrics(VLLM_TEXT)
     assert snapshot == EngineSnapshot(0.91, 7.0, 2.0, 0.25)
@@ -48,7 +44,7 @@ def test_vllm_exposition_is_read_worst_kv_and_summed_counts() -> None:
 
 
 def test_stale_engine_metrics_count_as_saturated() -> None:
-    clock = Clock()
+    clock = VirtualClock(1000.0)
     scraper = EngineScraper(
         lambda: {"default": [("h", 1), ("h", 2)]}, stale_after_s=15.0, clock=clock
     )
@@ -63,7 +59,7 @@ def test_stale_engine_metrics_count_as_saturated() -> None:
 
 
 def test_queue_ratio_sums_fresh_endpoints_and_forgets_stale_ones() -> None:
-    clock = Clock()
+    clock = VirtualClock(1000.0)
     scraper = EngineScraper(lambda: {"default": [("h", 1), ("h", 2)]}, clock=clock)
     assert scraper.queue_ratio("default") is None  # nothing scraped yet
     scraper.record("default", "h", 1, EngineSnapshot(0.9, 8, 6, None))
@@ -114,7 +110,7 @@ def record(
 
 
 def test_p99_over_slo_uses_the_bucket_slo_and_needs_enough_samples() -> None:
-    clock = Clock()
+    clock = VirtualClock(1000.0)
     windows = ResponseWindows(clock)
     for _ in range(9):
         record(windows, "default", "0-4k", 2.0)
@@ -134,7 +130,7 @@ def test_a_non_streamed_answer_is_held_against_its_whole_objective() -> None:
     assert latency_objective_s(POLICY, Tier.CRITICAL, "0-4k", False, 400) == pytest.approx(20.95)
     assert latency_objective_s(POLICY, Tier.CRITICAL, "0-4k", True, 400) == 1.0
     assert latency_objective_s(POLICY, Tier.CRITICAL, "0-4k", False, None) is None
-    clock = Clock()
+    clock = VirtualClock(1000.0)
     windows = ResponseWindows(clock)
     for _ in range(20):
         record(windows, "default", "0-4k", 12.0, stream=False, output_tokens=400)
@@ -146,7 +142,7 @@ def test_a_non_streamed_answer_is_held_against_its_whole_objective() -> None:
 
 
 def test_board_level_is_the_worse_of_pool_and_global() -> None:
-    clock = Clock()
+    clock = VirtualClock(1000.0)
     windows = ResponseWindows(clock)
     board = BreakerBoard(lambda: POLICY, windows, lambda pool: 0.1, lambda: None, clock)
     board.evaluate()
@@ -174,7 +170,7 @@ def test_one_sick_pool_does_not_trip_the_global_breaker() -> None:
     """default carries 90% of the traffic and fails half of it: its own breaker handles it;
     the healthy long pool is not shed because of it. Only when every pool fails does the
     global breaker see a fleet-wide failure."""
-    clock = Clock()
+    clock = VirtualClock(1000.0)
     windows = ResponseWindows(clock)
     for i in range(90):
         windows.record_response("default", 500 if i % 2 else 200)

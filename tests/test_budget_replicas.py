@@ -1,6 +1,6 @@
 """Several real sidecar processes sharing one real Redis: exact budgets, and Redis outages.
 
-The sidecars are driven over gRPC exactly as Envoy drives them (extproc.benchmarks.driver),
+The sidecars are driven over gRPC exactly as Envoy drives them (tooling.benchmarks.driver),
 so hundreds of requests can be in flight at once on a two-core machine.
 """
 
@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from budget.redis_store import RedisStore, connect
-from extproc import stack
-from extproc.benchmarks.driver import SidecarDriver
-from extproc.processes import ManagedProcess, start_redis
 from policy import Limits, hash_api_key
-from tests.conftest import metric, scrape
+from tests.support.http import metric, scrape
+from tooling import stack
+from tooling.benchmarks.driver import SidecarDriver
+from tooling.processes import ManagedProcess, start_redis
 
 TOKENS_PER_MINUTE = 20_000
 KEY = "sk-hammer"
@@ -76,6 +76,7 @@ async def hammer(
     return await asyncio.gather(*(one(i) for i in range(requests)))
 
 
+@pytest.mark.e2e
 def test_replicas_share_one_budget_exactly(tmp_path: Path, processes: list[ManagedProcess]) -> None:
     redis_proc, redis_port = start_redis(tmp_path)
     processes.append(redis_proc)
@@ -131,6 +132,7 @@ def test_replicas_share_one_budget_exactly(tmp_path: Path, processes: list[Manag
     asyncio.run(scenario())
 
 
+@pytest.mark.e2e
 def test_redis_outage_degrades_to_local_shares_and_recovers(
     tmp_path: Path, processes: list[ManagedProcess]
 ) -> None:

@@ -18,19 +18,9 @@ import redis.asyncio as aioredis
 from budget.ledger import Charge
 from budget.redis_store import RedisStore, connect
 from budget.store import BudgetStore, InProcessStore
-from extproc.processes import ManagedProcess, start_redis, start_redis_cluster
 from policy import Limits
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now_s = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def advance(self, seconds: float) -> None:
-        self.now_s += seconds
+from tests.support.clock import VirtualClock
+from tooling.processes import ManagedProcess, start_redis, start_redis_cluster
 
 
 @pytest.fixture(scope="session")
@@ -48,16 +38,21 @@ def cluster_ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int
         proc.stop()
 
 
-STORES = ["memory", "redis", "cluster"]
+# The real servers are e2e; the in-process store runs in the fast suite too.
+STORES = [
+    "memory",
+    pytest.param("redis", marks=pytest.mark.e2e),
+    pytest.param("cluster", marks=pytest.mark.e2e),
+]
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> VirtualClock:
+    return VirtualClock(1_000_000.0)
 
 
 @pytest.fixture(params=STORES)
-async def store(request: pytest.FixtureRequest, clock: Clock) -> AsyncIterator[BudgetStore]:
+async def store(request: pytest.FixtureRequest, clock: VirtualClock) -> AsyncIterator[BudgetStore]:
     kind = request.param
     made: BudgetStore
     if kind == "memory":
@@ -80,7 +75,9 @@ def rid() -> str:
     return uuid.uuid4().hex
 
 
-async def test_requests_per_minute_refuses_then_refills(store: BudgetStore, clock: Clock) -> None:
+async def test_requests_per_minute_refuses_then_refills(
+    store: BudgetStore, clock: VirtualClock
+) -> None:
     key, limits = new_key(), Limits(requests_per_minute=3)
     for expected_remaining in (2, 1, 0):
         verdict = await store.reserve(key, limits, Charge(10, 10), rid(), 600)
@@ -158,7 +155,7 @@ async def test_full_refund_returns_the_request_too(store: BudgetStore) -> None:
 
 
 async def test_unsettled_reservations_expire_and_free_their_slot(
-    store: BudgetStore, clock: Clock
+    store: BudgetStore, clock: VirtualClock
 ) -> None:
     key, limits = new_key(), Limits(concurrent_requests=1, tokens_per_minute=1000)
     lost = rid()
@@ -171,7 +168,7 @@ async def test_unsettled_reservations_expire_and_free_their_slot(
     assert not await store.settle(key, limits, lost, None)  # too late: already expired
 
 
-async def test_usage_windows(store: BudgetStore, clock: Clock) -> None:
+async def test_usage_windows(store: BudgetStore, clock: VirtualClock) -> None:
     key, limits = new_key(), Limits()
     for used, wait_s in ((100, 0), (10, 200), (1, 150)):
         clock.advance(wait_s)
@@ -183,7 +180,7 @@ async def test_usage_windows(store: BudgetStore, clock: Clock) -> None:
     assert await store.usage(key) == {60: 0.0, 300: 0.0, 3600: 0.0}
 
 
-async def test_tokens_per_hour_counts_raw_tokens(store: BudgetStore, clock: Clock) -> None:
+async def test_tokens_per_hour_counts_raw_tokens(store: BudgetStore, clock: VirtualClock) -> None:
     key, limits = new_key(), Limits(tokens_per_hour=1000)
     assert (await store.reserve(key, limits, Charge(5000, 800), rid(), 600)).admitted
     refused = await store.reserve(key, limits, Charge(10, 300), rid(), 600)
@@ -198,7 +195,7 @@ async def test_unlimited_keys_always_pass(store: BudgetStore) -> None:
         assert verdict.admitted and verdict.remaining_tokens is None
 
 
-async def test_reset_time_follows_the_token_bucket(store: BudgetStore, clock: Clock) -> None:
+async def test_reset_time_follows_the_token_bucket(store: BudgetStore, clock: VirtualClock) -> None:
     key, limits = new_key(), Limits(tokens_per_minute=600)
     verdict = await store.reserve(key, limits, Charge(300, 300), rid(), 600)
     assert verdict.reset_tokens_s == pytest.approx(30.0)
@@ -218,10 +215,10 @@ async def test_concurrent_reservations_never_overshoot(store: BudgetStore) -> No
 
 
 async def test_random_sequences_match_the_in_process_store(
-    store: BudgetStore, clock: Clock
+    store: BudgetStore, clock: VirtualClock
 ) -> None:
     """The Lua scripts and the Python ledger give the same answers, op by op."""
-    reference_clock = Clock()
+    reference_clock = VirtualClock(1_000_000.0)
     reference = InProcessStore(reference_clock)
     rng = random.Random(5)
     key = new_key()
@@ -259,6 +256,7 @@ async def test_random_sequences_match_the_in_process_store(
     assert await store.usage(key) == await reference.usage(key)
 
 
+@pytest.mark.e2e
 def test_redis_restart_reloads_scripts(tmp_path: Path) -> None:
     """NOSCRIPT after a restart is answered by reloading the script, not by an error."""
 

@@ -10,12 +10,12 @@ import pytest
 import yaml
 from aiohttp import web
 
-from extproc.calibrate import CalibrationError, measure, probe_sizes, report
 from policy import LatencyFit, load_policy, parse_policy
 from sim.calibration import Sample, fit_latency, latency_config, pool_spread
 from sim.config import PoolConfig
 from sim.model import LatencyConfig
 from sim.pool import create_app
+from tooling.calibrate import CalibrationError, measure, probe_sizes, report
 
 POLICY = parse_policy({})
 

@@ -6,22 +6,14 @@ import asyncio
 import json
 from pathlib import Path
 
-from extproc.accesslog import RequestOutcome
-from extproc.decision_log import DecisionLog
-from extproc.errors import RateLimited
-from extproc.request_flow import RoutingDecision
-from extproc.tokens import CountKind
+from admission.decision import CountKind, RequestOutcome, RoutingDecision
+from admission.errors import RateLimited
+from extproc.service.decision_log import DecisionLog
 from policy import ApiKey, ContextBucket, Tier
+from tests.support.clock import VirtualClock
 
 DAY_S = 86_400.0
 SECRET = "sk-very-secret"
-
-
-class Clock:
-    now_s = 1_790_000_000.0  # some day in 2026
-
-    def __call__(self) -> float:
-        return self.now_s
 
 
 def outcome() -> RequestOutcome:
@@ -43,7 +35,7 @@ def record(log: DecisionLog) -> None:
 
 
 def test_lines_carry_the_decision_and_usage_never_secrets(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = VirtualClock(1_790_000_000.0)
     log = DecisionLog(tmp_path, sample_rate=1.0, clock=clock)
     record(log)
     log.refused(RateLimited(f"limit for {SECRET}", reason="budget_tokens"), "req-2", "acme")
@@ -66,7 +58,7 @@ def test_lines_carry_the_decision_and_usage_never_secrets(tmp_path: Path) -> Non
 
 
 def test_one_file_per_day_and_old_days_are_deleted(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = VirtualClock(1_790_000_000.0)
     log = DecisionLog(tmp_path, sample_rate=1.0, keep_days=2, clock=clock)
     for _ in range(4):
         record(log)
@@ -77,7 +69,7 @@ def test_one_file_per_day_and_old_days_are_deleted(tmp_path: Path) -> None:
 
 
 def test_sampling_keeps_about_the_rate(tmp_path: Path) -> None:
-    log = DecisionLog(tmp_path, sample_rate=0.1, clock=Clock())
+    log = DecisionLog(tmp_path, sample_rate=0.1, clock=VirtualClock(1_790_000_000.0))
     for _ in range(2000):
         record(log)
     log.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from extproc.metrics import SidecarMetrics
+from extproc.service.metrics import SidecarMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "slogate-rules.yaml"
@@ -26,6 +26,7 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.e2e
 def test_alert_rules_are_valid_and_their_unit_tests_pass() -> None:
     check = run("check", "rules", RULES.name, cwd=RULES.parent)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -33,6 +34,7 @@ def test_alert_rules_are_valid_and_their_unit_tests_pass() -> None:
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("original", "weakened"),
     [
@@ -97,14 +99,15 @@ def test_dashboard_queries_only_use_exported_metrics() -> None:
         assert topic in titles
 
 
+@pytest.mark.e2e
 def test_k8s_manifests_are_current_and_their_envoy_config_is_valid(tmp_path: Path) -> None:
     import json
 
     import yaml
 
-    from extproc.k8s import render_manifests
-    from extproc.processes import envoy_binary
     from policy import parse_policy
+    from tooling.k8s import render_manifests
+    from tooling.processes import envoy_binary
 
     committed = list(yaml.safe_load_all((ROOT / "deploy" / "k8s" / "slogate.yaml").read_text()))
     assert committed == render_manifests(ROOT / "deploy" / "policy.example.yaml"), (
@@ -145,13 +148,14 @@ def test_k8s_manifests_are_current_and_their_envoy_config_is_valid(tmp_path: Pat
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.e2e
 def test_sidecar_answers_grpc_health_checks(tmp_path: Path) -> None:
     import asyncio
 
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from extproc.stack import start_sidecar
+    from tooling.stack import start_sidecar
 
     proc, ports = start_sidecar(tmp_path, ROOT / "deploy" / "policy.example.yaml")
     try:

@@ -6,16 +6,15 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from extproc.stack import LocalStack
-from tests.conftest import EXAMPLE_POLICY, chat_body, metric, post, scrape, start_stack
-from tests.test_e2e_data_path import CHAT, read_stream
+from tests.support.http import CHAT, chat_body, metric, post, scrape
+from tests.support.stack import EXAMPLE_POLICY, drive_until, fault, level, read_stream, start_stack
+from tooling.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 
@@ -48,31 +47,6 @@ def breaker_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSta
     stack = start_stack(work, policy)
     yield stack
     stack.stop()
-
-
-def fault(stack: LocalStack, pool: str, **settings: float) -> None:
-    url = f"{stack.pool_url(pool)}/fault"
-    data = json.dumps(settings).encode() if settings else None
-    request = urllib.request.Request(url, data=data, method="POST" if settings else "DELETE")
-    request.add_header("content-type", "application/json")
-    with urllib.request.urlopen(request, timeout=5) as response:
-        assert response.status == 200
-
-
-def level(stack: LocalStack, pool: str = "default") -> float:
-    return metric(scrape(stack.metrics_url), "slogate_breaker_level", pool=pool)
-
-
-def drive_until(
-    stack: LocalStack, done: Callable[[], bool], key: str, timeout_s: float = 30.0
-) -> bool:
-    """Keep light traffic flowing (the breaker only sees what is served) until `done`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        post(stack.url, CHAT, chat_body("ping", max_tokens=4), key=key)
-        if done():
-            return True
-    return done()
 
 
 def test_latency_over_slo_sheds_sheddable_keeps_critical_then_recovers(
@@ -166,7 +140,7 @@ def test_error_surge_sends_critical_to_fallback_and_streams_survive(
 
 
 def test_drill_forces_a_level_and_shows_in_metrics(breaker_stack: LocalStack) -> None:
-    from tests.test_admin import slogate
+    from tests.support.stack import slogate
 
     stack = breaker_stack
     assert (

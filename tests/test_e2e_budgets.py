@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from extproc.stack import LocalStack
-from tests.conftest import chat_body, metric, post
-from tests.test_e2e_data_path import CHAT, settled
+from tests.support.http import CHAT, chat_body, metric, post
+from tests.support.stack import settled
+from tooling.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 RATE_HEADERS = (

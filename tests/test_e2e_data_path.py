@@ -7,49 +7,26 @@ import http.client
 import json
 import socket
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
-from extproc.stack import LocalStack
 from policy import FailureMode
-from tests.conftest import (
+from tests.support.http import chat_body, metric, post, scrape
+from tests.support.stack import (
     EXAMPLE_POLICY,
-    chat_body,
-    metric,
-    post,
     random_ports,
-    scrape,
+    read_stream,
+    settled,
     start_stack,
+    usage_events,
+    wait_for,
 )
+from tooling.stack import LocalStack
 
 CHAT = "/v1/chat/completions"
 pytestmark = pytest.mark.e2e
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    """Access-log entries are batched by Envoy (100 ms); poll rather than sleep blindly."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
-def settled(stack: LocalStack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Metrics once every routed request so far has come back through the access log."""
-
-    def all_logged() -> bool:
-        now = scrape(stack.metrics_url)
-        routed = metric(now, "slogate_decisions_total")
-        return routed == metric(now, "slogate_access_log_entries_total", kind="routed")
-
-    assert wait_for(all_logged), "a routed request never produced an access-log entry"
-    return scrape(stack.metrics_url)
 
 
 def test_short_request_lands_on_default_pool(stack: LocalStack) -> None:
@@ -97,34 +74,6 @@ def test_client_cannot_pick_the_pool_or_spoof_identity(stack: LocalStack) -> Non
     assert response.status == 200
     assert response.getheader("x-sim-pool") == "default"
     conn.close()
-
-
-def read_stream(
-    stack: LocalStack, body: dict[str, object], key: str = "sk-demo-critical"
-) -> tuple[http.client.HTTPResponse, list[float], list[str]]:
-    """Send a streaming request; the response, chunk arrival times and SSE events."""
-    conn = http.client.HTTPConnection("127.0.0.1", stack.listen_port, timeout=30)
-    conn.request(
-        "POST",
-        CHAT,
-        body=json.dumps(body).encode(),
-        headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
-    )
-    started = time.monotonic()
-    response = conn.getresponse()
-    arrivals: list[float] = []
-    buffer = b""
-    while chunk := response.read1(65536):
-        arrivals.append(time.monotonic() - started)
-        buffer += chunk
-    conn.close()
-    events = [e for e in buffer.decode().split("\n\n") if e.startswith("data: ")]
-    return response, arrivals, events
-
-
-def usage_events(events: list[str]) -> list[dict[str, object]]:
-    decoded = [json.loads(e[6:]) for e in events if e != "data: [DONE]"]
-    return [e for e in decoded if e.get("usage")]
 
 
 def test_stream_is_not_held_back(stack: LocalStack) -> None:

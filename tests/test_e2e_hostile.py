@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extproc.stack import LocalStack
-from tests.conftest import EXAMPLE_POLICY, chat_body, metric, post, scrape, start_stack
-from tests.test_e2e_data_path import CHAT, settled
+from tests.support.http import CHAT, chat_body, metric, post, scrape
+from tests.support.stack import EXAMPLE_POLICY, settled, start_stack
+from tooling.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 

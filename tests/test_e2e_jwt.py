@@ -19,8 +19,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
-from extproc.stack import LocalStack
-from tests.conftest import EXAMPLE_POLICY, chat_body, metric, post, scrape, start_stack
+from tests.support.http import chat_body, metric, post, scrape
+from tests.support.stack import EXAMPLE_POLICY, start_stack
+from tooling.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 ISSUER = "https://issuer.slogate.test"

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from extproc.stack import LocalStack
-from tests.conftest import EXAMPLE_POLICY, Reply, chat_body, metric, scrape, start_stack
-from tests.test_admin import slogate
+from tests.support.http import Reply, chat_body, metric, scrape
+from tests.support.stack import EXAMPLE_POLICY, slogate, start_stack
+from tooling.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 

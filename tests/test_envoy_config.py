@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from extproc.contract import ACCESS_LOG_TAGS
-from extproc.envoy_config import FilterProfile, build_bootstrap
-from extproc.processes import envoy_binary
+from extproc.request.contract import ACCESS_LOG_TAGS
 from policy import FailureMode, load_policy
-from tests.conftest import EXAMPLE_POLICY
+from tests.support.stack import EXAMPLE_POLICY
+from tooling.envoy_config import FilterProfile, build_bootstrap
+from tooling.processes import envoy_binary
 
 
 def validate(config: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -33,6 +33,7 @@ def _filters(config: dict[str, Any]) -> dict[str, Any]:
     return listener["filterChains"][0]["filters"][0]["typedConfig"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("profile", list(FilterProfile))
 @pytest.mark.parametrize("mode", list(FailureMode))
 def test_real_envoy_accepts_generated_bootstrap(
@@ -44,6 +45,7 @@ def test_real_envoy_accepts_generated_bootstrap(
     assert "OK" in result.stdout + result.stderr
 
 
+@pytest.mark.e2e
 def test_envoy_rejects_a_broken_bootstrap(tmp_path: Path) -> None:
     config = build_bootstrap(load_policy(EXAMPLE_POLICY))
     config["staticResources"]["clusters"][0]["connectTimeout"] = "forever"
@@ -96,6 +98,7 @@ def test_committed_bootstrap_matches_the_example_policy() -> None:
     assert json.loads(committed.read_text()) == generated, "run `make envoy-config`"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("required", [True, False])
 def test_tls_and_remote_jwks_bootstrap_is_valid(tmp_path: Path, required: bool) -> None:
     from policy import parse_policy

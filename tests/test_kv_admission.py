@@ -8,17 +8,14 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from breaker.kv_admission import KvLedger, PoolCapacity, kv_footprint, pool_capacity
-from extproc.errors import RateLimited
-from extproc.request_flow import AdmissionChain, Admitted, RoutingDecision
 from policy import parse_policy
-from tests.conftest import EXAMPLE_POLICY, chat_body, metric, post, scrape, start_stack
-from tests.test_e2e_data_path import CHAT, settled, wait_for
+from tests.support.http import CHAT, chat_body, metric, post, scrape
+from tests.support.stack import EXAMPLE_POLICY, settled, start_stack, wait_for
 
 
 def test_footprint_weights_the_context_by_its_bucket() -> None:
@@ -123,33 +120,6 @@ def test_batch_slots_are_shared_by_tier_too() -> None:
     assert pool_capacity(declared, replicas=3) == PoolCapacity(3000, 100)
 
 
-class _Holding:
-    def __init__(self) -> None:
-        self.held: set[str] = set()
-
-    async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
-        self.held.add(reservation_id)
-        return Admitted(decision)
-
-    async def release(self, decision: RoutingDecision, reservation_id: str) -> None:
-        self.held.discard(reservation_id)
-
-
-class _Refusing:
-    async def admit(self, decision: RoutingDecision, reservation_id: str) -> Admitted:
-        raise RateLimited("no", reason="budget_tokens")
-
-
-async def test_a_later_refusal_releases_what_earlier_steps_hold() -> None:
-    holding = _Holding()
-    decision: Any = object()  # the steps here never look inside
-    with pytest.raises(RateLimited):
-        await AdmissionChain([holding, _Refusing()]).admit(decision, "r1")
-    assert holding.held == set()
-    await AdmissionChain([holding]).admit(decision, "r2")
-    assert holding.held == {"r2"}  # admitted: held until the request ends
-
-
 def _policy_with_kv(tmp: Path) -> Path:
     raw = yaml.safe_load(EXAMPLE_POLICY.read_text())
     raw["pools"]["default"]["kv_capacity_tokens"] = 10_000
@@ -202,7 +172,7 @@ def test_kv_admission_through_the_stack(tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-m",
-                "extproc.cli",
+                "tooling.cli",
                 "status",
                 "--json",
                 "--admin",

@@ -6,14 +6,7 @@ import numpy as np
 import pytest
 
 from breaker.latency import LogHistogram, ResponseWindows
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now_s = 1000.0
-
-    def __call__(self) -> float:
-        return self.now_s
+from tests.support.clock import VirtualClock
 
 
 def test_quantiles_match_numpy_within_bin_resolution() -> None:
@@ -31,7 +24,7 @@ def test_quantiles_match_numpy_within_bin_resolution() -> None:
 
 def test_empty_means_no_data() -> None:
     assert LogHistogram().quantile(0.99) is None
-    windows = ResponseWindows(Clock())
+    windows = ResponseWindows(VirtualClock(1000.0))
     assert windows.quantile("ttft", 0.99, 60) is None
     assert windows.error_rate("default", 60) is None
 
@@ -47,7 +40,7 @@ def test_merge_adds_counts() -> None:
 
 
 def test_windows_forget_old_slots_and_filter_by_label() -> None:
-    clock = Clock()
+    clock = VirtualClock(1000.0)
     windows = ResponseWindows(clock, slot_s=10, horizon_s=300)
     windows.record_latency("ttft", "default", "critical", "0-4k", 5.0)  # an old spike
     clock.now_s += 120
@@ -65,7 +58,7 @@ def test_windows_forget_old_slots_and_filter_by_label() -> None:
 
 
 def test_error_rate_per_pool() -> None:
-    clock = Clock()
+    clock = VirtualClock(1000.0)
     windows = ResponseWindows(clock)
     for status in (200, 200, 200, 500):
         windows.record_response("default", status)
@@ -76,4 +69,4 @@ def test_error_rate_per_pool() -> None:
 
 def test_bad_window_shape_is_refused() -> None:
     with pytest.raises(ValueError):
-        ResponseWindows(Clock(), slot_s=10, horizon_s=5)
+        ResponseWindows(VirtualClock(1000.0), slot_s=10, horizon_s=5)

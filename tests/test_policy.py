@@ -80,6 +80,8 @@ def test_keys_can_be_stored_hashed() -> None:
         ({"paths": {"authenticated": ["/a/../b"]}}, "paths.authenticated[0]"),
         ({"paths": {"public": ["/v1/models"]}}, "paths.apis"),
         ({"paths": {"colour": []}}, "paths.colour"),
+        # The global breaker's name: a pool called so would share its metrics and drills.
+        ({"pools": {"global": {"endpoints": ["a:1"]}}}, "pools.global"),
     ],
 )
 def test_bad_fields_are_named_by_path(raw: dict[str, object], path: str) -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from extproc.benchmarks.driver import SidecarDriver
-from extproc.metrics import SidecarMetrics
-from extproc.sidecar import PolicyHolder
-from extproc.stack import start_sidecar
-from tests.conftest import metric, scrape
+from extproc.runtime.policy_holder import PolicyHolder
+from extproc.service.metrics import SidecarMetrics
+from tests.support.http import metric, scrape
+from tooling.benchmarks.driver import SidecarDriver
+from tooling.stack import start_sidecar
 
 KEYS_A = "keys:\n  - {key: sk-a, tenant: a}\n"
 KEYS_B = "keys:\n  - {key: sk-b, tenant: b}\n"
@@ -38,6 +38,33 @@ def test_holder_swaps_good_policies_and_keeps_the_old_one_on_errors(tmp_path: Pa
     value = metrics.registry.get_sample_value
     assert value("slogate_policy_reloads_total", {"result": "rejected"}) == 1
     assert value("slogate_policy_reloads_total", {"result": "ok"}) == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ("breaker: {window_s: 30}\n", "breaker.window_s"),
+        ("budget: {store: redis}\n", "budget"),
+        ("request: {max_body_bytes: 1024}\n", "max_body_bytes"),
+        ("counting: {workers: 4}\n", "counting"),
+    ],
+)
+def test_a_reload_that_changes_a_start_only_setting_is_refused_whole(
+    tmp_path: Path, change: str, named: str
+) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(KEYS_A)
+    holder = PolicyHolder(path, SidecarMetrics())
+    first = holder()
+    # The keys change too, and still do not apply: half a policy is never active.
+    path.write_text(KEYS_B + change)
+    reason = holder.reload_error()
+    assert reason is not None and reason.startswith(named + ":"), reason
+    assert "restart" in reason
+    assert holder() is first and holder().key_for("sk-b") is None
+    # The same keys without the start-only change load.
+    path.write_text(KEYS_B)
+    assert holder.reload_error() is None and holder().key_for("sk-b") is not None
 
 
 @pytest.mark.e2e

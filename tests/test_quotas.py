@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from admission.budget_step import BudgetStep
+from admission.decision import CountKind, RequestOutcome, RoutingDecision
+from admission.errors import RateLimited
+from admission.events import NoEvents
+from breaker.key_quotas import KeyQuotas
 from budget.ledger import Charge
 from budget.store import InProcessStore
-from extproc.budgeting import BudgetGate
-from extproc.errors import RateLimited
-from extproc.metrics import SidecarMetrics
-from extproc.quotas import KeyQuotas
-from extproc.request_flow import RoutingDecision
-from extproc.tokens import CountKind
-from policy import ApiKey, ContextBucket, Limits, Tier
+from policy import ApiKey, ContextBucket, Limits, Tier, parse_policy
 
 KEY = ApiKey("aa" * 32, "acme", Tier.STANDARD, Limits(tokens_per_minute=60_000))
 FREE = ApiKey("bb" * 32, "free", Tier.STANDARD, Limits())
@@ -47,15 +46,26 @@ def test_safety_factor_shrinks_the_ceiling_under_memory_pressure() -> None:
     assert quotas.tokens_per_minute(KEY) == pytest.approx(1000 * 1.1 * 12)
 
 
-async def test_budget_gate_enforces_the_ceiling_and_reports_consumption() -> None:
-    seen: list[float] = []
-    gate = BudgetGate(
-        InProcessStore(),
-        SidecarMetrics(),
-        ttl_s=60,
-        ceiling=lambda d: 3000.0,
-        on_settled=lambda d, charge: seen.append(charge.weighted_tokens),
-    )
+class _Ceiling:
+    def tokens_per_minute(self, key: ApiKey) -> float | None:
+        return 3000.0
+
+
+class _Settled(NoEvents):
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+
+    def tokens_settled(self, decision: RoutingDecision, charge: Charge) -> None:
+        self.seen.append(charge.weighted_tokens)
+
+
+@pytest.mark.parametrize("enforced", [True, False])
+async def test_the_budget_step_enforces_the_ceiling_when_the_policy_says_so(
+    enforced: bool,
+) -> None:
+    events = _Settled()
+    gate = BudgetStep(InProcessStore(), events, ttl_s=60, ceilings=_Ceiling())
+    policy = parse_policy({"breaker": {"controller_key_budgets": enforced}})
     decision = RoutingDecision(
         request_id="r",
         caller=KEY,
@@ -66,15 +76,15 @@ async def test_budget_gate_enforces_the_ceiling_and_reports_consumption() -> Non
         estimate=CountKind.EXACT,
         stream=False,
     )
-    admitted = await gate.admit(decision, "a")  # 2000 of the 3000 ceiling
+    admitted = await gate.admit(decision, "a", policy)  # 2000 of the 3000 ceiling
+    if not enforced:  # shown, not enforced: the policy's 60,000 applies
+        assert admitted.response_headers["x-ratelimit-limit-tokens"] == "60000"
+        return
     assert admitted.response_headers["x-ratelimit-limit-tokens"] == "3000"
     with pytest.raises(RateLimited):
-        await gate.admit(decision, "b")  # the policy's 60,000 would have allowed it
-    from extproc.accesslog import RequestOutcome
-
-    await gate.record(RequestOutcome(decision, "a", 200, 900, 100, 0.1, 1.0, "via_upstream"))
-    assert seen == [1000.0]
-    assert Charge(1000.0, 1000).weighted_tokens == seen[0]
+        await gate.admit(decision, "b", policy)  # the policy's 60,000 would have allowed it
+    await gate.settle(RequestOutcome(admitted.decision, "a", 200, 900, 100, 0.1, 1.0, "x"))
+    assert events.seen == [1000.0]
 
 
 def test_a_rising_key_gets_budget_ahead_of_its_history() -> None:

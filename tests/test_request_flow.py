@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from extproc.errors import (
+from admission.decision import CountKind, RoutingDecision
+from admission.errors import (
     BodyTooLarge,
     ContextLengthExceeded,
     InvalidRequest,
@@ -20,9 +21,10 @@ from extproc.errors import (
     RequestRejected,
     Unauthenticated,
 )
-from extproc.identity import ApiKeyResolver
-from extproc.request_flow import Decider, Routed, RoutingDecision
-from extproc.tokens import CountKind, DeepSeekBpe, PromptCounter
+from extproc.request.flow import Decider, Routed
+from extproc.request.identity import ApiKeyResolver
+from extproc.request.tokens import DeepSeekBpe, PromptCounter
+from extproc.service.replies import upstream_headers
 from policy import Policy, parse_policy
 
 POLICY = parse_policy(
@@ -74,7 +76,7 @@ async def test_short_request_routes_default_with_identity() -> None:
     decision = await decide(body("hi there", max_tokens=10))
     assert decision.pool == "default" and decision.bucket.name == "0-4k"
     assert decision.caller.tenant == "team-a" and decision.max_tokens == 10
-    headers = decision.upstream_headers()
+    headers = upstream_headers(decision)
     assert headers["x-slogate-pool"] == "default" and headers["x-slogate-tier"] == "critical"
     assert decision.request_id == "rid-1"
 

@@ -3,15 +3,17 @@ the burst workload slogate's dynamic control beats the best static quota of a sw
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from extproc.cli import SIMULATION_POLICY
-from sim.offline import OfflineFleet
+from sim.model import LatencyConfig
+from sim.offline import OfflineFleet, Served
 from sim.scenarios import (
+    SIMULATION_POLICY,
     SWEEP,
     WORKLOADS,
     compare,
@@ -33,6 +35,50 @@ def test_every_workload_file_loads() -> None:
         assert tiers <= {"critical", "standard", "sheddable"}
         tenants = {a.key.tenant for a in workload.arrivals}
         assert workload.burst_tenants <= tenants, path
+
+
+def test_stream_share_and_crafted_prompts_come_from_the_workload_file(tmp_path: Path) -> None:
+    text = (WORKLOADS / "field-mix.yaml").read_text()
+    assert "stream_share: 0.3" in text
+    every = tmp_path / "streamed.yaml"
+    every.write_text(text.replace("stream_share: 0.3", "stream_share: 1.0"))
+    mixed, streamed = load_workload(WORKLOADS / "field-mix.yaml"), load_workload(every)
+    share = sum(a.stream for a in mixed.arrivals) / len(mixed.arrivals)
+    assert 0.25 < share < 0.35, share
+    assert all(a.stream for a in streamed.arrivals)
+    # The share is drawn apart: the same seed gives the same times and sizes at any share.
+    assert [(a.at_s, a.prompt_tokens) for a in mixed.arrivals] == [
+        (a.at_s, a.prompt_tokens) for a in streamed.arrivals
+    ]
+    attack = load_workload(WORKLOADS / "attack-100k.yaml")
+    assert {a.key.tenant for a in attack.arrivals if a.crafted} == {"attacker"}
+
+
+def test_a_json_answer_is_judged_by_its_whole_time() -> None:
+    """Like with like: 0.5 s to the first token is inside a 2 s TTFT SLO, but a JSON answer
+    of 200 tokens done after 40 s is over TTFT SLO + 199 x the 50 ms per-token SLO (12 s)."""
+    workload = load_workload(WORKLOADS / "field-mix.yaml", SIMULATION_POLICY)
+    critical = next(a for a in workload.arrivals if a.key.tier.value == "critical")
+    small = dataclasses.replace(critical, prompt_tokens=1000, max_tokens=256)
+
+    def report(stream: bool) -> dict[str, Any]:
+        served = Served(
+            dataclasses.replace(small, stream=stream),
+            "default",
+            "served",
+            ttft_s=0.5,
+            done_s=small.at_s + 40.0,
+            output_tokens=200,
+        )
+        fleet = OfflineFleet(workload.policy, seed=1)
+        fleet.run([], until_s=1.0)
+        tiers: dict[str, Any] = summarize(fleet, {"r": served}, workload)["tiers"]
+        return dict(tiers["critical"])
+
+    assert report(stream=True)["slo_attainment"] == 1.0
+    judged = report(stream=False)
+    assert judged["slo_attainment"] == 0.0
+    assert judged["p99_over_objective"] == round(40.0 / (2.0 + 199 * 0.05), 3)
 
 
 def test_rate_shape_follows_the_curve() -> None:
@@ -105,27 +151,56 @@ def test_dynamic_beats_the_best_static_quota_on_the_burst_workload(
     assert critical["p99_ttft_s"] < 0.5 * 2.0
 
 
-def test_sidecar_replicas_each_admit_against_their_part_of_the_pool() -> None:
-    """Known limit, kept visible until admission is shared across sidecars: with 4 sidecars
-    each admits against a quarter of the cache, so a 20-30k critical prompt (~107k tokens
-    of KV, a third of the pool) fits the pool but no sidecar's part of it."""
-    workload = with_kv_admission(load_workload(WORKLOADS / "field-mix.yaml", SIMULATION_POLICY))
-
-    def refused_long_critical(split: tuple[float, ...]) -> int:
-        fleet = OfflineFleet(workload.policy, seed=7, controller=True, sidecar_split=split)
-        results = fleet.run(workload.arrivals, until_s=workload.duration_s + 60)
-        return sum(
-            1
-            for r in results.values()
-            if r.outcome == "kv_full"
-            and r.arrival.key.tier.value == "critical"
-            and r.arrival.prompt_tokens >= 20_000
-        )
-
-    alone, four = refused_long_critical((1.0,)), refused_long_critical((0.4, 0.3, 0.2, 0.1))
-    long_critical = sum(
-        1 for a in workload.arrivals if a.key.tier.value == "critical" and a.prompt_tokens >= 20_000
+def test_a_measured_latency_model_reaches_every_run_of_the_comparison() -> None:
+    """`slogate simulate --latency-from`: the chosen static quota is re-run (for its
+    timeline) on the measured model too, so its report is the sweep's, not the field's."""
+    full = load_workload(WORKLOADS / "burst-10x.yaml", SIMULATION_POLICY)
+    short = dataclasses.replace(
+        full, arrivals=[a for a in full.arrivals if a.at_s < 40.0], duration_s=40.0
     )
-    assert alone < long_critical // 2
-    # Nearly every one (one slips through while the learned footprint ratio is low).
-    assert four >= 0.9 * long_critical, (four, long_critical)
+    slow = LatencyConfig(base_latency_ms=900.0, prefill_ms_per_1k_tokens=120.0)
+    grid = {"standard": (1.0,), "sheddable": (0.5,)}
+    measured = compare(short, seed=3, latency=slow, sweep_grid=grid)
+    field = compare(short, seed=3, sweep_grid=grid)
+
+    def without_timeline(report: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in report.items() if k not in ("timeline", "p99_ttft_series")}
+
+    best = without_timeline(measured["static_best"]["report"])
+    assert best == measured["sweep"][0]["report"]
+    p99 = measured["sweep"][0]["report"]["tiers"]["critical"]["p99_ttft_s"]
+    assert p99 > field["sweep"][0]["report"]["tiers"]["critical"]["p99_ttft_s"]
+
+
+def _refused_long_critical(replicas: tuple[float, ...]) -> tuple[int, int]:
+    """(refused, all) of field-mix's 20-30k-token critical prompts, with this many sidecar
+    replicas (the policy says how many there are; the split says how Envoys spread load)."""
+    workload = with_kv_admission(load_workload(WORKLOADS / "field-mix.yaml", SIMULATION_POLICY))
+    policy = dataclasses.replace(
+        workload.policy,
+        budget=dataclasses.replace(workload.policy.budget, replicas=len(replicas)),
+    )
+    fleet = OfflineFleet(policy, seed=7, controller=True, sidecar_split=replicas)
+    results = fleet.run(workload.arrivals, until_s=workload.duration_s + 60)
+    long_critical = [
+        r
+        for r in results.values()
+        if r.arrival.key.tier.value == "critical" and r.arrival.prompt_tokens >= 20_000
+    ]
+    return sum(1 for r in long_critical if r.outcome == "kv_full"), len(long_critical)
+
+
+def test_one_sidecar_admits_most_long_critical_prompts() -> None:
+    refused, total = _refused_long_critical((1.0,))
+    assert refused < total // 2
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limit until admission is shared across sidecars (fleet-wide admission): "
+    "with 4 sidecars each admits against a quarter of the cache, so a 20-30k critical "
+    "prompt (~107k tokens of KV, a third of the pool) fits the pool but no sidecar's part",
+)
+def test_four_sidecars_admit_long_critical_prompts_like_one() -> None:
+    refused, total = _refused_long_critical((0.4, 0.3, 0.2, 0.1))
+    assert refused < total // 2, (refused, total)

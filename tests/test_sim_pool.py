@@ -423,6 +423,7 @@ async def test_two_pools_in_one_process_keep_separate_metrics(make_client: MakeC
     assert (await _metrics(second))["vllm:generation_tokens_total"] == 0
 
 
+@pytest.mark.e2e
 async def test_cli_starts_serves_and_stops_on_sigterm() -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable,

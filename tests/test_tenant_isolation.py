@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from policy import Policy, parse_policy
-from sim.offline import Arrival, OfflineFleet, p99, poisson_arrivals
+from sim.arrivals import Arrival, p99, poisson_arrivals
+from sim.offline import OfflineFleet
 
 
 def isolation_policy() -> Policy:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from extproc.tokens import (
-    CountKind,
+from admission.decision import CountKind
+from extproc.request.tokens import (
     DeepSeekBpe,
     PromptCorrections,
     PromptCounter,

@@ -1,0 +1,57 @@
+"""The admission chain as the sidecar runs it, built in one place for the sidecar and the
+simulator alike.
+
+What lives here: `Admission` (the chain and its steps, for the callers that also drive the
+steps' own loops: the KV ratio, expiry) and `build_admission`. The order is the rule:
+the breaker first (a shed request spends nothing), KV admission next, the budget last (a
+budget refusal gives the KV room back). A simulated run may leave the breaker or the budgets
+out; it never reorders or re-implements a step.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from admission.breaker_step import BreakerStep
+from admission.budget_step import BudgetStep, KeyCeilings
+from admission.chain import AdmissionChain, Step
+from admission.events import BreakerEvents, BudgetEvents, KvEvents
+from admission.kv_step import KvStep
+from breaker.board import BreakerBoard
+from breaker.kv_admission import KvLedger
+from budget.store import BudgetStore
+
+
+class Events(BreakerEvents, KvEvents, BudgetEvents, Protocol):
+    """Everything the standard chain reports (admission.events)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    chain: AdmissionChain
+    kv: KvStep
+    breaker: BreakerStep | None
+    budget: BudgetStep | None
+
+
+def build_admission(
+    *,
+    board: BreakerBoard | None,
+    store: BudgetStore | None,
+    events: Events,
+    clock: Callable[[], float],
+    ttl_s: float,
+    multipliers: Mapping[str, float] | None = None,
+    ceilings: KeyCeilings | None = None,
+    rng: random.Random | None = None,
+    ledger: KvLedger | None = None,
+) -> Admission:
+    """`board` None: no breaker step; `store` None: no budget step (simulated runs only)."""
+    breaker = BreakerStep(board, events, rng) if board is not None else None
+    kv = KvStep(events, clock, ttl_s, ledger)
+    budget = BudgetStep(store, events, ttl_s, multipliers, ceilings) if store is not None else None
+    steps: list[Step] = [s for s in (breaker, kv, budget) if s is not None]
+    return Admission(AdmissionChain(steps), kv, breaker, budget)

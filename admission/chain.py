@@ -1,0 +1,80 @@
+"""The admission chain: every step a request must pass before it reaches a pool.
+
+What lives here: the `Step` protocol (admit, release, settle) and `AdmissionChain`, which
+runs the steps in order and is itself the outcome sink that settles them when a request
+ends. The sidecar and the simulator run the same chain (admission.assembly builds it);
+neither knows a step's kind, and nothing is looked up with hasattr.
+
+Rules the chain keeps:
+- A step admits (maybe re-routing or annotating the decision: the level it met, the limits
+  it reserved under) or raises a `RequestRejected`.
+- Whatever ends the admission early — a refusal, a bug in a later step, or the request
+  being cancelled while a step awaits (Envoy timing out, the client resetting) — the steps
+  that already admitted give back what they hold, last first. Nothing leaks.
+- When the request ends (its access-log entry, or its expiry), every step settles it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from admission.decision import Admitted, RequestOutcome, RoutingDecision
+from policy import Policy
+
+log = logging.getLogger("slogate.admission")
+
+
+class Step(Protocol):
+    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
+        """Admit (maybe changing the decision) or raise a RequestRejected."""
+        ...
+
+    async def release(self, decision: RoutingDecision, request_id: str) -> None:
+        """Give back what admit took, because the request will not run."""
+        ...
+
+    async def settle(self, outcome: RequestOutcome) -> None:
+        """The request ended: settle what admit took with what it really used."""
+        ...
+
+
+class OutcomeSink(Protocol):
+    """Something that needs each finished request (the chain, the decision log, ...)."""
+
+    async def record(self, outcome: RequestOutcome) -> None: ...
+
+
+class AdmissionChain:
+    def __init__(self, steps: Sequence[Step]) -> None:
+        self.steps = tuple(steps)
+
+    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
+        headers: dict[str, str] = {}
+        held: list[tuple[Step, RoutingDecision]] = []
+        try:
+            for step in self.steps:
+                admitted = await step.admit(decision, request_id, policy)
+                decision = admitted.decision
+                headers.update(admitted.response_headers)
+                held.append((step, decision))
+        except BaseException:
+            await self._give_back(held, request_id)
+            raise
+        return Admitted(decision, headers)
+
+    async def _give_back(self, held: list[tuple[Step, RoutingDecision]], request_id: str) -> None:
+        for step, decision in reversed(held):
+            try:
+                await step.release(decision, request_id)
+            except Exception:  # the others must still give back theirs
+                log.exception("releasing %s from %r failed", request_id, step)
+
+    async def record(self, outcome: RequestOutcome) -> None:
+        """OutcomeSink: settle the request in every step (each failure logged, not fatal)."""
+        for step in self.steps:
+            try:
+                await step.settle(outcome)
+            except Exception:
+                log.exception("settling %s in %r failed", outcome.tracking_id, step)

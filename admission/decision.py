@@ -1,0 +1,111 @@
+"""What admission decides on and what it gives back: the types the chain passes around.
+
+What lives here: `CountKind` (how a prompt was counted), `RoutingDecision` (one request as
+admission sees it: caller, pool, bucket, tokens, and the breaker level and effective limits
+it was admitted under), `Admitted` (a step's answer) and `RequestOutcome` (what became of
+the request: what settlement and the signals read). Plain frozen values, no I/O; the
+sidecar builds decisions from request bodies (extproc.request), the simulator from its
+arrivals (sim.offline), and both hand them to the same chain (admission.chain).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from breaker.levels import BreakerLevel
+from policy import ApiKey, ContextBucket, Limits
+from policy.apis import KNOWN_APIS, Api, ApiKind
+
+_CHAT_API = KNOWN_APIS[0]
+EXPIRED_DETAILS = "slogate_expired"
+
+
+class CountKind(StrEnum):
+    EXACT = "exact"  # counted now (some messages may have come from the cache)
+    CACHED = "cached"  # every message was counted before
+    BOUND = "bound"  # too large to count: the byte bound decided
+    BUSY = "busy"  # the counter was busy: the byte bound decided
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingDecision:
+    request_id: str
+    caller: ApiKey
+    pool: str
+    bucket: ContextBucket
+    prompt_tokens: int
+    max_tokens: int  # per completion: what the request was charged for (and may generate)
+    estimate: CountKind  # how prompt_tokens was counted
+    stream: bool
+    model_override: str | None = None  # the breaker's fallback model at L3
+    api: Api = _CHAT_API
+    sequences: int = 1  # completions generated at once (n, best_of, beam width, batch)
+    runs_to_limit: bool = False  # generates max_tokens whatever the model does (ignore_eos)
+    # The caller's prompt correction that prompt_tokens includes (request.tokens.corrections).
+    prompt_correction: float = 1.0
+    # Set by the steps as they admit, read back when the request is settled or refunded: the
+    # breaker level it met, and the key's limits it was reserved under (scaled by that level
+    # and the quota controller). Settling with these, not a fresh read, keeps a level change
+    # between reserve and settle from settling against other limits.
+    level: BreakerLevel = BreakerLevel.L0
+    limits: Limits | None = None
+
+    @property
+    def exact(self) -> bool:
+        return self.estimate in (CountKind.EXACT, CountKind.CACHED)
+
+    @property
+    def context_tokens(self) -> int:
+        """One completion's context: what the model window holds, and what picks the bucket
+        and the pool."""
+        return self.prompt_tokens + self.max_tokens
+
+    @property
+    def reserved_tokens(self) -> int:
+        """Everything the request can make the engine hold and generate: the prompt once
+        (the completions share it) plus each completion's limit."""
+        return self.prompt_tokens + self.sequences * self.max_tokens
+
+    @property
+    def meters_tokens(self) -> bool:
+        """False for the cheap APIs (tokenize, model list): one request, no tokens, no KV."""
+        return self.api.kind is not ApiKind.REQUEST
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A step's (and the chain's) answer: the decision, maybe re-routed or annotated, and
+    headers for the client."""
+
+    decision: RoutingDecision
+    response_headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """What became of a routed request: its decision plus what was seen of the response."""
+
+    decision: RoutingDecision
+    tracking_id: str
+    status: int  # as Envoy logged it; 0 when no response was sent (or `expired`)
+    prompt_tokens: int | None  # from upstream usage; None when the response had none
+    completion_tokens: int | None
+    ttft_s: float | None  # None when no response body byte arrived
+    duration_s: float
+    details: str
+    stream_events: int | None = None  # SSE events seen (usage_tap.lua); None: not a stream
+
+    @property
+    def has_usage(self) -> bool:
+        return self.completion_tokens is not None
+
+    @property
+    def expired(self) -> bool:
+        """No access-log entry ever came: the in-flight table gave up on it."""
+        return self.details == EXPIRED_DETAILS
+
+
+def expired_outcome(decision: RoutingDecision, tracking: str) -> RequestOutcome:
+    return RequestOutcome(decision, tracking, 0, None, None, None, 0.0, EXPIRED_DETAILS)

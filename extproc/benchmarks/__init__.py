@@ -1,4 +1,0 @@
-"""Offline measurements of slogate components; run as `python -m extproc.benchmarks.<name>`.
-
-Nothing here is imported by the request path.
-"""

@@ -1,0 +1,332 @@
+"""What slogate decides for one request, phase by phase, without any gRPC.
+
+What lives here: `Decider` (shared, one per sidecar) and `RequestFlow` (one per Envoy
+stream). The flow turns request headers into a `HeaderVerdict` and the buffered body into a
+`Routed` decision, or raises a `RequestRejected`. Protobuf building and metrics live
+elsewhere (extproc.service), so this can be unit-tested with plain dicts.
+
+`Decider.decide` is the one path from a parsed request to an admitted decision: count the
+prompt, pick bucket and pool, check the model maximum, run the admission chain, wait for
+the request's end in the in-flight table. The sidecar calls it from the body phase; the
+simulator calls it with requests built from its arrivals (sim.offline), so both decide
+alike. A flow takes one policy snapshot and uses it for every step of its request.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from admission.decision import Admitted, CountKind, RoutingDecision
+from admission.errors import (
+    BodyTooLarge,
+    ContextLengthExceeded,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    Overloaded,
+)
+from extproc.request.bodies import (
+    InferenceRequest,
+    adds_usage,
+    parse_inference_body,
+    rewritten_body,
+)
+from extproc.request.contract import SLOGATE_HEADER_PREFIX
+from extproc.request.identity import IdentityResolver
+from extproc.request.inflight import InFlight
+from extproc.request.tokens import PromptCorrections, PromptCount, PromptCounter
+from policy import ApiKey, Policy
+from policy.apis import Api, BodyShape, ErrorStyle, PathClass, error_style_for
+
+# What vLLM (and OpenAI's legacy API) generate for a completion that names no max_tokens.
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+
+class Admission(Protocol):
+    """The admission chain (admission.chain.AdmissionChain), as the request path sees it."""
+
+    async def admit(
+        self, decision: RoutingDecision, request_id: str, policy: Policy
+    ) -> Admitted: ...
+
+
+class AdmitAll:
+    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
+        return Admitted(decision)
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """An admitted request: the decision, its in-flight id and the new body, if any."""
+
+    decision: RoutingDecision
+    tracking_id: str  # comes back in the access log; see extproc.request.inflight
+    new_body: bytes | None = field(default=None, repr=False)
+    # Rendered by Envoy on the response from dynamic metadata (no extra round trip).
+    response_headers: Mapping[str, str] = field(default_factory=dict)
+    # slogate asked the stream for its usage itself: the Lua tap hides it from the client.
+    hide_usage: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderVerdict:
+    """The header phase's answer. `routed` is set when the request was admitted already
+    (an API whose body is not read: its route and tracking id go out with the headers)."""
+
+    inference: bool  # the body phase follows
+    strip_headers: tuple[str, ...]  # client-supplied x-slogate-* headers
+    caller: ApiKey | None
+    request_id: str
+    routed: Routed | None = None
+
+
+class Decider:
+    """Everything a decision needs that outlives one request."""
+
+    def __init__(
+        self,
+        policy: Callable[[], Policy],
+        identity: IdentityResolver,
+        counter: PromptCounter,
+        admission: Admission | None = None,
+        inflight: InFlight[RoutingDecision] | None = None,
+        corrections: PromptCorrections | None = None,
+    ) -> None:
+        self.policy = policy
+        self.identity = identity
+        self.counter = counter
+        self.corrections = corrections or PromptCorrections()
+        self.admission: Admission = admission or AdmitAll()
+        # Decisions wait here for their access-log entry; expired after the upstream timeout.
+        self.inflight: InFlight[RoutingDecision] = inflight or InFlight(
+            time.monotonic, policy().upstream_timeout_s + 60.0
+        )
+
+    def new_flow(self) -> RequestFlow:
+        return RequestFlow(self)
+
+    async def count_prompt(
+        self, request: InferenceRequest, caller: ApiKey
+    ) -> tuple[PromptCount, float]:
+        """Prompt tokens (see extproc.request.tokens.prompt for the rule and its bound),
+        times the caller's correction when its settled prompts keep exceeding its counts;
+        and that correction."""
+        counted = await self.counter.count(request.prompt_texts, request.prompt_token_ids)
+        factor = self.corrections.factor(caller.key_id)
+        if factor == 1.0 or not counted.exact:
+            return counted, 1.0
+        return PromptCount(math.ceil(counted.tokens * factor), counted.kind), factor
+
+    async def decide(
+        self,
+        request: InferenceRequest,
+        caller: ApiKey,
+        request_id: str,
+        api: Api,
+        policy: Policy,
+        body: bytes | None = None,
+    ) -> Routed:
+        """A parsed request, counted, routed and admitted; `body` is rewritten when needed."""
+        if request.sequences > policy.max_sequences:
+            raise InvalidRequest(
+                f"This request asks for {request.sequences} completions at once (n, best_of "
+                f"or a batch of prompts); this gateway allows at most {policy.max_sequences}.",
+                reason="too_many_sequences",
+            )
+        counted, correction = await self.count_prompt(request, caller)
+        decision = route(policy, request, caller, request_id, api, counted, correction)
+        return await self.admit(decision, policy, request, body)
+
+    async def admit(
+        self,
+        decision: RoutingDecision,
+        policy: Policy,
+        request: InferenceRequest | None = None,
+        body: bytes | None = None,
+    ) -> Routed:
+        inflight = self.inflight
+        tracking_id = inflight.new_id()
+        admitted = await self.admission.admit(decision, tracking_id, policy)
+        inflight.put(tracking_id, admitted.decision)
+        new_body = None
+        if request is not None and body is not None:
+            written = admitted.decision.max_tokens if request.max_tokens is None else None
+            new_body = rewritten_body(body, request, written, admitted.decision.model_override)
+        hide_usage = request is not None and adds_usage(request)
+        headers = admitted.response_headers
+        return Routed(admitted.decision, tracking_id, new_body, headers, hide_usage)
+
+
+def route(
+    policy: Policy,
+    request: InferenceRequest,
+    caller: ApiKey,
+    request_id: str,
+    api: Api,
+    counted: PromptCount,
+    correction: float = 1.0,
+) -> RoutingDecision:
+    """The decision for a counted request: its charged limit, bucket and pool, or a refusal
+    when it cannot fit the model's window."""
+    prompt_tokens = counted.tokens
+    max_tokens = charged_max_tokens(request, policy, prompt_tokens)
+    context = prompt_tokens + max_tokens
+    if context > policy.max_context_tokens and counted.kind is CountKind.BUSY:
+        # The byte bound says it may not fit, but only a count could say it does not.
+        raise Overloaded(
+            "The gateway is too busy to count this request's prompt right now. "
+            "Please retry shortly.",
+            reason="token_count_busy",
+            retry_after_s=1,
+        )
+    if context > policy.max_context_tokens:
+        counted_how = (
+            f" (The prompt is over {policy.counting.max_bytes} bytes, which this gateway "
+            "does not count: it is taken at one token per byte, the most it can hold.)"
+            if counted.kind is CountKind.BOUND
+            else ""
+        )
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {policy.max_context_tokens} tokens. "
+            f"However, you requested {context} tokens "
+            f"({prompt_tokens} in the messages, {max_tokens} in the completion). "
+            f"Please reduce the length of the messages or completion.{counted_how}",
+            reason="context_length_exceeded",
+        )
+    return RoutingDecision(
+        request_id=request_id,
+        caller=caller,
+        pool=policy.pool_for(context),
+        bucket=policy.bucket_for(context),
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        estimate=counted.kind,
+        stream=request.stream,
+        api=api,
+        sequences=request.sequences,
+        runs_to_limit=request.runs_to_limit,
+        prompt_correction=correction,
+    )
+
+
+class RequestFlow:
+    """One Envoy stream: headers first, then (for APIs whose body is read) the buffered body.
+
+    The header phase classifies the path under the policy: public (forwarded as it is),
+    an enabled API (identity required), or unknown (404: default deny). APIs whose body is
+    not read (tokenize, the model list) are admitted right there, as one request each.
+    """
+
+    def __init__(self, decider: Decider) -> None:
+        self._decider = decider
+        self._policy = decider.policy()  # one snapshot for the whole request
+        self._api: Api | None = None
+        self._verdict: HeaderVerdict | None = None
+        self.error_style = ErrorStyle.OPENAI
+
+    @property
+    def request_id(self) -> str:
+        return self._verdict.request_id if self._verdict is not None else ""
+
+    @property
+    def tenant(self) -> str | None:
+        caller = self._verdict.caller if self._verdict is not None else None
+        return caller.tenant if caller is not None else None
+
+    async def on_request_headers(
+        self,
+        headers: Mapping[str, str],
+        end_of_stream: bool,
+        claims: Mapping[str, Any] | None = None,
+    ) -> HeaderVerdict:
+        policy = self._policy
+        path = headers.get(":path", "")
+        self.error_style = error_style_for(path)
+        strip = tuple(h for h in headers if h.startswith(SLOGATE_HEADER_PREFIX))
+        request_id = headers.get("x-request-id", "")
+        kind, api = policy.paths.classify(path)
+        if kind is PathClass.PUBLIC:
+            self._verdict = HeaderVerdict(False, strip, None, request_id)
+            return self._verdict
+        if api is None:
+            raise NotFound(
+                "Unknown request URL. This gateway serves the inference APIs its policy "
+                "lists; see its documentation.",
+                reason="unknown_path",
+            )
+        self._api = api
+        caller = self._decider.identity.resolve(headers, claims, policy)
+        method = headers.get(":method", "POST")
+        if method not in api.methods:
+            allowed = ", ".join(sorted(api.methods))
+            raise MethodNotAllowed(
+                f"{method} is not supported on {api.path}; use {allowed}.",
+                reason="method_not_allowed",
+                headers={"allow": allowed},
+            )
+        if not api.reads_body:
+            decision = request_decision(policy, api, caller, request_id)
+            routed = await self._decider.admit(decision, policy)
+            self._verdict = HeaderVerdict(False, strip, caller, request_id, routed)
+            return self._verdict
+        if end_of_stream:
+            raise InvalidRequest("The request has no body.", reason="missing_body")
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > policy.max_body_bytes:
+            raise _too_large(int(declared), policy)
+        self._verdict = HeaderVerdict(True, strip, caller, request_id)
+        return self._verdict
+
+    async def on_request_body(self, body: bytes) -> Routed:
+        verdict = self._verdict
+        api = self._api
+        if verdict is None or not verdict.inference or verdict.caller is None or api is None:
+            raise InvalidRequest("Request body without an inference request.", reason="protocol")
+        assert api.shape is not None
+        policy = self._policy
+        if len(body) > policy.max_body_bytes:
+            raise _too_large(len(body), policy)
+        request = parse_inference_body(api.shape, body)
+        return await self._decider.decide(
+            request, verdict.caller, verdict.request_id, api, policy, body
+        )
+
+
+def request_decision(policy: Policy, api: Api, caller: ApiKey, request_id: str) -> RoutingDecision:
+    """A request counted as one request and no tokens, on the default pool."""
+    return RoutingDecision(
+        request_id=request_id,
+        caller=caller,
+        pool=policy.default_pool,
+        bucket=policy.bucket_for(0),
+        prompt_tokens=0,
+        max_tokens=0,
+        estimate=CountKind.EXACT,
+        stream=False,
+        api=api,
+    )
+
+
+def charged_max_tokens(request: InferenceRequest, policy: Policy, prompt_tokens: int) -> int:
+    """Each completion's output limit: the one the request names; for completions without
+    one, the 16 tokens the engine generates then; otherwise the policy's default, cut to
+    what the model's window leaves after the prompt (it is written into the forwarded body,
+    so the engine cannot generate more than was charged)."""
+    if not request.generates:
+        return 0
+    if request.max_tokens is not None:
+        return request.max_tokens
+    if request.shape is BodyShape.COMPLETION:
+        return COMPLETION_DEFAULT_MAX_TOKENS
+    return max(1, min(policy.default_max_tokens, policy.max_context_tokens - prompt_tokens))
+
+
+def _too_large(size_bytes: int, policy: Policy) -> BodyTooLarge:
+    return BodyTooLarge(
+        f"Request body is {size_bytes} bytes; the limit is {policy.max_body_bytes} bytes.",
+        reason="body_too_large",
+    )

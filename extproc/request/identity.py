@@ -1,0 +1,94 @@
+"""Who is calling: a small pluggable step between the request headers and the decision.
+
+What lives here: the `IdentityResolver` protocol and the API-key resolver (`Authorization:
+Bearer <key>` or `x-api-key`). JWT claims arrive as Envoy metadata and get their own
+resolver later; the request flow only sees the protocol. Keys are looked up by SHA-256 and
+never stored or logged in clear.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from admission.errors import Unauthenticated
+from policy import ApiKey, Limits, Policy, Tier, hash_api_key
+
+
+class IdentityResolver(Protocol):
+    def resolve(
+        self,
+        headers: Mapping[str, str],
+        claims: Mapping[str, Any] | None = None,
+        policy: Policy | None = None,
+    ) -> ApiKey:
+        """The caller of a request, or raise Unauthenticated.
+
+        `claims` is the JWT payload Envoy's jwt_authn verified, when there is one; `policy`
+        the request's snapshot (None: the current one).
+        """
+        ...
+
+
+def api_key_from_headers(headers: Mapping[str, str]) -> str | None:
+    authorization = headers.get("authorization")
+    if authorization:
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    api_key = headers.get("x-api-key")
+    return api_key.strip() if api_key and api_key.strip() else None
+
+
+class ApiKeyResolver:
+    """Verified JWT claims when present (policy `jwt`), else the API key."""
+
+    def __init__(self, policy: Callable[[], Policy]) -> None:
+        self._policy = policy  # read per request: a reloaded policy takes effect at once
+
+    def resolve(
+        self,
+        headers: Mapping[str, str],
+        claims: Mapping[str, Any] | None = None,
+        policy: Policy | None = None,
+    ) -> ApiKey:
+        policy = policy or self._policy()
+        if claims is not None and policy.jwt is not None:
+            return caller_from_claims(policy, claims)
+        key = api_key_from_headers(headers)
+        if key is None:
+            raise Unauthenticated(
+                "You didn't provide an API key. Provide it in the Authorization header "
+                "(Authorization: Bearer YOUR_KEY).",
+                reason="missing_api_key",
+            )
+        known = policy.key_for(key)
+        if known is None:
+            raise Unauthenticated("Incorrect API key provided.", reason="unknown_api_key")
+        return known
+
+
+def caller_from_claims(policy: Policy, claims: Mapping[str, Any]) -> ApiKey:
+    """A JWT caller: tenant and tier from the claims the policy names; the budget pool is
+    per subject (issuer + sub), with the tier's default limits. Envoy already verified
+    signature, issuer, audience and expiry; this only reads what it vouched for."""
+    config = policy.jwt
+    assert config is not None
+    tenant = claims.get(config.tenant_claim)
+    if not isinstance(tenant, str) or not tenant:
+        raise Unauthenticated(
+            f"The token has no '{config.tenant_claim}' claim naming a tenant.",
+            reason="jwt_missing_tenant",
+        )
+    tier_raw = claims.get(config.tier_claim, Tier.STANDARD.value)
+    try:
+        tier = Tier(tier_raw)
+    except ValueError:
+        raise Unauthenticated(
+            f"The token's '{config.tier_claim}' claim is not a known tier.",
+            reason="jwt_bad_tier",
+        ) from None
+    subject = f"jwt:{claims.get('iss', '')}:{claims.get('sub', tenant)}"
+    return ApiKey(
+        hash_api_key(subject), tenant, tier, policy.tier_limits.get(tier, Limits()), from_jwt=True
+    )

@@ -1,0 +1,128 @@
+"""How many tokens a prompt holds: the count routing, the model maximum, KV admission and
+budgets decide on.
+
+What lives here: `CountKind`, `PromptCount` and `PromptCounter`, which applies the rule:
+
+- Every message is counted exactly, with DeepSeek's own vocabulary (`extproc.request.tokens.bpe`),
+  plus `per_message_overhead_tokens` for the chat template around it. A message seen
+  before (chats resend their whole history) is not counted again: counts are kept by the
+  BLAKE2b hash of the text, so a turn costs only its new message.
+- Uncounted text up to `inline_max_bytes` is counted on the event loop (tens of µs);
+  more goes to `workers` threads (the BPE releases the GIL).
+- When text cannot be counted (more than `max_bytes`, or more than `queue_max_bytes`
+  already waiting), its UTF-8 length decides: byte-level BPE never yields more tokens
+  than bytes, so that count is never below the real one. Decisions taken on it are the
+  safe ones: route long, admit the larger footprint, refuse at the model maximum.
+
+The bound this gives: the count is never below the real DeepSeek count of the message texts
+(it is that count, or above it); what the engine adds around them (its chat template) is
+`per_message_overhead_tokens` per message, and a key whose settled prompts keep exceeding
+its counts gets its counts corrected (`extproc.request.tokens.corrections`). The fitted estimate is
+not trusted for any decision: crafted text fools it tenfold (bench/results/estimator_accuracy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Protocol
+
+from admission.decision import CountKind
+from policy import CountingConfig
+
+
+class TokenCounter(Protocol):
+    def count(self, text: str) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCount:
+    tokens: int
+    kind: CountKind
+
+    @property
+    def exact(self) -> bool:
+        return self.kind in (CountKind.EXACT, CountKind.CACHED)
+
+
+# Messages shorter than this are counted again rather than cached: cheaper than the lookup
+# churn, and a short message is most of what a chat's history is not.
+_CACHED_MIN_BYTES = 256
+
+
+class PromptCounter:
+    def __init__(
+        self,
+        counter: TokenCounter | None,
+        config: CountingConfig,
+        executor: Executor | None = None,
+    ) -> None:
+        self._counter = counter  # None: no tokenizer, the byte bound decides every count
+        self._config = config
+        self._executor = executor
+        self._cache: OrderedDict[bytes, int] = OrderedDict()
+        self.queued_bytes = 0  # text waiting for a worker, or being counted
+
+    @property
+    def cache_size(self) -> int:
+        return len(self._cache)
+
+    def use(self, counter: TokenCounter) -> None:
+        """Count with `counter` from now on (the sidecar loads it after start-up begins)."""
+        self._counter = counter
+
+    async def count(self, texts: Sequence[str], token_ids: int = 0) -> PromptCount:
+        config = self._config
+        total = token_ids + config.per_message_overhead_tokens * len(texts)
+        pending: list[tuple[bytes | None, str]] = []
+        pending_bytes = 0
+        for text in texts:
+            raw = text.encode("utf-8", "surrogatepass")
+            if len(raw) < _CACHED_MIN_BYTES:
+                pending.append((None, text))
+                pending_bytes += len(raw)
+                continue
+            key = hashlib.blake2b(raw, digest_size=16).digest()
+            known = self._cache.get(key)
+            if known is None:
+                pending.append((key, text))
+                pending_bytes += len(raw)
+            else:
+                self._cache.move_to_end(key)
+                total += known
+        if not pending:
+            return PromptCount(total, CountKind.CACHED)
+        if self._counter is None or pending_bytes > config.max_bytes:
+            return PromptCount(total + pending_bytes, CountKind.BOUND)
+        if pending_bytes <= config.inline_max_bytes or self._executor is None:
+            counts = [self._counter.count(text) for _, text in pending]
+        elif self.queued_bytes + pending_bytes > config.queue_max_bytes:
+            return PromptCount(total + pending_bytes, CountKind.BUSY)
+        else:
+            counts = await self._count_off_loop([text for _, text in pending], pending_bytes)
+        for (cache_key, _), count in zip(pending, counts, strict=True):
+            total += count
+            if cache_key is not None:
+                self._remember(cache_key, count)
+        return PromptCount(total, CountKind.EXACT)
+
+    async def _count_off_loop(self, texts: list[str], size_bytes: int) -> list[int]:
+        counter = self._counter
+        assert counter is not None
+        self.queued_bytes += size_bytes
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self._executor, lambda: [counter.count(t) for t in texts]
+            )
+        finally:
+            self.queued_bytes -= size_bytes
+
+    def _remember(self, key: bytes, count: int) -> None:
+        self._cache[key] = count
+        if len(self._cache) > self._config.cache_entries:
+            self._cache.popitem(last=False)

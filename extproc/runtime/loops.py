@@ -1,0 +1,143 @@
+"""The sidecar's periodic work: evaluate the breakers, step the quota controller.
+
+What lives here: `BreakerLoop` (evaluates the board on an interval, exports levels,
+transitions and signals to Prometheus, applies drills) and `QuotaLoop` (each controller
+interval: the fleet's load score -> tier multipliers, the KV footprint ratio learned from
+the engines, the per-key dynamic quotas; every move logged and exported). The decisions
+themselves are pure (breaker.board, breaker.controller, breaker.key_quotas); this module
+runs them on the clock and tells Prometheus.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+
+from admission.kv_step import KvStep
+from breaker.board import BreakerBoard
+from breaker.controller import TierMultipliers
+from breaker.engine import EngineReadings
+from breaker.key_quotas import KeyQuotas
+from breaker.levels import BreakerLevel, Transition
+from extproc.service.metrics import SidecarMetrics
+from policy import Policy
+
+log = logging.getLogger("slogate.loops")
+
+
+class BreakerLoop:
+    """Evaluates the board and keeps Prometheus (and the admin view) in step with it."""
+
+    def __init__(
+        self,
+        board: BreakerBoard,
+        metrics: SidecarMetrics,
+        on_transition: Callable[[Transition], None] | None = None,
+    ) -> None:
+        self._board = board
+        self._metrics = metrics
+        self.on_transition = on_transition  # the admin view's "last transition"
+
+    def tick(self) -> None:
+        for transition in self._board.evaluate():
+            log.warning(
+                "breaker %s: L%d -> L%d (%s)",
+                transition.pool,
+                transition.from_level,
+                transition.to_level,
+                transition.reason,
+            )
+            self._metrics.breaker_transitions(
+                transition.pool,
+                f"L{int(transition.from_level)}",
+                f"L{int(transition.to_level)}",
+                transition.reason,
+            ).inc()
+            if self.on_transition is not None:
+                self.on_transition(transition)
+        self.export()
+
+    def export(self) -> None:
+        now_s = time.monotonic()
+        for name in self._board.names():
+            self._metrics.breaker_level(name).set(int(self._board.level(name)))
+            state = self._board.states.get(name)
+            drilled = BreakerLevel.L0
+            if state is not None and now_s < state.drill_until_s:
+                drilled = state.drill_level
+            self._metrics.breaker_drill(name).set(int(drilled))
+            reading = self._board.readings.get(name)
+            if reading is None:
+                continue
+            for signal, value in (
+                ("p99_over_slo", reading.signals.p99_over_slo),
+                ("error_rate", reading.signals.error_rate),
+                ("kv_cache_usage", reading.signals.kv_cache_usage),
+                ("gpu_memory_usage", reading.signals.gpu_memory_usage),
+                ("queue_ratio", reading.signals.queue_ratio),
+            ):
+                # NaN says "no data" in Prometheus without inventing a value.
+                self._metrics.breaker_signal(name, signal).set(math.nan if value is None else value)
+
+
+class QuotaLoop:
+    """One controller interval: what the fleet's load says about every tier and key."""
+
+    def __init__(
+        self,
+        policy: Callable[[], Policy],
+        board: BreakerBoard,
+        quotas: TierMultipliers,
+        key_quotas: KeyQuotas,
+        kv: KvStep,
+        engines: EngineReadings | None,
+        metrics: SidecarMetrics,
+    ) -> None:
+        self._policy = policy
+        self._board = board
+        self._quotas = quotas
+        self._key_quotas = key_quotas
+        self._kv = kv
+        self._engines = engines  # None: engine metrics are not scraped
+        self._metrics = metrics
+        for tier, value in quotas.values.items():
+            metrics.quota_multiplier(tier).set(value)
+
+    def step(self) -> None:
+        policy = self._policy()
+        score, memory_usage = self._board.fleet_load()  # the most loaded pool sets the pace
+        if self._engines is not None:
+            self._kv.observe(policy, self._engines.kv_cache_usage)
+        for adjustment in self._quotas.step(score):
+            tier = adjustment.what.split(":", 1)[1]
+            direction = "shrink" if adjustment.after < adjustment.before else "grow"
+            log.info(
+                "quota multiplier %s %.2f -> %.2f (score %.2f, forecast %.2f)",
+                tier,
+                adjustment.before,
+                adjustment.after,
+                adjustment.inputs["score"],
+                adjustment.inputs["forecast"],
+            )
+            self._metrics.quota_adjustments(tier, direction).inc()
+            self._metrics.quota_multiplier(tier).set(adjustment.after)
+        keys = list(policy.keys.values())
+        self._key_quotas.step(keys, memory_usage)
+        for key in keys:
+            demand = self._key_quotas.demand(key)
+            if demand is None:
+                continue
+            actual, forecast = demand
+            self._metrics.tenant_demand(key.tenant_label, "actual").set(actual)
+            if forecast is not None:
+                self._metrics.tenant_demand(key.tenant_label, "forecast").set(forecast)
+        lowest = self._key_quotas.lowest_safety_factor()
+        if lowest is not None:
+            self._metrics.safety_factor.set(lowest)
+        if score is not None:
+            self._metrics.load_score("measured").set(score)
+            forecast = self._quotas.forecaster.forecast(self._quotas.horizon)
+            if forecast is not None:
+                self._metrics.load_score("forecast").set(forecast)

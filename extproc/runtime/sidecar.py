@@ -1,0 +1,354 @@
+"""The sidecar process: its composition root, and `run_sidecar` for `slogate serve`.
+
+What lives here: `Sidecar`, which builds the parts and connects them — the policy holder,
+the breaker board and its signals, the admission chain (admission.assembly, the same the
+simulator builds), the request path, the servicers and their servers, the periodic loops —
+and starts and stops them. It holds no business rule: every formula lives in the module
+that owns the concept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from envoy.service.accesslog.v3 import als_pb2_grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import start_http_server
+
+from admission.assembly import build_admission
+from admission.chain import OutcomeSink
+from breaker.board import BreakerBoard
+from breaker.controller import TierMultipliers
+from breaker.key_quotas import KeyQuotas
+from breaker.latency import ResponseWindows
+from extproc.adminpb import admin_pb2_grpc
+from extproc.request.flow import Decider
+from extproc.request.identity import ApiKeyResolver
+from extproc.request.inflight import InFlight
+from extproc.request.tokens import DeepSeekBpe, PromptCorrections, PromptCounter
+from extproc.runtime.engines import EngineScraper
+from extproc.runtime.events import MetricsEvents
+from extproc.runtime.gpu import GpuMemory
+from extproc.runtime.loops import BreakerLoop, QuotaLoop
+from extproc.runtime.policy_holder import PolicyHolder
+from extproc.runtime.stores import build_store
+from extproc.service.access_log import AccessLogService, OutcomeRecorder
+from extproc.service.admin import AdminService
+from extproc.service.decision_log import DecisionLog
+from extproc.service.ext_proc import ExternalProcessorService
+from extproc.service.metrics import SidecarMetrics
+from extproc.service.prompt_feedback import PromptFeedback
+
+log = logging.getLogger("slogate.sidecar")
+
+# grpcio limits its messages to 4 MiB by default; a buffered body is one message.
+_GRPC_MESSAGE_SLACK_BYTES = 1 << 20
+# A request's reservation, KV hold and in-flight entry outlive its timeout by this much.
+_EXPIRY_SLACK_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarAddress:
+    host: str
+    grpc_port: int
+    metrics_port: int | None
+    admin: str | None  # host:port or unix:path of the admin API
+
+
+class Sidecar:
+    def __init__(
+        self,
+        policy_path: Path,
+        host: str = "127.0.0.1",
+        grpc_port: int = 50051,
+        metrics_port: int | None = 9464,
+        exact_tokenizer: bool = True,
+        watch_interval_s: float = 1.0,
+        metrics_host: str | None = None,
+        admin_address: str | None = "127.0.0.1:50052",
+        clock: Callable[[], float] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        # Injected for tests that run this object graph on a virtual clock beside the
+        # simulator's (tests/test_sim_matches_sidecar.py); a process uses the real ones.
+        self.clock = clock or time.monotonic
+        self.metrics = SidecarMetrics()
+        self.policy = PolicyHolder(policy_path, self.metrics)
+        initial = self.policy()  # what is read only at start (policy.START_ONLY_SETTINGS)
+        breaker = initial.breaker
+        ttl_s = initial.upstream_timeout_s + _EXPIRY_SLACK_S
+        # Slots fine enough that the breaker's window forgets a spike within ~1/6 of it.
+        self.windows = ResponseWindows(
+            clock=self.clock,
+            slot_s=min(10.0, breaker.window_s / 6),
+            horizon_s=max(300.0, breaker.window_s),
+        )
+        self.gpu = GpuMemory()
+        self.metrics.gpu_available.set(1 if self.gpu.available else 0)
+        self.scraper = (
+            EngineScraper(
+                self._pool_endpoints,
+                interval_s=breaker.scrape_interval_s,
+                stale_after_s=breaker.stale_after_s,
+            )
+            if breaker.scrape_metrics
+            else None
+        )
+        self.board = BreakerBoard(
+            self.policy,
+            self.windows,
+            kv_cache_usage=self.scraper.kv_cache_usage if self.scraper else _no_reading,
+            gpu_memory_usage=self.gpu.usage,
+            clock=self.clock,
+            engine_queue=self.scraper.queue_ratio if self.scraper else _no_reading,
+        )
+        self.quotas = TierMultipliers()
+        self.key_quotas = KeyQuotas(breaker.controller_interval_s)
+        self.store = build_store(initial, self.metrics, clock)
+        self.admission = build_admission(
+            board=self.board,
+            store=self.store,
+            events=MetricsEvents(self.metrics, self.key_quotas),
+            clock=self.clock,
+            ttl_s=ttl_s,
+            multipliers=self.quotas.values,
+            ceilings=self.key_quotas,
+            rng=rng or random.Random(),
+        )
+        self.metrics.admission.source = self.admission.kv.ledger.held_by_pool
+        # Counting settings take effect at start: the worker threads and the cache live on.
+        self._exact_executor = ThreadPoolExecutor(initial.counting.workers, "slogate-tokenizer")
+        self._exact_tokenizer = exact_tokenizer
+        self.counter = PromptCounter(None, initial.counting, self._exact_executor)
+        self.corrections = PromptCorrections()
+        self.decider = Decider(
+            policy=self.policy,
+            identity=ApiKeyResolver(self.policy),
+            counter=self.counter,
+            corrections=self.corrections,
+            admission=self.admission.chain,
+            inflight=InFlight(self.clock, ttl_s),
+        )
+        self.decision_log = (
+            DecisionLog(
+                Path(initial.decision_log.directory),
+                initial.decision_log.sample_rate,
+                initial.decision_log.keep_days,
+            )
+            if initial.decision_log is not None
+            else None
+        )
+        sinks: list[OutcomeSink] = [
+            self.admission.chain,
+            PromptFeedback(self.corrections, self.metrics),
+        ]
+        if self.decision_log is not None:
+            sinks.append(self.decision_log)
+        self.recorder = OutcomeRecorder(
+            self.metrics, self.windows, self.decider.inflight, self.policy, sinks
+        )
+        self.breaker_loop = BreakerLoop(self.board, self.metrics)
+        self.quota_loop = QuotaLoop(
+            self.policy,
+            self.board,
+            self.quotas,
+            self.key_quotas,
+            self.admission.kv,
+            self.scraper,
+            self.metrics,
+        )
+        self.admin = AdminService(
+            policy=self.policy,
+            board=self.board,
+            store=self.store,
+            inflight=self.decider.inflight,
+            gpu=self.gpu,
+            quotas=self.quotas,
+            key_quotas=self.key_quotas,
+            ledger=self.admission.kv.ledger,
+            on_drill=self.breaker_loop.export,
+        )
+        self.breaker_loop.on_transition = self.admin.note_transition
+        self._host = host
+        self._grpc_port = grpc_port
+        self._metrics_port = metrics_port
+        # Prometheus may need the pod address while ext_proc stays on loopback.
+        self._metrics_host = metrics_host or host
+        self._admin_address = admin_address
+        self._watch_interval_s = watch_interval_s
+        self._server: grpc.aio.Server | None = None
+        self._admin_server: grpc.aio.Server | None = None
+        self._metrics_server: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._health = health.aio.HealthServicer()
+
+    def _pool_endpoints(self) -> dict[str, tuple[tuple[str, int], ...]]:
+        return {name: pool.endpoints for name, pool in self.policy().pools.items()}
+
+    def _grpc_options(self) -> list[tuple[str, int]]:
+        limit = self.policy().max_body_bytes + _GRPC_MESSAGE_SLACK_BYTES
+        return [
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            # Envoy pings its HTTP/2 upstreams; grpcio would answer with GOAWAY otherwise.
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            ("grpc.http2.max_ping_strikes", 0),
+            # Two sidecars on one port must fail loudly, not silently share traffic.
+            ("grpc.so_reuseport", 0),
+        ]
+
+    async def start(self) -> SidecarAddress:
+        if self._exact_tokenizer:
+            # Loaded before the servers start (~1 s), off the loop: no request is ever
+            # counted by its byte bound only because the tokenizer was still loading.
+            bpe = await asyncio.get_running_loop().run_in_executor(
+                self._exact_executor, DeepSeekBpe
+            )
+            self.counter.use(bpe)
+        server = grpc.aio.server(options=self._grpc_options())
+        external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
+            ExternalProcessorService(self.decider, self.metrics, self.decision_log), server
+        )
+        als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogService(self.recorder), server)
+        # grpc.health.v1 for Kubernetes probes: SERVING once started, NOT_SERVING on stop.
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        port = server.add_insecure_port(f"{self._host}:{self._grpc_port}")
+        if port == 0:
+            raise OSError(f"cannot bind the sidecar gRPC port {self._host}:{self._grpc_port}")
+        await server.start()
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._server = server
+        metrics_port = None
+        if self._metrics_port is not None:
+            httpd, _thread = start_http_server(
+                self._metrics_port, addr=self._metrics_host, registry=self.metrics.registry
+            )
+            self._metrics_server = httpd
+            metrics_port = int(httpd.server_port)
+        admin = await self._start_admin()
+        self._tasks = [
+            asyncio.create_task(self._housekeeping()),
+            asyncio.create_task(self._every(self._breaker_interval, self.breaker_loop.tick)),
+            asyncio.create_task(self._every(self._controller_interval, self._control)),
+        ]
+        if self.scraper is not None:
+            self._tasks.append(asyncio.create_task(self.scraper.run()))
+        return SidecarAddress(self._host, port, metrics_port, admin)
+
+    async def _start_admin(self) -> str | None:
+        """The admin API on its own server: loopback or a Unix socket, never the pod IP."""
+        if self._admin_address is None:
+            return None
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        admin_pb2_grpc.add_AdminServicer_to_server(self.admin, server)
+        bound = server.add_insecure_port(self._admin_address)
+        if bound == 0 and not self._admin_address.startswith("unix:"):
+            raise OSError(f"cannot bind the admin API on {self._admin_address}")
+        await server.start()
+        self._admin_server = server
+        if self._admin_address.startswith("unix:"):
+            return self._admin_address
+        return f"{self._admin_address.rsplit(':', 1)[0]}:{bound}"
+
+    def _breaker_interval(self) -> float:
+        return self.policy().breaker.evaluate_interval_s
+
+    def _controller_interval(self) -> float:
+        return self.policy().breaker.controller_interval_s
+
+    def _control(self) -> None:
+        if self.policy().breaker.controller_enabled:
+            self.quota_loop.step()
+
+    @staticmethod
+    async def _every(interval_s: Callable[[], float], work: Callable[[], None]) -> None:
+        """`work()` every `interval_s()` seconds; a failure is logged, the loop goes on."""
+        while True:
+            await asyncio.sleep(interval_s())
+            try:
+                work()
+            except Exception:
+                log.exception("periodic %r failed", work)
+
+    async def _housekeeping(self) -> None:
+        """Policy file changes, and the expiry of requests whose access log never came."""
+        while True:
+            await asyncio.sleep(self._watch_interval_s)
+            self.policy.reload_if_changed()
+            await self.recorder.expire()
+            # A KV hold outlives its request only if nothing ever released it: a safety net.
+            for request_id in self.admission.kv.expire():
+                log.warning("KV hold of %s expired without its request's end", request_id)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._server is not None:
+            await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+            # In-flight streams finish within the grace period; new ones are refused.
+            await self._server.stop(grace_s)
+        if self._admin_server is not None:
+            await self._admin_server.stop(1.0)
+        await self.store.close()
+        if self.decision_log is not None:
+            self.decision_log.close()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        self._exact_executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _no_reading(pool: str) -> float | None:
+    return None  # engine metrics are not scraped: no signal
+
+
+async def run_sidecar(
+    policy_path: Path,
+    host: str,
+    grpc_port: int,
+    metrics_port: int | None,
+    exact: bool = True,
+    metrics_host: str | None = None,
+    admin_address: str | None = "127.0.0.1:50052",
+) -> None:
+    """`slogate serve`: run until SIGINT/SIGTERM; SIGHUP reloads the policy."""
+    sidecar = Sidecar(
+        policy_path,
+        host,
+        grpc_port,
+        metrics_port,
+        exact_tokenizer=exact,
+        metrics_host=metrics_host,
+        admin_address=admin_address,
+    )
+    address = await sidecar.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, sidecar.policy.reload)
+    metrics = (
+        f" metrics http://{metrics_host or host}:{address.metrics_port}/metrics"
+        if address.metrics_port
+        else ""
+    )
+    admin = f" admin {address.admin}" if address.admin else ""
+    print(
+        f"slogate sidecar ready: grpc {host}:{address.grpc_port}{metrics}{admin} pid {os.getpid()}",
+        flush=True,
+    )
+    await stop.wait()
+    await sidecar.stop()

@@ -1,0 +1,202 @@
+"""The response path: one access-log entry per request, turned into a `RequestOutcome`.
+
+What lives here: `outcome_from_entry` (pure: protobuf entry -> outcome), `OutcomeRecorder`
+(metrics, the breaker's signals through admission.signals, and the sinks: the admission
+chain that settles the request, the decision log, the prompt feedback) and the grpc.aio
+`AccessLogService` that Envoy streams batched entries to. Python never sees response
+chunks: usage and timings were extracted inside Envoy (see usage_tap.lua).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+
+import grpc
+from envoy.data.accesslog.v3 import accesslog_pb2
+from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
+
+from admission.chain import OutcomeSink
+from admission.decision import RequestOutcome, RoutingDecision, expired_outcome
+from admission.signals import record_signals
+from breaker.latency import ResponseWindows
+from extproc.request.contract import METADATA_NAMESPACE, TRACKING_ID_FIELD
+from extproc.request.inflight import InFlight
+from extproc.service.metrics import SidecarMetrics
+from policy import Policy
+from policy.apis import ApiKind
+
+log = logging.getLogger("slogate.accesslog")
+
+
+def _tag_int(tags: Mapping[str, str], name: str) -> int | None:
+    value = tags.get(name, "")
+    try:
+        number = int(float(value))
+    except ValueError:
+        return None  # "-" (absent) or garbage: treat as not reported
+    return number if number >= 0 else None
+
+
+def _tag_ms(tags: Mapping[str, str], name: str) -> float | None:
+    value = _tag_int(tags, name)
+    return None if value is None else value / 1000.0
+
+
+def tracking_id(entry: accesslog_pb2.HTTPAccessLogEntry) -> str | None:
+    """The sidecar's in-flight id of a routed request; None for any other request."""
+    namespace = entry.common_properties.metadata.filter_metadata.get(METADATA_NAMESPACE)
+    if namespace is None:
+        return None
+    value = namespace.fields.get(TRACKING_ID_FIELD)
+    return value.string_value if value is not None else None
+
+
+def outcome_from_entry(
+    decision: RoutingDecision, tracking: str, entry: accesslog_pb2.HTTPAccessLogEntry
+) -> RequestOutcome:
+    common = entry.common_properties
+    tags = common.custom_tags
+    duration_s = common.duration.ToNanoseconds() / 1e9 if common.HasField("duration") else 0.0
+    if duration_s == 0.0 and common.HasField("time_to_last_downstream_tx_byte"):
+        duration_s = common.time_to_last_downstream_tx_byte.ToNanoseconds() / 1e9
+    prompt = _tag_int(tags, "prompt_tokens")
+    completion = _tag_int(tags, "completion_tokens")
+    if completion is None and prompt is not None and decision.api.kind is ApiKind.EMBED:
+        completion = 0  # embeddings report only prompt_tokens: that is their whole usage
+    return RequestOutcome(
+        decision=decision,
+        tracking_id=tracking,
+        status=entry.response.response_code.value,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        ttft_s=_tag_ms(tags, "ttft_ms"),
+        duration_s=duration_s,
+        details=entry.response.response_code_details,
+        stream_events=_tag_int(tags, "stream_events"),
+    )
+
+
+async def _guarded(sink: OutcomeSink, outcome: RequestOutcome) -> None:
+    try:
+        await sink.record(outcome)
+    except Exception:  # one broken sink must not starve the others
+        log.exception("outcome sink %r failed", sink)
+
+
+async def finish(pending: Sequence[Awaitable[None]]) -> None:
+    """Await sink work: directly when there is one (no task), concurrently when several."""
+    if len(pending) == 1:
+        await pending[0]
+    elif pending:
+        await asyncio.gather(*pending)
+
+
+def _code_class(status: int) -> str:
+    return f"{status // 100}xx" if 100 <= status < 600 else "other"
+
+
+class OutcomeRecorder:
+    """Matches entries to in-flight decisions; feeds metrics, latency windows and sinks."""
+
+    def __init__(
+        self,
+        metrics: SidecarMetrics,
+        windows: ResponseWindows,
+        inflight: InFlight[RoutingDecision],
+        policy: Callable[[], Policy],
+        sinks: Sequence[OutcomeSink] = (),
+    ) -> None:
+        self.metrics = metrics
+        self.windows = windows
+        self.inflight = inflight
+        self._policy = policy
+        self.sinks = list(sinks)
+
+    def record_entry(self, entry: accesslog_pb2.HTTPAccessLogEntry) -> list[Awaitable[None]]:
+        """Record one entry; returns the sinks' work, for the caller to await (batched)."""
+        key = tracking_id(entry)
+        if key is None:
+            self.metrics.access_log_entries("other").inc()
+            status = entry.response.response_code.value
+            details = entry.response.response_code_details
+            if status >= 400 and details != "via_upstream" and not details.startswith("slogate_"):
+                # Envoy answered itself (413 over the buffer limit, 503 sidecar down, ...).
+                self.metrics.envoy_local_replies(str(status)).inc()
+            return []
+        decision = self.inflight.pop(key)
+        if decision is None:
+            # Expired before its entry came, or decided by an earlier sidecar process.
+            self.metrics.access_log_entries("unmatched").inc()
+            return []
+        self.metrics.access_log_entries("routed").inc()
+        return self.record(outcome_from_entry(decision, key, entry))
+
+    async def expire(self) -> int:
+        """Settle the requests whose entry never came (the safety net); returns how many."""
+        expired = self.inflight.expire()
+        pending: list[Awaitable[None]] = []
+        for tracking, decision in expired:
+            self.metrics.inflight_expired.inc()
+            pending.extend(self._to_sinks(expired_outcome(decision, tracking)))
+        self.metrics.inflight.set(len(self.inflight))
+        await finish(pending)
+        return len(expired)
+
+    def record(self, outcome: RequestOutcome) -> list[Awaitable[None]]:
+        m = self.metrics
+        d = outcome.decision
+        pool, bucket, tier = d.pool, d.bucket.name, d.caller.tier.value
+        m.responses(pool, _code_class(outcome.status)).inc()
+        record_signals(self.windows, self._policy(), outcome)
+        if outcome.status < 400 and d.meters_tokens:
+            m.duration_seconds(pool, bucket, tier).observe(outcome.duration_s)
+            if outcome.ttft_s is not None:
+                # A stream's first body byte is its first token; a JSON answer's is all of it.
+                m.ttft_seconds(pool, bucket, tier).observe(outcome.ttft_s)
+                m.tenant_ttft_seconds(d.caller.tenant_label).observe(outcome.ttft_s)
+            self._record_usage(outcome)
+        return self._to_sinks(outcome)
+
+    def _to_sinks(self, outcome: RequestOutcome) -> list[Awaitable[None]]:
+        return [_guarded(sink, outcome) for sink in self.sinks]
+
+    def _record_usage(self, outcome: RequestOutcome) -> None:
+        m = self.metrics
+        d = outcome.decision
+        pool, bucket = d.pool, d.bucket.name
+        if outcome.prompt_tokens is not None:
+            m.tokens(pool, bucket, "prompt").inc(outcome.prompt_tokens)
+            if outcome.prompt_tokens > 0:
+                m.estimate_ratio.observe(d.prompt_tokens / outcome.prompt_tokens)
+        if outcome.completion_tokens is None:
+            m.usage_missing(pool).inc()
+            return
+        m.tokens(pool, bucket, "completion").inc(outcome.completion_tokens)
+        if outcome.ttft_s is not None and outcome.completion_tokens > 1:
+            tpot_s = (outcome.duration_s - outcome.ttft_s) / (outcome.completion_tokens - 1)
+            if tpot_s >= 0:
+                m.tpot_seconds(pool, bucket).observe(tpot_s)
+                self.windows.record_latency("tpot", pool, d.caller.tier.value, bucket, tpot_s)
+
+
+class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):
+    def __init__(self, recorder: OutcomeRecorder) -> None:
+        self._recorder = recorder
+
+    async def StreamAccessLogs(
+        self,
+        request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> als_pb2.StreamAccessLogsResponse:
+        async for message in request_iterator:
+            pending: list[Awaitable[None]] = []
+            for entry in message.http_logs.log_entry:
+                try:
+                    pending.extend(self._recorder.record_entry(entry))
+                except Exception:  # a malformed entry must not end the stream for the rest
+                    log.exception("could not record an access-log entry")
+            # Settlements of one batch run concurrently (Redis: one round trip each).
+            await finish(pending)
+        return als_pb2.StreamAccessLogsResponse()

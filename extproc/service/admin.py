@@ -1,0 +1,196 @@
+"""The admin API's servicer (protos/extproc/adminpb/admin.proto).
+
+What lives here: `AdminService`, which answers from the parts it is given — the policy
+holder, the breaker board, the budget store, the in-flight table, the quotas, the KV
+ledger — never from the whole sidecar. The server binds to loopback or a Unix socket by
+default: it changes a live gateway (drills, reloads) and has no authentication. The CLI's
+side (client, tables) is tooling.admin_client.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sized
+from typing import Protocol
+
+import grpc
+
+from breaker.board import BreakerBoard
+from breaker.controller import TierMultipliers
+from breaker.key_quotas import KeyQuotas
+from breaker.kv_admission import KvLedger, pool_capacity
+from breaker.levels import BreakerLevel, Transition
+from budget.failover import FailoverStore
+from budget.store import BudgetStore
+from extproc.adminpb import admin_pb2 as pb
+from extproc.adminpb import admin_pb2_grpc as pb_grpc
+from policy import Limits, Policy
+
+
+class ReloadablePolicy(Protocol):
+    def __call__(self) -> Policy: ...
+    def reload_error(self) -> str | None: ...
+
+
+class GpuView(Protocol):
+    available: bool
+
+
+def _limits(limits: Limits) -> pb.Limits:
+    message = pb.Limits()
+    for field in (
+        "requests_per_minute",
+        "tokens_per_minute",
+        "tokens_per_hour",
+        "concurrent_requests",
+        "max_context_tokens",
+    ):
+        value = getattr(limits, field)
+        if value is not None:
+            setattr(message, field, value)
+    return message
+
+
+class AdminService(pb_grpc.AdminServicer):
+    def __init__(
+        self,
+        *,
+        policy: ReloadablePolicy,
+        board: BreakerBoard,
+        store: BudgetStore,
+        inflight: Sized,
+        gpu: GpuView,
+        quotas: TierMultipliers,
+        key_quotas: KeyQuotas,
+        ledger: KvLedger,
+        on_drill: Callable[[], None],
+    ) -> None:
+        self._policy = policy
+        self._board = board
+        self._store = store
+        self._inflight = inflight
+        self._gpu = gpu
+        self._quotas = quotas
+        self._key_quotas = key_quotas
+        self._ledger = ledger
+        self._on_drill = on_drill  # export the drilled level at once
+        self._last_transition: dict[str, str] = {}
+
+    def note_transition(self, transition: Transition) -> None:
+        self._last_transition[transition.pool] = (
+            f"L{int(transition.from_level)}->L{int(transition.to_level)} {transition.reason}"
+        )
+
+    async def Status(
+        self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StatusReply:
+        board = self._board
+        policy = self._policy()
+        now_s = time.monotonic()
+        reply = pb.StatusReply(
+            budget_store=policy.budget.store.value,
+            redis_up=not isinstance(self._store, FailoverStore) or self._store.healthy,
+            policy_source=policy.source,
+            keys=len(policy.keys),
+            inflight_requests=len(self._inflight),
+            gpu_available=self._gpu.available,
+        )
+        reply.quota_multipliers.update(self._quotas.values)
+        forecaster = self._quotas.forecaster
+        if forecaster.level is not None:
+            reply.load_score = forecaster.level
+            forecast = forecaster.forecast(self._quotas.horizon)
+            if forecast is not None:
+                reply.load_forecast = forecast
+        for name in board.names():
+            state = board.states.get(name)
+            breaker = reply.breakers.add(pool=name, level=int(board.level(name)))
+            if state is None:
+                continue
+            breaker.signal_level = int(state.level)
+            breaker.probing = state.probing
+            if now_s < state.drill_until_s and state.drill_level > BreakerLevel.L0:
+                breaker.drill_level = int(state.drill_level)
+                breaker.drill_remaining_s = state.drill_until_s - now_s
+            breaker.last_transition = self._last_transition.get(name, "")
+            reading = board.readings.get(name)
+            if reading is not None:
+                for field in (
+                    "p99_over_slo",
+                    "error_rate",
+                    "kv_cache_usage",
+                    "gpu_memory_usage",
+                    "queue_ratio",
+                ):
+                    value = getattr(reading.signals, field)
+                    if value is not None:
+                        setattr(breaker.signals, field, value)
+        ledger = self._ledger
+        for name, pool in policy.pools.items():
+            capacity = pool_capacity(pool, policy.budget.replicas)
+            if capacity is None:
+                continue
+            held = reply.admission.add(
+                pool=name,
+                kv_tokens_held=ledger.in_flight.get(name, 0),
+                requests_held=ledger.requests.get(name, 0),
+            )
+            if capacity.kv_tokens is not None:
+                held.kv_tokens_capacity = capacity.kv_tokens
+            if capacity.sequences is not None:
+                held.requests_capacity = capacity.sequences
+        return reply
+
+    async def Keys(
+        self, request: pb.KeysRequest, context: grpc.aio.ServicerContext
+    ) -> pb.KeysReply:
+        reply = pb.KeysReply()
+        keys = sorted(self._policy().keys.values(), key=lambda k: (k.tenant, k.key_id))
+        for key in keys:
+            if request.tenant and key.tenant != request.tenant:
+                continue
+            usage = await self._store.usage(key.key_id)
+            status = reply.keys.add(
+                key_id=key.key_id,
+                tenant=key.tenant,
+                tier=key.tier.value,
+                limits=_limits(key.limits),
+                outstanding=await self._store.outstanding(key.key_id),
+                usage_1m=usage[60],
+                usage_5m=usage[300],
+                usage_1h=usage[3600],
+            )
+            dynamic = self._key_quotas.tokens_per_minute(key)
+            if dynamic is not None:
+                status.dynamic_tokens_per_minute = dynamic
+            safety = self._key_quotas.safety_factor(key)
+            if safety is not None:
+                status.safety_factor = safety
+            demand = self._key_quotas.demand(key)
+            if demand is not None:
+                status.demand_tokens_per_minute = demand[0]
+                if demand[1] is not None:
+                    status.demand_forecast_tokens_per_minute = demand[1]
+        return reply
+
+    async def Drill(
+        self, request: pb.DrillRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DrillReply:
+        board = self._board
+        if request.pool not in board.names():
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no pool {request.pool!r}")
+        if not 0 <= request.level <= 3 or request.minutes < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "level 0-3, minutes >= 0")
+        duration_s = request.minutes * 60.0
+        board.drill(request.pool, BreakerLevel(request.level), duration_s)
+        self._on_drill()
+        return pb.DrillReply(pool=request.pool, level=request.level, remaining_s=duration_s)
+
+    async def ReloadPolicy(
+        self, request: pb.ReloadPolicyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReloadPolicyReply:
+        holder = self._policy
+        error = holder.reload_error()
+        if error is not None:
+            return pb.ReloadPolicyReply(ok=False, error=error, keys=len(holder().keys))
+        return pb.ReloadPolicyReply(ok=True, keys=len(holder().keys))

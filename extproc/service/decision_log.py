@@ -1,0 +1,113 @@
+"""A sampled log of decisions for incident review: JSON lines, one file per UTC day.
+
+What lives here: `DecisionLog`, an OutcomeSink (routed requests, with usage and latency)
+that also takes refusals from the servicer. Each line: time, request id, key id (never the
+key), tenant, tier, bucket, prompt estimate and how it was counted, decision, pool, status,
+usage, TTFT, duration. No prompt text, ever. Files are `decisions-YYYY-MM-DD.jsonl`;
+files older than `keep_days` are deleted when the day turns. The clock is injected.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import msgspec
+
+from admission.decision import RequestOutcome
+from admission.errors import RequestRejected
+
+log = logging.getLogger("slogate.decisions")
+_PREFIX = "decisions-"
+
+
+class DecisionLog:
+    def __init__(
+        self,
+        directory: Path,
+        sample_rate: float,
+        keep_days: int = 7,
+        clock: Callable[[], float] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        import time
+
+        self.directory = directory
+        self.sample_rate = sample_rate
+        self.keep_days = keep_days
+        self._clock = clock or time.time
+        self._rng = rng or random.Random()
+        self._day: str | None = None
+        self._file: IO[bytes] | None = None
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def _sampled(self) -> bool:
+        return self.sample_rate >= 1.0 or self._rng.random() < self.sample_rate
+
+    def _write(self, record: dict[str, Any]) -> None:
+        now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
+        day = now.strftime("%Y-%m-%d")
+        if day != self._day:
+            self._rotate(day, now)
+        record["time"] = now.isoformat(timespec="milliseconds")
+        assert self._file is not None
+        self._file.write(msgspec.json.encode(record) + b"\n")
+        self._file.flush()
+
+    def _rotate(self, day: str, now: dt.datetime) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._day = day
+        self._file = (self.directory / f"{_PREFIX}{day}.jsonl").open("ab")
+        oldest = (now - dt.timedelta(days=self.keep_days)).strftime("%Y-%m-%d")
+        for path in self.directory.glob(f"{_PREFIX}*.jsonl"):
+            if path.stem.removeprefix(_PREFIX) <= oldest:
+                path.unlink(missing_ok=True)
+                log.info("decision log %s deleted (older than %d days)", path, self.keep_days)
+
+    async def record(self, outcome: RequestOutcome) -> None:
+        """OutcomeSink: a routed request, once its access-log entry (or expiry) came."""
+        if not self._sampled():
+            return
+        d = outcome.decision
+        self._write(
+            {
+                "request_id": d.request_id,
+                "key_id": d.caller.key_id,
+                "tenant": d.caller.tenant,
+                "tier": d.caller.tier.value,
+                "bucket": d.bucket.name,
+                "prompt_tokens_est": d.prompt_tokens,
+                "estimate": d.estimate.value,
+                "max_tokens": d.max_tokens,
+                "decision": "expired" if outcome.expired else "routed",
+                "pool": d.pool,
+                "status": outcome.status,
+                "prompt_tokens": outcome.prompt_tokens,
+                "completion_tokens": outcome.completion_tokens,
+                "ttft_ms": None if outcome.ttft_s is None else round(outcome.ttft_s * 1000, 1),
+                "duration_ms": round(outcome.duration_s * 1000, 1),
+            }
+        )
+
+    def refused(self, error: RequestRejected, request_id: str, tenant: str | None) -> None:
+        if not self._sampled():
+            return
+        self._write(
+            {
+                "request_id": request_id,
+                "tenant": tenant,
+                "decision": "refused",
+                "reason": error.reason,
+                "status": error.status,
+            }
+        )
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

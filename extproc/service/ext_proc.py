@@ -1,0 +1,97 @@
+"""The ext_proc gRPC servicer: receive, dispatch on the phase, reply. Nothing else.
+
+Per-request logic lives in `extproc.request.flow`, protobuf building in `extproc.service.replies`.
+This module adds timing and the metrics of decisions and rejections, and turns an
+unexpected exception into a 500 (a request is never routed on a guess).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from admission.decision import RoutingDecision
+from admission.errors import InternalError, RequestRejected
+from extproc.request.flow import Decider, RequestFlow
+from extproc.service.decision_log import DecisionLog
+from extproc.service.metrics import SidecarMetrics
+from extproc.service.replies import (
+    header_reply,
+    headers_to_dict,
+    jwt_claims,
+    passthrough_reply,
+    rejection,
+    routed_body_reply,
+)
+
+log = logging.getLogger("slogate.extproc")
+
+
+class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
+    def __init__(
+        self,
+        decider: Decider,
+        metrics: SidecarMetrics,
+        decision_log: DecisionLog | None = None,
+    ) -> None:
+        self._decider = decider
+        self._metrics = metrics
+        self._decision_log = decision_log
+
+    async def Process(
+        self,
+        request_iterator: AsyncIterator[pb.ProcessingRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        flow = self._decider.new_flow()
+        async for request in request_iterator:
+            started = time.perf_counter()
+            phase = request.WhichOneof("request") or "unknown"
+            try:
+                reply = await self._reply(flow, phase, request)
+            except RequestRejected as error:
+                reply = self._rejection(error, flow)
+            except Exception:
+                log.exception("ext_proc %s failed", phase)
+                reply = self._rejection(
+                    InternalError("The gateway failed to process the request.", reason="internal"),
+                    flow,
+                )
+            self._metrics.decision_seconds(phase).observe(time.perf_counter() - started)
+            yield reply
+
+    def _rejection(self, error: RequestRejected, flow: RequestFlow) -> pb.ProcessingResponse:
+        self._metrics.rejections(error.reason, str(error.status)).inc()
+        if self._decision_log is not None:
+            self._decision_log.refused(error, flow.request_id, flow.tenant)
+        return rejection(error, flow.error_style)
+
+    async def _reply(
+        self, flow: RequestFlow, phase: str, request: pb.ProcessingRequest
+    ) -> pb.ProcessingResponse:
+        if phase == "request_headers":
+            headers = request.request_headers
+            verdict = await flow.on_request_headers(
+                headers_to_dict(headers), headers.end_of_stream, jwt_claims(request)
+            )
+            if verdict.routed is not None:
+                self._count(verdict.routed.decision)
+            return header_reply(verdict)
+        if phase == "request_body":
+            routed = await flow.on_request_body(request.request_body.body)
+            self._count(routed.decision)
+            return routed_body_reply(routed)
+        return passthrough_reply(request)
+
+    def _count(self, decision: RoutingDecision) -> None:
+        self._metrics.decisions(
+            decision.pool, decision.bucket.name, decision.caller.tier.value, decision.api.name
+        ).inc()
+        if decision.meters_tokens:
+            self._metrics.context_tokens(decision.pool).observe(decision.context_tokens)
+            self._metrics.prompt_counts(decision.estimate.value).inc()

@@ -1,0 +1,158 @@
+"""ext_proc replies: the only place that turns decisions and errors into protobuf.
+
+What lives here: builders for the header reply, the routed body reply, the pass-through
+reply, and `rejection`, the one function that maps a `RequestRejected` to Envoy's
+ImmediateResponse (status, OpenAI JSON error body, Retry-After).
+
+Envoy 1.40 reads and writes header values as `raw_value` bytes; `value` must stay empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgspec
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import json_format
+
+from admission.decision import RoutingDecision
+from admission.errors import RequestRejected, error_document
+from extproc.request.contract import (
+    JWT_AUTHN_NAMESPACE,
+    JWT_PAYLOAD_KEY,
+    METADATA_NAMESPACE,
+    POOL_FIELD,
+    POOL_HEADER,
+    REASON_HEADER,
+    STRIP_USAGE_FIELD,
+    TRACKING_ID_FIELD,
+)
+from extproc.request.flow import HeaderVerdict, Routed
+from policy.apis import ErrorStyle
+
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+def _set_headers(mutation: pb.HeaderMutation, headers: Mapping[str, str]) -> None:
+    # add() + field assignment builds in place: 2-3x cheaper than constructing messages.
+    options = mutation.set_headers
+    for key, value in headers.items():
+        option = options.add(append_action=_OVERWRITE)
+        option.header.key = key
+        option.header.raw_value = value.encode()
+
+
+def headers_to_dict(header_map: pb.HttpHeaders) -> dict[str, str]:
+    return {
+        h.key: (h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
+        for h in header_map.headers.headers
+    }
+
+
+def jwt_claims(request: pb.ProcessingRequest) -> dict[str, Any] | None:
+    """The payload jwt_authn verified (forwarded as metadata), or None without a token."""
+    namespaces = request.metadata_context.filter_metadata
+    authn = namespaces.get(JWT_AUTHN_NAMESPACE) if namespaces else None
+    if authn is None:
+        return None
+    payload = authn.fields.get(JWT_PAYLOAD_KEY)
+    if payload is None:
+        return None
+    return json_format.MessageToDict(payload.struct_value)
+
+
+def header_reply(verdict: HeaderVerdict) -> pb.ProcessingResponse:
+    reply = pb.ProcessingResponse()
+    reply.request_headers.SetInParent()  # an empty CONTINUE is still a headers reply
+    common = reply.request_headers.response
+    if verdict.strip_headers:
+        common.header_mutation.remove_headers.extend(verdict.strip_headers)
+        # The route may have been chosen on a spoofed header: pick it again without it.
+        common.clear_route_cache = True
+    if verdict.routed is not None:
+        # Admitted with its headers (an API whose body is not read): route it now.
+        _route(reply, common, verdict.routed)
+    if not verdict.inference:
+        reply.mode_override.CopyFrom(
+            processing_mode_pb2.ProcessingMode(
+                request_body_mode=processing_mode_pb2.ProcessingMode.NONE,
+                response_header_mode=processing_mode_pb2.ProcessingMode.SKIP,
+            )
+        )
+    return reply
+
+
+def routed_body_reply(routed: Routed) -> pb.ProcessingResponse:
+    reply = pb.ProcessingResponse()
+    common = reply.request_body.response
+    if routed.new_body is not None:
+        common.body_mutation.body = routed.new_body
+    _route(reply, common, routed)
+    return reply
+
+
+def upstream_headers(decision: RoutingDecision) -> dict[str, str]:
+    """What the pool is told about the request (client copies were removed)."""
+    return {
+        POOL_HEADER: decision.pool,
+        "x-slogate-tenant": decision.caller.tenant,
+        "x-slogate-tier": decision.caller.tier.value,
+        "x-slogate-bucket": decision.bucket.name,
+        "x-slogate-est-tokens": str(decision.context_tokens),
+    }
+
+
+def _route(reply: pb.ProcessingResponse, common: pb.CommonResponse, routed: Routed) -> None:
+    """Upstream headers, the pool in metadata (the route matches on it) and a fresh route."""
+    headers = upstream_headers(routed.decision)
+    if routed.new_body is not None:
+        headers["content-length"] = str(len(routed.new_body))
+    _set_headers(common.header_mutation, headers)
+    common.clear_route_cache = True
+    # The decision itself stays in the sidecar (extproc.request.inflight); only its id travels.
+    fields = reply.dynamic_metadata.fields[METADATA_NAMESPACE].struct_value.fields
+    fields[TRACKING_ID_FIELD].string_value = routed.tracking_id
+    fields[POOL_FIELD].string_value = routed.decision.pool
+    if routed.hide_usage:
+        fields[STRIP_USAGE_FIELD].bool_value = True
+    for name, value in routed.response_headers.items():
+        fields[name].string_value = value  # see envoy_config.route_config
+
+
+def passthrough_reply(request: pb.ProcessingRequest) -> pb.ProcessingResponse:
+    """An empty CONTINUE for whatever phase Envoy sent (e.g. a local reply's headers)."""
+    phase = request.WhichOneof("request")
+    if phase in ("request_headers", "response_headers"):
+        return pb.ProcessingResponse(**{phase: pb.HeadersResponse()})
+    if phase in ("request_body", "response_body"):
+        return pb.ProcessingResponse(**{phase: pb.BodyResponse()})
+    return pb.ProcessingResponse(**{str(phase): pb.TrailersResponse()})
+
+
+def error_body(error: RequestRejected, style: ErrorStyle = ErrorStyle.OPENAI) -> bytes:
+    return msgspec.json.encode(
+        error_document(style, error.status, error.message, error.error_type, error.code)
+    )
+
+
+def rejection(
+    error: RequestRejected,
+    style: ErrorStyle = ErrorStyle.OPENAI,
+    extra_headers: Iterable[tuple[str, str]] = (),
+) -> pb.ProcessingResponse:
+    headers = {"content-type": "application/json", REASON_HEADER: error.reason}
+    if error.retry_after_s is not None:
+        headers["retry-after"] = str(max(1, int(error.retry_after_s)))
+    headers.update(error.headers)
+    headers.update(extra_headers)
+    immediate = pb.ImmediateResponse(
+        status=http_status_pb2.HttpStatus(code=error.status),
+        body=error_body(error, style),
+        details=f"slogate_{error.reason}",
+    )
+    _set_headers(immediate.headers, headers)
+    return pb.ProcessingResponse(immediate_response=immediate)

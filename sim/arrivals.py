@@ -1,0 +1,82 @@
+"""Simulated arrivals: who sends what, when, and how fast, reproducible for a seed.
+
+What lives here: `Arrival` (one request as a workload describes it), `poisson_arrivals`
+(a stream of them, with a rate curve) and `p99`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from policy import ApiKey
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    at_s: float
+    key: ApiKey
+    prompt_tokens: int  # what the engine holds and reports
+    max_tokens: int
+    stream: bool = True  # False: a JSON answer, judged by its whole time (breaker.objectives)
+    crafted: bool = False  # random letters instead of words (sim.prompts)
+    # The size of the texts the sidecar's counter is given (None: the prompt's own). Set
+    # lower than prompt_tokens, it models a count that is off, e.g. the fitted estimate
+    # that random letters fooled tenfold: the engine still holds prompt_tokens.
+    counted_prompt_tokens: int | None = None
+
+    @property
+    def counted(self) -> int:
+        return (
+            self.prompt_tokens if self.counted_prompt_tokens is None else self.counted_prompt_tokens
+        )
+
+
+def poisson_arrivals(
+    key: ApiKey,
+    rate_per_s: float,
+    start_s: float,
+    end_s: float,
+    prompt_tokens: tuple[int, int],
+    max_tokens: int,
+    seed: int,
+    shape: Sequence[tuple[float, float]] = (),
+    stream_share: float = 1.0,
+    crafted: bool = False,
+) -> list[Arrival]:
+    """Poisson arrivals with uniformly drawn prompt lengths, reproducible for a seed.
+
+    `shape`: (time, factor) points; the rate at time t is rate_per_s x the factor linearly
+    interpolated between them (a daily curve, a ramp). Drawn by thinning: candidates at the
+    peak rate, each kept with probability factor / peak. `stream_share`: the fraction of
+    requests that stream (most OpenAI clients do not); drawn apart, so the times and sizes
+    stay those of the same seed at any share. `crafted`: random-letter prompts.
+    """
+    rng = np.random.default_rng(seed)
+    streams = np.random.default_rng(seed + 7_919)
+    times = [float(t) for t, _ in shape]
+    factors = [float(f) for _, f in shape]
+    peak = max(factors, default=1.0)
+    if peak <= 0:
+        return []
+    arrivals: list[Arrival] = []
+    now_s = start_s
+    while True:
+        now_s += float(rng.exponential(1.0 / (rate_per_s * peak)))
+        if now_s >= end_s:
+            return arrivals
+        prompt = int(rng.integers(prompt_tokens[0], prompt_tokens[1] + 1))
+        if shape and rng.random() * peak > float(np.interp(now_s, times, factors)):
+            continue
+        stream = stream_share >= 1.0 or float(streams.random()) < stream_share
+        arrivals.append(Arrival(now_s, key, prompt, max_tokens, stream=stream, crafted=crafted))
+
+
+def p99(values: Iterable[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]

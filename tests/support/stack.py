@@ -1,0 +1,123 @@
+"""Starting the real stack in tests, waiting for it, and steering it (faults, the CLI)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.support.http import CHAT, chat_body, metric, post, scrape
+from tooling.stack import LocalStack, StackPorts
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_POLICY = ROOT / "deploy" / "policy.example.yaml"
+
+
+def random_ports() -> StackPorts:
+    return StackPorts(
+        listen=0,
+        admin=0,
+        grpc=0,
+        metrics=0,
+        admin_api=0,
+        pools={
+            "default": 0,
+            "long": 0,
+            "fallback": 0,
+        },
+    )
+
+
+def start_stack(tmp: Path, policy: Path = EXAMPLE_POLICY, **options: Any) -> LocalStack:
+    options.setdefault("time_scale", 0.05)
+    return LocalStack(policy, tmp, random_ports(), **options).start()
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Access-log entries are batched by Envoy (100 ms); poll rather than sleep blindly."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def settled(stack: LocalStack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Metrics once every routed request so far has come back through the access log."""
+
+    def all_logged() -> bool:
+        now = scrape(stack.metrics_url)
+        routed = metric(now, "slogate_decisions_total")
+        return routed == metric(now, "slogate_access_log_entries_total", kind="routed")
+
+    assert wait_for(all_logged), "a routed request never produced an access-log entry"
+    return scrape(stack.metrics_url)
+
+
+def fault(stack: LocalStack, pool: str, **settings: float) -> None:
+    url = f"{stack.pool_url(pool)}/fault"
+    data = json.dumps(settings).encode() if settings else None
+    request = urllib.request.Request(url, data=data, method="POST" if settings else "DELETE")
+    request.add_header("content-type", "application/json")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 200
+
+
+def level(stack: LocalStack, pool: str = "default") -> float:
+    return metric(scrape(stack.metrics_url), "slogate_breaker_level", pool=pool)
+
+
+def drive_until(
+    stack: LocalStack, done: Callable[[], bool], key: str, timeout_s: float = 30.0
+) -> bool:
+    """Keep light traffic flowing (the breaker only sees what is served) until `done`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        post(stack.url, CHAT, chat_body("ping", max_tokens=4), key=key)
+        if done():
+            return True
+    return done()
+
+
+def slogate(stack: LocalStack, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tooling.cli", *args, "--admin", stack.admin_address],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def read_stream(
+    stack: LocalStack, body: dict[str, object], key: str = "sk-demo-critical"
+) -> tuple[http.client.HTTPResponse, list[float], list[str]]:
+    """Send a streaming request; the response, chunk arrival times and SSE events."""
+    conn = http.client.HTTPConnection("127.0.0.1", stack.listen_port, timeout=30)
+    conn.request(
+        "POST",
+        CHAT,
+        body=json.dumps(body).encode(),
+        headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+    )
+    started = time.monotonic()
+    response = conn.getresponse()
+    arrivals: list[float] = []
+    buffer = b""
+    while chunk := response.read1(65536):
+        arrivals.append(time.monotonic() - started)
+        buffer += chunk
+    conn.close()
+    events = [e for e in buffer.decode().split("\n\n") if e.startswith("data: ")]
+    return response, arrivals, events
+
+
+def usage_events(events: list[str]) -> list[dict[str, object]]:
+    decoded = [json.loads(e[6:]) for e in events if e != "data: [DONE]"]
+    return [e for e in decoded if e.get("usage")]

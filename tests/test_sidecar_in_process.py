@@ -1,0 +1,84 @@
+"""The sidecar's composition root in this process, spoken to over real gRPC as Envoy does.
+
+No Envoy and no other process: `Sidecar` binds port 0, the driver opens one ext_proc stream
+per request and sends the access-log entries back. What the stack tests check through
+Envoy, these check one layer down, fast enough for the quick suite.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from extproc.request.contract import POOL_HEADER, REASON_HEADER
+from extproc.runtime.sidecar import Sidecar
+from tests.support.stack import EXAMPLE_POLICY
+from tooling.benchmarks.driver import SidecarDriver
+
+
+@pytest.fixture
+async def running(tmp_path: Path) -> AsyncIterator[tuple[Sidecar, SidecarDriver]]:
+    policy: dict[str, Any] = yaml.safe_load(EXAMPLE_POLICY.read_text())
+    policy["breaker"]["scrape_metrics"] = False  # no pools run here
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    sidecar = Sidecar(path, grpc_port=0, metrics_port=None, admin_address=None)
+    address = await sidecar.start()
+    assert address.metrics_port is None and address.admin is None
+    driver = SidecarDriver(f"127.0.0.1:{address.grpc_port}")
+    yield sidecar, driver
+    await driver.close()
+    await sidecar.stop(grace_s=0.5)
+
+
+def chat(content: str, max_tokens: int) -> dict[str, object]:
+    return {
+        "model": "deepseek-v4",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+    }
+
+
+async def test_routes_by_context_and_refuses_with_openai_errors(
+    running: tuple[Sidecar, SidecarDriver],
+) -> None:
+    _sidecar, driver = running
+    short = await driver.decide("sk-demo-standard", chat("hello there", 64))
+    assert short.status == 200 and short.tracking_id
+    assert short.headers[POOL_HEADER] == "default"
+    # prompt + max_tokens past 32k goes to the long pool, with a few prompt tokens only.
+    long = await driver.decide("sk-demo-standard", chat("hello there", 40_000))
+    assert long.status == 200 and long.headers[POOL_HEADER] == "long"
+
+    unknown = await driver.decide("sk-nobody", chat("hello", 16))
+    assert unknown.status == 401
+    assert json.loads(unknown.body)["error"]["code"] == "invalid_api_key"
+    too_long = await driver.decide("sk-demo-standard", chat("hello", 200_000))
+    assert too_long.status == 400
+    assert json.loads(too_long.body)["error"]["code"] == "context_length_exceeded"
+    assert too_long.headers[REASON_HEADER]
+
+
+async def test_access_log_settles_what_the_request_reserved(
+    running: tuple[Sidecar, SidecarDriver],
+) -> None:
+    sidecar, driver = running
+    # sk-demo-small may spend 2000 tokens a minute: one 1500-token reservation at a time.
+    first = await driver.decide("sk-demo-small", chat("hi", 1500))
+    assert first.status == 200 and first.tracking_id
+    refused = await driver.decide("sk-demo-small", chat("hi", 1500))
+    assert refused.status == 429
+    assert json.loads(refused.body)["error"]["code"] == "rate_limit_exceeded"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert len(sidecar.decider.inflight) == 1  # the refusal left nothing behind
+
+    # The first request used 20 tokens: settling refunds the rest of its reservation.
+    await driver.report([(first.tracking_id, 200, 8, 12)])
+    assert len(sidecar.decider.inflight) == 0
+    again = await driver.decide("sk-demo-small", chat("hi", 1500))
+    assert again.status == 200, again.body

@@ -1,0 +1,135 @@
+"""The CLI's side of the admin API: a client stub and the tables `slogate status`, `keys`,
+`drill` and `reload` print (the servicer is extproc.service.admin)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from extproc.adminpb import admin_pb2 as pb
+from extproc.adminpb import admin_pb2_grpc as pb_grpc
+
+
+def stub(address: str) -> tuple[grpc.aio.Channel, pb_grpc.AdminStub]:
+    channel = grpc.aio.insecure_channel(address)
+    return channel, pb_grpc.AdminStub(channel)
+
+
+def as_json(message: Any) -> str:
+    return json_format.MessageToJson(message, always_print_fields_with_no_presence=True)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _number(message: Any, field: str, fmt: str = "{:.3g}") -> str:
+    return fmt.format(getattr(message, field)) if message.HasField(field) else "-"
+
+
+def status_table(reply: pb.StatusReply) -> str:
+    rows = [
+        (
+            b.pool,
+            f"L{b.level}",
+            f"L{b.signal_level}",
+            "yes" if b.probing else "",
+            f"L{b.drill_level} {b.drill_remaining_s:.0f}s" if b.drill_level else "",
+            _number(b.signals, "p99_over_slo"),
+            _number(b.signals, "error_rate"),
+            _number(b.signals, "kv_cache_usage"),
+            _number(b.signals, "gpu_memory_usage"),
+            _number(b.signals, "queue_ratio"),
+            b.last_transition,
+        )
+        for b in reply.breakers
+    ]
+    head = (
+        f"policy {reply.policy_source} ({reply.keys} keys), budget store {reply.budget_store}"
+        f" ({'up' if reply.redis_up else 'DEGRADED: local shares'}), "
+        f"{reply.inflight_requests} requests in flight, "
+        f"GPU {'available' if reply.gpu_available else 'unavailable'}\n"
+        "quota multipliers: "
+        + ", ".join(f"{t} {v:.2f}" for t, v in sorted(reply.quota_multipliers.items()))
+        + f" (load {_number(reply, 'load_score')}, forecast {_number(reply, 'load_forecast')})"
+    )
+    text = (
+        head
+        + "\n\n"
+        + table(
+            (
+                "pool",
+                "level",
+                "signals",
+                "probing",
+                "drill",
+                "p99/slo",
+                "5xx",
+                "kv",
+                "gpu",
+                "queue",
+                "last",
+            ),
+            rows,
+        )
+    )
+    if reply.admission:
+        held = [
+            (
+                a.pool,
+                f"{a.kv_tokens_held} / {_number(a, 'kv_tokens_capacity', '{:.0f}')}",
+                f"{a.requests_held} / {_number(a, 'requests_capacity', '{:.0f}')}",
+            )
+            for a in reply.admission
+        ]
+        text += "\n\nadmission (this sidecar)\n" + table(
+            ("pool", "KV tokens held / may hold", "requests held / may hold"), held
+        )
+    return text
+
+
+def keys_table(reply: pb.KeysReply) -> str:
+    rows = [
+        (
+            k.key_id,
+            k.tenant,
+            k.tier,
+            _number(k.limits, "requests_per_minute", "{}"),
+            _number(k.limits, "tokens_per_minute", "{}"),
+            _number(k.limits, "concurrent_requests", "{}"),
+            k.outstanding,
+            f"{k.usage_1m:.0f}",
+            f"{k.usage_5m:.0f}",
+            f"{k.usage_1h:.0f}",
+            _number(k, "dynamic_tokens_per_minute", "{:.0f}"),
+            _number(k, "safety_factor", "{:.2f}"),
+            _number(k, "demand_tokens_per_minute", "{:.0f}"),
+            _number(k, "demand_forecast_tokens_per_minute", "{:.0f}"),
+        )
+        for k in reply.keys
+    ]
+    return table(
+        (
+            "key",
+            "tenant",
+            "tier",
+            "rpm",
+            "tpm",
+            "conc",
+            "in flight",
+            "1m",
+            "5m",
+            "1h",
+            "dynamic tpm",
+            "safety",
+            "demand tpm",
+            "forecast",
+        ),
+        rows,
+    )

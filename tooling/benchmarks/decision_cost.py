@@ -1,0 +1,141 @@
+"""`slogate bench decision-cost`: what the body decision costs at the sizes users send.
+
+In-process, no gRPC: the sidecar's own decider (the real policy, prompt counter, breaker,
+KV admission and in-process budgets) decides each request of a profile
+(tooling.benchmarks.bodies), timed from the body message to the routing decision; then the
+request is settled, as its access-log entry would, so budgets and KV never fill. Beside it,
+for the same texts: the reference tokenizer (Hugging Face `tokenizers`, which the request
+path used before) and the fitted estimate (which it decided on before, and which crafted
+text fools). Writes bench/results/decision_cost.{md,json}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from admission.decision import RequestOutcome
+from extproc.request.tokens import DeepSeekBpe, ReferenceTokenizer, fast_estimate
+from extproc.runtime.sidecar import Sidecar
+from extproc.service.access_log import finish
+from tooling.benchmarks.bodies import PROFILES, profile_bodies
+from tooling.benchmarks.overhead import BENCH_KEY, bench_policy
+
+HEADERS = {
+    ":path": "/v1/chat/completions",
+    ":method": "POST",
+    "authorization": f"Bearer {BENCH_KEY}",
+}
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def _measure(
+    sidecar: Sidecar, name: str, bpe: DeepSeekBpe, budget_s: float
+) -> dict[str, Any]:
+    reference = ReferenceTokenizer()
+    decide_ms: list[float] = []
+    reference_ms: list[float] = []
+    estimate_ms: list[float] = []
+    kinds: dict[str, int] = {}
+    tokens: list[int] = []
+    started = time.perf_counter()
+    bodies = profile_bodies(name, bpe)
+    while time.perf_counter() - started < budget_s or len(decide_ms) < 20:
+        request = next(bodies)
+        raw = json.dumps(request).encode()
+        flow = sidecar.decider.new_flow()
+        await flow.on_request_headers({**HEADERS, "content-length": str(len(raw))}, False)
+        t0 = time.perf_counter()
+        routed = await flow.on_request_body(raw)
+        decide_ms.append((time.perf_counter() - t0) * 1000)
+        decision = routed.decision
+        kinds[decision.estimate.value] = kinds.get(decision.estimate.value, 0) + 1
+        tokens.append(decision.prompt_tokens)
+        sidecar.decider.inflight.pop(routed.tracking_id)
+        outcome = RequestOutcome(
+            decision, routed.tracking_id, 200, decision.prompt_tokens, 10, 0.1, 1.0, "via_upstream"
+        )
+        await finish(sidecar.recorder.record(outcome))
+        messages: list[dict[str, str]] = request["messages"]  # type: ignore[assignment]
+        texts = [m["content"] for m in messages]
+        if len(reference_ms) < 30:
+            t0 = time.perf_counter()
+            reference.count_many(texts)
+            reference_ms.append((time.perf_counter() - t0) * 1000)
+            t0 = time.perf_counter()
+            sum(fast_estimate(t) for t in texts)
+            estimate_ms.append((time.perf_counter() - t0) * 1000)
+    return {
+        "profile": name,
+        "describe": PROFILES[name].describe,
+        "requests": len(decide_ms),
+        "prompt_tokens_median": statistics.median(tokens),
+        "decision_p50_ms": _quantile(decide_ms, 0.5),
+        "decision_p99_ms": _quantile(decide_ms, 0.99),
+        "count_kinds": kinds,
+        "reference_tokenizer_p50_ms": _quantile(reference_ms, 0.5),
+        "fitted_estimate_p50_ms": _quantile(estimate_ms, 0.5),
+    }
+
+
+async def _run(budget_s: float) -> list[dict[str, Any]]:
+    work = Path(tempfile.mkdtemp(prefix="slogate-decision-cost-"))
+    sidecar = Sidecar(bench_policy(work), metrics_port=None, admin_address=None)
+    bpe = DeepSeekBpe()
+    sidecar.counter.use(bpe)
+    rows = []
+    for name in PROFILES:
+        row = await _measure(sidecar, name, bpe, budget_s)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    await sidecar.stop()
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| profile | prompt tokens (median) | requests | decision p50 ms | decision p99 ms "
+        "| counted | reference tokenizer p50 ms | fitted estimate p50 ms |",
+        "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
+    ]
+    for r in rows:
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["count_kinds"].items()))
+        lines.append(
+            f"| {r['profile']} ({r['describe']}) | {r['prompt_tokens_median']:.0f} "
+            f"| {r['requests']} | {r['decision_p50_ms']:.2f} | {r['decision_p99_ms']:.2f} "
+            f"| {kinds} | {r['reference_tokenizer_p50_ms']:.2f} "
+            f"| {r['fitted_estimate_p50_ms']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def run(out_dir: Path, budget_s: float = 4.0) -> list[dict[str, Any]]:
+    rows = asyncio.run(_run(budget_s))
+    when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    table = _table(rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "decision_cost.json").write_text(
+        json.dumps({"when": when, "cpus": os.cpu_count(), "rows": rows}, indent=2) + "\n"
+    )
+    (out_dir / "decision_cost.md").write_text(
+        f"# Body decision cost ({when})\n\n{os.cpu_count()} CPUs; in-process, the sidecar's "
+        "own decider (policy, exact prompt counter, breaker, KV admission, in-process "
+        "budgets), timed from the body message to the routing decision; each request is "
+        "settled afterwards. Single-shot prompts are all different (each counted anew); "
+        "multi_turn resends its history. For the same texts: the reference tokenizer the "
+        "request path used before, and the fitted estimate it decided on before.\n\n"
+        f"{table}\n"
+    )
+    print(table)
+    return rows

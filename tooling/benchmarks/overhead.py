@@ -1,0 +1,274 @@
+"""`slogate bench overhead`: what slogate costs per request, against baselines in one run.
+
+Three front proxies, each a real Envoy in front of the same upstream (a second Envoy that
+answers with a fixed OpenAI response, so the upstream is never the bottleneck):
+
+- envoy_alone: router only.
+- passthrough: the same ext_proc filter and processing modes (headers + BUFFERED body),
+  served by a minimal Python grpc.aio ext_proc that answers CONTINUE.
+- slogate: the real generated bootstrap (ext_proc, usage tap, access log) and the real
+  sidecar.
+
+Load comes from wrk, per body profile: `small` (the 4 KB chat body of the first
+benchmark, with Envoy alone as the floor) and the sizes users send (tooling.benchmarks
+.bodies: the field's 70/25/5 mix of ~4k/8k/32k-token prompts, a multi-turn chat, Chinese,
+code, the hostile corpus), every request's last message new, so each one is counted.
+p50/p99 at 1 connection, throughput at 16. Setups are interleaved over rounds and medians
+reported, since this machine is shared; slogate and the pass-through get the same bodies
+in the same run. Targets (issue 2): slogate >= 80% of pass-through throughput, <= +0.3 ms
+p50 over it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import platform
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from policy import load_policy
+from tooling.benchmarks.wrk import start_envoy, upstream_bootstrap, wrk
+from tooling.envoy_config import EnvoyPorts, FilterProfile, build_bootstrap
+from tooling.processes import ManagedProcess, free_port, python_module
+from tooling.stack import start_sidecar
+
+HOST = "127.0.0.1"
+SETUPS = ("envoy_alone", "passthrough", "slogate")
+POLICY = Path(__file__).resolve().parents[2] / "deploy" / "policy.example.yaml"
+
+
+def _request_body() -> str:
+    filler = "The quick brown fox jumps over the lazy dog. " * 88  # about 4 KB
+    return json.dumps(
+        {
+            "model": "deepseek-v4",
+            "messages": [{"role": "user", "content": filler}],
+            "max_tokens": 64,
+        }
+    )
+
+
+BENCH_KEY = "sk-bench"
+
+
+def bench_policy(work: Path) -> Path:
+    """The example policy plus a key whose budget is checked on every request but never
+    runs out: the benchmark measures the cost of deciding, not the cost of refusing."""
+    raw = yaml.safe_load(POLICY.read_text())
+    huge = 10**12
+    raw["keys"].append(
+        {
+            "key": BENCH_KEY,
+            "tenant": "bench",
+            "tier": "standard",
+            "limits": {
+                "requests_per_minute": huge,
+                "tokens_per_minute": huge,
+                "tokens_per_hour": huge,
+                "concurrent_requests": huge,
+            },
+        }
+    )
+    path = work / "policy.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _wrk_script(work: Path, profile: str) -> Path:
+    script = work / f"post-{profile}.lua"
+    if profile == "small":
+        script.write_text(
+            'wrk.method = "POST"\n'
+            f"wrk.body = {json.dumps(_request_body())}\n"
+            'wrk.headers["content-type"] = "application/json"\n'
+            f'wrk.headers["authorization"] = "Bearer {BENCH_KEY}"\n'
+        )
+        return script
+    from extproc.request.tokens import DeepSeekBpe
+    from tooling.benchmarks.bodies import body_templates
+
+    bodies = ",\n".join(json.dumps(t) for t in body_templates(profile, DeepSeekBpe()))
+    # Each thread numbers its requests from a random start: no body repeats across threads,
+    # warm-up and measured runs, so the sidecar counts every prompt anew.
+    script.write_text(
+        "local counter = 1\n"
+        "function setup(thread) thread:set('tid', counter); counter = counter + 1 end\n"
+        f"local bodies = {{{bodies}}}\n"
+        "local n = 0\n"
+        "local run = ''\n"
+        "function init(args)\n"
+        "  math.randomseed(os.time() * 1000 + tid)\n"
+        "  run = tostring(tid) .. '-' .. tostring(math.random(1, 1000000000))\n"
+        "end\n"
+        "local headers = {['content-type'] = 'application/json', "
+        f"['authorization'] = 'Bearer {BENCH_KEY}'}}\n"
+        "function request()\n"
+        "  n = n + 1\n"
+        "  local body = string.gsub(bodies[(n % #bodies) + 1], '__SERIAL__', run .. '-' .. n, 1)\n"
+        "  return wrk.format('POST', nil, headers, body)\n"
+        "end\n"
+    )
+    return script
+
+
+def measure_setup(
+    setup: str, upstream_port: int, duration_s: float, work: Path, script: Path
+) -> dict[str, float]:
+    grpc_port = free_port()
+    procs: list[ManagedProcess] = []
+    try:
+        if setup == "passthrough":
+            side = ManagedProcess(
+                f"{setup}-extproc",
+                python_module("tooling.benchmarks.passthrough", "--port", "0"),
+                work,
+            ).start()
+            procs.append(side)
+            grpc_port = int(side.wait_for_line(r"grpc [^:]+:(\d+)").group(1))
+        elif setup == "slogate":
+            side, sidecar_ports = start_sidecar(
+                work, bench_policy(work), f"{setup}-sidecar", exact_tokenizer=True
+            )
+            procs.append(side)
+            grpc_port = sidecar_ports.grpc
+        policy = load_policy(POLICY)
+        pools = {
+            name: dataclasses.replace(pool, endpoints=((HOST, upstream_port),))
+            for name, pool in policy.pools.items()
+        }
+        policy = dataclasses.replace(policy, pools=pools)
+        listen, admin = free_port(), free_port()
+        profile = {
+            "envoy_alone": FilterProfile.PLAIN,
+            "passthrough": FilterProfile.EXT_PROC_ONLY,
+            "slogate": FilterProfile.SLOGATE,
+        }[setup]
+        config = build_bootstrap(policy, EnvoyPorts(listen, admin, grpc_port, HOST), profile)
+        procs.append(start_envoy(f"{setup}-envoy", config, admin, work))
+        url = f"http://{HOST}:{listen}/v1/chat/completions"
+        wrk(url, 4, 2.0, script)  # warm-up: connections, tokenizer, JIT-less caches
+        single = wrk(url, 1, duration_s, script)
+        many = wrk(url, 16, duration_s, script)
+        return {
+            "p50_ms": single["p50_ms"],
+            "p99_ms": single["p99_ms"],
+            "rps_1": single["rps"],
+            "rps_16": many["rps"],
+            "p99_ms_16": many["p99_ms"],
+            "non_2xx": single["non_2xx"] + many["non_2xx"],
+        }
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def _table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
+    lines = [
+        "| body | setup | p50 ms (1 conn) | p99 ms (1 conn) | req/s (16 conn) | p99 ms (16 conn) "
+        "| throughput vs pass-through | p50 vs pass-through |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for profile, setups in summary.items():
+        base = setups["passthrough"]
+        for setup, row in setups.items():
+            lines.append(
+                f"| {profile} | {setup} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} "
+                f"| {row['rps_16']:.0f} | {row['p99_ms_16']:.2f} "
+                f"| {row['rps_16'] / base['rps_16']:.2f}x "
+                f"| {row['p50_ms'] - base['p50_ms']:+.3f} ms |"
+            )
+    return "\n".join(lines)
+
+
+def run(
+    out_dir: Path,
+    duration_s: float = 10.0,
+    rounds: int = 3,
+    profiles: list[str] | None = None,
+) -> dict[str, Any]:
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is needed: apt-get install wrk (make bench-overhead does it)")
+    profiles = profiles or ["small"]
+    work = Path(tempfile.mkdtemp(prefix="slogate-bench-"))
+    scripts = {profile: _wrk_script(work, profile) for profile in profiles}
+    upstream_port, upstream_admin = free_port(), free_port()
+    upstream = start_envoy(
+        "upstream", upstream_bootstrap(upstream_port, upstream_admin), upstream_admin, work
+    )
+    # Envoy alone is the floor for the small body; the profiles compare slogate with the
+    # pass-through on the same bodies.
+    setups_of = {p: SETUPS if p == "small" else SETUPS[1:] for p in profiles}
+    runs: dict[str, dict[str, list[dict[str, float]]]] = {
+        p: {s: [] for s in setups_of[p]} for p in profiles
+    }
+    try:
+        for round_index in range(rounds):
+            for profile in profiles:
+                for setup in setups_of[profile]:
+                    result = measure_setup(setup, upstream_port, duration_s, work, scripts[profile])
+                    runs[profile][setup].append(result)
+                    print(f"round {round_index + 1} {profile} {setup}: {result}", flush=True)
+    finally:
+        upstream.stop()
+    summary = {
+        profile: {
+            setup: {k: statistics.median(r[k] for r in results) for k in results[0]}
+            for setup, results in setups.items()
+        }
+        for profile, setups in runs.items()
+    }
+    verdicts = {}
+    for profile, setups in summary.items():
+        base, ours = setups["passthrough"], setups["slogate"]
+        verdicts[profile] = {
+            "throughput_ratio_vs_passthrough": ours["rps_16"] / base["rps_16"],
+            "p50_delta_ms_vs_passthrough": ours["p50_ms"] - base["p50_ms"],
+            "met": ours["rps_16"] / base["rps_16"] >= 0.8
+            and ours["p50_ms"] - base["p50_ms"] <= 0.3,
+        }
+    # A run where requests failed measured refusals, not routing: say so.
+    all_2xx = all(
+        r["non_2xx"] == 0
+        for setups in runs.values()
+        for results in setups.values()
+        for r in results
+    )
+    report = {
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": _cpus(), "python": platform.python_version()},
+        "duration_s": duration_s,
+        "rounds": rounds,
+        "targets": {"throughput_ratio": 0.8, "p50_delta_ms": 0.3},
+        "summary_median": summary,
+        "runs": runs,
+        "verdicts": verdicts,
+        "all_responses_2xx": all_2xx,
+    }
+    table = _table(summary)
+    when = report["when"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "overhead.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out_dir / "overhead.md").write_text(
+        f"# Overhead benchmark ({when})\n\n{_cpus()} CPUs, "
+        f"{rounds} interleaved rounds of {duration_s:g} s per setup and load, medians.\n"
+        "Bodies: small = the 4 KB chat body; the others from tooling/benchmarks/bodies.py, "
+        "every request's last message new. Upstream: Envoy direct_response.\n\n"
+        f"{table}\n\nVerdicts (target: >= 0.8x throughput, <= +0.3 ms p50): "
+        f"{json.dumps(verdicts)}; all responses 2xx: {all_2xx}\n"
+    )
+    print(table)
+    print(f"verdicts: {verdicts}")
+    return report
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 0

@@ -1,0 +1,314 @@
+"""`slogate` command line: serve, up, envoy-config, bench."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from policy import FailureMode, PolicyError, load_policy
+from tooling import offline_commands
+
+DEFAULT_POLICY = Path("deploy/policy.example.yaml")
+DEFAULT_ADMIN = "127.0.0.1:50052"
+
+
+def _policy_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", type=Path, default=DEFAULT_POLICY, help="policy YAML file")
+
+
+def _pool_port(value: str) -> tuple[str, int]:
+    name, _, port = value.partition("=")
+    if not name or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected NAME=PORT, got {value!r}")
+    return name, int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slogate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the sidecar alone (production mode)")
+    _policy_arg(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--grpc-port", type=int, default=50051)
+    serve.add_argument("--metrics-port", type=int, default=9464)
+    serve.add_argument(
+        "--metrics-host", default=None, help="address for /metrics (default: --host)"
+    )
+    serve.add_argument(
+        "--admin-address",
+        default=DEFAULT_ADMIN,
+        help="admin API: host:port or unix:/path; 'none' turns it off",
+    )
+    serve.add_argument(
+        "--no-exact-tokenizer",
+        action="store_true",
+        help="never load the real tokenizer; decide on the fast estimate alone",
+    )
+
+    config = sub.add_parser("envoy-config", help="write the Envoy bootstrap for a policy")
+    _policy_arg(config)
+    config.add_argument("--out", type=Path, default=Path("envoy/bootstrap.json"))
+    config.add_argument("--listen-port", type=int, default=10000)
+    config.add_argument("--admin-port", type=int, default=9901)
+    config.add_argument("--sidecar-port", type=int, default=50051)
+    config.add_argument("--host", default="127.0.0.1")
+
+    up = sub.add_parser("up", help="start pools, sidecar and Envoy locally until Ctrl-C")
+    _policy_arg(up)
+    up.add_argument("--listen-port", type=int, default=10000)
+    up.add_argument("--admin-port", type=int, default=9901)
+    up.add_argument("--grpc-port", type=int, default=50051)
+    up.add_argument("--metrics-port", type=int, default=9464)
+    up.add_argument("--admin-api-port", type=int, default=50052, help="sidecar admin API")
+    up.add_argument(
+        "--pool-port", type=_pool_port, action="append", default=[], metavar="NAME=PORT"
+    )
+    up.add_argument("--time-scale", type=float, default=1.0, help="simulated latency factor")
+    up.add_argument("--failure-mode", choices=[m.value for m in FailureMode], default=None)
+
+    k8s = sub.add_parser("k8s", help="write Kubernetes manifests (Envoy + sidecar pod)")
+    _policy_arg(k8s)
+    k8s.add_argument("--out", type=Path, default=Path("deploy/k8s/slogate.yaml"))
+
+    def admin_command(name: str, help_text: str) -> argparse.ArgumentParser:
+        command = sub.add_parser(name, help=help_text)
+        command.add_argument("--admin", default=DEFAULT_ADMIN, help="the sidecar's admin API")
+        command.add_argument("--json", action="store_true", help="print JSON, not a table")
+        return command
+
+    admin_command("status", "breaker state per pool with its signals, budget store health")
+    keys = admin_command("keys", "keys with limits, in-flight reservations and usage")
+    keys.add_argument("--tenant", default="")
+    admin_command("reload", "re-read the policy file now (a bad policy is refused)")
+    drill = admin_command("drill", "force a breaker level on a pool for a while")
+    drill.add_argument("--pool", required=True, help="a pool name, or 'global'")
+    drill.add_argument("--level", type=int, choices=[0, 1, 2, 3], required=True)
+    drill.add_argument("--minutes", type=float, default=10.0, help="0 ends a running drill")
+
+    simulate = sub.add_parser(
+        "simulate", help="offline fleet: best static quota (sweep) vs the dynamic controller"
+    )
+    simulate.add_argument("--workload", default="burst-10x", help="a name in sim/workloads/")
+    simulate.add_argument("--seed", type=int, default=7)
+    simulate.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    simulate.add_argument(
+        "--latency-from",
+        type=Path,
+        default=None,
+        help="a policy with a latency_model section (slogate calibrate): play its default pool",
+    )
+
+    calibrate = sub.add_parser(
+        "calibrate", help="measure OpenAI-compatible endpoints; write their latency model"
+    )
+    calibrate.add_argument(
+        "--url",
+        action="append",
+        required=True,
+        help="[POOL=]URL of an endpoint (repeat for several pools; default pool name: default)",
+    )
+    _policy_arg(calibrate)
+    calibrate.add_argument("--model", default=None, help="model name (default: the policy's)")
+    calibrate.add_argument("--api-key", default=None, help="Bearer key, e.g. through slogate")
+    calibrate.add_argument("--requests", type=int, default=100, help="tiny requests per pool")
+    calibrate.add_argument("--per-size", type=int, default=20, help="requests per probe size")
+    calibrate.add_argument("--max-context", type=int, default=32_768)
+    calibrate.add_argument("--out", type=Path, default=None, help="write the YAML here too")
+
+    bench = sub.add_parser("bench", help="benchmarks (results under bench/results/)")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    overhead = bench_sub.add_parser("overhead", help="Envoy vs pass-through ext_proc vs slogate")
+    overhead.add_argument("--duration-s", type=float, default=10.0)
+    overhead.add_argument("--rounds", type=int, default=3)
+    overhead.add_argument(
+        "--profiles",
+        default="small,field_mix,multi_turn,chinese,code,hostile",
+        help="request bodies, comma-separated (small: the 4 KB body; others: bench/bodies.py)",
+    )
+    overhead.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    cost = bench_sub.add_parser("decision-cost", help="body decision p50/p99 per body profile")
+    cost.add_argument("--seconds", type=float, default=4.0, help="per profile")
+    cost.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    estimator = bench_sub.add_parser("estimator", help="token estimate accuracy and speed")
+    estimator.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    decisions = bench_sub.add_parser("decisions", help="budget decision cost per store")
+    decisions.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    decisions.add_argument("--calls", type=int, default=5000)
+    return parser
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from extproc.runtime.sidecar import run_sidecar
+
+    asyncio.run(
+        run_sidecar(
+            args.policy,
+            args.host,
+            args.grpc_port,
+            args.metrics_port,
+            not args.no_exact_tokenizer,
+            args.metrics_host,
+            None if args.admin_address == "none" else args.admin_address,
+        )
+    )
+    return 0
+
+
+def cmd_envoy_config(args: argparse.Namespace) -> int:
+    from tooling.envoy_config import EnvoyPorts, build_bootstrap
+
+    policy = load_policy(args.policy)
+    ports = EnvoyPorts(args.listen_port, args.admin_port, args.sidecar_port, args.host)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(build_bootstrap(policy, ports), indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from tooling.stack import LocalStack, StackPorts
+
+    work_dir = Path(tempfile.mkdtemp(prefix="slogate-up-"))
+    ports = StackPorts(
+        listen=args.listen_port,
+        admin=args.admin_port,
+        grpc=args.grpc_port,
+        metrics=args.metrics_port,
+        admin_api=args.admin_api_port,
+        pools=dict(args.pool_port),
+    )
+    failure = FailureMode(args.failure_mode) if args.failure_mode else None
+    stack = LocalStack(args.policy, work_dir, ports, args.time_scale, failure)
+    stopping = False
+
+    def _stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    stack.start()
+    print(
+        f"slogate up: {stack.url}  (metrics {stack.metrics_url}, Envoy admin "
+        f"http://127.0.0.1:{stack.admin_port}, slogate admin {stack.admin_address}, "
+        f"logs {work_dir})\n"
+        f"  try: curl -s {stack.url}/v1/chat/completions -H 'Authorization: Bearer "
+        "sk-demo-standard' -H 'content-type: application/json' -d '{\"model\": "
+        '"deepseek-v4", "messages": [{"role": "user", "content": "hello"}], '
+        '"max_tokens": 16}\' -i',
+        flush=True,
+    )
+    code = 0
+    try:
+        while not stopping:
+            dead = stack.failed()
+            if dead is not None:
+                print(
+                    f"{dead.name} exited; stopping the stack. Its log:\n{dead.log_text()[-3000:]}"
+                )
+                code = 1
+                break
+            time.sleep(0.5)
+    finally:
+        stack.stop()
+        print("slogate up: stopped", flush=True)
+    return code
+
+
+def cmd_k8s(args: argparse.Namespace) -> int:
+    from tooling.k8s import write_manifests
+
+    write_manifests(args.policy, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_admin(args: argparse.Namespace) -> int:
+    """status / keys / reload / drill: one call to the running sidecar's admin API."""
+    import grpc
+
+    from extproc.adminpb import admin_pb2 as pb
+    from tooling import admin_client as admin
+
+    async def call() -> int:
+        channel, stub = admin.stub(args.admin)
+        try:
+            if args.command == "status":
+                status = await stub.Status(pb.StatusRequest(), timeout=5)
+                print(admin.as_json(status) if args.json else admin.status_table(status))
+            elif args.command == "keys":
+                keys = await stub.Keys(pb.KeysRequest(tenant=args.tenant), timeout=10)
+                print(admin.as_json(keys) if args.json else admin.keys_table(keys))
+            elif args.command == "reload":
+                reloaded = await stub.ReloadPolicy(pb.ReloadPolicyRequest(), timeout=10)
+                print(
+                    admin.as_json(reloaded)
+                    if args.json
+                    else f"reloaded: {reloaded.keys} keys"
+                    if reloaded.ok
+                    else f"refused, the old policy stays: {reloaded.error}"
+                )
+                return 0 if reloaded.ok else 1
+            else:
+                drilled = await stub.Drill(
+                    pb.DrillRequest(pool=args.pool, level=args.level, minutes=args.minutes),
+                    timeout=5,
+                )
+                print(
+                    admin.as_json(drilled)
+                    if args.json
+                    else f"drill: {drilled.pool} at least L{drilled.level} for "
+                    f"{drilled.remaining_s:.0f} s"
+                )
+            return 0
+        except grpc.aio.AioRpcError as error:
+            print(f"slogate: {args.admin}: {error.code().name}: {error.details()}", file=sys.stderr)
+            return 2
+        finally:
+            await channel.close()
+
+    return asyncio.run(call())
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    args = build_parser().parse_args(argv)
+    handlers = {
+        "serve": cmd_serve,
+        "envoy-config": cmd_envoy_config,
+        "up": cmd_up,
+        "status": cmd_admin,
+        "keys": cmd_admin,
+        "reload": cmd_admin,
+        "drill": cmd_admin,
+        "k8s": cmd_k8s,
+        "simulate": offline_commands.cmd_simulate,
+        "calibrate": offline_commands.cmd_calibrate,
+        "bench": offline_commands.cmd_bench,
+    }
+    try:
+        return handlers[args.command](args)
+    except PolicyError as error:
+        print(f"slogate: bad policy {args.policy}: {error}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # `slogate status | head`: the reader left. Point stdout at /dev/null so that the
+        # interpreter's final flush does not raise again, and exit as a piped command does.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The listener, the HTTP connection manager, the clusters, and the whole bootstrap."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any
+
+import envoy_data_plane.envoy.config.bootstrap.v3 as bootstrap
+import envoy_data_plane.envoy.config.cluster.v3 as cluster
+import envoy_data_plane.envoy.config.core.v3 as core
+import envoy_data_plane.envoy.config.endpoint.v3 as endpoint
+import envoy_data_plane.envoy.config.listener.v3 as listener
+import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 as hcm
+import envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 as tls
+import envoy_data_plane.envoy.extensions.upstreams.http.v3 as upstream_http
+import envoy_data_plane.google.protobuf as pb
+
+from policy import Policy
+from tooling.envoy_config._common import (
+    SIDECAR_CLUSTER,
+    EnvoyPorts,
+    FilterProfile,
+    _address,
+    _typed,
+)
+from tooling.envoy_config.filters import (
+    JWKS_CLUSTER,
+    access_log,
+    ext_proc_filter,
+    jwt_filter,
+    router_filter,
+    usage_tap_filter,
+)
+from tooling.envoy_config.local_replies import local_reply_config
+from tooling.envoy_config.routes import route_config
+
+
+def _jwks_cluster(uri: str) -> cluster.Cluster:
+    match = re.match(r"^(https?)://([^/:]+)(?::(\d+))?/", uri)
+    assert match is not None  # the policy loader checked the form
+    scheme, host = match.group(1), match.group(2)
+    port = int(match.group(3) or (443 if scheme == "https" else 80))
+    jwks = _static_cluster(JWKS_CLUSTER, ((host, port),))
+    if scheme == "https":
+        jwks.transport_socket = core.TransportSocket(
+            **_typed(
+                "envoy.transport_sockets.tls",
+                tls.UpstreamTlsContext(sni=host),
+            )
+        )
+    return jwks
+
+
+def _downstream_tls(policy: Policy) -> core.TransportSocket | None:
+    if policy.tls is None:
+        return None
+    context = tls.DownstreamTlsContext(
+        common_tls_context=tls.CommonTlsContext(
+            tls_certificates=[
+                tls.TlsCertificate(
+                    certificate_chain=core.DataSource(filename=policy.tls.cert_file),
+                    private_key=core.DataSource(filename=policy.tls.key_file),
+                )
+            ],
+            alpn_protocols=["h2", "http/1.1"],
+        )
+    )
+    return core.TransportSocket(**_typed("envoy.transport_sockets.tls", context))
+
+
+def http_connection_manager(
+    policy: Policy, profile: FilterProfile = FilterProfile.SLOGATE
+) -> hcm.HttpConnectionManager:
+    authn = [f for f in (jwt_filter(policy),) if f is not None]
+    filters = {
+        FilterProfile.SLOGATE: [
+            *authn,
+            ext_proc_filter(policy),
+            usage_tap_filter(),
+            router_filter(),
+        ],
+        FilterProfile.EXT_PROC_ONLY: [*authn, ext_proc_filter(policy), router_filter()],
+        FilterProfile.PLAIN: [router_filter()],
+    }[profile]
+    logs = [access_log()] if profile is FilterProfile.SLOGATE else []
+    return hcm.HttpConnectionManager(
+        stat_prefix="slogate_ingress",
+        codec_type=hcm.HttpConnectionManagerCodecType.AUTO,
+        route_config=route_config(policy),
+        http_filters=filters,
+        access_log=logs,
+        local_reply_config=local_reply_config(),
+        # The path the routes and the sidecar decide on is the one engines act on: RFC 3986
+        # normalised (percent-encoded unreserved characters decoded, dot segments removed,
+        # backslashes made slashes), slashes merged, escaped slashes (%2F, %5C) unescaped.
+        # Otherwise `/v1/%63hat/completions` misses every rule and an engine, which decodes
+        # the path itself, serves it.
+        normalize_path=True,
+        merge_slashes=True,
+        path_with_escaped_slashes_action=(
+            hcm.HttpConnectionManagerPathWithEscapedSlashesAction.UNESCAPE_AND_FORWARD
+        ),
+        # Streams may run for minutes; the route timeout bounds them, not an idle timer.
+        stream_idle_timeout=dt.timedelta(seconds=policy.upstream_timeout_s),
+    )
+
+
+def _static_cluster(
+    name: str, endpoints: tuple[tuple[str, int], ...], http2: bool = False
+) -> cluster.Cluster:
+    options: dict[str, Any] = {}
+    if http2:
+        protocol = upstream_http.HttpProtocolOptions(
+            explicit_http_config=upstream_http.HttpProtocolOptionsExplicitHttpConfig(
+                http2_protocol_options=core.Http2ProtocolOptions(
+                    connection_keepalive=core.KeepaliveSettings(
+                        interval=dt.timedelta(seconds=30), timeout=dt.timedelta(seconds=5)
+                    )
+                )
+            )
+        )
+        options["typed_extension_protocol_options"] = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": pb.Any.pack(protocol)
+        }
+    return cluster.Cluster(
+        name=name,
+        type=cluster.ClusterDiscoveryType.STRICT_DNS,
+        connect_timeout=dt.timedelta(seconds=2),
+        dns_lookup_family=cluster.ClusterDnsLookupFamily.V4_ONLY,
+        load_assignment=endpoint.ClusterLoadAssignment(
+            cluster_name=name,
+            endpoints=[
+                endpoint.LocalityLbEndpoints(
+                    lb_endpoints=[
+                        endpoint.LbEndpoint(endpoint=endpoint.Endpoint(address=_address(h, p)))
+                        for h, p in endpoints
+                    ]
+                )
+            ],
+        ),
+        **options,
+    )
+
+
+def build_bootstrap(
+    policy: Policy,
+    ports: EnvoyPorts | None = None,
+    profile: FilterProfile = FilterProfile.SLOGATE,
+) -> dict[str, Any]:
+    ports = ports or EnvoyPorts()
+    manager = http_connection_manager(policy, profile)
+    clusters = [_static_cluster(p.name, p.endpoints) for p in policy.pools.values()]
+    clusters.append(
+        _static_cluster(SIDECAR_CLUSTER, ((ports.host, ports.sidecar_port),), http2=True)
+    )
+    if policy.jwt is not None and policy.jwt.jwks_uri is not None:
+        clusters.append(_jwks_cluster(policy.jwt.jwks_uri))
+    config = bootstrap.Bootstrap(
+        admin=bootstrap.Admin(address=_address(ports.host, ports.admin_port)),
+        static_resources=bootstrap.BootstrapStaticResources(
+            listeners=[
+                listener.Listener(
+                    name="inference",
+                    address=_address(ports.listen_host or ports.host, ports.listen_port),
+                    filter_chains=[
+                        listener.FilterChain(
+                            transport_socket=_downstream_tls(policy),
+                            filters=[
+                                listener.Filter(
+                                    **_typed(
+                                        "envoy.filters.network.http_connection_manager", manager
+                                    )
+                                )
+                            ],
+                        )
+                    ],
+                )
+            ],
+            clusters=clusters,
+        ),
+    )
+    result: dict[str, Any] = config.to_dict()
+    return result

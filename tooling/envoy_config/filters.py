@@ -1,0 +1,167 @@
+"""The HTTP filters slogate adds: jwt_authn, ext_proc, the Lua usage tap, the router, and
+the gRPC access log to the sidecar."""
+
+from __future__ import annotations
+
+import datetime as dt
+from importlib import resources
+from typing import Any
+
+import envoy_data_plane.envoy.config.accesslog.v3 as accesslog
+import envoy_data_plane.envoy.config.core.v3 as core
+import envoy_data_plane.envoy.extensions.access_loggers.grpc.v3 as grpc_log
+import envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 as ext_proc
+import envoy_data_plane.envoy.extensions.filters.http.jwt_authn.v3 as jwt_authn
+import envoy_data_plane.envoy.extensions.filters.http.lua.v3 as lua
+import envoy_data_plane.envoy.extensions.filters.http.router.v3 as router
+import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 as hcm
+import envoy_data_plane.envoy.type.tracing.v3 as tracing
+import envoy_data_plane.google.protobuf as pb
+
+from extproc.request.contract import (
+    ACCESS_LOG_NAME,
+    ACCESS_LOG_TAGS,
+    JWT_AUTHN_NAMESPACE,
+    JWT_PAYLOAD_KEY,
+    METADATA_NAMESPACE,
+)
+from policy import FailureMode, Policy
+from tooling.envoy_config._common import (
+    SIDECAR_CLUSTER,
+    SIDECAR_FAILURE_STATUS,
+    _duration_ms,
+    _http_status,
+    _typed,
+)
+from tooling.envoy_config.routes import _path_match
+
+
+def usage_tap_lua() -> str:
+    return resources.files("extproc").joinpath("usage_tap.lua").read_text(encoding="utf-8")
+
+
+def ext_proc_filter(policy: Policy, failure_mode_allow: bool | None = None) -> hcm.HttpFilter:
+    allow = (
+        policy.failure_mode is FailureMode.OPEN
+        if failure_mode_allow is None
+        else failure_mode_allow
+    )
+    config = ext_proc.ExternalProcessor(
+        grpc_service=core.GrpcService(
+            envoy_grpc=core.GrpcServiceEnvoyGrpc(
+                cluster_name=SIDECAR_CLUSTER,
+                # The body mutation of a large prompt comes back in one message.
+                max_receive_message_length=policy.max_body_bytes + (1 << 20),
+            ),
+        ),
+        failure_mode_allow=allow,
+        processing_mode=ext_proc.ProcessingMode(
+            request_header_mode=ext_proc.ProcessingModeHeaderSendMode.SEND,
+            response_header_mode=ext_proc.ProcessingModeHeaderSendMode.SKIP,
+            request_body_mode=ext_proc.ProcessingModeBodySendMode.BUFFERED,
+            response_body_mode=ext_proc.ProcessingModeBodySendMode.NONE,
+            request_trailer_mode=ext_proc.ProcessingModeHeaderSendMode.SKIP,
+            response_trailer_mode=ext_proc.ProcessingModeHeaderSendMode.SKIP,
+        ),
+        # Non-inference paths skip the body phase through a mode override.
+        allow_mode_override=True,
+        message_timeout=_duration_ms(policy.message_timeout_ms),
+        metadata_options=ext_proc.MetadataOptions(
+            receiving_namespaces=ext_proc.MetadataOptionsMetadataNamespaces(
+                untyped=[METADATA_NAMESPACE]
+            ),
+            # Verified JWT claims reach the sidecar with the request headers.
+            forwarding_namespaces=ext_proc.MetadataOptionsMetadataNamespaces(
+                untyped=[JWT_AUTHN_NAMESPACE]
+            )
+            if policy.jwt is not None
+            else None,
+        ),
+        # A failed sidecar is a bad gateway, not a 500 bug; and never the breaker's 503.
+        status_on_error=_http_status(SIDECAR_FAILURE_STATUS),
+    )
+    return hcm.HttpFilter(**_typed("envoy.filters.http.ext_proc", config))
+
+
+def usage_tap_filter() -> hcm.HttpFilter:
+    config = lua.Lua(default_source_code=core.DataSource(inline_string=usage_tap_lua()))
+    return hcm.HttpFilter(**_typed("envoy.filters.http.lua", config))
+
+
+def router_filter() -> hcm.HttpFilter:
+    return hcm.HttpFilter(**_typed("envoy.filters.http.router", router.Router()))
+
+
+def access_log() -> accesslog.AccessLog:
+    """Entries go to the sidecar through its cluster, batched."""
+    config = grpc_log.HttpGrpcAccessLogConfig(
+        common_config=grpc_log.CommonGrpcAccessLogConfig(
+            log_name=ACCESS_LOG_NAME,
+            grpc_service=core.GrpcService(
+                envoy_grpc=core.GrpcServiceEnvoyGrpc(cluster_name=SIDECAR_CLUSTER)
+            ),
+            transport_api_version=core.ApiVersion.V3,
+            # Batched: under load the 16 KiB buffer fills first and one gRPC message carries
+            # many entries. The interval bounds how long a finished request holds its
+            # concurrency slot (settlement waits for its entry) when traffic is quiet.
+            buffer_flush_interval=_duration_ms(20),
+            buffer_size_bytes=16 * 1024,
+            custom_tags=[tracing.CustomTag(tag=k, value=v) for k, v in ACCESS_LOG_TAGS.items()],
+        ),
+    )
+    return accesslog.AccessLog(**_typed("envoy.access_loggers.http_grpc", config))
+
+
+JWKS_CLUSTER = "slogate_jwks"
+
+
+JWT_FAILURE_KEY = "jwt_failure"
+
+
+def jwt_filter(policy: Policy) -> hcm.HttpFilter | None:
+    """jwt_authn before ext_proc: Envoy answers bad or missing tokens with 401 itself and
+    hands the verified claims to the sidecar as metadata."""
+    config = policy.jwt
+    if config is None:
+        return None
+    if config.jwks_file is not None:
+        jwks: dict[str, Any] = {"local_jwks": core.DataSource(filename=config.jwks_file)}
+    else:
+        assert config.jwks_uri is not None
+        jwks = {
+            "remote_jwks": jwt_authn.RemoteJwks(
+                http_uri=core.HttpUri(
+                    uri=config.jwks_uri, cluster=JWKS_CLUSTER, timeout=dt.timedelta(seconds=5)
+                ),
+                cache_duration=dt.timedelta(minutes=10),
+            )
+        }
+    provider = jwt_authn.JwtProvider(
+        issuer=config.issuer,
+        audiences=list(config.audiences),
+        payload_in_metadata=JWT_PAYLOAD_KEY,
+        failed_status_in_metadata=JWT_FAILURE_KEY,  # lets the local reply mapper find it
+        forward=False,  # the token stops here; upstreams get slogate's headers
+        **jwks,
+    )
+    requirement = (
+        jwt_authn.JwtRequirement(provider_name="slogate")
+        if config.required
+        else jwt_authn.JwtRequirement(
+            requires_any=jwt_authn.JwtRequirementOrList(
+                requirements=[
+                    jwt_authn.JwtRequirement(provider_name="slogate"),
+                    jwt_authn.JwtRequirement(allow_missing=pb.Empty()),
+                ]
+            )
+        )
+    )
+    # Every forwarded path but the public ones needs the token; unknown paths get the 404.
+    authn = jwt_authn.JwtAuthentication(
+        providers={"slogate": provider},
+        rules=[
+            jwt_authn.RequirementRule(match=_path_match(path), requires=requirement)
+            for path in sorted(policy.paths.apis)
+        ],
+    )
+    return hcm.HttpFilter(**_typed(JWT_AUTHN_NAMESPACE, authn))

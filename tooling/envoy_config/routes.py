@@ -1,0 +1,175 @@
+"""The route table: pool routes picked by the sidecar's metadata, the forwarded paths, and
+Envoy's own 404 for everything else (default deny)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from typing import Any
+
+import envoy_data_plane.envoy.config.core.v3 as core
+import envoy_data_plane.envoy.config.route.v3 as route
+import envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 as ext_proc
+import envoy_data_plane.envoy.type.matcher.v3 as matcher
+import envoy_data_plane.envoy.type.v3 as envoy_type
+import envoy_data_plane.google.protobuf as pb
+
+from admission.errors import error_document
+from extproc.request.contract import (
+    METADATA_NAMESPACE,
+    POOL_FIELD,
+    POOL_HEADER,
+    RATE_LIMIT_HEADERS,
+)
+from policy import FailureMode, Policy
+from policy.apis import ErrorStyle
+from tooling.envoy_config._common import _header
+
+
+def _shadow(policy: Policy) -> list[route.RouteActionRequestMirrorPolicy]:
+    """Routed inference requests, sampled, copied to the shadow pool; its answers are
+    dropped by Envoy, so clients and budgets never see them."""
+    if policy.shadow is None:
+        return []
+    per_million = round(policy.shadow.fraction * 1_000_000)
+    return [
+        route.RouteActionRequestMirrorPolicy(
+            cluster=policy.shadow.pool,
+            runtime_fraction=core.RuntimeFractionalPercent(
+                default_value=envoy_type.FractionalPercent(
+                    numerator=per_million,
+                    denominator=envoy_type.FractionalPercentDenominatorType.MILLION,
+                )
+            ),
+        )
+    ]
+
+
+def _rate_limit_headers() -> list[core.HeaderValueOption]:
+    """OpenAI's rate-limit headers, filled from the sidecar's dynamic metadata.
+
+    An empty value (no budget on this key) adds no header: keep_empty_value is false.
+    """
+    return [
+        _header(name, f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:{name})%")
+        for name in RATE_LIMIT_HEADERS
+    ]
+
+
+def _path_match(path: str) -> route.RouteMatch:
+    """Exactly this path, with or without one trailing slash. One regex per path: RE2's
+    default program size limit (100) is too small for the list as one alternation."""
+    return route.RouteMatch(safe_regex=matcher.RegexMatcher(regex=f"^{re.escape(path)}/?$"))
+
+
+# A trailing slash names the same API; engines see the path without it (as the sidecar does).
+_NO_TRAILING_SLASH = matcher.RegexMatchAndSubstitute(
+    pattern=matcher.RegexMatcher(regex="^(.+)/$"), substitution="\\1"
+)
+
+
+def _ext_proc_per_route(mode: FailureMode | None, disabled: bool = False) -> dict[str, Any]:
+    if disabled:
+        config = ext_proc.ExtProcPerRoute(disabled=True)
+    elif mode is None:
+        return {}
+    else:
+        config = ext_proc.ExtProcPerRoute(
+            overrides=ext_proc.ExtProcOverrides(failure_mode_allow=mode is FailureMode.OPEN)
+        )
+    return {"typed_per_filter_config": {"envoy.filters.http.ext_proc": pb.Any.pack(config)}}
+
+
+def _failure_modes(policy: Policy) -> list[tuple[str, FailureMode | None]]:
+    """Each forwarded path with the failure mode its longest matching `failure_mode_by_path`
+    prefix gives it (None: the policy-wide mode)."""
+    prefixes = sorted(policy.failure_mode_by_path, key=len, reverse=True)
+    modes = []
+    for path in policy.paths.forwarded_paths:
+        prefix = next((p for p in prefixes if path.startswith(p)), None)
+        modes.append((path, None if prefix is None else policy.failure_mode_by_path[prefix]))
+    return modes
+
+
+def _not_found(name: str, prefix: str, style: ErrorStyle) -> route.Route:
+    """Default deny: a path no policy list names is answered here, never by an engine; the
+    sidecar is not consulted (ext_proc is off on this route)."""
+    body = error_document(
+        style,
+        404,
+        "Unknown request URL: this gateway serves only the APIs its policy lists.",
+        "invalid_request_error",
+        "not_found",
+    )
+    return route.Route(
+        name=name,
+        match=route.RouteMatch(prefix=prefix),
+        direct_response=route.DirectResponseAction(
+            status=404, body=core.DataSource(inline_string=json.dumps(body))
+        ),
+        response_headers_to_add=[_header("content-type", "application/json")],
+        **_ext_proc_per_route(None, disabled=True),
+    )
+
+
+def route_config(policy: Policy) -> route.RouteConfiguration:
+    """Routes, in order:
+    - one per pool, matching the pool the sidecar put in dynamic metadata; the sidecar sets
+      it only for requests on an enabled API that it admitted (clients can send any header,
+      but cannot write metadata: only the sidecar picks a pool);
+    - one per forwarded path without a sidecar decision, to the default pool: public paths,
+      and the first match of every API request (it carries the path's failure mode; when the
+      sidecar answers, its decision re-routes the request to a pool route);
+    - everything else: a 404 from Envoy itself (default deny).
+    """
+    timeout = dt.timedelta(seconds=policy.upstream_timeout_s)
+    routes = [
+        route.Route(
+            name=f"pool_{pool}",
+            match=route.RouteMatch(
+                prefix="/",
+                dynamic_metadata=[
+                    matcher.MetadataMatcher(
+                        filter=METADATA_NAMESPACE,
+                        path=[matcher.MetadataMatcherPathSegment(key=POOL_FIELD)],
+                        value=matcher.ValueMatcher(string_match=matcher.StringMatcher(exact=pool)),
+                    )
+                ],
+            ),
+            route=route.RouteAction(
+                cluster=pool,
+                timeout=timeout,
+                request_mirror_policies=_shadow(policy),
+                regex_rewrite=_NO_TRAILING_SLASH,
+            ),
+            response_headers_to_add=[_header(POOL_HEADER, pool), *_rate_limit_headers()],
+        )
+        for pool in policy.pools
+    ]
+    for path, mode in _failure_modes(policy):
+        routes.append(
+            route.Route(
+                name=f"forwarded:{path}",
+                match=_path_match(path),
+                route=route.RouteAction(
+                    cluster=policy.default_pool, timeout=timeout, regex_rewrite=_NO_TRAILING_SLASH
+                ),
+                response_headers_to_add=[_header(POOL_HEADER, policy.default_pool)],
+                **_ext_proc_per_route(mode),
+            )
+        )
+    routes.append(_not_found("not_found:messages", "/v1/messages", ErrorStyle.ANTHROPIC))
+    routes.append(_not_found("not_found", "/", ErrorStyle.OPENAI))
+    return route.RouteConfiguration(
+        name="slogate",
+        virtual_hosts=[
+            route.VirtualHost(
+                name="inference",
+                domains=["*"],
+                routes=routes,
+                # BUFFERED bodies up to the policy limit; a larger one gets Envoy's 413.
+                request_body_buffer_limit=policy.max_body_bytes,
+            )
+        ],
+    )

@@ -1,0 +1,121 @@
+"""The `slogate` commands that run offline: calibrate, simulate, bench."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from sim.scenarios import SIMULATION_POLICY
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    import aiohttp
+
+    from policy import load_policy
+    from tooling.calibrate import CalibrationError, Measurement, measure, report
+
+    if args.requests < 1 or args.per_size < 1 or args.max_context < 512:
+        print(
+            "slogate calibrate: --requests and --per-size must be >= 1, --max-context >= 512",
+            file=sys.stderr,
+        )
+        return 2
+    policy = load_policy(args.policy)
+    targets = []
+    for index, value in enumerate(args.url):
+        name, sep, url = value.partition("=")
+        if not sep or "://" in name:
+            name, url = ("default" if index == 0 else f"pool{index + 1}"), value
+        targets.append((name, url))
+
+    async def run() -> list[Measurement]:
+        return [
+            await measure(
+                name,
+                url,
+                args.model or policy.model_name,
+                policy.buckets,
+                tiny_count=args.requests,
+                per_size=args.per_size,
+                max_context=args.max_context,
+                api_key=args.api_key,
+            )
+            for name, url in targets
+        ]
+
+    try:
+        measurements = asyncio.run(run())
+    except (CalibrationError, OSError, TimeoutError, aiohttp.ClientError, ValueError) as error:
+        print(f"slogate calibrate: {error}", file=sys.stderr)
+        return 1
+    text = report(measurements, policy.buckets)
+    print(text, end="")
+    if args.out is not None:
+        args.out.write_text(text, encoding="utf-8")
+        print(f"# wrote {args.out}")
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from sim.scenarios import WORKLOADS, compare, gains, load_workload, table
+
+    path = WORKLOADS / f"{args.workload}.yaml"
+    if not path.exists():
+        names = ", ".join(sorted(p.stem for p in WORKLOADS.glob("*.yaml")))
+        print(f"slogate: no workload {args.workload!r}; have: {names}", file=sys.stderr)
+        return 2
+    latency = None
+    if args.latency_from is not None:
+        from policy import load_policy
+        from sim.calibration import latency_config
+
+        measured = load_policy(args.latency_from)
+        fit = measured.latency_models.get(measured.default_pool)
+        if fit is None:
+            print(
+                f"slogate: {args.latency_from} has no latency_model for its default pool",
+                file=sys.stderr,
+            )
+            return 2
+        latency = latency_config(fit, measured.buckets)
+    workload = load_workload(path, SIMULATION_POLICY)
+    comparison = compare(workload, seed=args.seed, latency=latency)
+    comparison["gains"] = gains(comparison)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / f"simulate-{args.workload}.json"
+    out.write_text(json.dumps(comparison, separators=(",", ":")) + "\n")  # raw: see the .md
+    text = table(comparison)
+    out.with_suffix(".md").write_text(
+        f"# slogate simulate --workload {args.workload} --seed {args.seed}\n\n{text}\n"
+    )
+    print(text)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    try:
+        from sim.plots import draw_comparison
+
+        print(f"wrote {draw_comparison(comparison, out.with_suffix('.png'))}")
+    except ImportError:
+        print("no plots: matplotlib is not installed (pip install 'slogate[sim]')")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench == "overhead":
+        from tooling.benchmarks.overhead import run as run_overhead
+
+        run_overhead(args.out_dir, args.duration_s, args.rounds, args.profiles.split(","))
+    elif args.bench == "decision-cost":
+        from tooling.benchmarks.decision_cost import run as run_decision_cost
+
+        run_decision_cost(args.out_dir, args.seconds)
+    elif args.bench == "decisions":
+        from tooling.benchmarks.decisions import run as run_decisions
+
+        run_decisions(args.out_dir, args.calls)
+    else:
+        from tooling.benchmarks.estimator import run as run_estimator
+
+        run_estimator(args.out_dir)
+    return 0

@@ -1,0 +1,227 @@
+"""The local stack: simulated pools, the sidecar and Envoy, started and stopped together.
+
+What lives here: `LocalStack`, used by `slogate up`, the end-to-end tests and the
+benchmarks. Every part is a real process; the Envoy bootstrap is generated from the policy
+with the pools pointed at the simulated fleet that was actually started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from policy import FailureMode, Policy, Pool, load_policy
+from tooling.envoy_config import EnvoyPorts, build_bootstrap
+from tooling.processes import ManagedProcess, envoy_binary, free_port, python_module
+
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarPorts:
+    grpc: int
+    metrics: int
+    admin: str
+
+
+def start_sidecar(
+    work_dir: Path,
+    policy_path: Path,
+    name: str = "sidecar",
+    grpc_port: int = 0,
+    metrics_port: int = 0,
+    admin_port: int = 0,
+    exact_tokenizer: bool = False,
+) -> tuple[ManagedProcess, SidecarPorts]:
+    """`slogate serve` as a child process on loopback; 0 ports: picked by the OS."""
+    argv = python_module(
+        "tooling.cli",
+        "serve",
+        "--policy", str(policy_path),
+        "--host", HOST,
+        "--grpc-port", str(grpc_port),
+        "--metrics-port", str(metrics_port),
+        "--admin-address", f"{HOST}:{admin_port}",
+    )  # fmt: skip
+    if not exact_tokenizer:
+        argv.append("--no-exact-tokenizer")
+    proc = ManagedProcess(name, argv, work_dir).start()
+    match = proc.wait_for_line(
+        r"sidecar ready: grpc [^:]+:(\d+) metrics \S+:(\d+)/metrics admin (\S+)"
+    )
+    return proc, SidecarPorts(int(match.group(1)), int(match.group(2)), match.group(3))
+
+
+@dataclass
+class StackPorts:
+    """0 means: pick a free port (tests); the defaults are the documented local ports."""
+
+    listen: int = 10000
+    admin: int = 9901
+    grpc: int = 50051
+    metrics: int = 9464
+    admin_api: int = 50052
+    pools: dict[str, int] = field(default_factory=dict)  # pool name -> port; absent: policy's
+
+
+@dataclass
+class LocalStack:
+    policy_path: Path
+    work_dir: Path
+    ports: StackPorts = field(default_factory=StackPorts)
+    time_scale: float = 1.0
+    failure_mode: FailureMode | None = None  # None: as the policy says
+    exact_tokenizer: bool = True
+    envoy_concurrency: int = 1
+    processes: list[ManagedProcess] = field(default_factory=list)
+    pool_ports: dict[str, int] = field(default_factory=dict)
+    sidecar: ManagedProcess | None = None
+    sidecar_policy_path: Path | None = None
+    envoy: ManagedProcess | None = None
+    listen_port: int = 0
+    admin_port: int = 0
+    grpc_port: int = 0
+    metrics_port: int = 0
+    admin_address: str = ""
+
+    tls: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{HOST}:{self.listen_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{HOST}:{self.metrics_port}/metrics"
+
+    def pool_url(self, pool: str) -> str:
+        return f"http://{HOST}:{self.pool_ports[pool]}"
+
+    def start(self) -> LocalStack:
+        try:
+            policy = load_policy(self.policy_path)
+            self.tls = policy.tls is not None
+            # Started together, then waited for: each loads the tokenizer (~1 s).
+            started = [self.start_pool(pool) for pool in policy.pools.values()]
+            for name, proc in started:
+                match = proc.wait_for_line(r"listening on http://[^:]+:(\d+)")
+                self.pool_ports[name] = int(match.group(1))
+            moved = any(
+                pool.endpoints[0] != (HOST, self.pool_ports[name])
+                for name, pool in policy.pools.items()
+            )
+            # Only when a pool moved: otherwise the sidecar reads (and reloads) the user's file.
+            self.sidecar_policy_path = self.write_runtime_policy() if moved else self.policy_path
+            self.start_sidecar()
+            self.start_envoy(policy)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_pool(self, pool: Pool) -> tuple[str, ManagedProcess]:
+        port = self.ports.pools.get(pool.name, pool.endpoints[0][1])
+        proc = ManagedProcess(
+            f"pool-{pool.name}",
+            python_module(
+                "sim.pool",
+                "--name",
+                pool.name,
+                "--host",
+                HOST,
+                "--port",
+                str(port),
+                "--time-scale",
+                str(self.time_scale),
+                # The pools count prompts as vLLM does, so a crafted prompt costs them its
+                # real size, not a quarter of its bytes.
+                "--tokenizer",
+                "deepseek",
+            ),
+            self.work_dir,
+        ).start()
+        self.processes.append(proc)
+        return pool.name, proc
+
+    def write_runtime_policy(self) -> Path:
+        """The policy file the sidecar reads: the given one with each pool's endpoint set to
+        the simulated pool started for it, so engine metrics are scraped from the real ones."""
+        raw = yaml.safe_load(self.policy_path.read_text(encoding="utf-8")) or {}
+        given = raw.get("pools") or {}
+        # Only the endpoints move: every other pool setting (kv_capacity_tokens) is kept.
+        raw["pools"] = {
+            name: {**(given.get(name) or {}), "endpoints": [f"{HOST}:{port}"]}
+            for name, port in self.pool_ports.items()
+        }
+        path = self.work_dir / "policy.yaml"
+        path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+        return path
+
+    def start_sidecar(self) -> None:
+        assert self.sidecar_policy_path is not None
+        self.sidecar, ports = start_sidecar(
+            self.work_dir,
+            self.sidecar_policy_path,
+            grpc_port=self.ports.grpc,
+            metrics_port=self.ports.metrics,
+            admin_port=self.ports.admin_api,
+            exact_tokenizer=self.exact_tokenizer,
+        )
+        self.processes.append(self.sidecar)
+        self.grpc_port, self.metrics_port = ports.grpc, ports.metrics
+        self.admin_address = ports.admin
+
+    def runtime_policy(self, policy: Policy) -> Policy:
+        """The policy with each pool pointed at the simulated pool started for it."""
+        pools = {
+            name: dataclasses.replace(pool, endpoints=((HOST, self.pool_ports[name]),))
+            for name, pool in policy.pools.items()
+        }
+        if self.failure_mode is not None:
+            policy = dataclasses.replace(policy, failure_mode=self.failure_mode)
+        return dataclasses.replace(policy, pools=pools)
+
+    def start_envoy(self, policy: Policy) -> None:
+        self.listen_port = self.ports.listen or free_port(HOST)
+        self.admin_port = self.ports.admin or free_port(HOST)
+        config = build_bootstrap(
+            self.runtime_policy(policy),
+            EnvoyPorts(self.listen_port, self.admin_port, self.grpc_port, HOST),
+        )
+        config_path = self.work_dir / "envoy.json"
+        config_path.write_text(json.dumps(config, indent=1), encoding="utf-8")
+        self.envoy = ManagedProcess(
+            "envoy",
+            [
+                envoy_binary(),
+                "-c",
+                str(config_path),
+                "--use-dynamic-base-id",
+                "--concurrency",
+                str(self.envoy_concurrency),
+                "--log-level",
+                "warn",
+            ],
+            self.work_dir,
+        ).start()
+        self.processes.append(self.envoy)
+        self.envoy.wait_for_http(f"http://{HOST}:{self.admin_port}/ready")
+
+    def stop_sidecar(self) -> None:
+        if self.sidecar is not None:
+            self.sidecar.stop()
+
+    def failed(self) -> ManagedProcess | None:
+        """A child that died while the stack was meant to be up."""
+        return next((p for p in self.processes if not p.running()), None)
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {p.name} =====\n{p.log_text()[-6000:]}" for p in self.processes)
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()
