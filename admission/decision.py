@@ -28,6 +28,11 @@ class CountKind(StrEnum):
     BOUND = "bound"  # too large to count: the byte bound decided
     BUSY = "busy"  # the counter was busy: the byte bound decided
 
+    @property
+    def exact(self) -> bool:
+        """Counted token for token (not a bound)."""
+        return self in (CountKind.EXACT, CountKind.CACHED)
+
 
 @dataclass(frozen=True, slots=True)
 class RoutingDecision:
@@ -54,7 +59,7 @@ class RoutingDecision:
 
     @property
     def exact(self) -> bool:
-        return self.estimate in (CountKind.EXACT, CountKind.CACHED)
+        return self.estimate.exact
 
     @property
     def context_tokens(self) -> int:

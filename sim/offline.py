@@ -34,6 +34,7 @@ from extproc.request.flow import Routed
 from extproc.request.tokens import PromptCounter
 from policy import Policy
 from sim.arrivals import Arrival
+from sim.clock import VirtualClock
 from sim.model import Admission, KvCache, LatencyConfig, LatencyModel, kv_tokens_for
 from sim.prompts import library, shared_bpe
 from sim.sidecar import SimulatedSidecar
@@ -49,14 +50,6 @@ class Served:
     ttft_s: float | None = None  # arrival to first token, queueing included
     done_s: float | None = None
     output_tokens: int = 0
-
-
-class VirtualClock:
-    def __init__(self) -> None:
-        self.now_s = 0.0
-
-    def __call__(self) -> float:
-        return self.now_s
 
 
 @dataclass(slots=True)

@@ -145,18 +145,19 @@ def _bucket(policy: Policy, served: Served) -> str:
 
 def _over_objective(policy: Policy, served: Served) -> float:
     """What the client waited for (first token streamed, whole answer otherwise) over what
-    it may take; inf when there is nothing to hold it against."""
+    it may take: 0 when there is no objective (it counts as within), inf when nothing was
+    observed."""
     arrival = served.arrival
     objective = latency_objective_s(
         policy, arrival.key.tier, _bucket(policy, served), arrival.stream, served.output_tokens
     )
+    if objective is None:
+        return 0.0
     if arrival.stream:
         observed = served.ttft_s
     else:
         observed = None if served.done_s is None else served.done_s - arrival.at_s
-    if objective is None or observed is None:
-        return math.inf if objective is not None else 0.0
-    return observed / objective
+    return math.inf if observed is None else observed / objective
 
 
 # One engine per pool, vLLM-like: the KV cache (not max_num_seqs) bounds the batch, and an
@@ -257,7 +258,11 @@ def compare(
     best_report = run_once(
         workload, seed, timeline=True, fixed_multipliers=best["multipliers"], **engine
     )
-    contract = next((row for row in sweep if set(row["multipliers"].values()) == {1.0}), sweep[-1])
+    contract = next((row for row in sweep if set(row["multipliers"].values()) == {1.0}), None)
+    if contract is None:  # a grid without the contracted point: run it, never mislabel
+        unscaled = {tier.value: 1.0 for tier in Tier}
+        report = run_once(workload, seed, fixed_multipliers=unscaled, **engine)
+        contract = {"multipliers": unscaled, "report": report}
     return {
         "workload": workload.name,
         "seed": seed,

@@ -10,10 +10,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.support.http import CHAT, chat_body, metric, post, scrape
-from tests.support.stack import EXAMPLE_POLICY, drive_until, fault, level, read_stream, start_stack
+from tests.support.stack import (
+    drive_until,
+    example_policy,
+    fault,
+    level,
+    read_stream,
+    start_stack,
+    write_policy,
+)
 from tooling.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
@@ -23,7 +30,7 @@ pytestmark = pytest.mark.e2e
 def breaker_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """The example policy with a breaker fast enough to test: seconds, not minutes."""
     work = tmp_path_factory.mktemp("breaker")
-    raw = yaml.safe_load(EXAMPLE_POLICY.read_text())
+    raw = example_policy()
     raw["model"]["fallback_model"] = "deepseek-v4-lite"
     raw["breaker"] = {
         "window_s": 3,
@@ -43,7 +50,7 @@ def breaker_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSta
     # The driving traffic is not streamed: its objective is 250 ms + ~3 x this.
     raw["tpot_slos"] = {tier: 5 for tier in ("critical", "standard", "sheddable")}
     policy = work / "policy.yaml"
-    policy.write_text(yaml.safe_dump(raw))
+    write_policy(policy, raw)
     stack = start_stack(work, policy)
     yield stack
     stack.stop()

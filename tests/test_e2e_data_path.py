@@ -10,18 +10,18 @@ import threading
 from pathlib import Path
 
 import pytest
-import yaml
 
 from policy import FailureMode
 from tests.support.http import chat_body, metric, post, scrape
 from tests.support.stack import (
-    EXAMPLE_POLICY,
+    example_policy,
     random_ports,
     read_stream,
     settled,
     start_stack,
     usage_events,
     wait_for,
+    write_policy,
 )
 from tooling.stack import LocalStack
 
@@ -324,10 +324,10 @@ def test_sidecar_down_follows_failure_mode(tmp_path: Path, mode: FailureMode) ->
 
 def test_failure_mode_per_path(tmp_path: Path) -> None:
     """Health checks fail open while inference stays closed, with the sidecar down."""
-    raw = yaml.safe_load(EXAMPLE_POLICY.read_text())
+    raw = example_policy()
     raw["request"]["failure_mode_by_path"] = {"/health": "open"}
     policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(raw))
+    write_policy(policy, raw)
     local = start_stack(tmp_path, policy, exact_tokenizer=False)
     try:
         local.stop_sidecar()
@@ -348,12 +348,12 @@ def test_failure_mode_per_path(tmp_path: Path) -> None:
 
 
 def test_shadow_pool_gets_mirrored_traffic_and_decisions_are_logged(tmp_path: Path) -> None:
-    raw = yaml.safe_load(EXAMPLE_POLICY.read_text())
+    raw = example_policy()
     raw["pools"]["shadow"] = {"endpoints": ["127.0.0.1:18004"]}
     raw["shadow"] = {"pool": "shadow", "fraction": 1.0}
     raw["decision_log"] = {"dir": str(tmp_path / "decisions"), "sample_rate": 1.0}
     policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(raw))
+    write_policy(policy, raw)
     ports = random_ports()
     ports.pools["shadow"] = 0
     local = LocalStack(policy, tmp_path, ports, time_scale=0.05, exact_tokenizer=False).start()

@@ -15,10 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.support.http import CHAT, chat_body, metric, post, scrape
-from tests.support.stack import EXAMPLE_POLICY, settled, start_stack
+from tests.support.stack import example_policy, settled, start_stack, write_policy
 from tooling.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
@@ -56,7 +55,7 @@ def test_crafted_prompts_are_routed_and_charged_at_their_real_size(stack: LocalS
 def hostile_policy(tmp: Path) -> Path:
     """The example policy plus an attacker allowed to send 32 at once, and a key whose token
     budget 300 streams' whole reservations (300 x 2000) would spend twice over."""
-    raw = yaml.safe_load(EXAMPLE_POLICY.read_text())
+    raw = example_policy()
     raw["keys"] += [
         {
             "key": "sk-attacker",
@@ -72,7 +71,7 @@ def hostile_policy(tmp: Path) -> Path:
         },
     ]
     policy = tmp / "policy.yaml"
-    policy.write_text(yaml.safe_dump(raw))
+    write_policy(policy, raw)
     return policy
 
 

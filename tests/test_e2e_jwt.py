@@ -13,14 +13,13 @@ from typing import Any
 
 import jwt
 import pytest
-import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
 from tests.support.http import chat_body, metric, post, scrape
-from tests.support.stack import EXAMPLE_POLICY, start_stack
+from tests.support.stack import example_policy, start_stack, write_policy
 from tooling.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
@@ -90,7 +89,7 @@ class Identity:
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack, Identity]]:
     work = tmp_path_factory.mktemp("jwt")
     identity = Identity(work)
-    raw = yaml.safe_load(EXAMPLE_POLICY.read_text())
+    raw = example_policy()
     raw["tls"] = {"cert_file": str(identity.cert_path), "key_file": str(identity.key_path)}
     raw["jwt"] = {
         "issuer": ISSUER,
@@ -100,7 +99,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalSta
         "tier_claim": "plan",
     }
     policy = work / "policy.yaml"
-    policy.write_text(yaml.safe_dump(raw))
+    write_policy(policy, raw)
     stack = start_stack(work, policy, exact_tokenizer=False)
     yield stack, identity
     stack.stop()

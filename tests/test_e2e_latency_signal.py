@@ -10,10 +10,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.support.http import CHAT, chat_body, metric, post, scrape
-from tests.support.stack import EXAMPLE_POLICY, fault, read_stream, start_stack
+from tests.support.stack import (
+    example_policy,
+    fault,
+    read_stream,
+    start_stack,
+    write_policy,
+)
 from tooling.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
@@ -25,7 +30,7 @@ PROMPT = (Path(__file__).parent / "data" / "en_prose.txt").read_text() * 6  # ~4
 def signal_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """SLOs that fit the pools' time scale (0.2: everything 5x faster than real)."""
     work = tmp_path_factory.mktemp("signal")
-    raw = yaml.safe_load(EXAMPLE_POLICY.read_text())
+    raw = example_policy()
     raw["breaker"] = {
         "window_s": 6,
         "min_samples": 8,
@@ -42,7 +47,7 @@ def signal_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStac
     raw["slos"] = {tier: {"default": 250} for tier in ("critical", "standard", "sheddable")}
     raw["tpot_slos"] = {"critical": 10, "standard": 10, "sheddable": 10}
     policy = work / "policy.yaml"
-    policy.write_text(yaml.safe_dump(raw))
+    write_policy(policy, raw)
     stack = start_stack(work, policy, time_scale=0.2)
     yield stack
     stack.stop()

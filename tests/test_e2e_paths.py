@@ -10,10 +10,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.support.http import Reply, chat_body, metric, scrape
-from tests.support.stack import EXAMPLE_POLICY, slogate, start_stack
+from tests.support.stack import example_policy, slogate, start_stack, write_policy
 from tooling.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
@@ -42,7 +41,7 @@ RPM = 500
 @pytest.fixture(scope="module")
 def paths_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     tmp = tmp_path_factory.mktemp("paths")
-    raw = yaml.safe_load(EXAMPLE_POLICY.read_text())
+    raw = example_policy()
     raw["keys"] += [
         {
             "key": key,
@@ -53,7 +52,7 @@ def paths_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack
         for name, key in API_KEYS.items()
     ]
     policy = tmp / "policy.yaml"
-    policy.write_text(yaml.safe_dump(raw))
+    write_policy(policy, raw)
     stack = start_stack(tmp, policy)
     yield stack
     stack.stop()

@@ -10,12 +10,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import yaml
 
 from breaker.kv_admission import KvLedger, PoolCapacity, kv_footprint, pool_capacity
 from policy import parse_policy
 from tests.support.http import CHAT, chat_body, metric, post, scrape
-from tests.support.stack import EXAMPLE_POLICY, settled, start_stack, wait_for
+from tests.support.stack import (
+    example_policy,
+    settled,
+    start_stack,
+    wait_for,
+    write_policy,
+)
 
 
 def test_footprint_weights_the_context_by_its_bucket() -> None:
@@ -121,11 +126,11 @@ def test_batch_slots_are_shared_by_tier_too() -> None:
 
 
 def _policy_with_kv(tmp: Path) -> Path:
-    raw = yaml.safe_load(EXAMPLE_POLICY.read_text())
+    raw = example_policy()
     raw["pools"]["default"]["kv_capacity_tokens"] = 10_000
     raw.setdefault("breaker", {})["kv_shares"] = {"standard": 0.6, "sheddable": 0.3}
     path = tmp / "policy-kv.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    write_policy(path, raw)
     return path
 
 
@@ -194,12 +199,12 @@ def test_kv_admission_through_the_stack(tmp_path: Path) -> None:
 def test_the_sidecar_learns_the_engines_real_footprint(tmp_path: Path) -> None:
     """Streams that ask for 2000 tokens: the sidecar counts prompt + max_tokens, the pool's
     engine reports its own KV usage, and the learned ratio falls below the upper bound."""
-    raw = yaml.safe_load(EXAMPLE_POLICY.read_text())
+    raw = example_policy()
     raw["pools"]["default"]["kv_capacity_tokens"] = 50_000
     breaker = raw.setdefault("breaker", {})
     breaker.update({"controller_interval_s": 1, "scrape_interval_s": 1})
     path = tmp_path / "policy-ratio.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    write_policy(path, raw)
     stack = start_stack(tmp_path, policy=path, time_scale=0.2)  # ~8 s per stream
     try:
         body = chat_body("go on", max_tokens=2000, stream=True, ignore_eos=True)

@@ -10,23 +10,21 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from extproc.request.contract import POOL_HEADER, REASON_HEADER
 from extproc.runtime.sidecar import Sidecar
-from tests.support.stack import EXAMPLE_POLICY
+from tests.support.stack import example_policy, write_policy
 from tooling.benchmarks.driver import SidecarDriver
 
 
 @pytest.fixture
 async def running(tmp_path: Path) -> AsyncIterator[tuple[Sidecar, SidecarDriver]]:
-    policy: dict[str, Any] = yaml.safe_load(EXAMPLE_POLICY.read_text())
+    policy = example_policy()
     policy["breaker"]["scrape_metrics"] = False  # no pools run here
     path = tmp_path / "policy.yaml"
-    path.write_text(yaml.safe_dump(policy))
+    write_policy(path, policy)
     sidecar = Sidecar(path, grpc_port=0, metrics_port=None, admin_address=None)
     address = await sidecar.start()
     assert address.metrics_port is None and address.admin is None

@@ -14,10 +14,8 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from admission.decision import RequestOutcome
 from admission.errors import RequestRejected
@@ -34,7 +32,7 @@ from policy import ApiKey, Policy, load_policy
 from sim.prompts import shared_bpe
 from sim.sidecar import SimulatedSidecar
 from tests.support.clock import VirtualClock
-from tests.support.stack import EXAMPLE_POLICY
+from tests.support.stack import example_policy, write_policy
 from tooling.benchmarks.driver import access_log_entry
 
 KEYS = ("sk-demo-critical", "sk-demo-standard", "sk-demo-batch", "sk-demo-small")
@@ -52,15 +50,13 @@ class Step:
     stream: bool
 
 
-def write_policy(tmp_path: Path) -> Path:
-    policy: dict[str, Any] = yaml.safe_load(EXAMPLE_POLICY.read_text())
+def differential_policy(tmp_path: Path) -> Path:
+    policy = example_policy()
     policy["breaker"]["scrape_metrics"] = False
     policy["breaker"]["controller_enabled"] = False
     # A long pool two or three long requests fill: KV refusals come early and often.
     policy["pools"]["long"]["kv_capacity_tokens"] = 400_000
-    path = tmp_path / "policy.yaml"
-    path.write_text(yaml.safe_dump(policy))
-    return path
+    return write_policy(tmp_path / "policy.yaml", policy)
 
 
 def arrivals(count: int, seed: int) -> list[Step]:
@@ -181,7 +177,7 @@ DRILLS = {60: (BreakerLevel.L2, 600.0), 120: (BreakerLevel.L3, 600.0), 170: (Bre
 
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_every_decision_matches_the_sidecars(tmp_path: Path, seed: int) -> None:
-    path = write_policy(tmp_path)
+    path = differential_policy(tmp_path)
     clock = VirtualClock()
     sidecar = SidecarSide(path, clock)
     simulator = SimulatorSide(load_policy(path), clock)

@@ -1,14 +1,11 @@
-"""The one virtual clock of the tests: time moves only when a test moves it."""
+"""The one virtual clock of the tests: the simulator's (sim.clock), started far from zero so
+that no store mistakes a time for "never"."""
 
 from __future__ import annotations
 
+from sim import clock
 
-class VirtualClock:
+
+class VirtualClock(clock.VirtualClock):
     def __init__(self, now_s: float = 1_000_000.0) -> None:
-        self.now_s = now_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def advance(self, seconds: float) -> None:
-        self.now_s += seconds
+        super().__init__(now_s)

@@ -12,11 +12,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tests.support.http import CHAT, chat_body, metric, post, scrape
 from tooling.stack import LocalStack, StackPorts
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_POLICY = ROOT / "deploy" / "policy.example.yaml"
+
+
+def example_policy() -> dict[str, Any]:
+    """The example policy as data, for a test to change and `write_policy`."""
+    loaded: dict[str, Any] = yaml.safe_load(EXAMPLE_POLICY.read_text())
+    return loaded
+
+
+def write_policy(path: Path, raw: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(raw))
+    return path
 
 
 def random_ports() -> StackPorts:

@@ -46,7 +46,7 @@ class PromptCount:
 
     @property
     def exact(self) -> bool:
-        return self.kind in (CountKind.EXACT, CountKind.CACHED)
+        return self.kind.exact
 
 
 # Messages shorter than this are counted again rather than cached: cheaper than the lookup
