@@ -2,14 +2,17 @@
 simulator alike.
 
 What lives here: `Admission` (the chain and its steps, for the callers that also drive the
-steps' own loops: the KV ratio, expiry) and `build_admission`. The order is the rule:
-the breaker first (a shed request spends nothing), KV admission next, the budget last (a
-budget refusal gives the KV room back). A simulated run may leave the breaker or the budgets
-out; it never reorders or re-implements a step.
+steps' own loops: the KV ratio, expiry, the waiting room) and `build_admission`. The
+order is the rule: the breaker first (a shed request spends nothing), the budget next (a
+contract: refused at once, never after a wait), KV admission last, where a request may
+wait for room (admission.waiting_room) holding its budget reservation, which is given back
+if it leaves without running. A simulated run may leave the breaker or the budgets out; it
+never reorders or re-implements a step.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,9 +23,11 @@ from admission.budget_step import BudgetStep, KeyCeilings
 from admission.chain import AdmissionChain, Step
 from admission.events import BreakerEvents, BudgetEvents, KvEvents
 from admission.kv_step import KvStep
+from admission.waiting_room import Waiter
 from breaker.board import BreakerBoard
 from breaker.kv_admission import KvLedger
 from budget.store import BudgetStore
+from policy import Policy
 
 
 class Events(BreakerEvents, KvEvents, BudgetEvents, Protocol):
@@ -48,10 +53,14 @@ def build_admission(
     ceilings: KeyCeilings | None = None,
     rng: random.Random | None = None,
     ledger: KvLedger | None = None,
+    policy: Callable[[], Policy],
+    new_waiter: Callable[[], Waiter] | None = None,
+    wait_cap_s: float = math.inf,
 ) -> Admission:
-    """`board` None: no breaker step; `store` None: no budget step (simulated runs only)."""
+    """`board` None: no breaker step; `store` None: no budget step (simulated runs only);
+    `new_waiter` None: no waiting room (a full pool refuses at once)."""
     breaker = BreakerStep(board, events, rng) if board is not None else None
-    kv = KvStep(events, clock, ttl_s, ledger)
     budget = BudgetStep(store, events, ttl_s, multipliers, ceilings) if store is not None else None
-    steps: list[Step] = [s for s in (breaker, kv, budget) if s is not None]
+    kv = KvStep(events, clock, ttl_s, policy, new_waiter, ledger, wait_cap_s)
+    steps: list[Step] = [s for s in (breaker, budget, kv) if s is not None]
     return Admission(AdmissionChain(steps), kv, breaker, budget)

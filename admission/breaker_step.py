@@ -16,7 +16,7 @@ import dataclasses
 import math
 import random
 
-from admission.decision import Admitted, RequestOutcome, RoutingDecision
+from admission.decision import DEGRADED_HEADER, Admitted, RequestOutcome, RoutingDecision
 from admission.errors import Overloaded
 from admission.events import BreakerEvents
 from breaker.board import BreakerBoard
@@ -54,7 +54,7 @@ class BreakerStep:
             rerouted = dataclasses.replace(
                 decision, pool=policy.fallback_pool, model_override=policy.fallback_model
             )
-            return Admitted(rerouted, {"x-slogate-degraded": f"L{int(level)}"})
+            return Admitted(rerouted, {DEGRADED_HEADER: f"L{int(level)}"})
         probe_fraction = policy.breaker.thresholds.probe_fraction
         if self._board.probing(decision.pool) and self._rng.random() < probe_fraction:
             # Half-open: a few of the requests this level sheds are let through as probes.

@@ -19,6 +19,10 @@ from policy import ApiKey, ContextBucket, Limits
 from policy.apis import KNOWN_APIS, Api, ApiKind
 
 _CHAT_API = KNOWN_APIS[0]
+# Response headers the steps set (Envoy renders them from the sidecar's metadata): the level
+# a re-routed request met (L3), and how long a request waited for room in its pool.
+DEGRADED_HEADER = "x-slogate-degraded"
+QUEUED_HEADER = "x-slogate-queued-ms"
 EXPIRED_DETAILS = "slogate_expired"
 
 
@@ -50,6 +54,8 @@ class RoutingDecision:
     runs_to_limit: bool = False  # generates max_tokens whatever the model does (ignore_eos)
     # The caller's prompt correction that prompt_tokens includes (request.tokens.corrections).
     prompt_correction: float = 1.0
+    body_bytes: int = 0  # what Envoy holds for the request while it waits for room
+    waited_s: float = 0.0  # how long it waited in the waiting room (admission.kv_step)
     # Set by the steps as they admit, read back when the request is settled or refunded: the
     # breaker level it met, and the key's limits it was reserved under (scaled by that level
     # and the quota controller). Settling with these, not a fresh read, keeps a level change

@@ -1,9 +1,10 @@
 """What the admission steps report, each through the narrow interface it declares.
 
 What lives here: one Protocol per step (what it tells the outside world: a request shed, a
-probe let through, a footprint ratio learned, a budget decision, tokens settled) and
-`NoEvents`, which hears them all and does nothing (the simulator, tests). The sidecar's
-metrics implement them (extproc.runtime.events); no step sees the metrics object.
+probe let through, a footprint ratio learned, a request leaving the waiting room, a budget
+decision, tokens settled) and `NoEvents`, which hears them all and does nothing (the
+simulator, tests). The sidecar's metrics implement them (extproc.runtime.events); no step
+sees the metrics object.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ class BreakerEvents(Protocol):
 class KvEvents(Protocol):
     def footprint_ratio(self, pool: str, ratio: float) -> None: ...
 
+    def waited(self, tier: str, outcome: str, seconds: float) -> None:
+        """A request left the waiting room: dispatched, timed_out, cancelled (or was refused
+        at its door: full, 0 s)."""
+        ...
+
 
 class BudgetEvents(Protocol):
     def budget_decision(self, tenant: str, result: str) -> None: ...
@@ -36,6 +42,9 @@ class NoEvents:
         pass
 
     def footprint_ratio(self, pool: str, ratio: float) -> None:
+        pass
+
+    def waited(self, tier: str, outcome: str, seconds: float) -> None:
         pass
 
     def budget_decision(self, tenant: str, result: str) -> None:

@@ -1,23 +1,52 @@
-"""KV admission as a step: hold a request's KV footprint in its pool, or refuse with 503.
+"""KV admission as a step: hold a request's KV footprint in its pool, waiting for room.
 
 What lives here: `KvStep`. For pools with `kv_capacity_tokens` or `max_num_seqs`, it asks
 the ledger (breaker.kv_admission) whether the request's tier may still fill its pool — the
 footprint of every completion it may generate, one batch slot each — and holds it until the
 request ends; each hold has a deadline (`ttl_s`), past which `expire` frees it if its end
-was never seen. A refusal is a 503 with a 1 s Retry-After: the pool is full right now, which
-says nothing about the caller's budget, and room frees as soon as any request ends.
-Cheap requests (tokenize, the model list) hold nothing.
+was never seen. Cheap requests (tokenize, the model list) hold nothing.
+
+When the pool is full for now, the request waits in the waiting room (admission.
+waiting_room) instead of getting a 503: capacity frees as soon as a request ends, and the
+step dispatches the room on exactly the events that free it (a settle, a release, an
+expired hold, a new footprint ratio, a policy reload, and `tick`). It is the chain's last
+step, so a request over its budget or shed by the breaker never waits: those are refused
+at once. Past the room's bounds a request gets a 503 with its own reason — `queue_full`
+(too many waiting, or too many bytes of waiting bodies) or `queue_timeout` (its tier's
+longest wait passed) — and a Retry-After from the room, never a hang. A request that could
+not fit even an empty pool is refused at once (`kv_cache_full` / `sequences_full`): waiting
+cannot help it. Whatever ends a wait early (the client gone, Envoy's timer) takes the
+request out of the room and gives back anything it was just given.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable
+from contextvars import ContextVar
 
-from admission.decision import Admitted, RequestOutcome, RoutingDecision
+from admission.decision import QUEUED_HEADER, Admitted, RequestOutcome, RoutingDecision
 from admission.errors import Overloaded
 from admission.events import KvEvents
-from breaker.kv_admission import KvLedger, kv_footprint, pool_capacity
-from policy import Policy
+from admission.waiting_room import (
+    AttainedService,
+    QueueFull,
+    RoomBounds,
+    Waiter,
+    Waiting,
+    WaitingRoom,
+)
+from breaker.kv_admission import KvLedger, PoolCapacity, kv_footprint, pool_capacity
+from policy import Policy, Tier
+
+# How often the sidecar runs `tick` (and the simulator, on its clock): waits past their
+# deadline leave the room within this; dispatch itself runs on every event that frees room.
+ROOM_TICK_S = 0.05
+
+# The transport's hook for "this request now waits up to N seconds": the sidecar's ext_proc
+# servicer sets it per stream to extend Envoy's message timeout; elsewhere nobody listens.
+wait_notice: ContextVar[Callable[[float], None] | None] = ContextVar("wait_notice", default=None)
 
 
 class KvStep:
@@ -26,12 +55,22 @@ class KvStep:
         events: KvEvents,
         clock: Callable[[], float],
         ttl_s: float,
+        policy: Callable[[], Policy],
+        new_waiter: Callable[[], Waiter] | None = None,
         ledger: KvLedger | None = None,
+        wait_cap_s: float = math.inf,
     ) -> None:
+        """`new_waiter` None: no waiting room (a full pool refuses at once). `wait_cap_s`:
+        no request waits longer, whatever a reloaded policy says (Envoy's configured
+        max_message_timeout is written from the policy the sidecar started with)."""
         self._events = events
         self._clock = clock
         self._ttl_s = ttl_s
+        self._policy = policy
+        self._new_waiter = new_waiter
+        self._wait_cap_s = wait_cap_s
         self.ledger = ledger or KvLedger()
+        self.room = WaitingRoom(AttainedService(policy().waiting_room.half_life_s))
 
     async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
         if not decision.meters_tokens:
@@ -40,11 +79,78 @@ class KvStep:
         capacity = None if spec is None else pool_capacity(spec, policy.budget.replicas)
         if capacity is None:
             return Admitted(decision)
-        share = policy.breaker.kv_shares[decision.caller.tier]
+        tier = decision.caller.tier
+        share = policy.breaker.kv_shares[tier]
         tokens = kv_footprint(decision.reserved_tokens, decision.bucket)
+        now_s = self._clock()
+        service = self._service(decision, policy)
+        limit = ""
+        if not self.room.ahead(decision.pool, tier):
+            limit = self._hold(request_id, decision.pool, tokens, capacity, share, decision)
+            if not limit:
+                self.room.service.add(decision.caller.tenant, service, now_s)
+                return Admitted(decision)
+        # Full for now, or others wait ahead of it: it waits too, in its turn.
+        never = self.ledger.never_fits(
+            decision.pool, tokens, capacity, share, decision.sequences, decision.runs_to_limit
+        )
+        max_wait_s = min(
+            self._wait_cap_s,
+            policy.max_wait_s(tier, decision.pool, decision.bucket.name, decision.prompt_tokens),
+        )
+        if never or self._new_waiter is None or max_wait_s <= 0:
+            raise _pool_full(decision, never or limit)
+        entry = Waiting(
+            request_id=request_id,
+            pool=decision.pool,
+            tier=tier,
+            tenant=decision.caller.tenant,
+            tokens=tokens,
+            sequences=decision.sequences,
+            fixed=decision.runs_to_limit,
+            body_bytes=decision.body_bytes,
+            service=service,
+            entered_s=now_s,
+            deadline_s=now_s + max_wait_s,
+            waiter=self._new_waiter(),
+        )
+        room = policy.waiting_room
+        try:
+            self.room.enter(
+                entry, RoomBounds(room.max_waiting, room.max_waiting_bytes, room.backfill_s)
+            )
+        except QueueFull as full:
+            self._events.waited(tier.value, "full", 0.0)
+            raise self._queue_full(decision, full.what, now_s) from None
+        notice = wait_notice.get()
+        if notice is not None:
+            notice(max_wait_s)
+        self.dispatch(decision.pool)  # it may already fit in its turn
+        try:
+            await entry.waiter
+        except BaseException as error:
+            if self.room.leave(request_id) is not None:  # gone while waiting
+                self._events.waited(tier.value, "cancelled", self._clock() - now_s)
+            elif not isinstance(error, Overloaded) and self.ledger.release(request_id):
+                self.dispatch(decision.pool)  # dispatched, then gone before it resumed
+            raise
+        waited_s = self._clock() - now_s
+        decision = dataclasses.replace(decision, waited_s=waited_s)
+        return Admitted(decision, {QUEUED_HEADER: str(round(waited_s * 1000))})
+
+    def _hold(
+        self,
+        request_id: str,
+        pool: str,
+        tokens: int,
+        capacity: PoolCapacity,
+        share: float,
+        decision: RoutingDecision,
+    ) -> str:
+        """Hold the footprint now if it fits: "" when held, else what is full."""
         verdict = self.ledger.admit(
             request_id,
-            decision.pool,
+            pool,
             tokens,
             capacity,
             share,
@@ -52,35 +158,141 @@ class KvStep:
             fixed=decision.runs_to_limit,
             deadline_s=self._clock() + self._ttl_s,
         )
-        if verdict.admitted:
-            return Admitted(decision)
-        tier = decision.caller.tier.value
-        if verdict.limit == "kv_cache":
-            raise Overloaded(
-                f"The {decision.pool!r} pool has no KV-cache room for this request's context "
-                f"({decision.context_tokens} tokens) at the {tier} tier right now. Please "
-                f"retry shortly, or lower max_tokens.",
-                reason="kv_cache_full",
-                retry_after_s=1,
-            )
-        raise Overloaded(
+        return verdict.limit
+
+    def _service(self, decision: RoutingDecision, policy: Policy) -> float:
+        """The weighted tokens a request attains: its prompt, and its output limit x the
+        output weight (corrected by the real output when it is settled)."""
+        output = decision.sequences * decision.max_tokens
+        return decision.prompt_tokens + output * policy.waiting_room.output_weight
+
+    def _queue_full(self, decision: RoutingDecision, what: str, now_s: float) -> Overloaded:
+        tier = decision.caller.tier
+        detail = (
+            "too many requests are waiting"
+            if what == "requests"
+            else "the waiting requests' bodies fill the memory set aside for them"
+        )
+        return Overloaded(
+            f"The {decision.pool!r} pool is full at the {tier.value} tier and {detail}. "
+            "Please retry later.",
+            reason="queue_full",
+            retry_after_s=self._retry_after(decision.pool, tier, now_s),
+        )
+
+    def _retry_after(self, pool: str, tier: Tier, now_s: float) -> int:
+        policy = self._policy()
+        longest = policy.waiting_room.max_wait_s.get(tier) or policy.longest_wait_s
+        return self.room.retry_after_s(pool, tier, now_s, min(longest, self._wait_cap_s))
+
+    def dispatch(self, pool: str | None = None) -> int:
+        """Offer the waiting requests of `pool` (None: every pool) to the ledger, in the
+        room's order; the number dispatched."""
+        if not len(self.room):
+            return 0
+        policy = self._policy()
+        now_s = self._clock()
+        room = policy.waiting_room
+        shares = policy.breaker.kv_shares
+        dispatched = 0
+        for name in [pool] if pool is not None else self.room.pools():
+            spec = policy.pools.get(name)
+            capacity = None if spec is None else pool_capacity(spec, policy.budget.replicas)
+            if capacity is None:  # no longer limited (a reload): everyone fits
+                capacity = PoolCapacity(None, None)
+
+            def fits(entry: Waiting, capacity: PoolCapacity = capacity) -> bool:
+                verdict = self.ledger.admit(
+                    entry.request_id,
+                    entry.pool,
+                    entry.tokens,
+                    capacity,
+                    shares[entry.tier],
+                    sequences=entry.sequences,
+                    fixed=entry.fixed,
+                    deadline_s=now_s + self._ttl_s,
+                )
+                return verdict.admitted
+
+            for entry in self.room.dispatch(
+                name, fits, now_s, room.backfill_s, room.tenant_weights
+            ):
+                dispatched += 1
+                self._events.waited(entry.tier.value, "dispatched", now_s - entry.entered_s)
+                if not entry.waiter.done():
+                    entry.waiter.set_result(None)
+        return dispatched
+
+    def tick(self) -> None:
+        """Time out the waits past their deadline, then dispatch every pool (a timer behind
+        the events, for what no event announces: a reloaded capacity, say)."""
+        now_s = self._clock()
+        for entry in self.room.expired(now_s):
+            self._events.waited(entry.tier.value, "timed_out", now_s - entry.entered_s)
+            if not entry.waiter.done():
+                entry.waiter.set_exception(self._timed_out(entry, now_s))
+        self.dispatch()
+
+    def _timed_out(self, entry: Waiting, now_s: float) -> Overloaded:
+        return Overloaded(
+            f"The {entry.pool!r} pool stayed full at the {entry.tier.value} tier for the "
+            f"longest this request may wait ({now_s - entry.entered_s:.1f} s). "
+            "Please retry later.",
+            reason="queue_timeout",
+            retry_after_s=self._retry_after(entry.pool, entry.tier, now_s),
+        )
+
+    async def release(self, decision: RoutingDecision, request_id: str) -> None:
+        self._freed(self.ledger.release(request_id))
+
+    async def settle(self, outcome: RequestOutcome) -> None:
+        """The request ended (or expired): its footprint is free again, and its tenant's
+        attained service is corrected to what it really generated."""
+        self._freed(self.ledger.release(outcome.tracking_id))
+        decision = outcome.decision
+        if not decision.meters_tokens:
+            return
+        policy = self._policy()
+        charged = decision.sequences * decision.max_tokens
+        generated = outcome.completion_tokens or 0
+        decay = 0.5 ** (outcome.duration_s / self.room.service.half_life_s)
+        correction = (generated - charged) * policy.waiting_room.output_weight * decay
+        if correction:
+            self.room.service.add(decision.caller.tenant, correction, self._clock())
+
+    def _freed(self, pool: str | None) -> None:
+        if pool is not None:
+            self.room.note_end(pool, self._clock())
+            self.dispatch(pool)
+
+    def expire(self) -> list[str]:
+        """Free the holds past their deadline; their ids."""
+        expired = self.ledger.expire(self._clock())
+        for pool in {pool for _, pool in expired}:
+            self._freed(pool)
+        return [request_id for request_id, _ in expired]
+
+    def observe(self, policy: Policy, kv_cache_usage: Callable[[str], float | None]) -> None:
+        """Each controller interval: learn each pool's real-to-counted KV ratio (a lower
+        ratio makes room: the waiting requests are offered it)."""
+        for name in self.ledger.observe_pools(policy.pools, policy.budget.replicas, kv_cache_usage):
+            self._events.footprint_ratio(name, self.ledger.ratio.get(name, 1.0))
+        self.dispatch()
+
+
+def _pool_full(decision: RoutingDecision, limit: str) -> Overloaded:
+    tier = decision.caller.tier.value
+    if limit == "sequences":
+        return Overloaded(
             f"The {decision.pool!r} pool runs as many requests as it may at the {tier} tier "
             f"right now. Please retry shortly.",
             reason="sequences_full",
             retry_after_s=1,
         )
-
-    async def release(self, decision: RoutingDecision, request_id: str) -> None:
-        self.ledger.release(request_id)
-
-    async def settle(self, outcome: RequestOutcome) -> None:
-        """The request ended (or expired): its footprint is free again."""
-        self.ledger.release(outcome.tracking_id)
-
-    def expire(self) -> list[str]:
-        return self.ledger.expire(self._clock())
-
-    def observe(self, policy: Policy, kv_cache_usage: Callable[[str], float | None]) -> None:
-        """Each controller interval: learn each pool's real-to-counted KV ratio."""
-        for name in self.ledger.observe_pools(policy.pools, policy.budget.replicas, kv_cache_usage):
-            self._events.footprint_ratio(name, self.ledger.ratio.get(name, 1.0))
+    return Overloaded(
+        f"The {decision.pool!r} pool has no KV-cache room for this request's context "
+        f"({decision.context_tokens} tokens) at the {tier} tier right now. Please "
+        f"retry shortly, or lower max_tokens.",
+        reason="kv_cache_full",
+        retry_after_s=1,
+    )

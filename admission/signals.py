@@ -4,6 +4,12 @@ objective, recorded into the latency windows (breaker.latency).
 What lives here: `record_signals`, the one place that turns a `RequestOutcome` into window
 samples. The sidecar's access-log recorder and the simulator both call it, so the breaker
 reads the same signals from either. Pure: the windows carry their own clock.
+
+The breaker judges the pools, so a request's wait in the waiting room is taken out of its
+latency samples (Envoy's times start when the request arrived): the wait is the waiting
+room's doing, watched by its own metric and alert. Left in, a full and healthy pool — the
+waiting room's normal state under load — would look slow, trip the breaker and shed what
+the pool could serve.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ def record_signals(windows: ResponseWindows, policy: Policy, outcome: RequestOut
     windows.record_response(pool, outcome.status)
     if outcome.status >= 400 or not d.meters_tokens:
         return
-    windows.record_latency("total", pool, tier, bucket, outcome.duration_s)
-    if outcome.ttft_s is not None:
-        windows.record_latency("ttft", pool, tier, bucket, outcome.ttft_s)
-    observed_s = outcome.ttft_s if d.stream else outcome.duration_s
+    duration_s = max(0.0, outcome.duration_s - d.waited_s)
+    ttft_s = None if outcome.ttft_s is None else max(0.0, outcome.ttft_s - d.waited_s)
+    windows.record_latency("total", pool, tier, bucket, duration_s)
+    if ttft_s is not None:
+        windows.record_latency("ttft", pool, tier, bucket, ttft_s)
+    observed_s = ttft_s if d.stream else duration_s
     if observed_s is None:
         return
     objective_s = latency_objective_s(

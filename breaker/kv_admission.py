@@ -168,23 +168,44 @@ class KvLedger:
         self._held[request_id] = (pool, tokens, sequences, fixed, deadline_s)
         return KvVerdict(True, "", current + tokens, running + sequences)
 
-    def release(self, request_id: str) -> bool:
-        """Free what the request held; False when it held nothing (never admitted, or done)."""
+    def release(self, request_id: str) -> str | None:
+        """Free what the request held: its pool; None when it held nothing (never admitted,
+        or done)."""
         held = self._held.pop(request_id, None)
         if held is None:
-            return False
+            return None
         pool, tokens, sequences, fixed, _ = held
         self.in_flight[pool] -= tokens
         self.requests[pool] -= sequences
         if fixed:
             self.fixed[pool] -= tokens
-        return True
+        return pool
 
-    def expire(self, now_s: float) -> list[str]:
-        """Free every hold past its deadline; the ids freed. A safety net: every way a
-        request ends releases it, but a hold must never outlive its request by much."""
-        expired = [rid for rid, held in self._held.items() if held[4] <= now_s]
-        for request_id in expired:
+    def never_fits(
+        self,
+        pool: str,
+        tokens: int,
+        capacity: PoolCapacity,
+        share: float,
+        sequences: int = 1,
+        fixed: bool = False,
+    ) -> str:
+        """What the request could not fit even with nothing else in the tier's share of
+        `pool`, at the footprint ratio learned now ("kv_cache", "sequences"; "" when it
+        could): waiting for room cannot help it."""
+        ratio = self.ratio.get(pool, 1.0)
+        expected = tokens * (max(1.0, ratio) if fixed else ratio)
+        if capacity.kv_tokens is not None and expected > capacity.kv_tokens * share:
+            return "kv_cache"
+        if capacity.sequences is not None and sequences > capacity.sequences * share:
+            return "sequences"
+        return ""
+
+    def expire(self, now_s: float) -> list[tuple[str, str]]:
+        """Free every hold past its deadline; the (id, pool) pairs freed. A safety net: every
+        way a request ends releases it, but a hold must never outlive its request by much."""
+        expired = [(rid, held[0]) for rid, held in self._held.items() if held[4] <= now_s]
+        for request_id, _ in expired:
             self.release(request_id)
         return expired
 

@@ -29,6 +29,7 @@ from policy.schema import (
     Policy,
     ShadowConfig,
     TlsConfig,
+    WaitingRoomConfig,
     start_only_changes,
 )
 
@@ -52,6 +53,7 @@ __all__ = [
     "ShadowConfig",
     "Tier",
     "TlsConfig",
+    "WaitingRoomConfig",
     "hash_api_key",
     "load_policy",
     "parse_policy",

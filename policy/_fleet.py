@@ -20,6 +20,7 @@ from policy.schema import (
     BreakerConfig,
     BreakerThresholds,
     CountingConfig,
+    WaitingRoomConfig,
 )
 
 _DEFAULT_BUCKETS: tuple[tuple[str, int | None, float, float], ...] = (
@@ -95,6 +96,7 @@ def parse_pools(raw: object, path: str) -> dict[str, Pool]:
             )
             if value is not None:
                 positive(capacities[field_name] or 0, sec.child(field_name))
+        priority_scheduling = sec.get("priority_scheduling", bool, False)
         sec.close()
         if not endpoints_raw:
             raise PolicyError(f"{sec.child('endpoints')}: needs at least one endpoint")
@@ -105,7 +107,9 @@ def parse_pools(raw: object, path: str) -> dict[str, Pool]:
             if match is None or not 0 < int(match["port"]) < 65536:
                 raise PolicyError(f"{ep_path}: expected 'host:port', got {ep!r}")
             endpoints.append((match["host"].strip("[]"), int(match["port"])))
-        pools[name] = Pool(name, tuple(endpoints), **capacities)
+        pools[name] = Pool(
+            name, tuple(endpoints), priority_scheduling=priority_scheduling, **capacities
+        )
     return pools
 
 
@@ -281,3 +285,44 @@ def parse_tpot_slos(sec: Section) -> dict[Tier, float]:
         positive(slos[tier], sec.child(tier.value))
     sec.close()
     return slos
+
+
+def parse_waiting_room(sec: Section) -> WaitingRoomConfig:
+    defaults = WaitingRoomConfig()
+    waits_sec = sec.section("max_wait_s")
+    waits: dict[Tier, float | None] = dict(defaults.max_wait_s)
+    for tier in Tier:
+        raw = waits_sec.raw(tier.value)
+        if raw is None:
+            continue
+        waits[tier] = expect(raw, float, waits_sec.child(tier.value))
+        if waits[tier] is not None and (waits[tier] or 0.0) < 0:
+            raise PolicyError(f"{waits_sec.child(tier.value)}: must be >= 0")
+    waits_sec.close()
+    weights_raw = sec.get("tenant_weights", dict, {})
+    weights: dict[str, float] = {}
+    for tenant, value in weights_raw.items():
+        where = f"{sec.child('tenant_weights')}.{tenant}"
+        weights[str(tenant)] = expect(value, float, where)
+        positive(weights[str(tenant)], where)
+    config = WaitingRoomConfig(
+        enabled=sec.get("enabled", bool, defaults.enabled),
+        max_wait_s=waits,
+        min_wait_s=sec.get("min_wait_s", float, defaults.min_wait_s),
+        max_waiting=sec.get("max_waiting", int, defaults.max_waiting),
+        max_waiting_bytes=sec.get("max_waiting_bytes", int, defaults.max_waiting_bytes),
+        backfill_s=sec.get("backfill_s", float, defaults.backfill_s),
+        half_life_s=sec.get("half_life_s", float, defaults.half_life_s),
+        output_weight=sec.get("output_weight", float, defaults.output_weight),
+        tenant_weights=weights,
+        alert_critical_p99_wait_s=sec.get(
+            "alert_critical_p99_wait_s", float, defaults.alert_critical_p99_wait_s
+        ),
+    )
+    sec.close()
+    for name in ("max_waiting", "max_waiting_bytes", "half_life_s", "alert_critical_p99_wait_s"):
+        positive(getattr(config, name), sec.child(name))
+    for name in ("min_wait_s", "backfill_s", "output_weight"):
+        if getattr(config, name) < 0:
+            raise PolicyError(f"{sec.child(name)}: must be >= 0")
+    return config

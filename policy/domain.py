@@ -69,6 +69,9 @@ class Pool:
     # tier). None: not limited.
     kv_capacity_tokens: int | None = None
     max_num_seqs: int | None = None
+    # The engines run vLLM's priority scheduling (`--scheduling-policy priority`): slogate
+    # writes each request's `priority` from its tier (lower runs first).
+    priority_scheduling: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,11 @@ class LatencyFit:
     base_latency_ms: float  # TTFT of a tiny request at empty load, network excluded
     prefill_ms_per_1k_tokens: float  # in the first context bucket
     bucket_slopes: Mapping[str, float]  # bucket name -> prefill cost relative to the first
+
+    def expected_ttft_ms(self, prompt_tokens: int, bucket: str) -> float:
+        """TTFT of a prompt at empty load: the base plus its prefill at its bucket's slope."""
+        slope = self.bucket_slopes.get(bucket, 1.0)
+        return self.base_latency_ms + prompt_tokens / 1000 * self.prefill_ms_per_1k_tokens * slope
 
 
 @dataclass(frozen=True, slots=True)

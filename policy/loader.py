@@ -31,6 +31,7 @@ from policy._fleet import (
     parse_rules,
     parse_slos,
     parse_tpot_slos,
+    parse_waiting_room,
 )
 from policy._reader import PolicyError, Section, positive
 from policy.domain import FailureMode
@@ -110,6 +111,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
     jwt = parse_jwt(root.raw("jwt"), root.child("jwt"))
     paths = parse_paths(root.section("paths"))
     breaker = parse_breaker(root.section("breaker"))
+    waiting_room = parse_waiting_room(root.section("waiting_room"))
     bucket_names = {b.name for b in buckets}
     slos = parse_slos(root.section("slos"), bucket_names)
     tpot_slos = parse_tpot_slos(root.section("tpot_slos"))
@@ -136,6 +138,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         keys=keys,
         budget=budget,
         breaker=breaker,
+        waiting_room=waiting_room,
         fallback_pool=fallback_pool,
         fallback_model=fallback_model,
         slo_ttft_p99_ms=slos,

@@ -135,6 +135,35 @@ class CountingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class WaitingRoomConfig:
+    """Requests refused only for capacity (a pool's KV cache or batch slots) wait here for
+    room instead of getting a 503 at once (admission.waiting_room). Budgets and the breaker
+    never wait: a budget is a contract, shedding is the breaker's answer to overload."""
+
+    enabled: bool = True
+    # The longest a request of each tier may wait; None (critical's default): its TTFT SLO
+    # minus the prefill its pool's latency model expects, so that the wait cannot by itself
+    # spend the SLO (half the SLO where the pool has no latency model).
+    max_wait_s: Mapping[Tier, float | None] = field(
+        default_factory=lambda: {Tier.CRITICAL: None, Tier.STANDARD: 15.0, Tier.SHEDDABLE: 30.0}
+    )
+    min_wait_s: float = 0.2  # a derived critical wait is never shorter than this
+    max_waiting: int = 1000  # waiting requests per pool and tier
+    # Envoy holds every waiting body in memory: all of them together stay under this.
+    max_waiting_bytes: int = 256 * 1024 * 1024
+    # A blocked head-of-line request lets smaller ones that fit go first only while it has
+    # waited less than this; then nothing passes it until it fits (no starvation).
+    backfill_s: float = 0.5
+    # Fair shares inside a tier: the tenant with the least recently attained service goes
+    # first; service is weighted tokens (output x output_weight) decaying with this half-life.
+    half_life_s: float = 60.0
+    output_weight: float = 2.0
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)  # default 1.0 each
+    # The alert fires when critical requests' P99 wait exceeds this (exported as a gauge).
+    alert_critical_p99_wait_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     model_name: str
     max_context_tokens: int
@@ -151,6 +180,7 @@ class Policy:
     counting: CountingConfig = field(default_factory=CountingConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     breaker: BreakerConfig = field(default_factory=lambda: BreakerConfig())
+    waiting_room: WaitingRoomConfig = field(default_factory=WaitingRoomConfig)
     fallback_pool: str = "fallback"
     fallback_model: str | None = None  # None: keep the requested model at L3
     # P99 TTFT SLO in ms per (tier, bucket name); "*" is the tier's default for any bucket.
@@ -172,6 +202,41 @@ class Policy:
 
     def slo_ms(self, tier: Tier, bucket: str) -> float | None:
         return self.slo_ttft_p99_ms.get((tier, bucket), self.slo_ttft_p99_ms.get((tier, "*")))
+
+    def max_wait_s(self, tier: Tier, pool: str, bucket: str, prompt_tokens: int) -> float:
+        """How long a request may wait for capacity in the waiting room (0: not at all)."""
+        room = self.waiting_room
+        if not room.enabled:
+            return 0.0
+        configured = room.max_wait_s.get(tier)
+        if configured is not None:
+            return configured
+        slo_ms = self.slo_ms(tier, bucket)
+        if slo_ms is None:
+            return room.min_wait_s
+        fit = self.latency_models.get(pool)
+        budget_ms = (
+            slo_ms / 2 if fit is None else slo_ms - fit.expected_ttft_ms(prompt_tokens, bucket)
+        )
+        return max(room.min_wait_s, budget_ms / 1000)
+
+    @property
+    def longest_wait_s(self) -> float:
+        """The longest any request may wait: what Envoy's message timeout must allow."""
+        room = self.waiting_room
+        if not room.enabled:
+            return 0.0
+        derived = max(
+            (
+                ms / 1000
+                for (tier, _), ms in self.slo_ttft_p99_ms.items()
+                if room.max_wait_s.get(tier) is None
+            ),
+            default=room.min_wait_s,
+        )
+        return max(
+            [derived, room.min_wait_s, *(w for w in room.max_wait_s.values() if w is not None)]
+        )
 
     # Per path prefix: what Envoy does when the sidecar is unreachable there (e.g. health
     # checks open while inference stays closed). Longest prefix first in the routes.

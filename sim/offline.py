@@ -19,12 +19,14 @@ import heapq
 import itertools
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from admission.decision import RequestOutcome
+from admission.errors import RequestRejected
+from admission.kv_step import ROOM_TICK_S
 from admission.signals import record_signals
 from breaker.board import BreakerBoard
 from breaker.controller import TierMultipliers
@@ -46,10 +48,13 @@ class Served:
 
     arrival: Arrival
     pool: str
-    outcome: str  # served, budget, shed, kv_full, engine_full, oom
-    ttft_s: float | None = None  # arrival to first token, queueing included
+    # served, budget, shed, kv_full, queue_full, queue_timeout, engine_full, oom
+    outcome: str
+    ttft_s: float | None = None  # first arrival to first token: retries and waits included
     done_s: float | None = None
     output_tokens: int = 0
+    waited_s: float = 0.0  # in the sidecar's waiting room, on the attempt that got through
+    attempts: int = 1  # the client's tries (it retries after Retry-After)
 
 
 @dataclass(slots=True)
@@ -89,8 +94,14 @@ class OfflineFleet:
         overcommit_ratio: float = 1.0,
         overcommit_error_rate: float = 0.5,
         sidecar_split: Sequence[float] = (1.0,),
+        waiting_room: bool = True,
+        client_retries: int = 0,
     ) -> None:
+        """`waiting_room`: the sidecars hold requests refused only for capacity until room
+        frees (False: they refuse them at once). `client_retries`: how many times a client
+        retries a 429 / 503 after its Retry-After, as the OpenAI SDKs do (2 by default)."""
         self.policy = policy
+        self.client_retries = client_retries
         self.seed = seed
         self.use_breaker = breaker
         self.clock = VirtualClock()
@@ -142,9 +153,14 @@ class OfflineFleet:
                 self.clock,
                 self.quotas.values,
                 random.Random(seed * 100 + index),
+                schedule=self._schedule if waiting_room else None,
             )
             for index in range(len(self.sidecar_split))
         ]
+        self._calls: dict[int, Callable[[], None]] = {}
+        self._tick_pending = False
+        self._attempts: dict[str, int] = {}
+        self._attempt_at: dict[str, float] = {}
         self._sidecar_of: dict[str, int] = {}
         self._routed: dict[str, Routed] = {}
         self.timeline: list[Sample] = []
@@ -161,6 +177,13 @@ class OfflineFleet:
 
     def _push(self, at_s: float, kind: str, request_id: str) -> None:
         heapq.heappush(self._events, (at_s, next(self._sequence), kind, request_id))
+
+    def _schedule(self, callback: Callable[[], None]) -> None:
+        """Run `callback` at the current virtual time, after the event now running (how an
+        admission resumes when the waiting room dispatches or times it out)."""
+        number = next(self._sequence)
+        self._calls[number] = callback
+        heapq.heappush(self._events, (self.clock.now_s, number, "call", str(number)))
 
     def run(self, arrivals: Iterable[Arrival], until_s: float) -> dict[str, Served]:
         for index, arrival in enumerate(arrivals):
@@ -183,6 +206,13 @@ class OfflineFleet:
             self.clock.now_s = at_s
             if kind == "arrive":
                 self._arrive(request_id)
+            elif kind == "call":
+                self._calls.pop(int(request_id))()
+            elif kind == "room":
+                self._tick_pending = False
+                for sidecar in self.sidecars:
+                    sidecar.admission.kv.tick()
+                self._tick_room()
             elif kind == "finish":
                 self._finish(request_id)
             elif kind == "evaluate":
@@ -202,10 +232,45 @@ class OfflineFleet:
         arrival = self._arrivals[request_id]
         sidecar = self.sidecars[self._sidecar_index(request_id, arrival)]
         texts = library(arrival.crafted).messages(arrival.counted)
-        decided = sidecar.decide(arrival.key, texts, arrival.max_tokens, arrival.stream, request_id)
-        if isinstance(decided, str):
+        self._attempts[request_id] = self._attempts.get(request_id, 0) + 1
+        self._attempt_at[request_id] = self.clock.now_s
+        sidecar.submit(
+            arrival.key,
+            texts,
+            arrival.max_tokens,
+            arrival.stream,
+            request_id,
+            lambda decided: self._decided(request_id, decided),
+        )
+        self._tick_room()
+
+    def _tick_room(self) -> None:
+        """The sidecar's room timer (every 50 ms while anything waits): timeouts, and
+        dispatch for what no event announces."""
+        if self._tick_pending or not any(len(s.admission.kv.room) for s in self.sidecars):
+            return
+        self._tick_pending = True
+        self._push(self.clock.now_s + ROOM_TICK_S, "room", "")
+
+    def _decided(self, request_id: str, decided: Routed | RequestRejected) -> None:
+        arrival = self._arrivals[request_id]
+        attempts = self._attempts[request_id]
+        if isinstance(decided, RequestRejected):
+            retry_s = decided.retry_after_s
+            if (
+                attempts <= self.client_retries
+                and retry_s is not None
+                and decided.status
+                in (
+                    429,
+                    503,
+                )
+            ):
+                self._push(self.clock.now_s + retry_s, "arrive", request_id)
+                return
             pool = self.policy.pool_for(arrival.counted + arrival.max_tokens)
-            self.results[request_id] = Served(arrival, pool, decided)
+            kind = SimulatedSidecar.kind(decided)
+            self.results[request_id] = Served(arrival, pool, kind, attempts=attempts)
             return
         self._routed[request_id] = decided
         pool = decided.decision.pool
@@ -216,7 +281,10 @@ class OfflineFleet:
         output = self._outputs[request_id] = self._output_tokens(arrival)
         kv_tokens = kv_tokens_for(arrival.prompt_tokens, output, self.latency.buckets)
         engine.served += 1
-        self.results[request_id] = Served(arrival, pool, "served")
+        waited_s = self.clock.now_s - self._attempt_at[request_id]
+        self.results[request_id] = Served(
+            arrival, pool, "served", waited_s=waited_s, attempts=attempts
+        )
         admission = engine.kv.submit(request_id, kv_tokens)
         if admission is Admission.ADMITTED:
             self._start(request_id, engine)
@@ -337,7 +405,10 @@ class OfflineFleet:
         served = self.results[request_id]
         routed = self._routed.pop(request_id)
         arrival = served.arrival
-        duration_s = (served.done_s or self.clock.now_s) - arrival.at_s
+        # Envoy times each attempt from its own start (a retry is a new request to it).
+        started_s = self._attempt_at[request_id]
+        duration_s = (served.done_s or self.clock.now_s) - started_s
+        ttft_s = None if served.ttft_s is None else served.ttft_s - (started_s - arrival.at_s)
         outcome = RequestOutcome(
             decision=routed.decision,
             tracking_id=routed.tracking_id,
@@ -345,7 +416,7 @@ class OfflineFleet:
             prompt_tokens=arrival.prompt_tokens if output is not None else None,
             completion_tokens=output,
             # A stream's first byte is its first token; a JSON answer's first byte its end.
-            ttft_s=served.ttft_s if arrival.stream else duration_s,
+            ttft_s=ttft_s if arrival.stream else duration_s,
             duration_s=duration_s,
             details="via_upstream",
         )

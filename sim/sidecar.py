@@ -13,7 +13,7 @@ simulated engine instead of Envoy's access log.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Generator, Mapping
 from typing import Any, TypeVar
 
 from admission.assembly import Admission, build_admission
@@ -36,21 +36,80 @@ _OUTCOMES = (
     ("shed_", "shed"),
     ("kv_cache_full", "kv_full"),
     ("sequences_full", "kv_full"),
+    ("queue_full", "queue_full"),
+    ("queue_timeout", "queue_timeout"),
     ("budget_", "budget"),
     ("key_context_limit", "budget"),
 )
 
 
 def run_now(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Drive `coroutine` to its end at once. The simulator's admission never waits: the
-    in-process budget store and inline counting have nothing to wait for. If a step ever
-    does, that is a simulator bug, and it says so instead of inventing a result."""
+    """Drive `coroutine` to its end at once, for what never waits: settling, and attempts
+    without a waiting room. If it does wait, that is a simulator bug, and it says so
+    instead of inventing a result."""
     try:
         coroutine.send(None)
     except StopIteration as done:
         return done.value
     coroutine.close()
-    raise RuntimeError("an admission step waited on I/O inside the simulator")
+    raise RuntimeError("an admission step waited inside the simulator")
+
+
+class SimWaiter:
+    """What a waiting admission awaits in the simulator: the waiting room's waiter on the
+    virtual clock. Resolving it schedules the admission to resume (at the same virtual
+    time, after the event that resolved it), as asyncio does with a future's callbacks."""
+
+    __slots__ = ("_done", "_error", "_schedule", "resume")
+
+    def __init__(self, schedule: Callable[[Callable[[], None]], None]) -> None:
+        self._done = False
+        self._error: BaseException | None = None
+        self._schedule = schedule
+        self.resume: Callable[[], None] | None = None  # set by `drive` when it suspends
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: None, /) -> None:
+        self._wake(None)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self._wake(exception)
+
+    def _wake(self, error: BaseException | None) -> None:
+        if self._done:
+            raise RuntimeError("a waiter resolved twice")
+        self._done, self._error = True, error
+        if self.resume is not None:
+            self._schedule(self.resume)
+
+    def __await__(self) -> Generator[SimWaiter, None, None]:
+        if not self._done:
+            yield self  # the driver suspends here until the room resolves it
+        if self._error is not None:
+            raise self._error
+
+
+def drive(
+    coroutine: Coroutine[Any, Any, T], on_done: Callable[[T | RequestRejected], None]
+) -> None:
+    """Run an admission coroutine as far as it goes; when it waits on a SimWaiter, go on
+    when the waiter is resolved. `on_done` gets its result or its refusal."""
+    try:
+        waiter = coroutine.send(None)
+    except StopIteration as done:
+        on_done(done.value)
+        return
+    except RequestRejected as refusal:
+        on_done(refusal)
+        return
+    if not isinstance(waiter, SimWaiter):
+        coroutine.close()
+        raise RuntimeError(f"an admission step waited on {waiter!r} inside the simulator")
+    waiter.resume = lambda: drive(coroutine, on_done)
+    if waiter.done():  # resolved before the driver saw it suspend
+        waiter.resume()
 
 
 class _NoIdentity:
@@ -70,9 +129,13 @@ class SimulatedSidecar:
         clock: Callable[[], float],
         multipliers: Mapping[str, float],
         rng: random.Random,
+        schedule: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
+        """`schedule`: how a resumed admission is put on the virtual clock's queue; None:
+        no waiting room (a full pool refuses at once)."""
         self.policy = policy
         ttl_s = policy.upstream_timeout_s + 60.0
+        new_waiter = None if schedule is None else (lambda: SimWaiter(schedule))
         self.admission: Admission = build_admission(
             board=board,
             store=store,
@@ -81,6 +144,9 @@ class SimulatedSidecar:
             ttl_s=ttl_s,
             multipliers=multipliers,
             rng=rng,
+            policy=lambda: policy,
+            new_waiter=new_waiter,
+            wait_cap_s=policy.longest_wait_s,
         )
         self.decider = Decider(
             lambda: policy,
@@ -90,11 +156,9 @@ class SimulatedSidecar:
             inflight=InFlight(clock, ttl_s),
         )
 
-    def attempt(
+    def _decide(
         self, key: ApiKey, texts: tuple[str, ...], max_tokens: int, stream: bool, request_id: str
-    ) -> Routed | RequestRejected:
-        """The request (a chat of `texts`) as the sidecar decides it: admitted, or the
-        refusal the client would get."""
+    ) -> Coroutine[Any, Any, Routed]:
         request = InferenceRequest(
             shape=BodyShape.CHAT,
             model=None,
@@ -103,22 +167,45 @@ class SimulatedSidecar:
             max_tokens=max_tokens,
             stream=stream,
         )
+        return self.decider.decide(request, key, request_id, _CHAT, self.policy)
+
+    def attempt(
+        self, key: ApiKey, texts: tuple[str, ...], max_tokens: int, stream: bool, request_id: str
+    ) -> Routed | RequestRejected:
+        """The request (a chat of `texts`) as the sidecar decides it, at once: admitted, or
+        the refusal the client would get (a sidecar without a waiting room)."""
         try:
-            return run_now(self.decider.decide(request, key, request_id, _CHAT, self.policy))
+            return run_now(self._decide(key, texts, max_tokens, stream, request_id))
         except RequestRejected as refusal:
             return refusal
+
+    def submit(
+        self,
+        key: ApiKey,
+        texts: tuple[str, ...],
+        max_tokens: int,
+        stream: bool,
+        request_id: str,
+        on_done: Callable[[Routed | RequestRejected], None],
+    ) -> None:
+        """The request as the sidecar decides it, waiting in the waiting room if it must:
+        `on_done` gets the decision when it is made (now, or when the room dispatches or
+        times it out)."""
+        drive(self._decide(key, texts, max_tokens, stream, request_id), on_done)
+
+    @staticmethod
+    def kind(refusal: RequestRejected) -> str:
+        """A refusal told by its kind (shed, kv_full, queue_full, budget, refused)."""
+        return next(
+            (kind for prefix, kind in _OUTCOMES if refusal.reason.startswith(prefix)), "refused"
+        )
 
     def decide(
         self, key: ApiKey, texts: tuple[str, ...], max_tokens: int, stream: bool, request_id: str
     ) -> Routed | str:
         """`attempt`, with a refusal told by its kind (shed, kv_full, budget, refused)."""
         decided = self.attempt(key, texts, max_tokens, stream, request_id)
-        if isinstance(decided, Routed):
-            return decided
-        return next(
-            (kind for prefix, kind in _OUTCOMES if decided.reason.startswith(prefix)),
-            "refused",
-        )
+        return decided if isinstance(decided, Routed) else self.kind(decided)
 
     def finish(self, outcome: RequestOutcome) -> None:
         """The request ended: out of the in-flight table, settled by every step."""

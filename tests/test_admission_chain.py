@@ -66,7 +66,7 @@ class _Refusing(_Waiting):
 
 
 def kv_step() -> KvStep:
-    return KvStep(NoEvents(), VirtualClock(), ttl_s=660)
+    return KvStep(NoEvents(), VirtualClock(), ttl_s=660, policy=lambda: POLICY)
 
 
 def held(step: KvStep) -> int:
@@ -100,7 +100,7 @@ async def test_a_request_cancelled_while_a_step_waits_holds_nothing() -> None:
 
 async def test_a_hold_whose_end_never_comes_expires() -> None:
     clock = VirtualClock()
-    kv = KvStep(NoEvents(), clock, ttl_s=60)
+    kv = KvStep(NoEvents(), clock, ttl_s=60, policy=lambda: POLICY)
     await kv.admit(decision(2000, tier=Tier.CRITICAL, policy=POLICY), "r1", POLICY)
     clock.advance(59)
     assert kv.expire() == [] and held(kv) == 2000
@@ -184,7 +184,8 @@ async def test_the_breaker_step_applies_the_shedding_table(
         assert admitted.decision.pool == request.pool
 
 
-async def test_the_assembled_chain_runs_breaker_kv_budget_in_that_order() -> None:
+async def test_the_assembled_chain_runs_breaker_budget_kv_in_that_order() -> None:
+    """A budget is a contract: refused at once, before a request could wait for KV room."""
     clock = VirtualClock()
     store = InProcessStore(clock)
     admission = build_admission(
@@ -193,11 +194,12 @@ async def test_the_assembled_chain_runs_breaker_kv_budget_in_that_order() -> Non
         events=NoEvents(),
         clock=clock,
         ttl_s=660,
+        policy=lambda: POLICY,
     )
     assert [type(s).__name__ for s in admission.chain.steps] == [
         "BreakerStep",
-        "KvStep",
         "BudgetStep",
+        "KvStep",
     ]
     sheddable = dataclasses.replace(
         decision(2000, tier=Tier.SHEDDABLE, policy=POLICY),

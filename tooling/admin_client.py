@@ -85,13 +85,25 @@ def status_table(reply: pb.StatusReply) -> str:
                 a.pool,
                 f"{a.kv_tokens_held} / {_number(a, 'kv_tokens_capacity', '{:.0f}')}",
                 f"{a.requests_held} / {_number(a, 'requests_capacity', '{:.0f}')}",
+                " ".join(f"{tier} {a.waiting.get(tier, 0)}" for tier in _TIERS),
+                f"{a.oldest_wait_s:.2f} s" if sum(a.waiting.values()) else "-",
             )
             for a in reply.admission
         ]
         text += "\n\nadmission (this sidecar)\n" + table(
-            ("pool", "KV tokens held / may hold", "requests held / may hold"), held
+            (
+                "pool",
+                "KV tokens held / may hold",
+                "requests held / may hold",
+                "waiting",
+                "oldest wait",
+            ),
+            held,
         )
     return text
+
+
+_TIERS = ("critical", "standard", "sheddable")
 
 
 def keys_table(reply: pb.KeysReply) -> str:

@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65xtproc/adminpb/admin.proto\x12\x10slogate.admin.v1\"\x0f\n\rStatusRequest\"\xeb\x01\n\x07Signals\x12\x19\n\x0cp99_over_slo\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nerror_rate\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x1b\n\x0ekv_cache_usage\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x1d\n\x10gpu_memory_usage\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x18\n\x0bqueue_ratio\x18\x05 \x01(\x01H\x04\x88\x01\x01\x42\x0f\n\r_p99_over_sloB\r\n\x0b_error_rateB\x11\n\x0f_kv_cache_usageB\x13\n\x11_gpu_memory_usageB\x0e\n\x0c_queue_ratio\"\xba\x01\n\rPoolAdmission\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x16\n\x0ekv_tokens_held\x18\x02 \x01(\x03\x12\x1f\n\x12kv_tokens_capacity\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x15\n\rrequests_held\x18\x04 \x01(\x03\x12\x1e\n\x11requests_capacity\x18\x05 \x01(\x01H\x01\x88\x01\x01\x42\x15\n\x13_kv_tokens_capacityB\x14\n\x12_requests_capacity\"\xc2\x01\n\x07\x42reaker\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\x05\x12\x14\n\x0csignal_level\x18\x03 \x01(\x05\x12\x0f\n\x07probing\x18\x04 \x01(\x08\x12\x13\n\x0b\x64rill_level\x18\x05 \x01(\x05\x12\x19\n\x11\x64rill_remaining_s\x18\x06 \x01(\x01\x12*\n\x07signals\x18\x07 \x01(\x0b\x32\x19.slogate.admin.v1.Signals\x12\x17\n\x0flast_transition\x18\x08 \x01(\t\"\xcc\x03\n\x0bStatusReply\x12+\n\x08\x62reakers\x18\x01 \x03(\x0b\x32\x19.slogate.admin.v1.Breaker\x12\x14\n\x0c\x62udget_store\x18\x02 \x01(\t\x12\x10\n\x08redis_up\x18\x03 \x01(\x08\x12\x15\n\rpolicy_source\x18\x04 \x01(\t\x12\x0c\n\x04keys\x18\x05 \x01(\x05\x12\x19\n\x11inflight_requests\x18\x06 \x01(\x03\x12\x15\n\rgpu_available\x18\x07 \x01(\x08\x12N\n\x11quota_multipliers\x18\x08 \x03(\x0b\x32\x33.slogate.admin.v1.StatusReply.QuotaMultipliersEntry\x12\x17\n\nload_score\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x1a\n\rload_forecast\x18\n \x01(\x01H\x01\x88\x01\x01\x12\x32\n\tadmission\x18\x0b \x03(\x0b\x32\x1f.slogate.admin.v1.PoolAdmission\x1a\x37\n\x15QuotaMultipliersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_load_scoreB\x10\n\x0e_load_forecast\"\x1d\n\x0bKeysRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"\x9c\x02\n\x06Limits\x12 \n\x13requests_per_minute\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x1e\n\x11tokens_per_minute\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x1c\n\x0ftokens_per_hour\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12 \n\x13\x63oncurrent_requests\x18\x04 \x01(\x03H\x03\x88\x01\x01\x12\x1f\n\x12max_context_tokens\x18\x05 \x01(\x03H\x04\x88\x01\x01\x42\x16\n\x14_requests_per_minuteB\x14\n\x12_tokens_per_minuteB\x12\n\x10_tokens_per_hourB\x16\n\x14_concurrent_requestsB\x15\n\x13_max_context_tokens\"\xbc\x03\n\tKeyStatus\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\x12(\n\x06limits\x18\x04 \x01(\x0b\x32\x18.slogate.admin.v1.Limits\x12\x13\n\x0boutstanding\x18\x05 \x01(\x03\x12\x10\n\x08usage_1m\x18\x06 \x01(\x01\x12\x10\n\x08usage_5m\x18\x07 \x01(\x01\x12\x10\n\x08usage_1h\x18\x08 \x01(\x01\x12&\n\x19\x64ynamic_tokens_per_minute\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x1a\n\rsafety_factor\x18\n \x01(\x01H\x01\x88\x01\x01\x12%\n\x18\x64\x65mand_tokens_per_minute\x18\x0b \x01(\x01H\x02\x88\x01\x01\x12.\n!demand_forecast_tokens_per_minute\x18\x0c \x01(\x01H\x03\x88\x01\x01\x42\x1c\n\x1a_dynamic_tokens_per_minuteB\x10\n\x0e_safety_factorB\x1b\n\x19_demand_tokens_per_minuteB$\n\"_demand_forecast_tokens_per_minute\"6\n\tKeysReply\x12)\n\x04keys\x18\x01 \x03(\x0b\x32\x1b.slogate.admin.v1.KeyStatus\"<\n\x0c\x44rillRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\x05\x12\x0f\n\x07minutes\x18\x03 \x01(\x01\">\n\nDrillReply\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\x05\x12\x13\n\x0bremaining_s\x18\x03 \x01(\x01\"\x15\n\x13ReloadPolicyRequest\"<\n\x11ReloadPolicyReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x01(\x05\x32\xb8\x02\n\x05\x41\x64min\x12H\n\x06Status\x12\x1f.slogate.admin.v1.StatusRequest\x1a\x1d.slogate.admin.v1.StatusReply\x12\x42\n\x04Keys\x12\x1d.slogate.admin.v1.KeysRequest\x1a\x1b.slogate.admin.v1.KeysReply\x12\x45\n\x05\x44rill\x12\x1e.slogate.admin.v1.DrillRequest\x1a\x1c.slogate.admin.v1.DrillReply\x12Z\n\x0cReloadPolicy\x12%.slogate.admin.v1.ReloadPolicyRequest\x1a#.slogate.admin.v1.ReloadPolicyReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65xtproc/adminpb/admin.proto\x12\x10slogate.admin.v1\"\x0f\n\rStatusRequest\"\xeb\x01\n\x07Signals\x12\x19\n\x0cp99_over_slo\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nerror_rate\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x1b\n\x0ekv_cache_usage\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x1d\n\x10gpu_memory_usage\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x18\n\x0bqueue_ratio\x18\x05 \x01(\x01H\x04\x88\x01\x01\x42\x0f\n\r_p99_over_sloB\r\n\x0b_error_rateB\x11\n\x0f_kv_cache_usageB\x13\n\x11_gpu_memory_usageB\x0e\n\x0c_queue_ratio\"\xc0\x02\n\rPoolAdmission\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x16\n\x0ekv_tokens_held\x18\x02 \x01(\x03\x12\x1f\n\x12kv_tokens_capacity\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x15\n\rrequests_held\x18\x04 \x01(\x03\x12\x1e\n\x11requests_capacity\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12=\n\x07waiting\x18\x06 \x03(\x0b\x32,.slogate.admin.v1.PoolAdmission.WaitingEntry\x12\x15\n\roldest_wait_s\x18\x07 \x01(\x01\x1a.\n\x0cWaitingEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x42\x15\n\x13_kv_tokens_capacityB\x14\n\x12_requests_capacity\"\xc2\x01\n\x07\x42reaker\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\x05\x12\x14\n\x0csignal_level\x18\x03 \x01(\x05\x12\x0f\n\x07probing\x18\x04 \x01(\x08\x12\x13\n\x0b\x64rill_level\x18\x05 \x01(\x05\x12\x19\n\x11\x64rill_remaining_s\x18\x06 \x01(\x01\x12*\n\x07signals\x18\x07 \x01(\x0b\x32\x19.slogate.admin.v1.Signals\x12\x17\n\x0flast_transition\x18\x08 \x01(\t\"\xcc\x03\n\x0bStatusReply\x12+\n\x08\x62reakers\x18\x01 \x03(\x0b\x32\x19.slogate.admin.v1.Breaker\x12\x14\n\x0c\x62udget_store\x18\x02 \x01(\t\x12\x10\n\x08redis_up\x18\x03 \x01(\x08\x12\x15\n\rpolicy_source\x18\x04 \x01(\t\x12\x0c\n\x04keys\x18\x05 \x01(\x05\x12\x19\n\x11inflight_requests\x18\x06 \x01(\x03\x12\x15\n\rgpu_available\x18\x07 \x01(\x08\x12N\n\x11quota_multipliers\x18\x08 \x03(\x0b\x32\x33.slogate.admin.v1.StatusReply.QuotaMultipliersEntry\x12\x17\n\nload_score\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x1a\n\rload_forecast\x18\n \x01(\x01H\x01\x88\x01\x01\x12\x32\n\tadmission\x18\x0b \x03(\x0b\x32\x1f.slogate.admin.v1.PoolAdmission\x1a\x37\n\x15QuotaMultipliersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_load_scoreB\x10\n\x0e_load_forecast\"\x1d\n\x0bKeysRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"\x9c\x02\n\x06Limits\x12 \n\x13requests_per_minute\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x1e\n\x11tokens_per_minute\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x1c\n\x0ftokens_per_hour\x18\x03 \x01(\x03H\x02\x88\x01\x01\x12 \n\x13\x63oncurrent_requests\x18\x04 \x01(\x03H\x03\x88\x01\x01\x12\x1f\n\x12max_context_tokens\x18\x05 \x01(\x03H\x04\x88\x01\x01\x42\x16\n\x14_requests_per_minuteB\x14\n\x12_tokens_per_minuteB\x12\n\x10_tokens_per_hourB\x16\n\x14_concurrent_requestsB\x15\n\x13_max_context_tokens\"\xbc\x03\n\tKeyStatus\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\x12(\n\x06limits\x18\x04 \x01(\x0b\x32\x18.slogate.admin.v1.Limits\x12\x13\n\x0boutstanding\x18\x05 \x01(\x03\x12\x10\n\x08usage_1m\x18\x06 \x01(\x01\x12\x10\n\x08usage_5m\x18\x07 \x01(\x01\x12\x10\n\x08usage_1h\x18\x08 \x01(\x01\x12&\n\x19\x64ynamic_tokens_per_minute\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x1a\n\rsafety_factor\x18\n \x01(\x01H\x01\x88\x01\x01\x12%\n\x18\x64\x65mand_tokens_per_minute\x18\x0b \x01(\x01H\x02\x88\x01\x01\x12.\n!demand_forecast_tokens_per_minute\x18\x0c \x01(\x01H\x03\x88\x01\x01\x42\x1c\n\x1a_dynamic_tokens_per_minuteB\x10\n\x0e_safety_factorB\x1b\n\x19_demand_tokens_per_minuteB$\n\"_demand_forecast_tokens_per_minute\"6\n\tKeysReply\x12)\n\x04keys\x18\x01 \x03(\x0b\x32\x1b.slogate.admin.v1.KeyStatus\"<\n\x0c\x44rillRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\x05\x12\x0f\n\x07minutes\x18\x03 \x01(\x01\">\n\nDrillReply\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\x05\x12\x13\n\x0bremaining_s\x18\x03 \x01(\x01\"\x15\n\x13ReloadPolicyRequest\"<\n\x11ReloadPolicyReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x01(\x05\x32\xb8\x02\n\x05\x41\x64min\x12H\n\x06Status\x12\x1f.slogate.admin.v1.StatusRequest\x1a\x1d.slogate.admin.v1.StatusReply\x12\x42\n\x04Keys\x12\x1d.slogate.admin.v1.KeysRequest\x1a\x1b.slogate.admin.v1.KeysReply\x12\x45\n\x05\x44rill\x12\x1e.slogate.admin.v1.DrillRequest\x1a\x1c.slogate.admin.v1.DrillReply\x12Z\n\x0cReloadPolicy\x12%.slogate.admin.v1.ReloadPolicyRequest\x1a#.slogate.admin.v1.ReloadPolicyReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'extproc.adminpb.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_POOLADMISSION_WAITINGENTRY']._loaded_options = None
+  _globals['_POOLADMISSION_WAITINGENTRY']._serialized_options = b'8\001'
   _globals['_STATUSREPLY_QUOTAMULTIPLIERSENTRY']._loaded_options = None
   _globals['_STATUSREPLY_QUOTAMULTIPLIERSENTRY']._serialized_options = b'8\001'
   _globals['_STATUSREQUEST']._serialized_start=49
@@ -38,29 +40,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SIGNALS']._serialized_start=67
   _globals['_SIGNALS']._serialized_end=302
   _globals['_POOLADMISSION']._serialized_start=305
-  _globals['_POOLADMISSION']._serialized_end=491
-  _globals['_BREAKER']._serialized_start=494
-  _globals['_BREAKER']._serialized_end=688
-  _globals['_STATUSREPLY']._serialized_start=691
-  _globals['_STATUSREPLY']._serialized_end=1151
-  _globals['_STATUSREPLY_QUOTAMULTIPLIERSENTRY']._serialized_start=1063
-  _globals['_STATUSREPLY_QUOTAMULTIPLIERSENTRY']._serialized_end=1118
-  _globals['_KEYSREQUEST']._serialized_start=1153
-  _globals['_KEYSREQUEST']._serialized_end=1182
-  _globals['_LIMITS']._serialized_start=1185
-  _globals['_LIMITS']._serialized_end=1469
-  _globals['_KEYSTATUS']._serialized_start=1472
-  _globals['_KEYSTATUS']._serialized_end=1916
-  _globals['_KEYSREPLY']._serialized_start=1918
-  _globals['_KEYSREPLY']._serialized_end=1972
-  _globals['_DRILLREQUEST']._serialized_start=1974
-  _globals['_DRILLREQUEST']._serialized_end=2034
-  _globals['_DRILLREPLY']._serialized_start=2036
-  _globals['_DRILLREPLY']._serialized_end=2098
-  _globals['_RELOADPOLICYREQUEST']._serialized_start=2100
-  _globals['_RELOADPOLICYREQUEST']._serialized_end=2121
-  _globals['_RELOADPOLICYREPLY']._serialized_start=2123
-  _globals['_RELOADPOLICYREPLY']._serialized_end=2183
-  _globals['_ADMIN']._serialized_start=2186
-  _globals['_ADMIN']._serialized_end=2498
+  _globals['_POOLADMISSION']._serialized_end=625
+  _globals['_POOLADMISSION_WAITINGENTRY']._serialized_start=534
+  _globals['_POOLADMISSION_WAITINGENTRY']._serialized_end=580
+  _globals['_BREAKER']._serialized_start=628
+  _globals['_BREAKER']._serialized_end=822
+  _globals['_STATUSREPLY']._serialized_start=825
+  _globals['_STATUSREPLY']._serialized_end=1285
+  _globals['_STATUSREPLY_QUOTAMULTIPLIERSENTRY']._serialized_start=1197
+  _globals['_STATUSREPLY_QUOTAMULTIPLIERSENTRY']._serialized_end=1252
+  _globals['_KEYSREQUEST']._serialized_start=1287
+  _globals['_KEYSREQUEST']._serialized_end=1316
+  _globals['_LIMITS']._serialized_start=1319
+  _globals['_LIMITS']._serialized_end=1603
+  _globals['_KEYSTATUS']._serialized_start=1606
+  _globals['_KEYSTATUS']._serialized_end=2050
+  _globals['_KEYSREPLY']._serialized_start=2052
+  _globals['_KEYSREPLY']._serialized_end=2106
+  _globals['_DRILLREQUEST']._serialized_start=2108
+  _globals['_DRILLREQUEST']._serialized_end=2168
+  _globals['_DRILLREPLY']._serialized_start=2170
+  _globals['_DRILLREPLY']._serialized_end=2232
+  _globals['_RELOADPOLICYREQUEST']._serialized_start=2234
+  _globals['_RELOADPOLICYREQUEST']._serialized_end=2255
+  _globals['_RELOADPOLICYREPLY']._serialized_start=2257
+  _globals['_RELOADPOLICYREPLY']._serialized_end=2317
+  _globals['_ADMIN']._serialized_start=2320
+  _globals['_ADMIN']._serialized_end=2632
 # @@protoc_insertion_point(module_scope)

@@ -25,18 +25,29 @@ class Signals(_message.Message):
     def __init__(self, p99_over_slo: _Optional[float] = ..., error_rate: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., gpu_memory_usage: _Optional[float] = ..., queue_ratio: _Optional[float] = ...) -> None: ...
 
 class PoolAdmission(_message.Message):
-    __slots__ = ("pool", "kv_tokens_held", "kv_tokens_capacity", "requests_held", "requests_capacity")
+    __slots__ = ("pool", "kv_tokens_held", "kv_tokens_capacity", "requests_held", "requests_capacity", "waiting", "oldest_wait_s")
+    class WaitingEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     POOL_FIELD_NUMBER: _ClassVar[int]
     KV_TOKENS_HELD_FIELD_NUMBER: _ClassVar[int]
     KV_TOKENS_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_HELD_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     pool: str
     kv_tokens_held: int
     kv_tokens_capacity: float
     requests_held: int
     requests_capacity: float
-    def __init__(self, pool: _Optional[str] = ..., kv_tokens_held: _Optional[int] = ..., kv_tokens_capacity: _Optional[float] = ..., requests_held: _Optional[int] = ..., requests_capacity: _Optional[float] = ...) -> None: ...
+    waiting: _containers.ScalarMap[str, int]
+    oldest_wait_s: float
+    def __init__(self, pool: _Optional[str] = ..., kv_tokens_held: _Optional[int] = ..., kv_tokens_capacity: _Optional[float] = ..., requests_held: _Optional[int] = ..., requests_capacity: _Optional[float] = ..., waiting: _Optional[_Mapping[str, int]] = ..., oldest_wait_s: _Optional[float] = ...) -> None: ...
 
 class Breaker(_message.Message):
     __slots__ = ("pool", "level", "signal_level", "probing", "drill_level", "drill_remaining_s", "signals", "last_transition")

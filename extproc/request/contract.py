@@ -5,6 +5,8 @@ What lives here: metadata namespaces, header names and access-log tag names. No 
 
 from __future__ import annotations
 
+from admission.decision import DEGRADED_HEADER, QUEUED_HEADER
+
 METADATA_NAMESPACE = "slogate"  # set by the sidecar on the request path (ext_proc)
 TRACKING_ID_FIELD = "id"  # in METADATA_NAMESPACE: the sidecar's in-flight id of the request
 # In METADATA_NAMESPACE: the pool the sidecar chose. Envoy's pool routes match on it, so only
@@ -32,6 +34,9 @@ RATE_LIMIT_HEADERS = (
     "x-ratelimit-remaining-tokens",
     "x-ratelimit-reset-tokens",
 )
+
+# ... and the admission steps' own response headers, rendered likewise.
+RESPONSE_METADATA_HEADERS = (*RATE_LIMIT_HEADERS, DEGRADED_HEADER, QUEUED_HEADER)
 
 ACCESS_LOG_NAME = "slogate"
 # Access-log custom tags, by name, and the Envoy formatter that fills each.

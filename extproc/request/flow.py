@@ -14,6 +14,7 @@ alike. A flow takes one policy snapshot and uses it for every step of its reques
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -39,7 +40,7 @@ from extproc.request.contract import SLOGATE_HEADER_PREFIX
 from extproc.request.identity import IdentityResolver
 from extproc.request.inflight import InFlight
 from extproc.request.tokens import PromptCorrections, PromptCount, PromptCounter
-from policy import ApiKey, Policy
+from policy import ApiKey, Policy, Tier
 from policy.apis import Api, BodyShape, ErrorStyle, PathClass, error_style_for
 
 # What vLLM (and OpenAI's legacy API) generate for a completion that names no max_tokens.
@@ -139,6 +140,8 @@ class Decider:
             )
         counted, correction = await self.count_prompt(request, caller)
         decision = route(policy, request, caller, request_id, api, counted, correction)
+        if body is not None:
+            decision = dataclasses.replace(decision, body_bytes=len(body))
         return await self.admit(decision, policy, request, body)
 
     async def admit(
@@ -154,8 +157,15 @@ class Decider:
         inflight.put(tracking_id, admitted.decision)
         new_body = None
         if request is not None and body is not None:
-            written = admitted.decision.max_tokens if request.max_tokens is None else None
-            new_body = rewritten_body(body, request, written, admitted.decision.model_override)
+            decided = admitted.decision
+            written = decided.max_tokens if request.max_tokens is None else None
+            spec = policy.pools.get(decided.pool)
+            priority = (
+                engine_priority(decided.caller.tier)
+                if spec is not None and spec.priority_scheduling
+                else None
+            )
+            new_body = rewritten_body(body, request, written, decided.model_override, priority)
         hide_usage = request is not None and adds_usage(request)
         headers = admitted.response_headers
         return Routed(admitted.decision, tracking_id, new_body, headers, hide_usage)
@@ -309,6 +319,14 @@ def request_decision(policy: Policy, api: Api, caller: ApiKey, request_id: str) 
         stream=False,
         api=api,
     )
+
+
+# vLLM's priority scheduling runs lower values first; the tier is the only authority.
+_ENGINE_PRIORITY = {Tier.CRITICAL: 0, Tier.STANDARD: 1, Tier.SHEDDABLE: 2}
+
+
+def engine_priority(tier: Tier) -> int:
+    return _ENGINE_PRIORITY[tier]
 
 
 def charged_max_tokens(request: InferenceRequest, policy: Policy, prompt_tokens: int) -> int:

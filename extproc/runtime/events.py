@@ -27,6 +27,11 @@ class MetricsEvents:
     def footprint_ratio(self, pool: str, ratio: float) -> None:
         self._metrics.kv_footprint_ratio(pool).set(ratio)
 
+    def waited(self, tier: str, outcome: str, seconds: float) -> None:
+        self._metrics.wait_outcomes(tier, outcome).inc()
+        if outcome != "full":
+            self._metrics.wait_seconds(tier).observe(seconds)
+
     def budget_decision(self, tenant: str, result: str) -> None:
         self._metrics.budget_decisions(tenant, result).inc()
 

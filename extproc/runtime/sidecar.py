@@ -29,6 +29,7 @@ from prometheus_client import start_http_server
 
 from admission.assembly import build_admission
 from admission.chain import OutcomeSink
+from admission.kv_step import ROOM_TICK_S
 from breaker.board import BreakerBoard
 from breaker.controller import TierMultipliers
 from breaker.key_quotas import KeyQuotas
@@ -50,6 +51,7 @@ from extproc.service.decision_log import DecisionLog
 from extproc.service.ext_proc import ExternalProcessorService
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.prompt_feedback import PromptFeedback
+from policy import Tier
 
 log = logging.getLogger("slogate.sidecar")
 
@@ -126,8 +128,16 @@ class Sidecar:
             multipliers=self.quotas.values,
             ceilings=self.key_quotas,
             rng=rng or random.Random(),
+            policy=self.policy,
+            new_waiter=_new_future,
+            # Envoy's max_message_timeout is written from the policy it started with.
+            wait_cap_s=initial.longest_wait_s,
         )
         self.metrics.admission.source = self.admission.kv.ledger.held_by_pool
+        self.metrics.admission.waiting = self._waiting_counts
+        self.metrics.wait_alert_bound(Tier.CRITICAL.value).set(
+            initial.waiting_room.alert_critical_p99_wait_s
+        )
         # Counting settings take effect at start: the worker threads and the cache live on.
         self._exact_executor = ThreadPoolExecutor(initial.counting.workers, "slogate-tokenizer")
         self._exact_tokenizer = exact_tokenizer
@@ -178,6 +188,8 @@ class Sidecar:
             quotas=self.quotas,
             key_quotas=self.key_quotas,
             ledger=self.admission.kv.ledger,
+            room=self.admission.kv.room,
+            clock=self.clock,
             on_drill=self.breaker_loop.export,
         )
         self.breaker_loop.on_transition = self.admin.note_transition
@@ -193,6 +205,11 @@ class Sidecar:
         self._metrics_server: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._health = health.aio.HealthServicer()
+
+    def _waiting_counts(self) -> dict[tuple[str, str], int]:
+        return {
+            (pool, tier.value): n for (pool, tier), n in self.admission.kv.room.counts().items()
+        }
 
     def _pool_endpoints(self) -> dict[str, tuple[tuple[str, int], ...]]:
         return {name: pool.endpoints for name, pool in self.policy().pools.items()}
@@ -220,7 +237,13 @@ class Sidecar:
             self.counter.use(bpe)
         server = grpc.aio.server(options=self._grpc_options())
         external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
-            ExternalProcessorService(self.decider, self.metrics, self.decision_log), server
+            ExternalProcessorService(
+                self.decider,
+                self.metrics,
+                self.decision_log,
+                decide_s=self.policy().message_timeout_ms / 1000,
+            ),
+            server,
         )
         als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogService(self.recorder), server)
         # grpc.health.v1 for Kubernetes probes: SERVING once started, NOT_SERVING on stop.
@@ -241,6 +264,7 @@ class Sidecar:
         admin = await self._start_admin()
         self._tasks = [
             asyncio.create_task(self._housekeeping()),
+            asyncio.create_task(self._every(lambda: ROOM_TICK_S, self.admission.kv.tick)),
             asyncio.create_task(self._every(self._breaker_interval, self.breaker_loop.tick)),
             asyncio.create_task(self._every(self._controller_interval, self._control)),
         ]
@@ -287,7 +311,8 @@ class Sidecar:
         """Policy file changes, and the expiry of requests whose access log never came."""
         while True:
             await asyncio.sleep(self._watch_interval_s)
-            self.policy.reload_if_changed()
+            if self.policy.reload_if_changed():
+                self.admission.kv.dispatch()  # a new capacity or share may make room
             await self.recorder.expire()
             # A KV hold outlives its request only if nothing ever released it: a safety net.
             for request_id in self.admission.kv.expire():
@@ -309,6 +334,10 @@ class Sidecar:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
         self._exact_executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _new_future() -> asyncio.Future[None]:
+    return asyncio.get_running_loop().create_future()
 
 
 def _no_reading(pool: str) -> float | None:

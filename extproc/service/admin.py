@@ -15,6 +15,7 @@ from typing import Protocol
 
 import grpc
 
+from admission.waiting_room import WaitingRoom
 from breaker.board import BreakerBoard
 from breaker.controller import TierMultipliers
 from breaker.key_quotas import KeyQuotas
@@ -24,7 +25,7 @@ from budget.failover import FailoverStore
 from budget.store import BudgetStore
 from extproc.adminpb import admin_pb2 as pb
 from extproc.adminpb import admin_pb2_grpc as pb_grpc
-from policy import Limits, Policy
+from policy import Limits, Policy, Tier
 
 
 class ReloadablePolicy(Protocol):
@@ -63,6 +64,8 @@ class AdminService(pb_grpc.AdminServicer):
         quotas: TierMultipliers,
         key_quotas: KeyQuotas,
         ledger: KvLedger,
+        room: WaitingRoom,
+        clock: Callable[[], float],
         on_drill: Callable[[], None],
     ) -> None:
         self._policy = policy
@@ -73,6 +76,8 @@ class AdminService(pb_grpc.AdminServicer):
         self._quotas = quotas
         self._key_quotas = key_quotas
         self._ledger = ledger
+        self._room = room
+        self._clock = clock
         self._on_drill = on_drill  # export the drilled level at once
         self._last_transition: dict[str, str] = {}
 
@@ -139,6 +144,9 @@ class AdminService(pb_grpc.AdminServicer):
                 held.kv_tokens_capacity = capacity.kv_tokens
             if capacity.sequences is not None:
                 held.requests_capacity = capacity.sequences
+            for tier in Tier:
+                held.waiting[tier.value] = self._room.waiting(name, tier)
+            held.oldest_wait_s = self._room.oldest_wait_s(name, self._clock())
         return reply
 
     async def Keys(

@@ -7,6 +7,8 @@ unexpected exception into a 500 (a request is never routed on a guess).
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -17,6 +19,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from admission.decision import RoutingDecision
 from admission.errors import InternalError, RequestRejected
+from admission.kv_step import wait_notice
 from extproc.request.flow import Decider, RequestFlow
 from extproc.service.decision_log import DecisionLog
 from extproc.service.metrics import SidecarMetrics
@@ -27,6 +30,7 @@ from extproc.service.replies import (
     passthrough_reply,
     rejection,
     routed_body_reply,
+    timeout_override,
 )
 
 log = logging.getLogger("slogate.extproc")
@@ -38,7 +42,11 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         decider: Decider,
         metrics: SidecarMetrics,
         decision_log: DecisionLog | None = None,
+        decide_s: float = 1.0,
     ) -> None:
+        """`decide_s`: what a decision may take once its wait is over (Envoy's message
+        timeout), added to a waiting request's timeout override."""
+        self._decide_s = decide_s
         self._decider = decider
         self._metrics = metrics
         self._decision_log = decision_log
@@ -52,18 +60,58 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         async for request in request_iterator:
             started = time.perf_counter()
             phase = request.WhichOneof("request") or "unknown"
-            try:
-                reply = await self._reply(flow, phase, request)
-            except RequestRejected as error:
-                reply = self._rejection(error, flow)
-            except Exception:
-                log.exception("ext_proc %s failed", phase)
-                reply = self._rejection(
-                    InternalError("The gateway failed to process the request.", reason="internal"),
-                    flow,
-                )
-            self._metrics.decision_seconds(phase).observe(time.perf_counter() - started)
-            yield reply
+            if phase == "request_body":
+                # The body's decision may wait for room in its pool: Envoy is told to wait.
+                async for reply in self._body_replies(flow, request, started):
+                    yield reply
+            else:
+                reply = await self._answer(flow, phase, request)
+                self._metrics.decision_seconds(phase).observe(time.perf_counter() - started)
+                yield reply
+
+    async def _answer(
+        self, flow: RequestFlow, phase: str, request: pb.ProcessingRequest
+    ) -> pb.ProcessingResponse:
+        """The reply to one message; every error becomes the client's answer here."""
+        try:
+            return await self._reply(flow, phase, request)
+        except RequestRejected as error:
+            return self._rejection(error, flow)
+        except Exception:
+            log.exception("ext_proc %s failed", phase)
+            return self._rejection(
+                InternalError("The gateway failed to process the request.", reason="internal"),
+                flow,
+            )
+
+    async def _body_replies(
+        self, flow: RequestFlow, request: pb.ProcessingRequest, started: float
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        """The body's reply, preceded by a timeout override when the request waits in the
+        waiting room: Envoy's message timeout stays short for a sidecar that hangs, and is
+        lifted only for a request the sidecar itself holds, by as long as it may hold it.
+        The decision time observed stops where a wait starts (slogate_wait_seconds has it)."""
+        loop = asyncio.get_running_loop()
+        waits: asyncio.Future[float] = loop.create_future()
+
+        def notice(max_wait_s: float) -> None:
+            if not waits.done():
+                waits.set_result(max_wait_s)
+
+        context = contextvars.copy_context()
+        context.run(wait_notice.set, notice)
+        answer = loop.create_task(self._answer(flow, "request_body", request), context=context)
+        try:
+            await asyncio.wait((answer, waits), return_when=asyncio.FIRST_COMPLETED)
+            self._metrics.decision_seconds("request_body").observe(time.perf_counter() - started)
+            if not answer.done():
+                yield timeout_override(waits.result() + self._decide_s)
+            yield await answer
+        finally:
+            # The stream is gone (the client left, Envoy reset it): the decision leaves the
+            # waiting room now and gives back whatever it holds.
+            if not answer.done():
+                answer.cancel()
 
     def _rejection(self, error: RequestRejected, flow: RequestFlow) -> pb.ProcessingResponse:
         self._metrics.rejections(error.reason, str(error.status)).inc()

@@ -42,6 +42,9 @@ _LATENCY_BUCKETS_S = (
 _DECISION_BUCKETS_S = (
     0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 )
+_WAIT_BUCKETS_S = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0,
+)
 # fmt: on
 _CONTEXT_BUCKETS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 
@@ -53,8 +56,10 @@ class AdmissionCollector(Collector):
 
     def __init__(self) -> None:
         self.source: Callable[[], tuple[Mapping[str, int], Mapping[str, int]]] | None = None
+        # (pool, tier) -> requests waiting in the waiting room
+        self.waiting: Callable[[], Mapping[tuple[str, str], int]] | None = None
 
-    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
         return (
             GaugeMetricFamily(
                 "slogate_kv_in_flight_tokens",
@@ -69,20 +74,28 @@ class AdmissionCollector(Collector):
                 "kv_capacity_tokens or max_num_seqs).",
                 labels=["pool"],
             ),
+            GaugeMetricFamily(
+                "slogate_waiting_requests",
+                "Requests waiting in the waiting room for room in their pool, by pool and tier.",
+                labels=["pool", "tier"],
+            ),
         )
 
     def describe(self) -> Iterable[Metric]:
         return self._families()
 
     def collect(self) -> Iterable[Metric]:
-        tokens, requests = self._families()
+        tokens, requests, waiting = self._families()
         if self.source is not None:
             held_tokens, held_requests = self.source()
             for pool, value in sorted(held_tokens.items()):
                 tokens.add_metric([pool], value)
             for pool, value in sorted(held_requests.items()):
                 requests.add_metric([pool], value)
-        return (tokens, requests)
+        if self.waiting is not None:
+            for (pool, tier), value in sorted(self.waiting().items()):
+                waiting.add_metric([pool, tier], value)
+        return (tokens, requests, waiting)
 
 
 class SidecarMetrics:
@@ -290,6 +303,28 @@ class SidecarMetrics:
         # Read from the admission ledger when Prometheus scrapes, not set per request.
         self.admission = AdmissionCollector()
         r.register(self.admission)
+        self.wait_seconds = histogram(
+            "slogate_wait_seconds",
+            "Time requests spent in the waiting room before they left it (dispatched, timed "
+            "out or cancelled), by tier.",
+            ["tier"],
+            _WAIT_BUCKETS_S,
+        )
+        self.wait_outcomes = counter(
+            "slogate_wait_outcomes_total",
+            "Requests that met the waiting room, by tier and outcome (dispatched, timed_out, "
+            "full, cancelled).",
+            ["tier", "outcome"],
+        )
+        self.wait_alert_bound = Family(
+            Gauge(
+                "slogate_wait_alert_seconds",
+                "The policy's bound on the P99 wait per tier (waiting_room."
+                "alert_critical_p99_wait_s): the wait alert compares slogate_wait_seconds to it.",
+                ["tier"],
+                registry=r,
+            )
+        )
         self.quota_multiplier = Family(
             Gauge(
                 "slogate_quota_multiplier",

@@ -9,6 +9,7 @@ Envoy 1.40 reads and writes header values as `raw_value` bytes; `value` must sta
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -121,6 +122,14 @@ def _route(reply: pb.ProcessingResponse, common: pb.CommonResponse, routed: Rout
         fields[STRIP_USAGE_FIELD].bool_value = True
     for name, value in routed.response_headers.items():
         fields[name].string_value = value  # see envoy_config.route_config
+
+
+def timeout_override(seconds: float) -> pb.ProcessingResponse:
+    """Tell Envoy to wait up to `seconds` for the reply it waits for (bounded by the
+    filter's max_message_timeout)."""
+    reply = pb.ProcessingResponse()
+    reply.override_message_timeout.FromMilliseconds(math.ceil(seconds * 1000))
+    return reply
 
 
 def passthrough_reply(request: pb.ProcessingRequest) -> pb.ProcessingResponse:

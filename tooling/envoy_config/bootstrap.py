@@ -101,8 +101,16 @@ def http_connection_manager(
         path_with_escaped_slashes_action=(
             hcm.HttpConnectionManagerPathWithEscapedSlashesAction.UNESCAPE_AND_FORWARD
         ),
-        # Streams may run for minutes; the route timeout bounds them, not an idle timer.
-        stream_idle_timeout=dt.timedelta(seconds=policy.upstream_timeout_s),
+        # Streams may run for minutes; the route timeout bounds them, not an idle timer. The
+        # idle timer also runs while the sidecar holds a request in its waiting room, and
+        # nothing on the ext_proc stream resets it (checked on Envoy 1.40): it must outlast
+        # the longest wait plus the decision.
+        stream_idle_timeout=dt.timedelta(
+            seconds=max(
+                policy.upstream_timeout_s,
+                policy.longest_wait_s + policy.message_timeout_ms / 1000 + 5.0,
+            )
+        ),
     )
 
 

@@ -4,6 +4,7 @@ the gRPC access log to the sidecar."""
 from __future__ import annotations
 
 import datetime as dt
+import math
 from importlib import resources
 from typing import Any
 
@@ -66,6 +67,12 @@ def ext_proc_filter(policy: Policy, failure_mode_allow: bool | None = None) -> h
         # Non-inference paths skip the body phase through a mode override.
         allow_mode_override=True,
         message_timeout=_duration_ms(policy.message_timeout_ms),
+        # A request waiting for room in its pool (the waiting room) is held by the sidecar,
+        # which then lifts this one message's timeout with override_message_timeout; the
+        # filter caps every override here. Without it Envoy ignores the override.
+        max_message_timeout=_duration_ms(
+            policy.message_timeout_ms + math.ceil(policy.longest_wait_s * 1000)
+        ),
         metadata_options=ext_proc.MetadataOptions(
             receiving_namespaces=ext_proc.MetadataOptionsMetadataNamespaces(
                 untyped=[METADATA_NAMESPACE]

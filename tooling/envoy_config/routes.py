@@ -20,7 +20,7 @@ from extproc.request.contract import (
     METADATA_NAMESPACE,
     POOL_FIELD,
     POOL_HEADER,
-    RATE_LIMIT_HEADERS,
+    RESPONSE_METADATA_HEADERS,
 )
 from policy import FailureMode, Policy
 from policy.apis import ErrorStyle
@@ -53,7 +53,7 @@ def _rate_limit_headers() -> list[core.HeaderValueOption]:
     """
     return [
         _header(name, f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:{name})%")
-        for name in RATE_LIMIT_HEADERS
+        for name in RESPONSE_METADATA_HEADERS
     ]
 
 

@@ -32,6 +32,7 @@ class MessagesBody(msgspec.Struct):
     system: str | list[Any] | None = None
     stream: bool | None = None
     tools: msgspec.Raw = msgspec.Raw()
+    priority: msgspec.Raw = msgspec.Raw()  # vLLM's scheduling priority: never the client's
 
 
 _MESSAGES = msgspec.json.Decoder(MessagesBody)
@@ -59,4 +60,5 @@ def read_messages(body: bytes) -> InferenceRequest:
         max_tokens=request.max_tokens,
         stream=bool(request.stream),
         has_limit_member=True,
+        has_priority=bool(request.priority),
     )

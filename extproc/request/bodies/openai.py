@@ -53,6 +53,7 @@ class _Sampling(msgspec.Struct):
     stream: bool | None = None
     # UNSET tells an absent member from an explicit null (splicing must not duplicate keys).
     stream_options: StreamOptions | msgspec.UnsetType | None = msgspec.UNSET
+    priority: msgspec.Raw = msgspec.Raw()  # vLLM's scheduling priority: never the client's
 
 
 class ChatCompletionBody(_Sampling, kw_only=True):
@@ -68,6 +69,7 @@ class CompletionBody(_Sampling, kw_only=True):
 class EmbeddingsBody(msgspec.Struct):
     input: str | list[str | int | list[int]]
     model: str | None = None
+    priority: msgspec.Raw = msgspec.Raw()
 
 
 _CHAT = msgspec.json.Decoder(ChatCompletionBody)
@@ -139,6 +141,7 @@ def read_chat(body: bytes, shape: BodyShape = BodyShape.CHAT) -> InferenceReques
             chat.max_tokens is not msgspec.UNSET or chat.max_completion_tokens is not msgspec.UNSET
         ),
         runs_to_limit=_runs_to_limit(chat, named),
+        has_priority=bool(chat.priority),
     )
 
 
@@ -185,6 +188,7 @@ def read_completion(body: bytes) -> InferenceRequest:
         has_stream_options=completion.stream_options is not msgspec.UNSET,
         has_limit_member=completion.max_tokens is not msgspec.UNSET,
         runs_to_limit=_runs_to_limit(completion, named),
+        has_priority=bool(completion.priority),
     )
 
 
@@ -198,6 +202,7 @@ def read_embeddings(body: bytes) -> InferenceRequest:
         prompt_token_ids=token_ids,
         max_tokens=None,
         generates=False,
+        has_priority=bool(embeddings.priority),
     )
 
 

@@ -37,6 +37,9 @@ class InferenceRequest:
     # Generation runs to max_tokens whatever the model does (ignore_eos, min_tokens >= max).
     runs_to_limit: bool = False
     generates: bool = True  # False: embeddings (the prompt is all there is)
+    # The body names vLLM's scheduling `priority`: slogate replaces it (the tier decides)
+    # or removes it (the pool does not schedule by priority).
+    has_priority: bool = False
 
     @property
     def prompt_chars(self) -> int:

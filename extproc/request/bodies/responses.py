@@ -33,6 +33,7 @@ class ResponsesBody(msgspec.Struct):
     tools: msgspec.Raw = msgspec.Raw()
     previous_response_id: str | None = None
     background: bool | None = None
+    priority: msgspec.Raw = msgspec.Raw()  # vLLM's scheduling priority: never the client's
 
 
 _RESPONSES = msgspec.json.Decoder(ResponsesBody)
@@ -75,4 +76,5 @@ def read_responses(body: bytes) -> InferenceRequest:
         max_tokens=None if limit is msgspec.UNSET else limit,
         stream=bool(request.stream),
         has_limit_member=limit is not msgspec.UNSET,
+        has_priority=bool(request.priority),
     )

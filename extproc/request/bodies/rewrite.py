@@ -6,7 +6,11 @@ Three changes, each only when needed:
 - a request that names no output limit gets the one slogate charged for (`max_tokens`, or
   `max_output_tokens` for the Responses API), so the engine cannot generate past the
   reservation (vLLM's own default is the model's length minus the prompt);
-- at breaker L3 the `model` is rewritten to the fallback model.
+- at breaker L3 the `model` is rewritten to the fallback model;
+- vLLM's scheduling `priority` comes from the caller's tier, never from the client: written
+  for a pool that declares `priority_scheduling` (lower runs first), and a client's own
+  removed elsewhere (it would jump the engine's queue, or be refused by an engine that
+  does not schedule by priority).
 Absent members are spliced in after the opening brace (one copy, no re-encoding of a
 possibly multi-megabyte prompt); a member that is present (say `max_tokens: null`) is
 replaced by re-encoding, so a key is never duplicated.
@@ -40,10 +44,14 @@ def rewritten_body(
     request: InferenceRequest,
     charged_max_tokens: int | None = None,
     model: str | None = None,
+    priority: int | None = None,
 ) -> bytes | None:
-    """The body to forward, or None when it goes unchanged."""
+    """The body to forward, or None when it goes unchanged. `priority`: the engine
+    priority to write (None: the pool does not schedule by priority)."""
     spliced: dict[str, Any] = {}
     replaced: dict[str, Any] = {}
+    if priority is not None:
+        (replaced if request.has_priority else spliced)["priority"] = priority
     if adds_usage(request):
         if request.has_stream_options:
             replaced["stream_options"] = {"include_usage": True}  # merged below
@@ -54,8 +62,10 @@ def rewritten_body(
         (replaced if request.has_limit_member else spliced)[member] = charged_max_tokens
     if model is not None:
         replaced["model"] = model
-    if replaced:
+    if replaced or (request.has_priority and priority is None):
         document = msgspec.json.decode(body)
+        if priority is None:
+            document.pop("priority", None)
         options = replaced.pop("stream_options", None)
         if options is not None:
             document["stream_options"] = {**(document.get("stream_options") or {}), **options}

@@ -1,0 +1,254 @@
+"""The waiting room: requests refused only for capacity wait here, in order, for room.
+
+What lives here: `Waiting` (one waiting request and the waiter its admission awaits),
+`AttainedService` (each tenant's recently attained service, decaying) and `WaitingRoom`
+(the queues per pool and tier, their bounds, and the order in which `dispatch` offers the
+waiting requests to the KV ledger). Pure: the clock is passed in, and a waiter is anything
+with `set_result` / `set_exception` (an asyncio future in the sidecar, the simulator's own
+in sim.sidecar), so the sidecar and the simulator run the same room.
+
+The order, per pool:
+- Strict priority between tiers: critical, then standard, then sheddable.
+- Fair shares inside a tier: the tenant whose attained service (weighted tokens: prompt +
+  output x `output_weight`, decaying with `half_life_s`, divided by its weight) is least
+  goes first; FIFO within a tenant, strictly (a tenant's later requests never pass its own
+  blocked one).
+- No starvation: the first request in that order that does not fit is the head of the
+  line. While it has waited less than `backfill_s`, later requests that fit (smaller ones)
+  go ahead of it; once it has waited that long, nothing in its pool passes it until it fits.
+  Room frees as requests end, so the head fits within the longest running request's time;
+  a request that could not fit even an empty pool is refused up front, never queued. Small
+  requests are never held back by large ones for longer than `backfill_s` plus the time
+  the head needs, and every request leaves by its deadline at the latest.
+
+Why the ledger and not the engines' metrics decide: the ledger knows each admission and
+each end the moment they happen, while a scrape is seconds old; a queue driven by stale
+metrics holds requests while the engines sit idle.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from policy import Tier
+
+TIER_ORDER = (Tier.CRITICAL, Tier.STANDARD, Tier.SHEDDABLE)
+_RANK = {tier: rank for rank, tier in enumerate(TIER_ORDER)}
+
+
+class Waiter(Protocol):
+    """What a waiting admission awaits (asyncio.Future[None] is one)."""
+
+    def done(self) -> bool: ...
+    def set_result(self, result: None, /) -> None: ...
+    def set_exception(self, exception: BaseException, /) -> None: ...
+    def __await__(self) -> Any: ...
+
+
+@dataclass(slots=True, eq=False)
+class Waiting:
+    request_id: str
+    pool: str
+    tier: Tier
+    tenant: str
+    tokens: int  # the KV footprint the ledger will hold
+    sequences: int
+    fixed: bool  # runs to its limit: never discounted by the footprint ratio
+    body_bytes: int  # what Envoy holds for it meanwhile
+    service: float  # the weighted tokens its tenant attains when it is dispatched
+    entered_s: float
+    deadline_s: float  # queue_timeout past this
+    waiter: Waiter
+    order: int = 0  # arrival order, set by the room
+
+
+class AttainedService:
+    """Each tenant's recently attained service: weighted tokens decaying with a half-life."""
+
+    prune_above = 4096  # tenants kept before the ones decayed to nothing are dropped
+
+    def __init__(self, half_life_s: float) -> None:
+        self.half_life_s = half_life_s
+        self._values: dict[str, tuple[float, float]] = {}  # tenant -> (value, at_s)
+
+    def value(self, tenant: str, now_s: float) -> float:
+        held = self._values.get(tenant)
+        if held is None:
+            return 0.0
+        value, at_s = held
+        return value * 0.5 ** (max(0.0, now_s - at_s) / self.half_life_s)
+
+    def add(self, tenant: str, amount: float, now_s: float) -> None:
+        self._values[tenant] = (max(0.0, self.value(tenant, now_s) + amount), now_s)
+        if len(self._values) > self.prune_above:
+            for name in [t for t in self._values if self.value(t, now_s) < 1.0]:
+                del self._values[name]
+
+
+@dataclass(frozen=True, slots=True)
+class RoomBounds:
+    max_waiting: int  # per pool and tier
+    max_bytes: int  # every waiting body together
+    backfill_s: float
+
+
+class QueueFull(Exception):
+    """The room is full for this request: `what` says which bound ("requests", "bytes")."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+@dataclass(slots=True)
+class _Rate:
+    """Capacity freed per second in a pool (ends of admitted requests), over a window."""
+
+    window_s: float = 10.0
+    ends: deque[float] = field(default_factory=deque)
+
+    def note(self, now_s: float) -> None:
+        self.ends.append(now_s)
+        self._trim(now_s)
+
+    def per_s(self, now_s: float) -> float:
+        self._trim(now_s)
+        return len(self.ends) / self.window_s
+
+    def _trim(self, now_s: float) -> None:
+        while self.ends and self.ends[0] < now_s - self.window_s:
+            self.ends.popleft()
+
+
+class WaitingRoom:
+    def __init__(self, service: AttainedService) -> None:
+        self.service = service
+        # (pool, tier) -> tenant -> that tenant's waiting requests, oldest first
+        self._queues: dict[tuple[str, Tier], dict[str, deque[Waiting]]] = {}
+        self._counts: dict[tuple[str, Tier], int] = {}
+        self._by_id: dict[str, Waiting] = {}
+        self._rates: dict[str, _Rate] = {}
+        self._arrivals = 0
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def waiting(self, pool: str, tier: Tier) -> int:
+        return self._counts.get((pool, tier), 0)
+
+    def counts(self) -> Mapping[tuple[str, Tier], int]:
+        return self._counts
+
+    def pools(self) -> list[str]:
+        return sorted({pool for (pool, _), n in self._counts.items() if n})
+
+    def ahead(self, pool: str, tier: Tier) -> int:
+        """Requests waiting in `pool` that a new request of `tier` may not pass."""
+        return sum(self.waiting(pool, t) for t in TIER_ORDER[: _RANK[tier] + 1])
+
+    def enter(self, entry: Waiting, bounds: RoomBounds) -> None:
+        """Queue `entry`, or raise QueueFull when a bound would be passed."""
+        key = (entry.pool, entry.tier)
+        if self._counts.get(key, 0) >= bounds.max_waiting:
+            raise QueueFull("requests")
+        if self.bytes + entry.body_bytes > bounds.max_bytes:
+            raise QueueFull("bytes")
+        self._arrivals += 1
+        entry.order = self._arrivals
+        self._queues.setdefault(key, {}).setdefault(entry.tenant, deque()).append(entry)
+        self._counts[key] = self._counts.get(key, 0) + 1
+        self._by_id[entry.request_id] = entry
+        self.bytes += entry.body_bytes
+
+    def leave(self, request_id: str) -> Waiting | None:
+        """Take a request out (dispatched, timed out, or gone); None when it is not here."""
+        entry = self._by_id.pop(request_id, None)
+        if entry is None:
+            return None
+        key = (entry.pool, entry.tier)
+        tenants = self._queues[key]
+        queue = tenants[entry.tenant]
+        queue.remove(entry)  # usually the head: dispatch and expiry take the oldest
+        if not queue:
+            del tenants[entry.tenant]
+        self._counts[key] -= 1
+        self.bytes -= entry.body_bytes
+        return entry
+
+    def expired(self, now_s: float) -> list[Waiting]:
+        """Every request past its deadline, taken out."""
+        late = [e for e in self._by_id.values() if e.deadline_s <= now_s]
+        for entry in late:
+            self.leave(entry.request_id)
+        return late
+
+    def oldest_wait_s(self, pool: str, now_s: float) -> float:
+        """How long the oldest request waiting in `pool` has waited (0: none waits)."""
+        entered = [e.entered_s for e in self._by_id.values() if e.pool == pool]
+        return now_s - min(entered) if entered else 0.0
+
+    def note_end(self, pool: str, now_s: float) -> None:
+        """An admitted request of `pool` ended: what the Retry-After estimates read."""
+        self._rates.setdefault(pool, _Rate()).note(now_s)
+
+    def retry_after_s(self, pool: str, tier: Tier, now_s: float, longest_s: float) -> int:
+        """Seconds until the requests a new `tier` request would wait behind have likely
+        left, from the rate at which the pool's requests end; at most `longest_s`."""
+        rate = self._rates.get(pool, _Rate()).per_s(now_s)
+        ahead = self.ahead(pool, tier) + 1
+        estimate = longest_s if rate <= 0 else ahead / rate
+        return max(1, math.ceil(min(estimate, max(longest_s, 1.0))))
+
+    def dispatch(
+        self,
+        pool: str,
+        fits: Callable[[Waiting], bool],
+        now_s: float,
+        backfill_s: float,
+        weights: Mapping[str, float],
+    ) -> list[Waiting]:
+        """Offer `pool`'s waiting requests to `fits` (which admits a request into the ledger
+        when there is room, and says so) in the room's order; the dispatched ones, taken
+        out. Their tenants' attained service grows by each one's service."""
+        dispatched: list[Waiting] = []
+        head: Waiting | None = None
+        for entry in self._in_order(pool, now_s, weights):
+            if fits(entry):
+                self.leave(entry.request_id)
+                self.service.add(entry.tenant, entry.service, now_s)
+                dispatched.append(entry)
+            elif head is None:
+                head = entry
+                if now_s - head.entered_s >= backfill_s:
+                    break  # the head has waited long enough: nothing passes it any more
+        return dispatched
+
+    def _in_order(self, pool: str, now_s: float, weights: Mapping[str, float]) -> Iterator[Waiting]:
+        """The waiting requests of `pool` in dispatch order. A tenant whose oldest request
+        is offered and not taken is not offered again in this pass (FIFO within a tenant);
+        one whose request is taken comes back ranked by its grown service."""
+        for tier in TIER_ORDER:
+            tenants = self._queues.get((pool, tier))
+            if not tenants:
+                continue
+            heap = [self._rank(t, q[0], now_s, weights) for t, q in tenants.items()]
+            heapq.heapify(heap)
+            while heap:
+                _, _, tenant = heapq.heappop(heap)
+                offered = tenants[tenant][0]
+                yield offered
+                queue = tenants.get(tenant)
+                if queue and queue[0] is not offered:  # taken: its next one competes again
+                    heapq.heappush(heap, self._rank(tenant, queue[0], now_s, weights))
+
+    def _rank(
+        self, tenant: str, entry: Waiting, now_s: float, weights: Mapping[str, float]
+    ) -> tuple[float, int, str]:
+        share = self.service.value(tenant, now_s) / weights.get(tenant, 1.0)
+        return (share, entry.order, tenant)
