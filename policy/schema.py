@@ -141,11 +141,12 @@ class WaitingRoomConfig:
     never wait: a budget is a contract, shedding is the breaker's answer to overload."""
 
     enabled: bool = True
-    # The longest a request of each tier may wait; None (critical's default): its TTFT SLO
-    # minus the prefill its pool's latency model expects, so that the wait cannot by itself
-    # spend the SLO (half the SLO where the pool has no latency model).
+    # The longest a request of each tier may wait; None (the default): its TTFT SLO minus
+    # the prefill its pool's latency model expects, so that a request is not held past the
+    # point where it can still meet its SLO (half the SLO where the pool has no latency
+    # model). Lower tiers have longer SLOs, so they wait longer.
     max_wait_s: Mapping[Tier, float | None] = field(
-        default_factory=lambda: {Tier.CRITICAL: None, Tier.STANDARD: 15.0, Tier.SHEDDABLE: 30.0}
+        default_factory=lambda: {Tier.CRITICAL: None, Tier.STANDARD: None, Tier.SHEDDABLE: None}
     )
     min_wait_s: float = 0.2  # a derived critical wait is never shorter than this
     max_waiting: int = 1000  # waiting requests per pool and tier

@@ -65,6 +65,7 @@ class ParsedRequest:
     requested_model: str | None = None
     # The output limit as the body named it (None: not named), echoed back for tests.
     named_max_tokens: int | None = None
+    priority: int = 0  # vLLM's scheduling priority (lower runs first)
 
 
 Counter = Callable[[str], int]
@@ -248,4 +249,12 @@ def parse_request(raw: bytes, endpoint: Endpoint, count: Counter | None = None) 
         named_max_tokens=next(
             (body[k] for k in _LIMIT_MEMBERS[endpoint] if isinstance(body.get(k), int)), None
         ),
+        priority=_priority(body),
     )
+
+
+def _priority(body: dict[str, Any]) -> int:
+    value = body.get("priority", 0)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RequestError("'priority' must be an integer")
+    return value

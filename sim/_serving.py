@@ -49,9 +49,10 @@ def echo_headers(
     stream_options: dict[str, Any] | None,
     model: str | None = None,
     max_tokens: int | None = None,
+    priority: int = 0,
 ) -> dict[str, str]:
-    """What the upstream saw, for tests: slogate's headers, stream_options, model and the
-    output limit the body named."""
+    """What the upstream saw, for tests: slogate's headers, stream_options, model, the
+    output limit the body named and its scheduling priority."""
     saw: dict[str, str] = {}
     for name, value in request.headers.items():
         lowered = name.lower()
@@ -62,6 +63,7 @@ def echo_headers(
         "x-sim-stream-options": json.dumps(stream_options, sort_keys=True),
         "x-sim-model": json.dumps(model),
         "x-sim-max-tokens": json.dumps(max_tokens),
+        "x-sim-priority": str(priority),
     }
 
 
@@ -116,7 +118,11 @@ class SimPool:
                 400, exc.message, "invalid_request_error", exc.code, headers, endpoint
             )
         headers = echo_headers(
-            request, parsed.stream_options, parsed.requested_model, parsed.named_max_tokens
+            request,
+            parsed.stream_options,
+            parsed.requested_model,
+            parsed.named_max_tokens,
+            parsed.priority,
         )
         context_tokens = parsed.prompt_tokens + parsed.max_tokens
         if context_tokens > self.config.max_model_len_tokens:
@@ -126,6 +132,15 @@ class SimPool:
             )
             return error_response(
                 400, message, "invalid_request_error", "context_length_exceeded", headers, endpoint
+            )
+        if parsed.priority != 0 and self.config.scheduling_policy != "priority":
+            return error_response(
+                400,
+                f"Got priority {parsed.priority} but Priority scheduling is not enabled.",
+                "invalid_request_error",
+                "invalid_priority",
+                headers,
+                endpoint,
             )
         faults = self.faults.current()
         if faults.error_rate > 0 and self.rng.random() < faults.error_rate:
@@ -152,7 +167,7 @@ class SimPool:
         kv_tokens = kv_tokens_for(
             parsed.prompt_tokens, parsed.max_tokens, self.latency.config.buckets
         )
-        admission = self.kv.submit(request_id, kv_tokens)
+        admission = self.kv.submit(request_id, kv_tokens, parsed.priority)
         if admission is Admission.REJECTED_TOO_LARGE:
             message = f"request needs {kv_tokens} KV tokens, the pool has {self.kv.capacity_tokens}"
             return error_response(

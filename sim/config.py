@@ -35,6 +35,9 @@ class PoolConfig:
     # How prompts are counted: "approx" (a quarter of the UTF-8 bytes, free) or "deepseek"
     # (the real vocabulary, as vLLM counts: text built to fool an estimate costs its real size).
     tokenizer: str = "approx"
+    # vLLM's --scheduling-policy: "fcfs" refuses a request naming a priority other than 0
+    # (as vLLM does); "priority" queues by it, lower first.
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if not self.name or not self.model:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -169,12 +170,15 @@ class Admission(enum.Enum):
 
 
 class KvCache:
-    """KV-cache capacity, running set and the FIFO waiting queue of one engine.
+    """KV-cache capacity, running set and the waiting queue of one engine.
 
-    A request holds its weighted context (`kv_tokens_for`) from admission to release. Admission
-    is strictly FIFO: while anyone waits, newcomers queue behind them even if they would fit, as
-    vLLM's scheduler does. `overcommit_ratio` > 1 lets the engine admit past its real capacity;
-    the pool turns work admitted into that region into OOM-like 500s.
+    A request holds its weighted context (`kv_tokens_for`) from admission to release. While
+    anyone waits, newcomers queue behind them even if they would fit, as vLLM's scheduler
+    does; the queue is FIFO, or, with vLLM's priority scheduling, ordered by each request's
+    `priority` (lower first, FIFO within one). Running requests are never preempted here
+    (vLLM may preempt for priority; not modelled). `overcommit_ratio` > 1 lets the engine
+    admit past its real capacity; the pool turns work admitted into that region into
+    OOM-like 500s.
     """
 
     def __init__(
@@ -195,7 +199,9 @@ class KvCache:
         self.overcommit_ratio = overcommit_ratio
         self.used_tokens = 0
         self._running: dict[str, int] = {}
-        self._waiting: OrderedDict[str, int] = OrderedDict()
+        self._waiting: dict[str, int] = {}
+        self._order: list[tuple[int, int, str]] = []  # (priority, arrival, id); lazily pruned
+        self._arrivals = 0
 
     @property
     def num_running(self) -> int:
@@ -228,7 +234,7 @@ class KvCache:
         self.used_tokens += kv_tokens
         return True
 
-    def submit(self, request_id: str, kv_tokens: int) -> Admission:
+    def submit(self, request_id: str, kv_tokens: int, priority: int = 0) -> Admission:
         """Admit, queue, or refuse a new request."""
         if kv_tokens > self.capacity_tokens * self.overcommit_ratio:
             return Admission.REJECTED_TOO_LARGE  # would block the FIFO head forever
@@ -237,6 +243,8 @@ class KvCache:
         if len(self._waiting) >= self.max_queue:
             return Admission.REJECTED_QUEUE_FULL
         self._waiting[request_id] = kv_tokens
+        self._arrivals += 1
+        heapq.heappush(self._order, (priority, self._arrivals, request_id))
         return Admission.QUEUED
 
     def release(self, request_id: str) -> list[str]:
@@ -249,10 +257,15 @@ class KvCache:
 
     def _admit_waiting(self) -> list[str]:
         admitted: list[str] = []
-        while self._waiting:
-            head_id, head_tokens = next(iter(self._waiting.items()))
+        while self._order:
+            head_id = self._order[0][2]
+            if head_id not in self._waiting:  # released while it waited
+                heapq.heappop(self._order)
+                continue
+            head_tokens = self._waiting[head_id]
             if not self._fits(head_tokens):
                 break
+            heapq.heappop(self._order)
             del self._waiting[head_id]
             self._running[head_id] = head_tokens
             self.used_tokens += head_tokens

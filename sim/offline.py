@@ -32,7 +32,7 @@ from breaker.board import BreakerBoard
 from breaker.controller import TierMultipliers
 from breaker.latency import ResponseWindows
 from budget.store import InProcessStore
-from extproc.request.flow import Routed
+from extproc.request.flow import Routed, engine_priority
 from extproc.request.tokens import PromptCounter
 from policy import Policy
 from sim.arrivals import Arrival
@@ -285,7 +285,10 @@ class OfflineFleet:
         self.results[request_id] = Served(
             arrival, pool, "served", waited_s=waited_s, attempts=attempts
         )
-        admission = engine.kv.submit(request_id, kv_tokens)
+        spec = self.policy.pools[pool]
+        # What the sidecar wrote into the body for an engine that schedules by priority.
+        priority = engine_priority(arrival.key.tier) if spec.priority_scheduling else 0
+        admission = engine.kv.submit(request_id, kv_tokens, priority)
         if admission is Admission.ADMITTED:
             self._start(request_id, engine)
         elif admission is Admission.QUEUED:

@@ -199,6 +199,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-queue", type=int, default=defaults.max_queue)
     parser.add_argument("--base-latency-ms", type=float, default=defaults.base_latency_ms)
     parser.add_argument("--tokenizer", choices=("approx", "deepseek"), default=defaults.tokenizer)
+    parser.add_argument(
+        "--scheduling-policy", choices=("fcfs", "priority"), default=defaults.scheduling_policy
+    )
     return parser.parse_args(argv)
 
 
@@ -222,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_queue=args.max_queue,
             base_latency_ms=args.base_latency_ms,
             tokenizer=args.tokenizer,
+            scheduling_policy=args.scheduling_policy,
         )
     except ValueError as exc:
         print(f"sim pool: {exc}", file=sys.stderr)

@@ -136,7 +136,72 @@ def summarize(
     report["utilisation_by_pool"] = {name: round(u, 4) for name, u in utilisation.items()}
     report["oom_events"] = fleet.oom_events
     report["burst_handling"] = round(burst_good / burst_total, 4) if burst_total else None
+    report["waiting_room"] = waiting_summary(results, policy)
     return report
+
+
+# Outcomes that say the pool was full (not a budget, not the breaker).
+CAPACITY_REFUSALS = frozenset({"kv_full", "queue_full", "queue_timeout", "engine_full"})
+
+
+def waiting_summary(results: dict[str, Served], policy: Policy) -> dict[str, Any]:
+    """What the waiting room did: per tier the requests refused for capacity, the waits
+    of the admitted (P50 / P99, zero waits included) and the retries; per tenant demand and
+    service; and per tier Jain's index over the tenants' service normalised by their
+    max-min fair share of what the tier was served."""
+    tiers: dict[str, Any] = {}
+    tenants: dict[str, dict[str, Any]] = {}
+    for r in results.values():
+        row = tenants.setdefault(
+            r.arrival.key.tenant,
+            {"tier": r.arrival.key.tier.value, "requests": 0, "served": 0, "within_slo": 0},
+        )
+        row["requests"] += 1
+        if r.outcome == "served" and r.ttft_s is not None:
+            row["served"] += 1
+            row["within_slo"] += _over_objective(policy, r) <= 1.0
+    for tier in Tier:
+        rows = [r for r in results.values() if r.arrival.key.tier is tier]
+        waits = [r.waited_s for r in rows if r.outcome == "served"]
+        members = {t: v for t, v in tenants.items() if v["tier"] == tier.value}
+        tiers[tier.value] = {
+            "refused_for_capacity": sum(r.outcome in CAPACITY_REFUSALS for r in rows),
+            "wait_p50_s": round(_quantile(waits, 0.5), 3) if waits else None,
+            "wait_p99_s": round(p99(waits), 3) if waits else None,
+            "retried": sum(r.attempts > 1 for r in rows),
+            "jain_fairness": jain_index(members) if len(members) > 1 else None,
+        }
+    return {"tiers": tiers, "tenants": tenants}
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def jain_index(tenants: Mapping[str, Mapping[str, Any]]) -> float:
+    """Jain's index (1: perfectly fair) over served / max-min fair share, where the fair
+    shares divide what the tenants were served together by water-filling their demands (a
+    tenant asking less than an equal part gets all it asked; the rest is shared)."""
+    demands = {t: float(v["requests"]) for t, v in tenants.items()}
+    left = float(sum(v["served"] for v in tenants.values()))
+    fair: dict[str, float] = {}
+    open_ = sorted(demands, key=lambda t: demands[t])
+    while open_:
+        part = left / len(open_)
+        tenant = open_[0]
+        if demands[tenant] <= part:
+            fair[tenant] = demands[tenant]
+            left -= demands[tenant]
+            open_.pop(0)
+        else:
+            for name in open_:
+                fair[name] = part
+            break
+    shares = [tenants[t]["served"] / fair[t] for t in tenants if fair.get(t)]
+    if not shares:
+        return 1.0
+    return round(sum(shares) ** 2 / (len(shares) * sum(x * x for x in shares)), 4)
 
 
 def _bucket(policy: Policy, served: Served) -> str:
@@ -341,3 +406,79 @@ def table(comparison: dict[str, Any]) -> str:
 
 def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value * 100:+.1f}%"
+
+
+# The OpenAI SDKs retry a 429 / 503 twice by default, after its Retry-After.
+CLIENT_RETRIES = 2
+WAITING_ROOM_RUNS: dict[str, dict[str, Any]] = {
+    "today (refuse at once, no retries)": {"waiting_room": False, "client_retries": 0},
+    "refuse at once, clients retry": {"waiting_room": False, "client_retries": CLIENT_RETRIES},
+    "waiting room, clients retry": {"waiting_room": True, "client_retries": CLIENT_RETRIES},
+}
+
+
+def waiting_room_report(
+    workload: Workload, seeds: Iterable[int] = (7, 11), latency: LatencyConfig | None = None
+) -> dict[str, Any]:
+    """slogate's dynamic control (KV admission and the controller) as it was — a full pool
+    refused at once, the refusal counted as lost — against clients that retry after
+    Retry-After, with and without the waiting room; same workload, each seed."""
+    engine: dict[str, Any] = {} if latency is None else {"latency": latency}
+    dynamic = with_kv_admission(workload)
+    runs: dict[str, dict[str, Any]] = {}
+    for seed in seeds:
+        runs[str(seed)] = {
+            label: run_once(dynamic, seed, controller=True, **options, **engine)
+            for label, options in WAITING_ROOM_RUNS.items()
+        }
+    return {"workload": workload.name, "runs": runs}
+
+
+_ROOM = "waiting_room"
+
+
+def waiting_room_table(report: dict[str, Any]) -> str:
+    lines = []
+    for seed, runs in report["runs"].items():
+        columns = list(runs.items())
+
+        def row(label: str, value: Any, columns: list[tuple[str, Any]] = columns) -> str:
+            return f"| {label} | " + " | ".join(str(value(r)) for _, r in columns) + " |"
+
+        lines += [
+            f"workload {report['workload']} (seed {seed})",
+            "",
+            "| metric | " + " | ".join(name for name, _ in columns) + " |",
+            "| --- |" + " --- |" * len(columns),
+            row("goodput tokens/s", lambda r: r["goodput_tokens_per_s"]),
+            row("GPU utilisation (busiest pool)", lambda r: r["gpu_utilisation"]),
+            row("burst handling", lambda r: r["burst_handling"]),
+        ]
+        for tier in ("critical", "standard", "sheddable"):
+            lines += [
+                row(f"{tier} SLO attainment", lambda r, t=tier: r["tiers"][t]["slo_attainment"]),
+                row(
+                    f"{tier} refused for capacity",
+                    lambda r, t=tier: r[_ROOM]["tiers"][t]["refused_for_capacity"],
+                ),
+                row(f"{tier} refused (all)", lambda r, t=tier: r["tiers"][t]["refused"]),
+                row(
+                    f"{tier} wait P50 / P99 s",
+                    lambda r, t=tier: "{wait_p50_s} / {wait_p99_s}".format(**r[_ROOM]["tiers"][t]),
+                ),
+                row(
+                    f"{tier} Jain's index", lambda r, t=tier: r[_ROOM]["tiers"][t]["jain_fairness"]
+                ),
+            ]
+        tenants = sorted(columns[0][1][_ROOM]["tenants"])
+        for tenant in tenants:
+            lines.append(
+                row(
+                    f"{tenant}: served / requests",
+                    lambda r, t=tenant: (
+                        f"{r[_ROOM]['tenants'][t]['served']} / {r[_ROOM]['tenants'][t]['requests']}"
+                    ),
+                )
+            )
+        lines.append("")
+    return "\n".join(lines)

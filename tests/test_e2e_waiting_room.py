@@ -27,6 +27,9 @@ UNLIMITED = {"concurrent_requests": 1000, "requests_per_minute": 100_000}
 def room_policy(tmp: Path) -> Path:
     raw = example_policy()
     raw["pools"]["default"]["max_num_seqs"] = SLOTS
+    raw["pools"]["default"]["priority_scheduling"] = (
+        True  # the pool runs `--scheduling-policy priority`
+    )
     # Nothing but the room is under test: no breaker trips, no scrape, every tier may fill
     # every slot.
     raw["breaker"]["scrape_metrics"] = False
@@ -189,3 +192,24 @@ def test_a_flooding_tenant_does_not_delay_a_quiet_one_of_the_same_tier(
     print(f"quiet tenant waited {quiet_waits} ms; flooding tenant {flood_waits} ms")
     assert max(quiet_waits) < 1600  # the first round of ends
     assert flood_waits[-1] > max(quiet_waits) + 500  # the flood's tail waited behind them
+
+
+@pytest.mark.parametrize(
+    ("key", "priority"), [("sk-crit", "0"), ("sk-fair-a", "1"), ("sk-shed", "2")]
+)
+def test_the_tier_sets_the_engine_priority_whatever_the_client_says(
+    room_stack: LocalStack, key: str, priority: str
+) -> None:
+    reply = post(room_stack.url, CHAT, chat_body("hi", max_tokens=8, priority=-100), key=key)
+    assert reply.status == 200, reply.body[:300]
+    assert reply.headers["x-sim-priority"] == priority
+
+
+def test_a_client_priority_never_reaches_an_engine_that_does_not_schedule_by_it(
+    stack: LocalStack,
+) -> None:
+    """The example policy's pools run first come, first served: a priority other than 0
+    would be refused by the engine, or jump its queue were it to schedule by priority."""
+    reply = post(stack.url, CHAT, chat_body("hi", max_tokens=8, priority=-100))
+    assert reply.status == 200, reply.body[:300]
+    assert reply.headers["x-sim-priority"] == "0"

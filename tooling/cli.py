@@ -106,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a policy with a latency_model section (slogate calibrate): play its default pool",
     )
+    simulate.add_argument(
+        "--waiting-room",
+        action="store_true",
+        help="dynamic control refusing a full pool at once (today), against retrying clients "
+        "with and without the waiting room; seeds --seed and --seed + 4",
+    )
 
     calibrate = sub.add_parser(
         "calibrate", help="measure OpenAI-compatible endpoints; write their latency model"

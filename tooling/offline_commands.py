@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
+from typing import Any
 
 from sim.scenarios import SIMULATION_POLICY
 
@@ -81,6 +82,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             return 2
         latency = latency_config(fit, measured.buckets)
     workload = load_workload(path, SIMULATION_POLICY)
+    if args.waiting_room:
+        return _waiting_room(args, workload, latency)
     comparison = compare(workload, seed=args.seed, latency=latency)
     comparison["gains"] = gains(comparison)
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -98,6 +101,25 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"wrote {draw_comparison(comparison, out.with_suffix('.png'))}")
     except ImportError:
         print("no plots: matplotlib is not installed (pip install 'slogate[sim]')")
+    return 0
+
+
+def _waiting_room(args: argparse.Namespace, workload: Any, latency: Any) -> int:
+    from sim.scenarios import waiting_room_report, waiting_room_table
+
+    seeds = (args.seed, args.seed + 4)
+    report = waiting_room_report(workload, seeds, latency)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / f"waiting-room-{args.workload}.json"
+    out.write_text(json.dumps(report, separators=(",", ":")) + "\n")
+    text = waiting_room_table(report)
+    seeds_text = " and ".join(str(s) for s in seeds)
+    out.with_suffix(".md").write_text(
+        f"# slogate simulate --workload {args.workload} --waiting-room (seeds {seeds_text})\n\n"
+        f"{text}\n"
+    )
+    print(text)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0
 
 

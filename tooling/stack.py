@@ -141,6 +141,9 @@ class LocalStack:
                 # real size, not a quarter of its bytes.
                 "--tokenizer",
                 "deepseek",
+                # As the policy says the engines schedule (slogate then writes priorities).
+                "--scheduling-policy",
+                "priority" if pool.priority_scheduling else "fcfs",
             ),
             self.work_dir,
         ).start()
