@@ -116,16 +116,14 @@ class KvStep:
         )
         room = policy.waiting_room
         try:
-            self.room.enter(
-                entry, RoomBounds(room.max_waiting, room.max_waiting_bytes, room.backfill_s)
-            )
+            self.room.enter(entry, RoomBounds(room.max_waiting, room.max_waiting_bytes))
         except QueueFull as full:
             self._events.waited(tier.value, "full", 0.0)
             raise self._queue_full(decision, full.what, now_s) from None
-        notice = wait_notice.get()
-        if notice is not None:
-            notice(max_wait_s)
         self.dispatch(decision.pool)  # it may already fit in its turn
+        notice = wait_notice.get()
+        if notice is not None and not entry.waiter.done():
+            notice(max_wait_s)
         try:
             await entry.waiter
         except BaseException as error:

@@ -94,7 +94,6 @@ class AttainedService:
 class RoomBounds:
     max_waiting: int  # per pool and tier
     max_bytes: int  # every waiting body together
-    backfill_s: float
 
 
 class QueueFull(Exception):
