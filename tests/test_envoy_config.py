@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from extproc.request.contract import ACCESS_LOG_TAGS
-from policy import FailureMode, load_policy
+from policy import FailureMode, Tier, load_policy
 from tests.support.stack import EXAMPLE_POLICY
 from tooling.envoy_config import FilterProfile, build_bootstrap
 from tooling.processes import envoy_binary
@@ -89,6 +89,32 @@ def test_bootstrap_shape() -> None:
     assert int(vhost["requestBodyBufferLimit"]) == policy.max_body_bytes
     tags = manager["accessLog"][0]["typedConfig"]["commonConfig"]["customTags"]
     assert {t["tag"] for t in tags} == set(ACCESS_LOG_TAGS)
+
+
+@pytest.mark.parametrize(("waits", "upstream_s"), [({}, 600.0), ({"sheddable": 900}, 600.0)])
+def test_envoy_lets_the_longest_wait_through_and_no_longer(
+    waits: dict[str, float], upstream_s: float
+) -> None:
+    """The sidecar's override for a waiting request (its wait + the message timeout) must
+    be within max_message_timeout, or Envoy ignores it; the stream idle timer runs during
+    the wait, so it must outlast it (ENVOY notes in README, measured on Envoy 1.40)."""
+    policy = load_policy(EXAMPLE_POLICY)
+    room = dataclasses.replace(
+        policy.waiting_room,
+        max_wait_s={**policy.waiting_room.max_wait_s, **{Tier(t): w for t, w in waits.items()}},
+    )
+    policy = dataclasses.replace(policy, waiting_room=room, upstream_timeout_s=upstream_s)
+    manager = _filters(build_bootstrap(policy))
+    ext_proc = manager["httpFilters"][0]["typedConfig"]
+    longest_ms = policy.message_timeout_ms + policy.longest_wait_s * 1000
+    assert _seconds(ext_proc["messageTimeout"]) == policy.message_timeout_ms / 1000
+    assert _seconds(ext_proc["maxMessageTimeout"]) * 1000 >= longest_ms
+    assert _seconds(manager["streamIdleTimeout"]) * 1000 > longest_ms
+    assert _seconds(manager["streamIdleTimeout"]) >= upstream_s
+
+
+def _seconds(duration: str) -> float:
+    return float(duration.rstrip("s"))
 
 
 def test_committed_bootstrap_matches_the_example_policy() -> None:
