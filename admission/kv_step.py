@@ -37,7 +37,7 @@ from admission.waiting_room import (
     Waiting,
     WaitingRoom,
 )
-from breaker.kv_admission import KvLedger, PoolCapacity, kv_footprint, pool_capacity
+from breaker.kv_admission import Freed, KvLedger, PoolCapacity, kv_footprint, pool_capacity
 from policy import Policy, Tier
 
 # How often the sidecar runs `tick` (and the simulator, on its clock): waits past their
@@ -129,8 +129,8 @@ class KvStep:
         except BaseException as error:
             if self.room.leave(request_id) is not None:  # gone while waiting
                 self._events.waited(tier.value, "cancelled", self._clock() - now_s)
-            elif not isinstance(error, Overloaded) and self.ledger.release(request_id):
-                self.dispatch(decision.pool)  # dispatched, then gone before it resumed
+            elif not isinstance(error, Overloaded):
+                self._freed(self.ledger.release(request_id))  # dispatched, then gone
             raise
         waited_s = self._clock() - now_s
         decision = dataclasses.replace(decision, waited_s=waited_s)
@@ -212,8 +212,11 @@ class KvStep:
                 )
                 return verdict.admitted
 
+            def in_time(head: Waiting, capacity: PoolCapacity = capacity) -> bool:
+                return self._room_in_time(head, capacity, shares[head.tier], now_s, room.hold_s)
+
             for entry in self.room.dispatch(
-                name, fits, now_s, room.backfill_s, room.tenant_weights
+                name, fits, now_s, room.backfill_s, room.tenant_weights, in_time
             ):
                 dispatched += 1
                 self._events.waited(entry.tier.value, "dispatched", now_s - entry.entered_s)
@@ -258,17 +261,39 @@ class KvStep:
         if correction:
             self.room.service.add(decision.caller.tenant, correction, self._clock())
 
-    def _freed(self, pool: str | None) -> None:
-        if pool is not None:
-            self.room.note_end(pool, self._clock())
-            self.dispatch(pool)
+    def _freed(self, freed: Freed | None) -> None:
+        if freed is not None:
+            self.room.note_end(freed.pool, self._clock(), freed.tokens, freed.sequences)
+            self.dispatch(freed.pool)
 
     def expire(self) -> list[str]:
         """Free the holds past their deadline; their ids."""
         expired = self.ledger.expire(self._clock())
-        for pool in {pool for _, pool in expired}:
-            self._freed(pool)
+        for _, freed in expired:
+            self._freed(freed)
         return [request_id for request_id, _ in expired]
+
+    def _room_in_time(
+        self, head: Waiting, capacity: PoolCapacity, share: float, now_s: float, hold_s: float
+    ) -> bool:
+        """Whether `head`'s pool is expected to free what it lacks within `hold_s` and
+        before its deadline, at the rate the pool's requests have been giving room back."""
+        left_s = min(head.deadline_s - now_s, hold_s)
+        drain = self.room.drain(head.pool, now_s)
+        needed_s = 0.0
+        if capacity.kv_tokens is not None:
+            expected = self.ledger.expected(head.pool, head.tokens, head.fixed)
+            ratio = max(self.ledger.ratio.get(head.pool, 1.0), KvLedger.min_ratio)
+            short = (expected - capacity.kv_tokens * share) / ratio  # in counted tokens
+            if short > 0:
+                needed_s = math.inf if drain.tokens <= 0 else short / drain.tokens
+        if capacity.sequences is not None:
+            held = self.ledger.requests.get(head.pool, 0)
+            short = held + head.sequences - capacity.sequences * share
+            if short > 0:
+                wait_s = math.inf if drain.sequences <= 0 else short / drain.sequences
+                needed_s = max(needed_s, wait_s)
+        return needed_s <= left_s
 
     def observe(self, policy: Policy, kv_cache_usage: Callable[[str], float | None]) -> None:
         """Each controller interval: learn each pool's real-to-counted KV ratio (a lower

@@ -34,6 +34,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from policy import ContextBucket, Pool
 
@@ -59,6 +60,14 @@ def pool_capacity(pool: Pool, replicas: int = 1) -> PoolCapacity | None:
         None if pool.kv_capacity_tokens is None else pool.kv_capacity_tokens / replicas,
         None if pool.max_num_seqs is None else pool.max_num_seqs / replicas,
     )
+
+
+class Freed(NamedTuple):
+    """What a released request gave back."""
+
+    pool: str
+    tokens: int
+    sequences: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,9 +177,8 @@ class KvLedger:
         self._held[request_id] = (pool, tokens, sequences, fixed, deadline_s)
         return KvVerdict(True, "", current + tokens, running + sequences)
 
-    def release(self, request_id: str) -> str | None:
-        """Free what the request held: its pool; None when it held nothing (never admitted,
-        or done)."""
+    def release(self, request_id: str) -> Freed | None:
+        """Free what the request held; None when it held nothing (never admitted, or done)."""
         held = self._held.pop(request_id, None)
         if held is None:
             return None
@@ -179,7 +187,7 @@ class KvLedger:
         self.requests[pool] -= sequences
         if fixed:
             self.fixed[pool] -= tokens
-        return pool
+        return Freed(pool, tokens, sequences)
 
     def never_fits(
         self,
@@ -201,13 +209,12 @@ class KvLedger:
             return "sequences"
         return ""
 
-    def expire(self, now_s: float) -> list[tuple[str, str]]:
-        """Free every hold past its deadline; the (id, pool) pairs freed. A safety net: every
-        way a request ends releases it, but a hold must never outlive its request by much."""
-        expired = [(rid, held[0]) for rid, held in self._held.items() if held[4] <= now_s]
-        for request_id, _ in expired:
-            self.release(request_id)
-        return expired
+    def expire(self, now_s: float) -> list[tuple[str, Freed]]:
+        """Free every hold past its deadline; what each id freed. A safety net: every way a
+        request ends releases it, but a hold must never outlive its request by much."""
+        late = [rid for rid, held in self._held.items() if held[4] <= now_s]
+        expired = [(rid, self.release(rid)) for rid in late]
+        return [(rid, freed) for rid, freed in expired if freed is not None]
 
     @property
     def holds(self) -> int:

@@ -312,6 +312,7 @@ def parse_waiting_room(sec: Section) -> WaitingRoomConfig:
         max_waiting=sec.get("max_waiting", int, defaults.max_waiting),
         max_waiting_bytes=sec.get("max_waiting_bytes", int, defaults.max_waiting_bytes),
         backfill_s=sec.get("backfill_s", float, defaults.backfill_s),
+        hold_s=sec.get("hold_s", float, defaults.hold_s),
         half_life_s=sec.get("half_life_s", float, defaults.half_life_s),
         output_weight=sec.get("output_weight", float, defaults.output_weight),
         tenant_weights=weights,
@@ -322,7 +323,7 @@ def parse_waiting_room(sec: Section) -> WaitingRoomConfig:
     sec.close()
     for name in ("max_waiting", "max_waiting_bytes", "half_life_s", "alert_critical_p99_wait_s"):
         positive(getattr(config, name), sec.child(name))
-    for name in ("min_wait_s", "backfill_s", "output_weight"):
+    for name in ("min_wait_s", "backfill_s", "hold_s", "output_weight"):
         if getattr(config, name) < 0:
             raise PolicyError(f"{sec.child(name)}: must be >= 0")
     return config

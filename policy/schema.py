@@ -155,6 +155,10 @@ class WaitingRoomConfig:
     # A blocked head-of-line request lets smaller ones that fit go first only while it has
     # waited less than this; then nothing passes it until it fits (no starvation).
     backfill_s: float = 0.5
+    # ... and only while the pool is expected to free what the head lacks within this (at
+    # the rate its requests gave room back over the last 10 s): the longest the pool is
+    # held for one request. Holding longer cost more than it saved (bench/results/).
+    hold_s: float = 0.5
     # Fair shares inside a tier: the tenant with the least recently attained service goes
     # first; service is weighted tokens (output x output_weight) decaying with this half-life.
     half_life_s: float = 60.0

@@ -159,24 +159,58 @@ async def test_settling_corrects_the_service_to_what_was_generated() -> None:
     assert after == pytest.approx(100 + 2 * 1000 - 2 * 950 * 0.5 ** (1 / 60), rel=1e-6)
 
 
+async def churn(room: Room, ends: int) -> None:
+    """`ends` requests that come and go: the pool's drain rate over the last 10 s."""
+    for i in range(ends):
+        await room.send(f"churn{i}", Tier.CRITICAL, tenant="c")
+        await room.end(f"churn{i}")
+
+
 async def test_backfill_lets_small_requests_pass_a_blocked_head_only_for_a_while() -> None:
     """The head needs 3 slots (n=3); singles behind it fit one slot each. They may pass it
-    while it has waited less than backfill_s; then nothing passes it until it fits."""
+    while it has waited less than backfill_s; then nothing passes it until it fits, since
+    the pool gives slots back fast enough (6 a second) for its room to come within hold_s."""
     room = Room(room_policy(slots=4, backfill_s=0.5))
+    await churn(room, 60)
     for rid in ("r1", "r2", "r3"):
         await room.send(rid, Tier.CRITICAL)
     await room.send("big", Tier.CRITICAL, tenant="b", sequences=3)
-    await room.send("s1", Tier.CRITICAL, tenant="x")  # other tenants: FIFO inside one
+    await room.send("s1", Tier.CRITICAL, tenant="x")
     await room.send("s2", Tier.CRITICAL, tenant="y")
-    assert room.order == ["r1", "r2", "r3", "s1"]  # s1 backfilled past the blocked head
+    assert room.order[-4:] == ["r1", "r2", "r3", "s1"]  # s1 backfilled past the blocked head
     room.clock.advance(0.6)  # the head has now waited past the bound
     await room.end("r1")
-    assert room.order == ["r1", "r2", "r3", "s1"]  # s2 may not pass it any more
+    assert room.order[-1] == "s1"  # s2 may not pass it any more
     await room.end("r2")
     await room.end("r3")
     assert room.order[-1] == "big"  # three slots free: the head first
     await room.end("s1")
     assert room.order[-1] == "s2"
+
+
+async def test_the_pool_is_not_held_for_a_head_whose_room_is_not_about_to_come() -> None:
+    """The same line, in a pool that gave back one slot in the last 10 s: the head's two
+    missing slots would take 20 s, so holding the pool for it would only idle it."""
+    room = Room(room_policy(slots=4, backfill_s=0.5))
+    for rid in ("r1", "r2", "r3"):
+        await room.send(rid, Tier.CRITICAL)
+    await room.send("big", Tier.CRITICAL, tenant="b", sequences=3)
+    await room.send("s1", Tier.CRITICAL, tenant="x")
+    await room.send("s2", Tier.CRITICAL, tenant="y")
+    room.clock.advance(0.6)
+    await room.end("r1")
+    assert room.order[-1] == "s2"  # passed the head: its room was not about to come
+    assert len(room.kv.room) == 1  # the head still waits, until room comes or its deadline
+
+
+async def test_a_tenants_small_requests_pass_its_own_blocked_large_one() -> None:
+    """FIFO within a tenant, but one long prompt must not freeze the tenant's short ones."""
+    room = Room(room_policy(slots=4, backfill_s=0.5))
+    for rid in ("r1", "r2", "r3"):
+        await room.send(rid, Tier.CRITICAL, tenant="other")
+    await room.send("big", Tier.CRITICAL, tenant="t", sequences=3)
+    await room.send("small", Tier.CRITICAL, tenant="t")
+    assert room.order[-1] == "small" and len(room.kv.room) == 1
 
 
 async def test_budget_and_breaker_refusals_never_wait() -> None:
