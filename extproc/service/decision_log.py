@@ -91,6 +91,7 @@ class DecisionLog:
                 "completion_tokens": outcome.completion_tokens,
                 "ttft_ms": None if outcome.ttft_s is None else round(outcome.ttft_s * 1000, 1),
                 "duration_ms": round(outcome.duration_s * 1000, 1),
+                "waited_ms": round(d.waited_s * 1000, 1),  # in the waiting room
             }
         )
 
