@@ -299,6 +299,13 @@ def parse_waiting_room(sec: Section) -> WaitingRoomConfig:
         if waits[tier] is not None and (waits[tier] or 0.0) < 0:
             raise PolicyError(f"{waits_sec.child(tier.value)}: must be >= 0")
     waits_sec.close()
+    shares_sec = sec.section("slo_share")
+    slo_share: dict[Tier, float] = dict(defaults.slo_share)
+    for tier in Tier:
+        slo_share[tier] = shares_sec.get(tier.value, float, slo_share[tier])
+        if not 0.0 < slo_share[tier] <= 1.0:
+            raise PolicyError(f"{shares_sec.child(tier.value)}: a share of the SLO, in (0, 1]")
+    shares_sec.close()
     weights_raw = sec.get("tenant_weights", dict, {})
     weights: dict[str, float] = {}
     for tenant, value in weights_raw.items():
@@ -308,6 +315,7 @@ def parse_waiting_room(sec: Section) -> WaitingRoomConfig:
     config = WaitingRoomConfig(
         enabled=sec.get("enabled", bool, defaults.enabled),
         max_wait_s=waits,
+        slo_share=slo_share,
         min_wait_s=sec.get("min_wait_s", float, defaults.min_wait_s),
         max_waiting=sec.get("max_waiting", int, defaults.max_waiting),
         max_waiting_bytes=sec.get("max_waiting_bytes", int, defaults.max_waiting_bytes),

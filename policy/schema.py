@@ -141,12 +141,17 @@ class WaitingRoomConfig:
     never wait: a budget is a contract, shedding is the breaker's answer to overload."""
 
     enabled: bool = True
-    # The longest a request of each tier may wait; None (the default): its TTFT SLO minus
-    # the prefill its pool's latency model expects, so that a request is not held past the
-    # point where it can still meet its SLO (half the SLO where the pool has no latency
-    # model). Lower tiers have longer SLOs, so they wait longer.
+    # The longest a request of each tier may wait; None (the default): `slo_share` of what
+    # its TTFT SLO leaves after the prefill its pool's latency model expects (half the SLO
+    # where the pool has no latency model), so that a request is not held past the point
+    # where it can still meet its SLO. Critical may spend all of that on waiting; the lower
+    # tiers a quarter: measured in the simulator, longer waits there served more requests
+    # too late to count and cost goodput (bench/results/waiting-room-*.md).
     max_wait_s: Mapping[Tier, float | None] = field(
         default_factory=lambda: {Tier.CRITICAL: None, Tier.STANDARD: None, Tier.SHEDDABLE: None}
+    )
+    slo_share: Mapping[Tier, float] = field(
+        default_factory=lambda: {Tier.CRITICAL: 1.0, Tier.STANDARD: 0.25, Tier.SHEDDABLE: 0.25}
     )
     min_wait_s: float = 0.2  # a derived critical wait is never shorter than this
     max_waiting: int = 1000  # waiting requests per pool and tier
@@ -223,7 +228,7 @@ class Policy:
         budget_ms = (
             slo_ms / 2 if fit is None else slo_ms - fit.expected_ttft_ms(prompt_tokens, bucket)
         )
-        return max(room.min_wait_s, budget_ms / 1000)
+        return max(room.min_wait_s, room.slo_share.get(tier, 1.0) * budget_ms / 1000)
 
     @property
     def longest_wait_s(self) -> float:

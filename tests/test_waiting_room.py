@@ -348,9 +348,8 @@ async def test_critical_waits_derive_from_its_slo_minus_the_expected_prefill() -
     )
     assert policy.max_wait_s(Tier.CRITICAL, "default", "0-4k", 2000) == pytest.approx(1.8)
     assert policy.max_wait_s(Tier.CRITICAL, "long", "0-4k", 2000) == pytest.approx(1.0)  # no model
-    assert policy.max_wait_s(Tier.STANDARD, "default", "0-4k", 2000) == pytest.approx(
-        3.8
-    )  # 4 s SLO
+    # standard: a quarter of what its 4 s SLO leaves after the 200 ms prefill
+    assert policy.max_wait_s(Tier.STANDARD, "default", "0-4k", 2000) == pytest.approx(0.95)
     fixed = parse_policy({"waiting_room": {"max_wait_s": {"sheddable": 30}}})
     assert fixed.max_wait_s(Tier.SHEDDABLE, "default", "0-4k", 2000) == 30.0
     no_room = parse_policy({"waiting_room": {"enabled": False}})
@@ -414,10 +413,12 @@ def test_the_offline_fleet_waits_instead_of_refusing_and_clients_retry_after_ref
     waiting = run_once(short, 7, controller=True, waiting_room=True, client_retries=2)
     refused, room = refusing["waiting_room"]["tiers"], waiting["waiting_room"]["tiers"]
     assert refused["standard"]["refused_for_capacity"] > 20  # the launch burst meets a full pool
-    assert room["standard"]["refused_for_capacity"] == 0  # ... and waits instead
+    # ... and mostly waits instead (its wait is a quarter of what its SLO leaves)
     assert (
-        refused["sheddable"]["refused_for_capacity"] > 5 * room["sheddable"]["refused_for_capacity"]
+        room["standard"]["refused_for_capacity"] < refused["standard"]["refused_for_capacity"] / 4
     )
+    # sheddable waits a quarter of what its SLO leaves, then is refused (and retries)
+    assert room["sheddable"]["refused_for_capacity"] < refused["sheddable"]["refused_for_capacity"]
     assert room["critical"]["refused_for_capacity"] == 0
     assert room["standard"]["wait_p99_s"] > 0 and refused["standard"]["wait_p99_s"] == 0
     assert room["sheddable"]["retried"] > 0 and refused["sheddable"]["retried"] == 0
