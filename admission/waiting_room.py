@@ -46,6 +46,10 @@ from typing import Any, Protocol
 from policy import Tier
 
 TIER_ORDER = (Tier.CRITICAL, Tier.STANDARD, Tier.SHEDDABLE)
+# A dispatch pass stops after offering this many requests that did not fit: every end of a
+# request starts a pass, and a full room (thousands waiting) must not cost thousands of
+# ledger checks per end. Backfill looks this far past the head.
+MAX_MISSES = 64
 _RANK = {tier: rank for rank, tier in enumerate(TIER_ORDER)}
 
 
@@ -247,12 +251,17 @@ class WaitingRoom:
         (holding room back for a request that will time out anyway only starves others)."""
         dispatched: list[Waiting] = []
         head: Waiting | None = None
+        misses = 0
         for entry in self._in_order(pool, now_s, weights):
             if fits(entry):
                 self.leave(entry.request_id)
                 self.service.add(entry.tenant, entry.service, now_s)
                 dispatched.append(entry)
-            elif head is None:
+                continue
+            misses += 1
+            if misses > MAX_MISSES:
+                break  # a pass is bounded: the next end of a request starts another
+            if head is None:
                 head = entry
                 if now_s - head.entered_s >= backfill_s and room_in_time(head):
                     break  # the head has waited long enough: nothing passes it any more

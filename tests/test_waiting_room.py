@@ -17,7 +17,13 @@ from admission.decision import RoutingDecision
 from admission.errors import Overloaded, RateLimited, RequestRejected
 from admission.events import NoEvents
 from admission.kv_step import KvStep, wait_notice
-from admission.waiting_room import AttainedService
+from admission.waiting_room import (
+    MAX_MISSES,
+    AttainedService,
+    RoomBounds,
+    Waiting,
+    WaitingRoom,
+)
 from budget.store import InProcessStore
 from policy import Limits, Policy, Tier, parse_policy
 from sim.scenarios import (
@@ -422,3 +428,33 @@ def test_the_offline_fleet_waits_instead_of_refusing_and_clients_retry_after_ref
     assert room["critical"]["refused_for_capacity"] == 0
     assert room["standard"]["wait_p99_s"] > 0 and refused["standard"]["wait_p99_s"] == 0
     assert room["sheddable"]["retried"] > 0 and refused["sheddable"]["retried"] == 0
+
+
+def test_a_dispatch_pass_is_bounded_when_nothing_fits() -> None:
+    """Thousands waiting in a full pool: each end of a request checks a bounded number."""
+    room = WaitingRoom(AttainedService(60))
+    clock = VirtualClock()
+    for i in range(2000):
+        entry = Waiting(
+            f"w{i}",
+            "p",
+            Tier.STANDARD,
+            f"t{i % 50}",
+            100,
+            1,
+            False,
+            0,
+            100.0,
+            clock(),
+            clock() + 10,
+            SimWaiter(lambda _: None),
+        )
+        room.enter(entry, RoomBounds(5000, 1 << 30))
+    offered: list[str] = []
+
+    def fits(entry: Waiting) -> bool:
+        offered.append(entry.request_id)
+        return False
+
+    assert room.dispatch("p", fits, clock(), backfill_s=0.5, weights={}) == []
+    assert len(offered) == MAX_MISSES + 1 and len(room) == 2000
