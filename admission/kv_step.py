@@ -86,7 +86,15 @@ class KvStep:
         service = self._service(decision, policy)
         limit = ""
         if not self.room.ahead(decision.pool, tier):
-            limit = self._hold(request_id, decision.pool, tokens, capacity, share, decision)
+            limit = self._hold(
+                request_id,
+                decision.pool,
+                tokens,
+                capacity,
+                share,
+                decision.sequences,
+                decision.runs_to_limit,
+            )
             if not limit:
                 self.room.service.add(decision.caller.tenant, service, now_s)
                 return Admitted(decision)
@@ -143,17 +151,19 @@ class KvStep:
         tokens: int,
         capacity: PoolCapacity,
         share: float,
-        decision: RoutingDecision,
+        sequences: int,
+        fixed: bool,
     ) -> str:
-        """Hold the footprint now if it fits: "" when held, else what is full."""
+        """Hold the footprint now if it fits: "" when held, else what is full. The one
+        way a request is put in the ledger, on arrival or dispatched from the room."""
         verdict = self.ledger.admit(
             request_id,
             pool,
             tokens,
             capacity,
             share,
-            sequences=decision.sequences,
-            fixed=decision.runs_to_limit,
+            sequences=sequences,
+            fixed=fixed,
             deadline_s=self._clock() + self._ttl_s,
         )
         return verdict.limit
@@ -200,17 +210,16 @@ class KvStep:
                 capacity = PoolCapacity(None, None)
 
             def fits(entry: Waiting, capacity: PoolCapacity = capacity) -> bool:
-                verdict = self.ledger.admit(
+                held = self._hold(
                     entry.request_id,
                     entry.pool,
                     entry.tokens,
                     capacity,
                     shares[entry.tier],
-                    sequences=entry.sequences,
-                    fixed=entry.fixed,
-                    deadline_s=now_s + self._ttl_s,
+                    entry.sequences,
+                    entry.fixed,
                 )
-                return verdict.admitted
+                return not held
 
             def in_time(head: Waiting, capacity: PoolCapacity = capacity) -> bool:
                 return self._room_in_time(head, capacity, shares[head.tier], now_s, room.hold_s)

@@ -163,13 +163,9 @@ class KvLedger:
         nothing released it before (the request's end was never seen)."""
         current = self.in_flight.get(pool, 0)
         running = self.requests.get(pool, 0)
-        if (
-            capacity.kv_tokens is not None
-            and self.expected(pool, tokens, fixed) > capacity.kv_tokens * share
-        ):
-            return KvVerdict(False, "kv_cache", current, running)
-        if capacity.sequences is not None and running + sequences > capacity.sequences * share:
-            return KvVerdict(False, "sequences", current, running)
+        full = _over(capacity, share, self.expected(pool, tokens, fixed), running + sequences)
+        if full:
+            return KvVerdict(False, full, current, running)
         self.in_flight[pool] = current + tokens
         self.requests[pool] = running + sequences
         if fixed:
@@ -203,11 +199,7 @@ class KvLedger:
         could): waiting for room cannot help it."""
         ratio = self.ratio.get(pool, 1.0)
         expected = tokens * (max(1.0, ratio) if fixed else ratio)
-        if capacity.kv_tokens is not None and expected > capacity.kv_tokens * share:
-            return "kv_cache"
-        if capacity.sequences is not None and sequences > capacity.sequences * share:
-            return "sequences"
-        return ""
+        return _over(capacity, share, expected, sequences)
 
     def expire(self, now_s: float) -> list[tuple[str, Freed]]:
         """Free every hold past its deadline; what each id freed. A safety net: every way a
@@ -223,3 +215,13 @@ class KvLedger:
     def held_by_pool(self) -> tuple[dict[str, int], dict[str, int]]:
         """(KV tokens, batch slots) held per pool: what the admission gauges show."""
         return self.in_flight, self.requests
+
+
+def _over(capacity: PoolCapacity, share: float, expected_tokens: float, sequences: int) -> str:
+    """What a tier's share of `capacity` cannot hold of `expected_tokens` of KV and
+    `sequences` batch slots: "kv_cache", "sequences", or "" when both fit."""
+    if capacity.kv_tokens is not None and expected_tokens > capacity.kv_tokens * share:
+        return "kv_cache"
+    if capacity.sequences is not None and sequences > capacity.sequences * share:
+        return "sequences"
+    return ""
