@@ -97,6 +97,15 @@ def concurrently(stack: LocalStack, keys: list[str], gap_s: float = 0.0) -> list
     return [r for r in replies if r is not None]
 
 
+def fill_pool(stack: LocalStack, latency_ms: float) -> threading.Thread:
+    """Critical requests in every slot, each held `latency_ms`; the thread sending them."""
+    fault(stack, "default", latency_ms=latency_ms)
+    fillers = threading.Thread(target=concurrently, args=(stack, ["sk-crit"] * SLOTS))
+    fillers.start()
+    assert wait_for(lambda: status(stack)["requests_held"] == SLOTS)
+    return fillers
+
+
 def queued_ms(reply: Reply) -> int:
     return int(reply.headers.get("x-slogate-queued-ms", "0"))
 
@@ -119,10 +128,7 @@ def test_twelve_critical_requests_on_four_slots_all_succeed_after_waiting(
 def test_sheddable_requests_time_out_while_critical_traffic_keeps_the_pool_full(
     room_stack: LocalStack,
 ) -> None:
-    fault(room_stack, "default", latency_ms=4000)
-    fillers = threading.Thread(target=concurrently, args=(room_stack, ["sk-crit"] * SLOTS))
-    fillers.start()
-    assert wait_for(lambda: status(room_stack)["requests_held"] == SLOTS)
+    fillers = fill_pool(room_stack, latency_ms=4000)
     started = time.monotonic()
     reply = post(room_stack.url, CHAT, chat_body("later", max_tokens=8), key="sk-shed")
     waited_s = time.monotonic() - started
@@ -149,10 +155,7 @@ def test_a_full_room_answers_queue_full_with_retry_after(room_stack: LocalStack)
 def test_a_client_gone_while_waiting_leaves_the_room_and_holds_nothing(
     room_stack: LocalStack,
 ) -> None:
-    fault(room_stack, "default", latency_ms=3000)
-    fillers = threading.Thread(target=concurrently, args=(room_stack, ["sk-crit"] * SLOTS))
-    fillers.start()
-    assert wait_for(lambda: status(room_stack)["requests_held"] == SLOTS)
+    fillers = fill_pool(room_stack, latency_ms=3000)
     body = json.dumps(chat_body("leaving", max_tokens=8)).encode()
     host, port = room_stack.url.split("://")[1].split(":")
     client = socket.create_connection((host, int(port)))
