@@ -41,6 +41,8 @@ from sim.model import Admission, KvCache, LatencyConfig, LatencyModel, kv_tokens
 from sim.prompts import library, shared_bpe
 from sim.sidecar import SimulatedSidecar
 
+RETRIED_STATUSES = frozenset({429, 503})  # what an OpenAI SDK retries after Retry-After
+
 
 @dataclass(slots=True)
 class Served:
@@ -99,7 +101,8 @@ class OfflineFleet:
     ) -> None:
         """`waiting_room`: the sidecars hold requests refused only for capacity until room
         frees (False: they refuse them at once). `client_retries`: how many times a client
-        retries a 429 / 503 after its Retry-After, as the OpenAI SDKs do (2 by default)."""
+        retries a 429 / 503 after its Retry-After, as the OpenAI SDKs do (their default is
+        2; here 0, a refusal is lost)."""
         self.policy = policy
         self.client_retries = client_retries
         self.seed = seed
@@ -257,16 +260,9 @@ class OfflineFleet:
         attempts = self._attempts[request_id]
         if isinstance(decided, RequestRejected):
             retry_s = decided.retry_after_s
-            if (
-                attempts <= self.client_retries
-                and retry_s is not None
-                and decided.status
-                in (
-                    429,
-                    503,
-                )
-            ):
-                self._push(self.clock.now_s + retry_s, "arrive", request_id)
+            retryable = retry_s is not None and decided.status in RETRIED_STATUSES
+            if retryable and attempts <= self.client_retries:
+                self._push(self.clock.now_s + (retry_s or 0), "arrive", request_id)
                 return
             pool = self.policy.pool_for(arrival.counted + arrival.max_tokens)
             kind = SimulatedSidecar.kind(decided)

@@ -107,9 +107,8 @@ def drive(
     if not isinstance(waiter, SimWaiter):
         coroutine.close()
         raise RuntimeError(f"an admission step waited on {waiter!r} inside the simulator")
+    # It yielded only because it was not resolved yet (SimWaiter.__await__).
     waiter.resume = lambda: drive(coroutine, on_done)
-    if waiter.done():  # resolved before the driver saw it suspend
-        waiter.resume()
 
 
 class _NoIdentity:
