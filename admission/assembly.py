@@ -25,7 +25,7 @@ from admission.events import BreakerEvents, BudgetEvents, KvEvents
 from admission.kv_step import KvStep
 from admission.waiting_room import Waiter
 from breaker.board import BreakerBoard
-from breaker.kv_admission import KvLedger
+from breaker.kv_book import KvBook
 from budget.store import BudgetStore
 from policy import Policy
 
@@ -42,6 +42,16 @@ class Admission:
     budget: BudgetStep | None
 
 
+def expiry_s(policy: Policy) -> float:
+    """How long a request's reservation, KV hold and in-flight entry live before they are
+    taken as lost: its upstream timeout (no request runs longer: Envoy's route timeout)
+    plus time for its access-log entry to arrive — the timeout again, between 5 s and a
+    minute. A lost KV hold keeps capacity from the whole fleet until then (a replica killed
+    while holding)."""
+    upstream_s = policy.upstream_timeout_s
+    return upstream_s + min(60.0, max(5.0, upstream_s))
+
+
 def build_admission(
     *,
     board: BreakerBoard | None,
@@ -52,15 +62,16 @@ def build_admission(
     multipliers: Mapping[str, float] | None = None,
     ceilings: KeyCeilings | None = None,
     rng: random.Random | None = None,
-    ledger: KvLedger | None = None,
+    book: KvBook | None = None,
     policy: Callable[[], Policy],
     new_waiter: Callable[[], Waiter] | None = None,
     wait_cap_s: float = math.inf,
 ) -> Admission:
     """`board` None: no breaker step; `store` None: no budget step (simulated runs only);
-    `new_waiter` None: no waiting room (a full pool refuses at once)."""
+    `new_waiter` None: no waiting room (a full pool refuses at once); `book`: where the KV
+    ledger lives (None: this process's own; breaker.kv_book)."""
     breaker = BreakerStep(board, events, rng) if board is not None else None
     budget = BudgetStep(store, events, ttl_s, multipliers, ceilings) if store is not None else None
-    kv = KvStep(events, clock, ttl_s, policy, new_waiter, ledger, wait_cap_s)
+    kv = KvStep(events, clock, ttl_s, policy, new_waiter, book, wait_cap_s)
     steps: list[Step] = [s for s in (breaker, budget, kv) if s is not None]
     return Admission(AdmissionChain(steps), kv, breaker, budget)

@@ -37,8 +37,16 @@ from admission.waiting_room import (
     Waiting,
     WaitingRoom,
 )
-from breaker.kv_admission import Freed, KvLedger, PoolCapacity, kv_footprint, pool_capacity
-from policy import Policy, Tier
+from breaker.kv_admission import (
+    Freed,
+    KvLedger,
+    PoolCapacity,
+    kv_footprint,
+    never_fits,
+    pool_capacity,
+)
+from breaker.kv_book import KvBook, LocalBook
+from policy import Policy, Pool, Tier
 
 # How often the sidecar runs `tick` (and the simulator, on its clock): waits past their
 # deadline leave the room within this; dispatch itself runs on every event that frees room.
@@ -57,27 +65,33 @@ class KvStep:
         ttl_s: float,
         policy: Callable[[], Policy],
         new_waiter: Callable[[], Waiter] | None = None,
-        ledger: KvLedger | None = None,
+        book: KvBook | None = None,
         wait_cap_s: float = math.inf,
     ) -> None:
-        """`new_waiter` None: no waiting room (a full pool refuses at once). `wait_cap_s`:
-        no request waits longer, whatever a reloaded policy says (Envoy's configured
-        max_message_timeout is written from the policy the sidecar started with)."""
+        """`new_waiter` None: no waiting room (a full pool refuses at once). `book`: where
+        the ledger lives (None: this process's own, each of `budget.replicas` replicas
+        admitting against its part). `wait_cap_s`: no request waits longer, whatever a
+        reloaded policy says (Envoy's configured max_message_timeout is written from the
+        policy the sidecar started with)."""
         self._events = events
         self._clock = clock
         self._ttl_s = ttl_s
         self._policy = policy
         self._new_waiter = new_waiter
         self._wait_cap_s = wait_cap_s
-        self.ledger = ledger or KvLedger()
+        self.book: KvBook = book or LocalBook(clock, lambda: policy().budget.replicas)
         self.room = WaitingRoom(AttainedService(policy().waiting_room.half_life_s))
+        # One dispatch pass at a time: a shared ledger answers over the network, and a pass
+        # asked for meanwhile runs right after the one in progress (None: every pool).
+        self._dispatching = False
+        self._again: set[str | None] = set()
 
     async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
         if not decision.meters_tokens:
             return Admitted(decision)  # one cheap request: no KV, no batch slot
         spec = policy.pools.get(decision.pool)
-        capacity = None if spec is None else pool_capacity(spec, policy.budget.replicas)
-        if capacity is None:
+        capacity = None if spec is None else self.book.capacity(spec)
+        if spec is None or capacity is None:
             return Admitted(decision)
         tier = decision.caller.tier
         share = policy.breaker.kv_shares[tier]
@@ -86,11 +100,11 @@ class KvStep:
         service = self._service(decision, policy)
         limit = ""
         if not self.room.ahead(decision.pool, tier):
-            limit = self._hold(
+            limit = await self._hold(
                 request_id,
                 decision.pool,
+                spec,
                 tokens,
-                capacity,
                 share,
                 decision.sequences,
                 decision.runs_to_limit,
@@ -99,8 +113,9 @@ class KvStep:
                 self.room.service.add(decision.caller.tenant, service, now_s)
                 return Admitted(decision)
         # Full for now, or others wait ahead of it: it waits too, in its turn.
-        never = self.ledger.never_fits(
-            decision.pool, tokens, capacity, share, decision.sequences, decision.runs_to_limit
+        ratio = self.book.view(decision.pool).ratio
+        never = never_fits(
+            ratio, tokens, capacity, share, decision.sequences, decision.runs_to_limit
         )
         max_wait_s = min(
             self._wait_cap_s,
@@ -128,7 +143,7 @@ class KvStep:
         except QueueFull as full:
             self._events.waited(tier.value, "full", 0.0)
             raise self._queue_full(decision, full.what, now_s) from None
-        self.dispatch(decision.pool)  # it may already fit in its turn
+        await self.dispatch(decision.pool)  # it may already fit in its turn
         notice = wait_notice.get()
         if notice is not None and not entry.waiter.done():
             notice(max_wait_s)
@@ -138,35 +153,27 @@ class KvStep:
             if self.room.leave(request_id) is not None:  # gone while waiting
                 self._events.waited(tier.value, "cancelled", self._clock() - now_s)
             elif not isinstance(error, Overloaded):
-                self._freed(self.ledger.release(request_id))  # dispatched, then gone
+                await self._freed(await self.book.release(request_id))  # dispatched, then gone
             raise
         waited_s = self._clock() - now_s
         decision = dataclasses.replace(decision, waited_s=waited_s)
         return Admitted(decision, {QUEUED_HEADER: str(round(waited_s * 1000))})
 
-    def _hold(
+    async def _hold(
         self,
         request_id: str,
         pool: str,
+        spec: Pool,
         tokens: int,
-        capacity: PoolCapacity,
         share: float,
         sequences: int,
         fixed: bool,
     ) -> str:
         """Hold the footprint now if it fits: "" when held, else what is full. The one
         way a request is put in the ledger, on arrival or dispatched from the room."""
-        verdict = self.ledger.admit(
-            request_id,
-            pool,
-            tokens,
-            capacity,
-            share,
-            sequences=sequences,
-            fixed=fixed,
-            deadline_s=self._clock() + self._ttl_s,
+        return await self.book.hold(
+            request_id, pool, spec, tokens, share, sequences, fixed, self._ttl_s
         )
-        return verdict.limit
 
     def _service(self, decision: RoutingDecision, policy: Policy) -> float:
         """The weighted tokens a request attains: its prompt, and its output limit x the
@@ -193,9 +200,24 @@ class KvStep:
         longest = policy.waiting_room.max_wait_s.get(tier) or policy.longest_wait_s
         return self.room.retry_after_s(pool, tier, now_s, min(longest, self._wait_cap_s))
 
-    def dispatch(self, pool: str | None = None) -> int:
+    async def dispatch(self, pool: str | None = None) -> int:
         """Offer the waiting requests of `pool` (None: every pool) to the ledger, in the
         room's order; the number dispatched."""
+        if self._dispatching:
+            self._again.add(pool)
+            return 0
+        self._dispatching = True
+        try:
+            dispatched = await self._dispatch(pool)
+            while self._again:
+                again, self._again = self._again, set()
+                for name in [None] if None in again else sorted(p for p in again if p):
+                    dispatched += await self._dispatch(name)
+            return dispatched
+        finally:
+            self._dispatching = False
+
+    async def _dispatch(self, pool: str | None) -> int:
         if not len(self.room):
             return 0
         policy = self._policy()
@@ -204,27 +226,29 @@ class KvStep:
         shares = policy.breaker.kv_shares
         dispatched = 0
         for name in [pool] if pool is not None else self.room.pools():
-            spec = policy.pools.get(name)
-            capacity = None if spec is None else pool_capacity(spec, policy.budget.replicas)
-            if capacity is None:  # no longer limited (a reload): everyone fits
-                capacity = PoolCapacity(None, None)
+            spec = policy.pools.get(name) or Pool(name=name, endpoints=())
+            capacity = self.book.capacity(spec) or PoolCapacity(None, None)
 
-            def fits(entry: Waiting, capacity: PoolCapacity = capacity) -> bool:
-                held = self._hold(
+            async def fits(entry: Waiting, spec: Pool = spec) -> bool:
+                held = await self._hold(
                     entry.request_id,
                     entry.pool,
+                    spec,
                     entry.tokens,
-                    capacity,
                     shares[entry.tier],
                     entry.sequences,
                     entry.fixed,
                 )
+                if not held and entry.request_id not in self.room:
+                    # It left (gone, timed out) while the ledger answered: give it back.
+                    await self.book.release(entry.request_id)
+                    return False
                 return not held
 
             def in_time(head: Waiting, capacity: PoolCapacity = capacity) -> bool:
                 return self._room_in_time(head, capacity, shares[head.tier], now_s, room.hold_s)
 
-            for entry in self.room.dispatch(
+            for entry in await self.room.dispatch(
                 name, fits, now_s, room.backfill_s, room.tenant_weights, in_time
             ):
                 dispatched += 1
@@ -233,15 +257,19 @@ class KvStep:
                     entry.waiter.set_result(None)
         return dispatched
 
-    def tick(self) -> None:
-        """Time out the waits past their deadline, then dispatch every pool (a timer behind
-        the events, for what no event announces: a reloaded capacity, say)."""
+    async def tick(self) -> None:
+        """Time out the waits past their deadline, read the pools others may have freed
+        room in (a shared ledger), then dispatch every pool (a timer behind the events, for
+        what no event announces: another replica's ends, a reloaded capacity)."""
         now_s = self._clock()
         for entry in self.room.expired(now_s):
             self._events.waited(entry.tier.value, "timed_out", now_s - entry.entered_s)
             if not entry.waiter.done():
                 entry.waiter.set_exception(self._timed_out(entry, now_s))
-        self.dispatch()
+        pools = self.room.pools()
+        if pools:
+            await self.book.refresh(pools)
+        await self.dispatch()
 
     def _timed_out(self, entry: Waiting, now_s: float) -> Overloaded:
         return Overloaded(
@@ -253,12 +281,12 @@ class KvStep:
         )
 
     async def release(self, decision: RoutingDecision, request_id: str) -> None:
-        self._freed(self.ledger.release(request_id))
+        await self._freed(await self.book.release(request_id))
 
     async def settle(self, outcome: RequestOutcome) -> None:
         """The request ended (or expired): its footprint is free again, and its tenant's
         attained service is corrected to what it really generated."""
-        self._freed(self.ledger.release(outcome.tracking_id))
+        await self._freed(await self.book.release(outcome.tracking_id))
         decision = outcome.decision
         if not decision.meters_tokens:
             return
@@ -270,16 +298,17 @@ class KvStep:
         if correction:
             self.room.service.add(decision.caller.tenant, correction, self._clock())
 
-    def _freed(self, freed: Freed | None) -> None:
+    async def _freed(self, freed: Freed | None) -> None:
         if freed is not None:
             self.room.note_end(freed.pool, self._clock(), freed.tokens, freed.sequences)
-            self.dispatch(freed.pool)
+            await self.dispatch(freed.pool)
 
-    def expire(self) -> list[str]:
+    async def expire(self) -> list[str]:
         """Free the holds past their deadline; their ids."""
-        expired = self.ledger.expire(self._clock())
+        limited = [n for n, p in self._policy().pools.items() if pool_capacity(p) is not None]
+        expired = await self.book.expire(limited)
         for _, freed in expired:
-            self._freed(freed)
+            await self._freed(freed)
         return [request_id for request_id, _ in expired]
 
     def _room_in_time(
@@ -289,27 +318,27 @@ class KvStep:
         before its deadline, at the rate the pool's requests have been giving room back."""
         left_s = min(head.deadline_s - now_s, hold_s)
         drain = self.room.drain(head.pool, now_s)
+        view = self.book.view(head.pool)
         needed_s = 0.0
         if capacity.kv_tokens is not None:
-            expected = self.ledger.expected(head.pool, head.tokens, head.fixed)
-            ratio = max(self.ledger.ratio.get(head.pool, 1.0), KvLedger.min_ratio)
+            expected = view.expected(head.tokens, head.fixed)
+            ratio = max(view.ratio, KvLedger.min_ratio)
             short = (expected - capacity.kv_tokens * share) / ratio  # in counted tokens
             if short > 0:
                 needed_s = math.inf if drain.tokens <= 0 else short / drain.tokens
         if capacity.sequences is not None:
-            held = self.ledger.requests.get(head.pool, 0)
-            short = held + head.sequences - capacity.sequences * share
+            short = view.sequences + head.sequences - capacity.sequences * share
             if short > 0:
                 wait_s = math.inf if drain.sequences <= 0 else short / drain.sequences
                 needed_s = max(needed_s, wait_s)
         return needed_s <= left_s
 
-    def observe(self, policy: Policy, kv_cache_usage: Callable[[str], float | None]) -> None:
+    async def observe(self, policy: Policy, kv_cache_usage: Callable[[str], float | None]) -> None:
         """Each controller interval: learn each pool's real-to-counted KV ratio (a lower
         ratio makes room: the waiting requests are offered it)."""
-        for name in self.ledger.observe_pools(policy.pools, policy.budget.replicas, kv_cache_usage):
-            self._events.footprint_ratio(name, self.ledger.ratio.get(name, 1.0))
-        self.dispatch()
+        for name in await self.book.observe(policy.pools, kv_cache_usage):
+            self._events.footprint_ratio(name, self.book.view(name).ratio)
+        await self.dispatch()
 
 
 def _pool_full(decision: RoutingDecision, limit: str) -> Overloaded:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -165,6 +165,9 @@ class WaitingRoom:
     def __len__(self) -> int:
         return len(self._by_id)
 
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._by_id
+
     def waiting(self, pool: str, tier: Tier) -> int:
         return self._counts.get((pool, tier), 0)
 
@@ -235,10 +238,10 @@ class WaitingRoom:
         estimate = longest_s if rate <= 0 else ahead / rate
         return max(1, math.ceil(min(estimate, max(longest_s, 1.0))))
 
-    def dispatch(
+    async def dispatch(
         self,
         pool: str,
-        fits: Callable[[Waiting], bool],
+        fits: Callable[[Waiting], Awaitable[bool]],
         now_s: float,
         backfill_s: float,
         weights: Mapping[str, float],
@@ -248,12 +251,15 @@ class WaitingRoom:
         when there is room, and says so) in the room's order; the dispatched ones, taken
         out. Their tenants' attained service grows by each one's service. `room_in_time`:
         whether the pool is expected to free enough for a blocked head before its deadline
-        (holding room back for a request that will time out anyway only starves others)."""
+        (holding room back for a request that will time out anyway only starves others).
+        `fits` may wait (a shared ledger answers over the network); requests that enter or
+        leave meanwhile are seen by the next pass, and `fits` gives back what it held for
+        one that left."""
         dispatched: list[Waiting] = []
         head: Waiting | None = None
         misses = 0
         for entry in self._in_order(pool, now_s, weights):
-            if fits(entry):
+            if await fits(entry):
                 self.leave(entry.request_id)
                 self.service.add(entry.tenant, entry.service, now_s)
                 dispatched.append(entry)
@@ -281,7 +287,9 @@ class WaitingRoom:
             heapq.heapify(heap)
             while heap:
                 _, _, tenant = heapq.heappop(heap)
-                queue = tenants[tenant]
+                queue = tenants.get(tenant, deque())
+                if skipped[tenant] >= len(queue):
+                    continue  # its requests left while an offer was answered
                 offered = queue[skipped[tenant]]
                 yield offered
                 queue = tenants.get(tenant, deque())

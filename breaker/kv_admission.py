@@ -24,8 +24,10 @@ the engine holds more than was counted (prompts counted low, say) for `sustain` 
 a row: above 1.0 it follows the smallest of them, since a single reading can be high only
 because requests ended between the scrape and the count. Requests that run to their limit
 (ignore_eos, min_tokens) are never discounted below their count. Each admission is still
-counted the moment it happens; only the conversion to real cache is learned. Capacity is per
-sidecar: with `replicas` sidecars in front of a pool, each admits against capacity / replicas.
+counted the moment it happens; only the conversion to real cache is learned.
+
+Where the ledger lives is breaker.kv_book's concern: this one is a process's own (one
+sidecar, or a replica's local share while the fleet's shared ledger cannot be reached).
 """
 
 from __future__ import annotations
@@ -68,6 +70,30 @@ class Freed(NamedTuple):
     pool: str
     tokens: int
     sequences: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """A pool's committed footprint as a ledger counts it: KV tokens held, the part of them
+    held by requests that run to their limit, batch slots held, and the footprint ratio."""
+
+    tokens: int = 0
+    fixed: int = 0
+    sequences: int = 0
+    ratio: float = 1.0
+
+    def expected(self, extra_tokens: int = 0, extra_fixed: bool = False) -> float:
+        """What the engine is expected to hold (plus one more request): the discountable
+        part times the ratio, the fixed part never below its count."""
+        total = self.tokens + extra_tokens
+        fixed = self.fixed + (extra_tokens if extra_fixed else 0)
+        return (total - fixed) * self.ratio + fixed * max(1.0, self.ratio)
+
+    def over(
+        self, capacity: PoolCapacity, share: float, tokens: int, sequences: int, fixed: bool
+    ) -> str:
+        """What is full for one more request of `tokens` and `sequences` ("" when it fits)."""
+        return _over(capacity, share, self.expected(tokens, fixed), self.sequences + sequences)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,13 +164,17 @@ class KvLedger:
                 observed.append(name)
         return observed
 
+    def view(self, pool: str) -> PoolView:
+        return PoolView(
+            self.in_flight.get(pool, 0),
+            self.fixed.get(pool, 0),
+            self.requests.get(pool, 0),
+            self.ratio.get(pool, 1.0),
+        )
+
     def expected(self, pool: str, extra_tokens: int = 0, extra_fixed: bool = False) -> float:
-        """What the engine is expected to hold for this sidecar's admissions (plus one more):
-        the discountable part times the ratio, the fixed part never below its count."""
-        ratio = self.ratio.get(pool, 1.0)
-        total = self.in_flight.get(pool, 0) + extra_tokens
-        fixed = self.fixed.get(pool, 0) + (extra_tokens if extra_fixed else 0)
-        return (total - fixed) * ratio + fixed * max(1.0, ratio)
+        """What the engine is expected to hold for this ledger's admissions (plus one more)."""
+        return self.view(pool).expected(extra_tokens, extra_fixed)
 
     def admit(
         self,
@@ -163,7 +193,9 @@ class KvLedger:
         nothing released it before (the request's end was never seen)."""
         current = self.in_flight.get(pool, 0)
         running = self.requests.get(pool, 0)
-        full = _over(capacity, share, self.expected(pool, tokens, fixed), running + sequences)
+        if request_id in self._held:  # asked again (a retry): the same hold, not a second
+            return KvVerdict(True, "", current, running)
+        full = self.view(pool).over(capacity, share, tokens, sequences, fixed)
         if full:
             return KvVerdict(False, full, current, running)
         self.in_flight[pool] = current + tokens
@@ -197,9 +229,7 @@ class KvLedger:
         """What the request could not fit even with nothing else in the tier's share of
         `pool`, at the footprint ratio learned now ("kv_cache", "sequences"; "" when it
         could): waiting for room cannot help it."""
-        ratio = self.ratio.get(pool, 1.0)
-        expected = tokens * (max(1.0, ratio) if fixed else ratio)
-        return _over(capacity, share, expected, sequences)
+        return never_fits(self.ratio.get(pool, 1.0), tokens, capacity, share, sequences, fixed)
 
     def expire(self, now_s: float) -> list[tuple[str, Freed]]:
         """Free every hold past its deadline; what each id freed. A safety net: every way a
@@ -212,9 +242,20 @@ class KvLedger:
     def holds(self) -> int:
         return len(self._held)
 
+    def held_items(self) -> list[tuple[str, tuple[str, int, int, bool, float]]]:
+        """Every hold: id -> (pool, tokens, batch slots, fixed, deadline)."""
+        return list(self._held.items())
+
     def held_by_pool(self) -> tuple[dict[str, int], dict[str, int]]:
         """(KV tokens, batch slots) held per pool: what the admission gauges show."""
         return self.in_flight, self.requests
+
+
+def never_fits(
+    ratio: float, tokens: int, capacity: PoolCapacity, share: float, sequences: int, fixed: bool
+) -> str:
+    """What a request could not fit even in an empty pool at footprint ratio `ratio`."""
+    return PoolView(ratio=ratio).over(capacity, share, tokens, sequences, fixed)
 
 
 def _over(capacity: PoolCapacity, share: float, expected_tokens: float, sequences: int) -> str:

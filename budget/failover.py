@@ -2,8 +2,9 @@
 
 What lives here: `FailoverStore`, a BudgetStore over a shared store (Redis) and a local
 one (in-process). While the shared store fails or is slower than its timeout, decisions
-are made locally against 1/replicas of every limit, so the replicas together stay near
-the shared limit. After `retry_interval_s` the next decision tries the shared store
+are made locally against 1/replicas of every limit (`replicas`: the live replicas'
+count from their heartbeats, extproc.runtime.fleet_ledger), so the replicas together stay
+near the shared limit. After `retry_interval_s` the next decision tries the shared store
 again; once it answers, new reservations go there. Each reservation is settled in the
 store that made it, so nothing made during the outage is lost or settled twice.
 
@@ -35,7 +36,7 @@ class FailoverStore:
         self,
         shared: BudgetStore,
         local: BudgetStore,
-        replicas: int,
+        replicas: Callable[[], int],
         retry_interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         on_decision: Callable[[bool], None] | None = None,  # called with degraded=True/False
@@ -81,7 +82,7 @@ class FailoverStore:
                     self._on_decision(False)
                 return verdict
         verdict = await self._local.reserve(
-            key_id, local_share(limits, self._replicas), charge, reservation_id, ttl_s
+            key_id, local_share(limits, self._replicas()), charge, reservation_id, ttl_s
         )
         if verdict.admitted:
             self._local_reservations.add(reservation_id)
@@ -103,7 +104,7 @@ class FailoverStore:
         if reservation_id in self._local_reservations:
             self._local_reservations.discard(reservation_id)
             return await self._local.settle(
-                key_id, local_share(limits, self._replicas), reservation_id, actual
+                key_id, local_share(limits, self._replicas()), reservation_id, actual
             )
         try:
             return await self._shared.settle(key_id, limits, reservation_id, actual)

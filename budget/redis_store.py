@@ -1,7 +1,6 @@
 """The Redis store: budget.ledger's arithmetic as Lua scripts, one round trip per operation.
 
-Scripts are loaded once and called with EVALSHA; a NOSCRIPT reply (Redis restarted, or a
-failover to a replica that never saw the script) reloads and retries. Every key of one API
+Scripts are loaded once and called with EVALSHA (budget.redis_scripts). Every key of one API
 key shares a hash tag (`slogate:{<key id>}:...`), so each script touches one Redis Cluster
 slot. Time is the Redis server's TIME unless a clock is injected (tests). Any Redis error
 or timeout becomes a `BudgetStoreError`, so the caller can degrade to local budgets.
@@ -9,14 +8,13 @@ or timeout becomes a `BudgetStoreError`, so the caller can degrade to local budg
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
-from importlib import resources
 from typing import Any
 
 from redis import exceptions as redis_errors
 
 from budget.ledger import USAGE_SLOT_S, Charge, Verdict
+from budget.redis_scripts import Scripts, script
 from budget.store import USAGE_WINDOWS_S, BudgetStoreError
 from policy import Limits
 
@@ -49,10 +47,6 @@ def connect(url: str, cluster: bool = False, max_connections: int = 64) -> Any:
     return Redis(connection_pool=pool)
 
 
-def _script(name: str) -> str:
-    return resources.files("budget").joinpath("lua", name).read_text(encoding="utf-8")
-
-
 def _limit(value: int | None) -> int:
     return -1 if value is None else value
 
@@ -78,10 +72,9 @@ class RedisStore:
         self._client = client
         self._clock = clock
         self._prefix = prefix
-        self._timeout_s = timeout_s
-        prelude = _script("common.lua")
-        self._sources = {name: prelude + _script(name) for name in ("reserve.lua", "settle.lua")}
-        self._shas: dict[str, str] = {}
+        prelude = script("common.lua")
+        sources = {name: prelude + script(name) for name in ("reserve.lua", "settle.lua")}
+        self._scripts = Scripts(client, sources, timeout_s)
 
     def _keys(self, key_id: str, *parts: str) -> list[str]:
         return [f"{self._prefix}:{{{key_id}}}:{part}" for part in parts]
@@ -90,26 +83,7 @@ class RedisStore:
         return repr(self._clock()) if self._clock is not None else "-1"
 
     async def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        try:
-            return await asyncio.wait_for(self._evalsha(name, keys, args), self._timeout_s)
-        except (redis_errors.RedisError, OSError, TimeoutError) as error:
-            raise BudgetStoreError(f"redis {name}: {type(error).__name__}: {error}") from error
-
-    async def _evalsha(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        sha = self._shas.get(name)
-        if sha is None:
-            sha = self._shas[name] = await self._load(name)
-        try:
-            return await self._client.evalsha(sha, len(keys), *keys, *args)
-        except redis_errors.NoScriptError:
-            self._shas[name] = await self._load(name)
-            return await self._client.evalsha(self._shas[name], len(keys), *keys, *args)
-
-    async def _load(self, name: str) -> str:
-        result = await self._client.script_load(self._sources[name])
-        if isinstance(result, dict):  # a cluster answers per node; the sha is the same
-            result = next(iter(result.values()))
-        return result.decode() if isinstance(result, bytes) else str(result)
+        return await self._scripts.run(name, keys, args)
 
     async def reserve(
         self, key_id: str, limits: Limits, charge: Charge, reservation_id: str, ttl_s: float

@@ -30,6 +30,7 @@ from admission.kv_step import ROOM_TICK_S
 from admission.signals import record_signals
 from breaker.board import BreakerBoard
 from breaker.controller import TierMultipliers
+from breaker.kv_book import LocalBook
 from breaker.latency import ResponseWindows
 from budget.store import InProcessStore
 from extproc.request.flow import Routed, engine_priority
@@ -39,7 +40,7 @@ from sim.arrivals import Arrival
 from sim.clock import VirtualClock
 from sim.model import Admission, KvCache, LatencyConfig, LatencyModel, kv_tokens_for
 from sim.prompts import library, shared_bpe
-from sim.sidecar import SimulatedSidecar
+from sim.sidecar import SimulatedSidecar, run_now
 
 RETRIED_STATUSES = frozenset({429, 503})  # what an OpenAI SDK retries after Retry-After
 
@@ -98,11 +99,14 @@ class OfflineFleet:
         sidecar_split: Sequence[float] = (1.0,),
         waiting_room: bool = True,
         client_retries: int = 0,
+        shared_ledger: bool = True,
     ) -> None:
         """`waiting_room`: the sidecars hold requests refused only for capacity until room
         frees (False: they refuse them at once). `client_retries`: how many times a client
         retries a 429 / 503 after its Retry-After, as the OpenAI SDKs do (their default is
-        2; here 0, a refusal is lost)."""
+        2; here 0, a refusal is lost). `shared_ledger`: the sidecars share one KV ledger,
+        as replicas share Redis's (False: each its own, against capacity / replicas, as
+        with the in-process store)."""
         self.policy = policy
         self.client_retries = client_retries
         self.seed = seed
@@ -142,10 +146,18 @@ class OfflineFleet:
             self.quotas.values.update(fixed_multipliers)
         # The sidecar replicas: each request goes through one, drawn with the split's
         # weights (uneven load balancing across Envoys). Budgets are one shared store (Redis
-        # shares them exactly); each replica has its own KV ledger and admits against
-        # capacity / replicas, as in production. The prompt counter is the sidecar's.
+        # shares them exactly), and so is the KV ledger unless told otherwise: Redis answers
+        # in no virtual time here, and each replica still learns of room another's ends
+        # freed only at its waiting room's tick, as in production. The ratio is learned
+        # once per controller interval, as the shared ledger's guard lets it (kv_ratio.lua).
+        # The prompt counter is the sidecar's.
         self.sidecar_split = [w / sum(sidecar_split) for w in sidecar_split]
         store = InProcessStore(self.clock) if budgets else None
+        book = (
+            LocalBook(self.clock, ratio_gap_s=policy.breaker.controller_interval_s * 0.8)
+            if shared_ledger
+            else None
+        )
         counter = PromptCounter(shared_bpe(), policy.counting)  # inline: nothing waits
         self.sidecars = [
             SimulatedSidecar(
@@ -157,6 +169,7 @@ class OfflineFleet:
                 self.quotas.values,
                 random.Random(seed * 100 + index),
                 schedule=self._schedule if waiting_room else None,
+                book=book,
             )
             for index in range(len(self.sidecar_split))
         ]
@@ -214,7 +227,7 @@ class OfflineFleet:
             elif kind == "room":
                 self._tick_pending = False
                 for sidecar in self.sidecars:
-                    sidecar.admission.kv.tick()
+                    run_now(sidecar.admission.kv.tick())
                 self._tick_room()
             elif kind == "finish":
                 self._finish(request_id)
@@ -335,8 +348,10 @@ class OfflineFleet:
         """One controller interval, from the same inputs the sidecar uses (board.fleet_load)."""
         score, _ = self.board.fleet_load()
         for sidecar in self.sidecars:  # every sidecar scrapes the same engines
-            sidecar.admission.kv.observe(
-                self.policy, lambda pool: self._scraped.get(pool, (None, None))[0]
+            run_now(
+                sidecar.admission.kv.observe(
+                    self.policy, lambda pool: self._scraped.get(pool, (None, None))[0]
+                )
             )
         self._last_score = score
         if self.quotas.step(score):

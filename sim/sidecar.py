@@ -16,11 +16,12 @@ import random
 from collections.abc import Callable, Coroutine, Generator, Mapping
 from typing import Any, TypeVar
 
-from admission.assembly import Admission, build_admission
+from admission.assembly import Admission, build_admission, expiry_s
 from admission.decision import RequestOutcome
 from admission.errors import RequestRejected
 from admission.events import NoEvents
 from breaker.board import BreakerBoard
+from breaker.kv_book import KvBook
 from budget.store import BudgetStore
 from extproc.request.bodies import InferenceRequest
 from extproc.request.flow import Decider, Routed
@@ -129,11 +130,13 @@ class SimulatedSidecar:
         multipliers: Mapping[str, float],
         rng: random.Random,
         schedule: Callable[[Callable[[], None]], None] | None = None,
+        book: KvBook | None = None,
     ) -> None:
         """`schedule`: how a resumed admission is put on the virtual clock's queue; None:
-        no waiting room (a full pool refuses at once)."""
+        no waiting room (a full pool refuses at once). `book`: the KV ledger, shared by the
+        fleet's sidecars (None: this sidecar's own, against its part of each pool)."""
         self.policy = policy
-        ttl_s = policy.upstream_timeout_s + 60.0
+        ttl_s = expiry_s(policy)
         new_waiter = None if schedule is None else (lambda: SimWaiter(schedule))
         self.admission: Admission = build_admission(
             board=board,
@@ -145,6 +148,7 @@ class SimulatedSidecar:
             rng=rng,
             policy=lambda: policy,
             new_waiter=new_waiter,
+            book=book,
             wait_cap_s=policy.longest_wait_s,
         )
         self.decider = Decider(

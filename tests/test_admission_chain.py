@@ -70,7 +70,7 @@ def kv_step() -> KvStep:
 
 
 def held(step: KvStep) -> int:
-    return step.ledger.in_flight.get("default", 0)
+    return step.book.view("default").tokens
 
 
 @pytest.mark.parametrize("later", [_Refusing, _Broken])
@@ -79,7 +79,7 @@ async def test_whatever_ends_admission_gives_back_what_earlier_steps_hold(later:
     chain = AdmissionChain([kv, later()])
     with pytest.raises((RateLimited, KeyError)):
         await chain.admit(decision(2000, tier=Tier.CRITICAL, policy=POLICY), "r1", POLICY)
-    assert held(kv) == 0 and kv.ledger.holds == 0
+    assert held(kv) == 0 and kv.book.holds == 0
 
 
 async def test_a_request_cancelled_while_a_step_waits_holds_nothing() -> None:
@@ -95,7 +95,7 @@ async def test_a_request_cancelled_while_a_step_waits_holds_nothing() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert held(kv) == 0 and kv.ledger.holds == 0
+    assert held(kv) == 0 and kv.book.holds == 0
 
 
 async def test_a_hold_whose_end_never_comes_expires() -> None:
@@ -103,9 +103,9 @@ async def test_a_hold_whose_end_never_comes_expires() -> None:
     kv = KvStep(NoEvents(), clock, ttl_s=60, policy=lambda: POLICY)
     await kv.admit(decision(2000, tier=Tier.CRITICAL, policy=POLICY), "r1", POLICY)
     clock.advance(59)
-    assert kv.expire() == [] and held(kv) == 2000
+    assert await kv.expire() == [] and held(kv) == 2000
     clock.advance(2)
-    assert kv.expire() == ["r1"] and held(kv) == 0
+    assert await kv.expire() == ["r1"] and held(kv) == 0
 
 
 async def test_the_chain_settles_every_step_even_when_one_fails() -> None:
@@ -140,7 +140,7 @@ async def test_the_kv_step_refuses_past_the_tiers_share_and_skips_cheap_requests
     models = api_named("models")
     assert models is not None
     cheap = dataclasses.replace(decision(0, 0, policy=POLICY), api=models)
-    assert (await kv.admit(cheap, "e", POLICY)).decision is cheap and kv.ledger.holds == 3
+    assert (await kv.admit(cheap, "e", POLICY)).decision is cheap and kv.book.holds == 3
 
 
 def board_at(level: BreakerLevel, clock: VirtualClock) -> BreakerBoard:
@@ -207,4 +207,4 @@ async def test_the_assembled_chain_runs_breaker_budget_kv_in_that_order() -> Non
     )
     with pytest.raises(RateLimited):  # L1 halves sheddable budgets: 2000 > 500
         await admission.chain.admit(sheddable, "r1", POLICY)
-    assert admission.kv.ledger.holds == 0  # the budget refusal gave the KV room back
+    assert admission.kv.book.holds == 0  # the budget refusal gave the KV room back

@@ -139,7 +139,7 @@ def test_redis_outage_degrades_to_local_shares_and_recovers(
     redis_proc, redis_port = start_redis(tmp_path, "redis-a")
     # Down is down (connection refused at once); the timeout only has to ride out a loaded
     # two-core machine, so that decisions after recovery reliably go to Redis.
-    policy = write_policy(tmp_path / "policy.yaml", redis_port, replicas=4, timeout_ms=250)
+    policy = write_policy(tmp_path / "policy.yaml", redis_port, replicas=1, timeout_ms=250)
     sidecar, grpc_port, metrics_port = start_sidecar(tmp_path, "sidecar", policy)
     processes.append(sidecar)
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
@@ -158,6 +158,16 @@ def test_redis_outage_degrades_to_local_shares_and_recovers(
         healthy = await burst(20)
         assert all(r.status == 200 for _, r in healthy)  # type: ignore[attr-defined]
         assert metric(scrape(metrics_url), "slogate_redis_up") == 1
+        # Three more replicas' heartbeats: the local share is a quarter because the live
+        # count says 4 (the policy's `replicas` is only the fallback).
+        client = connect(f"redis://127.0.0.1:{redis_port}/0")
+        seconds, _ = await client.time()
+        await client.zadd("slogate:{fleet}:replicas", {f"other{i}": seconds for i in range(3)})
+        await client.aclose()
+        deadline = time.monotonic() + 10
+        while metric(scrape(metrics_url), "slogate_fleet_replicas") != 4:
+            assert time.monotonic() < deadline, "the sidecar never counted the heartbeats"
+            await asyncio.sleep(0.2)
 
         redis_proc.stop()
         down = await burst(120)
@@ -165,7 +175,7 @@ def test_redis_outage_degrades_to_local_shares_and_recovers(
         assert max(t for t, _ in down) < 1.0
         statuses = {r.status for _, r in down}  # type: ignore[attr-defined]
         assert statuses <= {200, 429} and 200 in statuses
-        # Local share: 20,000 / 4 replicas; 120 x ~56 tokens is more than that.
+        # Local share: 20,000 / 4 live replicas; 120 x ~56 tokens is more than that.
         assert 429 in statuses
         samples = scrape(metrics_url)
         assert metric(samples, "slogate_redis_up") == 0

@@ -172,7 +172,9 @@ def test_a_measured_latency_model_reaches_every_run_of_the_comparison() -> None:
     assert p99 > field["sweep"][0]["report"]["tiers"]["critical"]["p99_ttft_s"]
 
 
-def _refused_long_critical(replicas: tuple[float, ...]) -> tuple[int, int]:
+def _refused_long_critical(
+    replicas: tuple[float, ...], shared_ledger: bool = True
+) -> tuple[int, int]:
     """(refused, all) of field-mix's 20-30k-token critical prompts, with this many sidecar
     replicas (the policy says how many there are; the split says how Envoys spread load)."""
     workload = with_kv_admission(load_workload(WORKLOADS / "field-mix.yaml", SIMULATION_POLICY))
@@ -180,7 +182,9 @@ def _refused_long_critical(replicas: tuple[float, ...]) -> tuple[int, int]:
         workload.policy,
         budget=dataclasses.replace(workload.policy.budget, replicas=len(replicas)),
     )
-    fleet = OfflineFleet(policy, seed=7, controller=True, sidecar_split=replicas)
+    fleet = OfflineFleet(
+        policy, seed=7, controller=True, sidecar_split=replicas, shared_ledger=shared_ledger
+    )
     results = fleet.run(workload.arrivals, until_s=workload.duration_s + 60)
     long_critical = [
         r
@@ -195,12 +199,17 @@ def test_one_sidecar_admits_most_long_critical_prompts() -> None:
     assert refused < total // 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limit until admission is shared across sidecars (fleet-wide admission): "
-    "with 4 sidecars each admits against a quarter of the cache, so a 20-30k critical "
-    "prompt (~107k tokens of KV, a third of the pool) fits the pool but no sidecar's part",
-)
 def test_four_sidecars_admit_long_critical_prompts_like_one() -> None:
+    """The sidecars share one KV ledger (Redis's, in production): a 20-30k critical prompt
+    (~107k tokens of KV, a third of the pool) fits the pool through any of them."""
     refused, total = _refused_long_critical((0.4, 0.3, 0.2, 0.1))
     assert refused < total // 2, (refused, total)
+    one, _ = _refused_long_critical((1.0,))
+    assert refused <= one + 2, (refused, one)
+
+
+def test_four_sidecars_with_a_ledger_each_refuse_the_long_prompts() -> None:
+    """What the shared ledger is for: with a ledger each (the in-process store), each
+    sidecar admits against a quarter of the cache, and the long prompts fit nowhere."""
+    refused, total = _refused_long_critical((0.4, 0.3, 0.2, 0.1), shared_ledger=False)
+    assert refused > total // 2, (refused, total)

@@ -34,7 +34,7 @@ from sim.scenarios import (
     run_once,
     with_kv_admission,
 )
-from sim.sidecar import SimWaiter, drive
+from sim.sidecar import SimWaiter, drive, run_now
 from tests.support.clock import VirtualClock
 from tests.support.decisions import caller, decision, outcome
 
@@ -255,16 +255,16 @@ async def test_a_wait_past_its_tier_bound_times_out_with_retry_after() -> None:
     await room.send("busy", Tier.CRITICAL)
     await room.send("late", Tier.CRITICAL)
     room.clock.advance(1.9)
-    room.kv.tick()
+    await room.kv.tick()
     await asyncio.sleep(0)
     assert room.error("late") is None and len(room.kv.room) == 1
     room.clock.advance(0.2)  # critical may wait 2 s here
-    room.kv.tick()
+    await room.kv.tick()
     await asyncio.sleep(0)
     error = room.error("late")
     assert isinstance(error, Overloaded) and error.reason == "queue_timeout"
     assert error.retry_after_s is not None and error.retry_after_s >= 1
-    assert room.kv.ledger.holds == 1 and len(room.kv.room) == 0
+    assert room.kv.book.holds == 1 and len(room.kv.room) == 0
     assert ("critical", "timed_out") in room.events.seen
 
 
@@ -309,7 +309,7 @@ async def test_a_client_gone_while_waiting_leaves_at_once_and_holds_nothing() ->
     assert room.tasks["gone"].cancelled() and len(room.kv.room) == 0
     assert ("standard", "cancelled") in room.events.seen
     await room.end("busy")
-    assert room.kv.ledger.holds == 0
+    assert room.kv.book.holds == 0
 
 
 async def test_gone_after_dispatch_but_before_resuming_gives_the_slot_back() -> None:
@@ -317,10 +317,10 @@ async def test_gone_after_dispatch_but_before_resuming_gives_the_slot_back() -> 
     await room.send("busy")
     await room.send("next")
     await room.kv.settle(outcome(room.decisions["busy"], "busy"))  # dispatches "next"
-    assert room.kv.ledger.holds == 1  # held for "next", which has not resumed yet
+    assert room.kv.book.holds == 1  # held for "next", which has not resumed yet
     room.tasks["next"].cancel()
     await asyncio.sleep(0)
-    assert room.kv.ledger.holds == 0 and room.order == ["busy"]
+    assert room.kv.book.holds == 0 and room.order == ["busy"]
 
 
 async def test_a_lower_ratio_or_a_reload_dispatches_the_room() -> None:
@@ -328,7 +328,7 @@ async def test_a_lower_ratio_or_a_reload_dispatches_the_room() -> None:
     await room.send("busy")
     await room.send("w")
     room.policy = room_policy(slots=2)  # a reload with more batch slots
-    room.kv.dispatch()
+    await room.kv.dispatch()
     await asyncio.sleep(0)
     assert room.order == ["busy", "w"]
 
@@ -384,15 +384,15 @@ def test_the_simulators_waiters_run_the_same_room() -> None:
     send("crit", Tier.CRITICAL)
     assert got == ["busy"]
     for rid in ("busy", "crit"):
-        kv.ledger.release(rid)
-        kv.dispatch()
+        run_now(kv.book.release(rid))
+        run_now(kv.dispatch())
         while queue:
             queue.pop(0)()
     assert got == ["busy", "crit", "shed"]
     clock.advance(100)
     send("late", Tier.SHEDDABLE)
     clock.advance(31)
-    kv.tick()
+    run_now(kv.tick())
     while queue:
         queue.pop(0)()
     assert got[-1] == "late:queue_timeout"
@@ -452,9 +452,9 @@ def test_a_dispatch_pass_is_bounded_when_nothing_fits() -> None:
         room.enter(entry, RoomBounds(5000, 1 << 30))
     offered: list[str] = []
 
-    def fits(entry: Waiting) -> bool:
+    async def fits(entry: Waiting) -> bool:
         offered.append(entry.request_id)
         return False
 
-    assert room.dispatch("p", fits, clock(), backfill_s=0.5, weights={}) == []
+    assert run_now(room.dispatch("p", fits, clock(), backfill_s=0.5, weights={})) == []
     assert len(offered) == MAX_MISSES + 1 and len(room) == 2000

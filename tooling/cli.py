@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from policy import FailureMode, PolicyError, load_policy
+from policy import BudgetStoreKind, FailureMode, PolicyError, load_policy
 from tooling import offline_commands
 
 DEFAULT_POLICY = Path("deploy/policy.example.yaml")
@@ -74,6 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--time-scale", type=float, default=1.0, help="simulated latency factor")
     up.add_argument("--failure-mode", choices=[m.value for m in FailureMode], default=None)
+    up.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="Envoy + sidecar pairs on consecutive ports (10000, 10001, ...)",
+    )
+    up.add_argument(
+        "--budget-store",
+        choices=[k.value for k in BudgetStoreKind],
+        default=None,
+        help="redis: start a local Redis-compatible server shared by every replica",
+    )
 
     k8s = sub.add_parser("k8s", help="write Kubernetes manifests (Envoy + sidecar pod)")
     _policy_arg(k8s)
@@ -193,7 +205,30 @@ def cmd_up(args: argparse.Namespace) -> int:
         pools=dict(args.pool_port),
     )
     failure = FailureMode(args.failure_mode) if args.failure_mode else None
-    stack = LocalStack(args.policy, work_dir, ports, args.time_scale, failure)
+    if args.replicas < 1:
+        print("slogate up: --replicas must be 1 or more", file=sys.stderr)
+        return 2
+    store = BudgetStoreKind(args.budget_store) if args.budget_store else None
+    if (
+        args.replicas > 1
+        and store is None
+        and load_policy(args.policy).budget.store is BudgetStoreKind.MEMORY
+    ):
+        print(
+            "slogate up: --replicas > 1 with the in-process budget store gives each replica "
+            "its own budgets and KV ledger (each admits against its part of every pool); "
+            "add --budget-store redis for the fleet's shared ones",
+            file=sys.stderr,
+        )
+    stack = LocalStack(
+        args.policy,
+        work_dir,
+        ports,
+        args.time_scale,
+        failure,
+        replicas=args.replicas,
+        budget_store=store,
+    )
     stopping = False
 
     def _stop(signum: int, frame: object) -> None:
@@ -207,6 +242,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         f"slogate up: {stack.url}  (metrics {stack.metrics_url}, Envoy admin "
         f"http://127.0.0.1:{stack.admin_port}, slogate admin {stack.admin_address}, "
         f"logs {work_dir})\n"
+        f"{stack.ready_line() + chr(10) if args.replicas > 1 or stack.redis else ''}"
         f"  try: curl -s {stack.url}/v1/chat/completions -H 'Authorization: Bearer "
         "sk-demo-standard' -H 'content-type: application/json' -d '{\"model\": "
         '"deepseek-v4", "messages": [{"role": "user", "content": "hello"}], '

@@ -2,7 +2,10 @@
 
 What lives here: `LocalStack`, used by `slogate up`, the end-to-end tests and the
 benchmarks. Every part is a real process; the Envoy bootstrap is generated from the policy
-with the pools pointed at the simulated fleet that was actually started.
+with the pools pointed at the simulated fleet that was actually started. With `replicas`
+N, N Envoy + sidecar pairs (`Replica`) stand on consecutive ports in front of the same
+pools, and with the Redis budget store one Redis-compatible server (valkey, or
+redis-server where installed) is started and stopped with them: the fleet on one machine.
 """
 
 from __future__ import annotations
@@ -14,9 +17,15 @@ from pathlib import Path
 
 import yaml
 
-from policy import FailureMode, Policy, Pool, load_policy
+from policy import BudgetStoreKind, FailureMode, Policy, Pool, load_policy
 from tooling.envoy_config import EnvoyPorts, build_bootstrap
-from tooling.processes import ManagedProcess, envoy_binary, free_port, python_module
+from tooling.processes import (
+    ManagedProcess,
+    envoy_binary,
+    free_port,
+    python_module,
+    start_redis,
+)
 
 HOST = "127.0.0.1"
 
@@ -36,6 +45,7 @@ def start_sidecar(
     metrics_port: int = 0,
     admin_port: int = 0,
     exact_tokenizer: bool = False,
+    env: dict[str, str] | None = None,
 ) -> tuple[ManagedProcess, SidecarPorts]:
     """`slogate serve` as a child process on loopback; 0 ports: picked by the OS."""
     argv = python_module(
@@ -49,7 +59,7 @@ def start_sidecar(
     )  # fmt: skip
     if not exact_tokenizer:
         argv.append("--no-exact-tokenizer")
-    proc = ManagedProcess(name, argv, work_dir).start()
+    proc = ManagedProcess(name, argv, work_dir, env).start()
     match = proc.wait_for_line(
         r"sidecar ready: grpc [^:]+:(\d+) metrics \S+:(\d+)/metrics admin (\S+)"
     )
@@ -68,6 +78,40 @@ class StackPorts:
     pools: dict[str, int] = field(default_factory=dict)  # pool name -> port; absent: policy's
 
 
+def _next(port: int, index: int) -> int:
+    """Replica `index`'s port: consecutive from the first, 0 (the OS picks) stays 0."""
+    return port + index if port else 0
+
+
+@dataclass
+class Replica:
+    """One Envoy + sidecar pair of the stack."""
+
+    index: int
+    sidecar: ManagedProcess | None = None
+    envoy: ManagedProcess | None = None
+    listen_port: int = 0
+    admin_port: int = 0
+    grpc_port: int = 0
+    metrics_port: int = 0
+    admin_address: str = ""
+    redis_url: str | None = None  # None: the stack's Redis (a test may pass a proxy's)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.listen_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{HOST}:{self.metrics_port}/metrics"
+
+    def ports(self) -> str:
+        return (
+            f"listen {self.listen_port}, Envoy admin {self.admin_port}, grpc {self.grpc_port}, "
+            f"metrics {self.metrics_port}, slogate admin {self.admin_address}"
+        )
+
+
 @dataclass
 class LocalStack:
     policy_path: Path
@@ -77,7 +121,13 @@ class LocalStack:
     failure_mode: FailureMode | None = None  # None: as the policy says
     exact_tokenizer: bool = True
     envoy_concurrency: int = 1
+    replicas: int = 1
+    budget_store: BudgetStoreKind | None = None  # None: as the policy says
+    redis_urls: dict[int, str] = field(default_factory=dict)  # replica -> its Redis URL
     processes: list[ManagedProcess] = field(default_factory=list)
+    fleet: list[Replica] = field(default_factory=list)
+    redis: ManagedProcess | None = None
+    redis_port: int = 0
     pool_ports: dict[str, int] = field(default_factory=dict)
     sidecar: ManagedProcess | None = None
     sidecar_policy_path: Path | None = None
@@ -114,10 +164,27 @@ class LocalStack:
                 pool.endpoints[0] != (HOST, self.pool_ports[name])
                 for name, pool in policy.pools.items()
             )
-            # Only when a pool moved: otherwise the sidecar reads (and reloads) the user's file.
-            self.sidecar_policy_path = self.write_runtime_policy() if moved else self.policy_path
-            self.start_sidecar()
-            self.start_envoy(policy)
+            # Asked for the Redis store here: the stack runs its own (a policy that names
+            # Redis itself keeps its redis_url: a server the user runs).
+            if self.budget_store is BudgetStoreKind.REDIS:
+                self.redis, self.redis_port = start_redis(self.work_dir)
+                self.processes.append(self.redis)
+            # Only when something moved: otherwise the sidecar reads (and reloads) the user's
+            # file.
+            rewrite = moved or self.budget_store is not None or self.replicas > 1
+            self.sidecar_policy_path = self.write_runtime_policy() if rewrite else self.policy_path
+            self.fleet = [
+                Replica(i, redis_url=self.redis_urls.get(i)) for i in range(self.replicas)
+            ]
+            for replica in self.fleet:
+                self.start_sidecar(replica)
+            for replica in self.fleet:
+                self.start_envoy(policy, replica)
+            first = self.fleet[0]
+            self.sidecar, self.envoy = first.sidecar, first.envoy
+            self.listen_port, self.admin_port = first.listen_port, first.admin_port
+            self.grpc_port, self.metrics_port = first.grpc_port, first.metrics_port
+            self.admin_address = first.admin_address
         except BaseException:
             self.stop()
             raise
@@ -160,23 +227,45 @@ class LocalStack:
             name: {**(given.get(name) or {}), "endpoints": [f"{HOST}:{port}"]}
             for name, port in self.pool_ports.items()
         }
+        budget = raw.setdefault("budget", {}) or {}
+        raw["budget"] = budget
+        if self.budget_store is not None:
+            budget["store"] = self.budget_store.value
+        if self.redis is not None:
+            budget["redis_url"] = f"redis://{HOST}:{self.redis_port}"
+        if self.replicas > 1:
+            budget["replicas"] = self.replicas  # until the heartbeats say better
         path = self.work_dir / "policy.yaml"
         path.write_text(yaml.safe_dump(raw), encoding="utf-8")
         return path
 
-    def start_sidecar(self) -> None:
+    def start_sidecar(self, replica: Replica) -> None:
+        """Replica's sidecar; again on the same ports when it was started before (a
+        restart: its Envoy stays pointed at them)."""
         assert self.sidecar_policy_path is not None
-        self.sidecar, ports = start_sidecar(
+        i = replica.index
+        name = "sidecar" if i == 0 else f"sidecar-{i}"
+        env = {"SLOGATE_REDIS_URL": replica.redis_url} if replica.redis_url else None
+        proc, ports = start_sidecar(
             self.work_dir,
             self.sidecar_policy_path,
-            grpc_port=self.ports.grpc,
-            metrics_port=self.ports.metrics,
-            admin_port=self.ports.admin_api,
+            name=name,
+            grpc_port=replica.grpc_port or _next(self.ports.grpc, i),
+            metrics_port=replica.metrics_port or _next(self.ports.metrics, i),
+            admin_port=int(replica.admin_address.rsplit(":", 1)[1])
+            if replica.admin_address
+            else _next(self.ports.admin_api, i),
             exact_tokenizer=self.exact_tokenizer,
+            env=env,
         )
-        self.processes.append(self.sidecar)
-        self.grpc_port, self.metrics_port = ports.grpc, ports.metrics
-        self.admin_address = ports.admin
+        if replica.sidecar is not None and replica.sidecar in self.processes:
+            self.processes.remove(replica.sidecar)
+        self.processes.append(proc)
+        replica.sidecar = proc
+        replica.grpc_port, replica.metrics_port = ports.grpc, ports.metrics
+        replica.admin_address = ports.admin
+        if i == 0:
+            self.sidecar = proc
 
     def runtime_policy(self, policy: Policy) -> Policy:
         """The policy with each pool pointed at the simulated pool started for it."""
@@ -188,17 +277,19 @@ class LocalStack:
             policy = dataclasses.replace(policy, failure_mode=self.failure_mode)
         return dataclasses.replace(policy, pools=pools)
 
-    def start_envoy(self, policy: Policy) -> None:
-        self.listen_port = self.ports.listen or free_port(HOST)
-        self.admin_port = self.ports.admin or free_port(HOST)
+    def start_envoy(self, policy: Policy, replica: Replica) -> None:
+        i = replica.index
+        replica.listen_port = _next(self.ports.listen, i) or free_port(HOST)
+        replica.admin_port = _next(self.ports.admin, i) or free_port(HOST)
         config = build_bootstrap(
             self.runtime_policy(policy),
-            EnvoyPorts(self.listen_port, self.admin_port, self.grpc_port, HOST),
+            EnvoyPorts(replica.listen_port, replica.admin_port, replica.grpc_port, HOST),
         )
-        config_path = self.work_dir / "envoy.json"
+        name = "envoy" if i == 0 else f"envoy-{i}"
+        config_path = self.work_dir / f"{name}.json"
         config_path.write_text(json.dumps(config, indent=1), encoding="utf-8")
-        self.envoy = ManagedProcess(
-            "envoy",
+        replica.envoy = ManagedProcess(
+            name,
             [
                 envoy_binary(),
                 "-c",
@@ -211,12 +302,27 @@ class LocalStack:
             ],
             self.work_dir,
         ).start()
-        self.processes.append(self.envoy)
-        self.envoy.wait_for_http(f"http://{HOST}:{self.admin_port}/ready")
+        self.processes.append(replica.envoy)
+        replica.envoy.wait_for_http(f"http://{HOST}:{replica.admin_port}/ready")
 
     def stop_sidecar(self) -> None:
         if self.sidecar is not None:
             self.sidecar.stop()
+
+    def restart_redis(self) -> None:
+        """Stop the stack's Redis and start it again on its port (empty: no persistence)."""
+        assert self.redis is not None
+        self.redis.stop()
+        self.processes.remove(self.redis)
+        self.redis, _ = start_redis(self.work_dir, port=self.redis_port)
+        self.processes.append(self.redis)
+
+    def ready_line(self) -> str:
+        """Every port a user may want, replica by replica."""
+        lines = [f"  replica {r.index}: {r.url}  ({r.ports()})" for r in self.fleet]
+        if self.redis is not None:
+            lines.append(f"  redis: redis://{HOST}:{self.redis_port}")
+        return "\n".join(lines)
 
     def failed(self) -> ManagedProcess | None:
         """A child that died while the stack was meant to be up."""

@@ -105,11 +105,11 @@ class QuotaLoop:
         for tier, value in quotas.values.items():
             metrics.quota_multiplier(tier).set(value)
 
-    def step(self) -> None:
+    async def step(self) -> None:
         policy = self._policy()
         score, memory_usage = self._board.fleet_load()  # the most loaded pool sets the pace
         if self._engines is not None:
-            self._kv.observe(policy, self._engines.kv_cache_usage)
+            await self._kv.observe(policy, self._engines.kv_cache_usage)
         for adjustment in self._quotas.step(score):
             tier = adjustment.what.split(":", 1)[1]
             direction = "shrink" if adjustment.after < adjustment.before else "grow"

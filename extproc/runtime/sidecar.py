@@ -15,7 +15,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +27,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from admission.assembly import build_admission
+from admission.assembly import build_admission, expiry_s
 from admission.chain import OutcomeSink
 from admission.kv_step import ROOM_TICK_S
 from breaker.board import BreakerBoard
@@ -44,7 +44,7 @@ from extproc.runtime.events import MetricsEvents
 from extproc.runtime.gpu import GpuMemory
 from extproc.runtime.loops import BreakerLoop, QuotaLoop
 from extproc.runtime.policy_holder import PolicyHolder
-from extproc.runtime.stores import build_store
+from extproc.runtime.stores import build_stores
 from extproc.service.access_log import AccessLogService, OutcomeRecorder
 from extproc.service.admin import AdminService
 from extproc.service.decision_log import DecisionLog
@@ -57,8 +57,7 @@ log = logging.getLogger("slogate.sidecar")
 
 # grpcio limits its messages to 4 MiB by default; a buffered body is one message.
 _GRPC_MESSAGE_SLACK_BYTES = 1 << 20
-# A request's reservation, KV hold and in-flight entry outlive its timeout by this much.
-_EXPIRY_SLACK_S = 60.0
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +89,7 @@ class Sidecar:
         self.policy = PolicyHolder(policy_path, self.metrics)
         initial = self.policy()  # what is read only at start (policy.START_ONLY_SETTINGS)
         breaker = initial.breaker
-        ttl_s = initial.upstream_timeout_s + _EXPIRY_SLACK_S
+        ttl_s = expiry_s(initial)
         # Slots fine enough that the breaker's window forgets a spike within ~1/6 of it.
         self.windows = ResponseWindows(
             clock=self.clock,
@@ -118,7 +117,8 @@ class Sidecar:
         )
         self.quotas = TierMultipliers()
         self.key_quotas = KeyQuotas(breaker.controller_interval_s)
-        self.store = build_store(initial, self.metrics, clock)
+        self.stores = build_stores(self.policy, self.metrics, self.clock, clock)
+        self.store = self.stores.budgets
         self.admission = build_admission(
             board=self.board,
             store=self.store,
@@ -130,10 +130,11 @@ class Sidecar:
             rng=rng or random.Random(),
             policy=self.policy,
             new_waiter=_new_future,
+            book=self.stores.kv,
             # Envoy's max_message_timeout is written from the policy it started with.
             wait_cap_s=initial.longest_wait_s,
         )
-        self.metrics.admission.source = self.admission.kv.ledger.held_by_pool
+        self.metrics.admission.source = self.admission.kv.book.held_by_pool
         self.metrics.admission.waiting = self._waiting_counts
         self.metrics.wait_alert_bound(Tier.CRITICAL.value).set(
             initial.waiting_room.alert_critical_p99_wait_s
@@ -187,7 +188,7 @@ class Sidecar:
             gpu=self.gpu,
             quotas=self.quotas,
             key_quotas=self.key_quotas,
-            ledger=self.admission.kv.ledger,
+            book=self.admission.kv.book,
             room=self.admission.kv.room,
             clock=self.clock,
             on_drill=self.breaker_loop.export,
@@ -270,6 +271,12 @@ class Sidecar:
         ]
         if self.scraper is not None:
             self._tasks.append(asyncio.create_task(self.scraper.run()))
+        members = self.stores.members
+        if members is not None:
+            self.metrics.fleet_replicas.set(await members.beat())
+            self._tasks.append(
+                asyncio.create_task(self._every(lambda: members.interval_s, self._heartbeat))
+            )
         return SidecarAddress(self._host, port, metrics_port, admin)
 
     async def _start_admin(self) -> str | None:
@@ -293,17 +300,25 @@ class Sidecar:
     def _controller_interval(self) -> float:
         return self.policy().breaker.controller_interval_s
 
-    def _control(self) -> None:
+    async def _control(self) -> None:
         if self.policy().breaker.controller_enabled:
-            self.quota_loop.step()
+            await self.quota_loop.step()
+
+    async def _heartbeat(self) -> None:
+        if self.stores.members is not None:
+            self.metrics.fleet_replicas.set(await self.stores.members.beat())
 
     @staticmethod
-    async def _every(interval_s: Callable[[], float], work: Callable[[], None]) -> None:
+    async def _every(
+        interval_s: Callable[[], float], work: Callable[[], Awaitable[None] | None]
+    ) -> None:
         """`work()` every `interval_s()` seconds; a failure is logged, the loop goes on."""
         while True:
             await asyncio.sleep(interval_s())
             try:
-                work()
+                done = work()
+                if done is not None:
+                    await done
             except Exception:
                 log.exception("periodic %r failed", work)
 
@@ -312,10 +327,10 @@ class Sidecar:
         while True:
             await asyncio.sleep(self._watch_interval_s)
             if self.policy.reload_if_changed():
-                self.admission.kv.dispatch()  # a new capacity or share may make room
+                await self.admission.kv.dispatch()  # a new capacity or share may make room
             await self.recorder.expire()
             # A KV hold outlives its request only if nothing ever released it: a safety net.
-            for request_id in self.admission.kv.expire():
+            for request_id in await self.admission.kv.expire():
                 log.warning("KV hold of %s expired without its request's end", request_id)
 
     async def stop(self, grace_s: float = 5.0) -> None:
@@ -327,6 +342,8 @@ class Sidecar:
             await self._server.stop(grace_s)
         if self._admin_server is not None:
             await self._admin_server.stop(1.0)
+        if self.stores.members is not None:
+            await self.stores.members.leave()  # the others' local shares grow at once
         await self.store.close()
         if self.decision_log is not None:
             self.decision_log.close()

@@ -1,40 +1,78 @@
-"""The budget store the policy asks for, built once at start.
+"""The shared state the policy asks for, built once at start: budgets and the KV ledger.
 
-What lives here: `build_store`: the in-process store, or Redis behind the failover store
-(local shares while Redis is unreachable), with the metrics of which one decided.
+What lives here: `build_stores`: with the in-process store, budgets and the KV ledger live in
+this process (each of `budget.replicas` replicas admitting against its part of each pool);
+with Redis, both are the fleet's, each behind its failover (local shares while Redis is
+unreachable, divided by the live replicas' count from their heartbeats), with the metrics
+of which one decided.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from breaker.kv_book import FailoverBook, KvBook, LocalBook
 from budget.failover import FailoverStore
 from budget.redis_store import RedisStore, connect
 from budget.store import BudgetStore, InProcessStore
+from extproc.runtime.fleet_ledger import FleetMembers, RedisBook
 from extproc.service.metrics import SidecarMetrics
 from policy import BudgetStoreKind, Policy
 
 
-def build_store(
-    policy: Policy, metrics: SidecarMetrics, clock: Callable[[], float] | None = None
-) -> BudgetStore:
-    """The budget store the policy asks for. Changing it needs a restart, not a reload.
-    `clock` replaces the in-process store's wall clock (tests); Redis keeps wall time, which
-    every replica shares."""
-    config = policy.budget
-    if config.store is BudgetStoreKind.MEMORY:
-        return InProcessStore(clock)
+@dataclass(frozen=True, slots=True)
+class Stores:
+    budgets: BudgetStore
+    kv: KvBook
+    members: FleetMembers | None  # None: no shared store, no heartbeats
 
-    def on_decision(degraded: bool) -> None:
+
+def build_stores(
+    policy: Callable[[], Policy],
+    metrics: SidecarMetrics,
+    clock: Callable[[], float],
+    wall_clock: Callable[[], float] | None = None,
+) -> Stores:
+    """The stores the policy asks for. Changing them needs a restart, not a reload.
+    `clock`: the sidecar's (the local ledger's deadlines); `wall_clock` replaces the
+    in-process budget store's wall clock (tests). Redis keeps its own time, which every
+    replica shares."""
+    initial = policy()
+    config = initial.budget
+    if config.store is BudgetStoreKind.MEMORY:
+        return Stores(
+            InProcessStore(wall_clock), LocalBook(clock, lambda: policy().budget.replicas), None
+        )
+
+    def on_budget(degraded: bool) -> None:
         metrics.budget_store_decisions("local" if degraded else "shared").inc()
         metrics.redis_up.set(0 if degraded else 1)
 
+    def on_kv(shared: bool) -> None:
+        metrics.kv_ledger_decisions("shared" if shared else "local").inc()
+        metrics.kv_ledger_shared.set(1 if shared else 0)
+
     metrics.redis_up.set(1)
+    metrics.kv_ledger_shared.set(1)
     # The URL may carry a password: deployments pass it through the environment (a Secret).
     url = os.environ.get("SLOGATE_REDIS_URL") or config.redis_url
-    shared = RedisStore(
-        connect(url, config.redis_cluster),
-        timeout_s=config.redis_timeout_ms / 1000.0,
+    client = connect(url, config.redis_cluster)
+    timeout_s = config.redis_timeout_ms / 1000.0
+    members = FleetMembers(client, lambda: policy().budget.replicas, timeout_s=timeout_s)
+    budgets = FailoverStore(
+        RedisStore(client, timeout_s=timeout_s),
+        InProcessStore(),
+        members.live,
+        on_decision=on_budget,
     )
-    return FailoverStore(shared, InProcessStore(), config.replicas, on_decision=on_decision)
+    book = FailoverBook(
+        RedisBook(
+            client, timeout_s=timeout_s, ratio_gap_s=initial.breaker.controller_interval_s * 0.8
+        ),
+        LocalBook(clock, members.live),
+        clock,
+        on_decision=on_kv,
+    )
+    return Stores(budgets, book, members)

@@ -19,7 +19,7 @@ from admission.waiting_room import WaitingRoom
 from breaker.board import BreakerBoard
 from breaker.controller import TierMultipliers
 from breaker.key_quotas import KeyQuotas
-from breaker.kv_admission import KvLedger, pool_capacity
+from breaker.kv_book import KvBook
 from breaker.levels import BreakerLevel, Transition
 from budget.failover import FailoverStore
 from budget.store import BudgetStore
@@ -63,7 +63,7 @@ class AdminService(pb_grpc.AdminServicer):
         gpu: GpuView,
         quotas: TierMultipliers,
         key_quotas: KeyQuotas,
-        ledger: KvLedger,
+        book: KvBook,
         room: WaitingRoom,
         clock: Callable[[], float],
         on_drill: Callable[[], None],
@@ -75,7 +75,7 @@ class AdminService(pb_grpc.AdminServicer):
         self._gpu = gpu
         self._quotas = quotas
         self._key_quotas = key_quotas
-        self._ledger = ledger
+        self._book = book
         self._room = room
         self._clock = clock
         self._on_drill = on_drill  # export the drilled level at once
@@ -130,15 +130,13 @@ class AdminService(pb_grpc.AdminServicer):
                     value = getattr(reading.signals, field)
                     if value is not None:
                         setattr(breaker.signals, field, value)
-        ledger = self._ledger
         for name, pool in policy.pools.items():
-            capacity = pool_capacity(pool, policy.budget.replicas)
+            capacity = self._book.capacity(pool)
             if capacity is None:
                 continue
+            view = self._book.view(name)  # the fleet's, when the ledger is shared
             held = reply.admission.add(
-                pool=name,
-                kv_tokens_held=ledger.in_flight.get(name, 0),
-                requests_held=ledger.requests.get(name, 0),
+                pool=name, kv_tokens_held=view.tokens, requests_held=view.sequences
             )
             if capacity.kv_tokens is not None:
                 held.kv_tokens_capacity = capacity.kv_tokens

@@ -242,6 +242,23 @@ class SidecarMetrics:
             "1 while the shared budget store answers, 0 while deciding on local shares.",
             registry=r,
         )
+        self.kv_ledger_decisions = counter(
+            "slogate_kv_ledger_decisions_total",
+            "KV admission decisions by where they were made: shared (the fleet's ledger in "
+            "Redis) or local (this replica's share of each pool, while Redis is away).",
+            ["store"],
+        )
+        self.kv_ledger_shared = Gauge(
+            "slogate_kv_ledger_shared",
+            "1 while KV admission decides on the fleet's shared ledger, 0 on local shares.",
+            registry=r,
+        )
+        self.fleet_replicas = Gauge(
+            "slogate_fleet_replicas",
+            "Sidecar replicas alive by their heartbeats in the shared store (what a pool is "
+            "divided by while the shared ledger is away).",
+            registry=r,
+        )
         self.shed = counter(
             "slogate_shed_total",
             "Requests the breaker refused or sent to the fallback pool, by tier and reason.",

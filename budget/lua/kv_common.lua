@@ -1,0 +1,66 @@
+-- slogate KV ledger: what the kv_*.lua scripts share. The fleet's ledger of one pool is
+-- three keys with the pool's hash tag (one Redis Cluster slot): KEYS[1] totals (tokens,
+-- fixed, sequences, ratio, ratio_at), KEYS[2] holds (id -> "tokens sequences fixed"),
+-- KEYS[3] each hold's deadline (zset). The arithmetic mirrors breaker/kv_admission.py
+-- (PoolView.expected and _over); one test suite holds both.
+
+local function clock(arg)
+  local now = tonumber(arg)
+  if now < 0 then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  end
+  return now
+end
+
+local function num(x) return string.format('%.17g', x) end
+
+local function totals()
+  local t = redis.call('HMGET', KEYS[1], 'tokens', 'fixed', 'sequences', 'ratio')
+  return {
+    tokens = tonumber(t[1]) or 0,
+    fixed = tonumber(t[2]) or 0,
+    sequences = tonumber(t[3]) or 0,
+    ratio = tonumber(t[4]) or 1.0,
+  }
+end
+
+local function save(t)
+  redis.call('HSET', KEYS[1], 'tokens', t.tokens, 'fixed', t.fixed, 'sequences', t.sequences)
+end
+
+-- Take one hold out of the totals (never below zero: a count must not go negative even if
+-- the totals were lost, say by a Redis restart without persistence).
+local function drop(t, id)
+  local held = redis.call('HGET', KEYS[2], id)
+  if not held then return false end
+  local tokens, sequences, fixed = string.match(held, '(%S+) (%S+) (%S+)')
+  tokens, sequences = tonumber(tokens), tonumber(sequences)
+  t.tokens = math.max(0, t.tokens - tokens)
+  t.sequences = math.max(0, t.sequences - sequences)
+  if fixed == '1' then t.fixed = math.max(0, t.fixed - tokens) end
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('ZREM', KEYS[3], id)
+  return true
+end
+
+local function add(t, id, tokens, sequences, fixed, deadline)
+  t.tokens = t.tokens + tokens
+  t.sequences = t.sequences + sequences
+  if fixed == 1 then t.fixed = t.fixed + tokens end
+  redis.call('HSET', KEYS[2], id, tokens .. ' ' .. sequences .. ' ' .. fixed)
+  redis.call('ZADD', KEYS[3], num(deadline), id)
+end
+
+-- Free the holds past their deadline (a replica that died holding them), at most `limit`.
+local function expire_late(t, now, limit)
+  local late = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', num(now), 'LIMIT', 0, limit)
+  for _, id in ipairs(late) do
+    if not drop(t, id) then redis.call('ZREM', KEYS[3], id) end
+  end
+  return late
+end
+
+local function reply(t, first)
+  return {first, t.tokens, t.fixed, t.sequences, num(t.ratio)}
+end

@@ -1,0 +1,367 @@
+"""ONE suite, every KV ledger: this process's (breaker.kv_book.LocalBook), the fleet's in a
+real Redis and in a 3-node Redis Cluster (extproc.runtime.fleet_ledger.RedisBook), and the
+failover between them.
+
+A virtual clock is injected where the suite moves time; production Redis books use the
+server's TIME.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from breaker.kv_book import FailoverBook, KvBook, LedgerUnavailable, LocalBook
+from budget.redis_store import connect
+from extproc.runtime.fleet_ledger import FleetMembers, RedisBook
+from policy import Pool, parse_policy
+from tests.support.clock import VirtualClock
+from tooling.processes import ManagedProcess, free_port, start_redis, start_redis_cluster
+
+BASE = parse_policy({}).pools["default"]
+
+
+def pool(kv: int | None = 10_000, seqs: int | None = None) -> Pool:
+    return dataclasses.replace(
+        BASE, name=f"p{uuid.uuid4().hex[:8]}", kv_capacity_tokens=kv, max_num_seqs=seqs
+    )
+
+
+@pytest.fixture(scope="module")
+def redis_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    proc, port = start_redis(tmp_path_factory.mktemp("kv-redis"))
+    yield port
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster_ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
+    procs, ports = start_redis_cluster(tmp_path_factory.mktemp("kv-cluster"))
+    yield ports
+    for proc in procs:
+        proc.stop()
+
+
+BOOKS = [
+    "local",
+    pytest.param("redis", marks=pytest.mark.e2e),
+    pytest.param("cluster", marks=pytest.mark.e2e),
+]
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock(1_000_000.0)
+
+
+class Fleet:
+    """Books that share one ledger: replicas of one fleet (local: one book, shared)."""
+
+    def __init__(self, kind: str, request: pytest.FixtureRequest, clock: VirtualClock) -> None:
+        self.kind = kind
+        self.clock = clock
+        self._clients: list[object] = []
+        self._local = LocalBook(clock)
+        self._request = request
+
+    def replica(self) -> KvBook:
+        if self.kind == "local":
+            return self._local
+        if self.kind == "redis":
+            port = self._request.getfixturevalue("redis_port")
+            client = connect(f"redis://127.0.0.1:{port}")
+        else:
+            ports = self._request.getfixturevalue("cluster_ports")
+            client = connect(f"redis://127.0.0.1:{ports[0]}", cluster=True)
+        self._clients.append(client)
+        return RedisBook(client, clock=self.clock, local_clock=self.clock)
+
+    async def close(self) -> None:
+        for client in self._clients:
+            await client.aclose()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(params=BOOKS)
+async def fleet(request: pytest.FixtureRequest, clock: VirtualClock) -> AsyncIterator[Fleet]:
+    made = Fleet(request.param, request, clock)
+    yield made
+    await made.close()
+
+
+@pytest.fixture(params=BOOKS[1:])
+async def shared(request: pytest.FixtureRequest, clock: VirtualClock) -> AsyncIterator[Fleet]:
+    """The books several replicas share: Redis and the Cluster."""
+    made = Fleet(request.param, request, clock)
+    yield made
+    await made.close()
+
+
+async def hold(
+    book: KvBook, rid: str, spec: Pool, tokens: int, share: float = 1.0, **kw: object
+) -> str:
+    sequences = int(kw.get("sequences", 1))  # type: ignore[call-overload]
+    fixed = bool(kw.get("fixed", False))
+    ttl_s = float(kw.get("ttl_s", 600.0))  # type: ignore[arg-type]
+    return await book.hold(rid, spec.name, spec, tokens, share, sequences, fixed, ttl_s)
+
+
+async def test_each_tier_fills_the_pool_up_to_its_share(fleet: Fleet) -> None:
+    book, spec = fleet.replica(), pool()
+    assert await hold(book, "a", spec, 8000, share=0.85) == ""
+    assert await hold(book, "b", spec, 1000, share=0.85) == "kv_cache"
+    assert await hold(book, "c", spec, 1000, share=1.0) == ""  # critical: the top 15%
+    freed = await book.release("a")
+    assert freed is not None and (freed.pool, freed.tokens, freed.sequences) == (spec.name, 8000, 1)
+    assert await book.release("a") is None  # released once
+    assert await book.release("b") is None  # never held
+    view = book.view(spec.name)
+    assert (view.tokens, view.sequences) == (1000, 1) and book.holds == 1
+
+
+async def test_batch_slots_and_fixed_footprints(fleet: Fleet) -> None:
+    book, spec = fleet.replica(), pool(kv=10_000, seqs=10)
+    assert await hold(book, "n8", spec, 10, sequences=8) == ""
+    assert await hold(book, "n4", spec, 10, sequences=4) == "sequences"
+    assert await hold(book, "f", spec, 3000, fixed=True) == ""
+    view = book.view(spec.name)
+    assert (view.tokens, view.fixed, view.sequences) == (3010, 3000, 9)
+    await book.release("f")
+    assert book.view(spec.name).fixed == 0
+
+
+async def test_a_retried_hold_is_the_same_hold(fleet: Fleet) -> None:
+    """A hold whose reply was lost is sent again: it must not be counted twice."""
+    book, spec = fleet.replica(), pool()
+    assert await hold(book, "r", spec, 4000) == ""
+    assert await hold(book, "r", spec, 4000) == ""
+    assert book.view(spec.name).tokens == 4000
+
+
+async def test_holds_past_their_deadline_expire(fleet: Fleet, clock: VirtualClock) -> None:
+    book, spec = fleet.replica(), pool()
+    await hold(book, "short", spec, 6000, ttl_s=10)
+    await hold(book, "long", spec, 1000, ttl_s=100)
+    clock.advance(11)
+    expired = await book.expire([spec.name])
+    assert [rid for rid, _ in expired] == ["short"] and expired[0][1].tokens == 6000
+    assert book.view(spec.name).tokens == 1000 and book.holds == 1
+
+
+async def test_the_same_sequences_as_this_process_ledger(
+    shared: Fleet, clock: VirtualClock
+) -> None:
+    """Random holds, releases and expiries: every book decides as the in-process one."""
+    book, spec = shared.replica(), pool(kv=20_000, seqs=12)
+    reference = LocalBook(clock)
+    rng = random.Random(5)
+    held: list[str] = []
+    for step in range(300):
+        action = rng.random()
+        if action < 0.6 or not held:
+            rid = f"h{step}"
+            args = {
+                "share": rng.choice([0.85, 0.95, 1.0]),
+                "sequences": rng.choice([1, 1, 2]),
+                "fixed": rng.random() < 0.2,
+                "ttl_s": rng.choice([5.0, 50.0, 500.0]),
+            }
+            tokens = rng.randint(100, 6000)
+            got = await hold(book, rid, spec, tokens, **args)  # type: ignore[arg-type]
+            want = await hold(reference, rid, spec, tokens, **args)  # type: ignore[arg-type]
+            assert got == want, step
+            if not got:
+                held.append(rid)
+        elif action < 0.9:
+            rid = held.pop(rng.randrange(len(held)))
+            assert await book.release(rid) == await reference.release(rid), step
+        else:
+            clock.advance(rng.choice([1.0, 10.0]))
+            got_ids = sorted(r for r, _ in await book.expire([spec.name]))
+            want_ids = sorted(r for r, _ in await reference.expire([spec.name]))
+            assert got_ids == want_ids, step
+            held = [r for r in held if r not in want_ids]
+        got_view, want_view = book.view(spec.name), reference.view(spec.name)
+        assert (got_view.tokens, got_view.fixed, got_view.sequences) == (
+            want_view.tokens,
+            want_view.fixed,
+            want_view.sequences,
+        ), step
+
+
+async def test_replicas_admit_against_the_whole_pool(shared: Fleet) -> None:
+    """A request needing 60% of an empty pool fits through any replica; the second one
+    does not, whichever replica it comes through."""
+    first, second, spec = shared.replica(), shared.replica(), pool()
+    assert await hold(first, "big", spec, 6000) == ""
+    assert await hold(second, "big2", spec, 6000) == "kv_cache"
+    assert await hold(second, "small", spec, 4000) == ""
+    assert first.holds == 1 and second.holds == 1
+    await second.refresh([spec.name])
+    assert second.view(spec.name).tokens == 10_000  # the shared's count, not its own
+    assert dict(second.held_by_pool()[0]) == {spec.name: 4000}  # what it holds itself
+    assert await second.release("big") is None  # not its hold: it cannot free it
+    await first.release("big")
+    # Full a moment ago: refused without a round trip until the view is read again (the
+    # waiting room's tick refreshes it every 50 ms).
+    assert await hold(second, "big2", spec, 6000) == "kv_cache"
+    await second.refresh([spec.name])
+    assert await hold(second, "big2", spec, 6000) == ""
+
+
+async def test_concurrent_holds_never_overshoot_the_pool(shared: Fleet) -> None:
+    books, spec = [shared.replica() for _ in range(3)], pool(kv=50_000)
+    limits = await asyncio.gather(*(hold(books[i % 3], f"c{i}", spec, 1000) for i in range(120)))
+    assert limits.count("") == 50
+    await books[0].refresh([spec.name])
+    assert books[0].view(spec.name).tokens == 50_000
+
+
+async def test_a_dead_replicas_holds_free_at_their_deadline(
+    shared: Fleet, clock: VirtualClock
+) -> None:
+    """A replica killed while holding never releases: any other replica's next hold frees
+    the late holds first."""
+    dead, alive, spec = shared.replica(), shared.replica(), pool()
+    assert await hold(dead, "orphan", spec, 9000, ttl_s=30) == ""
+    assert await hold(alive, "x", spec, 5000) == "kv_cache"
+    clock.advance(31)
+    assert await hold(alive, "x", spec, 5000) == ""
+    assert alive.view(spec.name).tokens == 5000
+
+
+async def test_the_ratio_is_the_fleets_and_steps_down_once_per_interval(
+    shared: Fleet, clock: VirtualClock
+) -> None:
+    books, spec = [shared.replica() for _ in range(3)], pool(kv=10_000)
+    pools = {spec.name: spec}
+    for i in range(4):
+        assert await hold(books[i % 3], f"r{i}", spec, 2000) == ""
+    for book in books:  # each learns from the same engine: 2000 of 8000 counted are real
+        await book.observe(pools, lambda _: 0.2)
+    ratios = [book.view(spec.name).ratio for book in books]
+    assert ratios == [pytest.approx(0.925)] * 3  # one step down (0.1 of the way), not three
+    clock.advance(5)
+    await books[1].observe(pools, lambda _: 0.9)  # fuller than thought: up at once ...
+    await books[2].refresh([spec.name])
+    assert books[2].view(spec.name).ratio == 1.0  # ... to the count; past it when sustained
+    for _ in range(2):
+        await books[1].observe(pools, lambda _: 0.9)
+    await books[2].refresh([spec.name])
+    assert books[2].view(spec.name).ratio == pytest.approx(0.9 * 10_000 / 8000)
+
+
+# -- the failover: a Redis that dies and comes back -------------------------------------
+
+
+class _Restartable:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.proc: ManagedProcess | None = None
+
+    def start(self) -> None:
+        self.proc, _ = start_redis(self.tmp, port=self.port)
+
+    def stop(self) -> None:
+        assert self.proc is not None
+        self.proc.stop()
+
+
+@pytest.mark.e2e
+async def test_local_shares_while_redis_is_away_then_whole_again(tmp_path: Path) -> None:
+    server = _Restartable(tmp_path)
+    server.start()
+    clock = VirtualClock(0.0)
+    client = connect(f"redis://127.0.0.1:{server.port}")
+    shared = RedisBook(client, timeout_s=0.5)
+    members = FleetMembers(client, lambda: 2, timeout_s=0.5)
+    other = FleetMembers(connect(f"redis://127.0.0.1:{server.port}"), lambda: 2, timeout_s=0.5)
+    decisions: list[bool] = []
+    book = FailoverBook(shared, LocalBook(clock, members.live), clock, 1.0, decisions.append)
+    spec = pool(kv=10_000)
+    try:
+        assert await members.beat() == 1 and await other.beat() == 2
+        assert await members.beat() == 2 and members.live() == 2
+        assert await hold(book, "before", spec, 7000) == ""  # 70%: the whole pool's
+        server.stop()
+        # Away: each of the 2 live replicas admits against half of the pool.
+        assert await hold(book, "during", spec, 6000) == "kv_cache"
+        assert await hold(book, "d2", spec, 4000) == ""
+        assert decisions[-2:] == [False, False] and not book.healthy
+        assert book.capacity(spec).kv_tokens == 5000  # type: ignore[union-attr]
+        freed = await book.release("before")  # its release cannot reach Redis: kept for later
+        assert freed is not None and freed.tokens == 7000
+        server.start()  # an empty Redis (no persistence): the holds are gone with it
+        clock.advance(2)
+        assert await hold(book, "after", spec, 5000) == ""
+        assert book.healthy and decisions[-1] is True
+        await shared.refresh([spec.name])
+        view = shared.view(spec.name)
+        assert (view.tokens, view.sequences) == (9000, 2)  # d2 adopted, before released
+        assert await book.release("d2") is not None and await book.release("after")
+        await shared.refresh([spec.name])
+        assert shared.view(spec.name).tokens == 0 and book.holds == 0
+    finally:
+        await client.aclose()
+        server.stop()
+
+
+@pytest.mark.e2e
+async def test_a_hold_that_cannot_reach_redis_is_never_left_there(tmp_path: Path) -> None:
+    """A hold that times out may still have run in Redis: it is released there once Redis
+    answers, so no phantom hold outlives the outage."""
+    server = _Restartable(tmp_path)
+    server.start()
+    clock = VirtualClock(0.0)
+    client = connect(f"redis://127.0.0.1:{server.port}")
+    shared = RedisBook(client, timeout_s=0.5)
+    book = FailoverBook(shared, LocalBook(clock), clock, 1.0)
+    spec = pool(kv=10_000)
+    try:
+        assert await hold(book, "warm", spec, 10) == "" and await book.release("warm")
+        pause = await client.execute_command("CLIENT", "PAUSE", 1500, "ALL")
+        assert pause in (True, b"OK", "OK")
+        assert await hold(book, "lost", spec, 3000) == ""  # timed out: decided locally
+        assert not book.healthy
+        await asyncio.sleep(1.6)
+        clock.advance(2)
+        assert await hold(book, "next", spec, 10) == ""
+        await shared.refresh([spec.name])
+        # "lost" ran in Redis after the pause, was released there, then adopted from the
+        # local ledger: counted once.
+        assert shared.view(spec.name).tokens == 3010
+        assert await book.release("lost") is not None
+        await shared.refresh([spec.name])
+        assert shared.view(spec.name).tokens == 10
+    finally:
+        await client.aclose()
+        server.stop()
+
+
+async def test_a_failing_shared_book_is_never_asked_again_before_the_retry() -> None:
+    clock = VirtualClock(0.0)
+
+    class Down(LocalBook):
+        calls = 0
+
+        async def hold(self, *args: object, **kw: object) -> str:
+            Down.calls += 1
+            raise LedgerUnavailable("down")
+
+        async def release_ids(self, ids: object) -> None:
+            raise LedgerUnavailable("down")
+
+    book = FailoverBook(Down(clock), LocalBook(clock, lambda: 4), clock, 1.0)  # type: ignore[arg-type]
+    spec = pool(kv=10_000)
+    assert await hold(book, "a", spec, 2000) == ""
+    assert await hold(book, "b", spec, 1000) == "kv_cache"  # a quarter of 10k: 2500
+    assert Down.calls == 1
+    clock.advance(1.5)
+    await hold(book, "c", spec, 10)  # retried: still down (the unsettled "a" first)
+    assert Down.calls == 1 and not book.healthy and book.holds == 2
