@@ -168,11 +168,13 @@ class KvStep:
         share: float,
         sequences: int,
         fixed: bool,
+        offer: bool = False,
     ) -> str:
         """Hold the footprint now if it fits: "" when held, else what is full. The one
-        way a request is put in the ledger, on arrival or dispatched from the room."""
+        way a request is put in the ledger, on arrival or offered from the room (`offer`:
+        a shared ledger may answer "full" from what it read a moment ago)."""
         return await self.book.hold(
-            request_id, pool, spec, tokens, share, sequences, fixed, self._ttl_s
+            request_id, pool, spec, tokens, share, sequences, fixed, self._ttl_s, offer
         )
 
     def _service(self, decision: RoutingDecision, policy: Policy) -> float:
@@ -238,6 +240,7 @@ class KvStep:
                     shares[entry.tier],
                     entry.sequences,
                     entry.fixed,
+                    offer=True,
                 )
                 if not held and entry.request_id not in self.room:
                     # It left (gone, timed out) while the ledger answered: give it back.

@@ -65,9 +65,12 @@ class KvBook(Protocol):
         sequences: int,
         fixed: bool,
         ttl_s: float,
+        trust_view: bool = False,
     ) -> str:
         """Hold the footprint if the tier's share leaves room: "" when held, else what is
-        full ("kv_cache", "sequences"). The hold is freed by `release`, or at `ttl_s`."""
+        full ("kv_cache", "sequences"). The hold is freed by `release`, or at `ttl_s`.
+        `trust_view`: a shared book may refuse from the footprint it read a moment ago,
+        without asking (the waiting room's offers: it asks again at its next tick)."""
         ...
 
     async def release(self, request_id: str) -> Freed | None:
@@ -135,6 +138,7 @@ class LocalBook:
         sequences: int,
         fixed: bool,
         ttl_s: float,
+        trust_view: bool = False,
     ) -> str:
         capacity = self.capacity(spec) or PoolCapacity(None, None)
         deadline_s = self._clock() + ttl_s
@@ -256,13 +260,14 @@ class FailoverBook:
         sequences: int,
         fixed: bool,
         ttl_s: float,
+        trust_view: bool = False,
     ) -> str:
         if self._try_shared():
             try:
                 if not self.healthy:
                     await self._recovered()
                 limit = await self._shared.hold(
-                    request_id, pool, spec, tokens, share, sequences, fixed, ttl_s
+                    request_id, pool, spec, tokens, share, sequences, fixed, ttl_s, trust_view
                 )
             except LedgerUnavailable as error:
                 self._unsettled[request_id] = pool

@@ -108,7 +108,8 @@ async def hold(
     sequences = int(kw.get("sequences", 1))  # type: ignore[call-overload]
     fixed = bool(kw.get("fixed", False))
     ttl_s = float(kw.get("ttl_s", 600.0))  # type: ignore[arg-type]
-    return await book.hold(rid, spec.name, spec, tokens, share, sequences, fixed, ttl_s)
+    trust = bool(kw.get("trust_view", False))
+    return await book.hold(rid, spec.name, spec, tokens, share, sequences, fixed, ttl_s, trust)
 
 
 async def test_each_tier_fills_the_pool_up_to_its_share(fleet: Fleet) -> None:
@@ -207,11 +208,11 @@ async def test_replicas_admit_against_the_whole_pool(shared: Fleet) -> None:
     assert dict(second.held_by_pool()[0]) == {spec.name: 4000}  # what it holds itself
     assert await second.release("big") is None  # not its hold: it cannot free it
     await first.release("big")
-    # Full a moment ago: refused without a round trip until the view is read again (the
-    # waiting room's tick refreshes it every 50 ms).
-    assert await hold(second, "big2", spec, 6000) == "kv_cache"
-    await second.refresh([spec.name])
-    assert await hold(second, "big2", spec, 6000) == ""
+    # Offered from the waiting room: full a moment ago, so refused without a round trip
+    # until the view is read again (the room's tick refreshes it every 50 ms) ...
+    assert await hold(second, "big2", spec, 6000, trust_view=True) == "kv_cache"
+    assert second.view(spec.name).tokens == 10_000  # (not read again)
+    assert await hold(second, "big2", spec, 6000) == ""  # ... a new request always asks
 
 
 async def test_concurrent_holds_never_overshoot_the_pool(shared: Fleet) -> None:

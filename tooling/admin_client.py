@@ -90,7 +90,7 @@ def status_table(reply: pb.StatusReply) -> str:
             )
             for a in reply.admission
         ]
-        text += "\n\nadmission (this sidecar)\n" + table(
+        text += f"\n\nadmission ({reply.kv_ledger or 'this sidecar'})\n" + table(
             (
                 "pool",
                 "KV tokens held / may hold",

@@ -254,7 +254,7 @@ class LocalStack:
             metrics_port=replica.metrics_port or _next(self.ports.metrics, i),
             admin_port=int(replica.admin_address.rsplit(":", 1)[1])
             if replica.admin_address
-            else _next(self.ports.admin_api, i),
+            else _next(self._admin_api_base(), i),
             exact_tokenizer=self.exact_tokenizer,
             env=env,
         )
@@ -266,6 +266,14 @@ class LocalStack:
         replica.admin_address = ports.admin
         if i == 0:
             self.sidecar = proc
+
+    def _admin_api_base(self) -> int:
+        """The first admin API port: after the replicas' gRPC ports when they would overlap
+        (the documented 50051 and 50052 are neighbours)."""
+        base, grpc = self.ports.admin_api, self.ports.grpc
+        if base and grpc and grpc <= base < grpc + self.replicas:
+            return grpc + self.replicas
+        return base
 
     def runtime_policy(self, policy: Policy) -> Policy:
         """The policy with each pool pointed at the simulated pool started for it."""

@@ -70,7 +70,7 @@ class Breaker(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., level: _Optional[int] = ..., signal_level: _Optional[int] = ..., probing: _Optional[bool] = ..., drill_level: _Optional[int] = ..., drill_remaining_s: _Optional[float] = ..., signals: _Optional[_Union[Signals, _Mapping]] = ..., last_transition: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("breakers", "budget_store", "redis_up", "policy_source", "keys", "inflight_requests", "gpu_available", "quota_multipliers", "load_score", "load_forecast", "admission")
+    __slots__ = ("breakers", "budget_store", "redis_up", "policy_source", "keys", "inflight_requests", "gpu_available", "quota_multipliers", "load_score", "load_forecast", "admission", "kv_ledger")
     class QuotaMultipliersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,7 @@ class StatusReply(_message.Message):
     LOAD_SCORE_FIELD_NUMBER: _ClassVar[int]
     LOAD_FORECAST_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
+    KV_LEDGER_FIELD_NUMBER: _ClassVar[int]
     breakers: _containers.RepeatedCompositeFieldContainer[Breaker]
     budget_store: str
     redis_up: bool
@@ -100,7 +101,8 @@ class StatusReply(_message.Message):
     load_score: float
     load_forecast: float
     admission: _containers.RepeatedCompositeFieldContainer[PoolAdmission]
-    def __init__(self, breakers: _Optional[_Iterable[_Union[Breaker, _Mapping]]] = ..., budget_store: _Optional[str] = ..., redis_up: _Optional[bool] = ..., policy_source: _Optional[str] = ..., keys: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., gpu_available: _Optional[bool] = ..., quota_multipliers: _Optional[_Mapping[str, float]] = ..., load_score: _Optional[float] = ..., load_forecast: _Optional[float] = ..., admission: _Optional[_Iterable[_Union[PoolAdmission, _Mapping]]] = ...) -> None: ...
+    kv_ledger: str
+    def __init__(self, breakers: _Optional[_Iterable[_Union[Breaker, _Mapping]]] = ..., budget_store: _Optional[str] = ..., redis_up: _Optional[bool] = ..., policy_source: _Optional[str] = ..., keys: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., gpu_available: _Optional[bool] = ..., quota_multipliers: _Optional[_Mapping[str, float]] = ..., load_score: _Optional[float] = ..., load_forecast: _Optional[float] = ..., admission: _Optional[_Iterable[_Union[PoolAdmission, _Mapping]]] = ..., kv_ledger: _Optional[str] = ...) -> None: ...
 
 class KeysRequest(_message.Message):
     __slots__ = ("tenant",)

@@ -11,9 +11,10 @@ Redis server's TIME plus its ttl, so a replica killed while holding frees its ho
 deadlines (every hold expires the pool's late holds first; the housekeeping loop too).
 
 A replica keeps the pools' totals from its last reply (`view`): the waiting room reads them
-to judge whether a blocked request's room is coming, and a hold the view already says cannot
-fit (read within the last 50 ms, `trust_full_s`) is refused without a round trip, so a full
-pool with thousands waiting costs no Redis call per offer. The waiting room's tick refreshes the
+to judge whether a blocked request's room is coming, and when it offers a waiting request
+that the view already says cannot fit (read within the last 50 ms, `trust_full_s`), the
+offer is refused without a round trip, so a full pool with thousands waiting costs no Redis
+call per offer. A new request always asks. The waiting room's tick refreshes the
 pools that have requests waiting, every 50 ms: that is how one replica learns of the room
 another replica's ends freed.
 
@@ -112,9 +113,10 @@ class RedisBook:
         sequences: int,
         fixed: bool,
         ttl_s: float,
+        trust_view: bool = False,
     ) -> str:
         capacity = self.capacity(spec) or PoolCapacity(None, None)
-        known = self._views.get(pool)
+        known = self._views.get(pool) if trust_view else None
         if known is not None and self._local_clock() - known[1] <= self.trust_full_s:
             full = known[0].over(capacity, share, tokens, sequences, fixed)
             if full:

@@ -59,7 +59,6 @@ log = logging.getLogger("slogate.sidecar")
 _GRPC_MESSAGE_SLACK_BYTES = 1 << 20
 
 
-
 @dataclass(frozen=True, slots=True)
 class SidecarAddress:
     host: str

@@ -19,7 +19,7 @@ from admission.waiting_room import WaitingRoom
 from breaker.board import BreakerBoard
 from breaker.controller import TierMultipliers
 from breaker.key_quotas import KeyQuotas
-from breaker.kv_book import KvBook
+from breaker.kv_book import FailoverBook, KvBook
 from breaker.levels import BreakerLevel, Transition
 from budget.failover import FailoverStore
 from budget.store import BudgetStore
@@ -99,6 +99,7 @@ class AdminService(pb_grpc.AdminServicer):
             keys=len(policy.keys),
             inflight_requests=len(self._inflight),
             gpu_available=self._gpu.available,
+            kv_ledger=_ledger_label(self._book),
         )
         reply.quota_multipliers.update(self._quotas.values)
         forecaster = self._quotas.forecaster
@@ -200,3 +201,9 @@ class AdminService(pb_grpc.AdminServicer):
         if error is not None:
             return pb.ReloadPolicyReply(ok=False, error=error, keys=len(holder().keys))
         return pb.ReloadPolicyReply(ok=True, keys=len(holder().keys))
+
+
+def _ledger_label(book: KvBook) -> str:
+    if isinstance(book, FailoverBook):
+        return "fleet" if book.healthy else "local share"
+    return "this sidecar"

@@ -41,6 +41,11 @@ class CuttableProxy:
         self._ready.set()
         self._loop.run_forever()
         server.close()
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self._loop.close()
 
     def cut(self) -> None:
         self._loop.call_soon_threadsafe(self._cut)
