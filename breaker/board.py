@@ -37,6 +37,41 @@ def p99_over_slo(windows: ResponseWindows, policy: Policy, pool: str) -> float |
     return worst
 
 
+# The tiers whose TTFT objective the engines' whole-pool TTFT is held against: the engine
+# knows no tiers, so its P99 is read against the loosest of these for the pool's buckets
+# (sheddable is left out: it is the tier meant to take the slowness).
+_ENGINE_TIERS = (Tier.CRITICAL, Tier.STANDARD)
+
+
+def engine_objective_s(policy: Policy, pool: str) -> float | None:
+    """The TTFT objective (s) of the pool's engines as a whole: the loosest critical or
+    standard TTFT SLO over the context buckets routed to `pool`; None without one."""
+    objectives = [
+        ms
+        for bucket in policy.buckets
+        if pool
+        in {
+            policy.pool_for(bucket.min_tokens),
+            policy.pool_for(bucket.max_tokens if bucket.max_tokens is not None else 1 << 40),
+        }
+        for tier in _ENGINE_TIERS
+        if (ms := policy.slo_ms(tier, bucket.name)) is not None
+    ]
+    return max(objectives) / 1000 if objectives else None
+
+
+def engine_p99_over_slo(
+    engine_ttft: Callable[[str, float, float, int], float | None], policy: Policy, pool: str
+) -> float | None:
+    """The pool's engines' TTFT P99 over the breaker window against their objective."""
+    objective_s = engine_objective_s(policy, pool)
+    if objective_s is None:
+        return None
+    config = policy.breaker
+    p99_s = engine_ttft(pool, 0.99, config.window_s, config.min_samples)
+    return None if p99_s is None else p99_s / objective_s
+
+
 def error_rate(windows: ResponseWindows, policy: Policy, pool: str | None) -> float | None:
     responses, errors = windows.response_counts(pool, policy.breaker.window_s)
     if responses < policy.breaker.min_samples:
@@ -70,8 +105,12 @@ class BreakerBoard:
         gpu_memory_usage: Callable[[], float | None],
         clock: Callable[[], float],
         engine_queue: Callable[[str], float | None] = lambda pool: None,
+        engine_ttft: Callable[[str, float, float, int], float | None] = lambda *_: None,
     ) -> None:
+        """`engine_ttft(pool, q, window_s, min_samples)`: the q-quantile of the pool's
+        engines' TTFT over the window (EngineReadings.ttft_quantile_s); None: no reading."""
         self._policy = policy
+        self._engine_ttft = engine_ttft
         self._windows = windows
         self._kv = kv_cache_usage
         self._gpu = gpu_memory_usage
@@ -100,8 +139,14 @@ class BreakerBoard:
                 error_rate=fleet_error_rate(self._windows, policy),
                 gpu_memory_usage=self._gpu(),
             )
+        # The latency signal is the worse of two: the access log's (per tier and bucket,
+        # this replica's requests, counted when each ends) and the engines' (the whole
+        # pool's first tokens, every replica's, counted when each is out).
+        logged = p99_over_slo(self._windows, policy, name)
+        engines = engine_p99_over_slo(self._engine_ttft, policy, name)
+        latency = max((v for v in (logged, engines) if v is not None), default=None)
         return Signals(
-            p99_over_slo=p99_over_slo(self._windows, policy, name),
+            p99_over_slo=latency,
             error_rate=error_rate(self._windows, policy, name),
             kv_cache_usage=self._kv(name),
             queue_ratio=self._queue(name),

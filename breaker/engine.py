@@ -8,11 +8,19 @@ package holds no I/O.
 
 "No data" is decided here: an endpoint that has not answered within `stale_after_s`
 reports KV-cache usage 1.0, i.e. saturated.
+
+The engines' TTFT histogram (`vllm:time_to_first_token_seconds`) is the breaker's fast,
+fleet-wide latency signal: every replica scrapes every endpoint, so each sees the whole
+pool's first tokens, counted when the first token is out — not when the request ends, as
+the access log's samples are (a 2k-token stream reports its TTFT tens of seconds late).
+`ttft_quantile_s` reads it over a window from the difference of two scrapes per endpoint.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -25,12 +33,19 @@ class EngineSnapshot:
     running: float | None
     waiting: float | None
     prefix_cache_hit_rate: float | None  # hits / queries since the engine started
+    # The TTFT histogram since the engine started: (upper bound s, cumulative count), +Inf
+    # last; summed over the engine's label sets. Empty: not exported.
+    ttft_buckets: tuple[tuple[float, float], ...] = ()
+
+
+_TTFT = "vllm:time_to_first_token_seconds_bucket"
 
 
 def parse_vllm_metrics(text: str) -> EngineSnapshot:
     """Read the vLLM names; samples of several models or engines are summed (max for KV)."""
     kv: float | None = None
     running = waiting = hits = queries = None
+    ttft: dict[float, float] = {}
 
     def add(current: float | None, value: float) -> float:
         return value if current is None else current + value
@@ -48,8 +63,28 @@ def parse_vllm_metrics(text: str) -> EngineSnapshot:
                 hits = add(hits, value)
             elif name == "vllm:prefix_cache_queries_total":
                 queries = add(queries, value)
+            elif name == _TTFT:
+                upper = float(sample.labels["le"])
+                ttft[upper] = ttft.get(upper, 0.0) + value
     hit_rate = hits / queries if hits is not None and queries else None
-    return EngineSnapshot(kv, running, waiting, hit_rate)
+    return EngineSnapshot(kv, running, waiting, hit_rate, tuple(sorted(ttft.items())))
+
+
+def histogram_quantile(buckets: Iterable[tuple[float, float]], q: float) -> float | None:
+    """The upper bound of the bucket holding the q-quantile of cumulative `buckets`
+    (conservative: never under-reports); None when empty. The +Inf bucket reads as its
+    lower neighbour's bound doubled: past the histogram, but finite."""
+    ordered = sorted(buckets)
+    total = ordered[-1][1] if ordered else 0.0
+    if total <= 0:
+        return None
+    rank = q * total
+    previous = 0.0
+    for upper, cumulative in ordered:
+        if cumulative >= rank:
+            return upper if math.isfinite(upper) else 2 * previous
+        previous = upper
+    return None
 
 
 class EngineReadings:
@@ -67,10 +102,46 @@ class EngineReadings:
         self.stale_after_s = stale_after_s
         self._clock = clock
         self._latest: dict[tuple[str, str, int], tuple[float, EngineSnapshot]] = {}
+        # endpoint -> its TTFT histograms over the last `history_s` (time read, buckets)
+        self._ttft: dict[tuple[str, str, int], deque[tuple[float, tuple[tuple[float, float], ...]]]]
+        self._ttft = {}
+        self.history_s = 600.0
         self._started_s = clock()
 
     def record(self, pool: str, host: str, port: int, snapshot: EngineSnapshot) -> None:
-        self._latest[(pool, host, port)] = (self._clock(), snapshot)
+        now_s = self._clock()
+        self._latest[(pool, host, port)] = (now_s, snapshot)
+        if snapshot.ttft_buckets:
+            history = self._ttft.setdefault((pool, host, port), deque())
+            history.append((now_s, snapshot.ttft_buckets))
+            while history and history[0][0] < now_s - self.history_s:
+                history.popleft()
+
+    def ttft_quantile_s(
+        self, pool: str, q: float, window_s: float, min_samples: int
+    ) -> float | None:
+        """The q-quantile of the first tokens the pool's engines produced over about the
+        last `window_s` (between each endpoint's latest scrape at least that old, or its
+        first, and its latest), all endpoints merged; None with fewer than `min_samples` of them. An
+        engine that restarted (its counts went down) counts from its restart."""
+        now_s = self._clock()
+        merged: dict[float, float] = {}
+        for host, port in self.endpoints().get(pool, ()):
+            history = self._ttft.get((pool, host, port))
+            if not history or now_s - history[-1][0] > self.stale_after_s:
+                continue
+            older = [buckets for t, buckets in history if t <= now_s - window_s]
+            base = older[-1] if older else history[0][1]
+            if base is history[-1][1]:
+                continue  # one scrape so far: no interval to count first tokens in
+            latest, earlier = dict(history[-1][1]), dict(base)
+            if any(latest.get(upper, 0.0) < count for upper, count in earlier.items()):
+                earlier = {}  # restarted since: its counts are all new
+            for upper, count in latest.items():
+                merged[upper] = merged.get(upper, 0.0) + count - earlier.get(upper, 0.0)
+        if not merged or max(merged.values()) < min_samples:
+            return None
+        return histogram_quantile(merged.items(), q)
 
     def kv_cache_usage(self, pool: str) -> float | None:
         """Worst endpoint of the pool; 1.0 when any endpoint's metrics are stale."""

@@ -482,3 +482,95 @@ def waiting_room_table(report: dict[str, Any]) -> str:
             )
         lines.append("")
     return "\n".join(lines)
+
+
+# Four sidecars taking 40/30/20/10% of the traffic: Envoys do not balance evenly.
+UNEVEN_SIDECARS = (0.4, 0.3, 0.2, 0.1)
+
+
+def sidecars_report(
+    workload: Workload,
+    split: tuple[float, ...] = UNEVEN_SIDECARS,
+    seeds: Iterable[int] = (7, 11),
+    latency: LatencyConfig | None = None,
+) -> dict[str, Any]:
+    """One sidecar against `split` sidecars sharing one KV ledger (Redis's, in production)
+    and against the same sidecars with a ledger each (the in-process store: each admits
+    against capacity / replicas); dynamic control with the waiting room and retrying
+    clients, same workload, each seed."""
+    engine: dict[str, Any] = {} if latency is None else {"latency": latency}
+    dynamic = with_kv_admission(workload)
+    split_policy = dataclasses.replace(
+        dynamic.policy,
+        budget=dataclasses.replace(dynamic.policy.budget, replicas=len(split)),
+    )
+    each = dataclasses.replace(dynamic, policy=split_policy)
+    options = {"controller": True, "client_retries": CLIENT_RETRIES, **engine}
+    label = f"{len(split)} sidecars"
+    runs: dict[str, dict[str, Any]] = {}
+    for seed in seeds:
+        runs[str(seed)] = {
+            "1 sidecar": _sidecars_run(dynamic, seed, (1.0,), True, options),
+            f"{label}, one shared ledger": _sidecars_run(dynamic, seed, split, True, options),
+            f"{label}, a ledger each": _sidecars_run(each, seed, split, False, options),
+        }
+    return {"workload": workload.name, "split": list(split), "runs": runs}
+
+
+def _sidecars_run(
+    workload: Workload,
+    seed: int,
+    split: tuple[float, ...],
+    shared: bool,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    fleet, results = run_fleet(workload, seed, sidecar_split=split, shared_ledger=shared, **options)
+    report = summarize(fleet, results, workload)
+    long_critical = [
+        r
+        for r in results.values()
+        if r.arrival.key.tier is Tier.CRITICAL and r.arrival.prompt_tokens >= 20_000
+    ]
+    report["long_critical"] = {
+        "requests": len(long_critical),
+        "refused_for_capacity": sum(r.outcome in CAPACITY_REFUSALS for r in long_critical),
+    }
+    return report
+
+
+def sidecars_table(report: dict[str, Any]) -> str:
+    lines = []
+    for seed, runs in report["runs"].items():
+        columns = list(runs.items())
+        first = columns[0][1]
+
+        def row(label: str, value: Any, columns: list[tuple[str, Any]] = columns) -> str:
+            return f"| {label} | " + " | ".join(str(value(r)) for _, r in columns) + " |"
+
+        def relative(r: dict[str, Any], first: dict[str, Any] = first) -> str:
+            return _percent(r["gpu_utilisation"] / first["gpu_utilisation"] - 1.0)
+
+        lines += [
+            f"workload {report['workload']} (seed {seed}, split {report['split']})",
+            "",
+            "| metric | " + " | ".join(name for name, _ in columns) + " |",
+            "| --- |" + " --- |" * len(columns),
+            row("goodput tokens/s", lambda r: r["goodput_tokens_per_s"]),
+            row("GPU utilisation (busiest pool)", lambda r: r["gpu_utilisation"]),
+            row("utilisation against 1 sidecar", relative),
+            row("burst handling", lambda r: r["burst_handling"]),
+            row(
+                "long critical prompts (20k+) refused for capacity",
+                lambda r: "{refused_for_capacity} / {requests}".format(**r["long_critical"]),
+            ),
+        ]
+        for tier in ("critical", "standard", "sheddable"):
+            lines += [
+                row(f"{tier} SLO attainment", lambda r, t=tier: r["tiers"][t]["slo_attainment"]),
+                row(
+                    f"{tier} refused for capacity",
+                    lambda r, t=tier: r[_ROOM]["tiers"][t]["refused_for_capacity"],
+                ),
+            ]
+        lines.append("")
+    return "\n".join(lines)

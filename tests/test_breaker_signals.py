@@ -9,8 +9,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from breaker.board import GLOBAL, BreakerBoard, p99_over_slo
-from breaker.engine import EngineSnapshot, parse_vllm_metrics
+from breaker.board import GLOBAL, BreakerBoard, engine_objective_s, p99_over_slo
+from breaker.engine import EngineSnapshot, histogram_quantile, parse_vllm_metrics
 from breaker.latency import SLO_RATIO, ResponseWindows
 from breaker.levels import BreakerLevel
 from breaker.objectives import latency_objective_s
@@ -182,3 +182,83 @@ def test_one_sick_pool_does_not_trip_the_global_breaker() -> None:
     for _ in range(10):
         windows.record_response("long", 503)
     assert board.signals(GLOBAL).error_rate == 0.5  # now every pool with traffic fails
+
+
+def _ttft_text(counts: dict[str, int]) -> str:
+    """A vLLM TTFT histogram exposition (cumulative buckets), as two engines report it."""
+    lines = ["# TYPE vllm:time_to_first_token_seconds histogram"]
+    for engine in ("0", "1"):
+        for le, count in counts.items():
+            lines.append(
+                f'vllm:time_to_first_token_seconds_bucket{{engine="{engine}",le="{le}",'
+                f'model_name="m"}} {count}'
+            )
+        lines.append(f'vllm:time_to_first_token_seconds_count{{engine="{engine}"}} {count}')
+    return "\n".join(lines) + "\n"
+
+
+def test_the_engines_ttft_histogram_is_read_and_merged() -> None:
+    snapshot = parse_vllm_metrics(_ttft_text({"0.1": 5, "0.5": 9, "1.0": 10, "+Inf": 10}))
+    assert snapshot.ttft_buckets == ((0.1, 10.0), (0.5, 18.0), (1.0, 20.0), (math.inf, 20.0))
+    assert histogram_quantile(snapshot.ttft_buckets, 0.5) == 0.1
+    assert histogram_quantile(snapshot.ttft_buckets, 0.99) == 1.0
+    assert histogram_quantile(((1.0, 0.0), (math.inf, 0.0)), 0.99) is None
+    assert histogram_quantile(((1.0, 1.0), (math.inf, 5.0)), 0.99) == 2.0  # past the last
+
+
+def test_ttft_quantile_counts_first_tokens_between_scrapes_of_every_endpoint() -> None:
+    clock = VirtualClock(1000.0)
+    readings = EngineScraper(lambda: {"p": [("h", 1), ("h", 2)]}, clock=clock)
+
+    def scrape(port: int, fast: int, slow: int) -> None:
+        buckets = ((0.5, float(fast)), (4.0, float(fast + slow)), (math.inf, float(fast + slow)))
+        readings.record("p", "h", port, EngineSnapshot(0.1, 1, 0, None, buckets))
+
+    scrape(1, 1000, 0)  # hours of history before this sidecar started: not in the window
+    assert readings.ttft_quantile_s("p", 0.99, 60, 5) is None  # one scrape: no interval
+    clock.now_s += 5
+    scrape(1, 1100, 0)
+    assert readings.ttft_quantile_s("p", 0.99, 60, 5) == 0.5
+    scrape(2, 0, 0)
+    clock.now_s += 5
+    scrape(2, 10, 5)  # the other endpoint turns slow: 5 of its 15 first tokens past 0.5 s
+    scrape(1, 1150, 0)
+    assert readings.ttft_quantile_s("p", 0.99, 60, 5) == 4.0
+    assert readings.ttft_quantile_s("p", 0.5, 60, 5) == 0.5
+    assert readings.ttft_quantile_s("p", 0.99, 60, 1000) is None  # too few in the window
+    clock.now_s += 70
+    scrape(1, 1160, 0)
+    scrape(2, 12, 5)  # the slow ones are older than the window now
+    assert readings.ttft_quantile_s("p", 0.99, 60, 5) == 0.5
+    scrape(2, 3, 0)  # restarted: counts went down, all of them are new
+    assert readings.ttft_quantile_s("p", 0.99, 60, 5) == 0.5
+    clock.now_s += 20
+    assert readings.ttft_quantile_s("p", 0.99, 60, 1) is None  # stale endpoints say nothing
+
+
+def test_the_engines_ttft_drives_the_latency_signal_against_the_loosest_objective() -> None:
+    policy = parse_policy(
+        {
+            "slos": {
+                "critical": {"default": 2000, "32k-128k": 6000},
+                "standard": {"default": 4000, "32k-128k": 12000},
+                "sheddable": {"default": 15000},
+            },
+            "routing": {"rules": [{"pool": "long", "min_context_tokens": 32769}]},
+        }
+    )
+    assert engine_objective_s(policy, "default") == 4.0  # standard's, the loosest of two
+    assert engine_objective_s(policy, "long") == 12.0
+    clock = VirtualClock()
+    windows = ResponseWindows(clock=clock, slot_s=5.0, horizon_s=300.0)
+    p99 = {"default": 6.0}
+    board = BreakerBoard(
+        lambda: policy,
+        windows,
+        kv_cache_usage=lambda pool: None,
+        gpu_memory_usage=lambda: None,
+        clock=clock,
+        engine_ttft=lambda pool, q, window_s, n: p99.get(pool),
+    )
+    assert board.signals("default").p99_over_slo == pytest.approx(1.5)  # nothing logged yet
+    assert board.signals("long").p99_over_slo is None

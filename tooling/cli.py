@@ -124,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="dynamic control refusing a full pool at once (today), against retrying clients "
         "with and without the waiting room; seeds --seed and --seed + 4",
     )
+    simulate.add_argument(
+        "--sidecars",
+        default=None,
+        metavar="SPLIT",
+        help="e.g. 0.4,0.3,0.2,0.1: one sidecar against that many sharing one KV ledger "
+        "and against them with a ledger each; seeds --seed and --seed + 4",
+    )
 
     calibrate = sub.add_parser(
         "calibrate", help="measure OpenAI-compatible endpoints; write their latency model"

@@ -84,6 +84,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     workload = load_workload(path, SIMULATION_POLICY)
     if args.waiting_room:
         return _waiting_room(args, workload, latency)
+    if args.sidecars:
+        return _sidecars(args, workload, latency)
     comparison = compare(workload, seed=args.seed, latency=latency)
     comparison["gains"] = gains(comparison)
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -140,4 +142,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from tooling.benchmarks.estimator import run as run_estimator
 
         run_estimator(args.out_dir)
+    return 0
+
+
+def _sidecars(args: argparse.Namespace, workload: Any, latency: Any) -> int:
+    from sim.scenarios import sidecars_report, sidecars_table
+
+    split = tuple(float(part) for part in args.sidecars.split(","))
+    seeds = (args.seed, args.seed + 4)
+    report = sidecars_report(workload, split, seeds, latency)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / f"sidecars-{args.workload}.json"
+    out.write_text(json.dumps(report, separators=(",", ":")) + "\n")
+    text = sidecars_table(report)
+    seeds_text = " and ".join(str(s) for s in seeds)
+    out.with_suffix(".md").write_text(
+        f"# slogate simulate --workload {args.workload} --sidecars {args.sidecars} "
+        f"(seeds {seeds_text})\n\n{text}\n"
+    )
+    print(text)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0

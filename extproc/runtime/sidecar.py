@@ -113,6 +113,7 @@ class Sidecar:
             gpu_memory_usage=self.gpu.usage,
             clock=self.clock,
             engine_queue=self.scraper.queue_ratio if self.scraper else _no_reading,
+            engine_ttft=self.scraper.ttft_quantile_s if self.scraper else _no_quantile,
         )
         self.quotas = TierMultipliers()
         self.key_quotas = KeyQuotas(breaker.controller_interval_s)
@@ -358,6 +359,10 @@ def _new_future() -> asyncio.Future[None]:
 
 def _no_reading(pool: str) -> float | None:
     return None  # engine metrics are not scraped: no signal
+
+
+def _no_quantile(pool: str, q: float, window_s: float, min_samples: int) -> float | None:
+    return None
 
 
 async def run_sidecar(
