@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
 
@@ -30,6 +31,7 @@ from admission.decision import QUEUED_HEADER, Admitted, RequestOutcome, RoutingD
 from admission.errors import Overloaded
 from admission.events import KvEvents
 from admission.waiting_room import (
+    TIER_ORDER,
     AttainedService,
     QueueFull,
     RoomBounds,
@@ -39,8 +41,10 @@ from admission.waiting_room import (
 )
 from breaker.kv_admission import (
     Freed,
+    HeadOfLine,
     KvLedger,
     PoolCapacity,
+    PoolView,
     kv_footprint,
     never_fits,
     pool_capacity,
@@ -51,6 +55,13 @@ from policy import Policy, Pool, Tier
 # How often the sidecar runs `tick` (and the simulator, on its clock): waits past their
 # deadline leave the room within this; dispatch itself runs on every event that frees room.
 ROOM_TICK_S = 0.05
+# A blocked head of line published to the fleet's ledger is forgotten this long after its
+# replica last published it (a replica that died takes its heads with it within this).
+HEAD_TTL_S = 0.25
+# How often a replica shares its tenants' attained service with the fleet's ledger: the
+# fairness order sees other replicas' service at most this late.
+SERVICE_SYNC_S = 1.0
+RANK = {tier: rank for rank, tier in enumerate(TIER_ORDER)}
 
 # The transport's hook for "this request now waits up to N seconds": the sidecar's ext_proc
 # servicer sets it per stream to extend Envoy's message timeout; elsewhere nobody listens.
@@ -85,6 +96,14 @@ class KvStep:
         # asked for meanwhile runs right after the one in progress (None: every pool).
         self._dispatching = False
         self._again: set[str | None] = set()
+        # This replica in the fleet's ledger: whose blocked heads of line others leave room
+        # for (breaker.kv_book), and the pools it has published one in.
+        self.owner = uuid.uuid4().hex[:12]
+        self._published: set[str] = set()
+        # pool -> the ledger's count of what ends gave back, when last noted for the drain
+        self._drained: dict[str, tuple[int, int, int]] = {}
+        self._service_synced_s = -math.inf
+        self.room.service.sharing = self.book.fleet_wide
 
     async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
         if not decision.meters_tokens:
@@ -108,7 +127,11 @@ class KvStep:
                 share,
                 decision.sequences,
                 decision.runs_to_limit,
+                rank=RANK[tier],
             )
+            if decision.pool not in self._drained:  # the count the drain is noted from
+                view = self.book.view(decision.pool)
+                self._drained[decision.pool] = (view.freed_tokens, view.freed_sequences, view.ends)
             if not limit:
                 self.room.service.add(decision.caller.tenant, service, now_s)
                 return Admitted(decision)
@@ -169,12 +192,24 @@ class KvStep:
         sequences: int,
         fixed: bool,
         offer: bool = False,
+        rank: int = 0,
     ) -> str:
         """Hold the footprint now if it fits: "" when held, else what is full. The one
         way a request is put in the ledger, on arrival or offered from the room (`offer`:
-        a shared ledger may answer "full" from what it read a moment ago)."""
+        a shared ledger may answer "full" from what it read a moment ago). `rank`: its
+        tier's place, for the other replicas' heads of line it must leave room for."""
         return await self.book.hold(
-            request_id, pool, spec, tokens, share, sequences, fixed, self._ttl_s, offer
+            request_id,
+            pool,
+            spec,
+            tokens,
+            share,
+            sequences,
+            fixed,
+            self._ttl_s,
+            offer,
+            self.owner,
+            rank,
         )
 
     def _service(self, decision: RoutingDecision, policy: Policy) -> float:
@@ -241,6 +276,7 @@ class KvStep:
                     entry.sequences,
                     entry.fixed,
                     offer=True,
+                    rank=RANK[entry.tier],
                 )
                 if not held and entry.request_id not in self.room:
                     # It left (gone, timed out) while the ledger answered: give it back.
@@ -272,7 +308,40 @@ class KvStep:
         pools = self.room.pools()
         if pools:
             await self.book.refresh(pools)
+            for pool in pools:
+                self._note_drain(pool)
         await self.dispatch()
+        await self._publish_heads()
+        if self.book.fleet_wide and now_s - self._service_synced_s >= SERVICE_SYNC_S:
+            await self._share_service(now_s)
+
+    async def _share_service(self, now_s: float) -> None:
+        """Fair shares across the fleet: this replica's tenants' attained service goes to
+        the shared ledger, and the fleet's comes back (one round trip a second)."""
+        self._service_synced_s = now_s
+        service = self.room.service
+        added = service.take_pending()
+        try:
+            values = await self.book.share_service(added, service.half_life_s, now_s)
+        except BaseException:
+            service.pending[:0] = added  # told next time
+            raise
+        service.adopt(values, now_s)
+
+    async def _publish_heads(self) -> None:
+        """Tell the fleet's ledger which request each pool is held for here (the room's
+        blocked head of line), or that none is any more."""
+        for pool in sorted(set(self.room.holding) | self._published):
+            head = self.room.holding.get(pool)
+            if head is None or head.request_id not in self.room:
+                if pool in self._published:
+                    await self.book.publish_head(pool, self.owner, None, HEAD_TTL_S)
+                    self._published.discard(pool)
+                continue
+            expected = PoolView(ratio=self.book.view(pool).ratio).expected(head.tokens, head.fixed)
+            published = HeadOfLine(head.request_id, RANK[head.tier], expected, head.sequences)
+            await self.book.publish_head(pool, self.owner, published, HEAD_TTL_S)
+            self._published.add(pool)
 
     def _timed_out(self, entry: Waiting, now_s: float) -> Overloaded:
         return Overloaded(
@@ -303,8 +372,21 @@ class KvStep:
 
     async def _freed(self, freed: Freed | None) -> None:
         if freed is not None:
-            self.room.note_end(freed.pool, self._clock(), freed.tokens, freed.sequences)
+            self._note_drain(freed.pool)
             await self.dispatch(freed.pool)
+
+    def _note_drain(self, pool: str) -> None:
+        """What the pool's requests gave back since last noted — the whole fleet's, with a
+        shared ledger: a replica taking a tenth of the traffic sees a tenth of the ends,
+        and would judge every blocked head's room too far away."""
+        view = self.book.view(pool)
+        now = (view.freed_tokens, view.freed_sequences, view.ends)
+        before = self._drained.get(pool)
+        self._drained[pool] = now
+        if before is not None and now[2] > before[2]:
+            self.room.note_end(
+                pool, self._clock(), now[0] - before[0], now[1] - before[1], now[2] - before[2]
+            )
 
     async def expire(self) -> list[str]:
         """Free the holds past their deadline; their ids."""

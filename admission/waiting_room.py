@@ -87,6 +87,10 @@ class AttainedService:
     def __init__(self, half_life_s: float) -> None:
         self.half_life_s = half_life_s
         self._values: dict[str, tuple[float, float]] = {}  # tenant -> (value, at_s)
+        # What was added since the fleet was last told: (tenant, amount, at_s); kept only
+        # while `sharing` (replicas share service through the fleet's ledger).
+        self.sharing = False
+        self.pending: list[tuple[str, float, float]] = []
 
     def value(self, tenant: str, now_s: float) -> float:
         held = self._values.get(tenant)
@@ -97,9 +101,21 @@ class AttainedService:
 
     def add(self, tenant: str, amount: float, now_s: float) -> None:
         self._values[tenant] = (max(0.0, self.value(tenant, now_s) + amount), now_s)
+        if self.sharing:
+            self.pending.append((tenant, amount, now_s))
         if len(self._values) > self.prune_above:
             for name in [t for t in self._values if self.value(t, now_s) < 1.0]:
                 del self._values[name]
+
+    def take_pending(self) -> list[tuple[str, float, float]]:
+        pending, self.pending = self.pending, []
+        return pending
+
+    def adopt(self, values: Mapping[str, float], now_s: float) -> None:
+        """The fleet's values now (every replica's service, shared through the ledger):
+        they replace this replica's, which they include."""
+        for tenant, value in values.items():
+            self._values[tenant] = (value, now_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,26 +145,30 @@ class Drain:
 @dataclass(slots=True)
 class _Rate:
     window_s: float = 10.0
-    ends: deque[tuple[float, int, int]] = field(default_factory=deque)  # (at, tokens, slots)
+    # (at, tokens, slots, ends): what requests' ends gave back, noted as it was seen
+    seen: deque[tuple[float, int, int, int]] = field(default_factory=deque)
     tokens: int = 0
     sequences: int = 0
+    ends: int = 0
 
-    def note(self, now_s: float, tokens: int, sequences: int) -> None:
-        self.ends.append((now_s, tokens, sequences))
+    def note(self, now_s: float, tokens: int, sequences: int, ends: int = 1) -> None:
+        self.seen.append((now_s, tokens, sequences, ends))
         self.tokens += tokens
         self.sequences += sequences
+        self.ends += ends
         self._trim(now_s)
 
     def per_s(self, now_s: float) -> Drain:
         self._trim(now_s)
         w = self.window_s
-        return Drain(len(self.ends) / w, self.tokens / w, self.sequences / w)
+        return Drain(self.ends / w, self.tokens / w, self.sequences / w)
 
     def _trim(self, now_s: float) -> None:
-        while self.ends and self.ends[0][0] < now_s - self.window_s:
-            _, tokens, sequences = self.ends.popleft()
+        while self.seen and self.seen[0][0] < now_s - self.window_s:
+            _, tokens, sequences, ends = self.seen.popleft()
             self.tokens -= tokens
             self.sequences -= sequences
+            self.ends -= ends
 
 
 class WaitingRoom:
@@ -161,6 +181,8 @@ class WaitingRoom:
         self._rates: dict[str, _Rate] = {}
         self._arrivals = 0
         self.bytes = 0
+        # pool -> the request the last dispatch pass held the pool for (nothing passed it)
+        self.holding: dict[str, Waiting] = {}
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -222,10 +244,10 @@ class WaitingRoom:
         entered = [e.entered_s for e in self._by_id.values() if e.pool == pool]
         return now_s - min(entered) if entered else 0.0
 
-    def note_end(self, pool: str, now_s: float, tokens: int, sequences: int) -> None:
-        """An admitted request of `pool` ended, giving back `tokens` and `sequences`: what
-        the drain estimates read."""
-        self._rates.setdefault(pool, _Rate()).note(now_s, tokens, sequences)
+    def note_end(self, pool: str, now_s: float, tokens: int, sequences: int, ends: int = 1) -> None:
+        """`ends` admitted requests of `pool` ended (the whole fleet's, with a shared
+        ledger), giving back `tokens` and `sequences`: what the drain estimates read."""
+        self._rates.setdefault(pool, _Rate()).note(now_s, tokens, sequences, ends)
 
     def drain(self, pool: str, now_s: float) -> Drain:
         return self._rates.get(pool, _Rate()).per_s(now_s)
@@ -258,6 +280,7 @@ class WaitingRoom:
         dispatched: list[Waiting] = []
         head: Waiting | None = None
         misses = 0
+        self.holding.pop(pool, None)
         for entry in self._in_order(pool, now_s, weights):
             if await fits(entry):
                 self.leave(entry.request_id)
@@ -270,6 +293,7 @@ class WaitingRoom:
             if head is None:
                 head = entry
                 if now_s - head.entered_s >= backfill_s and room_in_time(head):
+                    self.holding[pool] = head
                     break  # the head has waited long enough: nothing passes it any more
         return dispatched
 

@@ -32,6 +32,7 @@ sidecar, or a replica's local share while the fleet's shared ledger cannot be re
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -73,6 +74,73 @@ class Freed(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class HeadOfLine:
+    """A replica's blocked head of line in a pool: the request its waiting room holds the
+    pool for (breaker.kv_book explains why others hold it back too)."""
+
+    request_id: str
+    rank: int  # its tier's place in the room's order (0: critical)
+    expected_tokens: float  # what the engine would hold for it (its footprint x the ratio)
+    sequences: int
+    since_s: float = 0.0  # when it first became the head (the fleet's clock)
+    until_s: float = math.inf  # it is forgotten past this unless published again
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBack:
+    tokens: float = 0.0
+    sequences: int = 0
+
+
+class HeadBoard:
+    """Each replica's blocked heads of line, per pool, as the fleet's ledger keeps them
+    (kv_head.lua and kv_hold.lua in Redis). A request leaves free what the heads ahead of it
+    need: every other replica's head of a higher tier, and of its own tier when it is not a
+    head itself or when that head became one earlier (a total order: two heads never wait
+    for each other)."""
+
+    def __init__(self) -> None:
+        self._heads: dict[str, dict[str, HeadOfLine]] = {}  # pool -> owner -> head
+
+    def publish(self, pool: str, owner: str, head: HeadOfLine | None, now_s: float) -> None:
+        heads = self._heads.setdefault(pool, {})
+        if head is None:
+            heads.pop(owner, None)
+            return
+        known = heads.get(owner)
+        since_s = known.since_s if known and known.request_id == head.request_id else now_s
+        heads[owner] = dataclasses.replace(head, since_s=since_s)
+
+    def held_back(
+        self, pool: str, owner: str, request_id: str, rank: int, now_s: float
+    ) -> HeldBack:
+        heads = self._heads.get(pool, {})
+        for name in [n for n, h in heads.items() if h.until_s <= now_s]:
+            del heads[name]
+        mine = heads.get(owner)
+        if mine is not None and mine.request_id != request_id:
+            mine = None
+        tokens, sequences = 0.0, 0
+        for name, head in heads.items():
+            if name == owner:
+                continue
+            ahead = head.rank < rank or (
+                head.rank == rank and (mine is None or head.since_s < mine.since_s)
+            )
+            if ahead:
+                tokens += head.expected_tokens
+                sequences += head.sequences
+        return HeldBack(tokens, sequences)
+
+    def taken(self, pool: str, owner: str, request_id: str) -> None:
+        """The head was admitted: it holds nothing back any more."""
+        heads = self._heads.get(pool, {})
+        head = heads.get(owner)
+        if head is not None and head.request_id == request_id:
+            del heads[owner]
+
+
+@dataclass(frozen=True, slots=True)
 class PoolView:
     """A pool's committed footprint as a ledger counts it: KV tokens held, the part of them
     held by requests that run to their limit, batch slots held, and the footprint ratio."""
@@ -81,6 +149,11 @@ class PoolView:
     fixed: int = 0
     sequences: int = 0
     ratio: float = 1.0
+    # Since the ledger began: what every release gave back, and how many there were (the
+    # rate at which the pool frees room: the waiting room's drain, the whole fleet's).
+    freed_tokens: int = 0
+    freed_sequences: int = 0
+    ends: int = 0
 
     def expected(self, extra_tokens: int = 0, extra_fixed: bool = False) -> float:
         """What the engine is expected to hold (plus one more request): the discountable
@@ -90,10 +163,23 @@ class PoolView:
         return (total - fixed) * self.ratio + fixed * max(1.0, self.ratio)
 
     def over(
-        self, capacity: PoolCapacity, share: float, tokens: int, sequences: int, fixed: bool
+        self,
+        capacity: PoolCapacity,
+        share: float,
+        tokens: int,
+        sequences: int,
+        fixed: bool,
+        held_back: HeldBack | None = None,
     ) -> str:
-        """What is full for one more request of `tokens` and `sequences` ("" when it fits)."""
-        return _over(capacity, share, self.expected(tokens, fixed), self.sequences + sequences)
+        """What is full for one more request of `tokens` and `sequences` ("" when it fits),
+        leaving `held_back` free (blocked heads of line elsewhere in the fleet)."""
+        back = held_back or HeldBack()
+        return _over(
+            capacity,
+            share,
+            self.expected(tokens, fixed) + back.tokens,
+            self.sequences + sequences + back.sequences,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +204,7 @@ class KvLedger:
         self.fixed: dict[str, int] = {}
         # id -> (pool, tokens, slots, fixed, deadline): what each admitted request holds
         self._held: dict[str, tuple[str, int, int, bool, float]] = {}
+        self.freed: dict[str, tuple[int, int, int]] = {}  # pool -> (tokens, slots, ends)
         # pool -> what the engine really holds per counted token (1.0: the upper bound).
         self.ratio: dict[str, float] = {}
         self._recent: dict[str, deque[float]] = {}  # pool -> the last `sustain` readings
@@ -170,6 +257,7 @@ class KvLedger:
             self.fixed.get(pool, 0),
             self.requests.get(pool, 0),
             self.ratio.get(pool, 1.0),
+            *self.freed.get(pool, (0, 0, 0)),
         )
 
     def expected(self, pool: str, extra_tokens: int = 0, extra_fixed: bool = False) -> float:
@@ -186,16 +274,17 @@ class KvLedger:
         sequences: int = 1,
         fixed: bool = False,
         deadline_s: float = math.inf,
+        held_back: HeldBack | None = None,
     ) -> KvVerdict:
         """Hold `tokens` and `sequences` batch slots of `pool` for the request if the tier's
-        share of both leaves room. `fixed`: the request runs to its limit, so its footprint
-        is never discounted by a ratio below 1. `deadline_s`: when `expire` frees it if
-        nothing released it before (the request's end was never seen)."""
+        share of both leaves room (and `held_back` free). `fixed`: the request runs to its
+        limit, so its footprint is never discounted by a ratio below 1. `deadline_s`: when
+        `expire` frees it if nothing released it before (its end was never seen)."""
         current = self.in_flight.get(pool, 0)
         running = self.requests.get(pool, 0)
         if request_id in self._held:  # asked again (a retry): the same hold, not a second
             return KvVerdict(True, "", current, running)
-        full = self.view(pool).over(capacity, share, tokens, sequences, fixed)
+        full = self.view(pool).over(capacity, share, tokens, sequences, fixed, held_back)
         if full:
             return KvVerdict(False, full, current, running)
         self.in_flight[pool] = current + tokens
@@ -215,6 +304,8 @@ class KvLedger:
         self.requests[pool] -= sequences
         if fixed:
             self.fixed[pool] -= tokens
+        freed_tokens, freed_sequences, ends = self.freed.get(pool, (0, 0, 0))
+        self.freed[pool] = (freed_tokens + tokens, freed_sequences + sequences, ends + 1)
         return Freed(pool, tokens, sequences)
 
     def never_fits(

@@ -16,16 +16,33 @@ capacity / (live replicas), the count taken from the replicas' heartbeats (the p
 capacity. When it answers again, the holds made locally are handed to it (adopted, without
 a capacity check: they run already) and every hold whose release or hold may have been
 lost is released there, so the fleet's count is whole again and nothing is counted twice.
+
+Each replica has its own waiting room, and a room holds its pool for a large request that
+has waited past `backfill_s` (admission.waiting_room): nothing of its replica passes it.
+Other replicas would pass it, filling the room its pool frees with smaller requests, so the
+large one never fits. So a replica publishes its blocked head of line per pool (every room
+tick, forgotten 0.25 s after the last), and every other replica's admissions leave free
+what the heads ahead of them need (breaker.kv_admission.HeadBoard: the order between heads
+is their tier, then since when each has been a head).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple, Protocol
 
-from breaker.kv_admission import Freed, KvLedger, PoolCapacity, PoolView, pool_capacity
+from breaker.kv_admission import (
+    Freed,
+    HeadBoard,
+    HeadOfLine,
+    KvLedger,
+    PoolCapacity,
+    PoolView,
+    pool_capacity,
+)
 from policy import Pool
 
 log = logging.getLogger("slogate.kv")
@@ -66,11 +83,34 @@ class KvBook(Protocol):
         fixed: bool,
         ttl_s: float,
         trust_view: bool = False,
+        owner: str = "",
+        rank: int = 0,
     ) -> str:
         """Hold the footprint if the tier's share leaves room: "" when held, else what is
         full ("kv_cache", "sequences"). The hold is freed by `release`, or at `ttl_s`.
         `trust_view`: a shared book may refuse from the footprint it read a moment ago,
-        without asking (the waiting room's offers: it asks again at its next tick)."""
+        without asking (the waiting room's offers: it asks again at its next tick).
+        `owner`, `rank`: the asking replica and the request's tier rank, to leave free what
+        other replicas' blocked heads of line ahead of it need (no owner: nothing)."""
+        ...
+
+    async def publish_head(
+        self, pool: str, owner: str, head: HeadOfLine | None, ttl_s: float
+    ) -> None:
+        """`owner`'s blocked head of line in `pool` for the next `ttl_s` (None: none)."""
+        ...
+
+    @property
+    def fleet_wide(self) -> bool:
+        """Whether other replicas share this book (their heads, their tenants' service)."""
+        ...
+
+    async def share_service(
+        self, added: list[tuple[str, float, float]], half_life_s: float, now_s: float
+    ) -> dict[str, float]:
+        """Add this replica's attained service since the last call — (tenant, amount, at
+        on the caller's clock `now_s` runs on) — to the fleet's, and return the fleet's
+        value of every tenant with any, decayed to now."""
         ...
 
     async def release(self, request_id: str) -> Freed | None:
@@ -115,12 +155,16 @@ class LocalBook:
         replicas: Callable[[], int] = lambda: 1,
         ledger: KvLedger | None = None,
         ratio_gap_s: float = 0.0,
+        shared: bool = False,
     ) -> None:
         self._clock = clock
+        self._shared = shared
+        self._service: dict[str, tuple[float, float]] = {}  # tenant -> (value, at)
         self._replicas = replicas
         self.ledger = ledger or KvLedger()
         self._ratio_gap_s = ratio_gap_s
         self._observed_s = -math.inf
+        self.heads = HeadBoard()
 
     def capacity(self, spec: Pool) -> PoolCapacity | None:
         return pool_capacity(spec, max(1, self._replicas()))
@@ -139,13 +183,48 @@ class LocalBook:
         fixed: bool,
         ttl_s: float,
         trust_view: bool = False,
+        owner: str = "",
+        rank: int = 0,
     ) -> str:
         capacity = self.capacity(spec) or PoolCapacity(None, None)
-        deadline_s = self._clock() + ttl_s
+        now_s = self._clock()
+        held_back = self.heads.held_back(pool, owner, request_id, rank, now_s) if owner else None
         verdict = self.ledger.admit(
-            request_id, pool, tokens, capacity, share, sequences, fixed, deadline_s
+            request_id, pool, tokens, capacity, share, sequences, fixed, now_s + ttl_s, held_back
         )
+        if verdict.admitted and owner:
+            self.heads.taken(pool, owner, request_id)
         return verdict.limit
+
+    async def publish_head(
+        self, pool: str, owner: str, head: HeadOfLine | None, ttl_s: float
+    ) -> None:
+        now_s = self._clock()
+        if head is not None:
+            head = dataclasses.replace(head, until_s=now_s + ttl_s)
+        self.heads.publish(pool, owner, head, now_s)
+
+    @property
+    def fleet_wide(self) -> bool:
+        return self._shared
+
+    async def share_service(
+        self, added: list[tuple[str, float, float]], half_life_s: float, now_s: float
+    ) -> dict[str, float]:
+        mine = self._clock()
+        for tenant, amount, at_s in added:
+            at_s = mine - (now_s - at_s)  # on this book's clock
+            value, since_s = self._service.get(tenant, (0.0, at_s))
+            decayed = value * 0.5 ** (max(0.0, at_s - since_s) / half_life_s)
+            self._service[tenant] = (max(0.0, decayed + amount), max(at_s, since_s))
+        values = {}
+        for tenant, (value, since_s) in list(self._service.items()):
+            now_value = value * 0.5 ** (max(0.0, mine - since_s) / half_life_s)
+            if now_value < 1.0:
+                del self._service[tenant]  # decayed to nothing
+            else:
+                values[tenant] = now_value
+        return values
 
     async def release(self, request_id: str) -> Freed | None:
         return self.ledger.release(request_id)
@@ -261,13 +340,25 @@ class FailoverBook:
         fixed: bool,
         ttl_s: float,
         trust_view: bool = False,
+        owner: str = "",
+        rank: int = 0,
     ) -> str:
         if self._try_shared():
             try:
                 if not self.healthy:
                     await self._recovered()
                 limit = await self._shared.hold(
-                    request_id, pool, spec, tokens, share, sequences, fixed, ttl_s, trust_view
+                    request_id,
+                    pool,
+                    spec,
+                    tokens,
+                    share,
+                    sequences,
+                    fixed,
+                    ttl_s,
+                    trust_view,
+                    owner,
+                    rank,
                 )
             except LedgerUnavailable as error:
                 self._unsettled[request_id] = pool
@@ -275,11 +366,35 @@ class FailoverBook:
             else:
                 self._note(True)
                 return limit
+        # On a local share: this replica alone, nobody else's heads to leave room for.
         limit = await self._local.hold(
             request_id, pool, spec, tokens, share, sequences, fixed, ttl_s
         )
         self._note(False)
         return limit
+
+    async def publish_head(
+        self, pool: str, owner: str, head: HeadOfLine | None, ttl_s: float
+    ) -> None:
+        if self.healthy:
+            try:
+                await self._shared.publish_head(pool, owner, head, ttl_s)
+            except LedgerUnavailable as error:
+                self._failed(error)
+
+    @property
+    def fleet_wide(self) -> bool:
+        return True
+
+    async def share_service(
+        self, added: list[tuple[str, float, float]], half_life_s: float, now_s: float
+    ) -> dict[str, float]:
+        if self.healthy:
+            try:
+                return await self._shared.share_service(added, half_life_s, now_s)
+            except LedgerUnavailable as error:
+                self._failed(error)
+        return {}  # alone: this replica's own values stand
 
     def _note(self, shared: bool) -> None:
         if self._on_decision is not None:

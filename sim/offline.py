@@ -154,7 +154,11 @@ class OfflineFleet:
         self.sidecar_split = [w / sum(sidecar_split) for w in sidecar_split]
         store = InProcessStore(self.clock) if budgets else None
         book = (
-            LocalBook(self.clock, ratio_gap_s=policy.breaker.controller_interval_s * 0.8)
+            LocalBook(
+                self.clock,
+                ratio_gap_s=policy.breaker.controller_interval_s * 0.8,
+                shared=len(sidecar_split) > 1,
+            )
             if shared_ledger
             else None
         )

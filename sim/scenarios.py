@@ -571,6 +571,9 @@ def sidecars_table(report: dict[str, Any]) -> str:
                     f"{tier} refused for capacity",
                     lambda r, t=tier: r[_ROOM]["tiers"][t]["refused_for_capacity"],
                 ),
+                row(
+                    f"{tier} Jain's index", lambda r, t=tier: r[_ROOM]["tiers"][t]["jain_fairness"]
+                ),
             ]
         lines.append("")
     return "\n".join(lines)

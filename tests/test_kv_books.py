@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from breaker.kv_admission import HeadOfLine
 from breaker.kv_book import FailoverBook, KvBook, LedgerUnavailable, LocalBook
 from budget.redis_store import connect
 from extproc.runtime.fleet_ledger import FleetMembers, RedisBook
@@ -109,7 +110,10 @@ async def hold(
     fixed = bool(kw.get("fixed", False))
     ttl_s = float(kw.get("ttl_s", 600.0))  # type: ignore[arg-type]
     trust = bool(kw.get("trust_view", False))
-    return await book.hold(rid, spec.name, spec, tokens, share, sequences, fixed, ttl_s, trust)
+    owner, rank = str(kw.get("owner", "")), int(kw.get("rank", 0))  # type: ignore[call-overload]
+    return await book.hold(
+        rid, spec.name, spec, tokens, share, sequences, fixed, ttl_s, trust, owner, rank
+    )
 
 
 async def test_each_tier_fills_the_pool_up_to_its_share(fleet: Fleet) -> None:
@@ -187,12 +191,8 @@ async def test_the_same_sequences_as_this_process_ledger(
             want_ids = sorted(r for r, _ in await reference.expire([spec.name]))
             assert got_ids == want_ids, step
             held = [r for r in held if r not in want_ids]
-        got_view, want_view = book.view(spec.name), reference.view(spec.name)
-        assert (got_view.tokens, got_view.fixed, got_view.sequences) == (
-            want_view.tokens,
-            want_view.fixed,
-            want_view.sequences,
-        ), step
+        got, want = book.view(spec.name), reference.view(spec.name)
+        assert dataclasses.replace(got, ratio=1.0) == dataclasses.replace(want, ratio=1.0), step
 
 
 async def test_replicas_admit_against_the_whole_pool(shared: Fleet) -> None:
@@ -255,6 +255,37 @@ async def test_the_ratio_is_the_fleets_and_steps_down_once_per_interval(
         await books[1].observe(pools, lambda _: 0.9)
     await books[2].refresh([spec.name])
     assert books[2].view(spec.name).ratio == pytest.approx(0.9 * 10_000 / 8000)
+
+
+async def test_other_replicas_leave_room_for_a_blocked_head_of_line(
+    fleet: Fleet, clock: VirtualClock
+) -> None:
+    """Replica a's room holds its pool for a large standard request: replica b's standard
+    requests leave it room, its critical ones do not; of two heads of one tier, the later
+    one leaves room for the earlier, never the other way round; an admitted head, or one
+    not published again within its ttl, holds nothing back."""
+    a, b, spec = fleet.replica(), fleet.replica(), pool(kv=10_000)
+    assert await hold(a, "running", spec, 3000) == ""
+    head = HeadOfLine("big", rank=1, expected_tokens=6000.0, sequences=1)
+    await a.publish_head(spec.name, "a", head, ttl_s=10)
+    assert await hold(b, "s1", spec, 2000, owner="b", rank=1) == "kv_cache"  # 3000+2000+6000
+    assert await hold(b, "c1", spec, 2000, owner="b", rank=0) == ""  # critical: not behind it
+    clock.advance(1)
+    later = HeadOfLine("b-big", rank=1, expected_tokens=4000.0, sequences=1)
+    await b.publish_head(spec.name, "b", later, ttl_s=10)
+    assert await hold(b, "b-big", spec, 4000, owner="b", rank=1) == "kv_cache"  # a's is older
+    assert await hold(a, "big", spec, 5000, owner="a", rank=1) == ""  # b's is younger: no room
+    assert await hold(b, "b-big", spec, 4000, owner="b", rank=1) == "kv_cache"  # just full
+    await b.release("c1")
+    await a.release("running")
+    assert await hold(b, "b-big", spec, 4000, owner="b", rank=1) == ""  # a's was taken
+    await a.publish_head(spec.name, "a", HeadOfLine("huge", 2, 9000.0, 1), ttl_s=0.25)
+    assert await hold(b, "s2", spec, 500, owner="b", rank=2) == "kv_cache"
+    clock.advance(0.3)
+    assert await hold(b, "s2", spec, 500, owner="b", rank=2) == ""  # a went quiet
+    await a.publish_head(spec.name, "a", HeadOfLine("huge", 2, 9000.0, 1), ttl_s=10)
+    await a.publish_head(spec.name, "a", None, ttl_s=10)  # no head any more
+    assert await hold(b, "s3", spec, 100, owner="b", rank=2) == ""
 
 
 # -- the failover: a Redis that dies and comes back -------------------------------------
@@ -366,3 +397,29 @@ async def test_a_failing_shared_book_is_never_asked_again_before_the_retry() -> 
     clock.advance(1.5)
     await hold(book, "c", spec, 10)  # retried: still down (the unsettled "a" first)
     assert Down.calls == 1 and not book.healthy and book.holds == 2
+
+
+async def test_tenants_attained_service_is_the_fleets(shared: Fleet, clock: VirtualClock) -> None:
+    """Two replicas each see what the other's tenants attained (decaying with the
+    half-life, from when it was attained), so fair shares hold across the fleet."""
+    a, b = shared.replica(), shared.replica()
+    tenant = f"t{uuid.uuid4().hex[:6]}"
+    now = clock()
+    seen = await a.share_service([(tenant, 1000.0, now - 60.0)], 60.0, now)
+    assert seen[tenant] == pytest.approx(500.0)  # attained a half-life ago
+    seen = await b.share_service([(tenant, 500.0, now)], 60.0, now)
+    assert seen[tenant] == pytest.approx(1000.0)
+    clock.advance(60)
+    assert (await a.share_service([], 60.0, clock()))[tenant] == pytest.approx(500.0)
+    clock.advance(600)
+    assert tenant not in await a.share_service([], 60.0, clock())  # decayed to nothing
+
+
+async def test_this_process_book_shares_service_as_redis_does(clock: VirtualClock) -> None:
+    book = LocalBook(clock, shared=True)
+    now = clock()
+    assert (await book.share_service([("t", 1000.0, now - 60.0)], 60.0, now))["t"] == (
+        pytest.approx(500.0)
+    )
+    assert (await book.share_service([("t", 500.0, now)], 60.0, now))["t"] == pytest.approx(1000.0)
+    assert book.fleet_wide and not LocalBook(clock).fleet_wide

@@ -53,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="never load the real tokenizer; decide on the fast estimate alone",
     )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="sidecar processes sharing the gRPC port (SO_REUSEPORT); > 1 needs the Redis "
+        "store. One /metrics (merged), one admin API (worker 0's)",
+    )
+    serve.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # set by --workers
 
     config = sub.add_parser("envoy-config", help="write the Envoy bootstrap for a policy")
     _policy_arg(config)
@@ -165,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     estimator = bench_sub.add_parser("estimator", help="token estimate accuracy and speed")
     estimator.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    workers = bench_sub.add_parser("workers", help="serve --workers 1 vs 2 throughput")
+    workers.add_argument("--duration-s", type=float, default=10.0)
+    workers.add_argument("--rounds", type=int, default=3)
+    workers.add_argument("--profile", default="field_mix")
+    workers.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     decisions = bench_sub.add_parser("decisions", help="budget decision cost per store")
     decisions.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     decisions.add_argument("--calls", type=int, default=5000)
@@ -173,7 +186,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from extproc.runtime.sidecar import run_sidecar
+    from extproc.runtime.workers import WorkerSlot
 
+    admin = None if args.admin_address == "none" else args.admin_address
+    if args.workers < 1:
+        print("slogate serve: --workers must be 1 or more", file=sys.stderr)
+        return 2
+    if args.workers > 1:
+        if load_policy(args.policy).budget.store is BudgetStoreKind.MEMORY:
+            print(
+                "slogate serve: --workers > 1 needs budget.store: redis — with the in-process "
+                "store each worker would keep its own budgets and KV ledger, and the limits "
+                "would be multiplied by the workers",
+                file=sys.stderr,
+            )
+            return 2
+        from tooling.serve_workers import run_workers
+
+        return run_workers(
+            args.workers,
+            args.policy,
+            args.host,
+            args.grpc_port,
+            args.metrics_port,
+            args.metrics_host,
+            admin,
+            not args.no_exact_tokenizer,
+        )
+    slot = None
+    if args.worker:
+        index, count, base, directory = args.worker.split(",", 3)
+        slot = WorkerSlot(int(index), int(count), base, Path(directory))
     asyncio.run(
         run_sidecar(
             args.policy,
@@ -182,7 +225,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             args.metrics_port,
             not args.no_exact_tokenizer,
             args.metrics_host,
-            None if args.admin_address == "none" else args.admin_address,
+            admin,
+            worker=slot,
         )
     )
     return 0

@@ -134,6 +134,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from tooling.benchmarks.decision_cost import run as run_decision_cost
 
         run_decision_cost(args.out_dir, args.seconds)
+    elif args.bench == "workers":
+        from tooling.benchmarks.workers import run as run_workers
+
+        run_workers(args.out_dir, args.duration_s, args.rounds, args.profile)
     elif args.bench == "decisions":
         from tooling.benchmarks.decisions import run as run_decisions
 

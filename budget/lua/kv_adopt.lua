@@ -2,7 +2,7 @@
 -- without a capacity check (they run already): the fleet's count is whole again.
 -- (kv_common.lua comes first.)
 -- ARGV: now_s (< 0: Redis server time), then per hold: id, tokens, sequences, fixed, ttl_s.
--- Reply: {n adopted, tokens, fixed, sequences, ratio}.
+-- Reply: {n adopted, tokens, fixed, sequences, ratio, freed tokens, freed sequences, ends}.
 
 local now = clock(ARGV[1])
 local t = totals()

@@ -16,17 +16,22 @@ end
 local function num(x) return string.format('%.17g', x) end
 
 local function totals()
-  local t = redis.call('HMGET', KEYS[1], 'tokens', 'fixed', 'sequences', 'ratio')
+  local t = redis.call('HMGET', KEYS[1], 'tokens', 'fixed', 'sequences', 'ratio',
+    'freed_tokens', 'freed_sequences', 'ends')
   return {
     tokens = tonumber(t[1]) or 0,
     fixed = tonumber(t[2]) or 0,
     sequences = tonumber(t[3]) or 0,
     ratio = tonumber(t[4]) or 1.0,
+    freed_tokens = tonumber(t[5]) or 0,
+    freed_sequences = tonumber(t[6]) or 0,
+    ends = tonumber(t[7]) or 0,
   }
 end
 
 local function save(t)
-  redis.call('HSET', KEYS[1], 'tokens', t.tokens, 'fixed', t.fixed, 'sequences', t.sequences)
+  redis.call('HSET', KEYS[1], 'tokens', t.tokens, 'fixed', t.fixed, 'sequences', t.sequences,
+    'freed_tokens', t.freed_tokens, 'freed_sequences', t.freed_sequences, 'ends', t.ends)
 end
 
 -- Take one hold out of the totals (never below zero: a count must not go negative even if
@@ -39,6 +44,10 @@ local function drop(t, id)
   t.tokens = math.max(0, t.tokens - tokens)
   t.sequences = math.max(0, t.sequences - sequences)
   if fixed == '1' then t.fixed = math.max(0, t.fixed - tokens) end
+  -- what the fleet's ends give back, counted for every replica's drain estimate
+  t.freed_tokens = t.freed_tokens + tokens
+  t.freed_sequences = t.freed_sequences + sequences
+  t.ends = t.ends + 1
   redis.call('HDEL', KEYS[2], id)
   redis.call('ZREM', KEYS[3], id)
   return true
@@ -62,5 +71,6 @@ local function expire_late(t, now, limit)
 end
 
 local function reply(t, first)
-  return {first, t.tokens, t.fixed, t.sequences, num(t.ratio)}
+  return {first, t.tokens, t.fixed, t.sequences, num(t.ratio), t.freed_tokens,
+    t.freed_sequences, t.ends}
 end

@@ -1,6 +1,6 @@
 -- slogate KV ledger: free every hold past its deadline. (kv_common.lua comes first.)
 -- ARGV: now_s (< 0: Redis server time), limit. Reply: {n, tokens, fixed, sequences, ratio,
--- id1, ..., idn}: the ids freed (any replica's).
+-- freed tokens, freed sequences, ends, id1, ..., idn}: the ids freed (any replica's).
 
 local now = clock(ARGV[1])
 local t = totals()

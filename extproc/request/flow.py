@@ -103,8 +103,11 @@ class Decider:
         self.corrections = corrections or PromptCorrections()
         self.admission: Admission = admission or AdmitAll()
         # Decisions wait here for their access-log entry; expired after the upstream timeout.
-        self.inflight: InFlight[RoutingDecision] = inflight or InFlight(
-            time.monotonic, policy().upstream_timeout_s + 60.0
+        # (`is None`, not `or`: an empty InFlight is falsy, and the one given was dropped.)
+        self.inflight: InFlight[RoutingDecision] = (
+            inflight
+            if inflight is not None
+            else InFlight(time.monotonic, policy().upstream_timeout_s + 60.0)
         )
 
     def new_flow(self) -> RequestFlow:

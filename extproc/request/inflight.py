@@ -19,15 +19,16 @@ T = TypeVar("T")
 
 
 class InFlight(Generic[T]):
-    def __init__(self, clock: Callable[[], float], ttl_s: float) -> None:
+    def __init__(self, clock: Callable[[], float], ttl_s: float, prefix: str | None = None) -> None:
         if ttl_s <= 0:
             raise ValueError("ttl_s must be > 0")
         self._clock = clock
         self._ttl_s = ttl_s
         # Insertion order is admission order, so the oldest entries are always at the front.
         self._entries: OrderedDict[str, tuple[float, T]] = OrderedDict()
-        # A per-process prefix keeps ids unique across replicas that share a budget store.
-        self._prefix = os.urandom(4).hex()
+        # A per-process prefix keeps ids unique across replicas that share a budget store
+        # (a worker's also says which worker decided: extproc.runtime.workers).
+        self._prefix = prefix or os.urandom(4).hex()
         self._counter = itertools.count(1)
 
     def __len__(self) -> int:

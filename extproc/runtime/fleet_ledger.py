@@ -26,29 +26,57 @@ script may touch one slot), and a request may wait for KV room between the two.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from breaker.kv_admission import Freed, KvLedger, PoolCapacity, PoolView, pool_capacity
+from breaker.kv_admission import (
+    Freed,
+    HeadOfLine,
+    KvLedger,
+    PoolCapacity,
+    PoolView,
+    pool_capacity,
+)
 from breaker.kv_book import Hold, LedgerUnavailable
 from budget.redis_scripts import Scripts, script
 from budget.store import BudgetStoreError
 from policy import Pool
 
-_SCRIPTS = ("kv_hold.lua", "kv_release.lua", "kv_expire.lua", "kv_adopt.lua", "kv_ratio.lua")
+_SCRIPTS = (
+    "kv_hold.lua",
+    "kv_release.lua",
+    "kv_expire.lua",
+    "kv_adopt.lua",
+    "kv_ratio.lua",
+    "kv_head.lua",
+    "kv_service.lua",
+)
 
 
 def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
-def _view(reply: list[Any]) -> PoolView:
-    """The totals at the end of a kv_*.lua reply: tokens, fixed, sequences, ratio."""
-    tokens, fixed, sequences, ratio = reply[1:5]
-    return PoolView(int(tokens), int(fixed), int(sequences), float(_text(ratio)))
+_TOTALS = ("tokens", "fixed", "sequences", "ratio", "freed_tokens", "freed_sequences", "ends")
+
+
+def _view(values: list[Any]) -> PoolView:
+    """The pool's totals, in _TOTALS order (a kv_*.lua reply's, or an HMGET's)."""
+    text = [None if v is None else _text(v) for v in values]
+    counts = [int(float(v or 0)) for v in text]
+    return PoolView(
+        counts[0],
+        counts[1],
+        counts[2],
+        float(text[3] or 1.0),
+        counts[4],
+        counts[5],
+        counts[6],
+    )
 
 
 class RedisBook:
@@ -83,7 +111,8 @@ class RedisBook:
         self._learner = KvLedger()  # the ratio arithmetic, fed the fleet's counts
 
     def _keys(self, pool: str) -> list[str]:
-        return [f"{self._prefix}:kv:{{{pool}}}:{part}" for part in ("totals", "holds", "due")]
+        parts = ("totals", "holds", "due", "heads")
+        return [f"{self._prefix}:kv:{{{pool}}}:{part}" for part in parts]
 
     def _now_arg(self) -> str:
         return repr(self._clock()) if self._clock is not None else "-1"
@@ -93,7 +122,7 @@ class RedisBook:
             reply = await self._scripts.run(name, self._keys(pool), args)
         except BudgetStoreError as error:
             raise LedgerUnavailable(str(error)) from error
-        self._views[pool] = (_view(reply), self._local_clock())
+        self._views[pool] = (_view(reply[1:8]), self._local_clock())
         return list(reply)
 
     def capacity(self, spec: Pool) -> PoolCapacity | None:
@@ -114,6 +143,8 @@ class RedisBook:
         fixed: bool,
         ttl_s: float,
         trust_view: bool = False,
+        owner: str = "",
+        rank: int = 0,
     ) -> str:
         capacity = self.capacity(spec) or PoolCapacity(None, None)
         known = self._views.get(pool) if trust_view else None
@@ -134,12 +165,53 @@ class RedisBook:
                 -1 if capacity.kv_tokens is None else repr(float(capacity.kv_tokens)),
                 -1 if capacity.sequences is None else repr(float(capacity.sequences)),
                 repr(float(share)),
+                owner,
+                rank,
             ],
         )
         limit = _text(reply[0])
         if not limit:
             self._note(request_id, Freed(pool, tokens, sequences))
         return limit
+
+    async def publish_head(
+        self, pool: str, owner: str, head: HeadOfLine | None, ttl_s: float
+    ) -> None:
+        if head is None:
+            args: list[Any] = [self._now_arg(), owner, "", 0, 0, 0, 0]
+        else:
+            args = [
+                self._now_arg(),
+                owner,
+                head.request_id,
+                head.rank,
+                repr(float(head.expected_tokens)),
+                head.sequences,
+                repr(float(ttl_s)),
+            ]
+        try:
+            await self._scripts.run("kv_head.lua", self._keys(pool), args)
+        except BudgetStoreError as error:
+            raise LedgerUnavailable(str(error)) from error
+
+    @property
+    def fleet_wide(self) -> bool:
+        return True
+
+    async def share_service(
+        self, added: list[tuple[str, float, float]], half_life_s: float, now_s: float
+    ) -> dict[str, float]:
+        """One hash for the fleet (`slogate:{fleet}:service`): tenant -> decaying value."""
+        args: list[Any] = [self._now_arg(), repr(float(half_life_s))]
+        for tenant, amount, at_s in added:
+            args += [tenant, repr(float(amount)), repr(max(0.0, now_s - at_s))]
+        try:
+            raw = await self._scripts.run(
+                "kv_service.lua", [f"{self._prefix}:{{fleet}}:service"], args
+            )
+        except BudgetStoreError as error:
+            raise LedgerUnavailable(str(error)) from error
+        return {_text(raw[i]): float(_text(raw[i + 1])) for i in range(0, len(raw), 2)}
 
     def _note(self, request_id: str, held: Freed) -> None:
         self._mine[request_id] = held
@@ -169,7 +241,7 @@ class RedisBook:
         expired: list[tuple[str, Freed]] = []
         for pool in pools:
             reply = await self._run("kv_expire.lua", pool, [self._now_arg(), 1000])
-            for raw in reply[5:]:
+            for raw in reply[8:]:
                 freed = self.forget(_text(raw))
                 if freed is not None:
                     expired.append((_text(raw), freed))
@@ -177,19 +249,9 @@ class RedisBook:
 
     async def refresh(self, pools: Iterable[str]) -> None:
         for pool in pools:
-            totals, _, _ = self._keys(pool)
-            raw = await self._command(
-                "refresh",
-                self._scripts.client.hmget(totals, "tokens", "fixed", "sequences", "ratio"),
-            )
-            values = [None if v is None else _text(v) for v in raw]
-            view = PoolView(
-                int(values[0] or 0),
-                int(values[1] or 0),
-                int(values[2] or 0),
-                float(values[3] or 1.0),
-            )
-            self._views[pool] = (view, self._local_clock())
+            totals = self._keys(pool)[0]
+            raw = await self._command("refresh", self._scripts.client.hmget(totals, *_TOTALS))
+            self._views[pool] = (_view(list(raw)), self._local_clock())
 
     async def _command(self, what: str, call: Any) -> Any:
         try:
@@ -220,14 +282,14 @@ class RedisBook:
                 stored = await self._ratio(name, learned)
                 learner.ratio[name] = stored
                 self._views[name] = (
-                    PoolView(view.tokens, view.fixed, view.sequences, stored),
+                    dataclasses.replace(view, ratio=stored),
                     self._local_clock(),
                 )
             observed.append(name)
         return observed
 
     async def _ratio(self, pool: str, ratio: float) -> float:
-        totals, _, _ = self._keys(pool)
+        totals = self._keys(pool)[0]
         try:
             raw = await self._scripts.run(
                 "kv_ratio.lua", [totals], [self._now_arg(), repr(ratio), self._ratio_gap_s]

@@ -45,6 +45,7 @@ from extproc.runtime.gpu import GpuMemory
 from extproc.runtime.loops import BreakerLoop, QuotaLoop
 from extproc.runtime.policy_holder import PolicyHolder
 from extproc.runtime.stores import build_stores
+from extproc.runtime.workers import Siblings, WorkerSlot
 from extproc.service.access_log import AccessLogService, OutcomeRecorder
 from extproc.service.admin import AdminService
 from extproc.service.decision_log import DecisionLog
@@ -80,7 +81,12 @@ class Sidecar:
         admin_address: str | None = "127.0.0.1:50052",
         clock: Callable[[], float] | None = None,
         rng: random.Random | None = None,
+        worker: WorkerSlot | None = None,
     ) -> None:
+        """`worker`: this process is one of `slogate serve --workers N`
+        (extproc.runtime.workers)."""
+        self.worker = worker
+        self.siblings = Siblings(worker) if worker is not None else None
         # Injected for tests that run this object graph on a virtual clock beside the
         # simulator's (tests/test_sim_matches_sidecar.py); a process uses the real ones.
         self.clock = clock or time.monotonic
@@ -150,7 +156,7 @@ class Sidecar:
             counter=self.counter,
             corrections=self.corrections,
             admission=self.admission.chain,
-            inflight=InFlight(self.clock, ttl_s),
+            inflight=InFlight(self.clock, ttl_s, worker.prefix if worker else None),
         )
         self.decision_log = (
             DecisionLog(
@@ -192,6 +198,7 @@ class Sidecar:
             room=self.admission.kv.room,
             clock=self.clock,
             on_drill=self.breaker_loop.export,
+            siblings=self.siblings,
         )
         self.breaker_loop.on_transition = self.admin.note_transition
         self._host = host
@@ -203,6 +210,7 @@ class Sidecar:
         self._watch_interval_s = watch_interval_s
         self._server: grpc.aio.Server | None = None
         self._admin_server: grpc.aio.Server | None = None
+        self._private_server: grpc.aio.Server | None = None
         self._metrics_server: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._health = health.aio.HealthServicer()
@@ -224,8 +232,9 @@ class Sidecar:
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 5000),
             ("grpc.http2.max_ping_strikes", 0),
-            # Two sidecars on one port must fail loudly, not silently share traffic.
-            ("grpc.so_reuseport", 0),
+            # Two sidecars on one port must fail loudly, not silently share traffic — unless
+            # they are the workers of one `serve --workers N`, which share it on purpose.
+            ("grpc.so_reuseport", 1 if self.worker is not None else 0),
         ]
 
     async def start(self) -> SidecarAddress:
@@ -246,7 +255,9 @@ class Sidecar:
             ),
             server,
         )
-        als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogService(self.recorder), server)
+        als_pb2_grpc.add_AccessLogServiceServicer_to_server(
+            AccessLogService(self.recorder, self.siblings), server
+        )
         # grpc.health.v1 for Kubernetes probes: SERVING once started, NOT_SERVING on stop.
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         port = server.add_insecure_port(f"{self._host}:{self._grpc_port}")
@@ -263,6 +274,8 @@ class Sidecar:
             self._metrics_server = httpd
             metrics_port = int(httpd.server_port)
         admin = await self._start_admin()
+        if self.worker is not None:
+            await self._start_private(self.worker)
         self._tasks = [
             asyncio.create_task(self._housekeeping()),
             asyncio.create_task(self._every(lambda: ROOM_TICK_S, self.admission.kv.tick)),
@@ -278,6 +291,16 @@ class Sidecar:
                 asyncio.create_task(self._every(lambda: members.interval_s, self._heartbeat))
             )
         return SidecarAddress(self._host, port, metrics_port, admin)
+
+    async def _start_private(self, worker: WorkerSlot) -> None:
+        """A worker's own Unix socket: the entries its siblings received for its requests,
+        and the drills and reloads worker 0's admin API passes on."""
+        server = grpc.aio.server(options=self._grpc_options())
+        als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogService(self.recorder), server)
+        admin_pb2_grpc.add_AdminServicer_to_server(self.admin.alone(), server)
+        server.add_insecure_port(worker.socket(worker.index))
+        await server.start()
+        self._private_server = server
 
     async def _start_admin(self) -> str | None:
         """The admin API on its own server: loopback or a Unix socket, never the pod IP."""
@@ -342,6 +365,10 @@ class Sidecar:
             await self._server.stop(grace_s)
         if self._admin_server is not None:
             await self._admin_server.stop(1.0)
+        if self._private_server is not None:
+            await self._private_server.stop(1.0)
+        if self.siblings is not None:
+            await self.siblings.close()
         if self.stores.members is not None:
             await self.stores.members.leave()  # the others' local shares grow at once
         await self.store.close()
@@ -373,6 +400,7 @@ async def run_sidecar(
     exact: bool = True,
     metrics_host: str | None = None,
     admin_address: str | None = "127.0.0.1:50052",
+    worker: WorkerSlot | None = None,
 ) -> None:
     """`slogate serve`: run until SIGINT/SIGTERM; SIGHUP reloads the policy."""
     sidecar = Sidecar(
@@ -383,6 +411,7 @@ async def run_sidecar(
         exact_tokenizer=exact,
         metrics_host=metrics_host,
         admin_address=admin_address,
+        worker=worker,
     )
     address = await sidecar.start()
     loop = asyncio.get_running_loop()

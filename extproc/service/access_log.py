@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Protocol
 
 import grpc
 from envoy.data.accesslog.v3 import accesslog_pb2
@@ -181,9 +182,43 @@ class OutcomeRecorder:
                 self.windows.record_latency("tpot", pool, d.caller.tier.value, bucket, tpot_s)
 
 
+class Forwarder(Protocol):
+    """Where the entries of requests another worker decided go (extproc.runtime.workers)."""
+
+    @property
+    def own(self) -> int: ...
+
+    def owner_of(self, tracking: str) -> int | None: ...
+
+    async def forward(
+        self, index: int, entries: list[accesslog_pb2.HTTPAccessLogEntry]
+    ) -> None: ...
+
+
 class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):
-    def __init__(self, recorder: OutcomeRecorder) -> None:
+    def __init__(self, recorder: OutcomeRecorder, forwarder: Forwarder | None = None) -> None:
         self._recorder = recorder
+        self._forwarder = forwarder
+
+    def _split(
+        self, entries: Sequence[accesslog_pb2.HTTPAccessLogEntry]
+    ) -> tuple[
+        list[accesslog_pb2.HTTPAccessLogEntry], dict[int, list[accesslog_pb2.HTTPAccessLogEntry]]
+    ]:
+        """This worker's entries, and the others' by worker."""
+        forwarder = self._forwarder
+        if forwarder is None:
+            return list(entries), {}
+        mine: list[accesslog_pb2.HTTPAccessLogEntry] = []
+        theirs: dict[int, list[accesslog_pb2.HTTPAccessLogEntry]] = {}
+        for entry in entries:
+            key = tracking_id(entry)
+            owner = None if key is None else forwarder.owner_of(key)
+            if owner is None or owner == forwarder.own:
+                mine.append(entry)
+            else:
+                theirs.setdefault(owner, []).append(entry)
+        return mine, theirs
 
     async def StreamAccessLogs(
         self,
@@ -192,7 +227,11 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):
     ) -> als_pb2.StreamAccessLogsResponse:
         async for message in request_iterator:
             pending: list[Awaitable[None]] = []
-            for entry in message.http_logs.log_entry:
+            mine, theirs = self._split(message.http_logs.log_entry)
+            if theirs and self._forwarder is not None:
+                forward = self._forwarder.forward
+                pending.extend(forward(index, entries) for index, entries in theirs.items())
+            for entry in mine:
                 try:
                     pending.extend(self._recorder.record_entry(entry))
                 except Exception:  # a malformed entry must not end the stream for the rest

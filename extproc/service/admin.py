@@ -52,6 +52,11 @@ def _limits(limits: Limits) -> pb.Limits:
     return message
 
 
+class FanOut(Protocol):
+    async def drill(self, request: pb.DrillRequest) -> None: ...
+    async def reload(self) -> None: ...
+
+
 class AdminService(pb_grpc.AdminServicer):
     def __init__(
         self,
@@ -67,7 +72,24 @@ class AdminService(pb_grpc.AdminServicer):
         room: WaitingRoom,
         clock: Callable[[], float],
         on_drill: Callable[[], None],
+        siblings: FanOut | None = None,
     ) -> None:
+        """`siblings`: the other workers of `slogate serve --workers N`, told of every drill
+        and reload made here (None: this process alone)."""
+        self._siblings = siblings
+        self._arguments = dict(
+            policy=policy,
+            board=board,
+            store=store,
+            inflight=inflight,
+            gpu=gpu,
+            quotas=quotas,
+            key_quotas=key_quotas,
+            book=book,
+            room=room,
+            clock=clock,
+            on_drill=on_drill,
+        )
         self._policy = policy
         self._board = board
         self._store = store
@@ -85,6 +107,11 @@ class AdminService(pb_grpc.AdminServicer):
         self._last_transition[transition.pool] = (
             f"L{int(transition.from_level)}->L{int(transition.to_level)} {transition.reason}"
         )
+
+    def alone(self) -> AdminService:
+        """The same service without the siblings: what a worker answers the others with
+        (a drill passed on is not passed on again)."""
+        return AdminService(**self._arguments)  # type: ignore[arg-type]
 
     async def Status(
         self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
@@ -191,6 +218,8 @@ class AdminService(pb_grpc.AdminServicer):
         duration_s = request.minutes * 60.0
         board.drill(request.pool, BreakerLevel(request.level), duration_s)
         self._on_drill()
+        if self._siblings is not None:
+            await self._siblings.drill(request)
         return pb.DrillReply(pool=request.pool, level=request.level, remaining_s=duration_s)
 
     async def ReloadPolicy(
@@ -198,6 +227,8 @@ class AdminService(pb_grpc.AdminServicer):
     ) -> pb.ReloadPolicyReply:
         holder = self._policy
         error = holder.reload_error()
+        if error is None and self._siblings is not None:
+            await self._siblings.reload()
         if error is not None:
             return pb.ReloadPolicyReply(ok=False, error=error, keys=len(holder().keys))
         return pb.ReloadPolicyReply(ok=True, keys=len(holder().keys))

@@ -71,7 +71,11 @@ def chat_body(content: str = "hello", **fields: Any) -> dict[str, Any]:
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of a /metrics page, keyed by (name, sorted labels)."""
     with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
+        return parse(response.read().decode())
+
+
+def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of an exposition, keyed by (name, sorted labels)."""
     samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -74,7 +74,12 @@ def access_log_entry(
 class SidecarDriver:
     def __init__(self, target: str) -> None:
         self._channel = grpc.aio.insecure_channel(
-            target, options=[("grpc.max_send_message_length", 64 << 20)]
+            target,
+            options=[
+                ("grpc.max_send_message_length", 64 << 20),
+                # Its own connection: drivers spread over `serve --workers N` as Envoys do.
+                ("grpc.use_local_subchannel_pool", 1),
+            ],
         )
         self._processor = pb_grpc.ExternalProcessorStub(self._channel)
         self._access_log = als_pb2_grpc.AccessLogServiceStub(self._channel)

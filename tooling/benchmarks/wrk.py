@@ -91,7 +91,9 @@ def upstream_bootstrap(port: int, admin_port: int) -> dict[str, Any]:
     return result
 
 
-def start_envoy(name: str, config: dict[str, Any], admin_port: int, work: Path) -> ManagedProcess:
+def start_envoy(
+    name: str, config: dict[str, Any], admin_port: int, work: Path, concurrency: int = 1
+) -> ManagedProcess:
     path = work / f"{name}.json"
     path.write_text(json.dumps(config))
     proc = ManagedProcess(
@@ -102,7 +104,7 @@ def start_envoy(name: str, config: dict[str, Any], admin_port: int, work: Path) 
             str(path),
             "--use-dynamic-base-id",
             "--concurrency",
-            "1",
+            str(concurrency),
             "--log-level",
             "error",
         ],

@@ -1,0 +1,149 @@
+"""`slogate serve --workers N`: N sidecar processes behind one gRPC port, one /metrics, one
+admin API, every request settled by the worker that decided it."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from budget.redis_store import connect
+from extproc.adminpb import admin_pb2, admin_pb2_grpc
+from extproc.runtime.workers import WorkerSlot, merge_expositions
+from tests.support.http import metric, parse, scrape
+from tooling.benchmarks.driver import DriverReply, SidecarDriver
+from tooling.processes import ManagedProcess, free_port, python_module, start_redis
+
+KEY = "sk-workers"
+
+
+def write_policy(path: Path, redis_port: int | None) -> Path:
+    budget = (
+        {
+            "store": "redis",
+            "redis_url": f"redis://127.0.0.1:{redis_port}/0",
+            "redis_timeout_ms": 500,
+        }
+        if redis_port
+        else {}
+    )
+    policy = {
+        "budget": budget,
+        "pools": {"default": {"endpoints": ["127.0.0.1:9"], "kv_capacity_tokens": 1_000_000}},
+        "breaker": {"scrape_metrics": False},
+        "keys": [
+            {
+                "key": KEY,
+                "tenant": "workers",
+                "tier": "standard",
+                "limits": {"concurrent_requests": 100_000},
+            }
+        ],
+    }
+    path.write_text(yaml.safe_dump(policy))
+    return path
+
+
+def test_the_merged_exposition_adds_counts_and_keeps_levels() -> None:
+    one = (
+        "# TYPE slogate_decisions_total counter\n"
+        'slogate_decisions_total{pool="default"} 3\n'
+        "# TYPE slogate_breaker_level gauge\n"
+        'slogate_breaker_level{pool="default"} 1\n'
+        "# TYPE slogate_redis_up gauge\nslogate_redis_up 1\n"
+    )
+    two = one.replace(" 3\n", " 4\n").replace("} 1\n", "} 3\n").replace("up 1", "up 0")
+    merged = parse(merge_expositions([one, two]))
+    assert metric(merged, "slogate_decisions_total", pool="default") == 7
+    assert metric(merged, "slogate_breaker_level", pool="default") == 3  # the highest, not 4
+    assert metric(merged, "slogate_redis_up") == 0  # the lowest: one worker is degraded
+
+
+def test_a_tracking_id_names_the_worker_that_decided_it() -> None:
+    slot = WorkerSlot(1, 3, "ab12", Path("/tmp"))
+    assert slot.prefix == "ab121"
+    assert slot.owner_of("ab122-1f") == 2 and slot.owner_of("ab121-3") == 1
+    assert slot.owner_of("ab129-3") is None  # past the last worker
+    assert slot.owner_of("ff00aa-3") is None  # another serve's (a replica's)
+
+
+def test_more_workers_refuse_the_in_process_store(tmp_path: Path) -> None:
+    policy = write_policy(tmp_path / "policy.yaml", None)
+    done = subprocess.run(
+        [*python_module("tooling.cli", "serve", "--policy", str(policy), "--workers", "2")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "needs budget.store: redis" in done.stderr
+
+
+@pytest.fixture
+def processes() -> Iterator[list[ManagedProcess]]:
+    started: list[ManagedProcess] = []
+    yield started
+    for proc in reversed(started):
+        proc.stop()
+
+
+@pytest.mark.e2e
+def test_two_workers_share_one_port_and_settle_each_others_entries(
+    tmp_path: Path, processes: list[ManagedProcess]
+) -> None:
+    redis, redis_port = start_redis(tmp_path)
+    processes.append(redis)
+    policy = write_policy(tmp_path / "policy.yaml", redis_port)
+    grpc_port, admin_port = free_port(), free_port()
+    argv = [
+        *python_module("tooling.cli", "serve", "--policy", str(policy)),
+        "--grpc-port", str(grpc_port), "--metrics-port", "0",
+        "--admin-address", f"127.0.0.1:{admin_port}", "--no-exact-tokenizer", "--workers", "2",
+    ]  # fmt: skip
+    serve = ManagedProcess("serve", argv, tmp_path).start()
+    processes.append(serve)
+    match = serve.wait_for_line(r"ready: grpc \S+ metrics (\S+) admin", timeout_s=60)
+    metrics_url = match.group(1)
+
+    async def scenario() -> None:
+        drivers = [SidecarDriver(f"127.0.0.1:{grpc_port}") for _ in range(8)]
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
+        replies: list[DriverReply] = []
+        for _ in range(5):
+            replies += await asyncio.gather(*(d.decide(KEY, body) for d in drivers))
+        assert all(r.status == 200 for r in replies)
+        owners = {r.tracking_id.split("-")[0] for r in replies if r.tracking_id}
+        assert len(owners) == 2, owners  # both workers decided some
+        # Every entry on ONE access-log stream (one worker): each reaches its decider.
+        await drivers[0].report([(r.tracking_id or "", 200, 5, 5) for r in replies])
+        client = connect(f"redis://127.0.0.1:{redis_port}/0")
+        deadline = time.monotonic() + 10
+        while (await client.hget("slogate:kv:{default}:totals", "tokens")) not in (b"0", None):
+            assert time.monotonic() < deadline, "some holds were never released"
+            await asyncio.sleep(0.1)
+        await client.aclose()
+        samples = scrape(metrics_url)
+        assert metric(samples, "slogate_decisions_total") == len(replies)
+        assert metric(samples, "slogate_access_log_entries_total", kind="routed") == len(replies)
+        assert metric(samples, "slogate_access_log_entries_total", kind="unmatched") == 0
+        assert metric(samples, "slogate_inflight_requests") == 0
+        # One admin API: a drill there reaches both workers.
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{admin_port}") as channel:
+            request = admin_pb2.DrillRequest(pool="default", level=3, minutes=1)
+            await admin_pb2_grpc.AdminStub(channel).Drill(request, timeout=10)
+        shed = await asyncio.gather(*(d.decide(KEY, body) for d in drivers))
+        assert all(r.status == 503 for r in shed), [r.status for r in shed]
+        for driver in drivers:
+            await driver.close()
+
+    try:
+        asyncio.run(scenario())
+    except BaseException:
+        print(serve.log_text(), file=sys.stderr)
+        raise

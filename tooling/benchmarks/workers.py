@@ -1,0 +1,143 @@
+"""`slogate bench workers`: throughput of `slogate serve --workers N`, N = 1 and 2, in one run.
+
+Both arms run the same Redis store (N > 1 needs it; N = 1 on Redis is the fair baseline),
+the same generated bootstrap and the same bodies, behind a real Envoy with 4 worker
+threads — each opens its own connection to the sidecar, so SO_REUSEPORT can spread them
+over the workers. Load comes from wrk at 16 connections (and p50/p99 at 1 connection).
+Arms are interleaved over rounds and medians reported, since this machine is shared. On a
+2-core machine wrk, both Envoys, Redis and the workers share the cores: read the ratio
+with the CPU count printed beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from policy import load_policy
+from tooling.benchmarks.overhead import HOST, POLICY, _cpus, _wrk_script, bench_policy
+from tooling.benchmarks.wrk import start_envoy, upstream_bootstrap, wrk
+from tooling.envoy_config import EnvoyPorts, build_bootstrap
+from tooling.processes import ManagedProcess, free_port, python_module, start_redis
+
+ENVOY_THREADS = 4
+
+
+def _redis_policy(work: Path, redis_port: int) -> Path:
+    path = bench_policy(work)
+    raw = yaml.safe_load(path.read_text())
+    raw["budget"] = {
+        **(raw.get("budget") or {}),
+        "store": "redis",
+        "redis_url": f"redis://{HOST}:{redis_port}/0",
+        "redis_timeout_ms": 1000,
+    }
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def measure(
+    workers: int, policy_path: Path, upstream_port: int, duration_s: float, work: Path, script: Path
+) -> dict[str, float]:
+    grpc_port = free_port()
+    procs: list[ManagedProcess] = []
+    try:
+        argv = [
+            *python_module("tooling.cli", "serve", "--policy", str(policy_path)),
+            "--grpc-port", str(grpc_port), "--metrics-port", "0", "--admin-address", "none",
+            "--workers", str(workers),
+        ]  # fmt: skip
+        side = ManagedProcess(f"serve-{workers}", argv, work).start()
+        procs.append(side)
+        side.wait_for_line(r"sidecar ready", timeout_s=90)
+        policy = load_policy(POLICY)
+        pools = {
+            name: dataclasses.replace(pool, endpoints=((HOST, upstream_port),))
+            for name, pool in policy.pools.items()
+        }
+        policy = dataclasses.replace(policy, pools=pools)
+        listen, admin = free_port(), free_port()
+        config = build_bootstrap(policy, EnvoyPorts(listen, admin, grpc_port, HOST))
+        procs.append(
+            start_envoy(f"envoy-{workers}", config, admin, work, concurrency=ENVOY_THREADS)
+        )
+        url = f"http://{HOST}:{listen}/v1/chat/completions"
+        wrk(url, 4, 2.0, script)  # warm-up
+        single = wrk(url, 1, duration_s, script)
+        many = wrk(url, 16, duration_s, script)
+        return {
+            "p50_ms": single["p50_ms"],
+            "p99_ms": single["p99_ms"],
+            "rps_16": many["rps"],
+            "p99_ms_16": many["p99_ms"],
+            "non_2xx": single["non_2xx"] + many["non_2xx"],
+        }
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def run(
+    out_dir: Path, duration_s: float = 10.0, rounds: int = 3, profile: str = "field_mix"
+) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="slogate-bench-workers-"))
+    redis, redis_port = start_redis(work)
+    upstream_port, upstream_admin = free_port(), free_port()
+    upstream = start_envoy(
+        "upstream", upstream_bootstrap(upstream_port, upstream_admin), upstream_admin, work
+    )
+    script = _wrk_script(work, profile)
+    policy_path = _redis_policy(work, redis_port)
+    runs: dict[int, list[dict[str, float]]] = {1: [], 2: []}
+    try:
+        for round_index in range(rounds):
+            for workers in runs:
+                result = measure(workers, policy_path, upstream_port, duration_s, work, script)
+                runs[workers].append(result)
+                print(f"round {round_index + 1} workers {workers}: {result}", flush=True)
+    finally:
+        upstream.stop()
+        redis.stop()
+    summary = {
+        n: {k: statistics.median(r[k] for r in results) for k in results[0]}
+        for n, results in runs.items()
+    }
+    report = {
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "cpus": _cpus(),
+        "profile": profile,
+        "duration_s": duration_s,
+        "rounds": rounds,
+        "envoy_threads": ENVOY_THREADS,
+        "summary_median": summary,
+        "runs": runs,
+        "throughput_ratio_2_vs_1": summary[2]["rps_16"] / summary[1]["rps_16"],
+    }
+    lines = [
+        "| workers | p50 ms (1 conn) | p99 ms (1 conn) | req/s (16 conn) | p99 ms (16 conn) "
+        "| throughput vs 1 worker | non-2xx |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for n, row in summary.items():
+        lines.append(
+            f"| {n} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | {row['rps_16']:.0f} "
+            f"| {row['p99_ms_16']:.2f} | {row['rps_16'] / summary[1]['rps_16']:.2f}x "
+            f"| {row['non_2xx']:.0f} |"
+        )
+    table = "\n".join(lines)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "workers.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out_dir / "workers.md").write_text(
+        f"# slogate serve --workers N ({report['when']})\n\n{report['cpus']} CPUs, body "
+        f"profile {profile}, Redis store, Envoy with {ENVOY_THREADS} worker threads, "
+        f"{rounds} interleaved rounds of {duration_s:g} s, medians.\n\n{table}\n"
+    )
+    print(table)
+    return report
