@@ -49,7 +49,7 @@ from breaker.kv_admission import (
     never_fits,
     pool_capacity,
 )
-from breaker.kv_book import KvBook, LocalBook
+from breaker.kv_book import HoldAsk, KvBook, LocalBook
 from policy import Policy, Pool, Tier
 
 # How often the sidecar runs `tick` (and the simulator, on its clock): waits past their
@@ -121,13 +121,11 @@ class KvStep:
         if not self.room.ahead(decision.pool, tier):
             limit = await self._hold(
                 request_id,
-                decision.pool,
                 spec,
+                tier,
                 tokens,
-                share,
                 decision.sequences,
                 decision.runs_to_limit,
-                rank=RANK[tier],
             )
             if decision.pool not in self._drained:  # the count the drain is noted from
                 view = self.book.view(decision.pool)
@@ -185,32 +183,30 @@ class KvStep:
     async def _hold(
         self,
         request_id: str,
-        pool: str,
         spec: Pool,
+        tier: Tier,
         tokens: int,
-        share: float,
         sequences: int,
         fixed: bool,
         offer: bool = False,
-        rank: int = 0,
     ) -> str:
-        """Hold the footprint now if it fits: "" when held, else what is full. The one
-        way a request is put in the ledger, on arrival or offered from the room (`offer`:
-        a shared ledger may answer "full" from what it read a moment ago). `rank`: its
-        tier's place, for the other replicas' heads of line it must leave room for."""
-        return await self.book.hold(
+        """Hold the footprint in `spec`'s pool now if it fits: "" when held, else what is
+        full. The one way a request is put in the ledger, on arrival or offered from the
+        room (`offer`: a shared ledger may answer "full" from what it read a moment ago)."""
+        ask = HoldAsk(
             request_id,
-            pool,
+            spec.name,
             spec,
             tokens,
-            share,
+            self._policy().breaker.kv_shares[tier],
+            self._ttl_s,
             sequences,
             fixed,
-            self._ttl_s,
-            offer,
-            self.owner,
-            rank,
+            trust_view=offer,
+            owner=self.owner,
+            rank=RANK[tier],
         )
+        return await self.book.hold(ask)
 
     def _service(self, decision: RoutingDecision, policy: Policy) -> float:
         """The weighted tokens a request attains: its prompt, and its output limit x the
@@ -269,14 +265,12 @@ class KvStep:
             async def fits(entry: Waiting, spec: Pool = spec) -> bool:
                 held = await self._hold(
                     entry.request_id,
-                    entry.pool,
                     spec,
+                    entry.tier,
                     entry.tokens,
-                    shares[entry.tier],
                     entry.sequences,
                     entry.fixed,
                     offer=True,
-                    rank=RANK[entry.tier],
                 )
                 if not held and entry.request_id not in self.room:
                     # It left (gone, timed out) while the ledger answered: give it back.

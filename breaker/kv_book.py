@@ -32,6 +32,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from breaker.kv_admission import (
@@ -63,6 +64,29 @@ class Hold(NamedTuple):
     ttl_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class HoldAsk:
+    """One request's footprint, asked of a ledger: `tokens` of KV and `sequences` batch
+    slots of `pool` (`spec`), within its tier's `share`, freed at `ttl_s` if nothing
+    releases it before. `fixed`: it runs to its limit (never discounted by the ratio).
+    `trust_view`: a shared book may refuse from the footprint it read a moment ago, without
+    asking (the waiting room's offers: it asks again at its next tick). `owner`, `rank`:
+    the asking replica and the tier's place (0: critical), to leave free what other
+    replicas' blocked heads of line ahead of it need (no owner: nothing)."""
+
+    request_id: str
+    pool: str
+    spec: Pool
+    tokens: int
+    share: float
+    ttl_s: float
+    sequences: int = 1
+    fixed: bool = False
+    trust_view: bool = False
+    owner: str = ""
+    rank: int = 0
+
+
 class KvBook(Protocol):
     def capacity(self, spec: Pool) -> PoolCapacity | None:
         """What this replica admits against in `spec`'s pool now (None: not limited)."""
@@ -72,26 +96,9 @@ class KvBook(Protocol):
         """The pool's committed footprint as last known (the whole fleet's when shared)."""
         ...
 
-    async def hold(
-        self,
-        request_id: str,
-        pool: str,
-        spec: Pool,
-        tokens: int,
-        share: float,
-        sequences: int,
-        fixed: bool,
-        ttl_s: float,
-        trust_view: bool = False,
-        owner: str = "",
-        rank: int = 0,
-    ) -> str:
+    async def hold(self, ask: HoldAsk) -> str:
         """Hold the footprint if the tier's share leaves room: "" when held, else what is
-        full ("kv_cache", "sequences"). The hold is freed by `release`, or at `ttl_s`.
-        `trust_view`: a shared book may refuse from the footprint it read a moment ago,
-        without asking (the waiting room's offers: it asks again at its next tick).
-        `owner`, `rank`: the asking replica and the request's tier rank, to leave free what
-        other replicas' blocked heads of line ahead of it need (no owner: nothing)."""
+        full ("kv_cache", "sequences")."""
         ...
 
     async def publish_head(
@@ -172,28 +179,27 @@ class LocalBook:
     def view(self, pool: str) -> PoolView:
         return self.ledger.view(pool)
 
-    async def hold(
-        self,
-        request_id: str,
-        pool: str,
-        spec: Pool,
-        tokens: int,
-        share: float,
-        sequences: int,
-        fixed: bool,
-        ttl_s: float,
-        trust_view: bool = False,
-        owner: str = "",
-        rank: int = 0,
-    ) -> str:
-        capacity = self.capacity(spec) or PoolCapacity(None, None)
+    async def hold(self, ask: HoldAsk) -> str:
+        capacity = self.capacity(ask.spec) or PoolCapacity(None, None)
         now_s = self._clock()
-        held_back = self.heads.held_back(pool, owner, request_id, rank, now_s) if owner else None
-        verdict = self.ledger.admit(
-            request_id, pool, tokens, capacity, share, sequences, fixed, now_s + ttl_s, held_back
+        held_back = (
+            self.heads.held_back(ask.pool, ask.owner, ask.request_id, ask.rank, now_s)
+            if ask.owner
+            else None
         )
-        if verdict.admitted and owner:
-            self.heads.taken(pool, owner, request_id)
+        verdict = self.ledger.admit(
+            ask.request_id,
+            ask.pool,
+            ask.tokens,
+            capacity,
+            ask.share,
+            ask.sequences,
+            ask.fixed,
+            now_s + ask.ttl_s,
+            held_back,
+        )
+        if verdict.admitted and ask.owner:
+            self.heads.taken(ask.pool, ask.owner, ask.request_id)
         return verdict.limit
 
     async def publish_head(
@@ -329,47 +335,20 @@ class FailoverBook:
         log.warning("shared KV ledger is back; %d local holds handed to it", len(holds))
         self.healthy = True
 
-    async def hold(
-        self,
-        request_id: str,
-        pool: str,
-        spec: Pool,
-        tokens: int,
-        share: float,
-        sequences: int,
-        fixed: bool,
-        ttl_s: float,
-        trust_view: bool = False,
-        owner: str = "",
-        rank: int = 0,
-    ) -> str:
+    async def hold(self, ask: HoldAsk) -> str:
         if self._try_shared():
             try:
                 if not self.healthy:
                     await self._recovered()
-                limit = await self._shared.hold(
-                    request_id,
-                    pool,
-                    spec,
-                    tokens,
-                    share,
-                    sequences,
-                    fixed,
-                    ttl_s,
-                    trust_view,
-                    owner,
-                    rank,
-                )
+                limit = await self._shared.hold(ask)
             except LedgerUnavailable as error:
-                self._unsettled[request_id] = pool
+                self._unsettled[ask.request_id] = ask.pool
                 self._failed(error)
             else:
                 self._note(True)
                 return limit
         # On a local share: this replica alone, nobody else's heads to leave room for.
-        limit = await self._local.hold(
-            request_id, pool, spec, tokens, share, sequences, fixed, ttl_s
-        )
+        limit = await self._local.hold(dataclasses.replace(ask, owner=""))
         self._note(False)
         return limit
 

@@ -72,7 +72,7 @@ class RedisStore:
         self._client = client
         self._clock = clock
         self._prefix = prefix
-        prelude = script("common.lua")
+        prelude = script("time.lua") + script("common.lua")
         sources = {name: prelude + script(name) for name in ("reserve.lua", "settle.lua")}
         self._scripts = Scripts(client, sources, timeout_s)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -437,19 +437,33 @@ def waiting_room_report(
 _ROOM = "waiting_room"
 
 
+def _head(title: str, columns: list[tuple[str, Any]]) -> list[str]:
+    """A comparison table's title and header: one column per run."""
+    return [
+        title,
+        "",
+        "| metric | " + " | ".join(name for name, _ in columns) + " |",
+        "| --- |" + " --- |" * len(columns),
+    ]
+
+
+def _row(columns: list[tuple[str, Any]]) -> Callable[[str, Any], str]:
+    """A function writing one metric's row: its label, then `value(run)` per run."""
+
+    def row(label: str, value: Any) -> str:
+        return f"| {label} | " + " | ".join(str(value(r)) for _, r in columns) + " |"
+
+    return row
+
+
 def waiting_room_table(report: dict[str, Any]) -> str:
     lines = []
     for seed, runs in report["runs"].items():
         columns = list(runs.items())
 
-        def row(label: str, value: Any, columns: list[tuple[str, Any]] = columns) -> str:
-            return f"| {label} | " + " | ".join(str(value(r)) for _, r in columns) + " |"
-
+        row = _row(columns)
         lines += [
-            f"workload {report['workload']} (seed {seed})",
-            "",
-            "| metric | " + " | ".join(name for name, _ in columns) + " |",
-            "| --- |" + " --- |" * len(columns),
+            *_head(f"workload {report['workload']} (seed {seed})", columns),
             row("goodput tokens/s", lambda r: r["goodput_tokens_per_s"]),
             row("GPU utilisation (busiest pool)", lambda r: r["gpu_utilisation"]),
             row("burst handling", lambda r: r["burst_handling"]),
@@ -544,17 +558,15 @@ def sidecars_table(report: dict[str, Any]) -> str:
         columns = list(runs.items())
         first = columns[0][1]
 
-        def row(label: str, value: Any, columns: list[tuple[str, Any]] = columns) -> str:
-            return f"| {label} | " + " | ".join(str(value(r)) for _, r in columns) + " |"
+        row = _row(columns)
 
         def relative(r: dict[str, Any], first: dict[str, Any] = first) -> str:
             return _percent(r["gpu_utilisation"] / first["gpu_utilisation"] - 1.0)
 
         lines += [
-            f"workload {report['workload']} (seed {seed}, split {report['split']})",
-            "",
-            "| metric | " + " | ".join(name for name, _ in columns) + " |",
-            "| --- |" + " --- |" * len(columns),
+            *_head(
+                f"workload {report['workload']} (seed {seed}, split {report['split']})", columns
+            ),
             row("goodput tokens/s", lambda r: r["goodput_tokens_per_s"]),
             row("GPU utilisation (busiest pool)", lambda r: r["gpu_utilisation"]),
             row("utilisation against 1 sidecar", relative),

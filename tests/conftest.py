@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.stack import start_stack
+from tooling.processes import ManagedProcess, start_redis, start_redis_cluster
 from tooling.stack import LocalStack
 
 
@@ -19,6 +20,32 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     running = start_stack(tmp_path_factory.mktemp("stack"))
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """One real Redis-compatible server for the session (tests use keys of their own)."""
+    proc, port = start_redis(tmp_path_factory.mktemp("redis"))
+    yield port
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
+    """A real 3-node Redis Cluster for the session."""
+    procs, ports = start_redis_cluster(tmp_path_factory.mktemp("cluster"))
+    yield ports
+    for proc in procs:
+        proc.stop()
+
+
+@pytest.fixture
+def processes() -> Iterator[list[ManagedProcess]]:
+    """Processes a test starts, stopped (last first) when it ends."""
+    started: list[ManagedProcess] = []
+    yield started
+    for proc in reversed(started):
+        proc.stop()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,14 +49,6 @@ def write_policy(path: Path, redis_port: int, replicas: int, timeout_ms: float =
 def start_sidecar(work: Path, name: str, policy: Path) -> tuple[ManagedProcess, int, int]:
     proc, ports = stack.start_sidecar(work, policy, name)
     return proc, ports.grpc, ports.metrics
-
-
-@pytest.fixture
-def processes() -> Iterator[list[ManagedProcess]]:
-    started: list[ManagedProcess] = []
-    yield started
-    for proc in reversed(started):
-        proc.stop()
 
 
 def body(max_tokens: int = 100) -> dict[str, object]:

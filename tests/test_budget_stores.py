@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,23 +20,7 @@ from budget.redis_store import RedisStore, connect
 from budget.store import BudgetStore, InProcessStore
 from policy import Limits
 from tests.support.clock import VirtualClock
-from tooling.processes import ManagedProcess, start_redis, start_redis_cluster
-
-
-@pytest.fixture(scope="session")
-def redis_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    proc, port = start_redis(tmp_path_factory.mktemp("redis"))
-    yield port
-    proc.stop()
-
-
-@pytest.fixture(scope="session")
-def cluster_ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
-    procs, ports = start_redis_cluster(tmp_path_factory.mktemp("cluster"))
-    yield ports
-    for proc in procs:
-        proc.stop()
-
+from tooling.processes import ManagedProcess, start_redis
 
 # The real servers are e2e; the in-process store runs in the fast suite too.
 STORES = [

@@ -12,18 +12,18 @@ import asyncio
 import dataclasses
 import random
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from breaker.kv_admission import HeadOfLine
-from breaker.kv_book import FailoverBook, KvBook, LedgerUnavailable, LocalBook
+from breaker.kv_book import FailoverBook, HoldAsk, KvBook, LedgerUnavailable, LocalBook
 from budget.redis_store import connect
 from extproc.runtime.fleet_ledger import FleetMembers, RedisBook
 from policy import Pool, parse_policy
 from tests.support.clock import VirtualClock
-from tooling.processes import ManagedProcess, free_port, start_redis, start_redis_cluster
+from tooling.processes import ManagedProcess, free_port, start_redis
 
 BASE = parse_policy({}).pools["default"]
 
@@ -32,21 +32,6 @@ def pool(kv: int | None = 10_000, seqs: int | None = None) -> Pool:
     return dataclasses.replace(
         BASE, name=f"p{uuid.uuid4().hex[:8]}", kv_capacity_tokens=kv, max_num_seqs=seqs
     )
-
-
-@pytest.fixture(scope="module")
-def redis_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    proc, port = start_redis(tmp_path_factory.mktemp("kv-redis"))
-    yield port
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
-def cluster_ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
-    procs, ports = start_redis_cluster(tmp_path_factory.mktemp("kv-cluster"))
-    yield ports
-    for proc in procs:
-        proc.stop()
 
 
 BOOKS = [
@@ -106,14 +91,9 @@ async def shared(request: pytest.FixtureRequest, clock: VirtualClock) -> AsyncIt
 async def hold(
     book: KvBook, rid: str, spec: Pool, tokens: int, share: float = 1.0, **kw: object
 ) -> str:
-    sequences = int(kw.get("sequences", 1))  # type: ignore[call-overload]
-    fixed = bool(kw.get("fixed", False))
-    ttl_s = float(kw.get("ttl_s", 600.0))  # type: ignore[arg-type]
-    trust = bool(kw.get("trust_view", False))
-    owner, rank = str(kw.get("owner", "")), int(kw.get("rank", 0))  # type: ignore[call-overload]
-    return await book.hold(
-        rid, spec.name, spec, tokens, share, sequences, fixed, ttl_s, trust, owner, rank
-    )
+    """`kw`: the other HoldAsk fields (ttl_s defaults to 600 s)."""
+    fields: dict[str, object] = {"ttl_s": 600.0, **kw}
+    return await book.hold(HoldAsk(rid, spec.name, spec, tokens, share, **fields))  # type: ignore[arg-type]
 
 
 async def test_each_tier_fills_the_pool_up_to_its_share(fleet: Fleet) -> None:

@@ -7,7 +7,6 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -83,14 +82,6 @@ def test_more_workers_refuse_the_in_process_store(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 2 and "needs budget.store: redis" in done.stderr
-
-
-@pytest.fixture
-def processes() -> Iterator[list[ManagedProcess]]:
-    started: list[ManagedProcess] = []
-    yield started
-    for proc in reversed(started):
-        proc.stop()
 
 
 @pytest.mark.e2e

@@ -106,25 +106,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _waiting_room(args: argparse.Namespace, workload: Any, latency: Any) -> int:
-    from sim.scenarios import waiting_room_report, waiting_room_table
-
-    seeds = (args.seed, args.seed + 4)
-    report = waiting_room_report(workload, seeds, latency)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    out = args.out_dir / f"waiting-room-{args.workload}.json"
-    out.write_text(json.dumps(report, separators=(",", ":")) + "\n")
-    text = waiting_room_table(report)
-    seeds_text = " and ".join(str(s) for s in seeds)
-    out.with_suffix(".md").write_text(
-        f"# slogate simulate --workload {args.workload} --waiting-room (seeds {seeds_text})\n\n"
-        f"{text}\n"
-    )
-    print(text)
-    print(f"wrote {out} and {out.with_suffix('.md')}")
-    return 0
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench == "overhead":
         from tooling.benchmarks.overhead import run as run_overhead
@@ -149,21 +130,40 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_report(
+    args: argparse.Namespace, stem: str, title: str, report: dict[str, Any], text: str
+) -> int:
+    """A report as JSON (raw) and Markdown (`text` under `title`) in --out-dir; printed."""
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / f"{stem}.json"
+    out.write_text(json.dumps(report, separators=(",", ":")) + "\n")
+    out.with_suffix(".md").write_text(f"# {title}\n\n{text}\n")
+    print(text)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0
+
+
+def _waiting_room(args: argparse.Namespace, workload: Any, latency: Any) -> int:
+    from sim.scenarios import waiting_room_report, waiting_room_table
+
+    seeds = (args.seed, args.seed + 4)
+    report = waiting_room_report(workload, seeds, latency)
+    seeds_text = " and ".join(str(s) for s in seeds)
+    title = f"slogate simulate --workload {args.workload} --waiting-room (seeds {seeds_text})"
+    return _write_report(
+        args, f"waiting-room-{args.workload}", title, report, waiting_room_table(report)
+    )
+
+
 def _sidecars(args: argparse.Namespace, workload: Any, latency: Any) -> int:
     from sim.scenarios import sidecars_report, sidecars_table
 
     split = tuple(float(part) for part in args.sidecars.split(","))
     seeds = (args.seed, args.seed + 4)
     report = sidecars_report(workload, split, seeds, latency)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    out = args.out_dir / f"sidecars-{args.workload}.json"
-    out.write_text(json.dumps(report, separators=(",", ":")) + "\n")
-    text = sidecars_table(report)
     seeds_text = " and ".join(str(s) for s in seeds)
-    out.with_suffix(".md").write_text(
-        f"# slogate simulate --workload {args.workload} --sidecars {args.sidecars} "
-        f"(seeds {seeds_text})\n\n{text}\n"
+    title = (
+        f"slogate simulate --workload {args.workload} --sidecars {args.sidecars} "
+        f"(seeds {seeds_text})"
     )
-    print(text)
-    print(f"wrote {out} and {out.with_suffix('.md')}")
-    return 0
+    return _write_report(args, f"sidecars-{args.workload}", title, report, sidecars_table(report))

@@ -112,7 +112,7 @@ def run_workers(
         admin = f" admin {admin_address}" if admin_address else ""
         print(
             f"slogate sidecar ready: grpc {host}:{grpc_port}{shown}{admin} pid {os.getpid()} "
-            f"workers {count} (their logs: {socket_dir})",
+            f"workers {count} (each: {' '.join(metrics_urls)}; logs: {socket_dir})",
             flush=True,
         )
         while not stopping.is_set():

@@ -1,17 +1,5 @@
--- slogate budget: what reserve.lua and settle.lua share. The Redis store sends this prelude
--- in front of each script (one script per operation, one EVALSHA per call).
-
--- ARGV[1] is the time: < 0 means the Redis server's TIME (production), else a test clock.
-local function clock(arg)
-  local now = tonumber(arg)
-  if now < 0 then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  end
-  return now
-end
-
-local function num(x) return string.format('%.17g', x) end
+-- slogate budget: what reserve.lua and settle.lua share. The Redis store sends time.lua and
+-- this prelude in front of each script (one script per operation, one EVALSHA per call).
 
 local ORDER = {'requests', 'tokens', 'hour'}
 local WINDOWS = {requests = 60, tokens = 60, hour = 3600}

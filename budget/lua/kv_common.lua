@@ -1,19 +1,9 @@
 -- slogate KV ledger: what the kv_*.lua scripts share. The fleet's ledger of one pool is
--- three keys with the pool's hash tag (one Redis Cluster slot): KEYS[1] totals (tokens,
--- fixed, sequences, ratio, ratio_at), KEYS[2] holds (id -> "tokens sequences fixed"),
--- KEYS[3] each hold's deadline (zset). The arithmetic mirrors breaker/kv_admission.py
--- (PoolView.expected and _over); one test suite holds both.
-
-local function clock(arg)
-  local now = tonumber(arg)
-  if now < 0 then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  end
-  return now
-end
-
-local function num(x) return string.format('%.17g', x) end
+-- four keys with the pool's hash tag (one Redis Cluster slot): KEYS[1] totals (tokens,
+-- fixed, sequences, ratio, ratio_at, and what releases gave back: freed_tokens,
+-- freed_sequences, ends), KEYS[2] holds (id -> "tokens sequences fixed"), KEYS[3] each
+-- hold's deadline (zset), KEYS[4] the replicas' blocked heads of line (kv_head.lua). The arithmetic mirrors breaker/kv_admission.py
+-- (PoolView.expected and _over); one test suite holds both. (time.lua comes first.)
 
 local function totals()
   local t = redis.call('HMGET', KEYS[1], 'tokens', 'fixed', 'sequences', 'ratio',

@@ -4,9 +4,11 @@ What lives here: `RedisBook`, a breaker.kv_book.SharedBook whose arithmetic runs
 (budget/lua/kv_*.lua, the same as breaker.kv_admission's, one test suite holds both), and
 `FleetMembers`, which says how many replicas are alive from their heartbeats in the store.
 
-Each pool's ledger is three keys under the pool's hash tag (`slogate:kv:{<pool>}:...`), so
+Each pool's ledger is four keys under the pool's hash tag (`slogate:kv:{<pool>}:...`), so
 every script touches one Redis Cluster slot: the totals (tokens, fixed, batch slots, the
-footprint ratio), the holds (id -> footprint) and their deadlines. A hold's deadline is the
+footprint ratio, and counts of what releases gave back), the holds (id -> footprint), their
+deadlines, and the replicas' blocked heads of line. The tenants' attained service is one
+hash for the fleet (`slogate:{fleet}:service`), the heartbeats another. A hold's deadline is the
 Redis server's TIME plus its ttl, so a replica killed while holding frees its holds at their
 deadlines (every hold expires the pool's late holds first; the housekeeping loop too).
 
@@ -41,7 +43,7 @@ from breaker.kv_admission import (
     PoolView,
     pool_capacity,
 )
-from breaker.kv_book import Hold, LedgerUnavailable
+from breaker.kv_book import Hold, HoldAsk, LedgerUnavailable
 from budget.redis_scripts import Scripts, script
 from budget.store import BudgetStoreError
 from policy import Pool
@@ -96,7 +98,7 @@ class RedisBook:
         """`clock`: the time the scripts use (None: the Redis server's TIME; tests pass a
         virtual one). `ratio_gap_s`: the least time between two steps down of a pool's
         ratio, whoever learns them (about the controller interval)."""
-        prelude = script("kv_common.lua")
+        prelude = script("time.lua") + script("kv_common.lua")
         self._scripts = Scripts(
             client, {name: prelude + script(name) for name in _SCRIPTS}, timeout_s
         )
@@ -132,46 +134,33 @@ class RedisBook:
         known = self._views.get(pool)
         return known[0] if known is not None else PoolView()
 
-    async def hold(
-        self,
-        request_id: str,
-        pool: str,
-        spec: Pool,
-        tokens: int,
-        share: float,
-        sequences: int,
-        fixed: bool,
-        ttl_s: float,
-        trust_view: bool = False,
-        owner: str = "",
-        rank: int = 0,
-    ) -> str:
-        capacity = self.capacity(spec) or PoolCapacity(None, None)
-        known = self._views.get(pool) if trust_view else None
+    async def hold(self, ask: HoldAsk) -> str:
+        capacity = self.capacity(ask.spec) or PoolCapacity(None, None)
+        known = self._views.get(ask.pool) if ask.trust_view else None
         if known is not None and self._local_clock() - known[1] <= self.trust_full_s:
-            full = known[0].over(capacity, share, tokens, sequences, fixed)
+            full = known[0].over(capacity, ask.share, ask.tokens, ask.sequences, ask.fixed)
             if full:
                 return full  # full a moment ago: no round trip (the room asks again later)
         reply = await self._run(
             "kv_hold.lua",
-            pool,
+            ask.pool,
             [
                 self._now_arg(),
-                request_id,
-                tokens,
-                sequences,
-                1 if fixed else 0,
-                repr(float(ttl_s)),
+                ask.request_id,
+                ask.tokens,
+                ask.sequences,
+                1 if ask.fixed else 0,
+                repr(float(ask.ttl_s)),
                 -1 if capacity.kv_tokens is None else repr(float(capacity.kv_tokens)),
                 -1 if capacity.sequences is None else repr(float(capacity.sequences)),
-                repr(float(share)),
-                owner,
-                rank,
+                repr(float(ask.share)),
+                ask.owner,
+                ask.rank,
             ],
         )
         limit = _text(reply[0])
         if not limit:
-            self._note(request_id, Freed(pool, tokens, sequences))
+            self._note(ask.request_id, Freed(ask.pool, ask.tokens, ask.sequences))
         return limit
 
     async def publish_head(

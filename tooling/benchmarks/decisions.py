@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from breaker.kv_book import KvBook, LocalBook
+from breaker.kv_book import HoldAsk, KvBook, LocalBook
 from budget.ledger import Charge
 from budget.redis_store import RedisStore, connect
 from budget.store import BudgetStore, InProcessStore
@@ -98,7 +98,7 @@ async def measure_admission(store: BudgetStore, book: KvBook, calls: int) -> dic
     ids = [uuid.uuid4().hex for _ in range(calls)]
 
     async def hold(i: int) -> str:
-        return await book.hold(ids[i], POOL.name, POOL, 4000, 1.0, 1, False, 600.0)
+        return await book.hold(HoldAsk(ids[i], POOL.name, POOL, 4000, 1.0, 600.0))
 
     holds = await _timed(calls, hold)
     releases = await _timed(calls, lambda i: book.release(ids[i]))
@@ -106,7 +106,7 @@ async def measure_admission(store: BudgetStore, book: KvBook, calls: int) -> dic
 
     async def decide(i: int) -> None:
         await store.reserve(KEYS[i % len(KEYS)], LIMITS, CHARGE, decision_ids[i], 600)
-        await book.hold(decision_ids[i], POOL.name, POOL, 4000, 1.0, 1, False, 600.0)
+        await book.hold(HoldAsk(decision_ids[i], POOL.name, POOL, 4000, 1.0, 600.0))
 
     async def end(i: int) -> None:
         await store.settle(KEYS[i % len(KEYS)], LIMITS, decision_ids[i], Charge(900.0, 700))
@@ -170,7 +170,7 @@ async def _run(calls: int, redis_port: int) -> dict[str, Any]:
     baseline = await _ping(client, calls)
     stores["redis"] = await measure_store(redis_store, calls)
     book = RedisBook(client)
-    await book.hold("warm", POOL.name, POOL, 1, 1.0, 1, False, 1.0)  # loads the scripts
+    await book.hold(HoldAsk("warm", POOL.name, POOL, 1, 1.0, 1.0))  # loads the scripts
     await book.release("warm")
     admission = {
         "in-process (budgets and KV in this process)": await measure_admission(

@@ -138,35 +138,53 @@ def measure_setup(
             )
             procs.append(side)
             grpc_port = sidecar_ports.grpc
-        policy = load_policy(POLICY)
-        pools = {
-            name: dataclasses.replace(pool, endpoints=((HOST, upstream_port),))
-            for name, pool in policy.pools.items()
-        }
-        policy = dataclasses.replace(policy, pools=pools)
-        listen, admin = free_port(), free_port()
         profile = {
             "envoy_alone": FilterProfile.PLAIN,
             "passthrough": FilterProfile.EXT_PROC_ONLY,
             "slogate": FilterProfile.SLOGATE,
         }[setup]
-        config = build_bootstrap(policy, EnvoyPorts(listen, admin, grpc_port, HOST), profile)
-        procs.append(start_envoy(f"{setup}-envoy", config, admin, work))
-        url = f"http://{HOST}:{listen}/v1/chat/completions"
-        wrk(url, 4, 2.0, script)  # warm-up: connections, tokenizer, JIT-less caches
-        single = wrk(url, 1, duration_s, script)
-        many = wrk(url, 16, duration_s, script)
-        return {
-            "p50_ms": single["p50_ms"],
-            "p99_ms": single["p99_ms"],
-            "rps_1": single["rps"],
-            "rps_16": many["rps"],
-            "p99_ms_16": many["p99_ms"],
-            "non_2xx": single["non_2xx"] + many["non_2xx"],
-        }
+        url, envoy = front_envoy(f"{setup}-envoy", upstream_port, grpc_port, work, profile)
+        procs.append(envoy)
+        return load(url, duration_s, script)
     finally:
         for proc in reversed(procs):
             proc.stop()
+
+
+def front_envoy(
+    name: str,
+    upstream_port: int,
+    grpc_port: int,
+    work: Path,
+    profile: FilterProfile = FilterProfile.SLOGATE,
+    concurrency: int = 1,
+) -> tuple[str, ManagedProcess]:
+    """The example policy's bootstrap with every pool at the upstream: its URL, and it."""
+    policy = load_policy(POLICY)
+    pools = {
+        name: dataclasses.replace(pool, endpoints=((HOST, upstream_port),))
+        for name, pool in policy.pools.items()
+    }
+    policy = dataclasses.replace(policy, pools=pools)
+    listen, admin = free_port(), free_port()
+    config = build_bootstrap(policy, EnvoyPorts(listen, admin, grpc_port, HOST), profile)
+    envoy = start_envoy(name, config, admin, work, concurrency=concurrency)
+    return f"http://{HOST}:{listen}/v1/chat/completions", envoy
+
+
+def load(url: str, duration_s: float, script: Path) -> dict[str, float]:
+    """A warm-up, then p50/p99 at 1 connection and throughput at 16."""
+    wrk(url, 4, 2.0, script)  # warm-up: connections, tokenizer, JIT-less caches
+    single = wrk(url, 1, duration_s, script)
+    many = wrk(url, 16, duration_s, script)
+    return {
+        "p50_ms": single["p50_ms"],
+        "p99_ms": single["p99_ms"],
+        "rps_1": single["rps"],
+        "rps_16": many["rps"],
+        "p99_ms_16": many["p99_ms"],
+        "non_2xx": single["non_2xx"] + many["non_2xx"],
+    }
 
 
 def _table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
