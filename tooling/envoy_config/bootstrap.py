@@ -114,19 +114,29 @@ def http_connection_manager(
     )
 
 
+# Streams per connection to the sidecar before Envoy opens a new one (see _static_cluster).
+SIDECAR_STREAMS_PER_CONNECTION = 1000
+
+
 def _static_cluster(
     name: str, endpoints: tuple[tuple[str, int], ...], http2: bool = False
 ) -> cluster.Cluster:
     options: dict[str, Any] = {}
     if http2:
         protocol = upstream_http.HttpProtocolOptions(
+            # A connection is replaced after this many streams: with `slogate serve
+            # --workers N` behind one port (SO_REUSEPORT spreads connections, not streams),
+            # the kernel places every new one again, so no worker keeps the load of all.
+            common_http_protocol_options=core.HttpProtocolOptions(
+                max_requests_per_connection=SIDECAR_STREAMS_PER_CONNECTION
+            ),
             explicit_http_config=upstream_http.HttpProtocolOptionsExplicitHttpConfig(
                 http2_protocol_options=core.Http2ProtocolOptions(
                     connection_keepalive=core.KeepaliveSettings(
                         interval=dt.timedelta(seconds=30), timeout=dt.timedelta(seconds=5)
                     )
                 )
-            )
+            ),
         )
         options["typed_extension_protocol_options"] = {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": pb.Any.pack(protocol)
