@@ -308,20 +308,6 @@ class KvLedger:
         self.freed[pool] = (freed_tokens + tokens, freed_sequences + sequences, ends + 1)
         return Freed(pool, tokens, sequences)
 
-    def never_fits(
-        self,
-        pool: str,
-        tokens: int,
-        capacity: PoolCapacity,
-        share: float,
-        sequences: int = 1,
-        fixed: bool = False,
-    ) -> str:
-        """What the request could not fit even with nothing else in the tier's share of
-        `pool`, at the footprint ratio learned now ("kv_cache", "sequences"; "" when it
-        could): waiting for room cannot help it."""
-        return never_fits(self.ratio.get(pool, 1.0), tokens, capacity, share, sequences, fixed)
-
     def expire(self, now_s: float) -> list[tuple[str, Freed]]:
         """Free every hold past its deadline; what each id freed. A safety net: every way a
         request ends releases it, but a hold must never outlive its request by much."""
