@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from extproc.runtime.sidecar import run_sidecar
+    from extproc.runtime.sidecar import PortTaken, run_sidecar
     from extproc.runtime.workers import WorkerSlot
 
     admin = None if args.admin_address == "none" else args.admin_address
@@ -217,18 +217,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.worker:
         index, count, base, directory = args.worker.split(",", 3)
         slot = WorkerSlot(int(index), int(count), base, Path(directory))
-    asyncio.run(
-        run_sidecar(
-            args.policy,
-            args.host,
-            args.grpc_port,
-            args.metrics_port,
-            not args.no_exact_tokenizer,
-            args.metrics_host,
-            admin,
-            worker=slot,
+    try:
+        asyncio.run(
+            run_sidecar(
+                args.policy,
+                args.host,
+                args.grpc_port,
+                args.metrics_port,
+                not args.no_exact_tokenizer,
+                args.metrics_host,
+                admin,
+                worker=slot,
+            )
         )
-    )
+    except PortTaken as taken:  # one line naming the port, not a traceback
+        print(f"slogate serve: {taken}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -244,6 +248,7 @@ def cmd_envoy_config(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from tooling.processes import ProcessFailed
     from tooling.stack import LocalStack, StackPorts
 
     work_dir = Path(tempfile.mkdtemp(prefix="slogate-up-"))
@@ -303,6 +308,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     code = 0
     try:
         while not stopping:
+            try:
+                for name in stack.supervise():
+                    print(f"slogate up: {name} died; restarted on the same ports", flush=True)
+            except ProcessFailed as failed:
+                print(f"slogate up: a sidecar could not be restarted; stopping. {failed}")
+                code = 1
+                break
             dead = stack.failed()
             if dead is not None:
                 print(

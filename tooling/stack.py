@@ -96,6 +96,7 @@ class Replica:
     metrics_port: int = 0
     admin_address: str = ""
     redis_url: str | None = None  # None: the stack's Redis (a test may pass a proxy's)
+    restarts: int = 0
 
     @property
     def url(self) -> str:
@@ -245,6 +246,9 @@ class LocalStack:
         assert self.sidecar_policy_path is not None
         i = replica.index
         name = "sidecar" if i == 0 else f"sidecar-{i}"
+        if replica.sidecar is not None:  # a restart: the dead one's log stays
+            replica.restarts += 1
+            name = f"{name}-restart{replica.restarts}"
         env = {"SLOGATE_REDIS_URL": replica.redis_url} if replica.redis_url else None
         proc, ports = start_sidecar(
             self.work_dir,
@@ -335,6 +339,19 @@ class LocalStack:
     def failed(self) -> ManagedProcess | None:
         """A child that died while the stack was meant to be up."""
         return next((p for p in self.processes if not p.running()), None)
+
+    def supervise(self) -> list[str]:
+        """Start every sidecar that died again, on its ports, while its Envoy stays up (and
+        answers by the failure mode meanwhile); what was restarted. Any other child's
+        death is left to `failed`."""
+        restarted = []
+        for replica in self.fleet:
+            dead = replica.sidecar
+            if dead is not None and not dead.running():
+                code = dead.stop()
+                self.start_sidecar(replica)
+                restarted.append(f"{dead.name} (exit {code})")
+        return restarted
 
     def logs(self) -> str:
         return "\n".join(f"===== {p.name} =====\n{p.log_text()[-6000:]}" for p in self.processes)

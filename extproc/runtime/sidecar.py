@@ -260,17 +260,19 @@ class Sidecar:
         )
         # grpc.health.v1 for Kubernetes probes: SERVING once started, NOT_SERVING on stop.
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        port = server.add_insecure_port(f"{self._host}:{self._grpc_port}")
-        if port == 0:
-            raise OSError(f"cannot bind the sidecar gRPC port {self._host}:{self._grpc_port}")
+        port = _bind(server, f"{self._host}:{self._grpc_port}", "the sidecar's gRPC port")
         await server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._server = server
         metrics_port = None
         if self._metrics_port is not None:
-            httpd, _thread = start_http_server(
-                self._metrics_port, addr=self._metrics_host, registry=self.metrics.registry
-            )
+            try:
+                httpd, _thread = start_http_server(
+                    self._metrics_port, addr=self._metrics_host, registry=self.metrics.registry
+                )
+            except OSError as error:
+                where = f"{self._metrics_host}:{self._metrics_port}"
+                raise PortTaken(f"cannot listen on {where} (/metrics): {error.strerror}") from None
             self._metrics_server = httpd
             metrics_port = int(httpd.server_port)
         admin = await self._start_admin()
@@ -308,9 +310,7 @@ class Sidecar:
             return None
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         admin_pb2_grpc.add_AdminServicer_to_server(self.admin, server)
-        bound = server.add_insecure_port(self._admin_address)
-        if bound == 0 and not self._admin_address.startswith("unix:"):
-            raise OSError(f"cannot bind the admin API on {self._admin_address}")
+        bound = _bind(server, self._admin_address, "the admin API")
         await server.start()
         self._admin_server = server
         if self._admin_address.startswith("unix:"):
@@ -378,6 +378,22 @@ class Sidecar:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
         self._exact_executor.shutdown(wait=False, cancel_futures=True)
+
+
+class PortTaken(OSError):
+    """A port the sidecar must listen on is taken (by another process, most likely)."""
+
+
+def _bind(server: grpc.aio.Server, address: str, what: str) -> int:
+    """Bind `address` for `what`, or raise PortTaken naming both (grpcio raises a bare
+    RuntimeError, or returns 0, depending on its version)."""
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError:
+        bound = 0
+    if bound == 0 and not address.startswith("unix:"):
+        raise PortTaken(f"cannot listen on {address} ({what}): the address is in use")
+    return bound
 
 
 def _new_future() -> asyncio.Future[None]:
