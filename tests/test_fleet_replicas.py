@@ -36,15 +36,21 @@ UPSTREAM_TIMEOUT_S = 2.0  # a hold lives 2 s + a 5 s slack: a dead replica's fre
 TOTALS = "slogate:kv:{default}:totals"
 
 
-def write_policy(path: Path, redis_port: int, waiting_room: bool = False) -> Path:
+def write_policy(
+    path: Path,
+    redis_port: int,
+    waiting_room: bool = False,
+    redis_timeout_ms: int = 1000,
+    upstream_timeout_s: float = UPSTREAM_TIMEOUT_S,
+) -> Path:
     policy = {
         "budget": {
             "store": "redis",
             "redis_url": f"redis://127.0.0.1:{redis_port}/0",
-            "redis_timeout_ms": 250,
+            "redis_timeout_ms": redis_timeout_ms,
             "replicas": 3,
         },
-        "request": {"upstream_timeout_s": UPSTREAM_TIMEOUT_S},
+        "request": {"upstream_timeout_s": upstream_timeout_s},
         # One bucket, KV weight 1: a request's footprint is its context, prompt + max_tokens.
         "buckets": [{"name": "all", "cost_weight": 1.0, "kv_weight": 1.0}],
         "pools": {"default": {"endpoints": ["127.0.0.1:9"], "kv_capacity_tokens": CAPACITY}},
@@ -70,6 +76,10 @@ class Fleet:
         self.procs: list[ManagedProcess] = [self.redis]
         self.sidecars: list[tuple[ManagedProcess, int, int]] = []
         self.policy = write_policy(work / "policy.yaml", self.redis_port)
+
+    def use_policy(self, **options: Any) -> None:
+        """Other policy settings (write_policy's), before any sidecar starts."""
+        self.policy = write_policy(self.work / "policy.yaml", self.redis_port, **options)
 
     def start(self, count: int, env: dict[int, dict[str, str]] | None = None) -> None:
         for i in range(count):
@@ -125,7 +135,11 @@ async def eventually(check: Any, timeout_s: float = 10.0) -> None:
 def test_three_replicas_under_load_never_admit_past_the_pool(fleet: Fleet) -> None:
     """300 requests, 150 in flight, spread over 3 replicas: the admitted footprints never
     exceed the pool's capacity (exactly: each hold is one atomic script), checked from the
-    replies and from Redis; every replica admitted some; after the ends, nothing is held."""
+    replies and from Redis; several replicas admitted some; after the ends, nothing is held."""
+    # Exactness is while Redis answers: a timeout generous enough for 150 requests in flight
+    # on a loaded two-core machine (a slower answer is a local decision, on a local share),
+    # and holds that outlive the race (with a 2 s upstream timeout they expire after 7 s).
+    fleet.use_policy(redis_timeout_ms=3000, upstream_timeout_s=600.0)
     fleet.start(3)
 
     async def scenario() -> None:
@@ -146,6 +160,9 @@ def test_three_replicas_under_load_never_admit_past_the_pool(fleet: Fleet) -> No
                 return i % 3, await drivers[i % 3].decide(KEY, body(50 + (i % 7) * 20))
 
         results = await asyncio.gather(*(one(i) for i in range(300)))
+        for index in range(3):  # every decision on the shared ledger, none on a local share
+            samples = fleet.metrics(index)
+            assert metric(samples, "slogate_kv_ledger_decisions_total", store="local") == 0
         admitted = [(d, r) for d, r in results if r.status == 200]
         refused = [r for _, r in results if r.status != 200]
         assert {r.status for r in refused} <= {503}
@@ -153,11 +170,10 @@ def test_three_replicas_under_load_never_admit_past_the_pool(fleet: Fleet) -> No
         held = sum(footprint(r) for _, r in admitted)
         assert held <= CAPACITY
         assert held >= CAPACITY - 200  # and the pool was filled, not starved
-        assert {d for d, _ in admitted} == {0, 1, 2}
+        # Replicas admitted from one pool at once (under load, the slowest may find it full
+        # before its first decision: at least two, not all three).
+        assert len({d for d, _ in admitted}) >= 2
         assert (await fleet.totals())["tokens"] == held
-        for index in range(3):
-            samples = fleet.metrics(index)
-            assert metric(samples, "slogate_kv_ledger_decisions_total", store="local") == 0
         for index, driver in enumerate(drivers):
             await settle(driver, [r for d, r in admitted if d == index])
         await eventually(lambda: _zero(fleet))
@@ -222,6 +238,7 @@ def test_a_replica_killed_while_holding_frees_its_holds_at_their_deadline(fleet:
 def test_redis_killed_and_restarted_under_load(fleet: Fleet) -> None:
     """Local shares while Redis is away (no crash, every decision inside the message
     timeout), shared again after, and no count below zero."""
+    fleet.use_policy(redis_timeout_ms=250)  # a stalled Redis must not hold a decision long
     fleet.start(2)
 
     async def scenario() -> None:
