@@ -184,9 +184,11 @@ def test_a_key_whose_prompts_keep_exceeding_its_counts_is_corrected() -> None:
     corrections = PromptCorrections()
     assert not corrections.observe("k", counted=1000, engine=1040)  # the template: fine
     assert corrections.factor("k") == 1.0
-    for _ in range(10):
+    for _ in range(25):
         corrections.observe("k", counted=1000, engine=1500)
-    assert corrections.factor("k") == pytest.approx(1.5, rel=0.05)
+    # The template's slack off what the engine counted, then the ratio.
+    expected = (1500 - PromptCorrections.slack_tokens) / 1000
+    assert corrections.factor("k") == pytest.approx(expected, rel=0.02)
     assert corrections.factor("other") == 1.0
     for _ in range(30):
         corrections.observe("k", counted=1000, engine=20_000)
@@ -194,3 +196,13 @@ def test_a_key_whose_prompts_keep_exceeding_its_counts_is_corrected() -> None:
     for _ in range(40):
         corrections.observe("k", counted=1000, engine=1000)
     assert corrections.factor("k") == 1.0  # back in line: no correction
+
+
+def test_a_chat_template_on_a_tiny_prompt_is_not_a_ratio() -> None:
+    """Seen on a real vLLM: its template made a 5-token "hello" 17 tokens; the key's next
+    8k-token prompt must not be charged 3.4x for it."""
+    corrections = PromptCorrections()
+    assert not corrections.observe("k", counted=5, engine=17)
+    assert corrections.factor("k") == 1.0
+    assert corrections.observe("k", counted=8000, engine=32_000)  # a real under-count still is
+    assert corrections.factor("k") > PromptCorrections.tolerance
