@@ -1,6 +1,7 @@
 """Upstream engine signals: what vLLM's metrics say about each pool. Pure.
 
-What lives here: `parse_vllm_metrics` (exposition text -> `EngineSnapshot`) and
+What lives here: `parse_engine_metrics` (exposition text -> `EngineSnapshot`, with vLLM's
+or SGLang's names: `ENGINE_METRICS`, chosen per pool by the policy's `engine`) and
 `EngineReadings`, which keeps each endpoint's latest snapshot with the time it was read and
 answers the breaker's questions per pool. Fetching the metrics (HTTP) and reading GPU memory
 (NVML) is I/O and lives with the sidecar's runtime (extproc.runtime.engines, .gpu): this
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from policy import EngineKind
+
 
 @dataclass(frozen=True, slots=True)
 class EngineSnapshot:
@@ -38,13 +41,46 @@ class EngineSnapshot:
     ttft_buckets: tuple[tuple[float, float], ...] = ()
 
 
-_TTFT = "vllm:time_to_first_token_seconds_bucket"
+@dataclass(frozen=True, slots=True)
+class MetricNames:
+    """One engine's names for the signals slogate reads."""
+
+    kv_usage: tuple[str, ...]  # 0..1 gauges; the worst one counts
+    running: str
+    waiting: str
+    ttft_bucket: str
+    prefix_hits: str | None = None  # counters, hits / queries since start
+    prefix_queries: str | None = None
+    prefix_hit_rate: str | None = None  # or the engine's own ratio gauge
 
 
-def parse_vllm_metrics(text: str) -> EngineSnapshot:
-    """Read the vLLM names; samples of several models or engines are summed (max for KV)."""
+ENGINE_METRICS: Mapping[EngineKind, MetricNames] = {
+    EngineKind.VLLM: MetricNames(
+        # gpu_cache_usage_perc: vLLM's name for it before the V1 engine.
+        kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        running="vllm:num_requests_running",
+        waiting="vllm:num_requests_waiting",
+        ttft_bucket="vllm:time_to_first_token_seconds_bucket",
+        prefix_hits="vllm:prefix_cache_hits_total",
+        prefix_queries="vllm:prefix_cache_queries_total",
+    ),
+    # SGLang (with --enable-metrics), from its production-metrics documentation.
+    EngineKind.SGLANG: MetricNames(
+        kv_usage=("sglang:token_usage",),
+        running="sglang:num_running_reqs",
+        waiting="sglang:num_queue_reqs",
+        ttft_bucket="sglang:time_to_first_token_seconds_bucket",
+        prefix_hit_rate="sglang:cache_hit_rate",
+    ),
+}
+
+
+def parse_engine_metrics(text: str, kind: EngineKind = EngineKind.VLLM) -> EngineSnapshot:
+    """Read one engine's names; samples of several models, engines or ranks are summed (the
+    worst for KV usage and the prefix-cache ratio gauge)."""
+    names = ENGINE_METRICS[kind]
     kv: float | None = None
-    running = waiting = hits = queries = None
+    running = waiting = hits = queries = ratio = None
     ttft: dict[float, float] = {}
 
     def add(current: float | None, value: float) -> float:
@@ -53,21 +89,27 @@ def parse_vllm_metrics(text: str) -> EngineSnapshot:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name, value = sample.name, float(sample.value)
-            if name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+            if name in names.kv_usage:
                 kv = value if kv is None else max(kv, value)
-            elif name == "vllm:num_requests_running":
+            elif name == names.running:
                 running = add(running, value)
-            elif name == "vllm:num_requests_waiting":
+            elif name == names.waiting:
                 waiting = add(waiting, value)
-            elif name == "vllm:prefix_cache_hits_total":
+            elif name == names.prefix_hits:
                 hits = add(hits, value)
-            elif name == "vllm:prefix_cache_queries_total":
+            elif name == names.prefix_queries:
                 queries = add(queries, value)
-            elif name == _TTFT:
+            elif name == names.prefix_hit_rate:
+                ratio = value if ratio is None else max(ratio, value)
+            elif name == names.ttft_bucket:
                 upper = float(sample.labels["le"])
                 ttft[upper] = ttft.get(upper, 0.0) + value
-    hit_rate = hits / queries if hits is not None and queries else None
+    hit_rate = hits / queries if hits is not None and queries else ratio
     return EngineSnapshot(kv, running, waiting, hit_rate, tuple(sorted(ttft.items())))
+
+
+def parse_vllm_metrics(text: str) -> EngineSnapshot:
+    return parse_engine_metrics(text, EngineKind.VLLM)
 
 
 def histogram_quantile(buckets: Iterable[tuple[float, float]], q: float) -> float | None:
@@ -181,6 +223,11 @@ class EngineReadings:
             waiting += snapshot.waiting
             running += snapshot.running or 0.0
         return waiting / max(1.0, running) if seen else None
+
+    def latest(self, pool: str, host: str, port: int) -> tuple[float, EngineSnapshot] | None:
+        """The endpoint's latest snapshot and its age in seconds; None before the first."""
+        seen = self._latest.get((pool, host, port))
+        return None if seen is None else (self._clock() - seen[0], seen[1])
 
     def snapshot(self, pool: str, host: str, port: int) -> EngineSnapshot | None:
         seen = self._latest.get((pool, host, port))

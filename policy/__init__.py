@@ -9,6 +9,7 @@ from policy._reader import PolicyError
 from policy.domain import (
     ApiKey,
     ContextBucket,
+    EngineKind,
     FailureMode,
     LatencyFit,
     Limits,
@@ -42,6 +43,7 @@ __all__ = [
     "ContextBucket",
     "CountingConfig",
     "DecisionLogConfig",
+    "EngineKind",
     "FailureMode",
     "JwtConfig",
     "LatencyFit",

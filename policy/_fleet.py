@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from policy._reader import PolicyError, Section, expect, positive
 from policy.domain import (
     ContextBucket,
+    EngineKind,
     LatencyFit,
     Pool,
     RouteRule,
@@ -97,6 +98,12 @@ def parse_pools(raw: object, path: str) -> dict[str, Pool]:
             if value is not None:
                 positive(capacities[field_name] or 0, sec.child(field_name))
         priority_scheduling = sec.get("priority_scheduling", bool, False)
+        engine_name = sec.get("engine", str, EngineKind.VLLM.value)
+        if engine_name not in {kind.value for kind in EngineKind}:
+            kinds = ", ".join(kind.value for kind in EngineKind)
+            raise PolicyError(
+                f"{sec.child('engine')}: expected one of {kinds}, got {engine_name!r}"
+            )
         sec.close()
         if not endpoints_raw:
             raise PolicyError(f"{sec.child('endpoints')}: needs at least one endpoint")
@@ -108,7 +115,11 @@ def parse_pools(raw: object, path: str) -> dict[str, Pool]:
                 raise PolicyError(f"{ep_path}: expected 'host:port', got {ep!r}")
             endpoints.append((match["host"].strip("[]"), int(match["port"])))
         pools[name] = Pool(
-            name, tuple(endpoints), priority_scheduling=priority_scheduling, **capacities
+            name,
+            tuple(endpoints),
+            priority_scheduling=priority_scheduling,
+            engine=EngineKind(engine_name),
+            **capacities,
         )
     return pools
 

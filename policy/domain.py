@@ -24,6 +24,13 @@ class FailureMode(StrEnum):
     OPEN = "open"  # sidecar unreachable -> Envoy forwards the request unchecked
 
 
+class EngineKind(StrEnum):
+    """What serves a pool, so its /metrics are read with the right names."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """A key's limits; None means unlimited."""
@@ -72,6 +79,8 @@ class Pool:
     # The engines run vLLM's priority scheduling (`--scheduling-policy priority`): slogate
     # writes each request's `priority` from its tier (lower runs first).
     priority_scheduling: bool = False
+    # The engines' metric names: vLLM's (`vllm:*`) or SGLang's (`sglang:*`).
+    engine: EngineKind = EngineKind.VLLM
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.stack import start_stack
+from tests.support.vllm import require_vllm, start_vllm_stack
 from tooling.processes import ManagedProcess, start_redis, start_redis_cluster
 from tooling.stack import LocalStack
 
@@ -18,6 +19,16 @@ from tooling.stack import LocalStack
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     running = start_stack(tmp_path_factory.mktemp("stack"))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """The stack with a real vLLM behind the default pool (~1 min to start), shared by the
+    tests marked vllm."""
+    require_vllm()
+    running = start_vllm_stack(tmp_path_factory.mktemp("vllm-stack"))
     yield running
     running.stop()
 

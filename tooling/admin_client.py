@@ -100,6 +100,35 @@ def status_table(reply: pb.StatusReply) -> str:
             ),
             held,
         )
+    if reply.engines:
+        scraped = [
+            (
+                e.pool,
+                e.endpoint,
+                e.engine,
+                f"{e.age_s:.1f} s",
+                _number(e, "kv_cache_usage"),
+                _number(e, "running", "{:.0f}"),
+                _number(e, "waiting", "{:.0f}"),
+                _number(e, "prefix_cache_hit_rate"),
+                f"{e.first_tokens:.0f}",
+            )
+            for e in reply.engines
+        ]
+        text += "\n\nengines (latest scrape of /metrics)\n" + table(
+            (
+                "pool",
+                "endpoint",
+                "engine",
+                "age",
+                "kv",
+                "running",
+                "waiting",
+                "prefix hits",
+                "first tokens",
+            ),
+            scraped,
+        )
     return text
 
 

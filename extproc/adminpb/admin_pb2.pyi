@@ -70,7 +70,7 @@ class Breaker(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., level: _Optional[int] = ..., signal_level: _Optional[int] = ..., probing: _Optional[bool] = ..., drill_level: _Optional[int] = ..., drill_remaining_s: _Optional[float] = ..., signals: _Optional[_Union[Signals, _Mapping]] = ..., last_transition: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("breakers", "budget_store", "redis_up", "policy_source", "keys", "inflight_requests", "gpu_available", "quota_multipliers", "load_score", "load_forecast", "admission", "kv_ledger")
+    __slots__ = ("breakers", "budget_store", "redis_up", "policy_source", "keys", "inflight_requests", "gpu_available", "quota_multipliers", "load_score", "load_forecast", "admission", "kv_ledger", "engines")
     class QuotaMultipliersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class StatusReply(_message.Message):
     LOAD_FORECAST_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
     KV_LEDGER_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
     breakers: _containers.RepeatedCompositeFieldContainer[Breaker]
     budget_store: str
     redis_up: bool
@@ -102,7 +103,30 @@ class StatusReply(_message.Message):
     load_forecast: float
     admission: _containers.RepeatedCompositeFieldContainer[PoolAdmission]
     kv_ledger: str
-    def __init__(self, breakers: _Optional[_Iterable[_Union[Breaker, _Mapping]]] = ..., budget_store: _Optional[str] = ..., redis_up: _Optional[bool] = ..., policy_source: _Optional[str] = ..., keys: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., gpu_available: _Optional[bool] = ..., quota_multipliers: _Optional[_Mapping[str, float]] = ..., load_score: _Optional[float] = ..., load_forecast: _Optional[float] = ..., admission: _Optional[_Iterable[_Union[PoolAdmission, _Mapping]]] = ..., kv_ledger: _Optional[str] = ...) -> None: ...
+    engines: _containers.RepeatedCompositeFieldContainer[EngineReading]
+    def __init__(self, breakers: _Optional[_Iterable[_Union[Breaker, _Mapping]]] = ..., budget_store: _Optional[str] = ..., redis_up: _Optional[bool] = ..., policy_source: _Optional[str] = ..., keys: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., gpu_available: _Optional[bool] = ..., quota_multipliers: _Optional[_Mapping[str, float]] = ..., load_score: _Optional[float] = ..., load_forecast: _Optional[float] = ..., admission: _Optional[_Iterable[_Union[PoolAdmission, _Mapping]]] = ..., kv_ledger: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineReading, _Mapping]]] = ...) -> None: ...
+
+class EngineReading(_message.Message):
+    __slots__ = ("pool", "endpoint", "engine", "age_s", "kv_cache_usage", "running", "waiting", "prefix_cache_hit_rate", "first_tokens")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    endpoint: str
+    engine: str
+    age_s: float
+    kv_cache_usage: float
+    running: float
+    waiting: float
+    prefix_cache_hit_rate: float
+    first_tokens: float
+    def __init__(self, pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., engine: _Optional[str] = ..., age_s: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., running: _Optional[float] = ..., waiting: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., first_tokens: _Optional[float] = ...) -> None: ...
 
 class KeysRequest(_message.Message):
     __slots__ = ("tenant",)

@@ -106,6 +106,7 @@ class Sidecar:
         self.scraper = (
             EngineScraper(
                 self._pool_endpoints,
+                lambda: {name: pool.engine for name, pool in self.policy().pools.items()},
                 interval_s=breaker.scrape_interval_s,
                 stale_after_s=breaker.stale_after_s,
             )
@@ -199,6 +200,7 @@ class Sidecar:
             clock=self.clock,
             on_drill=self.breaker_loop.export,
             siblings=self.siblings,
+            engines=self.scraper,
         )
         self.breaker_loop.on_transition = self.admin.note_transition
         self._host = host

@@ -18,6 +18,7 @@ import grpc
 from admission.waiting_room import WaitingRoom
 from breaker.board import BreakerBoard
 from breaker.controller import TierMultipliers
+from breaker.engine import EngineReadings
 from breaker.key_quotas import KeyQuotas
 from breaker.kv_book import FailoverBook, KvBook
 from breaker.levels import BreakerLevel, Transition
@@ -73,9 +74,11 @@ class AdminService(pb_grpc.AdminServicer):
         clock: Callable[[], float],
         on_drill: Callable[[], None],
         siblings: FanOut | None = None,
+        engines: EngineReadings | None = None,
     ) -> None:
         """`siblings`: the other workers of `slogate serve --workers N`, told of every drill
-        and reload made here (None: this process alone)."""
+        and reload made here (None: this process alone). `engines`: the scraped engine
+        metrics (None: scraping is off)."""
         self._siblings = siblings
         self._arguments = dict(
             policy=policy,
@@ -89,8 +92,10 @@ class AdminService(pb_grpc.AdminServicer):
             room=room,
             clock=clock,
             on_drill=on_drill,
+            engines=engines,
         )
         self._policy = policy
+        self._engines = engines
         self._board = board
         self._store = store
         self._inflight = inflight
@@ -173,7 +178,29 @@ class AdminService(pb_grpc.AdminServicer):
             for tier in Tier:
                 held.waiting[tier.value] = self._room.waiting(name, tier)
             held.oldest_wait_s = self._room.oldest_wait_s(name, self._clock())
+        self._add_engines(reply, policy)
         return reply
+
+    def _add_engines(self, reply: pb.StatusReply, policy: Policy) -> None:
+        if self._engines is None:
+            return
+        for name, pool in policy.pools.items():
+            for host, port in pool.endpoints:
+                seen = self._engines.latest(name, host, port)
+                if seen is None:
+                    continue
+                age_s, snapshot = seen
+                row = reply.engines.add(
+                    pool=name,
+                    endpoint=f"{host}:{port}",
+                    engine=pool.engine.value,
+                    age_s=age_s,
+                    first_tokens=snapshot.ttft_buckets[-1][1] if snapshot.ttft_buckets else 0,
+                )
+                for field in ("kv_cache_usage", "running", "waiting", "prefix_cache_hit_rate"):
+                    value = getattr(snapshot, field)
+                    if value is not None:
+                        setattr(row, field, value)
 
     async def Keys(
         self, request: pb.KeysRequest, context: grpc.aio.ServicerContext
