@@ -28,8 +28,20 @@ def filler_token(index: int) -> str:
     return " " + _FILLER_WORDS[index % len(_FILLER_WORDS)]
 
 
-def error_body(message: str, error_type: str, code: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": error_type, "code": code}}
+# vLLM names its error types after the HTTP status (OpenAI's API names them by kind).
+_VLLM_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    405: "BadRequestError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """vLLM's error document: `type` from the status, `code` the status itself."""
+    error_type = _VLLM_ERROR_TYPES.get(status, "InternalServerError")
+    return {"error": {"message": message, "type": error_type, "param": param, "code": status}}
 
 
 def anthropic_error_body(message: str, error_type: str) -> dict[str, Any]:
@@ -42,31 +54,44 @@ class Usage:
     completion_tokens: int
     cached_tokens: int = 0
 
+    def body(self, details: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's usage object (its field order), `prompt_tokens_details` as given."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "completion_tokens": self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens, **details},
+        }
 
-def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
+
+def _dumps(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()  # compact, as vLLM writes
 
 
 def _event(name: str | None, body: dict[str, Any]) -> bytes:
     head = f"event: {name}\n".encode() if name else b""
-    return head + b"data: " + json.dumps(body).encode() + b"\n\n"
+    return head + b"data: " + _dumps(body) + b"\n\n"
 
 
 class Frame(Protocol):
     def full_response(self, text: str, finish_reason: str, usage: Usage) -> bytes: ...
     def stream_open(self, include_usage: bool) -> bytes: ...
-    def stream_token(self, text: str, include_usage: bool) -> bytes: ...
+    def stream_token(
+        self, text: str, include_usage: bool, finish_reason: str | None = None
+    ) -> bytes: ...
     def stream_close(self, finish_reason: str, usage: Usage, include_usage: bool) -> bytes: ...
+
+
+FINGERPRINT = "sim-slogate"  # vLLM's reads vllm-<version>-<hash>
 
 
 @dataclass(frozen=True, slots=True)
 class OpenAiFrame:
-    """Chat completions and completions: `chat.completion(.chunk)` / `text_completion`."""
+    """Chat completions and completions, in vLLM's shapes (held to a real vLLM by
+    tests/test_sim_matches_vllm.py): its vLLM-only fields (`prompt_token_ids`,
+    `kv_transfer_params`, ...) as null, `finish_reason` on the last token's chunk, the usage
+    chunk (`choices: []`) only when asked for, and no `usage: null` on the other chunks
+    (OpenAI's API adds those; vLLM does not)."""
 
     chat: bool
     response_id: str
@@ -82,55 +107,87 @@ class OpenAiFrame:
         }
 
     def full_response(self, text: str, finish_reason: str, usage: Usage) -> bytes:
+        tail = {"stop_reason": None, "token_ids": None}
         if self.chat:
+            message = {
+                "role": "assistant",
+                "content": text,
+                "refusal": None,
+                "annotations": None,
+                "audio": None,
+                "function_call": None,
+                "reasoning": None,
+            }
             choice: dict[str, Any] = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish_reason,
+                **tail,
+                "routed_experts": None,
             }
             body = self._head("chat.completion")
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                **tail,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+                "routed_experts": None,
+            }
             body = self._head("text_completion")
         body["choices"] = [choice]
-        body["usage"] = usage_body(
-            usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
-        )
-        return json.dumps(body).encode()
-
-    def _chunk(self, choices: list[dict[str, Any]], with_usage_field: bool) -> bytes:
-        body = self._head("chat.completion.chunk" if self.chat else "text_completion")
-        body["choices"] = choices
-        if with_usage_field:
-            # OpenAI: with include_usage every chunk carries "usage": null except the last.
-            body["usage"] = None
-        return _event(None, body)
-
-    def _choice(self, text: str | None, finish_reason: str | None) -> dict[str, Any]:
+        body["service_tier"] = None
+        body["system_fingerprint"] = FINGERPRINT
+        body["usage"] = {
+            **usage.body({"created_cache_tokens": 0, "multimodal_tokens": None}),
+            "completion_tokens_details": None,
+        }
         if self.chat:
-            delta = {} if text is None else {"content": text}
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+        body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
+        return _dumps(body)
 
     def stream_open(self, include_usage: bool) -> bytes:
         if not self.chat:
             return b""
+        body = self._head("chat.completion.chunk")
         delta = {"role": "assistant", "content": ""}
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
-        return self._chunk([choice], include_usage)
+        body["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]
+        body.update(prompt_token_ids=None, prompt_text=None)
+        return _event(None, body)
 
-    def stream_token(self, text: str, include_usage: bool) -> bytes:
-        return self._chunk([self._choice(text, None)], include_usage)
+    def stream_token(
+        self, text: str, include_usage: bool, finish_reason: str | None = None
+    ) -> bytes:
+        choice: dict[str, Any]
+        if self.chat:
+            choice = {"index": 0, "delta": {"content": text}, "logprobs": None}
+            choice["finish_reason"] = finish_reason
+            if finish_reason is not None:
+                choice["stop_reason"] = None
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice.update(stop_reason=None, prompt_token_ids=None)
+        choice["token_ids"] = None
+        body = self._head("chat.completion.chunk" if self.chat else "text_completion")
+        body["choices"] = [choice]
+        if finish_reason is not None and not include_usage:
+            body["system_fingerprint"] = FINGERPRINT  # else on the usage chunk, as vLLM does
+        return _event(None, body)
 
     def stream_close(self, finish_reason: str, usage: Usage, include_usage: bool) -> bytes:
-        out = self._chunk([self._choice(None, finish_reason)], include_usage)
+        """What follows the last token (which carried `finish_reason`)."""
+        out = b""
         if include_usage:
             body = self._head("chat.completion.chunk" if self.chat else "text_completion")
             body["choices"] = []
-            body["usage"] = usage_body(
-                usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
-            )
+            # vLLM's streamed usage: created_cache_tokens only in chat.
+            body["usage"] = usage.body({"created_cache_tokens": 0} if self.chat else {})
+            body["system_fingerprint"] = FINGERPRINT
             out += _event(None, body)
         return out + DONE_EVENT
 
@@ -186,7 +243,9 @@ class ResponsesFrame:
         added = {"type": "response.content_part.added", "output_index": 0, "content_index": 0}
         return _event("response.created", created) + _event("response.content_part.added", added)
 
-    def stream_token(self, text: str, include_usage: bool) -> bytes:
+    def stream_token(
+        self, text: str, include_usage: bool, finish_reason: str | None = None
+    ) -> bytes:
         delta = {"type": "response.output_text.delta", "output_index": 0, "delta": text}
         return _event("response.output_text.delta", delta)
 
@@ -229,7 +288,9 @@ class MessagesFrame:
         block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}}
         return _event("message_start", start) + _event("content_block_start", block)
 
-    def stream_token(self, text: str, include_usage: bool) -> bytes:
+    def stream_token(
+        self, text: str, include_usage: bool, finish_reason: str | None = None
+    ) -> bytes:
         delta = {
             "type": "content_block_delta",
             "index": 0,
@@ -267,7 +328,9 @@ class EmbeddingsFrame:
     def stream_open(self, include_usage: bool) -> bytes:
         raise ValueError("embeddings do not stream")
 
-    def stream_token(self, text: str, include_usage: bool) -> bytes:
+    def stream_token(
+        self, text: str, include_usage: bool, finish_reason: str | None = None
+    ) -> bytes:
         raise ValueError("embeddings do not stream")
 
     def stream_close(self, finish_reason: str, usage: Usage, include_usage: bool) -> bytes:

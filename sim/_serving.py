@@ -78,12 +78,14 @@ def error_response(
     headers: dict[str, str] | None = None,
     endpoint: Endpoint | None = None,
 ) -> web.Response:
-    """An error in the API's own shape (Anthropic's for the Messages API)."""
+    """An error in the API's own shape: vLLM's for the OpenAI APIs (`type` from the status,
+    `code` the status), Anthropic's for the Messages API. What the simulator means by it
+    (`code`, e.g. context_length_exceeded, sim_fault) goes in `x-sim-error`, for tests."""
     if endpoint is Endpoint.MESSAGES:
         body = anthropic_error_body(message, _ANTHROPIC_TYPES.get(status, "api_error"))
     else:
-        body = error_body(message, error_type, code)
-    return web.json_response(body, status=status, headers=headers or {})
+        body = error_body(status, message)
+    return web.json_response(body, status=status, headers={**(headers or {}), "x-sim-error": code})
 
 
 class SimPool:
@@ -99,7 +101,7 @@ class SimPool:
         )
         self.prefix_cache = PrefixCache(config.prefix_cache_entries)
         self.faults = FaultState()
-        self.metrics = PoolMetrics(config.model)
+        self.metrics = PoolMetrics(config.model, config.kv_capacity_tokens)
         self.count_tokens: Counter = approx_tokens
         if config.tokenizer == "deepseek":
             from extproc.request.tokens import DeepSeekBpe
@@ -133,15 +135,13 @@ class SimPool:
             return error_response(
                 400, message, "invalid_request_error", "context_length_exceeded", headers, endpoint
             )
-        if parsed.priority != 0 and self.config.scheduling_policy != "priority":
-            return error_response(
-                400,
-                f"Got priority {parsed.priority} but Priority scheduling is not enabled.",
-                "invalid_request_error",
-                "invalid_priority",
-                headers,
-                endpoint,
+        served = self.config.served_models
+        if served and parsed.requested_model is not None and parsed.requested_model not in served:
+            message = (
+                f"The model `{parsed.requested_model}` does not exist. "
+                f"Valid aliases: {', '.join(served)}."
             )
+            return error_response(404, message, "not_found_error", "model_not_found", headers)
         faults = self.faults.current()
         if faults.error_rate > 0 and self.rng.random() < faults.error_rate:
             return error_response(
@@ -167,7 +167,9 @@ class SimPool:
         kv_tokens = kv_tokens_for(
             parsed.prompt_tokens, parsed.max_tokens, self.latency.config.buckets
         )
-        admission = self.kv.submit(request_id, kv_tokens, parsed.priority)
+        # vLLM's FCFS scheduler accepts an integer priority and ignores it.
+        priority = parsed.priority if self.config.scheduling_policy == "priority" else 0
+        admission = self.kv.submit(request_id, kv_tokens, priority)
         if admission is Admission.REJECTED_TOO_LARGE:
             message = f"request needs {kv_tokens} KV tokens, the pool has {self.kv.capacity_tokens}"
             return error_response(
@@ -279,9 +281,11 @@ class SimPool:
             opening = frame.stream_open(usage_field)
             if opening:
                 await response.write(opening)
+            last = plan.completion_tokens - 1
             for index in range(plan.completion_tokens):
                 await _sleep_until(plan.first_token_at + index * plan.token_interval_s)
-                await response.write(frame.stream_token(filler_token(index), usage_field))
+                finish = plan.finish_reason if index == last else None  # as vLLM sends it
+                await response.write(frame.stream_token(filler_token(index), usage_field, finish))
                 self.metrics.generation_tokens.inc()
             usage = Usage(parsed.prompt_tokens, plan.completion_tokens, plan.cached_tokens)
             await response.write(frame.stream_close(plan.finish_reason, usage, usage_field))

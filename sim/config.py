@@ -35,9 +35,11 @@ class PoolConfig:
     # How prompts are counted: "approx" (a quarter of the UTF-8 bytes, free) or "deepseek"
     # (the real vocabulary, as vLLM counts: text built to fool an estimate costs its real size).
     tokenizer: str = "approx"
-    # vLLM's --scheduling-policy: "fcfs" refuses a request naming a priority other than 0
-    # (as vLLM does); "priority" queues by it, lower first.
+    # vLLM's --scheduling-policy: "fcfs" accepts an integer priority and ignores it (as
+    # vLLM 0.32 does); "priority" queues by it, lower first.
     scheduling_policy: str = "fcfs"
+    # vLLM's --served-model-name: another model is a 404. Empty: any model is served.
+    served_models: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or not self.model:

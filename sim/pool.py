@@ -193,6 +193,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=18001)
     parser.add_argument("--model", default=defaults.model)
+    parser.add_argument(
+        "--served-model-name",
+        action="append",
+        default=[],
+        help="names the pool answers to (repeat); others get vLLM's 404. Default: any",
+    )
     parser.add_argument("--time-scale", type=float, default=defaults.time_scale)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--kv-capacity-tokens", type=int, default=defaults.kv_capacity_tokens)
@@ -226,6 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             base_latency_ms=args.base_latency_ms,
             tokenizer=args.tokenizer,
             scheduling_policy=args.scheduling_policy,
+            served_models=tuple(args.served_model_name),
         )
     except ValueError as exc:
         print(f"sim pool: {exc}", file=sys.stderr)

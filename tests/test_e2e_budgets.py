@@ -76,7 +76,7 @@ def test_stream_is_charged_its_real_usage_not_max_tokens(stack: LocalStack) -> N
         key="sk-demo-batch",
     )
     assert reply.status == 200
-    chunks = [e for e in reply.body.decode().split("\n\n") if '"usage": {' in e]
+    chunks = [e for e in reply.body.decode().split("\n\n") if '"usage":{' in e]
     usage = __import__("json").loads(chunks[-1][6:])["usage"]
     after = settled(stack)
 

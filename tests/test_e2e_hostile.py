@@ -111,7 +111,7 @@ def stream_ttft_s(stack: LocalStack, key: str, body: dict[str, object]) -> float
         buffer = b""
         while chunk := response.read1(65536):
             buffer += chunk
-            if first is None and b'"content": "' in buffer.replace(b'"content": ""', b""):
+            if first is None and b'"content":"' in buffer.replace(b'"content":""', b""):
                 first = time.monotonic() - started
         return first
     finally:

@@ -69,7 +69,8 @@ async def _metrics(client: TestClient[Any, Any]) -> dict[str, float]:
     samples: dict[str, float] = {}
     for family in text_string_to_metric_families(await response.text()):
         for sample in family.samples:
-            assert sample.labels.get("model_name") == "deepseek-v4", sample
+            if sample.name != "vllm:cache_config_info":  # vLLM's has no model_name either
+                assert sample.labels.get("model_name") == "deepseek-v4", sample
             key = sample.name
             if "finished_reason" in sample.labels:
                 key += f"{{{sample.labels['finished_reason']}}}"
@@ -135,15 +136,12 @@ async def test_streaming_sends_one_chunk_per_token_and_no_usage_by_default(
     chunks = [json.loads(e) for e in events[:-1]]
     assert all(c["object"] == "chat.completion.chunk" and "usage" not in c for c in chunks)
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    token_chunks = chunks[1:-1]
+    token_chunks = chunks[1:]
     assert len(token_chunks) == 7
     assert all(len(c["choices"][0]["delta"]["content"].split()) == 1 for c in token_chunks)
-    assert chunks[-1]["choices"][0] == {
-        "index": 0,
-        "delta": {},
-        "logprobs": None,
-        "finish_reason": "length",
-    }
+    # As vLLM sends it: the last token's chunk carries the finish reason.
+    assert [c["choices"][0]["finish_reason"] for c in token_chunks] == [None] * 6 + ["length"]
+    assert chunks[-1]["choices"][0]["stop_reason"] is None
 
 
 async def test_streaming_usage_chunk_only_with_include_usage(make_client: MakeClient) -> None:
@@ -157,7 +155,7 @@ async def test_streaming_usage_chunk_only_with_include_usage(make_client: MakeCl
     assert usage_chunk["choices"] == []
     usage = usage_chunk["usage"]
     others = [json.loads(e) for e in events[:-2]]
-    assert all(c["usage"] is None for c in others)
+    assert all("usage" not in c for c in others)  # vLLM adds no usage: null (OpenAI does)
     content_chunks = [c for c in others if c["choices"][0]["delta"].get("content")]
     assert usage["completion_tokens"] == len(content_chunks)
     assert usage["prompt_tokens"] == 3 + 4
@@ -176,9 +174,9 @@ async def test_streaming_completions(make_client: MakeClient) -> None:
     }
     events = await _sse_events(await client.post("/v1/completions", json=body))
     chunks = [json.loads(e) for e in events[:-1]]
-    assert [c["object"] for c in chunks] == ["text_completion"] * 6
-    assert [c["choices"][0]["finish_reason"] for c in chunks[:5]] == [None] * 4 + ["length"]
-    assert chunks[5]["usage"]["completion_tokens"] == 4
+    assert [c["object"] for c in chunks] == ["text_completion"] * 5
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:4]] == [None] * 3 + ["length"]
+    assert chunks[4]["usage"]["completion_tokens"] == 4
 
 
 async def test_chunks_are_flushed_as_tokens_are_produced(make_client: MakeClient) -> None:
@@ -222,7 +220,9 @@ async def test_bad_requests_get_openai_400s(
     assert response.status == 400
     assert response.headers["x-sim-pool"] == "long"
     error = (await response.json())["error"]
-    assert error["code"] == code and error["type"] == "invalid_request_error"
+    # vLLM's shape; what the simulator meant rides in x-sim-error.
+    assert error["code"] == 400 and error["type"] == "BadRequestError" and "param" in error
+    assert response.headers["x-sim-error"] == code
     assert error["message"]
 
 
@@ -252,7 +252,13 @@ async def test_fault_latency_and_errors_apply_and_clear(make_client: MakeClient)
     await client.post("/fault", json={"error_rate": 1.0})
     failed = await client.post(CHAT, json=_chat())
     assert failed.status == 500 and failed.headers["x-sim-pool"] == "default"
-    assert (await failed.json())["error"]["code"] == "sim_fault"
+    assert (await failed.json())["error"] == {
+        "message": "injected fault",
+        "type": "InternalServerError",
+        "param": None,
+        "code": 500,
+    }
+    assert failed.headers["x-sim-error"] == "sim_fault"
     await client.post("/fault", json={"error_rate": 1.0, "error_status": 503})
     assert (await client.post(CHAT, json=_chat())).status == 503
 
@@ -293,7 +299,8 @@ async def test_invalid_faults_are_rejected(make_client: MakeClient, body: Any) -
     client = await make_client()
     response = await client.post("/fault", json=body)
     assert response.status == 400
-    assert (await response.json())["error"]["code"] == "invalid_fault"
+    assert (await response.json())["error"]["type"] == "BadRequestError"
+    assert response.headers["x-sim-error"] == "invalid_fault"
 
 
 async def test_admitted_stream_finishes_when_faults_change(make_client: MakeClient) -> None:
@@ -305,7 +312,7 @@ async def test_admitted_stream_finishes_when_faults_change(make_client: MakeClie
     await client.post("/fault", json={"error_rate": 1.0, "latency_ms": 1_000})
     events = await _sse_events(response)
     assert events[-1] == "[DONE]"
-    assert len(events) == 8 + 2  # every token, the finish chunk, [DONE]
+    assert len(events) == 8 + 1  # every token (the last with the finish reason), [DONE]
     assert (await client.post(CHAT, json=_chat())).status == 500
 
 
@@ -324,7 +331,7 @@ async def test_kv_full_queues_then_overloads_with_503(make_client: MakeClient) -
     assert samples["vllm:kv_cache_usage_perc"] == pytest.approx(0.6)
     refused = await client.post("/v1/completions", json=body)
     assert refused.status == 503 and refused.headers["Retry-After"] == "1"
-    assert (await refused.json())["error"]["code"] == "overloaded"
+    assert refused.headers["x-sim-error"] == "overloaded"
     assert (await first).status == 200 and (await second).status == 200
     samples = await _metrics(client)
     assert samples["vllm:num_requests_running"] == samples["vllm:num_requests_waiting"] == 0
@@ -358,11 +365,11 @@ async def test_overcommitted_admissions_fail_and_oversized_requests_are_refused(
     running = asyncio.create_task(client.post("/v1/completions", json=body))
     await asyncio.sleep(0.05)
     oom = await client.post("/v1/completions", json=body)  # 1,200 of 1,000 tokens in use
-    assert oom.status == 500 and (await oom.json())["error"]["code"] == "kv_cache_oom"
+    assert oom.status == 500 and oom.headers["x-sim-error"] == "kv_cache_oom"
     assert (await running).status == 200
     huge = await client.post("/v1/completions", json={"prompt": "p" * 8_000, "max_tokens": 1})
     assert huge.status == 400
-    assert (await huge.json())["error"]["code"] == "context_length_exceeded"
+    assert huge.headers["x-sim-error"] == "context_length_exceeded"
 
 
 async def test_queued_request_that_hangs_up_leaves_the_queue(make_client: MakeClient) -> None:
@@ -396,7 +403,7 @@ async def test_metrics_have_vllm_names_and_move_after_requests(make_client: Make
         "vllm:generation_tokens_total",
         "vllm:time_to_first_token_seconds_count",
         "vllm:e2e_request_latency_seconds_count",
-        "vllm:time_per_output_token_seconds_count",
+        "vllm:request_time_per_output_token_seconds_count",
     ):
         assert before[name] == 0, name
 
@@ -410,7 +417,11 @@ async def test_metrics_have_vllm_names_and_move_after_requests(make_client: Make
     assert after["vllm:request_success_total{length}"] == 2
     assert after["vllm:prefix_cache_queries_total"] == 2 * prompt_tokens
     assert after["vllm:prefix_cache_hits_total"] == prompt_tokens  # the second one hit
-    for histogram in ("time_to_first_token", "e2e_request_latency", "time_per_output_token"):
+    for histogram in (
+        "time_to_first_token",
+        "e2e_request_latency",
+        "request_time_per_output_token",
+    ):
         assert after[f"vllm:{histogram}_seconds_count"] == 2
         assert after[f"vllm:{histogram}_seconds_sum"] > 0
 

@@ -70,6 +70,12 @@ def start_sidecar(
     return proc, SidecarPorts(int(match.group(1)), int(match.group(2)), match.group(3))
 
 
+def served_names(policy: Policy) -> tuple[str, ...]:
+    """The model names every pool answers to: the policy's model and its L3 fallback."""
+    names = (policy.model_name, *([policy.fallback_model] if policy.fallback_model else []))
+    return tuple(dict.fromkeys(names))
+
+
 @dataclass
 class StackPorts:
     """0 means: pick a free port (tests); the defaults are the documented local ports."""
@@ -168,7 +174,9 @@ class LocalStack:
             real = {policy.default_pool} if self.engine == "vllm" else set()
             # Started together, then waited for: each loads the tokenizer (~1 s).
             started = [
-                self.start_pool(pool) for pool in policy.pools.values() if pool.name not in real
+                self.start_pool(pool, served_names(policy))
+                for pool in policy.pools.values()
+                if pool.name not in real
             ]
             for name in sorted(real):  # meanwhile (vLLM takes ~45 s to answer /health)
                 self.start_engine(policy, policy.pools[name])
@@ -205,8 +213,9 @@ class LocalStack:
             raise
         return self
 
-    def start_pool(self, pool: Pool) -> tuple[str, ManagedProcess]:
+    def start_pool(self, pool: Pool, models: tuple[str, ...]) -> tuple[str, ManagedProcess]:
         port = self.ports.pools.get(pool.name, pool.endpoints[0][1])
+        names = [arg for name in models for arg in ("--served-model-name", name)]
         proc = ManagedProcess(
             f"pool-{pool.name}",
             python_module(
@@ -226,6 +235,7 @@ class LocalStack:
                 # As the policy says the engines schedule (slogate then writes priorities).
                 "--scheduling-policy",
                 "priority" if pool.priority_scheduling else "fcfs",
+                *names,
             ),
             self.work_dir,
         ).start()
@@ -235,12 +245,11 @@ class LocalStack:
     def start_engine(self, policy: Policy, pool: Pool) -> None:
         """A real vLLM for `pool`, serving the policy's model names, scheduling by priority
         when the pool says its engines do; what it reports becomes the pool's capacity."""
-        names = (policy.model_name, *([policy.fallback_model] if policy.fallback_model else []))
         port = self.ports.pools.get(pool.name, pool.endpoints[0][1])
         settings = dataclasses.replace(
             self.vllm,
             port=port,
-            served_names=tuple(dict.fromkeys(names)),
+            served_names=served_names(policy),
             priority_scheduling=pool.priority_scheduling,
         )
         engine = VllmEngine(self.work_dir, settings, name=f"vllm-{pool.name}")
