@@ -8,10 +8,12 @@ static per-tier quota found by a sweep and (b) slogate's dynamic controller.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Iterable, Mapping
+import multiprocessing
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -301,23 +303,51 @@ def with_kv_admission(workload: Workload) -> Workload:
     return dataclasses.replace(workload, policy=policy)
 
 
+def _run_spec(spec: tuple[Workload, int, dict[str, Any]]) -> dict[str, Any]:
+    workload, seed, options = spec
+    return run_once(workload, seed, **options)
+
+
+def run_many(
+    specs: Sequence[tuple[Workload, int, dict[str, Any]]], processes: int = 1
+) -> list[dict[str, Any]]:
+    """`run_once` for each (workload, seed, options), in order; with `processes` > 1 in
+    that many child processes (each run is seeded and independent: the same reports)."""
+    if processes <= 1 or len(specs) <= 1:
+        return [_run_spec(spec) for spec in specs]
+    # spawn, not fork: a test process has gRPC and event-loop threads a fork would copy.
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
+        return list(pool.map(_run_spec, specs))
+
+
 def compare(
     workload: Workload,
     seed: int = 7,
     latency: LatencyConfig | None = None,
     sweep_grid: Mapping[str, tuple[float, ...]] = SWEEP,
+    processes: int = 1,
 ) -> dict[str, Any]:
     """The best static per-tier quota (a sweep, as a careful operator would tune it) against
     slogate's dynamic control, same workload and seed. Also reported: the static quota as
     contracted (every multiplier 1.0, what most fleets run) and the controller without KV
     admission, so each part's share of the difference shows. `latency`: a measured model
-    (`slogate calibrate`) instead of the field's numbers, for every run alike."""
+    (`slogate calibrate`) instead of the field's numbers, for every run alike. `processes`:
+    the independent runs (the sweep, dynamic, controller only) side by side."""
     engine: dict[str, Any] = {} if latency is None else {"latency": latency}
-    sweep = []
-    for standard, sheddable in itertools.product(sweep_grid["standard"], sweep_grid["sheddable"]):
-        multipliers = {"critical": 1.0, "standard": standard, "sheddable": sheddable}
-        report = run_once(workload, seed, fixed_multipliers=multipliers, **engine)
-        sweep.append({"multipliers": multipliers, "report": report})
+    grid = [
+        {"critical": 1.0, "standard": standard, "sheddable": sheddable}
+        for standard, sheddable in itertools.product(
+            sweep_grid["standard"], sweep_grid["sheddable"]
+        )
+    ]
+    specs = [(workload, seed, {"fixed_multipliers": m, **engine}) for m in grid]
+    specs.append(
+        (with_kv_admission(workload), seed, {"timeline": True, "controller": True, **engine})
+    )
+    specs.append((workload, seed, {"controller": True, **engine}))
+    *reports, dynamic, controller_only = run_many(specs, processes)
+    sweep = [{"multipliers": m, "report": r} for m, r in zip(grid, reports, strict=True)]
     best = max(sweep, key=lambda row: _rank(row["report"]))
     # Re-run for its timeline: on the same engine model as the sweep that chose it.
     best_report = run_once(
@@ -335,10 +365,8 @@ def compare(
         "bursts": workload.bursts,
         "static_best": {"multipliers": best["multipliers"], "report": best_report},
         "static_contract": contract,
-        "dynamic": run_once(
-            with_kv_admission(workload), seed, timeline=True, controller=True, **engine
-        ),
-        "controller_only": run_once(workload, seed, controller=True, **engine),
+        "dynamic": dynamic,
+        "controller_only": controller_only,
         "sweep": sweep,
     }
 

@@ -59,6 +59,12 @@ def processes() -> Iterator[list[ManagedProcess]]:
         proc.stop()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests against a real vLLM run last, together: the engine they share starts once
+    and its idle worker (~10% of a core here) does not run beside the rest of the suite."""
+    items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield

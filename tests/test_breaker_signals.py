@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp import web
 
 from breaker.board import GLOBAL, BreakerBoard, engine_objective_s, p99_over_slo
-from breaker.engine import EngineSnapshot, histogram_quantile, parse_vllm_metrics
+from breaker.engine import (
+    EngineSnapshot,
+    histogram_quantile,
+    parse_engine_metrics,
+    parse_vllm_metrics,
+)
 from breaker.latency import SLO_RATIO, ResponseWindows
 from breaker.levels import BreakerLevel
 from breaker.objectives import latency_objective_s
 from extproc.runtime.engines import EngineScraper
 from extproc.runtime.gpu import GpuMemory
-from policy import Tier, parse_policy
+from policy import EngineKind, PolicyError, Tier, parse_policy
 from sim.config import PoolConfig
 from sim.pool import create_app
 from tests.support.clock import VirtualClock
@@ -41,6 +47,53 @@ def test_vllm_exposition_is_read_worst_kv_and_summed_counts() -> None:
     snapshot = parse_vllm_metrics(VLLM_TEXT)
     assert snapshot == EngineSnapshot(0.91, 7.0, 2.0, 0.25)
     assert parse_vllm_metrics("") == EngineSnapshot(None, None, None, None)
+
+
+SGLANG_TEXT = (Path(__file__).parent / "data" / "sglang_metrics.txt").read_text()
+
+
+def test_sglang_exposition_is_read_with_sglang_names() -> None:
+    snapshot = parse_engine_metrics(SGLANG_TEXT, EngineKind.SGLANG)
+    assert (snapshot.kv_cache_usage, snapshot.running, snapshot.waiting) == (0.28, 14.0, 3.0)
+    assert snapshot.prefix_cache_hit_rate == 0.0075  # SGLang's own ratio gauge
+    assert snapshot.ttft_buckets[-1] == (math.inf, 1000.0)
+    assert histogram_quantile(snapshot.ttft_buckets, 0.99) == 5.0
+    # Read as vLLM, the same page has no vLLM signals but the stray gauge.
+    assert parse_engine_metrics(SGLANG_TEXT) == EngineSnapshot(0.99, None, None, None)
+
+
+def test_each_pool_is_scraped_with_its_engines_names() -> None:
+    async def scenario() -> None:
+        app = web.Application()
+
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(text=SGLANG_TEXT)
+
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        pools = {"sg": [("127.0.0.1", port)], "vl": [("127.0.0.1", port)]}
+        scraper = EngineScraper(lambda: pools, lambda: {"sg": EngineKind.SGLANG})
+        async with aiohttp.ClientSession() as session:
+            await scraper.scrape_once(session)
+        assert scraper.kv_cache_usage("sg") == 0.28
+        assert scraper.queue_ratio("sg") == pytest.approx(3 / 14)
+        assert scraper.kv_cache_usage("vl") == 0.99  # no kind given: vLLM's names
+        await runner.cleanup()
+
+    asyncio.run(scenario())
+
+
+def test_a_pool_names_its_engine() -> None:
+    pools = {"default": {"endpoints": ["127.0.0.1:1"], "engine": "sglang"}}
+    assert parse_policy({"pools": pools}).pools["default"].engine is EngineKind.SGLANG
+    default = parse_policy({}).pools["default"]
+    assert default.engine is EngineKind.VLLM
+    with pytest.raises(PolicyError, match=r"pools\.default\.engine: expected one of vllm"):
+        parse_policy({"pools": {"default": {"endpoints": ["127.0.0.1:1"], "engine": "tgi"}}})
 
 
 def test_stale_engine_metrics_count_as_saturated() -> None:

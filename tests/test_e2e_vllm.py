@@ -152,6 +152,11 @@ def test_slogate_status_reports_what_vllm_metrics_say(vllm_stack: LocalStack) ->
     assert wait_for(matches, timeout_s=15), (status(stack), engine_metrics(stack))
 
 
+def _engine_row(stack: LocalStack) -> dict[str, Any]:
+    rows = [e for e in status(stack).get("engines", []) if e["pool"] == "default"]
+    return rows[0] if rows else {}
+
+
 def _long(seed: int, max_tokens: int) -> dict[str, Any]:
     # ignore_eos: the random model would sometimes stop early; these run to their limit
     # (and slogate, seeing it, holds their whole footprint).
@@ -201,6 +206,9 @@ def test_kv_admission_fills_the_real_cache_and_learns_its_footprint(
             assert json.loads(s.response.read())["error"]["code"] == "overloaded"
         engine = engine_metrics(stack)
         assert metric(engine, "vllm:num_requests_running") == 2
+        # ... and the breaker's scrape sees them (slogate status, within a scrape or two).
+        assert wait_for(lambda: _engine_row(stack).get("running") == 2, timeout_s=10)
+        assert _engine_row(stack)["kvCacheUsage"] >= 0.45  # two 2.5k prompts of 10,240
         counted, _ = _held(stack)
         assert 2 * 4000 < counted <= 0.95 * 10_240
 

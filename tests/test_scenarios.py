@@ -116,7 +116,9 @@ def test_attack_key_is_contained_by_its_own_budget() -> None:
 
 @pytest.fixture(scope="module")
 def burst() -> dict[str, Any]:
-    return compare(load_workload(WORKLOADS / "burst-10x.yaml", SIMULATION_POLICY), seed=7)
+    # Two processes: the sweep's 24 runs and the dynamic ones are independent (same reports).
+    workload = load_workload(WORKLOADS / "burst-10x.yaml", SIMULATION_POLICY)
+    return compare(workload, seed=7, processes=2)
 
 
 def test_comparison_is_complete(burst: dict[str, Any], tmp_path: Path) -> None:

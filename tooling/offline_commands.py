@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 from typing import Any
 
@@ -93,7 +94,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return _waiting_room(args, workload, latency)
     if args.sidecars:
         return _sidecars(args, workload, latency)
-    comparison = compare(workload, seed=args.seed, latency=latency)
+    comparison = compare(workload, seed=args.seed, latency=latency, processes=os.cpu_count() or 1)
     comparison["gains"] = gains(comparison)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"simulate-{args.workload}.json"
