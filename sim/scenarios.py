@@ -58,9 +58,10 @@ class Workload:
     burst_tenants: frozenset[str] = frozenset()
 
 
-def load_workload(path: Path, base_policy: dict[str, Any] | None = None, seed: int = 1) -> Workload:
+def workload_policy(path: Path, base_policy: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The policy a workload runs under, as data: `base_policy` plus a key `sk-<tenant>` per
+    tenant with its limits (what `slogate loadtest` gives a live stack too)."""
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    duration_s = float(raw["duration_s"])
     policy_raw = dict(base_policy or {})
     policy_raw["keys"] = [
         {
@@ -71,7 +72,13 @@ def load_workload(path: Path, base_policy: dict[str, Any] | None = None, seed: i
         }
         for t in raw["tenants"]
     ]
-    policy = parse_policy(policy_raw, source=str(path))
+    return policy_raw
+
+
+def load_workload(path: Path, base_policy: dict[str, Any] | None = None, seed: int = 1) -> Workload:
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    duration_s = float(raw["duration_s"])
+    policy = parse_policy(workload_policy(path, base_policy), source=str(path))
     arrivals: list[Arrival] = []
     for t_index, tenant in enumerate(raw["tenants"]):
         key = policy.key_for(f"sk-{tenant['tenant']}")

@@ -173,6 +173,26 @@ def build_parser() -> argparse.ArgumentParser:
         "and against them with a ledger each; seeds --seed and --seed + 4",
     )
 
+    loadtest = sub.add_parser(
+        "loadtest", help="play a workload as open-loop arrivals against a live stack"
+    )
+    loadtest.add_argument("--workload", default="field-mix", help="a name in sim/workloads/")
+    loadtest.add_argument("--seed", type=int, default=1)
+    loadtest.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.1,
+        help="arrival times and the simulated pools' latencies times this",
+    )
+    loadtest.add_argument("--duration-s", type=float, default=None, help="the first S seconds")
+    loadtest.add_argument(
+        "--url", default=None, help="a running stack (default: start a local one)"
+    )
+    loadtest.add_argument(
+        "--key", action="append", default=[], metavar="TENANT=KEY", help="default: sk-<tenant>"
+    )
+    loadtest.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+
     calibrate = sub.add_parser(
         "calibrate", help="measure OpenAI-compatible endpoints; write their latency model"
     )
@@ -427,6 +447,52 @@ def cmd_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_loadtest(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import yaml
+
+    from sim.scenarios import SIMULATION_POLICY, WORKLOADS, load_workload, workload_policy
+    from tooling import loadtest
+    from tooling.stack import LocalStack, StackPorts
+
+    path = WORKLOADS / f"{args.workload}.yaml"
+    if not path.exists():
+        print(f"slogate loadtest: no workload {args.workload!r}", file=sys.stderr)
+        return 2
+    workload = load_workload(path, SIMULATION_POLICY, seed=args.seed)
+    if args.duration_s is not None:
+        workload = dataclasses.replace(
+            workload, arrivals=[a for a in workload.arrivals if a.at_s < args.duration_s]
+        )
+    keys = {a.key.tenant: f"sk-{a.key.tenant}" for a in workload.arrivals}
+    keys.update(dict(item.split("=", 1) for item in args.key))
+    stack = None
+    url = args.url
+    if url is None:
+        work_dir = Path(tempfile.mkdtemp(prefix="slogate-loadtest-"))
+        policy_path = work_dir / "workload-policy.yaml"
+        policy_path.write_text(yaml.safe_dump(workload_policy(path, SIMULATION_POLICY)))
+        ports = StackPorts(0, 0, 0, 0, 0, {name: 0 for name in workload.policy.pools})
+        stack = LocalStack(policy_path, work_dir, ports, args.time_scale).start()
+        url = stack.url
+        print(f"slogate loadtest: stack up at {url} (logs {work_dir})", flush=True)
+    try:
+        shots = asyncio.run(loadtest.play(workload.arrivals, url, keys, args.time_scale))
+    finally:
+        if stack is not None:
+            stack.stop()
+    result = loadtest.report(shots, workload.policy, args.time_scale, workload.name)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / f"loadtest-{args.workload}.json"
+    out.write_text(json.dumps(result, separators=(",", ":")) + "\n")
+    text = loadtest.table(result)
+    out.with_suffix(".md").write_text(f"# slogate loadtest --workload {args.workload}\n\n{text}\n")
+    print(text)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0
+
+
 def cmd_k8s(args: argparse.Namespace) -> int:
     from tooling.k8s import write_manifests
 
@@ -492,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         "envoy-config": cmd_envoy_config,
         "up": cmd_up,
         "engine": cmd_engine,
+        "loadtest": cmd_loadtest,
         "status": cmd_admin,
         "keys": cmd_admin,
         "reload": cmd_admin,
