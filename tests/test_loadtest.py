@@ -51,4 +51,13 @@ def test_a_short_field_mix_against_a_local_stack(tmp_path: Path) -> None:
     # Open loop: the generator kept to the schedule (real seconds).
     assert result["lag_p99_s"] < 0.1, result["lag_p99_s"]
     assert set(result["tiers"]) == {"critical", "standard", "sheddable"}
+    # Nothing held once the clients are done, and every process of the stack was watched.
+    assert result["after_drain"] == {
+        "inflight_requests": 0,
+        "kv_tokens_held": 0,
+        "batch_slots_held": 0,
+        "reservations_outstanding": 0,
+    }
+    assert {"sidecar", "envoy", "pool-default"} <= set(result["processes"])
+    assert 0 < result["processes"]["sidecar"]["cpu_share"] < 2.0
     assert (tmp_path / "loadtest-field-mix.md").read_text().startswith("# slogate loadtest")

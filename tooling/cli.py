@@ -477,12 +477,28 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         stack = LocalStack(policy_path, work_dir, ports, args.time_scale).start()
         url = stack.url
         print(f"slogate loadtest: stack up at {url} (logs {work_dir})", flush=True)
+    sampler = None
+    if stack is not None:
+        pids = {p.name: p.pid for p in stack.processes if p.pid is not None}
+        sampler = loadtest.ProcessSampler(pids)
+    left = None
     try:
-        shots = asyncio.run(loadtest.play(workload.arrivals, url, keys, args.time_scale))
+        shots = asyncio.run(
+            loadtest.play(workload.arrivals, url, keys, args.time_scale, sampler=sampler)
+        )
+        if stack is not None:
+            left = asyncio.run(loadtest.drained(stack.admin_address))
     finally:
         if stack is not None:
             stack.stop()
-    result = loadtest.report(shots, workload.policy, args.time_scale, workload.name)
+    result = loadtest.report(
+        shots,
+        workload.policy,
+        args.time_scale,
+        workload.name,
+        processes=sampler.summary() if sampler is not None else None,
+        after_drain=left,
+    )
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"loadtest-{args.workload}.json"
     out.write_text(json.dumps(result, separators=(",", ":")) + "\n")

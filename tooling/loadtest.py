@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -114,8 +115,10 @@ async def play(
     keys: Mapping[str, str],
     time_scale: float = 1.0,
     timeout_s: float = 600.0,
+    sampler: ProcessSampler | None = None,
 ) -> list[Shot]:
     """Every arrival sent at its scaled time; returns when the last one is answered."""
+    sampling = asyncio.create_task(sampler.run()) if sampler is not None else None
     for arrival in arrivals:  # build the prompt texts before the clock starts
         library(arrival.crafted)
     connector = aiohttp.TCPConnector(limit=0)
@@ -140,7 +143,88 @@ async def play(
             shot.lag_s = max(0.0, time.monotonic() - start - shot.scheduled_s)
             tasks.append(asyncio.create_task(fire(session, url, keys[shot.tenant], arrival, shot)))
         await asyncio.gather(*tasks)
+    if sampling is not None:
+        sampling.cancel()
+        assert sampler is not None
+        sampler.sample()
     return shots
+
+
+class ProcessSampler:
+    """CPU seconds and RSS of the stack's processes over the run, read from /proc (Linux):
+    on a 2-core machine the generator, Envoy, the sidecar and the pools share the CPU, and
+    a reader must be able to tell which one ran short."""
+
+    def __init__(self, pids: Mapping[str, int]) -> None:
+        self.pids = dict(pids)
+        self.samples: list[tuple[float, dict[str, tuple[float, float]]]] = []
+
+    @staticmethod
+    def read(pid: int) -> tuple[float, float] | None:
+        """(CPU seconds, RSS MiB) of one process; None once it is gone."""
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/statm", encoding="ascii") as statm:
+                pages = int(statm.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            return None
+        ticks = os.sysconf("SC_CLK_TCK")
+        page_mib = os.sysconf("SC_PAGE_SIZE") / 2**20
+        return (int(fields[11]) + int(fields[12])) / ticks, pages * page_mib
+
+    def sample(self) -> None:
+        now = {name: self.read(pid) for name, pid in self.pids.items()}
+        self.samples.append((time.monotonic(), {k: v for k, v in now.items() if v is not None}))
+
+    async def run(self, interval_s: float = 1.0) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(interval_s)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per process: CPU share of one core over the run, RSS at start and end (MiB) and
+        its slope (MiB per minute)."""
+        if len(self.samples) < 2:
+            return {}
+        (t0, first), (t1, last) = self.samples[0], self.samples[-1]
+        wall = max(t1 - t0, 1e-9)
+        out = {}
+        for name in self.pids:
+            if name in first and name in last:
+                out[name] = {
+                    "cpu_share": (last[name][0] - first[name][0]) / wall,
+                    "rss_start_mib": first[name][1],
+                    "rss_end_mib": last[name][1],
+                    "rss_slope_mib_per_min": (last[name][1] - first[name][1]) / wall * 60,
+                }
+        return out
+
+
+async def drained(admin_address: str, timeout_s: float = 15.0) -> dict[str, int]:
+    """After the run, once nothing is left in flight (or `timeout_s` passed): requests in
+    flight, KV tokens and batch slots held, budget reservations outstanding (all should be
+    0), from the sidecar's admin API."""
+    from extproc.adminpb import admin_pb2 as pb
+    from tooling import admin_client
+
+    channel, stub = admin_client.stub(admin_address)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            status = await stub.Status(pb.StatusRequest(), timeout=5)
+            keys = await stub.Keys(pb.KeysRequest(), timeout=10)
+            left = {
+                "inflight_requests": int(status.inflight_requests),
+                "kv_tokens_held": sum(int(a.kv_tokens_held) for a in status.admission),
+                "batch_slots_held": sum(int(a.requests_held) for a in status.admission),
+                "reservations_outstanding": sum(int(k.outstanding) for k in keys.keys),
+            }
+            if not any(left.values()) or time.monotonic() > deadline:
+                return left
+            await asyncio.sleep(0.5)
+    finally:
+        await channel.close()
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
@@ -189,10 +273,17 @@ def _summary(shots: Sequence[Shot], policy: Policy, time_scale: float) -> dict[s
 
 
 def report(
-    shots: Sequence[Shot], policy: Policy, time_scale: float, workload: str
+    shots: Sequence[Shot],
+    policy: Policy,
+    time_scale: float,
+    workload: str,
+    processes: Mapping[str, Mapping[str, float]] | None = None,
+    after_drain: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     lags = [s.lag_s for s in shots]
     return {
+        "processes": dict(processes or {}),
+        "after_drain": dict(after_drain or {}),
         "workload": workload,
         "time_scale": time_scale,
         "tiers": {
@@ -234,4 +325,15 @@ def table(result: dict[str, Any]) -> str:
             f"{_format(row['p99_ttft_s'])} | {_format(row['p99_latency_s'])} | "
             f"{_format(row['slo_attainment'], '{:.3f}')} | {statuses} |"
         )
+    if result.get("processes"):
+        lines += ["", "| process | CPU (share of a core) | RSS start MiB | RSS end MiB |"]
+        lines.append("| --- | --- | --- | --- |")
+        for name, row in result["processes"].items():
+            lines.append(
+                f"| {name} | {row['cpu_share']:.2f} | {row['rss_start_mib']:.0f} | "
+                f"{row['rss_end_mib']:.0f} |"
+            )
+    if result.get("after_drain"):
+        left = ", ".join(f"{k} {v}" for k, v in result["after_drain"].items())
+        lines += ["", f"after the drain: {left}"]
     return "\n".join(lines)
