@@ -26,6 +26,7 @@ from policy import EngineKind, PolicyError, Tier, parse_policy
 from sim.config import PoolConfig
 from sim.pool import create_app
 from tests.support.clock import VirtualClock
+from tests.support.http import serve_on_loopback
 
 VLLM_TEXT = """\
 # TYPE vllm:kv_cache_usage_perc gauge
@@ -70,11 +71,7 @@ def test_each_pool_is_scraped_with_its_engines_names() -> None:
             return web.Response(text=SGLANG_TEXT)
 
         app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await serve_on_loopback(app)
         pools = {"sg": [("127.0.0.1", port)], "vl": [("127.0.0.1", port)]}
         scraper = EngineScraper(lambda: pools, lambda: {"sg": EngineKind.SGLANG})
         async with aiohttp.ClientSession() as session:
@@ -124,11 +121,9 @@ def test_queue_ratio_sums_fresh_endpoints_and_forgets_stale_ones() -> None:
 
 def test_scraper_reads_a_real_simulated_pool() -> None:
     async def scenario() -> None:
-        runner = web.AppRunner(create_app(PoolConfig(name="default", time_scale=0.01)))
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await serve_on_loopback(
+            create_app(PoolConfig(name="default", time_scale=0.01))
+        )
         scraper = EngineScraper(lambda: {"default": [("127.0.0.1", port)]})
         async with aiohttp.ClientSession() as session:
             await scraper.scrape_once(session)

@@ -15,6 +15,7 @@ from sim.calibration import Sample, fit_latency, latency_config, pool_spread
 from sim.config import PoolConfig
 from sim.model import LatencyConfig
 from sim.pool import create_app
+from tests.support.http import serve_on_loopback
 from tooling.calibrate import CalibrationError, measure, probe_sizes, report
 
 POLICY = parse_policy({})
@@ -53,11 +54,7 @@ def test_probes_stay_inside_their_buckets_and_under_the_cap() -> None:
 
 async def test_calibrating_a_simulated_pool_finds_its_model(tmp_path: Path) -> None:
     scale = 0.2  # the pool sleeps 0.2x the model's times: the fit must find 0.2x
-    runner = web.AppRunner(create_app(PoolConfig(name="default", time_scale=scale)))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await serve_on_loopback(create_app(PoolConfig(name="default", time_scale=scale)))
     try:
         measured = await measure(
             "default", f"http://127.0.0.1:{port}/v1", "m", POLICY.buckets, tiny_count=40
@@ -106,11 +103,7 @@ async def test_an_endpoint_that_refuses_is_reported_with_its_answer() -> None:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", refuse)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await serve_on_loopback(app)
     try:
         with pytest.raises(CalibrationError, match=r"answered 401.*bad key"):
             await measure("default", f"http://127.0.0.1:{port}", "m", POLICY.buckets)

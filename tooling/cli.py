@@ -20,6 +20,19 @@ DEFAULT_POLICY = Path("deploy/policy.example.yaml")
 DEFAULT_ADMIN = "127.0.0.1:50052"
 
 
+class Signalled:
+    """Set by SIGTERM or SIGINT: a foreground command then stops its children itself
+    (Python's default SIGTERM would end it without running its `finally`, orphaning them)."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        signal.signal(signal.SIGTERM, self._set)
+        signal.signal(signal.SIGINT, self._set)
+
+    def _set(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+
 def _policy_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", type=Path, default=DEFAULT_POLICY, help="policy YAML file")
 
@@ -344,14 +357,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         engine=args.engine,
         vllm=VllmSettings(kv_blocks=args.kv_blocks),
     )
-    stopping = False
-
-    def _stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    signals = Signalled()
     stack.start()
     several = args.replicas > 1 or stack.redis is not None or bool(stack.engines)
     print(
@@ -367,7 +373,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     code = 0
     try:
-        while not stopping:
+        while not signals.stopping:
             try:
                 for name in stack.supervise():
                     print(f"slogate up: {name} died; restarted on the same ports", flush=True)
@@ -419,14 +425,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
     )
     log_dir = Path(tempfile.mkdtemp(prefix="slogate-engine-"))
     engine = VllmEngine(log_dir, settings)
-    stopping = False
-
-    def _stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    signals = Signalled()
     print(f"slogate engine: starting vLLM on {settings.port} (about a minute; log {log_dir})")
     started = time.monotonic()
     try:
@@ -440,7 +439,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        while not stopping and engine.process is not None and engine.process.running():
+        while not signals.stopping and engine.process is not None and engine.process.running():
             time.sleep(0.5)
     finally:
         engine.stop()
@@ -465,6 +464,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         workload = dataclasses.replace(
             workload, arrivals=[a for a in workload.arrivals if a.at_s < args.duration_s]
         )
+    # SIGTERM as Ctrl-C: the `finally` below stops the stack this command started.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     keys = {a.key.tenant: f"sk-{a.key.tenant}" for a in workload.arrivals}
     keys.update(dict(item.split("=", 1) for item in args.key))
     stack = None

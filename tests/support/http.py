@@ -9,6 +9,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 CHAT = "/v1/chat/completions"
@@ -92,3 +93,13 @@ def metric(
         for (n, ls), value in samples.items()
         if n == name and all((k, v) in ls for k, v in labels.items())
     )
+
+
+async def serve_on_loopback(app: web.Application) -> tuple[web.AppRunner, int]:
+    """An in-process aiohttp app on a free loopback port: its runner (to clean up) and port."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port: int = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, port
