@@ -303,7 +303,7 @@ def test_calibrating_vllm_gives_a_model_the_simulator_plays(
         [
             sys.executable, "-m", "tooling.cli", "calibrate",
             "--url", f"default={vllm_stack.pool_url('default')}",
-            "--model", "deepseek-v4", "--requests", "10", "--per-size", "3",
+            "--model", "deepseek-v4", "--requests", "5", "--per-size", "2",
             "--max-context", "4096", "--out", str(out),
         ],
         capture_output=True, text=True, timeout=300,

@@ -204,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     loadtest.add_argument(
         "--key", action="append", default=[], metavar="TENANT=KEY", help="default: sk-<tenant>"
     )
+    loadtest.add_argument(
+        "--budget-store",
+        choices=[k.value for k in BudgetStoreKind],
+        default=None,
+        help="redis: the local stack runs its own Redis (a fault may restart it)",
+    )
     loadtest.add_argument("--out-dir", type=Path, default=Path("bench/results"))
 
     calibrate = sub.add_parser(
@@ -468,6 +474,18 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     keys = {a.key.tenant: f"sk-{a.key.tenant}" for a in workload.arrivals}
     keys.update(dict(item.split("=", 1) for item in args.key))
+    try:
+        faults = loadtest.load_faults(yaml.safe_load(path.read_text()).get("faults"))
+    except (ValueError, KeyError, TypeError) as error:
+        print(f"slogate loadtest: {path}: {error}", file=sys.stderr)
+        return 2
+    if faults and args.url is not None:
+        print("slogate loadtest: faults need the local stack (no --url)", file=sys.stderr)
+        return 2
+    store = BudgetStoreKind(args.budget_store) if args.budget_store else None
+    if any(f.restart == "redis" for f in faults) and store is not BudgetStoreKind.REDIS:
+        print("slogate loadtest: a Redis restart needs --budget-store redis", file=sys.stderr)
+        return 2
     stack = None
     url = args.url
     if url is None:
@@ -475,23 +493,37 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         policy_path = work_dir / "workload-policy.yaml"
         policy_path.write_text(yaml.safe_dump(workload_policy(path, SIMULATION_POLICY)))
         ports = StackPorts(0, 0, 0, 0, 0, {name: 0 for name in workload.policy.pools})
-        stack = LocalStack(policy_path, work_dir, ports, args.time_scale).start()
+        stack = LocalStack(
+            policy_path, work_dir, ports, args.time_scale, budget_store=store
+        ).start()
         url = stack.url
         print(f"slogate loadtest: stack up at {url} (logs {work_dir})", flush=True)
     sampler = None
     if stack is not None:
-        pids = {p.name: p.pid for p in stack.processes if p.pid is not None}
-        sampler = loadtest.ProcessSampler(pids)
+        running = stack
+        sampler = loadtest.ProcessSampler(
+            lambda: {p.name: p.pid for p in running.processes if p.pid is not None}
+        )
     left = None
+    injector = loadtest.StackFaults(stack, faults, args.time_scale) if stack and faults else None
     try:
         shots = asyncio.run(
-            loadtest.play(workload.arrivals, url, keys, args.time_scale, sampler=sampler)
+            loadtest.play(
+                workload.arrivals,
+                url,
+                keys,
+                args.time_scale,
+                sampler=sampler,
+                alongside=injector,
+            )
         )
         if stack is not None:
             left = asyncio.run(loadtest.drained(stack.admin_address))
     finally:
         if stack is not None:
             stack.stop()
+    windows = injector.windows if injector is not None else []
+    loadtest.mark_faults(shots, windows)
     result = loadtest.report(
         shots,
         workload.policy,
@@ -499,6 +531,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         workload.name,
         processes=sampler.summary() if sampler is not None else None,
         after_drain=left,
+        faults=windows,
     )
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"loadtest-{args.workload}.json"

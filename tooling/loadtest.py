@@ -20,11 +20,13 @@ loaded generator shows up there instead of silently thinning the load.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import os
+import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,6 +36,7 @@ from breaker.objectives import latency_objective_s
 from policy import Policy, Tier
 from sim.arrivals import Arrival
 from sim.prompts import library
+from tooling.stack import LocalStack
 
 CHAT = "/v1/chat/completions"
 
@@ -52,9 +55,12 @@ class Shot:
     status: int = 0  # 0: no answer (connection refused or reset)
     reason: str = ""  # x-slogate-reason of a refusal
     error_json: bool = True  # a refusal came as an OpenAI JSON error with a message
+    error_code: str = ""  # its `code` (or `type`): slogate's reason, or the engine's
     ttft_s: float | None = None  # first content event; a JSON answer: the whole answer
     latency_s: float | None = None
     completion_tokens: int | None = None
+    sent_s: float = 0.0  # after the start
+    during_fault: bool = False  # alive while a scheduled fault was
 
 
 def messages(arrival: Arrival) -> list[dict[str, str]]:
@@ -83,6 +89,7 @@ async def fire(
                 try:
                     error = json.loads(await reply.read())["error"]
                     shot.error_json = bool(error.get("message"))
+                    shot.error_code = str(error.get("code") or error.get("type") or "")
                 except (ValueError, KeyError, TypeError):
                     shot.error_json = False
                 return
@@ -116,9 +123,12 @@ async def play(
     time_scale: float = 1.0,
     timeout_s: float = 600.0,
     sampler: ProcessSampler | None = None,
+    alongside: Callable[[float], Coroutine[Any, Any, None]] | None = None,
 ) -> list[Shot]:
-    """Every arrival sent at its scaled time; returns when the last one is answered."""
+    """Every arrival sent at its scaled time; returns when the last one is answered.
+    `alongside(start)`: run meanwhile (a fault schedule), given the clock's start."""
     sampling = asyncio.create_task(sampler.run()) if sampler is not None else None
+    side: asyncio.Task[None] | None = None
     for arrival in arrivals:  # build the prompt texts before the clock starts
         library(arrival.crafted)
     connector = aiohttp.TCPConnector(limit=0)
@@ -126,6 +136,8 @@ async def play(
     shots: list[Shot] = []
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         start = time.monotonic() + 0.2
+        if alongside is not None:
+            side = asyncio.create_task(alongside(start))
         tasks = []
         for arrival in arrivals:
             shot = Shot(
@@ -143,6 +155,10 @@ async def play(
             shot.lag_s = max(0.0, time.monotonic() - start - shot.scheduled_s)
             tasks.append(asyncio.create_task(fire(session, url, keys[shot.tenant], arrival, shot)))
         await asyncio.gather(*tasks)
+        for shot in shots:
+            shot.sent_s = shot.scheduled_s + shot.lag_s
+    if side is not None:
+        await side  # its last fault may outlast the last answer
     if sampling is not None:
         sampling.cancel()
         assert sampler is not None
@@ -155,8 +171,8 @@ class ProcessSampler:
     on a 2-core machine the generator, Envoy, the sidecar and the pools share the CPU, and
     a reader must be able to tell which one ran short."""
 
-    def __init__(self, pids: Mapping[str, int]) -> None:
-        self.pids = dict(pids)
+    def __init__(self, pids: Callable[[], Mapping[str, int]]) -> None:
+        self.pids = pids  # asked at every sample: a restarted process is a new name
         self.samples: list[tuple[float, dict[str, tuple[float, float]]]] = []
 
     @staticmethod
@@ -174,7 +190,7 @@ class ProcessSampler:
         return (int(fields[11]) + int(fields[12])) / ticks, pages * page_mib
 
     def sample(self) -> None:
-        now = {name: self.read(pid) for name, pid in self.pids.items()}
+        now = {name: self.read(pid) for name, pid in self.pids().items()}
         self.samples.append((time.monotonic(), {k: v for k, v in now.items() if v is not None}))
 
     async def run(self, interval_s: float = 1.0) -> None:
@@ -183,21 +199,24 @@ class ProcessSampler:
             await asyncio.sleep(interval_s)
 
     def summary(self) -> dict[str, dict[str, float]]:
-        """Per process: CPU share of one core over the run, RSS at start and end (MiB) and
-        its slope (MiB per minute)."""
-        if len(self.samples) < 2:
-            return {}
-        (t0, first), (t1, last) = self.samples[0], self.samples[-1]
-        wall = max(t1 - t0, 1e-9)
+        """Per process, over the samples it appears in: CPU share of one core, RSS at its
+        first and last sample (MiB) and the slope (MiB per minute)."""
+        seen: dict[str, list[tuple[float, tuple[float, float]]]] = {}
+        for at, values in self.samples:
+            for name, value in values.items():
+                seen.setdefault(name, []).append((at, value))
         out = {}
-        for name in self.pids:
-            if name in first and name in last:
-                out[name] = {
-                    "cpu_share": (last[name][0] - first[name][0]) / wall,
-                    "rss_start_mib": first[name][1],
-                    "rss_end_mib": last[name][1],
-                    "rss_slope_mib_per_min": (last[name][1] - first[name][1]) / wall * 60,
-                }
+        for name, points in seen.items():
+            if len(points) < 2:
+                continue
+            (t0, first), (t1, last) = points[0], points[-1]
+            wall = max(t1 - t0, 1e-9)
+            out[name] = {
+                "cpu_share": (last[0] - first[0]) / wall,
+                "rss_start_mib": first[1],
+                "rss_end_mib": last[1],
+                "rss_slope_mib_per_min": (last[1] - first[1]) / wall * 60,
+            }
         return out
 
 
@@ -225,6 +244,129 @@ async def drained(admin_address: str, timeout_s: float = 15.0) -> dict[str, int]
             await asyncio.sleep(0.5)
     finally:
         await channel.close()
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One entry of a workload's `faults:` (workload seconds): a pool's latency or errors
+    for a while (`pool` + `latency_ms` / `error_rate` / `error_status`, `for_s`), a
+    SIGKILLed sidecar (`kill: sidecar`, restarted by the stack's supervisor), or Redis
+    stopped and started again (`restart: redis`, with the Redis store)."""
+
+    at_s: float
+    for_s: float = 0.0
+    pool: str | None = None
+    settings: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    kill: str | None = None
+    restart: str | None = None
+
+
+_POOL_FAULT = {"latency_ms", "error_rate", "error_status"}
+
+
+def load_faults(raw: object) -> list[Fault]:
+    """A workload's `faults:` list, checked (an unknown field is an error)."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ValueError("faults: expected a list")
+    faults = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise ValueError(f"faults[{i}]: expected a mapping")
+        unknown = set(item) - {"at_s", "for_s", "pool", "kill", "restart"} - _POOL_FAULT
+        if unknown:
+            raise ValueError(f"faults[{i}]: unknown field {sorted(unknown)[0]}")
+        settings = {k: float(v) for k, v in item.items() if k in _POOL_FAULT}
+        fault = Fault(
+            float(item["at_s"]),
+            float(item.get("for_s", 0.0)),
+            item.get("pool"),
+            settings,
+            item.get("kill"),
+            item.get("restart"),
+        )
+        kinds = [fault.pool is not None, fault.kill is not None, fault.restart is not None]
+        if (
+            sum(kinds) != 1
+            or (fault.kill not in (None, "sidecar"))
+            or (fault.restart not in (None, "redis"))
+        ):
+            raise ValueError(f"faults[{i}]: one of pool, kill: sidecar, restart: redis")
+        if fault.pool is not None and (not settings or fault.for_s <= 0):
+            raise ValueError(f"faults[{i}]: a pool fault needs for_s and what to inject")
+        faults.append(fault)
+    return sorted(faults, key=lambda f: f.at_s)
+
+
+class StackFaults:
+    """Applies a fault schedule to a LocalStack, keeping its sidecars supervised; records
+    each fault's window (real seconds after the start) for the report."""
+
+    def __init__(self, stack: LocalStack, faults: Sequence[Fault], time_scale: float) -> None:
+        self.stack = stack
+        self.faults = faults
+        self.time_scale = time_scale
+        self.windows: list[dict[str, Any]] = []
+
+    async def __call__(self, start: float) -> None:
+        supervising = asyncio.create_task(self._supervise())
+        try:
+            for fault in self.faults:
+                delay = start + fault.at_s * self.time_scale - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                began = time.monotonic() - start
+                ended = await self._apply(fault, start)
+                self.windows.append(
+                    {"fault": _describe(fault), "from_s": began, "to_s": ended - start}
+                )
+            await asyncio.sleep(0)
+        finally:
+            supervising.cancel()
+
+    async def _apply(self, fault: Fault, start: float) -> float:
+        """Inject; returns when (monotonic) the fault is over."""
+        if fault.pool is not None:
+            body = {**fault.settings, "duration_s": fault.for_s * self.time_scale}
+            if "error_status" in body:
+                body["error_status"] = int(body["error_status"])
+            url = f"{self.stack.pool_url(fault.pool)}/fault"
+            async with aiohttp.ClientSession() as session, session.post(url, json=body) as r:
+                r.raise_for_status()
+            return time.monotonic() + fault.for_s * self.time_scale
+        if fault.kill == "sidecar":
+            victim = self.stack.sidecar
+            assert victim is not None and victim.pid is not None
+            os.kill(victim.pid, signal.SIGKILL)
+            for _ in range(600):  # until the supervisor has started the new one (<= 60 s)
+                if self.stack.sidecar is not victim and self.stack.sidecar is not None:
+                    break
+                await asyncio.sleep(0.1)
+            return time.monotonic() + 1.0  # and a second for Envoy to reconnect
+        await asyncio.to_thread(self.stack.restart_redis)
+        return time.monotonic() + 1.0
+
+    async def _supervise(self) -> None:
+        while True:
+            await asyncio.to_thread(self.stack.supervise)
+            await asyncio.sleep(0.2)
+
+
+def _describe(fault: Fault) -> str:
+    if fault.pool is not None:
+        what = ", ".join(f"{k} {v:g}" for k, v in fault.settings.items())
+        return f"pool {fault.pool}: {what} for {fault.for_s:g} s at {fault.at_s:g} s"
+    if fault.kill is not None:
+        return f"SIGKILL {fault.kill} at {fault.at_s:g} s"
+    return f"restart {fault.restart} at {fault.at_s:g} s"
+
+
+def mark_faults(shots: Sequence[Shot], windows: Sequence[Mapping[str, Any]]) -> None:
+    """A shot alive during a fault's window is `during_fault`."""
+    for shot in shots:
+        end = shot.sent_s + (shot.latency_s or 0.0)
+        shot.during_fault = any(shot.sent_s <= w["to_s"] and end >= w["from_s"] for w in windows)
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
@@ -255,6 +397,7 @@ def _summary(shots: Sequence[Shot], policy: Policy, time_scale: float) -> dict[s
         value = _quantile(values, q)
         return None if value is None else value / time_scale
 
+    calm = [s for s in served if not s.during_fault]
     ttfts = [s.ttft_s for s in served if s.ttft_s is not None]
     latencies = [s.latency_s for s in served if s.latency_s is not None]
     return {
@@ -268,6 +411,12 @@ def _summary(shots: Sequence[Shot], policy: Policy, time_scale: float) -> dict[s
         "slo_attainment": (
             sum(_within(policy, s, time_scale) for s in served) / len(served) if served else None
         ),
+        "slo_attainment_outside_faults": (
+            sum(_within(policy, s, time_scale) for s in calm) / len(calm) if calm else None
+        ),
+        "server_errors_outside_faults": sum(
+            1 for s in shots if (s.status >= 500 or s.status == 0) and not s.during_fault
+        ),
         "tokens_received": sum(s.completion_tokens or 0 for s in served),
     }
 
@@ -279,9 +428,11 @@ def report(
     workload: str,
     processes: Mapping[str, Mapping[str, float]] | None = None,
     after_drain: Mapping[str, int] | None = None,
+    faults: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     lags = [s.lag_s for s in shots]
     return {
+        "faults": list(faults),
         "processes": dict(processes or {}),
         "after_drain": dict(after_drain or {}),
         "workload": workload,
@@ -333,6 +484,10 @@ def table(result: dict[str, Any]) -> str:
                 f"| {name} | {row['cpu_share']:.2f} | {row['rss_start_mib']:.0f} | "
                 f"{row['rss_end_mib']:.0f} |"
             )
+    for window in result.get("faults", []):
+        lines.append(
+            f"fault: {window['fault']} (real {window['from_s']:.1f}-{window['to_s']:.1f} s)"
+        )
     if result.get("after_drain"):
         left = ", ".join(f"{k} {v}" for k, v in result["after_drain"].items())
         lines += ["", f"after the drain: {left}"]
