@@ -70,6 +70,10 @@ def test_the_smoke_scenario_keeps_its_invariants(tmp_path: Path) -> None:
         "reservations_outstanding": 0,
     }
     assert {"sidecar", "sidecar-restart1", "envoy", "pool-default"} <= set(result["processes"])
+    # The engines and the breaker were watched over the run.
+    pools = result["signals"]["pools"]
+    assert set(pools) == {"default", "long", "fallback"} and pools["default"]["running_max"] >= 1
+    assert "default" in result["signals"]["breakers"] and len(result["timeline"]) >= 10
     # Open loop: the generator kept to the schedule (real seconds).
     assert result["lag_p99_s"] < 0.1, result["lag_p99_s"]
     assert (tmp_path / "loadtest-smoke.md").read_text().startswith("# slogate loadtest")

@@ -178,14 +178,14 @@ def test_errors_have_vllm_shapes(
 
 
 def _fill(url: str, count: int, seed: int) -> tuple[list[int], float, float]:
-    """`count` requests at once, each ~3k prompt tokens + 300 generated: together past a
+    """`count` requests at once, each ~3k prompt tokens + 120 generated: together past a
     10,240-token cache. Their statuses, and the most waiting and the preemptions the
     engine's metrics showed meanwhile."""
     statuses: list[int] = []
     preempted = metric(scrape(f"{url}/metrics"), "vllm:num_preemptions_total")
 
     def send(i: int) -> None:
-        body = chat_body(words(3000, seed + i), max_tokens=300, ignore_eos=True)
+        body = chat_body(words(3000, seed + i), max_tokens=120, ignore_eos=True)
         statuses.append(post(url, CHAT, body, key=None, timeout_s=120).status)
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(count)]
@@ -208,7 +208,7 @@ def test_a_full_kv_cache_queues_in_both(
         "pool-small",
         python_module(
             "sim.pool", "--port", "0", "--kv-capacity-tokens", "10240",
-            "--tokenizer", "deepseek", "--time-scale", "0.3",
+            "--tokenizer", "deepseek", "--time-scale", "0.2",
         ),
         tmp_path,
     ).start()  # fmt: skip

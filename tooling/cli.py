@@ -506,6 +506,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         )
     left = None
     injector = loadtest.StackFaults(stack, faults, args.time_scale) if stack and faults else None
+    engines = {p: f"{stack.pool_url(p)}/metrics" for p in stack.pool_ports} if stack else {}
+    signals = loadtest.SignalSampler(engines, stack.metrics_url if stack else None)
     try:
         shots = asyncio.run(
             loadtest.play(
@@ -515,6 +517,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
                 args.time_scale,
                 sampler=sampler,
                 alongside=injector,
+                watch=signals.run if stack else None,
             )
         )
         if stack is not None:
@@ -532,6 +535,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         processes=sampler.summary() if sampler is not None else None,
         after_drain=left,
         faults=windows,
+        signals=signals.summary(),
+        timeline=signals.timeline,
     )
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"loadtest-{args.workload}.json"

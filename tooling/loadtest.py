@@ -124,11 +124,14 @@ async def play(
     timeout_s: float = 600.0,
     sampler: ProcessSampler | None = None,
     alongside: Callable[[float], Coroutine[Any, Any, None]] | None = None,
+    watch: Callable[[float], Coroutine[Any, Any, None]] | None = None,
 ) -> list[Shot]:
     """Every arrival sent at its scaled time; returns when the last one is answered.
-    `alongside(start)`: run meanwhile (a fault schedule), given the clock's start."""
+    Given the clock's start: `alongside` runs meanwhile and is waited for (a fault
+    schedule), `watch` runs until the end (a sampler)."""
     sampling = asyncio.create_task(sampler.run()) if sampler is not None else None
     side: asyncio.Task[None] | None = None
+    watching: asyncio.Task[None] | None = None
     for arrival in arrivals:  # build the prompt texts before the clock starts
         library(arrival.crafted)
     connector = aiohttp.TCPConnector(limit=0)
@@ -138,6 +141,8 @@ async def play(
         start = time.monotonic() + 0.2
         if alongside is not None:
             side = asyncio.create_task(alongside(start))
+        if watch is not None:
+            watching = asyncio.create_task(watch(start))
         tasks = []
         for arrival in arrivals:
             shot = Shot(
@@ -159,6 +164,8 @@ async def play(
             shot.sent_s = shot.scheduled_s + shot.lag_s
     if side is not None:
         await side  # its last fault may outlast the last answer
+    if watching is not None:
+        watching.cancel()
     if sampling is not None:
         sampling.cancel()
         assert sampler is not None
@@ -218,6 +225,95 @@ class ProcessSampler:
                 "rss_slope_mib_per_min": (last[1] - first[1]) / wall * 60,
             }
         return out
+
+
+class SignalSampler:
+    """What the engines and the sidecar said over the run, scraped every second: each
+    pool's KV-cache usage and running / waiting requests (its engine's /metrics), each
+    breaker's level and each tier's quota multiplier (the sidecar's /metrics)."""
+
+    def __init__(self, engines: Mapping[str, str], sidecar_metrics: str | None) -> None:
+        self.engines = dict(engines)  # pool -> its /metrics URL
+        self.sidecar_metrics = sidecar_metrics
+        self.timeline: list[dict[str, Any]] = []
+
+    async def _text(self, session: aiohttp.ClientSession, url: str) -> str | None:
+        try:
+            async with session.get(url) as reply:
+                return await reply.text() if reply.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+
+    async def sample(self, session: aiohttp.ClientSession, at_s: float) -> None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        row: dict[str, Any] = {"at_s": at_s, "pools": {}, "breakers": {}, "multipliers": {}}
+        for pool, url in self.engines.items():
+            text = await self._text(session, url)
+            if text is None:
+                continue
+            values: dict[str, float] = {}
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    short = sample.name.removeprefix("vllm:")
+                    if short in ("kv_cache_usage_perc", "num_requests_running",
+                                 "num_requests_waiting"):  # fmt: skip
+                        values[short] = values.get(short, 0.0) + sample.value
+            row["pools"][pool] = values
+        text = await self._text(session, self.sidecar_metrics) if self.sidecar_metrics else None
+        for family in text_string_to_metric_families(text or ""):
+            for sample in family.samples:
+                if sample.name == "slogate_breaker_level":
+                    row["breakers"][sample.labels["pool"]] = sample.value
+                elif sample.name == "slogate_quota_multiplier":
+                    row["multipliers"][sample.labels["tier"]] = sample.value
+        self.timeline.append(row)
+
+    async def run(self, start: float, interval_s: float = 1.0) -> None:
+        timeout = aiohttp.ClientTimeout(total=max(0.5, interval_s))
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                await self.sample(session, time.monotonic() - start)
+                await asyncio.sleep(interval_s)
+
+    def summary(self) -> dict[str, Any]:
+        """Per pool: mean and max KV usage, mean and max running, max waiting; per breaker
+        its highest level and the seconds at L1 or above; per tier the lowest multiplier."""
+        pools: dict[str, Any] = {}
+        for pool in self.engines:
+            rows = [r["pools"][pool] for r in self.timeline if pool in r["pools"]]
+            if not rows:
+                continue
+            kv = [r.get("kv_cache_usage_perc", 0.0) for r in rows]
+            running = [r.get("num_requests_running", 0.0) for r in rows]
+            pools[pool] = {
+                "kv_usage_mean": sum(kv) / len(kv),
+                "kv_usage_max": max(kv),
+                "running_mean": sum(running) / len(running),
+                "running_max": max(running),
+                "waiting_max": max(r.get("num_requests_waiting", 0.0) for r in rows),
+            }
+        breakers: dict[str, Any] = {}
+        names = {name for r in self.timeline for name in r["breakers"]}
+        step = _interval(self.timeline)
+        for name in sorted(names):
+            levels = [r["breakers"][name] for r in self.timeline if name in r["breakers"]]
+            breakers[name] = {
+                "max_level": max(levels),
+                "seconds_at_l1_or_above": sum(step for level in levels if level >= 1),
+            }
+        tiers = {tier for r in self.timeline for tier in r["multipliers"]}
+        multipliers = {
+            tier: min(r["multipliers"][tier] for r in self.timeline if tier in r["multipliers"])
+            for tier in sorted(tiers)
+        }
+        return {"pools": pools, "breakers": breakers, "lowest_multipliers": multipliers}
+
+
+def _interval(timeline: Sequence[Mapping[str, Any]]) -> float:
+    if len(timeline) < 2:
+        return 0.0
+    return (timeline[-1]["at_s"] - timeline[0]["at_s"]) / (len(timeline) - 1)
 
 
 async def drained(admin_address: str, timeout_s: float = 15.0) -> dict[str, int]:
@@ -429,10 +525,14 @@ def report(
     processes: Mapping[str, Mapping[str, float]] | None = None,
     after_drain: Mapping[str, int] | None = None,
     faults: Sequence[Mapping[str, Any]] = (),
+    signals: Mapping[str, Any] | None = None,
+    timeline: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     lags = [s.lag_s for s in shots]
     return {
         "faults": list(faults),
+        "signals": dict(signals or {}),
+        "timeline": list(timeline),
         "processes": dict(processes or {}),
         "after_drain": dict(after_drain or {}),
         "workload": workload,
@@ -484,6 +584,23 @@ def table(result: dict[str, Any]) -> str:
                 f"| {name} | {row['cpu_share']:.2f} | {row['rss_start_mib']:.0f} | "
                 f"{row['rss_end_mib']:.0f} |"
             )
+    signals = result.get("signals") or {}
+    if signals.get("pools"):
+        lines += ["", "| pool | KV mean | KV max | running mean | running max | waiting max |"]
+        lines.append("| --- | --- | --- | --- | --- | --- |")
+        for pool, row in signals["pools"].items():
+            lines.append(
+                f"| {pool} | {row['kv_usage_mean']:.2f} | {row['kv_usage_max']:.2f} | "
+                f"{row['running_mean']:.1f} | {row['running_max']:.0f} | "
+                f"{row['waiting_max']:.0f} |"
+            )
+    if signals.get("breakers"):
+        levels = ", ".join(
+            f"{name} max L{row['max_level']:.0f} ({row['seconds_at_l1_or_above']:.1f} s at L1+)"
+            for name, row in signals["breakers"].items()
+        )
+        lowest = ", ".join(f"{t} {v:.2f}" for t, v in signals["lowest_multipliers"].items())
+        lines += ["", f"breakers: {levels}; lowest quota multipliers: {lowest}"]
     for window in result.get("faults", []):
         lines.append(
             f"fault: {window['fault']} (real {window['from_s']:.1f}-{window['to_s']:.1f} s)"
