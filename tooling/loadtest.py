@@ -553,6 +553,18 @@ def report(
     }
 
 
+def _markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A table after a blank line; nothing without rows."""
+    if not rows:
+        return []
+    return [
+        "",
+        "| " + " | ".join(headers) + " |",
+        "| " + " | ".join("---" for _ in headers) + " |",
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
 def _format(value: float | None, pattern: str = "{:.2f}") -> str:
     return "-" if value is None else pattern.format(value)
 
@@ -576,24 +588,29 @@ def table(result: dict[str, Any]) -> str:
             f"{_format(row['p99_ttft_s'])} | {_format(row['p99_latency_s'])} | "
             f"{_format(row['slo_attainment'], '{:.3f}')} | {statuses} |"
         )
-    if result.get("processes"):
-        lines += ["", "| process | CPU (share of a core) | RSS start MiB | RSS end MiB |"]
-        lines.append("| --- | --- | --- | --- |")
-        for name, row in result["processes"].items():
-            lines.append(
-                f"| {name} | {row['cpu_share']:.2f} | {row['rss_start_mib']:.0f} | "
-                f"{row['rss_end_mib']:.0f} |"
-            )
+    processes = result.get("processes") or {}
+    lines += _markdown(
+        ("process", "CPU (share of a core)", "RSS start MiB", "RSS end MiB"),
+        [
+            (name, f"{r['cpu_share']:.2f}", f"{r['rss_start_mib']:.0f}", f"{r['rss_end_mib']:.0f}")
+            for name, r in processes.items()
+        ],
+    )
     signals = result.get("signals") or {}
-    if signals.get("pools"):
-        lines += ["", "| pool | KV mean | KV max | running mean | running max | waiting max |"]
-        lines.append("| --- | --- | --- | --- | --- | --- |")
-        for pool, row in signals["pools"].items():
-            lines.append(
-                f"| {pool} | {row['kv_usage_mean']:.2f} | {row['kv_usage_max']:.2f} | "
-                f"{row['running_mean']:.1f} | {row['running_max']:.0f} | "
-                f"{row['waiting_max']:.0f} |"
+    lines += _markdown(
+        ("pool", "KV mean", "KV max", "running mean", "running max", "waiting max"),
+        [
+            (
+                pool,
+                f"{r['kv_usage_mean']:.2f}",
+                f"{r['kv_usage_max']:.2f}",
+                f"{r['running_mean']:.1f}",
+                f"{r['running_max']:.0f}",
+                f"{r['waiting_max']:.0f}",
             )
+            for pool, r in (signals.get("pools") or {}).items()
+        ],
+    )
     if signals.get("breakers"):
         levels = ", ".join(
             f"{name} max L{row['max_level']:.0f} ({row['seconds_at_l1_or_above']:.1f} s at L1+)"
