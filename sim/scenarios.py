@@ -57,6 +57,14 @@ class Workload:
     # Whose requests count as the burst; empty: everyone's inside the burst windows.
     burst_tenants: frozenset[str] = frozenset()
 
+    def first(self, seconds: float) -> Workload:
+        """The workload's first `seconds` (a quick look: `--duration-s`)."""
+        return dataclasses.replace(
+            self,
+            arrivals=[a for a in self.arrivals if a.at_s < seconds],
+            duration_s=min(self.duration_s, seconds),
+        )
+
 
 def workload_policy(path: Path, base_policy: dict[str, Any] | None = None) -> dict[str, Any]:
     """The policy a workload runs under, as data: `base_policy` plus a key `sk-<tenant>` per

@@ -453,7 +453,6 @@ def cmd_engine(args: argparse.Namespace) -> int:
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
-    import dataclasses
 
     import yaml
 
@@ -467,9 +466,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         return 2
     workload = load_workload(path, SIMULATION_POLICY, seed=args.seed)
     if args.duration_s is not None:
-        workload = dataclasses.replace(
-            workload, arrivals=[a for a in workload.arrivals if a.at_s < args.duration_s]
-        )
+        workload = workload.first(args.duration_s)
     # SIGTERM as Ctrl-C: the `finally` below stops the stack this command started.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     keys = {a.key.tenant: f"sk-{a.key.tenant}" for a in workload.arrivals}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import sys
@@ -85,11 +84,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         latency = latency_config(fit, measured.buckets)
     workload = load_workload(path, SIMULATION_POLICY)
     if args.duration_s is not None:
-        workload = dataclasses.replace(
-            workload,
-            arrivals=[a for a in workload.arrivals if a.at_s < args.duration_s],
-            duration_s=min(workload.duration_s, args.duration_s),
-        )
+        workload = workload.first(args.duration_s)
     if args.waiting_room:
         return _waiting_room(args, workload, latency)
     if args.sidecars:
