@@ -317,7 +317,7 @@ def test_calibrating_vllm_gives_a_model_the_simulator_plays(
     sim = subprocess.run(
         [
             sys.executable, "-m", "tooling.cli", "simulate", "--workload", "burst-10x",
-            "--latency-from", str(out), "--duration-s", "20", "--out-dir", str(tmp_path),
+            "--latency-from", str(out), "--duration-s", "10", "--out-dir", str(tmp_path),
         ],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip

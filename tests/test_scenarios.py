@@ -1,10 +1,13 @@
 """Workload files load into the offline fleet; the simulator is deterministic for a seed; on
-the burst workload slogate's dynamic control beats the best static quota of a sweep."""
+the burst workload slogate's dynamic control beats the best static quota of a sweep (the
+published sweep, whose two deciding runs the suite plays again)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from sim.scenarios import (
     compare,
     gains,
     load_workload,
+    run_many,
     run_once,
     summarize,
     table,
@@ -91,14 +95,10 @@ def test_rate_shape_follows_the_curve() -> None:
 
 def test_simulator_is_deterministic_for_a_seed() -> None:
     full = with_kv_admission(load_workload(WORKLOADS / "burst-10x.yaml", SIMULATION_POLICY))
-    # Its first 200 s, the first burst in them: determinism does not need the whole run
-    # (the whole run three times was 50 s of the suite).
-    workload = dataclasses.replace(
-        full,
-        duration_s=200.0,
-        arrivals=[a for a in full.arrivals if a.at_s < 200.0],
-        bursts=full.bursts[:1],
-    )
+    # Its first 120 s, into the first burst: determinism does not need the whole run (the
+    # whole run three times was 50 s of the suite; the published comparison's re-run holds
+    # a seed to the same report across processes and sessions).
+    workload = dataclasses.replace(full.first(120.0), bursts=full.bursts[:1])
     first = run_once(workload, seed=3, controller=True)
     assert first == run_once(workload, seed=3, controller=True)
     assert first != run_once(workload, seed=4, controller=True)
@@ -114,25 +114,69 @@ def test_attack_key_is_contained_by_its_own_budget() -> None:
     assert sum(r.outcome != "served" for r in attacker) > 0.8 * len(attacker)
 
 
+COMMITTED = Path(__file__).parent.parent / "bench" / "results" / "simulate-burst-10x.json"
+REGENERATE = "regenerate it: slogate simulate --workload burst-10x --seed 7"
+
+
 @pytest.fixture(scope="module")
-def burst() -> dict[str, Any]:
-    # Two processes: the sweep's 24 runs and the dynamic ones are independent (same reports).
+def committed() -> dict[str, Any]:
+    """The published comparison (`slogate simulate --workload burst-10x`): its 24-run sweep
+    is a command's work (100 s of the suite on two cores); the suite re-runs the two runs
+    its claim rests on and holds the file to them."""
+    comparison: dict[str, Any] = json.loads(COMMITTED.read_text())
+    return comparison
+
+
+@pytest.fixture(scope="module")
+def burst(committed: dict[str, Any]) -> dict[str, Any]:
     workload = load_workload(WORKLOADS / "burst-10x.yaml", SIMULATION_POLICY)
-    return compare(workload, seed=7, processes=2)
+    best = committed["static_best"]["multipliers"]
+    static, dynamic = run_many(
+        [
+            (workload, 7, {"timeline": True, "fixed_multipliers": best}),
+            (with_kv_admission(workload), 7, {"timeline": True, "controller": True}),
+        ],
+        processes=2,
+    )
+    # Through JSON, as the file holds them (tuples become lists).
+    rerun: dict[str, Any] = json.loads(json.dumps({"static": static, "dynamic": dynamic}))
+    return {
+        **committed,
+        "static_best": {"multipliers": best, "report": rerun["static"]},
+        "dynamic": rerun["dynamic"],
+    }
 
 
-def test_comparison_is_complete(burst: dict[str, Any], tmp_path: Path) -> None:
-    assert len(burst["sweep"]) == len(list(itertools.product(*SWEEP.values())))
-    best = burst["static_best"]["report"]
+def test_the_published_comparison_is_what_the_simulator_plays_today(
+    burst: dict[str, Any], committed: dict[str, Any]
+) -> None:
+    """The simulator is deterministic for a seed, so a change to the sidecar's decisions or
+    the engine model shows here until the published numbers are regenerated."""
+    assert burst["dynamic"] == committed["dynamic"], REGENERATE
+    assert burst["static_best"] == committed["static_best"], REGENERATE
+
+
+def test_the_published_baseline_is_the_best_of_its_sweep(committed: dict[str, Any]) -> None:
+    sweep = committed["sweep"]
+    grid = list(itertools.product(*SWEEP.values()))
+    assert [(r["multipliers"]["standard"], r["multipliers"]["sheddable"]) for r in sweep] == [
+        (standard, sheddable) for standard, sheddable in grid
+    ], REGENERATE
     # The baseline really is the best of its sweep under the stated rule.
     eligible = [
         row["report"]["goodput_tokens_per_s"]
-        for row in burst["sweep"]
+        for row in sweep
         if row["report"]["tiers"]["critical"]["slo_attainment"] >= 0.99
     ]
-    assert best["goodput_tokens_per_s"] == max(eligible)
-    for report in (best, burst["dynamic"], burst["controller_only"]):
+    best = committed["static_best"]
+    assert best["report"]["goodput_tokens_per_s"] == max(eligible)
+    chosen = next(row for row in sweep if row["multipliers"] == best["multipliers"])
+    assert chosen["report"]["goodput_tokens_per_s"] == max(eligible)
+    for report in (best["report"], committed["dynamic"], committed["controller_only"]):
         assert set(report["tiers"]) == {"critical", "standard", "sheddable"}
+
+
+def test_the_comparison_prints_and_draws(burst: dict[str, Any], tmp_path: Path) -> None:
     assert burst["dynamic"]["timeline"] and burst["dynamic"]["p99_ttft_series"]
     text = table(burst)
     assert "dynamic vs best static" in text and "static (contract, 1.0)" in text
@@ -146,8 +190,8 @@ def test_comparison_is_complete(burst: dict[str, Any], tmp_path: Path) -> None:
 def test_dynamic_beats_the_best_static_quota_on_the_burst_workload(
     burst: dict[str, Any],
 ) -> None:
-    """Margins, not numbers: measured at seed 7, +10% utilisation, +11% goodput, burst
-    handling 0.25 -> 0.76, no OOM (bench/results/simulate-burst-10x.json)."""
+    """Margins, not numbers: measured at seed 7, +13% utilisation, +13% goodput, burst
+    handling 0.25 -> 0.83, no OOM (bench/results/simulate-burst-10x.json)."""
     static, dynamic = burst["static_best"]["report"], burst["dynamic"]
     g = gains(burst)
     assert g["utilisation_relative"] is not None and g["utilisation_relative"] > 0.05
@@ -165,9 +209,7 @@ def test_a_measured_latency_model_reaches_every_run_of_the_comparison() -> None:
     """`slogate simulate --latency-from`: the chosen static quota is re-run (for its
     timeline) on the measured model too, so its report is the sweep's, not the field's."""
     full = load_workload(WORKLOADS / "burst-10x.yaml", SIMULATION_POLICY)
-    short = dataclasses.replace(
-        full, arrivals=[a for a in full.arrivals if a.at_s < 40.0], duration_s=40.0
-    )
+    short = full.first(40.0)
     slow = LatencyConfig(base_latency_ms=900.0, prefill_ms_per_1k_tokens=120.0)
     grid = {"standard": (1.0,), "sheddable": (0.5,)}
     measured = compare(short, seed=3, latency=slow, sweep_grid=grid)
@@ -182,6 +224,7 @@ def test_a_measured_latency_model_reaches_every_run_of_the_comparison() -> None:
     assert p99 > field["sweep"][0]["report"]["tiers"]["critical"]["p99_ttft_s"]
 
 
+@functools.cache
 def _refused_long_critical(
     replicas: tuple[float, ...], shared_ledger: bool = True
 ) -> tuple[int, int]:
