@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from extproc.request.contract import ACCESS_LOG_TAGS
+from extproc.request.contract import ACCESS_LOG_TAGS, EXT_PROC_FILTER, USAGE_TAP_FILTER
 from policy import FailureMode, Tier, load_policy
 from tests.support.stack import EXAMPLE_POLICY
 from tooling.envoy_config import FilterProfile, build_bootstrap
@@ -56,11 +56,7 @@ def test_bootstrap_shape() -> None:
     policy = load_policy(EXAMPLE_POLICY)
     manager = _filters(build_bootstrap(policy))
     names = [f["name"] for f in manager["httpFilters"]]
-    assert names == [
-        "envoy.filters.http.ext_proc",
-        "envoy.filters.http.lua",
-        "envoy.filters.http.router",
-    ]
+    assert names == [EXT_PROC_FILTER, USAGE_TAP_FILTER, "envoy.filters.http.router"]
     ext_proc = manager["httpFilters"][0]["typedConfig"]
     mode = ext_proc["processingMode"]
     assert mode["requestBodyMode"] == "BUFFERED"
@@ -80,7 +76,7 @@ def test_bootstrap_shape() -> None:
     assert all(r["route"]["cluster"] == "default" for r in forwarded.values())
     # /health is fail-open in the example policy; inference paths keep the closed default.
     health = forwarded["forwarded:/health"]["typedPerFilterConfig"]
-    assert health["envoy.filters.http.ext_proc"]["overrides"]["failureModeAllow"] is True
+    assert health[EXT_PROC_FILTER]["overrides"]["failureModeAllow"] is True
     assert "typedPerFilterConfig" not in forwarded["forwarded:/v1/chat/completions"]
     # Default deny: everything else is Envoy's own 404, without asking the sidecar.
     assert [r["name"] for r in routes[-2:]] == ["not_found:messages", "not_found"]
@@ -144,7 +140,7 @@ def test_tls_and_remote_jwks_bootstrap_is_valid(tmp_path: Path, required: bool) 
     clusters = {c["name"] for c in config["staticResources"]["clusters"]}
     assert "slogate_jwks" in clusters
     names = [f["name"] for f in _filters(config)["httpFilters"]]
-    assert names[:2] == ["envoy.filters.http.jwt_authn", "envoy.filters.http.ext_proc"]
+    assert names[:2] == ["envoy.filters.http.jwt_authn", EXT_PROC_FILTER]
     # The certificate files do not exist here: validation reads them, so check the rest.
     chain = config["staticResources"]["listeners"][0]["filterChains"][0]
     assert chain["transportSocket"]["name"] == "envoy.transport_sockets.tls"

@@ -1,9 +1,15 @@
-"""Names shared by the generated Envoy config and the sidecar: change both or neither.
+"""Names shared by the Envoy around slogate and the sidecar: change both or neither.
 
-What lives here: metadata namespaces, header names and access-log tag names. No logic.
+What lives here: metadata namespaces, header names, access-log tag names, the names of the
+Envoy pieces slogate adds, and `ENVOY_PIECES`, what slogate needs from an Envoy and what
+breaks without each piece (the README's contract table is rendered from it). The bootstrap,
+the fragment and the mesh manifests (tooling.envoy_config, tooling.k8s) all take their names
+from here. No logic.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from admission.decision import DEGRADED_HEADER, QUEUED_HEADER
 
@@ -49,3 +55,116 @@ ACCESS_LOG_TAGS: dict[str, str] = {
     # settled with.
     "stream_events": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:stream_events)%",
 }
+
+# The Envoy pieces slogate adds, by name. A filter's name is free in Envoy (the typed
+# config's type picks the extension); slogate's own names keep its per-route settings off
+# any other ext_proc or Lua filter in the chain (the inference extension's endpoint picker
+# is an ext_proc filter too).
+EXT_PROC_FILTER = "slogate.ext_proc"
+USAGE_TAP_FILTER = "slogate.usage_tap"
+JWT_FILTER = JWT_AUTHN_NAMESPACE  # jwt_authn writes its metadata under this name
+SIDECAR_CLUSTER = "slogate_sidecar"
+POOL_ROUTE_PREFIX = "slogate_pool_"  # one route per pool: POOL_ROUTE_PREFIX + pool name
+SIDECAR_FAILURE_STATUS = 502  # what clients get when fail-closed and the sidecar fails
+
+
+class EnvoyPiece(NamedTuple):
+    """One thing slogate needs from the Envoy it runs in."""
+
+    piece: str
+    where: str
+    what: str
+    if_missing: str
+
+
+ENVOY_PIECES: tuple[EnvoyPiece, ...] = (
+    EnvoyPiece(
+        "jwt_authn (only with `jwt:` in the policy)",
+        f"HTTP filter `{JWT_FILTER}`, before slogate's ext_proc",
+        "verifies the bearer token, writes the payload to its metadata "
+        f"(`{JWT_PAYLOAD_KEY}`), which ext_proc forwards to the sidecar",
+        "callers are identified by API key only; tokens reach the sidecar unverified "
+        "and are refused",
+    ),
+    EnvoyPiece(
+        "ext_proc",
+        f"HTTP filter `{EXT_PROC_FILTER}`, before the usage tap and the router (and before "
+        "any endpoint picker's ext_proc)",
+        "request headers SEND, request body BUFFERED, everything else SKIP/NONE; "
+        "`allow_mode_override`; `message_timeout` and `max_message_timeout` from the policy "
+        "(the waiting room lifts one message's timeout); receives metadata "
+        f"`{METADATA_NAMESPACE}`; "
+        f"`status_on_error` {SIDECAR_FAILURE_STATUS}; `failure_mode_allow` from the policy; "
+        "`max_receive_message_length` above the largest body",
+        "no admission at all: no budgets, no breaker, no routing by context",
+    ),
+    EnvoyPiece(
+        "usage tap (Lua)",
+        f"HTTP filter `{USAGE_TAP_FILTER}`, after ext_proc, before the router",
+        f"reads `usage` out of JSON and SSE responses into metadata `{USAGE_NAMESPACE}`, "
+        "counts stream events, drops the usage event a client did not ask for",
+        "reservations settle at their reserved size, never at the tokens used; streamed "
+        "clients see a usage event they did not ask for",
+    ),
+    EnvoyPiece(
+        "gRPC access log",
+        f"HTTP connection manager `access_log`, log name `{ACCESS_LOG_NAME}`, to "
+        f"`{SIDECAR_CLUSTER}`",
+        "one entry per request with status, TTFT, usage and stream events as custom tags; "
+        "batched (16 KiB, 20 ms)",
+        "nothing is ever settled: concurrency slots and KV holds stay taken until they "
+        "expire, the breaker sees no latency or errors, budgets charge the reservation",
+    ),
+    EnvoyPiece(
+        "sidecar cluster",
+        f"cluster `{SIDECAR_CLUSTER}`, HTTP/2, to the sidecar's gRPC port (loopback in a pod)",
+        "carries ext_proc streams and the access log",
+        "Envoy refuses the configuration (both name the cluster)",
+    ),
+    EnvoyPiece(
+        "pool routes",
+        f"first in each virtual host that serves inference: `{POOL_ROUTE_PREFIX}<pool>`, "
+        f"matching dynamic metadata `{METADATA_NAMESPACE}.{POOL_FIELD}` = the pool, to the "
+        "pool's cluster",
+        "the sidecar's body reply sets the pool and clears the route cache, so the request "
+        f"is routed again on its context size; they add `{POOL_HEADER}` and the rate-limit "
+        "and admission headers from metadata to the response",
+        "every request goes where the operator's own route sends it: no long-context pool, "
+        "no L3 fallback, no rate-limit headers on successful responses",
+    ),
+    EnvoyPiece(
+        "per-route ext_proc settings",
+        f"`typed_per_filter_config` under `{EXT_PROC_FILTER}` on the operator's routes",
+        "failure mode per path (`failure_mode_by_path`); `disabled` on routes that serve "
+        "nothing the policy lists",
+        "the policy-wide failure mode everywhere; the sidecar answers paths it does not "
+        "know with its 404 (default deny), the operator's other routes included",
+    ),
+    EnvoyPiece(
+        "body buffer limit",
+        "virtual host `request_body_buffer_limit` (or the listener's buffer limit) "
+        "at the policy's `max_body_bytes`",
+        "the whole body reaches the sidecar in one message",
+        "bodies over Envoy's default (1 MiB) get a 413 from Envoy before any decision",
+    ),
+    EnvoyPiece(
+        "stream idle timeout",
+        "HTTP connection manager `stream_idle_timeout`",
+        "at least the upstream timeout and the longest wait in the waiting room",
+        "requests held in the waiting room are cut by Envoy's 5-minute default (or a "
+        "shorter operator setting)",
+    ),
+    EnvoyPiece(
+        "path normalisation",
+        "HTTP connection manager `normalize_path`, `merge_slashes`, escaped slashes unescaped",
+        "the path the sidecar classifies is the one engines act on",
+        "`/v1/%63hat/completions` is not a path the sidecar knows: refused with 404, "
+        "or, on a route with ext_proc disabled, served unmetered",
+    ),
+    EnvoyPiece(
+        "local replies (optional)",
+        "HTTP connection manager `local_reply_config` mappers",
+        "Envoy's own 401, 413, 502 and 504 as OpenAI (or Anthropic) JSON errors",
+        "those errors reach clients as Envoy's plain text",
+    ),
+)

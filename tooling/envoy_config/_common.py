@@ -11,10 +11,9 @@ import envoy_data_plane.envoy.config.core.v3 as core
 import envoy_data_plane.envoy.type.v3 as envoy_type
 import envoy_data_plane.google.protobuf as pb
 
-SIDECAR_CLUSTER = "slogate_sidecar"
+from extproc.request.contract import SIDECAR_CLUSTER, SIDECAR_FAILURE_STATUS
 
-
-SIDECAR_FAILURE_STATUS = 502  # what clients get when fail-closed and the sidecar fails
+__all__ = ["SIDECAR_CLUSTER", "SIDECAR_FAILURE_STATUS"]  # re-exported: the contract's names
 
 
 class FilterProfile(StrEnum):

@@ -22,9 +22,11 @@ import envoy_data_plane.google.protobuf as pb
 from extproc.request.contract import (
     ACCESS_LOG_NAME,
     ACCESS_LOG_TAGS,
-    JWT_AUTHN_NAMESPACE,
+    EXT_PROC_FILTER,
+    JWT_FILTER,
     JWT_PAYLOAD_KEY,
     METADATA_NAMESPACE,
+    USAGE_TAP_FILTER,
 )
 from policy import FailureMode, Policy
 from tooling.envoy_config._common import (
@@ -78,21 +80,19 @@ def ext_proc_filter(policy: Policy, failure_mode_allow: bool | None = None) -> h
                 untyped=[METADATA_NAMESPACE]
             ),
             # Verified JWT claims reach the sidecar with the request headers.
-            forwarding_namespaces=ext_proc.MetadataOptionsMetadataNamespaces(
-                untyped=[JWT_AUTHN_NAMESPACE]
-            )
+            forwarding_namespaces=ext_proc.MetadataOptionsMetadataNamespaces(untyped=[JWT_FILTER])
             if policy.jwt is not None
             else None,
         ),
         # A failed sidecar is a bad gateway, not a 500 bug; and never the breaker's 503.
         status_on_error=_http_status(SIDECAR_FAILURE_STATUS),
     )
-    return hcm.HttpFilter(**_typed("envoy.filters.http.ext_proc", config))
+    return hcm.HttpFilter(**_typed(EXT_PROC_FILTER, config))
 
 
 def usage_tap_filter() -> hcm.HttpFilter:
     config = lua.Lua(default_source_code=core.DataSource(inline_string=usage_tap_lua()))
-    return hcm.HttpFilter(**_typed("envoy.filters.http.lua", config))
+    return hcm.HttpFilter(**_typed(USAGE_TAP_FILTER, config))
 
 
 def router_filter() -> hcm.HttpFilter:
@@ -171,4 +171,4 @@ def jwt_filter(policy: Policy) -> hcm.HttpFilter | None:
             for path in sorted(policy.paths.apis)
         ],
     )
-    return hcm.HttpFilter(**_typed(JWT_AUTHN_NAMESPACE, authn))
+    return hcm.HttpFilter(**_typed(JWT_FILTER, authn))

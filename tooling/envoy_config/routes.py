@@ -17,9 +17,11 @@ import envoy_data_plane.google.protobuf as pb
 
 from admission.errors import error_document
 from extproc.request.contract import (
+    EXT_PROC_FILTER,
     METADATA_NAMESPACE,
     POOL_FIELD,
     POOL_HEADER,
+    POOL_ROUTE_PREFIX,
     RESPONSE_METADATA_HEADERS,
 )
 from policy import FailureMode, Policy
@@ -78,7 +80,7 @@ def _ext_proc_per_route(mode: FailureMode | None, disabled: bool = False) -> dic
         config = ext_proc.ExtProcPerRoute(
             overrides=ext_proc.ExtProcOverrides(failure_mode_allow=mode is FailureMode.OPEN)
         )
-    return {"typed_per_filter_config": {"envoy.filters.http.ext_proc": pb.Any.pack(config)}}
+    return {"typed_per_filter_config": {EXT_PROC_FILTER: pb.Any.pack(config)}}
 
 
 def _failure_modes(policy: Policy) -> list[tuple[str, FailureMode | None]]:
@@ -126,7 +128,7 @@ def route_config(policy: Policy) -> route.RouteConfiguration:
     timeout = dt.timedelta(seconds=policy.upstream_timeout_s)
     routes = [
         route.Route(
-            name=f"pool_{pool}",
+            name=f"{POOL_ROUTE_PREFIX}{pool}",
             match=route.RouteMatch(
                 prefix="/",
                 dynamic_metadata=[
