@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -155,6 +157,9 @@ class LocalStack:
     vllm: VllmSettings = field(default_factory=VllmSettings)
     engines: dict[str, VllmEngine] = field(default_factory=dict)  # pool -> real engine
     engine_facts: dict[str, EngineFacts] = field(default_factory=dict)
+    # The Envoy configuration for the (runtime) policy and ports: slogate's own bootstrap,
+    # or, in tests, an operator's with slogate's fragment merged in.
+    bootstrap: Callable[[Policy, EnvoyPorts], dict[str, Any]] = build_bootstrap
 
     @property
     def url(self) -> str:
@@ -338,7 +343,7 @@ class LocalStack:
         i = replica.index
         replica.listen_port = _next(self.ports.listen, i) or free_port(HOST)
         replica.admin_port = _next(self.ports.admin, i) or free_port(HOST)
-        config = build_bootstrap(
+        config = self.bootstrap(
             self.runtime_policy(policy),
             EnvoyPorts(replica.listen_port, replica.admin_port, replica.grpc_port, HOST),
         )

@@ -30,7 +30,7 @@ from tooling.envoy_config.filters import (
     ext_proc_filter,
     jwt_filter,
     router_filter,
-    usage_tap_filter,
+    slogate_filters,
 )
 from tooling.envoy_config.local_replies import local_reply_config
 from tooling.envoy_config.routes import route_config
@@ -69,27 +69,11 @@ def _downstream_tls(policy: Policy) -> core.TransportSocket | None:
     return core.TransportSocket(**_typed("envoy.transport_sockets.tls", context))
 
 
-def http_connection_manager(
-    policy: Policy, profile: FilterProfile = FilterProfile.SLOGATE
-) -> hcm.HttpConnectionManager:
-    authn = [f for f in (jwt_filter(policy),) if f is not None]
-    filters = {
-        FilterProfile.SLOGATE: [
-            *authn,
-            ext_proc_filter(policy),
-            usage_tap_filter(),
-            router_filter(),
-        ],
-        FilterProfile.EXT_PROC_ONLY: [*authn, ext_proc_filter(policy), router_filter()],
-        FilterProfile.PLAIN: [router_filter()],
-    }[profile]
-    logs = [access_log()] if profile is FilterProfile.SLOGATE else []
-    return hcm.HttpConnectionManager(
-        stat_prefix="slogate_ingress",
-        codec_type=hcm.HttpConnectionManagerCodecType.AUTO,
-        route_config=route_config(policy),
-        http_filters=filters,
-        access_log=logs,
+def manager_settings(policy: Policy) -> dict[str, Any]:
+    """The HTTP connection manager's settings slogate needs (the contract's local replies,
+    path normalisation and stream idle timeout), as keyword arguments: for the bootstrap's
+    manager and for the fragment an operator merges into their own."""
+    return dict(
         local_reply_config=local_reply_config(),
         # The path the routes and the sidecar decide on is the one engines act on: RFC 3986
         # normalised (percent-encoded unreserved characters decoded, dot segments removed,
@@ -111,6 +95,26 @@ def http_connection_manager(
                 policy.longest_wait_s + policy.message_timeout_ms / 1000 + 5.0,
             )
         ),
+    )
+
+
+def http_connection_manager(
+    policy: Policy, profile: FilterProfile = FilterProfile.SLOGATE
+) -> hcm.HttpConnectionManager:
+    authn = [f for f in (jwt_filter(policy),) if f is not None]
+    filters = {
+        FilterProfile.SLOGATE: [*slogate_filters(policy), router_filter()],
+        FilterProfile.EXT_PROC_ONLY: [*authn, ext_proc_filter(policy), router_filter()],
+        FilterProfile.PLAIN: [router_filter()],
+    }[profile]
+    logs = [access_log()] if profile is FilterProfile.SLOGATE else []
+    return hcm.HttpConnectionManager(
+        stat_prefix="slogate_ingress",
+        codec_type=hcm.HttpConnectionManagerCodecType.AUTO,
+        route_config=route_config(policy),
+        http_filters=filters,
+        access_log=logs,
+        **manager_settings(policy),
     )
 
 
@@ -161,6 +165,14 @@ def _static_cluster(
     )
 
 
+def slogate_clusters(policy: Policy, host: str, port: int) -> list[cluster.Cluster]:
+    """The sidecar's cluster (and the JWKS server's, when the policy fetches keys)."""
+    clusters = [_static_cluster(SIDECAR_CLUSTER, ((host, port),), http2=True)]
+    if policy.jwt is not None and policy.jwt.jwks_uri is not None:
+        clusters.append(_jwks_cluster(policy.jwt.jwks_uri))
+    return clusters
+
+
 def build_bootstrap(
     policy: Policy,
     ports: EnvoyPorts | None = None,
@@ -169,11 +181,7 @@ def build_bootstrap(
     ports = ports or EnvoyPorts()
     manager = http_connection_manager(policy, profile)
     clusters = [_static_cluster(p.name, p.endpoints) for p in policy.pools.values()]
-    clusters.append(
-        _static_cluster(SIDECAR_CLUSTER, ((ports.host, ports.sidecar_port),), http2=True)
-    )
-    if policy.jwt is not None and policy.jwt.jwks_uri is not None:
-        clusters.append(_jwks_cluster(policy.jwt.jwks_uri))
+    clusters += slogate_clusters(policy, ports.host, ports.sidecar_port)
     config = bootstrap.Bootstrap(
         admin=bootstrap.Admin(address=_address(ports.host, ports.admin_port)),
         static_resources=bootstrap.BootstrapStaticResources(

@@ -95,6 +95,12 @@ def usage_tap_filter() -> hcm.HttpFilter:
     return hcm.HttpFilter(**_typed(USAGE_TAP_FILTER, config))
 
 
+def slogate_filters(policy: Policy) -> list[hcm.HttpFilter]:
+    """slogate's HTTP filters, in their order; they go just before the router."""
+    authn = [f for f in (jwt_filter(policy),) if f is not None]
+    return [*authn, ext_proc_filter(policy), usage_tap_filter()]
+
+
 def router_filter() -> hcm.HttpFilter:
     return hcm.HttpFilter(**_typed("envoy.filters.http.router", router.Router()))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import envoy_data_plane.envoy.config.core.v3 as core
@@ -29,7 +30,9 @@ from policy.apis import ErrorStyle
 from tooling.envoy_config._common import _header
 
 
-def _shadow(policy: Policy) -> list[route.RouteActionRequestMirrorPolicy]:
+def _shadow(
+    policy: Policy, clusters: Mapping[str, str]
+) -> list[route.RouteActionRequestMirrorPolicy]:
     """Routed inference requests, sampled, copied to the shadow pool; its answers are
     dropped by Envoy, so clients and budgets never see them."""
     if policy.shadow is None:
@@ -37,7 +40,7 @@ def _shadow(policy: Policy) -> list[route.RouteActionRequestMirrorPolicy]:
     per_million = round(policy.shadow.fraction * 1_000_000)
     return [
         route.RouteActionRequestMirrorPolicy(
-            cluster=policy.shadow.pool,
+            cluster=clusters.get(policy.shadow.pool, policy.shadow.pool),
             runtime_fraction=core.RuntimeFractionalPercent(
                 default_value=envoy_type.FractionalPercent(
                     numerator=per_million,
@@ -71,7 +74,7 @@ _NO_TRAILING_SLASH = matcher.RegexMatchAndSubstitute(
 )
 
 
-def _ext_proc_per_route(mode: FailureMode | None, disabled: bool = False) -> dict[str, Any]:
+def ext_proc_per_route(mode: FailureMode | None, disabled: bool = False) -> dict[str, Any]:
     if disabled:
         config = ext_proc.ExtProcPerRoute(disabled=True)
     elif mode is None:
@@ -83,7 +86,7 @@ def _ext_proc_per_route(mode: FailureMode | None, disabled: bool = False) -> dic
     return {"typed_per_filter_config": {EXT_PROC_FILTER: pb.Any.pack(config)}}
 
 
-def _failure_modes(policy: Policy) -> list[tuple[str, FailureMode | None]]:
+def failure_modes(policy: Policy) -> list[tuple[str, FailureMode | None]]:
     """Each forwarded path with the failure mode its longest matching `failure_mode_by_path`
     prefix gives it (None: the policy-wide mode)."""
     prefixes = sorted(policy.failure_mode_by_path, key=len, reverse=True)
@@ -111,22 +114,18 @@ def _not_found(name: str, prefix: str, style: ErrorStyle) -> route.Route:
             status=404, body=core.DataSource(inline_string=json.dumps(body))
         ),
         response_headers_to_add=[_header("content-type", "application/json")],
-        **_ext_proc_per_route(None, disabled=True),
+        **ext_proc_per_route(None, disabled=True),
     )
 
 
-def route_config(policy: Policy) -> route.RouteConfiguration:
-    """Routes, in order:
-    - one per pool, matching the pool the sidecar put in dynamic metadata; the sidecar sets
-      it only for requests on an enabled API that it admitted (clients can send any header,
-      but cannot write metadata: only the sidecar picks a pool);
-    - one per forwarded path without a sidecar decision, to the default pool: public paths,
-      and the first match of every API request (it carries the path's failure mode; when the
-      sidecar answers, its decision re-routes the request to a pool route);
-    - everything else: a 404 from Envoy itself (default deny).
-    """
+def pool_routes(policy: Policy, clusters: Mapping[str, str] | None = None) -> list[route.Route]:
+    """One route per pool, matching the pool the sidecar put in dynamic metadata; the
+    sidecar sets it only for requests on an enabled API that it admitted (clients can send
+    any header, but cannot write metadata: only the sidecar picks a pool). `clusters`: the
+    cluster each pool's engines are behind (absent: the cluster named as the pool)."""
+    clusters = clusters or {}
     timeout = dt.timedelta(seconds=policy.upstream_timeout_s)
-    routes = [
+    return [
         route.Route(
             name=f"{POOL_ROUTE_PREFIX}{pool}",
             match=route.RouteMatch(
@@ -140,16 +139,28 @@ def route_config(policy: Policy) -> route.RouteConfiguration:
                 ],
             ),
             route=route.RouteAction(
-                cluster=pool,
+                cluster=clusters.get(pool, pool),
                 timeout=timeout,
-                request_mirror_policies=_shadow(policy),
+                request_mirror_policies=_shadow(policy, clusters),
                 regex_rewrite=_NO_TRAILING_SLASH,
             ),
             response_headers_to_add=[_header(POOL_HEADER, pool), *_rate_limit_headers()],
         )
         for pool in policy.pools
     ]
-    for path, mode in _failure_modes(policy):
+
+
+def route_config(policy: Policy) -> route.RouteConfiguration:
+    """Routes, in order:
+    - one per pool (`pool_routes`);
+    - one per forwarded path without a sidecar decision, to the default pool: public paths,
+      and the first match of every API request (it carries the path's failure mode; when the
+      sidecar answers, its decision re-routes the request to a pool route);
+    - everything else: a 404 from Envoy itself (default deny).
+    """
+    timeout = dt.timedelta(seconds=policy.upstream_timeout_s)
+    routes = pool_routes(policy)
+    for path, mode in failure_modes(policy):
         routes.append(
             route.Route(
                 name=f"forwarded:{path}",
@@ -158,7 +169,7 @@ def route_config(policy: Policy) -> route.RouteConfiguration:
                     cluster=policy.default_pool, timeout=timeout, regex_rewrite=_NO_TRAILING_SLASH
                 ),
                 response_headers_to_add=[_header(POOL_HEADER, policy.default_pool)],
-                **_ext_proc_per_route(mode),
+                **ext_proc_per_route(mode),
             )
         )
     routes.append(_not_found("not_found:messages", "/v1/messages", ErrorStyle.ANTHROPIC))
