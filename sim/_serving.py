@@ -22,7 +22,8 @@ from sim.faults import Faults, FaultState
 from sim.metrics import PoolMetrics
 from sim.model import Admission, KvCache, LatencyModel, PrefixCache, kv_tokens_for
 
-SAW_HEADERS_PREFIX = "x-slogate-"
+# slogate's headers, and those it sets for an endpoint picker (the inference extension's).
+SAW_HEADERS_PREFIXES = ("x-slogate-", "x-gateway-")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +57,7 @@ def echo_headers(
     saw: dict[str, str] = {}
     for name, value in request.headers.items():
         lowered = name.lower()
-        if lowered.startswith(SAW_HEADERS_PREFIX):
+        if lowered.startswith(SAW_HEADERS_PREFIXES):
             saw[lowered] = f"{saw[lowered]}, {value}" if lowered in saw else value
     return {
         "x-sim-saw-headers": json.dumps(saw, sort_keys=True),

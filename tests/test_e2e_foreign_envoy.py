@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from extproc.request.contract import FAIRNESS_HEADER, OBJECTIVE_HEADER
 from policy import Policy
 from tests.support.http import CHAT, chat_body, metric, post
 from tests.support.stack import EXAMPLE_POLICY, random_ports, settled, slogate
@@ -109,9 +110,18 @@ def test_prompts_reach_the_operators_clusters_by_context(stack: LocalStack) -> N
     long = post(stack.url, CHAT, chat_body(" word" * 40_000, max_tokens=16))
     assert long.status == 200, long.body
     assert long.headers["x-slogate-pool"] == long.headers["x-sim-pool"] == "long"
-    # Clients cannot pick the pool: only the sidecar's metadata does.
-    spoofed = post(stack.url, CHAT, chat_body("hi"), headers={"x-slogate-pool": "long"})
+    # Clients cannot pick the pool (only the sidecar's metadata does), nor claim another
+    # class at an endpoint picker behind slogate.
+    spoofed = post(
+        stack.url,
+        CHAT,
+        chat_body("hi"),
+        headers={"x-slogate-pool": "long", OBJECTIVE_HEADER: "slogate-critical"},
+    )
     assert spoofed.status == 200 and spoofed.headers["x-sim-pool"] == "default"
+    saw = json.loads(spoofed.headers["x-sim-saw-headers"])
+    assert saw[OBJECTIVE_HEADER] == "slogate-standard"
+    assert saw[FAIRNESS_HEADER] == "demo-standard"
 
 
 def test_the_operators_own_routes_do_not_ask_the_sidecar(stack: LocalStack) -> None:

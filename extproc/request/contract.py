@@ -30,6 +30,27 @@ JWT_PAYLOAD_KEY = "jwt_payload"
 SLOGATE_HEADER_PREFIX = "x-slogate-"  # only slogate sets these; client copies are removed
 POOL_HEADER = "x-slogate-pool"  # request: the route; response: the pool that served it
 REASON_HEADER = "x-slogate-reason"  # on every rejection slogate answers itself
+# What the sidecar tells the pool on an admitted request (extproc.service.replies).
+TENANT_HEADER = "x-slogate-tenant"
+TIER_HEADER = "x-slogate-tier"
+BUCKET_HEADER = "x-slogate-bucket"
+ESTIMATE_HEADER = "x-slogate-est-tokens"
+# The Gateway API inference extension's endpoint-picker protocol: the objective (its
+# priority) and the fairness id the picker queues by; slogate sets them to the caller's tier
+# and tenant, so a picker behind slogate honours slogate's classes (and clients cannot claim
+# another's).
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+OBJECTIVE_PREFIX = "slogate-"  # objective names: slogate-critical, slogate-standard, ...
+SIDECAR_SET_HEADERS = (
+    POOL_HEADER,
+    TENANT_HEADER,
+    TIER_HEADER,
+    BUCKET_HEADER,
+    ESTIMATE_HEADER,
+    OBJECTIVE_HEADER,
+    FAIRNESS_HEADER,
+)
 
 # OpenAI's rate-limit response headers. The sidecar puts each into METADATA_NAMESPACE under
 # its own name; the route renders them, so no response message goes to the sidecar.

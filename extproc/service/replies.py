@@ -23,13 +23,20 @@ from google.protobuf import json_format
 from admission.decision import RoutingDecision
 from admission.errors import RequestRejected, error_document
 from extproc.request.contract import (
+    BUCKET_HEADER,
+    ESTIMATE_HEADER,
+    FAIRNESS_HEADER,
     JWT_AUTHN_NAMESPACE,
     JWT_PAYLOAD_KEY,
     METADATA_NAMESPACE,
+    OBJECTIVE_HEADER,
+    OBJECTIVE_PREFIX,
     POOL_FIELD,
     POOL_HEADER,
     REASON_HEADER,
     STRIP_USAGE_FIELD,
+    TENANT_HEADER,
+    TIER_HEADER,
     TRACKING_ID_FIELD,
 )
 from extproc.request.flow import HeaderVerdict, Routed
@@ -98,12 +105,16 @@ def routed_body_reply(routed: Routed) -> pb.ProcessingResponse:
 
 def upstream_headers(decision: RoutingDecision) -> dict[str, str]:
     """What the pool is told about the request (client copies were removed)."""
+    tier = decision.caller.tier.value
     return {
         POOL_HEADER: decision.pool,
-        "x-slogate-tenant": decision.caller.tenant,
-        "x-slogate-tier": decision.caller.tier.value,
-        "x-slogate-bucket": decision.bucket.name,
-        "x-slogate-est-tokens": str(decision.context_tokens),
+        TENANT_HEADER: decision.caller.tenant,
+        TIER_HEADER: tier,
+        BUCKET_HEADER: decision.bucket.name,
+        ESTIMATE_HEADER: str(decision.context_tokens),
+        # For an endpoint picker behind slogate (the inference extension's protocol).
+        OBJECTIVE_HEADER: f"{OBJECTIVE_PREFIX}{tier}",
+        FAIRNESS_HEADER: decision.caller.tenant,
     }
 
 
