@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VENV)/.installed-vllm
 
-.PHONY: up up-vllm vllm test test-fast lint promtool protos bench-overhead bench-decisions bench-decision-cost bench-estimator envoy-config clean
+.PHONY: up up-vllm vllm test test-fast lint promtool protos bench-overhead bench-decisions bench-decision-cost bench-estimator envoy-config k8s clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,15 @@ protos: $(STAMP)
 
 envoy-config: $(STAMP)
 	$(BIN)/slogate envoy-config --policy deploy/policy.example.yaml --out envoy/bootstrap.json
+
+# The committed manifests (tests/test_mesh.py and test_deploy.py hold them to the code).
+k8s: $(STAMP)
+	$(BIN)/slogate k8s
+	$(BIN)/slogate k8s --mesh istio --pool-service default=vllm-default:8000 \
+		--pool-service long=vllm-long:8000 --pool-service fallback=vllm-fallback:8000 \
+		--skip-route status
+	$(BIN)/slogate k8s --mesh envoy-gateway --pool-service default=vllm-default:8000 \
+		--inference-pool long=long-context --pool-service fallback=vllm-fallback:8000
 
 # Benchmarks are commands, not tests: they print tables and write bench/results/.
 bench-overhead: $(STAMP)

@@ -43,7 +43,10 @@ def usage_tap_lua() -> str:
     return resources.files("extproc").joinpath("usage_tap.lua").read_text(encoding="utf-8")
 
 
-def ext_proc_filter(policy: Policy, failure_mode_allow: bool | None = None) -> hcm.HttpFilter:
+def ext_proc_filter(
+    policy: Policy, failure_mode_allow: bool | None = None, cluster: str = SIDECAR_CLUSTER
+) -> hcm.HttpFilter:
+    """`cluster`: the sidecar's (a mesh names its own, e.g. Istio's outbound cluster)."""
     allow = (
         policy.failure_mode is FailureMode.OPEN
         if failure_mode_allow is None
@@ -52,7 +55,7 @@ def ext_proc_filter(policy: Policy, failure_mode_allow: bool | None = None) -> h
     config = ext_proc.ExternalProcessor(
         grpc_service=core.GrpcService(
             envoy_grpc=core.GrpcServiceEnvoyGrpc(
-                cluster_name=SIDECAR_CLUSTER,
+                cluster_name=cluster,
                 # The body mutation of a large prompt comes back in one message.
                 max_receive_message_length=policy.max_body_bytes + (1 << 20),
             ),
@@ -95,23 +98,23 @@ def usage_tap_filter() -> hcm.HttpFilter:
     return hcm.HttpFilter(**_typed(USAGE_TAP_FILTER, config))
 
 
-def slogate_filters(policy: Policy) -> list[hcm.HttpFilter]:
+def slogate_filters(policy: Policy, cluster: str = SIDECAR_CLUSTER) -> list[hcm.HttpFilter]:
     """slogate's HTTP filters, in their order; they go just before the router."""
     authn = [f for f in (jwt_filter(policy),) if f is not None]
-    return [*authn, ext_proc_filter(policy), usage_tap_filter()]
+    return [*authn, ext_proc_filter(policy, cluster=cluster), usage_tap_filter()]
 
 
 def router_filter() -> hcm.HttpFilter:
     return hcm.HttpFilter(**_typed("envoy.filters.http.router", router.Router()))
 
 
-def access_log() -> accesslog.AccessLog:
+def access_log(cluster: str = SIDECAR_CLUSTER) -> accesslog.AccessLog:
     """Entries go to the sidecar through its cluster, batched."""
     config = grpc_log.HttpGrpcAccessLogConfig(
         common_config=grpc_log.CommonGrpcAccessLogConfig(
             log_name=ACCESS_LOG_NAME,
             grpc_service=core.GrpcService(
-                envoy_grpc=core.GrpcServiceEnvoyGrpc(cluster_name=SIDECAR_CLUSTER)
+                envoy_grpc=core.GrpcServiceEnvoyGrpc(cluster_name=cluster)
             ),
             transport_api_version=core.ApiVersion.V3,
             # Batched: under load the 16 KiB buffer fills first and one gRPC message carries
