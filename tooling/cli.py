@@ -230,6 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="istio: the ingress gateway, or the engines' own sidecars",
     )
     k8s.add_argument(
+        "--before-filter",
+        default="envoy.filters.http.router",
+        help="istio: the HTTP filter slogate's go before (an endpoint picker's ext_proc)",
+    )
+    k8s.add_argument(
         "--skip-route",
         action="append",
         default=[],
@@ -695,6 +700,7 @@ def cmd_k8s(args: argparse.Namespace) -> int:
         port=args.port,
         istio_context=args.istio_context,
         skip_routes=tuple(args.skip_route),
+        before_filter=args.before_filter,
     )
     render = render_istio if args.mesh == "istio" else render_envoy_gateway
     try:

@@ -81,6 +81,9 @@ class MeshTarget:
     port: int = 8080
     istio_context: str = "GATEWAY"  # or SIDECAR_INBOUND (port: the engines' target port)
     skip_routes: tuple[str, ...] = ()  # Istio: routes of yours that serve no policy path
+    # Istio: the filter slogate's go just before: the router, or an endpoint picker's
+    # ext_proc (which must see slogate's decision, so runs after it).
+    before_filter: str = ROUTER_NAME
 
     def host(self, service: str) -> str:
         return service if "." in service else f"{service}.{self.namespace}.svc.cluster.local"
@@ -211,7 +214,9 @@ def render_istio(policy_path: Path, target: MeshTarget) -> list[dict[str, Any]]:
         "context": context,
         "listener": {
             "portNumber": target.port,
-            "filterChain": {"filter": {"name": HCM_NAME, "subFilter": {"name": ROUTER_NAME}}},
+            "filterChain": {
+                "filter": {"name": HCM_NAME, "subFilter": {"name": target.before_filter}}
+            },
         },
     }
     manager = {
@@ -223,7 +228,7 @@ def render_istio(policy_path: Path, target: MeshTarget) -> list[dict[str, Any]]:
         pool: f"outbound|{port}||{target.host(service)}"
         for pool, (service, port) in target.pool_services.items()
     }
-    # Each INSERT_BEFORE lands just before the router, so the listed order is kept.
+    # Each INSERT_BEFORE lands just before that filter, so the listed order is kept.
     patches: list[dict[str, Any]] = [
         {
             "applyTo": "HTTP_FILTER",
@@ -272,9 +277,7 @@ def render_istio(policy_path: Path, target: MeshTarget) -> list[dict[str, Any]]:
             "patch": {
                 "operation": "MERGE",
                 "value": {
-                    "typedPerFilterConfig": {
-                        EXT_PROC_FILTER: disabled[EXT_PROC_FILTER].to_dict()
-                    }
+                    "typedPerFilterConfig": {EXT_PROC_FILTER: disabled[EXT_PROC_FILTER].to_dict()}
                 },
             },
         }
