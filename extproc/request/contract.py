@@ -147,9 +147,11 @@ ENVOY_PIECES: tuple[EnvoyPiece, ...] = (
         f"first in each virtual host that serves inference: `{POOL_ROUTE_PREFIX}<pool>`, "
         f"matching dynamic metadata `{METADATA_NAMESPACE}.{POOL_FIELD}` = the pool, to the "
         "pool's cluster",
-        "the sidecar's body reply sets the pool and clears the route cache, so the request "
-        f"is routed again on its context size; they add `{POOL_HEADER}` and the rate-limit "
-        "and admission headers from metadata to the response",
+        "the sidecar's body reply sets the pool, with header mutations (without one Envoy "
+        "ignores `clear_route_cache`), and clears the route cache, so the request is routed "
+        f"again on its context size; they add `{POOL_HEADER}` to the response and, from "
+        f"metadata `{METADATA_NAMESPACE}`, "
+        + ", ".join(f"`{h}`" for h in RESPONSE_METADATA_HEADERS),
         "every request goes where the operator's own route sends it: no long-context pool, "
         "no L3 fallback, no rate-limit headers on successful responses",
     ),
