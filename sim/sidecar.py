@@ -44,6 +44,12 @@ _OUTCOMES = (
 )
 
 
+def refusal_kind(reason: str) -> str:
+    """A refusal reason (`x-slogate-reason`) told by its kind, as the offline fleet counts
+    its outcomes: shed, kv_full, queue_full, queue_timeout, budget, or refused."""
+    return next((kind for prefix, kind in _OUTCOMES if reason.startswith(prefix)), "refused")
+
+
 def run_now(coroutine: Coroutine[Any, Any, T]) -> T:
     """Drive `coroutine` to its end at once, for what never waits: settling, and attempts
     without a waiting room. If it does wait, that is a simulator bug, and it says so
@@ -199,9 +205,7 @@ class SimulatedSidecar:
     @staticmethod
     def kind(refusal: RequestRejected) -> str:
         """A refusal told by its kind (shed, kv_full, queue_full, budget, refused)."""
-        return next(
-            (kind for prefix, kind in _OUTCOMES if refusal.reason.startswith(prefix)), "refused"
-        )
+        return refusal_kind(refusal.reason)
 
     def decide(
         self, key: ApiKey, texts: tuple[str, ...], max_tokens: int, stream: bool, request_id: str

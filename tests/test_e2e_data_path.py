@@ -14,6 +14,7 @@ import pytest
 from policy import FailureMode
 from tests.support.http import chat_body, metric, post, scrape
 from tests.support.stack import (
+    charged_as_used,
     example_policy,
     random_ports,
     read_stream,
@@ -119,16 +120,7 @@ def test_stream_usage_is_accounted_but_only_shown_when_asked(stack: LocalStack) 
 
 
 def test_usage_and_ttft_reach_sidecar_metrics(stack: LocalStack) -> None:
-    before = settled(stack)
-    reply = post(stack.url, CHAT, chat_body("count to ten", max_tokens=12), key="sk-demo-batch")
-    assert reply.status == 200
-    usage = reply.json()["usage"]
-    after = settled(stack)
-    for kind, key in (("completion", "completion_tokens"), ("prompt", "prompt_tokens")):
-        delta = metric(after, "slogate_tokens_total", pool="default", kind=kind) - metric(
-            before, "slogate_tokens_total", pool="default", kind=kind
-        )
-        assert delta == usage[key], kind
+    before, after = charged_as_used(stack)
     assert metric(after, "slogate_upstream_duration_seconds_count", tier="sheddable") > metric(
         before, "slogate_upstream_duration_seconds_count", tier="sheddable"
     )

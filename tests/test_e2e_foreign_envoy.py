@@ -18,8 +18,8 @@ import pytest
 
 from extproc.request.contract import FAIRNESS_HEADER, OBJECTIVE_HEADER
 from policy import Policy
-from tests.support.http import CHAT, chat_body, metric, post
-from tests.support.stack import EXAMPLE_POLICY, random_ports, settled, slogate
+from tests.support.http import CHAT, chat_body, post
+from tests.support.stack import EXAMPLE_POLICY, charged_as_used, random_ports, slogate
 from tooling.envoy_config import EnvoyPorts
 from tooling.stack import LocalStack
 
@@ -152,16 +152,7 @@ def test_a_small_key_gets_429_with_rate_limit_headers(stack: LocalStack) -> None
 
 
 def test_usage_is_settled_through_the_access_log(stack: LocalStack) -> None:
-    before = settled(stack)
-    reply = post(stack.url, CHAT, chat_body("count to ten", max_tokens=12), key="sk-demo-batch")
-    assert reply.status == 200
-    usage = reply.json()["usage"]
-    after = settled(stack)
-    for kind, key in (("completion", "completion_tokens"), ("prompt", "prompt_tokens")):
-        delta = metric(after, "slogate_tokens_total", pool="default", kind=kind) - metric(
-            before, "slogate_tokens_total", pool="default", kind=kind
-        )
-        assert delta == usage[key], kind
+    charged_as_used(stack)
 
 
 def test_the_breaker_answers_503(stack: LocalStack) -> None:

@@ -9,8 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from policy import parse_policy
-from tooling.loadtest import Shot, report
+from policy import Limits, parse_policy
+from sim.scenarios import SIMULATION_POLICY, WORKLOADS, load_workload, workload_policy
+from tooling.loadtest import (
+    Shot,
+    compare_table,
+    predict,
+    prediction_errors,
+    report,
+    under,
+    unprotected_policy,
+)
 
 
 def test_report_counts_statuses_and_judges_like_the_simulator() -> None:
@@ -29,6 +38,74 @@ def test_report_counts_statuses_and_judges_like_the_simulator() -> None:
     assert critical["slo_attainment"] == 0.5
     assert critical["p99_ttft_s"] == pytest.approx(3.0)
     assert result["tenants"]["a"]["requests"] == 3
+    # As the simulator counts them: a refusal misses its SLO; goodput only within it.
+    assert critical["slo_attainment_of_all"] == pytest.approx(1 / 3)
+    timed = report(shots, policy, time_scale=0.1, workload="w", duration_s=10.0)
+    assert timed["tiers"]["critical"]["goodput_tokens_per_s"] == pytest.approx(1.0)
+
+
+def test_burst_handling_counts_the_burst_tenants_requests_in_the_windows() -> None:
+    policy = parse_policy({"slos": {"standard": {"default": 4000}}})
+    shots = [  # scheduled at 0.1 x workload seconds 5, 15, 16, 17
+        Shot("launch", "standard", 0.5, status=200, ttft_s=0.01, completion_tokens=1),
+        Shot("launch", "standard", 1.5, status=200, ttft_s=0.01, completion_tokens=1),
+        Shot("launch", "standard", 1.6, status=503, reason="shed_tier_shed"),
+        Shot("other", "standard", 1.7, status=503, reason="shed_tier_shed"),
+    ]
+    result = report(
+        shots, policy, 0.1, "w", bursts=[(10.0, 20.0)], burst_tenants=frozenset({"launch"})
+    )
+    assert result["burst_handling"] == 0.5
+
+
+def test_unprotected_is_the_same_policy_with_admission_off() -> None:
+    protected = workload_policy(WORKLOADS / "burst-10x.yaml", SIMULATION_POLICY)
+    raw = unprotected_policy(protected)
+    policy = parse_policy(raw)  # still a valid policy
+    assert all(not k.get("limits") for k in raw["keys"]) and protected["keys"][0]["limits"]
+    assert policy.breaker.controller_enabled is False and policy.waiting_room.enabled is False
+    assert policy.breaker.thresholds.l1_p99_over_slo >= 1e9
+    assert policy.breaker.thresholds.l1_kv_cache >= 1e9
+    assert parse_policy(protected).slo_ttft_p99_ms == policy.slo_ttft_p99_ms  # same objectives
+    assert protected["breaker"]["thresholds"].get("l1_kv_cache") is None  # not changed
+
+
+def test_the_comparison_puts_the_modes_side_by_side() -> None:
+    policy = parse_policy({"slos": {"critical": {"default": 2000}}})
+    ok = Shot("a", "critical", 0.0, status=200, ttft_s=0.05, latency_s=0.1, completion_tokens=5)
+    failed = Shot("a", "critical", 0.0, status=503, reason="")
+    runs = {
+        "protected": report([ok], policy, 1.0, "w", duration_s=1.0),
+        "unprotected": report([ok, failed], policy, 1.0, "w", duration_s=1.0),
+    }
+    text = compare_table(runs)
+    assert "| who | metric | protected | unprotected |" in text
+    assert "| tier critical | 5xx or no answer | 0 | 1 |" in text
+
+
+def test_the_simulator_predicts_what_a_live_run_measures_and_the_error_is_reported() -> None:
+    workload = load_workload(WORKLOADS / "smoke.yaml", SIMULATION_POLICY).first(30.0)
+    predicted = predict(workload, seed=1)
+    assert set(predicted["tiers"]) == {"critical", "standard", "sheddable"}
+    assert predicted["goodput_tokens_per_s"] > 0
+    shots = [
+        Shot(a.key.tenant, a.key.tier.value, a.at_s, stream=a.stream, prompt_tokens=a.prompt_tokens,
+             max_tokens=a.max_tokens, status=200, ttft_s=0.5, latency_s=1.0,
+             completion_tokens=a.max_tokens)
+        for a in workload.arrivals
+    ]  # fmt: skip
+    live = report(shots, workload.policy, 1.0, workload.name, duration_s=workload.duration_s)
+    errors = prediction_errors(live, predicted)
+    row = errors["critical p99_ttft_s"]
+    assert (
+        row["live"] == pytest.approx(0.5)
+        and row["predicted"] == predicted["tiers"]["critical"]["p99_ttft_s"]
+    )
+    assert row["error"] == pytest.approx(0.5 / row["predicted"] - 1, abs=1e-3)
+    # The unprotected run is predicted under its own policy: its keys have no budgets.
+    raw = unprotected_policy(workload_policy(WORKLOADS / "smoke.yaml", SIMULATION_POLICY))
+    assert any(a.key.limits.concurrent_requests for a in workload.arrivals)
+    assert all(a.key.limits == Limits() for a in under(workload, raw).arrivals)
 
 
 @pytest.mark.e2e
@@ -74,6 +151,9 @@ def test_the_smoke_scenario_keeps_its_invariants(tmp_path: Path) -> None:
     pools = result["signals"]["pools"]
     assert set(pools) == {"default", "long", "fallback"} and pools["default"]["running_max"] >= 1
     assert "default" in result["signals"]["breakers"] and len(result["timeline"]) >= 10
+    # The sidecar's own decision time came from its histogram; the burst was judged.
+    assert result["signals"]["decision"]["request_body"]["p99_ms"] is not None
+    assert result["burst_handling"] is not None and result["all"]["goodput_tokens_per_s"] > 0
     # Open loop: the generator kept to the schedule (real seconds).
     assert result["lag_p99_s"] < 0.1, result["lag_p99_s"]
     assert (tmp_path / "loadtest-smoke.md").read_text().startswith("# slogate loadtest")

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from policy import BudgetStoreKind, FailureMode, PolicyError, load_policy
 from tooling import offline_commands
@@ -314,6 +315,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="redis: the local stack runs its own Redis (a fault may restart it)",
     )
     loadtest.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    loadtest.add_argument(
+        "--predict",
+        action="store_true",
+        help="also play the workload through the offline simulator (the sidecar's code, the "
+        "simulated engines, a virtual clock) and report its error per metric",
+    )
+    loadtest.add_argument(
+        "--compare",
+        default=None,
+        metavar="protected,unprotected",
+        help="the same workload and seed through slogate and through the same Envoy and "
+        "sidecar with admission off (routing only), one stack after the other; side by side",
+    )
 
     calibrate = sub.add_parser(
         "calibrate", help="measure OpenAI-compatible endpoints; write their latency model"
@@ -587,13 +601,19 @@ def cmd_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_prediction(result: dict[str, Any], workload: Any, seed: int) -> None:
+    from tooling import loadtest
+
+    result["prediction"] = loadtest.predict(workload, seed)
+    result["prediction_errors"] = loadtest.prediction_errors(result, result["prediction"])
+
+
 def cmd_loadtest(args: argparse.Namespace) -> int:
 
     import yaml
 
     from sim.scenarios import SIMULATION_POLICY, WORKLOADS, load_workload, workload_policy
     from tooling import loadtest
-    from tooling.stack import LocalStack, StackPorts
 
     path = WORKLOADS / f"{args.workload}.yaml"
     if not path.exists():
@@ -602,7 +622,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     workload = load_workload(path, SIMULATION_POLICY, seed=args.seed)
     if args.duration_s is not None:
         workload = workload.first(args.duration_s)
-    # SIGTERM as Ctrl-C: the `finally` below stops the stack this command started.
+    # SIGTERM as Ctrl-C: run_live's `finally` stops the stack it started.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     keys = {a.key.tenant: f"sk-{a.key.tenant}" for a in workload.arrivals}
     keys.update(dict(item.split("=", 1) for item in args.key))
@@ -618,62 +638,42 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     if any(f.restart == "redis" for f in faults) and store is not BudgetStoreKind.REDIS:
         print("slogate loadtest: a Redis restart needs --budget-store redis", file=sys.stderr)
         return 2
-    stack = None
-    url = args.url
-    if url is None:
-        work_dir = Path(tempfile.mkdtemp(prefix="slogate-loadtest-"))
-        policy_path = work_dir / "workload-policy.yaml"
-        policy_path.write_text(yaml.safe_dump(workload_policy(path, SIMULATION_POLICY)))
-        ports = StackPorts(0, 0, 0, 0, 0, {name: 0 for name in workload.policy.pools})
-        stack = LocalStack(
-            policy_path, work_dir, ports, args.time_scale, budget_store=store
-        ).start()
-        url = stack.url
-        print(f"slogate loadtest: stack up at {url} (logs {work_dir})", flush=True)
-    sampler = None
-    if stack is not None:
-        running = stack
-        sampler = loadtest.ProcessSampler(
-            lambda: {p.name: p.pid for p in running.processes if p.pid is not None}
-        )
-    left = None
-    injector = loadtest.StackFaults(stack, faults, args.time_scale) if stack and faults else None
-    engines = {p: f"{stack.pool_url(p)}/metrics" for p in stack.pool_ports} if stack else {}
-    signals = loadtest.SignalSampler(engines, stack.metrics_url if stack else None)
-    try:
-        shots = asyncio.run(
-            loadtest.play(
-                workload.arrivals,
-                url,
-                keys,
-                args.time_scale,
-                sampler=sampler,
-                alongside=injector,
-                watch=signals.run if stack else None,
+    protected = workload_policy(path, SIMULATION_POLICY)
+    if args.compare is not None:
+        modes = [m.strip() for m in args.compare.split(",")]
+        if sorted(modes) != ["protected", "unprotected"] or args.url is not None:
+            print(
+                "slogate loadtest: --compare protected,unprotected, on the local stack",
+                file=sys.stderr,
             )
-        )
-        if stack is not None:
-            left = asyncio.run(loadtest.drained(stack.admin_address))
-    finally:
-        if stack is not None:
-            stack.stop()
-    windows = injector.windows if injector is not None else []
-    loadtest.mark_faults(shots, windows)
-    result = loadtest.report(
-        shots,
-        workload.policy,
-        args.time_scale,
-        workload.name,
-        processes=sampler.summary() if sampler is not None else None,
-        after_drain=left,
-        faults=windows,
-        signals=signals.summary(),
-        timeline=signals.timeline,
-    )
+            return 2
+        policies = {"protected": protected, "unprotected": loadtest.unprotected_policy(protected)}
+        runs = {
+            mode: loadtest.run_live(workload, policies[mode], keys, args.time_scale, faults, store)
+            for mode in modes
+        }
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        out = args.out_dir / f"loadtest-{args.workload}-compare.json"
+        out.write_text(json.dumps({"modes": runs}, separators=(",", ":")) + "\n")
+        text = loadtest.compare_table(runs)
+        for mode, run in runs.items():
+            if "prediction_errors" in run:
+                text += f"\n\nsimulator vs live, {mode}:\n"
+                text += loadtest.prediction_table(run["prediction_errors"])
+        title = f"slogate loadtest --workload {args.workload} --compare {args.compare}"
+        out.with_suffix(".md").write_text(f"# {title}\n\n{text}\n")
+        print(text)
+        print(f"wrote {out} and {out.with_suffix('.md')}")
+        return 0
+    result = loadtest.run_live(workload, protected, keys, args.time_scale, faults, store, args.url)
+    if args.predict:
+        _add_prediction(result, workload, args.seed)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"loadtest-{args.workload}.json"
     out.write_text(json.dumps(result, separators=(",", ":")) + "\n")
     text = loadtest.table(result)
+    if "prediction_errors" in result:
+        text += "\n\nsimulator vs live:\n" + loadtest.prediction_table(result["prediction_errors"])
     out.with_suffix(".md").write_text(f"# slogate loadtest --workload {args.workload}\n\n{text}\n")
     print(text)
     print(f"wrote {out} and {out.with_suffix('.md')}")

@@ -20,23 +20,31 @@ loaded generator shows up there instead of silently thinning the load.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import json
 import math
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 
 from breaker.objectives import latency_objective_s
-from policy import Policy, Tier
+from policy import BudgetStoreKind, Policy, Tier, parse_policy
 from sim.arrivals import Arrival
+from sim.config import PoolConfig
+from sim.offline import OfflineFleet
 from sim.prompts import library
-from tooling.stack import LocalStack
+from sim.scenarios import Workload, summarize
+from sim.sidecar import refusal_kind
+from tooling.stack import LocalStack, StackPorts
 
 CHAT = "/v1/chat/completions"
 
@@ -61,6 +69,7 @@ class Shot:
     completion_tokens: int | None = None
     sent_s: float = 0.0  # after the start
     during_fault: bool = False  # alive while a scheduled fault was
+    pool: str = ""  # x-slogate-pool of the answer: the pool that served (or failed) it
 
 
 def messages(arrival: Arrival) -> list[dict[str, str]]:
@@ -85,6 +94,7 @@ async def fire(
         async with session.post(f"{url}{CHAT}", json=body, headers=headers) as reply:
             shot.status = reply.status
             shot.reason = reply.headers.get("x-slogate-reason", "")
+            shot.pool = reply.headers.get("x-slogate-pool", "")
             if reply.status != 200:
                 try:
                     error = json.loads(await reply.read())["error"]
@@ -236,6 +246,8 @@ class SignalSampler:
         self.engines = dict(engines)  # pool -> its /metrics URL
         self.sidecar_metrics = sidecar_metrics
         self.timeline: list[dict[str, Any]] = []
+        # phase -> (bucket bound s, cumulative count) of slogate_decision_seconds
+        self.decisions: dict[str, list[tuple[float, float]]] = {}
 
     async def _text(self, session: aiohttp.ClientSession, url: str) -> str | None:
         try:
@@ -248,6 +260,7 @@ class SignalSampler:
         from prometheus_client.parser import text_string_to_metric_families
 
         row: dict[str, Any] = {"at_s": at_s, "pools": {}, "breakers": {}, "multipliers": {}}
+        decisions: dict[str, list[tuple[float, float]]] = {}
         for pool, url in self.engines.items():
             text = await self._text(session, url)
             if text is None:
@@ -257,7 +270,7 @@ class SignalSampler:
                 for sample in family.samples:
                     short = sample.name.removeprefix("vllm:")
                     if short in ("kv_cache_usage_perc", "num_requests_running",
-                                 "num_requests_waiting"):  # fmt: skip
+                                 "num_requests_waiting", "num_preemptions_total"):  # fmt: skip
                         values[short] = values.get(short, 0.0) + sample.value
             row["pools"][pool] = values
         text = await self._text(session, self.sidecar_metrics) if self.sidecar_metrics else None
@@ -267,6 +280,11 @@ class SignalSampler:
                     row["breakers"][sample.labels["pool"]] = sample.value
                 elif sample.name == "slogate_quota_multiplier":
                     row["multipliers"][sample.labels["tier"]] = sample.value
+                elif sample.name == "slogate_decision_seconds_bucket":
+                    bound = float(sample.labels["le"])
+                    decisions.setdefault(sample.labels["phase"], []).append((bound, sample.value))
+        if decisions:
+            self.decisions = decisions  # cumulative: the last scrape holds the whole run
         self.timeline.append(row)
 
     async def run(self, start: float, interval_s: float = 1.0) -> None:
@@ -286,7 +304,9 @@ class SignalSampler:
                 continue
             kv = [r.get("kv_cache_usage_perc", 0.0) for r in rows]
             running = [r.get("num_requests_running", 0.0) for r in rows]
+            preemptions = [r["num_preemptions_total"] for r in rows if "num_preemptions_total" in r]
             pools[pool] = {
+                "preemptions": preemptions[-1] - preemptions[0] if preemptions else None,
                 "kv_usage_mean": sum(kv) / len(kv),
                 "kv_usage_max": max(kv),
                 "running_mean": sum(running) / len(running),
@@ -307,7 +327,29 @@ class SignalSampler:
             tier: min(r["multipliers"][tier] for r in self.timeline if tier in r["multipliers"])
             for tier in sorted(tiers)
         }
-        return {"pools": pools, "breakers": breakers, "lowest_multipliers": multipliers}
+        decision = {
+            phase: {f"p{round(q * 100)}_ms": _bucket_quantile(buckets, q) for q in (0.5, 0.99)}
+            for phase, buckets in sorted(self.decisions.items())
+        }
+        return {
+            "pools": pools,
+            "breakers": breakers,
+            "lowest_multipliers": multipliers,
+            "decision": decision,
+        }
+
+
+def _bucket_quantile(buckets: Sequence[tuple[float, float]], q: float) -> float | None:
+    """The upper bound (ms) of the histogram bucket holding the q-quantile: an upper bound
+    on it, as close as the sidecar's buckets allow; None past the last finite bucket."""
+    ordered = sorted(buckets)
+    total = ordered[-1][1] if ordered else 0.0
+    if total <= 0:
+        return None
+    for bound, count in ordered:
+        if count >= q * total:
+            return None if math.isinf(bound) else bound * 1000
+    return None
 
 
 def _interval(timeline: Sequence[Mapping[str, Any]]) -> float:
@@ -482,7 +524,9 @@ def _within(policy: Policy, shot: Shot, time_scale: float) -> bool:
     return shot.ttft_s / time_scale <= objective
 
 
-def _summary(shots: Sequence[Shot], policy: Policy, time_scale: float) -> dict[str, Any]:
+def _summary(
+    shots: Sequence[Shot], policy: Policy, time_scale: float, duration_s: float | None = None
+) -> dict[str, Any]:
     served = [s for s in shots if s.status == 200 and s.ttft_s is not None]
     statuses: dict[str, int] = {}
     for s in shots:
@@ -494,6 +538,7 @@ def _summary(shots: Sequence[Shot], policy: Policy, time_scale: float) -> dict[s
         return None if value is None else value / time_scale
 
     calm = [s for s in served if not s.during_fault]
+    within = [s for s in served if _within(policy, s, time_scale)]
     ttfts = [s.ttft_s for s in served if s.ttft_s is not None]
     latencies = [s.latency_s for s in served if s.latency_s is not None]
     return {
@@ -504,8 +549,12 @@ def _summary(shots: Sequence[Shot], policy: Policy, time_scale: float) -> dict[s
         "p99_ttft_s": scaled(ttfts, 0.99),
         "p50_latency_s": scaled(latencies, 0.5),
         "p99_latency_s": scaled(latencies, 0.99),
-        "slo_attainment": (
-            sum(_within(policy, s, time_scale) for s in served) / len(served) if served else None
+        "slo_attainment": len(within) / len(served) if served else None,
+        # As the simulator counts it (sim.scenarios.summarize): a refusal is a miss.
+        "slo_attainment_of_all": len(within) / len(shots) if shots else None,
+        # Completion tokens of the answers within their SLO, per workload second.
+        "goodput_tokens_per_s": (
+            sum(s.completion_tokens or 0 for s in within) / duration_s if duration_s else None
         ),
         "slo_attainment_outside_faults": (
             sum(_within(policy, s, time_scale) for s in calm) / len(calm) if calm else None
@@ -527,9 +576,28 @@ def report(
     faults: Sequence[Mapping[str, Any]] = (),
     signals: Mapping[str, Any] | None = None,
     timeline: Sequence[Mapping[str, Any]] = (),
+    duration_s: float | None = None,
+    bursts: Sequence[tuple[float, float]] = (),
+    burst_tenants: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
+    """`duration_s`: the workload's (for goodput); `bursts` and `burst_tenants`: its burst
+    windows in workload seconds and whose requests count there (burst handling, as the
+    simulator reports it: the share of those requests served within their SLO)."""
     lags = [s.lag_s for s in shots]
+    in_burst = [
+        s
+        for s in shots
+        if (not burst_tenants or s.tenant in burst_tenants)
+        and any(a <= s.scheduled_s / time_scale < b for a, b in bursts)
+    ]
+    handled = [
+        s
+        for s in in_burst
+        if s.status == 200 and s.ttft_s is not None and _within(policy, s, time_scale)
+    ]
     return {
+        "all": _summary(shots, policy, time_scale, duration_s),
+        "burst_handling": len(handled) / len(in_burst) if in_burst else None,
         "faults": list(faults),
         "signals": dict(signals or {}),
         "timeline": list(timeline),
@@ -538,11 +606,15 @@ def report(
         "workload": workload,
         "time_scale": time_scale,
         "tiers": {
-            tier.value: _summary([s for s in shots if s.tier == tier.value], policy, time_scale)
+            tier.value: _summary(
+                [s for s in shots if s.tier == tier.value], policy, time_scale, duration_s
+            )
             for tier in Tier
         },
         "tenants": {
-            tenant: _summary([s for s in shots if s.tenant == tenant], policy, time_scale)
+            tenant: _summary(
+                [s for s in shots if s.tenant == tenant], policy, time_scale, duration_s
+            )
             for tenant in sorted({s.tenant for s in shots})
         },
         # Real seconds, unscaled: how late the generator sent.
@@ -576,17 +648,19 @@ def table(result: dict[str, Any]) -> str:
         f"at most {_format(result['lag_max_s'], '{:.3f}')} s (real)",
         "",
         "| who | requests | served | p50 TTFT | p99 TTFT | p99 latency | SLO attainment "
-        "| statuses |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| goodput tok/s | statuses |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    rows = [(f"tier {k}", v) for k, v in result["tiers"].items()]
+    rows = [("all", result["all"])] if "all" in result else []
+    rows += [(f"tier {k}", v) for k, v in result["tiers"].items()]
     rows += [(f"tenant {k}", v) for k, v in result["tenants"].items()]
     for name, row in rows:
         statuses = ", ".join(f"{k}: {v}" for k, v in row["statuses"].items())
         lines.append(
             f"| {name} | {row['requests']} | {row['served']} | {_format(row['p50_ttft_s'])} | "
             f"{_format(row['p99_ttft_s'])} | {_format(row['p99_latency_s'])} | "
-            f"{_format(row['slo_attainment'], '{:.3f}')} | {statuses} |"
+            f"{_format(row['slo_attainment'], '{:.3f}')} | "
+            f"{_format(row.get('goodput_tokens_per_s'), '{:.0f}')} | {statuses} |"
         )
     processes = result.get("processes") or {}
     lines += _markdown(
@@ -598,7 +672,7 @@ def table(result: dict[str, Any]) -> str:
     )
     signals = result.get("signals") or {}
     lines += _markdown(
-        ("pool", "KV mean", "KV max", "running mean", "running max", "waiting max"),
+        ("pool", "KV mean", "KV max", "running mean", "running max", "waiting max", "preemptions"),
         [
             (
                 pool,
@@ -607,6 +681,7 @@ def table(result: dict[str, Any]) -> str:
                 f"{r['running_mean']:.1f}",
                 f"{r['running_max']:.0f}",
                 f"{r['waiting_max']:.0f}",
+                _format(r.get("preemptions"), "{:.0f}"),
             )
             for pool, r in (signals.get("pools") or {}).items()
         ],
@@ -618,6 +693,14 @@ def table(result: dict[str, Any]) -> str:
         )
         lowest = ", ".join(f"{t} {v:.2f}" for t, v in signals["lowest_multipliers"].items())
         lines += ["", f"breakers: {levels}; lowest quota multipliers: {lowest}"]
+    decision = (signals.get("decision") or {}).get("request_body") or {}
+    if decision or result.get("burst_handling") is not None:
+        lines += [
+            "",
+            f"burst handling {_format(result.get('burst_handling'), '{:.3f}')}; the sidecar's "
+            f"body decision p50 <= {_format(decision.get('p50_ms'), '{:.1f}')} ms, p99 <= "
+            f"{_format(decision.get('p99_ms'), '{:.1f}')} ms (its histogram's bucket bounds)",
+        ]
     for window in result.get("faults", []):
         lines.append(
             f"fault: {window['fault']} (real {window['from_s']:.1f}-{window['to_s']:.1f} s)"
@@ -626,3 +709,262 @@ def table(result: dict[str, Any]) -> str:
         left = ", ".join(f"{k} {v}" for k, v in result["after_drain"].items())
         lines += ["", f"after the drain: {left}"]
     return "\n".join(lines)
+
+
+def unprotected_policy(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The same policy with slogate's admission off: routing only. The same Envoy and the
+    same sidecar still route by context and refuse what no engine could take (a body over
+    the limit, a context over the model's), but no key has a budget, the breaker has no
+    reachable threshold, the controller and the waiting room are off, and no pool has a KV
+    capacity to admit against: what the fleet does without protection."""
+    policy = copy.deepcopy(dict(raw))
+    policy["tiers"] = {tier.value: {} for tier in Tier}
+    for key in policy.get("keys", []):
+        key.pop("limits", None)
+    breaker = policy.setdefault("breaker", {})
+    breaker["controller_enabled"] = False
+    thresholds = breaker.setdefault("thresholds", {})
+    for name in UNREACHABLE:
+        thresholds[name] = 1e9
+    policy.setdefault("waiting_room", {})["enabled"] = False
+    for pool in (policy.get("pools") or {}).values():
+        pool.pop("kv_capacity_tokens", None)
+        pool.pop("max_num_seqs", None)
+    return policy
+
+
+UNREACHABLE = (
+    "l1_p99_over_slo",
+    "l2_p99_over_slo",
+    "l3_p99_over_slo",
+    "l1_kv_cache",
+    "l2_error_rate",
+    "l3_error_rate",
+    "l2_gpu_memory",
+    "l3_gpu_memory",
+)
+
+
+def run_live(
+    workload: Workload,
+    policy_raw: Mapping[str, Any],
+    keys: Mapping[str, str],
+    time_scale: float,
+    faults: Sequence[Fault] = (),
+    store: BudgetStoreKind | None = None,
+    url: str | None = None,
+) -> dict[str, Any]:
+    """One loadtest: against `url`, or a local stack started for it under `policy_raw`
+    (stopped afterwards: after the drain, what it still holds is read first)."""
+    stack = None
+    if url is None:
+        work_dir = Path(tempfile.mkdtemp(prefix="slogate-loadtest-"))
+        policy_path = work_dir / "workload-policy.yaml"
+        policy_path.write_text(yaml.safe_dump(dict(policy_raw)))
+        ports = StackPorts(0, 0, 0, 0, 0, {name: 0 for name in workload.policy.pools})
+        stack = LocalStack(policy_path, work_dir, ports, time_scale, budget_store=store).start()
+        url = stack.url
+        print(f"slogate loadtest: stack up at {url} (logs {work_dir})", flush=True)
+    sampler = injector = None
+    if stack is not None:
+        running = stack
+        sampler = ProcessSampler(
+            lambda: {p.name: p.pid for p in running.processes if p.pid is not None}
+        )
+        injector = StackFaults(stack, faults, time_scale) if faults else None
+    engines = {p: f"{stack.pool_url(p)}/metrics" for p in stack.pool_ports} if stack else {}
+    signals = SignalSampler(engines, stack.metrics_url if stack else None)
+    left = None
+    try:
+        shots = asyncio.run(
+            play(
+                workload.arrivals,
+                url,
+                keys,
+                time_scale,
+                sampler=sampler,
+                alongside=injector,
+                watch=signals.run if stack else None,
+            )
+        )
+        if stack is not None:
+            left = asyncio.run(drained(stack.admin_address))
+    finally:
+        if stack is not None:
+            stack.stop()
+    windows = injector.windows if injector is not None else []
+    mark_faults(shots, windows)
+    return report(
+        shots,
+        workload.policy,
+        time_scale,
+        workload.name,
+        processes=sampler.summary() if sampler is not None else None,
+        after_drain=left,
+        faults=windows,
+        signals=signals.summary(),
+        timeline=signals.timeline,
+        duration_s=workload.duration_s,
+        bursts=workload.bursts,
+        burst_tenants=workload.burst_tenants,
+    )
+
+
+def compare_table(runs: Mapping[str, Mapping[str, Any]]) -> str:
+    """The same workload and seed through each mode, side by side."""
+    modes = list(runs)
+    first = runs[modes[0]]
+    lines = [
+        f"loadtest {first['workload']} at time scale {first['time_scale']}: "
+        + " vs ".join(modes)
+        + " (times in workload seconds)",
+    ]
+    metrics = (
+        ("requests", "requests", "{:.0f}"),
+        ("served", "served", "{:.0f}"),
+        ("p99 TTFT s", "p99_ttft_s", "{:.2f}"),
+        ("p99 latency s", "p99_latency_s", "{:.2f}"),
+        ("SLO attainment (of all)", "slo_attainment_of_all", "{:.3f}"),
+        ("goodput tok/s", "goodput_tokens_per_s", "{:.0f}"),
+        ("5xx or no answer", "server_errors", "{:.0f}"),
+    )
+    rows = []
+    for who in ("all", *(f"tier {t.value}" for t in Tier)):
+        for label, key, pattern in metrics:
+            cells = []
+            for mode in modes:
+                run = runs[mode]
+                row = run["all"] if who == "all" else run["tiers"][who.split()[1]]
+                value = row.get(key)
+                if key == "server_errors":
+                    value = sum(
+                        n
+                        for status, n in row["statuses"].items()
+                        if status.split()[0] == "0" or int(status.split()[0]) >= 500
+                    )
+                cells.append(_format(value, pattern))
+            rows.append((who, label, *cells))
+    lines += _markdown(("who", "metric", *modes), rows)
+    pool_rows = []
+    for pool in sorted({p for run in runs.values() for p in run["signals"].get("pools", {})}):
+        for label, key, pattern in (
+            ("KV usage max", "kv_usage_max", "{:.2f}"),
+            ("waiting max", "waiting_max", "{:.0f}"),
+            ("preemptions", "preemptions", "{:.0f}"),
+        ):
+            cells = [
+                _format(runs[m]["signals"].get("pools", {}).get(pool, {}).get(key), pattern)
+                for m in modes
+            ]
+            pool_rows.append((pool, label, *cells))
+    lines += _markdown(("pool", "metric", *modes), pool_rows)
+    extra = []
+    for mode in modes:
+        run = runs[mode]
+        decision = (run["signals"].get("decision") or {}).get("request_body", {})
+        extra.append(
+            f"{mode}: burst handling {_format(run.get('burst_handling'), '{:.3f}')}, "
+            f"decision p99 <= {_format(decision.get('p99_ms'), '{:.1f}')} ms, "
+            f"arrivals late by p99 {_format(run['lag_p99_s'], '{:.3f}')} s"
+        )
+    lines += ["", *extra]
+    return "\n".join(lines)
+
+
+# The live stack's simulated pools as `slogate up` starts them (sim.config.PoolConfig).
+LIVE_POOL = PoolConfig()
+
+
+def under(workload: Workload, policy_raw: Mapping[str, Any]) -> Workload:
+    """The same arrivals under another policy (each key as that policy defines it)."""
+    policy = parse_policy(dict(policy_raw))
+    arrivals = []
+    for arrival in workload.arrivals:
+        key = policy.key_for(f"sk-{arrival.key.tenant}")
+        assert key is not None, arrival.key.tenant
+        arrivals.append(dataclasses.replace(arrival, key=key))
+    return dataclasses.replace(workload, policy=policy, arrivals=arrivals)
+
+
+def predict(workload: Workload, seed: int = 0) -> dict[str, Any]:
+    """What the offline simulator says a live run of `workload` will measure: the same
+    arrivals through the sidecar's own code (sim.offline) in front of engines shaped as the
+    live stack's simulated pools (KV capacity, batch slots), on a virtual clock."""
+    policy = workload.policy
+    fleet = OfflineFleet(
+        policy,
+        seed=seed,
+        controller=policy.breaker.controller_enabled,
+        kv_capacity_tokens=LIVE_POOL.kv_capacity_tokens,
+        max_running=LIVE_POOL.max_running_requests,
+        waiting_room=policy.waiting_room.enabled,
+    )
+    results = fleet.run(workload.arrivals, until_s=workload.duration_s + 60)
+    summary = summarize(fleet, results, workload)
+    refusals: dict[str, int] = {}
+    for served in results.values():
+        if served.outcome != "served":
+            refusals[served.outcome] = refusals.get(served.outcome, 0) + 1
+    return {
+        "goodput_tokens_per_s": summary["goodput_tokens_per_s"],
+        "burst_handling": summary["burst_handling"],
+        "tiers": {
+            tier: {"p99_ttft_s": row["p99_ttft_s"], "slo_attainment_of_all": row["slo_attainment"]}
+            for tier, row in summary["tiers"].items()
+        },
+        "refusals": dict(sorted(refusals.items())),
+    }
+
+
+def live_refusals(shots: Sequence[Shot]) -> dict[str, int]:
+    """The live run's refusals by the offline fleet's kinds (engine errors as `oom`: what
+    the simulator calls an engine's failure)."""
+    counts: dict[str, int] = {}
+    for shot in shots:
+        if shot.status == 200:
+            continue
+        kind = refusal_kind(shot.reason) if shot.reason else "oom"
+        counts[kind] = counts.get(kind, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def prediction_errors(live: Mapping[str, Any], predicted: Mapping[str, Any]) -> dict[str, Any]:
+    """Per metric: live, predicted, and the error (live / predicted - 1; None where the
+    prediction is 0 or missing)."""
+
+    def row(live_value: float | None, predicted_value: float | None) -> dict[str, Any]:
+        error = None
+        if live_value is not None and predicted_value:
+            error = round(live_value / predicted_value - 1.0, 4)
+        return {"live": live_value, "predicted": predicted_value, "error": error}
+
+    errors: dict[str, Any] = {
+        "goodput_tokens_per_s": row(
+            live["all"]["goodput_tokens_per_s"], predicted["goodput_tokens_per_s"]
+        ),
+        "burst_handling": row(live.get("burst_handling"), predicted["burst_handling"]),
+    }
+    for tier, values in predicted["tiers"].items():
+        for key in ("p99_ttft_s", "slo_attainment_of_all"):
+            errors[f"{tier} {key}"] = row(live["tiers"][tier][key], values[key])
+    refused = live_refusals([Shot(**s) for s in live["shots"]])
+    for kind in sorted(set(refused) | set(predicted["refusals"])):
+        errors[f"refused {kind}"] = row(refused.get(kind, 0), predicted["refusals"].get(kind, 0))
+    return errors
+
+
+def prediction_table(errors: Mapping[str, Mapping[str, Any]]) -> str:
+    return "\n".join(
+        _markdown(
+            ("metric", "live", "simulated", "error"),
+            [
+                (
+                    name,
+                    _format(r["live"], "{:.3f}"),
+                    _format(r["predicted"], "{:.3f}"),
+                    _format(None if r["error"] is None else 100 * r["error"], "{:+.1f}%"),
+                )
+                for name, r in errors.items()
+            ],
+        )
+    )

@@ -74,6 +74,25 @@ def settled(stack: LocalStack) -> dict[tuple[str, tuple[tuple[str, str], ...]], 
     return scrape(stack.metrics_url)
 
 
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def charged_as_used(stack: LocalStack) -> tuple[Samples, Samples]:
+    """One sheddable request; the sidecar's token counters moved by exactly the usage the
+    client was shown (it came back through the access log). The metrics before and after."""
+    before = settled(stack)
+    reply = post(stack.url, CHAT, chat_body("count to ten", max_tokens=12), key="sk-demo-batch")
+    assert reply.status == 200, reply.body
+    usage = reply.json()["usage"]
+    after = settled(stack)
+    for kind, key in (("completion", "completion_tokens"), ("prompt", "prompt_tokens")):
+        delta = metric(after, "slogate_tokens_total", pool="default", kind=kind) - metric(
+            before, "slogate_tokens_total", pool="default", kind=kind
+        )
+        assert delta == usage[key], kind
+    return before, after
+
+
 def fault(stack: LocalStack, pool: str, **settings: float) -> None:
     url = f"{stack.pool_url(pool)}/fault"
     data = json.dumps(settings).encode() if settings else None
