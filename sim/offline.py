@@ -100,13 +100,16 @@ class OfflineFleet:
         waiting_room: bool = True,
         client_retries: int = 0,
         shared_ledger: bool = True,
+        max_queue: int = 10_000,
     ) -> None:
         """`waiting_room`: the sidecars hold requests refused only for capacity until room
         frees (False: they refuse them at once). `client_retries`: how many times a client
         retries a 429 / 503 after its Retry-After, as the OpenAI SDKs do (their default is
         2; here 0, a refusal is lost). `shared_ledger`: the sidecars share one KV ledger,
         as replicas share Redis's (False: each its own, against capacity / replicas, as
-        with the in-process store)."""
+        with the in-process store). `max_queue`: requests an engine keeps waiting before it
+        answers 503 (the simulated pool's --max-queue is 256; the comparisons here keep a
+        queue that never fills, as they were published)."""
         self.policy = policy
         self.client_retries = client_retries
         self.seed = seed
@@ -121,7 +124,7 @@ class OfflineFleet:
                 KvCache(
                     kv_capacity_tokens,
                     max_running=max_running,
-                    max_queue=10_000,
+                    max_queue=max_queue,
                     overcommit_ratio=overcommit_ratio,
                 )
             )

@@ -652,6 +652,9 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
             mode: loadtest.run_live(workload, policies[mode], keys, args.time_scale, faults, store)
             for mode in modes
         }
+        if args.predict:
+            for mode, run in runs.items():
+                _add_prediction(run, loadtest.under(workload, policies[mode]), args.seed)
         args.out_dir.mkdir(parents=True, exist_ok=True)
         out = args.out_dir / f"loadtest-{args.workload}-compare.json"
         out.write_text(json.dumps({"modes": runs}, separators=(",", ":")) + "\n")

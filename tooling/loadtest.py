@@ -897,6 +897,7 @@ def predict(workload: Workload, seed: int = 0) -> dict[str, Any]:
         controller=policy.breaker.controller_enabled,
         kv_capacity_tokens=LIVE_POOL.kv_capacity_tokens,
         max_running=LIVE_POOL.max_running_requests,
+        max_queue=LIVE_POOL.max_queue,
         waiting_room=policy.waiting_room.enabled,
     )
     results = fleet.run(workload.arrivals, until_s=workload.duration_s + 60)
@@ -906,6 +907,7 @@ def predict(workload: Workload, seed: int = 0) -> dict[str, Any]:
         if served.outcome != "served":
             refusals[served.outcome] = refusals.get(served.outcome, 0) + 1
     return {
+        "utilisation_by_pool": summary["utilisation_by_pool"],
         "goodput_tokens_per_s": summary["goodput_tokens_per_s"],
         "burst_handling": summary["burst_handling"],
         "tiers": {
@@ -916,14 +918,34 @@ def predict(workload: Workload, seed: int = 0) -> dict[str, Any]:
     }
 
 
+def live_utilisation(
+    timeline: Sequence[Mapping[str, Any]], max_running: int = LIVE_POOL.max_running_requests
+) -> dict[str, float]:
+    """Per pool, as the offline fleet measures it (OfflineFleet.utilisation): the fuller of
+    the KV cache and the batch slots, averaged over the run, from the engines' scrapes."""
+    pools: dict[str, list[float]] = {}
+    for row in timeline:
+        for pool, values in row["pools"].items():
+            occupancy = max(
+                values.get("kv_cache_usage_perc", 0.0),
+                values.get("num_requests_running", 0.0) / max_running,
+            )
+            pools.setdefault(pool, []).append(occupancy)
+    return {pool: sum(v) / len(v) for pool, v in sorted(pools.items()) if v}
+
+
 def live_refusals(shots: Sequence[Shot]) -> dict[str, int]:
-    """The live run's refusals by the offline fleet's kinds (engine errors as `oom`: what
-    the simulator calls an engine's failure)."""
+    """The live run's refusals by the offline fleet's kinds; an answer without slogate's
+    reason came from the engine: a 503 is its full queue (`engine_full`), anything else
+    its failure (`oom`), as the offline fleet names them."""
     counts: dict[str, int] = {}
     for shot in shots:
         if shot.status == 200:
             continue
-        kind = refusal_kind(shot.reason) if shot.reason else "oom"
+        if shot.reason:
+            kind = refusal_kind(shot.reason)
+        else:
+            kind = "engine_full" if shot.status == 503 else "oom"
         counts[kind] = counts.get(kind, 0) + 1
     return dict(sorted(counts.items()))
 
@@ -938,7 +960,12 @@ def prediction_errors(live: Mapping[str, Any], predicted: Mapping[str, Any]) -> 
             error = round(live_value / predicted_value - 1.0, 4)
         return {"live": live_value, "predicted": predicted_value, "error": error}
 
-    errors: dict[str, Any] = {
+    errors: dict[str, Any] = {}
+    used = live_utilisation(live.get("timeline") or [])
+    for pool, predicted_use in predicted["utilisation_by_pool"].items():
+        if predicted_use >= 0.01 or used.get(pool, 0.0) >= 0.01:  # idle pools say nothing
+            errors[f"utilisation {pool}"] = row(used.get(pool), predicted_use)
+    errors |= {
         "goodput_tokens_per_s": row(
             live["all"]["goodput_tokens_per_s"], predicted["goodput_tokens_per_s"]
         ),
