@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sim.arrivals import p99
+
 RUNS = (("static_best", "static (best sweep)", "tab:gray"), ("dynamic", "dynamic", "tab:blue"))
 
 
@@ -73,6 +75,63 @@ def draw_comparison(comparison: dict[str, Any], out: Path) -> Path:
         axis.legend(loc="upper right", fontsize="small")
         axis.grid(alpha=0.3)
     figure.suptitle(f"{comparison['workload']} (seed {comparison['seed']})")
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=64)
+    plt.close(figure)
+    return out
+
+
+LIVE_COLOURS = ("tab:blue", "tab:gray", "tab:green")
+
+
+def draw_live(runs: dict[str, dict[str, Any]], out: Path, bin_s: float = 10.0) -> Path:
+    """`slogate loadtest` runs (one, or each mode of `--compare`) on shared axes in workload
+    seconds: the busiest pool's KV-cache usage and running requests from its scrapes, P99
+    TTFT of the streams that arrived in each `bin_s`, and the breaker level with the
+    sheddable tier's quota multiplier."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (load, latency, level) = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    for (mode, run), colour in zip(runs.items(), LIVE_COLOURS, strict=False):
+        scale = run["time_scale"]
+        timeline = run["timeline"]
+        pools = {p for row in timeline for p in row["pools"]}
+        busiest = max(
+            sorted(pools),
+            key=lambda p: sum(
+                r["pools"].get(p, {}).get("num_requests_running", 0.0) for r in timeline
+            ),
+        )
+        times = [row["at_s"] / scale for row in timeline]
+        usage = [r["pools"].get(busiest, {}).get("kv_cache_usage_perc", 0.0) for r in timeline]
+        load.plot(times, usage, color=colour, label=f"{mode}: KV usage ({busiest})")
+        bins: dict[int, list[float]] = {}
+        for shot in run["shots"]:
+            if shot["stream"] and shot["status"] == 200 and shot["ttft_s"] is not None:
+                at = int(shot["scheduled_s"] / scale // bin_s)
+                bins.setdefault(at, []).append(shot["ttft_s"] / scale)
+        ordered = sorted(bins)
+        p99s = [p99(bins[b]) for b in ordered]
+        latency.plot([b * bin_s for b in ordered], p99s, color=colour, label=f"{mode}: streams")
+        levels = [r["breakers"].get(busiest, 0.0) for r in timeline]
+        level.step(times, levels, color=colour, label=f"{mode}: breaker ({busiest})")
+        shed = [r["multipliers"].get("sheddable", 1.0) for r in timeline]
+        level.plot(times, shed, color=colour, linestyle="--", label=f"{mode}: sheddable x")
+    first = next(iter(runs.values()))
+    load.set_ylabel("KV-cache usage")
+    load.set_ylim(0, 1.1)
+    latency.set_ylabel(f"P99 TTFT s ({bin_s:g} s of arrivals)")
+    latency.set_yscale("log")
+    level.set_ylabel("level / multiplier")
+    level.set_xlabel("workload time s")
+    for axis in (load, latency, level):
+        axis.legend(loc="upper right", fontsize="small")
+        axis.grid(alpha=0.3)
+    figure.suptitle(f"loadtest {first['workload']} at time scale {first['time_scale']}")
     figure.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=64)

@@ -657,7 +657,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
                 _add_prediction(run, loadtest.under(workload, policies[mode]), args.seed)
         args.out_dir.mkdir(parents=True, exist_ok=True)
         out = args.out_dir / f"loadtest-{args.workload}-compare.json"
-        out.write_text(json.dumps({"modes": runs}, separators=(",", ":")) + "\n")
+        _write_result({"modes": runs}, out)
         text = loadtest.compare_table(runs)
         for mode, run in runs.items():
             if "prediction_errors" in run:
@@ -666,21 +666,49 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         title = f"slogate loadtest --workload {args.workload} --compare {args.compare}"
         out.with_suffix(".md").write_text(f"# {title}\n\n{text}\n")
         print(text)
-        print(f"wrote {out} and {out.with_suffix('.md')}")
+        print(f"wrote {out} and {out.with_suffix('.md')}{_draw(runs, out)}")
         return 0
     result = loadtest.run_live(workload, protected, keys, args.time_scale, faults, store, args.url)
     if args.predict:
         _add_prediction(result, workload, args.seed)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"loadtest-{args.workload}.json"
-    out.write_text(json.dumps(result, separators=(",", ":")) + "\n")
+    _write_result(result, out)
     text = loadtest.table(result)
     if "prediction_errors" in result:
         text += "\n\nsimulator vs live:\n" + loadtest.prediction_table(result["prediction_errors"])
     out.with_suffix(".md").write_text(f"# slogate loadtest --workload {args.workload}\n\n{text}\n")
     print(text)
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    print(f"wrote {out} and {out.with_suffix('.md')}{_draw({'live': result}, out)}")
     return 0
+
+
+def _write_result(document: dict[str, Any], out: Path) -> None:
+    """The report as JSON, and each request as its client saw it beside it (gzipped, not
+    committed: tens of thousands of rows). The written report keeps every second of its
+    timeline up to 600 rows, evenly thinned past that."""
+    import gzip
+
+    shots = {}
+    written = json.loads(json.dumps(document))
+    for mode, run in written.get("modes", {"": written}).items():
+        shots[mode] = run.pop("shots")
+        step = max(1, -(-len(run["timeline"]) // 600))
+        run["timeline"] = run["timeline"][::step]
+    out.write_text(json.dumps(written, separators=(",", ":")) + "\n")
+    shots_path = out.with_suffix(".shots.json.gz")
+    with gzip.open(shots_path, "wt", encoding="utf-8") as handle:
+        json.dump(shots if "modes" in written else shots[""], handle, separators=(",", ":"))
+
+
+def _draw(runs: dict[str, Any], out: Path) -> str:
+    """The runs' PNG beside their JSON; matplotlib is optional (`slogate[sim]`)."""
+    from sim.plots import draw_live
+
+    try:
+        return f" and {draw_live(runs, out.with_suffix('.png'))}"
+    except ImportError:  # matplotlib, imported when drawing
+        return " (no PNG: matplotlib is not installed)"
 
 
 def cmd_k8s(args: argparse.Namespace) -> int:
