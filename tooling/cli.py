@@ -316,6 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     loadtest.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     loadtest.add_argument(
+        "--engine",
+        choices=("sim", "vllm"),
+        default="sim",
+        help="vllm: the local stack's default pool is a real vLLM (make vllm; time scale 1)",
+    )
+    loadtest.add_argument(
         "--predict",
         action="store_true",
         help="also play the workload through the offline simulator (the sidecar's code, the "
@@ -638,7 +644,21 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     if any(f.restart == "redis" for f in faults) and store is not BudgetStoreKind.REDIS:
         print("slogate loadtest: a Redis restart needs --budget-store redis", file=sys.stderr)
         return 2
-    protected = workload_policy(path, SIMULATION_POLICY)
+    base = SIMULATION_POLICY
+    if args.engine == "vllm":
+        if args.url is not None or args.time_scale != 1.0 or args.predict:
+            print(
+                "slogate loadtest --engine vllm: the local stack at time scale 1 (a real "
+                "engine keeps real time), without --predict (its latency is not the "
+                "simulator's: calibrate it first)",
+                file=sys.stderr,
+            )
+            return 2
+        if not _vllm_ready():
+            return 2
+        base = {**SIMULATION_POLICY, **loadtest.VLLM_POLICY}
+        workload = loadtest.under(workload, workload_policy(path, base))
+    protected = workload_policy(path, base)
     if args.compare is not None:
         modes = [m.strip() for m in args.compare.split(",")]
         if sorted(modes) != ["protected", "unprotected"] or args.url is not None:
@@ -649,7 +669,9 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
             return 2
         policies = {"protected": protected, "unprotected": loadtest.unprotected_policy(protected)}
         runs = {
-            mode: loadtest.run_live(workload, policies[mode], keys, args.time_scale, faults, store)
+            mode: loadtest.run_live(
+                workload, policies[mode], keys, args.time_scale, faults, store, None, args.engine
+            )
             for mode in modes
         }
         if args.predict:
@@ -668,7 +690,9 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         print(text)
         print(f"wrote {out} and {out.with_suffix('.md')}{_draw(runs, out)}")
         return 0
-    result = loadtest.run_live(workload, protected, keys, args.time_scale, faults, store, args.url)
+    result = loadtest.run_live(
+        workload, protected, keys, args.time_scale, faults, store, args.url, args.engine
+    )
     if args.predict:
         _add_prediction(result, workload, args.seed)
     args.out_dir.mkdir(parents=True, exist_ok=True)

@@ -753,6 +753,26 @@ UNREACHABLE = (
 )
 
 
+# The workload policy for a stack whose default pool is a real vLLM (`--engine vllm`): a
+# transformer's KV per token does not grow with the context, so every bucket weighs 1 (the
+# field's weights would refuse anything past ~5.7k tokens of its 10,240-token cache), and the
+# engine schedules by the priority slogate writes.
+VLLM_POLICY: dict[str, Any] = {
+    "buckets": [
+        {"name": "0-4k", "max_tokens": 4096, "cost_weight": 1.0, "kv_weight": 1.0},
+        {"name": "4-8k", "max_tokens": 8192, "cost_weight": 1.3, "kv_weight": 1.0},
+        {"name": "8-32k", "max_tokens": 32768, "cost_weight": 1.8, "kv_weight": 1.0},
+        {"name": "32k-128k", "max_tokens": 131072, "cost_weight": 2.5, "kv_weight": 1.0},
+        {"name": "128k+", "cost_weight": 3.0, "kv_weight": 1.0},
+    ],
+    "pools": {
+        "default": {"endpoints": ["127.0.0.1:18001"], "priority_scheduling": True},
+        "long": {"endpoints": ["127.0.0.1:18002"]},
+        "fallback": {"endpoints": ["127.0.0.1:18003"]},
+    },
+}
+
+
 def run_live(
     workload: Workload,
     policy_raw: Mapping[str, Any],
@@ -761,16 +781,20 @@ def run_live(
     faults: Sequence[Fault] = (),
     store: BudgetStoreKind | None = None,
     url: str | None = None,
+    engine: str = "sim",
 ) -> dict[str, Any]:
     """One loadtest: against `url`, or a local stack started for it under `policy_raw`
-    (stopped afterwards: after the drain, what it still holds is read first)."""
+    (stopped afterwards: after the drain, what it still holds is read first); `engine`
+    "vllm": the stack's default pool is a real vLLM (tooling.vllm_engine)."""
     stack = None
     if url is None:
         work_dir = Path(tempfile.mkdtemp(prefix="slogate-loadtest-"))
         policy_path = work_dir / "workload-policy.yaml"
         policy_path.write_text(yaml.safe_dump(dict(policy_raw)))
         ports = StackPorts(0, 0, 0, 0, 0, {name: 0 for name in workload.policy.pools})
-        stack = LocalStack(policy_path, work_dir, ports, time_scale, budget_store=store).start()
+        stack = LocalStack(
+            policy_path, work_dir, ports, time_scale, budget_store=store, engine=engine
+        ).start()
         url = stack.url
         print(f"slogate loadtest: stack up at {url} (logs {work_dir})", flush=True)
     sampler = injector = None
