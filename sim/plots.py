@@ -22,6 +22,21 @@ def _report(comparison: dict[str, Any], name: str) -> dict[str, Any]:
     return report
 
 
+def _finish(figure: Any, axes: tuple[Any, ...], title: str, out: Path) -> Path:
+    """Legends, grids and the title; the figure written small (committed results)."""
+    import matplotlib.pyplot as plt
+
+    for axis in axes:
+        axis.legend(loc="upper right", fontsize="small")
+        axis.grid(alpha=0.3)
+    figure.suptitle(title)
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=64)
+    plt.close(figure)
+    return out
+
+
 def draw_comparison(comparison: dict[str, Any], out: Path) -> Path:
     import matplotlib
 
@@ -71,15 +86,9 @@ def draw_comparison(comparison: dict[str, Any], out: Path) -> Path:
     level.set_ylabel("breaker level")
     level.set_yticks([0, 1, 2, 3])
     level.set_xlabel("simulated time s (bursts shaded)")
-    for axis in (load, latency, level):
-        axis.legend(loc="upper right", fontsize="small")
-        axis.grid(alpha=0.3)
-    figure.suptitle(f"{comparison['workload']} (seed {comparison['seed']})")
-    figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=64)
-    plt.close(figure)
-    return out
+    return _finish(
+        figure, (load, latency, level), f"{comparison['workload']} (seed {comparison['seed']})", out
+    )
 
 
 LIVE_COLOURS = ("tab:blue", "tab:gray", "tab:green")
@@ -128,12 +137,5 @@ def draw_live(runs: dict[str, dict[str, Any]], out: Path, bin_s: float = 10.0) -
     latency.set_yscale("log")
     level.set_ylabel("level / multiplier")
     level.set_xlabel("workload time s")
-    for axis in (load, latency, level):
-        axis.legend(loc="upper right", fontsize="small")
-        axis.grid(alpha=0.3)
-    figure.suptitle(f"loadtest {first['workload']} at time scale {first['time_scale']}")
-    figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=64)
-    plt.close(figure)
-    return out
+    title = f"loadtest {first['workload']} at time scale {first['time_scale']}"
+    return _finish(figure, (load, latency, level), title, out)

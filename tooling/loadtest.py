@@ -37,7 +37,7 @@ import aiohttp
 import yaml
 
 from breaker.objectives import latency_objective_s
-from policy import BudgetStoreKind, Policy, Tier, parse_policy
+from policy import BreakerThresholds, BudgetStoreKind, Policy, Tier, parse_policy
 from sim.arrivals import Arrival
 from sim.config import PoolConfig
 from sim.offline import OfflineFleet
@@ -741,15 +741,9 @@ def unprotected_policy(raw: Mapping[str, Any]) -> dict[str, Any]:
     return policy
 
 
-UNREACHABLE = (
-    "l1_p99_over_slo",
-    "l2_p99_over_slo",
-    "l3_p99_over_slo",
-    "l1_kv_cache",
-    "l2_error_rate",
-    "l3_error_rate",
-    "l2_gpu_memory",
-    "l3_gpu_memory",
+# Every level's condition (l1_p99_over_slo, ..., l3_gpu_memory): never reached at 1e9.
+UNREACHABLE = tuple(
+    f.name for f in dataclasses.fields(BreakerThresholds) if f.name[:3] in ("l1_", "l2_", "l3_")
 )
 
 
