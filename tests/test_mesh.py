@@ -122,16 +122,23 @@ def test_the_schemas_catch_a_wrong_manifest() -> None:
 
 
 def test_the_sidecar_is_reachable_by_the_gateway_only() -> None:
-    for documents in (
-        render_istio(EXAMPLE_POLICY, ISTIO),
-        render_envoy_gateway(EXAMPLE_POLICY, ENVOY_GATEWAY),
+    callers = {
+        "istio": {"istio": "ingressgateway"},
+        "envoy-gateway": {
+            "gateway.envoyproxy.io/owning-gateway-name": "inference-gateway",
+            "gateway.envoyproxy.io/owning-gateway-namespace": "llm",
+        },
+    }
+    for mesh, documents in (
+        ("istio", render_istio(EXAMPLE_POLICY, ISTIO)),
+        ("envoy-gateway", render_envoy_gateway(EXAMPLE_POLICY, ENVOY_GATEWAY)),
     ):
         service = by_kind(documents, "Service")
         grpc = next(p for p in service["spec"]["ports"] if p["name"] == "grpc")
         assert grpc["port"] == SIDECAR_PORT and grpc["appProtocol"] == "grpc"
         rule = by_kind(documents, "NetworkPolicy")["spec"]["ingress"][0]
         assert rule["ports"] == [{"port": SIDECAR_PORT, "protocol": "TCP"}]
-        assert rule["from"][0]["podSelector"]["matchLabels"]
+        assert rule["from"][0]["podSelector"]["matchLabels"] == callers[mesh]
         args = by_kind(documents, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
         assert args[args.index("--host") + 1] == "0.0.0.0"
 

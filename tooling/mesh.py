@@ -109,9 +109,13 @@ def _check(policy: Policy, target: MeshTarget, inference_pools: bool) -> None:
         raise MeshError(f"no Service for pools {missing}: name each with {flag}")
 
 
-def sidecar_workload(policy_path: Path, target: MeshTarget) -> list[dict[str, Any]]:
+def sidecar_workload(
+    policy_path: Path, target: MeshTarget, callers: Mapping[str, str]
+) -> list[dict[str, Any]]:
     """The sidecar on its own: policy ConfigMap, Redis Secret, Deployment, Service (gRPC with
-    appProtocol grpc, so a mesh speaks HTTP/2 to it), a NetworkPolicy and a PodMonitor."""
+    appProtocol grpc, so a mesh speaks HTTP/2 to it), a NetworkPolicy letting only the pods
+    labelled `callers` (the gateway's Envoys, in any namespace) reach its gRPC port, and a
+    PodMonitor."""
     policy = load_policy(policy_path)
     name, labels = target.name, target.labels
     meta = {"name": name, "namespace": target.namespace, "labels": labels}
@@ -168,7 +172,7 @@ def sidecar_workload(policy_path: Path, target: MeshTarget) -> list[dict[str, An
                     "from": [
                         {
                             "namespaceSelector": {},
-                            "podSelector": {"matchLabels": _gateway_pods(target)},
+                            "podSelector": {"matchLabels": dict(callers)},
                         }
                     ],
                     "ports": [{"port": SIDECAR_PORT, "protocol": "TCP"}],
@@ -182,13 +186,12 @@ def sidecar_workload(policy_path: Path, target: MeshTarget) -> list[dict[str, An
     return [config, secret, deployment, service, network, pod_monitor]
 
 
-def _gateway_pods(target: MeshTarget) -> dict[str, str]:
-    if target.istio_context == "SIDECAR_INBOUND":
-        return dict(target.gateway_labels)
-    if target.gateway_labels.get("istio"):
-        return dict(target.gateway_labels)
-    # Envoy Gateway labels the Envoy pods of a Gateway with its name.
-    return {"gateway.envoyproxy.io/owning-gateway-name": target.gateway}
+def eg_proxy_labels(target: MeshTarget) -> dict[str, str]:
+    """The labels Envoy Gateway puts on a Gateway's Envoy pods (in its own namespace)."""
+    return {
+        "gateway.envoyproxy.io/owning-gateway-name": target.gateway,
+        "gateway.envoyproxy.io/owning-gateway-namespace": target.namespace,
+    }
 
 
 def _sidecar_cluster(target: MeshTarget) -> str:
@@ -295,7 +298,7 @@ def render_istio(policy_path: Path, target: MeshTarget) -> list[dict[str, Any]]:
             "configPatches": patches,
         },
     }
-    return [*sidecar_workload(policy_path, target), envoy_filter]
+    return [*sidecar_workload(policy_path, target, target.gateway_labels), envoy_filter]
 
 
 def eg_names(target: MeshTarget) -> dict[str, str]:
@@ -409,7 +412,7 @@ def render_envoy_gateway(policy_path: Path, target: MeshTarget) -> list[dict[str
         },
     }
     return [
-        *sidecar_workload(policy_path, target),
+        *sidecar_workload(policy_path, target, eg_proxy_labels(target)),
         extension,
         pools,
         client,
