@@ -298,8 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     loadtest.add_argument(
         "--time-scale",
         type=float,
-        default=0.1,
-        help="arrival times and the simulated pools' latencies times this",
+        default=None,
+        help="arrival times and the simulated pools' latencies times this (default 0.1; "
+        "1 with --engine vllm, whose engine keeps real time)",
     )
     loadtest.add_argument("--duration-s", type=float, default=None, help="the first S seconds")
     loadtest.add_argument(
@@ -644,6 +645,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     if any(f.restart == "redis" for f in faults) and store is not BudgetStoreKind.REDIS:
         print("slogate loadtest: a Redis restart needs --budget-store redis", file=sys.stderr)
         return 2
+    if args.time_scale is None:
+        args.time_scale = 1.0 if args.engine == "vllm" else 0.1
     base = SIMULATION_POLICY
     if args.engine == "vllm":
         if args.url is not None or args.time_scale != 1.0 or args.predict:
@@ -670,7 +673,14 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         policies = {"protected": protected, "unprotected": loadtest.unprotected_policy(protected)}
         runs = {
             mode: loadtest.run_live(
-                workload, policies[mode], keys, args.time_scale, faults, store, None, args.engine
+                workload,
+                policies[mode],
+                keys,
+                args.time_scale,
+                faults,
+                store,
+                engine=args.engine,
+                admission=mode == "protected",
             )
             for mode in modes
         }

@@ -776,10 +776,12 @@ def run_live(
     store: BudgetStoreKind | None = None,
     url: str | None = None,
     engine: str = "sim",
+    admission: bool = True,
 ) -> dict[str, Any]:
     """One loadtest: against `url`, or a local stack started for it under `policy_raw`
     (stopped afterwards: after the drain, what it still holds is read first); `engine`
-    "vllm": the stack's default pool is a real vLLM (tooling.vllm_engine)."""
+    "vllm": the stack's default pool is a real vLLM (tooling.vllm_engine); `admission`
+    False: the unprotected run (see unprotected_policy)."""
     stack = None
     if url is None:
         work_dir = Path(tempfile.mkdtemp(prefix="slogate-loadtest-"))
@@ -787,7 +789,14 @@ def run_live(
         policy_path.write_text(yaml.safe_dump(dict(policy_raw)))
         ports = StackPorts(0, 0, 0, 0, 0, {name: 0 for name in workload.policy.pools})
         stack = LocalStack(
-            policy_path, work_dir, ports, time_scale, budget_store=store, engine=engine
+            policy_path,
+            work_dir,
+            ports,
+            time_scale,
+            budget_store=store,
+            engine=engine,
+            # Unprotected: a real engine's capacity does not become KV admission either.
+            admit_engine_capacity=admission,
         ).start()
         url = stack.url
         print(f"slogate loadtest: stack up at {url} (logs {work_dir})", flush=True)

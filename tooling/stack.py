@@ -157,6 +157,9 @@ class LocalStack:
     vllm: VllmSettings = field(default_factory=VllmSettings)
     engines: dict[str, VllmEngine] = field(default_factory=dict)  # pool -> real engine
     engine_facts: dict[str, EngineFacts] = field(default_factory=dict)
+    # A real engine's KV capacity and batch slots go into the sidecar's policy (KV
+    # admission against them); False: not (a loadtest's unprotected run).
+    admit_engine_capacity: bool = True
     # The Envoy configuration for the (runtime) policy and ports: slogate's own bootstrap,
     # or, in tests, an operator's with slogate's fragment merged in.
     bootstrap: Callable[[Policy, EnvoyPorts], dict[str, Any]] = build_bootstrap
@@ -276,6 +279,8 @@ class LocalStack:
             for name, port in self.pool_ports.items()
         }
         for name, facts in self.engine_facts.items():  # a real engine: what it reports
+            if not self.admit_engine_capacity:
+                break
             raw["pools"][name]["kv_capacity_tokens"] = facts.kv_capacity_tokens
             raw["pools"][name]["max_num_seqs"] = facts.max_num_seqs
         budget = raw.setdefault("budget", {}) or {}
