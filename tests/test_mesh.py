@@ -36,6 +36,7 @@ from tooling.k8s import SIDECAR_PORT, write_documents
 from tooling.mesh import (
     MeshError,
     MeshTarget,
+    _snake,
     eg_names,
     render_envoy_gateway,
     render_istio,
@@ -292,12 +293,6 @@ def envoy_gateway_listener(policy: Policy) -> dict[str, Any]:
             ]
         },
     }
-
-
-def _snake() -> Any:
-    import betterproto2
-
-    return betterproto2.Casing.SNAKE
 
 
 @pytest.mark.e2e

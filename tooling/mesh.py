@@ -458,6 +458,7 @@ def _duration_s(value: Any) -> float:
 
 
 def _snake() -> Any:
+    """betterproto's snake_case casing: Envoy Gateway's JSON patches see proto field names."""
     import betterproto2
 
     return betterproto2.Casing.SNAKE

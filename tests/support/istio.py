@@ -16,11 +16,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-HCM_TYPE = (
-    "type.googleapis.com/"
-    "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
-)
-ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+from tooling.envoy_config.fragment import HCM_TYPE, ROUTER_TYPE
 
 
 def cluster(name: str, port: int, http2: bool = False) -> dict[str, Any]:

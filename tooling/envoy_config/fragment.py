@@ -146,16 +146,20 @@ def merge_fragment(
     return merged, notes
 
 
+def _snake_name(camel: str) -> str:
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", camel).lower()
+
+
 def _get(mapping: Mapping[str, Any], camel: str) -> Any:
     """A field by its camelCase or snake_case name."""
     if camel in mapping:
         return mapping[camel]
-    return mapping.get(re.sub(r"(?<!^)([A-Z])", r"_\1", camel).lower())
+    return mapping.get(_snake_name(camel))
 
 
 def _key(mapping: Mapping[str, Any], camel: str, snake_file: bool) -> str:
     """The spelling `mapping` already uses for a field; for a new one, the file's."""
-    snake = re.sub(r"(?<!^)([A-Z])", r"_\1", camel).lower()
+    snake = _snake_name(camel)
     if camel in mapping:
         return camel
     return snake if snake in mapping or snake_file else camel
