@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ import pytest
 from policy import Limits, parse_policy
 from sim.scenarios import SIMULATION_POLICY, WORKLOADS, load_workload, workload_policy
 from tooling.loadtest import (
+    ProcessSampler,
     Shot,
     compare_table,
     predict,
@@ -21,6 +25,37 @@ from tooling.loadtest import (
     under,
     unprotected_policy,
 )
+
+
+def test_a_process_is_measured_with_its_children_but_not_with_other_measured_ones() -> None:
+    """A real vLLM does its model's work in a child (the engine core): a parent's CPU and
+    RSS include its children's, except children that are measured under their own name."""
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\n"
+    parent_code = (
+        "import subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {spin!r} + 'time.sleep(30)'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code], stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        assert parent.stdout is not None
+        child_pid = int(parent.stdout.readline())
+        time.sleep(1.2)  # the child has spun its 0.6 s of CPU
+        table = ProcessSampler.processes()
+        alone = table[parent.pid][1]
+        whole = ProcessSampler.tree(parent.pid, table)
+        without = ProcessSampler.tree(parent.pid, table, others={child_pid})
+        assert whole is not None and without is not None
+        assert whole[0] >= alone + 0.5  # the child's spin counted in the parent's tree
+        assert without[0] == pytest.approx(alone)
+        assert whole[1] > without[1] > 0  # RSS too
+        assert ProcessSampler.tree(2**22 + 7, table) is None
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)  # the group: the child too
+        parent.wait()
 
 
 def test_report_counts_statuses_and_judges_like_the_simulator() -> None:

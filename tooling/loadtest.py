@@ -28,7 +28,7 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -201,8 +201,8 @@ class ProcessSampler:
         self.samples: list[tuple[float, dict[str, tuple[float, float]]]] = []
 
     @staticmethod
-    def read(pid: int) -> tuple[float, float] | None:
-        """(CPU seconds, RSS MiB) of one process; None once it is gone."""
+    def _stat(pid: int) -> tuple[int, float, float] | None:
+        """(parent pid, CPU seconds, RSS MiB) of one process; None once it is gone."""
         try:
             with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
                 fields = stat.read().rsplit(")", 1)[1].split()
@@ -212,10 +212,46 @@ class ProcessSampler:
             return None
         ticks = os.sysconf("SC_CLK_TCK")
         page_mib = os.sysconf("SC_PAGE_SIZE") / 2**20
-        return (int(fields[11]) + int(fields[12])) / ticks, pages * page_mib
+        cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+        return int(fields[1]), cpu, pages * page_mib
+
+    @classmethod
+    def processes(cls) -> dict[int, tuple[int, float, float]]:
+        """Every process on the machine, read once per sample."""
+        table = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                got = cls._stat(int(entry))
+                if got is not None:
+                    table[int(entry)] = got
+        return table
+
+    @staticmethod
+    def tree(
+        pid: int, table: Mapping[int, tuple[int, float, float]], others: Collection[int] = ()
+    ) -> tuple[float, float] | None:
+        """(CPU seconds, RSS MiB) of one process and every process below it that is not
+        one of `others` (measured on its own); None once it is gone. The tree, because some
+        work runs in children: a real vLLM's engine core is a child of its API server, and
+        that child does the model's work."""
+        if pid not in table:
+            return None
+        below: dict[int, list[int]] = {}
+        for child, (parent, _, _) in table.items():
+            below.setdefault(parent, []).append(child)
+        cpu = rss = 0.0
+        todo = [pid]
+        while todo:
+            at = todo.pop()
+            cpu, rss = cpu + table[at][1], rss + table[at][2]
+            todo.extend(c for c in below.get(at, []) if c not in others)
+        return cpu, rss
 
     def sample(self) -> None:
-        now = {name: self.read(pid) for name, pid in self.pids().items()}
+        table = self.processes()
+        roots = self.pids()
+        others = set(roots.values())
+        now = {name: self.tree(pid, table, others) for name, pid in roots.items()}
         self.samples.append((time.monotonic(), {k: v for k, v in now.items() if v is not None}))
 
     async def run(self, interval_s: float = 1.0) -> None:
