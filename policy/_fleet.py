@@ -274,6 +274,7 @@ def parse_counting(sec: Section) -> CountingConfig:
         ),
         workers=sec.get("workers", int, defaults.workers),
         inline_max_bytes=sec.get("inline_max_bytes", int, defaults.inline_max_bytes),
+        split_min_bytes=sec.get("split_min_bytes", int, defaults.split_min_bytes),
         max_bytes=sec.get("max_bytes", int, defaults.max_bytes),
         queue_max_bytes=sec.get("queue_max_bytes", int, defaults.queue_max_bytes),
         cache_entries=sec.get("cache_entries", int, defaults.cache_entries),
@@ -281,8 +282,9 @@ def parse_counting(sec: Section) -> CountingConfig:
     sec.close()
     if config.per_message_overhead_tokens < 0:
         raise PolicyError(f"{sec.child('per_message_overhead_tokens')}: must be >= 0")
-    if config.inline_max_bytes < 0:
-        raise PolicyError(f"{sec.child('inline_max_bytes')}: must be >= 0")
+    for name in ("inline_max_bytes", "split_min_bytes"):
+        if getattr(config, name) < 0:
+            raise PolicyError(f"{sec.child(name)}: must be >= 0")
     for name in ("workers", "max_bytes", "queue_max_bytes", "cache_entries"):
         positive(getattr(config, name), sec.child(name))
     return config

@@ -129,6 +129,7 @@ class CountingConfig:
     per_message_overhead_tokens: int = 4  # the chat template around each message
     workers: int = 2  # threads counting text too long for the event loop
     inline_max_bytes: int = 2048  # uncounted text up to this is counted on the loop
+    split_min_bytes: int = 32768  # a text this long is cut and counted by all workers; 0: never
     max_bytes: int = 4 * 1024 * 1024  # larger prompts are not counted: the byte bound decides
     queue_max_bytes: int = 8 * 1024 * 1024  # waiting past this: the byte bound decides
     cache_entries: int = 65536  # message counts kept (chats resend their history)

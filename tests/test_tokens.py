@@ -206,3 +206,76 @@ def test_a_chat_template_on_a_tiny_prompt_is_not_a_ratio() -> None:
     assert corrections.factor("k") == 1.0
     assert corrections.observe("k", counted=8000, engine=32_000)  # a real under-count still is
     assert corrections.factor("k") > PromptCorrections.tolerance
+
+
+# --- a long text counted by all workers at once --------------------------------------------
+
+
+def _spaced_random_text(rng: random.Random) -> str:
+    """Random Unicode with the one thing a cut needs spread through it: ASCII letters on
+    both sides of a space, next to digits, marks, CJK, punctuation and other spaces."""
+    parts = []
+    for _ in range(rng.randint(5, 60)):
+        r = rng.random()
+        if r < 0.5:
+            parts.append(rng.choice(["a b", "Ab cD", "x  y", "q\tz", "é b", "a ́b", "1a b2"]))
+        else:
+            parts.append(_random_text(rng))
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("path", NATURAL + HOSTILE, ids=lambda p: p.stem)
+def test_a_text_cut_into_pieces_counts_as_the_whole(path: Path, bpe: DeepSeekBpe) -> None:
+    text = path.read_text(encoding="utf-8")
+    whole = bpe.count(text)
+    for parts in (2, 3, 8):
+        pieces = bpe.pieces(text, parts)
+        assert "".join(pieces) == text
+        assert sum(bpe.count(p) for p in pieces) == whole, parts
+
+
+def test_random_text_cut_into_pieces_counts_as_the_whole(bpe: DeepSeekBpe) -> None:
+    rng = random.Random(20261202)
+    cut = 0
+    for _ in range(3000):
+        text = _spaced_random_text(rng)
+        pieces = bpe.pieces(text, rng.randint(2, 6))
+        cut += len(pieces) > 1
+        assert "".join(pieces) == text
+        assert sum(bpe.count(p) for p in pieces) == bpe.count(text), repr(text)
+    assert cut > 2500  # the cuts were really made
+
+
+def test_text_with_a_special_token_is_not_cut(bpe: DeepSeekBpe) -> None:
+    text = "word " * 5000 + "<\uff5cUser\uff5c>" + " word" * 5000
+    assert bpe.pieces(text, 4) == [text]
+    assert len(bpe.pieces(text.replace("<\uff5cUser\uff5c>", "x"), 4)) == 4
+
+
+class _Recording:
+    """The BPE, remembering every text it was asked to count."""
+
+    def __init__(self, bpe: DeepSeekBpe) -> None:
+        self._bpe = bpe
+        self.counted: list[int] = []
+
+    def count(self, text: str) -> int:
+        self.counted.append(len(text))
+        return self._bpe.count(text)
+
+    def pieces(self, text: str, parts: int) -> list[str]:
+        return self._bpe.pieces(text, parts)
+
+
+async def test_a_long_text_is_counted_in_one_piece_per_worker(bpe: DeepSeekBpe) -> None:
+    text = (DATA_DIR / "en_prose.txt").read_text() * 12
+    assert len(text) >= 32768
+    for split_min_bytes, calls in ((32768, 3), (0, 1)):
+        recording = _Recording(bpe)
+        config = CountingConfig(workers=3, split_min_bytes=split_min_bytes)
+        counter = PromptCounter(recording, config, ThreadPoolExecutor(3))
+        counted = await counter.count([text, "a short question"])
+        assert counted.kind is CountKind.EXACT
+        assert counted.tokens == bpe.count(text) + bpe.count("a short question") + 2 * 4
+        assert sum(n > 1000 for n in recording.counted) == calls
+        assert counter.queued_bytes == 0

@@ -28,6 +28,7 @@ markers occurs.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,6 +62,13 @@ _SPECIAL_MARKERS = (
     "<dsml:",
     "</dsml:",
 )
+
+
+# A place where the pre-tokenizer always cuts: a space between two ASCII letters. Every
+# alternative of SPLIT_PATTERN that can hold a letter ends with a greedy letter run, so the
+# piece before stops at the space (which leads the next word's piece), and no alternative
+# looks back. So text cut there counts as the sum of its parts, exactly.
+_CUT = re.compile(r"(?<=[A-Za-z]) (?=[A-Za-z])")
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -121,6 +129,23 @@ class DeepSeekBpe:
 
     def count(self, text: str) -> int:
         return len(self._encode(text)) if text else 0
+
+    def pieces(self, text: str, parts: int) -> list[str]:
+        """`text` cut into up to `parts` pieces of about equal length, at places where the
+        pre-tokenizer cuts anyway (`_CUT`): their counts add up to the text's. Text holding a
+        special token's marker stays whole (a cut must not split a marker)."""
+        if parts < 2 or any(marker in text for marker in _SPECIAL_MARKERS):
+            return [text]
+        step = len(text) // parts
+        out, start = [], 0
+        for k in range(1, parts):
+            cut = _CUT.search(text, max(start, k * step))
+            if cut is None:
+                break
+            out.append(text[start : cut.start()])
+            start = cut.start()
+        out.append(text[start:])
+        return [piece for piece in out if piece]
 
     def count_many(self, texts: Sequence[str]) -> list[int]:
         return [self.count(t) for t in texts]

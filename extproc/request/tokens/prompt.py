@@ -8,7 +8,8 @@ What lives here: `CountKind`, `PromptCount` and `PromptCounter`, which applies t
   before (chats resend their whole history) is not counted again: counts are kept by the
   BLAKE2b hash of the text, so a turn costs only its new message.
 - Uncounted text up to `inline_max_bytes` is counted on the event loop (tens of µs);
-  more goes to `workers` threads (the BPE releases the GIL).
+  more goes to `workers` threads (the BPE releases the GIL), a text of `split_min_bytes`
+  or more cut into one piece per worker where its counts add up, so they count it at once.
 - When text cannot be counted (more than `max_bytes`, or more than `queue_max_bytes`
   already waiting), its UTF-8 length decides: byte-level BPE never yields more tokens
   than bytes, so that count is never below the real one. Decisions taken on it are the
@@ -29,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from admission.decision import CountKind
 from policy import CountingConfig
@@ -37,6 +38,13 @@ from policy import CountingConfig
 
 class TokenCounter(Protocol):
     def count(self, text: str) -> int: ...
+
+
+@runtime_checkable
+class SplittingCounter(TokenCounter, Protocol):
+    """A counter that can cut a text where its counts add up (DeepSeekBpe.pieces)."""
+
+    def pieces(self, text: str, parts: int) -> list[str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,26 +111,54 @@ class PromptCounter:
         elif self.queued_bytes + pending_bytes > config.queue_max_bytes:
             return PromptCount(total + pending_bytes, CountKind.BUSY)
         else:
-            counts = await self._count_off_loop([text for _, text in pending], pending_bytes)
+            counts = await self._count_off_loop(
+                [text for _, text in pending], pending_bytes, self._config.workers
+            )
         for (cache_key, _), count in zip(pending, counts, strict=True):
             total += count
             if cache_key is not None:
                 self._remember(cache_key, count)
         return PromptCount(total, CountKind.EXACT)
 
-    async def _count_off_loop(self, texts: list[str], size_bytes: int) -> list[int]:
+    async def _count_off_loop(self, texts: list[str], size_bytes: int, workers: int) -> list[int]:
+        """Each text's count, from the worker threads. Texts of `split_min_bytes` or more
+        are cut into one piece per worker, and the pieces dealt out so every worker counts
+        about as many bytes, all at once: a long prompt's count takes its share of the
+        workers' time instead of one worker's (the BPE releases the GIL)."""
         counter = self._counter
         assert counter is not None
+        split_at = self._config.split_min_bytes
+        jobs: list[tuple[int, str]] = []  # (which text, piece)
+        for index, text in enumerate(texts):
+            if split_at and len(text) >= split_at and isinstance(counter, SplittingCounter):
+                jobs += [(index, piece) for piece in counter.pieces(text, workers)]
+            else:
+                jobs.append((index, text))
+        bins: list[list[tuple[int, str]]] = [[] for _ in range(min(workers, len(jobs)))]
+        loads = [0] * len(bins)
+        for job in sorted(jobs, key=lambda j: -len(j[1])):
+            lightest = loads.index(min(loads))
+            bins[lightest].append(job)
+            loads[lightest] += len(job[1])
         self.queued_bytes += size_bytes
         try:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                self._executor, lambda: [counter.count(t) for t in texts]
+            done = await asyncio.gather(
+                *(loop.run_in_executor(self._executor, _count_all, counter, b) for b in bins)
             )
         finally:
             self.queued_bytes -= size_bytes
+        counts = [0] * len(texts)
+        for b, got in zip(bins, done, strict=True):
+            for (index, _), n in zip(b, got, strict=True):
+                counts[index] += n
+        return counts
 
     def _remember(self, key: bytes, count: int) -> None:
         self._cache[key] = count
         if len(self._cache) > self._config.cache_entries:
             self._cache.popitem(last=False)
+
+
+def _count_all(counter: TokenCounter, jobs: list[tuple[int, str]]) -> list[int]:
+    return [counter.count(piece) for _, piece in jobs]
