@@ -69,6 +69,7 @@ k8s: $(STAMP)
 # Benchmarks are commands, not tests: they print tables and write bench/results/.
 bench-overhead: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/slogate bench overhead
 
 bench-decisions: $(STAMP)

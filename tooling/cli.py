@@ -360,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     overhead.add_argument("--rounds", type=int, default=3)
     overhead.add_argument(
         "--profiles",
-        default="small,field_mix,multi_turn,chinese,code,hostile",
+        default="small,field_mix,1k,8k,32k,128k,multi_turn,chinese,code,hostile",
         help="request bodies, comma-separated (small: the 4 KB body; others: bench/bodies.py)",
     )
     overhead.add_argument("--out-dir", type=Path, default=Path("bench/results"))

@@ -44,6 +44,7 @@ from sim.offline import OfflineFleet
 from sim.prompts import library
 from sim.scenarios import Workload, summarize
 from sim.sidecar import refusal_kind
+from tooling.processes import proc_stat
 from tooling.stack import LocalStack, StackPorts
 
 CHAT = "/v1/chat/completions"
@@ -201,27 +202,12 @@ class ProcessSampler:
         self.samples: list[tuple[float, dict[str, tuple[float, float]]]] = []
 
     @staticmethod
-    def _stat(pid: int) -> tuple[int, float, float] | None:
-        """(parent pid, CPU seconds, RSS MiB) of one process; None once it is gone."""
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{pid}/statm", encoding="ascii") as statm:
-                pages = int(statm.read().split()[1])
-        except (OSError, IndexError, ValueError):
-            return None
-        ticks = os.sysconf("SC_CLK_TCK")
-        page_mib = os.sysconf("SC_PAGE_SIZE") / 2**20
-        cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
-        return int(fields[1]), cpu, pages * page_mib
-
-    @classmethod
-    def processes(cls) -> dict[int, tuple[int, float, float]]:
+    def processes() -> dict[int, tuple[int, float, float]]:
         """Every process on the machine, read once per sample."""
         table = {}
         for entry in os.listdir("/proc"):
             if entry.isdigit():
-                got = cls._stat(int(entry))
+                got = proc_stat(int(entry))
                 if got is not None:
                     table[int(entry)] = got
         return table

@@ -133,6 +133,22 @@ class ManagedProcess:
         return proc.returncode
 
 
+def proc_stat(pid: int) -> tuple[int, float, float] | None:
+    """(parent pid, CPU seconds, RSS MiB) of a process, from /proc (Linux); None once it
+    is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/statm", encoding="ascii") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    page_mib = os.sysconf("SC_PAGE_SIZE") / 2**20
+    cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+    return int(fields[1]), cpu, pages * page_mib
+
+
 def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 

@@ -28,19 +28,27 @@ import platform
 import shutil
 import statistics
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from policy import load_policy
+from tooling.benchmarks.profile import available as spy_available
+from tooling.benchmarks.profile import record, summarise
+from tooling.benchmarks.profile import table as profile_table
 from tooling.benchmarks.wrk import start_envoy, upstream_bootstrap, wrk
 from tooling.envoy_config import EnvoyPorts, FilterProfile, build_bootstrap
-from tooling.processes import ManagedProcess, free_port, python_module
+from tooling.processes import ManagedProcess, free_port, proc_stat, python_module
 from tooling.stack import start_sidecar
 
 HOST = "127.0.0.1"
-SETUPS = ("envoy_alone", "passthrough", "slogate")
+SETUPS = ("envoy_alone", "passthrough", "slogate", "slogate_uncounted")
+# Profiles where slogate's cost is split in two: the same sidecar with every prompt taken at
+# its byte bound (no tokenizer) says what the path costs without counting.
+SPLIT_PROFILES = frozenset({"small", "field_mix", "8k", "32k"})
+DEFAULT_PROFILES = "small,field_mix,1k,8k,32k,128k,multi_turn,chinese,code,hostile"
 POLICY = Path(__file__).resolve().parents[2] / "deploy" / "policy.example.yaml"
 
 
@@ -119,7 +127,12 @@ def _wrk_script(work: Path, profile: str) -> Path:
 
 
 def measure_setup(
-    setup: str, upstream_port: int, duration_s: float, work: Path, script: Path
+    setup: str,
+    upstream_port: int,
+    duration_s: float,
+    work: Path,
+    script: Path,
+    spy_out: Path | None = None,
 ) -> dict[str, float]:
     grpc_port = free_port()
     procs: list[ManagedProcess] = []
@@ -132,9 +145,9 @@ def measure_setup(
             ).start()
             procs.append(side)
             grpc_port = int(side.wait_for_line(r"grpc [^:]+:(\d+)").group(1))
-        elif setup == "slogate":
+        elif setup in ("slogate", "slogate_uncounted"):
             side, sidecar_ports = start_sidecar(
-                work, bench_policy(work), f"{setup}-sidecar", exact_tokenizer=True
+                work, bench_policy(work), f"{setup}-sidecar", exact_tokenizer=setup == "slogate"
             )
             procs.append(side)
             grpc_port = sidecar_ports.grpc
@@ -142,10 +155,15 @@ def measure_setup(
             "envoy_alone": FilterProfile.PLAIN,
             "passthrough": FilterProfile.EXT_PROC_ONLY,
             "slogate": FilterProfile.SLOGATE,
+            "slogate_uncounted": FilterProfile.SLOGATE,
         }[setup]
         url, envoy = front_envoy(f"{setup}-envoy", upstream_port, grpc_port, work, profile)
         procs.append(envoy)
-        return load(url, duration_s, script)
+        timed = {"envoy": envoy.pid}
+        if setup != "envoy_alone":
+            timed["sidecar"] = procs[0].pid
+        spy = procs[0].pid if spy_out is not None and setup == "slogate" else None
+        return load(url, duration_s, script, timed, spy, spy_out)
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -172,11 +190,29 @@ def front_envoy(
     return f"http://{HOST}:{listen}/v1/chat/completions", envoy
 
 
-def load(url: str, duration_s: float, script: Path) -> dict[str, float]:
-    """A warm-up, then p50/p99 at 1 connection and throughput at 16."""
+def load(
+    url: str,
+    duration_s: float,
+    script: Path,
+    timed: Mapping[str, int | None] | None = None,
+    spy_pid: int | None = None,
+    spy_out: Path | None = None,
+) -> dict[str, float]:
+    """A warm-up, then p50/p99 at 1 connection and throughput at 16; the CPU each of
+    `timed` spent per request at 16 connections (µs), and py-spy on `spy_pid` meanwhile."""
     wrk(url, 4, 2.0, script)  # warm-up: connections, tokenizer, JIT-less caches
     single = wrk(url, 1, duration_s, script)
+    pids = {name: pid for name, pid in (timed or {}).items() if pid is not None}
+    before = {name: _cpu_s(pid) for name, pid in pids.items()}
+    spy = record(spy_pid, duration_s - 1, spy_out) if spy_pid and spy_out else None
     many = wrk(url, 16, duration_s, script)
+    if spy is not None:
+        spy.wait(timeout=60)
+    done = max(1.0, many["requests"])
+    cpu = {
+        f"cpu_us_per_request_{name}": (_cpu_s(pid) - before[name]) / done * 1e6
+        for name, pid in pids.items()
+    }
     return {
         "p50_ms": single["p50_ms"],
         "p99_ms": single["p99_ms"],
@@ -184,25 +220,46 @@ def load(url: str, duration_s: float, script: Path) -> dict[str, float]:
         "rps_16": many["rps"],
         "p99_ms_16": many["p99_ms"],
         "non_2xx": single["non_2xx"] + many["non_2xx"],
+        **cpu,
     }
+
+
+def _cpu_s(pid: int) -> float:
+    stat = proc_stat(pid)
+    return stat[1] if stat is not None else 0.0
 
 
 def _table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
     lines = [
         "| body | setup | p50 ms (1 conn) | p99 ms (1 conn) | req/s (16 conn) | p99 ms (16 conn) "
-        "| throughput vs pass-through | p50 vs pass-through |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| throughput vs pass-through | p50 vs pass-through | sidecar CPU µs/req "
+        "| Envoy CPU µs/req |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for profile, setups in summary.items():
         base = setups["passthrough"]
         for setup, row in setups.items():
+            sidecar = row.get("cpu_us_per_request_sidecar")
             lines.append(
                 f"| {profile} | {setup} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} "
                 f"| {row['rps_16']:.0f} | {row['p99_ms_16']:.2f} "
                 f"| {row['rps_16'] / base['rps_16']:.2f}x "
-                f"| {row['p50_ms'] - base['p50_ms']:+.3f} ms |"
+                f"| {row['p50_ms'] - base['p50_ms']:+.3f} ms "
+                f"| {'-' if sidecar is None else f'{sidecar:.0f}'} "
+                f"| {row.get('cpu_us_per_request_envoy', 0.0):.0f} |"
             )
     return "\n".join(lines)
+
+
+def setups_for(profile: str) -> tuple[str, ...]:
+    """Envoy alone is the floor for the small body; every profile compares slogate with
+    the pass-through on the same bodies; some split slogate's cost (SPLIT_PROFILES)."""
+    setups = ["passthrough", "slogate"]
+    if profile == "small":
+        setups.insert(0, "envoy_alone")
+    if profile in SPLIT_PROFILES:
+        setups.append("slogate_uncounted")
+    return tuple(setups)
 
 
 def run(
@@ -210,27 +267,35 @@ def run(
     duration_s: float = 10.0,
     rounds: int = 3,
     profiles: list[str] | None = None,
+    spy: bool = True,
 ) -> dict[str, Any]:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk (make bench-overhead does it)")
-    profiles = profiles or ["small"]
+    profiles = profiles or DEFAULT_PROFILES.split(",")
     work = Path(tempfile.mkdtemp(prefix="slogate-bench-"))
     scripts = {profile: _wrk_script(work, profile) for profile in profiles}
     upstream_port, upstream_admin = free_port(), free_port()
     upstream = start_envoy(
         "upstream", upstream_bootstrap(upstream_port, upstream_admin), upstream_admin, work
     )
-    # Envoy alone is the floor for the small body; the profiles compare slogate with the
-    # pass-through on the same bodies.
-    setups_of = {p: SETUPS if p == "small" else SETUPS[1:] for p in profiles}
     runs: dict[str, dict[str, list[dict[str, float]]]] = {
-        p: {s: [] for s in setups_of[p]} for p in profiles
+        p: {s: [] for s in setups_for(p)} for p in profiles
     }
+    # py-spy on slogate's sidecar in the last round (its sampling costs the sidecar a
+    # little CPU; the earlier rounds are unprofiled, and the medians hold).
+    spying = spy and spy_available()
     try:
         for round_index in range(rounds):
             for profile in profiles:
-                for setup in setups_of[profile]:
-                    result = measure_setup(setup, upstream_port, duration_s, work, scripts[profile])
+                for setup in setups_for(profile):
+                    spy_out = (
+                        work / f"spy-{profile}.txt"
+                        if spying and round_index == rounds - 1
+                        else None
+                    )
+                    result = measure_setup(
+                        setup, upstream_port, duration_s, work, scripts[profile], spy_out
+                    )
                     runs[profile][setup].append(result)
                     print(f"round {round_index + 1} {profile} {setup}: {result}", flush=True)
     finally:
@@ -246,8 +311,8 @@ def run(
     for profile, setups in summary.items():
         base, ours = setups["passthrough"], setups["slogate"]
         verdicts[profile] = {
-            "throughput_ratio_vs_passthrough": ours["rps_16"] / base["rps_16"],
-            "p50_delta_ms_vs_passthrough": ours["p50_ms"] - base["p50_ms"],
+            "throughput_ratio_vs_passthrough": round(ours["rps_16"] / base["rps_16"], 3),
+            "p50_delta_ms_vs_passthrough": round(ours["p50_ms"] - base["p50_ms"], 3),
             "met": ours["rps_16"] / base["rps_16"] >= 0.8
             and ours["p50_ms"] - base["p50_ms"] <= 0.3,
         }
@@ -258,6 +323,11 @@ def run(
         for results in setups.values()
         for r in results
     )
+    profiles_seen = {
+        profile: summarise(work / f"spy-{profile}.txt")
+        for profile in profiles
+        if (work / f"spy-{profile}.txt").exists()
+    }
     report = {
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": _cpus(), "python": platform.python_version()},
@@ -268,8 +338,14 @@ def run(
         "runs": runs,
         "verdicts": verdicts,
         "all_responses_2xx": all_2xx,
+        "sidecar_profile": profiles_seen,
     }
     table = _table(summary)
+    verdict_lines = "\n".join(
+        f"- {profile}: {v['throughput_ratio_vs_passthrough']:.2f}x throughput, "
+        f"{v['p50_delta_ms_vs_passthrough']:+.3f} ms p50: {'met' if v['met'] else 'not met'}"
+        for profile, v in verdicts.items()
+    )
     when = report["when"]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "overhead.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -277,12 +353,22 @@ def run(
         f"# Overhead benchmark ({when})\n\n{_cpus()} CPUs, "
         f"{rounds} interleaved rounds of {duration_s:g} s per setup and load, medians.\n"
         "Bodies: small = the 4 KB chat body; the others from tooling/benchmarks/bodies.py, "
-        "every request's last message new. Upstream: Envoy direct_response.\n\n"
-        f"{table}\n\nVerdicts (target: >= 0.8x throughput, <= +0.3 ms p50): "
-        f"{json.dumps(verdicts)}; all responses 2xx: {all_2xx}\n"
+        "every request's last message new. Upstream: Envoy direct_response. "
+        "slogate_uncounted: the same sidecar with every prompt at its byte bound (no "
+        "tokenizer): what the path costs without counting. CPU µs per request: the "
+        "processor's (pass-through or sidecar) and the front Envoy's CPU over the 16-connection "
+        "run, divided by its requests.\n\n"
+        f"{table}\n\nTargets: >= 0.8x the pass-through's throughput and <= +0.3 ms p50 "
+        f"over it. All responses 2xx: {all_2xx}.\n\n{verdict_lines}\n"
+        + (
+            "\n## Where the sidecar's time goes (py-spy, 16 connections, last round)\n\n"
+            + profile_table(profiles_seen)
+            if profiles_seen
+            else ""
+        )
     )
     print(table)
-    print(f"verdicts: {verdicts}")
+    print(verdict_lines)
     return report
 
 

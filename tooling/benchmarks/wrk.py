@@ -125,6 +125,7 @@ def parse_wrk(output: str) -> dict[str, float]:
         return float(match.group(1)) * _UNITS_MS[match.group(2)]
 
     rps = re.search(r"Requests/sec:\s+([\d.]+)", output)
+    done = re.search(r"(\d+) requests in", output)
     non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
     if rps is None:
         raise ValueError(f"no Requests/sec in wrk output:\n{output}")
@@ -132,6 +133,7 @@ def parse_wrk(output: str) -> dict[str, float]:
         "p50_ms": latency("50"),
         "p99_ms": latency("99"),
         "rps": float(rps.group(1)),
+        "requests": float(done.group(1)) if done else 0.0,
         "non_2xx": float(non_2xx.group(1)) if non_2xx else 0.0,
     }
 
