@@ -55,3 +55,5 @@ def test_each_profile_compares_with_the_pass_through_and_some_split_the_cost() -
     assert setups_for("small") == ("envoy_alone", "passthrough", "slogate", "slogate_uncounted")
     assert setups_for("field_mix") == ("passthrough", "slogate", "slogate_uncounted")
     assert setups_for("multi_turn") == ("passthrough", "slogate")
+    # A lever is one more slogate beside the others (the uncounted split is left out).
+    assert setups_for("field_mix", ["no_split"]) == ("passthrough", "slogate", "slogate+no_split")

@@ -16,7 +16,6 @@ import pytest
 from policy import Limits, parse_policy
 from sim.scenarios import SIMULATION_POLICY, WORKLOADS, load_workload, workload_policy
 from tooling.loadtest import (
-    ProcessSampler,
     Shot,
     compare_table,
     predict,
@@ -25,6 +24,7 @@ from tooling.loadtest import (
     under,
     unprotected_policy,
 )
+from tooling.processes import process_table, tree_usage
 
 
 def test_a_process_is_measured_with_its_children_but_not_with_other_measured_ones() -> None:
@@ -44,15 +44,15 @@ def test_a_process_is_measured_with_its_children_but_not_with_other_measured_one
         assert parent.stdout is not None
         child_pid = int(parent.stdout.readline())
         time.sleep(1.2)  # the child has spun its 0.6 s of CPU
-        table = ProcessSampler.processes()
+        table = process_table()
         alone = table[parent.pid][1]
-        whole = ProcessSampler.tree(parent.pid, table)
-        without = ProcessSampler.tree(parent.pid, table, others={child_pid})
+        whole = tree_usage(parent.pid, table)
+        without = tree_usage(parent.pid, table, others={child_pid})
         assert whole is not None and without is not None
         assert whole[0] >= alone + 0.5  # the child's spin counted in the parent's tree
         assert without[0] == pytest.approx(alone)
         assert whole[1] > without[1] > 0  # RSS too
-        assert ProcessSampler.tree(2**22 + 7, table) is None
+        assert tree_usage(2**22 + 7, table) is None
     finally:
         os.killpg(parent.pid, signal.SIGKILL)  # the group: the child too
         parent.wait()

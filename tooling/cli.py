@@ -363,6 +363,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="small,field_mix,1k,8k,32k,128k,multi_turn,chinese,code,hostile",
         help="request bodies, comma-separated (small: the 4 KB body; others: bench/bodies.py)",
     )
+    overhead.add_argument(
+        "--levers",
+        default="",
+        help="slogate variants to run beside it, comma-separated (tooling/benchmarks/overhead.py"
+        " LEVERS: no_split, count_on_loop, no_count_cache)",
+    )
+    overhead.add_argument("--name", default="overhead", help="results file name")
+    overhead.add_argument("--no-spy", action="store_true", help="skip the py-spy profile")
     overhead.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     cost = bench_sub.add_parser("decision-cost", help="body decision p50/p99 per body profile")
     cost.add_argument("--seconds", type=float, default=4.0, help="per profile")

@@ -28,7 +28,7 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from sim.offline import OfflineFleet
 from sim.prompts import library
 from sim.scenarios import Workload, summarize
 from sim.sidecar import refusal_kind
-from tooling.processes import proc_stat
+from tooling.processes import process_table, tree_usage
 from tooling.stack import LocalStack, StackPorts
 
 CHAT = "/v1/chat/completions"
@@ -201,43 +201,11 @@ class ProcessSampler:
         self.pids = pids  # asked at every sample: a restarted process is a new name
         self.samples: list[tuple[float, dict[str, tuple[float, float]]]] = []
 
-    @staticmethod
-    def processes() -> dict[int, tuple[int, float, float]]:
-        """Every process on the machine, read once per sample."""
-        table = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                got = proc_stat(int(entry))
-                if got is not None:
-                    table[int(entry)] = got
-        return table
-
-    @staticmethod
-    def tree(
-        pid: int, table: Mapping[int, tuple[int, float, float]], others: Collection[int] = ()
-    ) -> tuple[float, float] | None:
-        """(CPU seconds, RSS MiB) of one process and every process below it that is not
-        one of `others` (measured on its own); None once it is gone. The tree, because some
-        work runs in children: a real vLLM's engine core is a child of its API server, and
-        that child does the model's work."""
-        if pid not in table:
-            return None
-        below: dict[int, list[int]] = {}
-        for child, (parent, _, _) in table.items():
-            below.setdefault(parent, []).append(child)
-        cpu = rss = 0.0
-        todo = [pid]
-        while todo:
-            at = todo.pop()
-            cpu, rss = cpu + table[at][1], rss + table[at][2]
-            todo.extend(c for c in below.get(at, []) if c not in others)
-        return cpu, rss
-
     def sample(self) -> None:
-        table = self.processes()
+        table = process_table()
         roots = self.pids()
         others = set(roots.values())
-        now = {name: self.tree(pid, table, others) for name, pid in roots.items()}
+        now = {name: tree_usage(pid, table, others) for name, pid in roots.items()}
         self.samples.append((time.monotonic(), {k: v for k, v in now.items() if v is not None}))
 
     async def run(self, interval_s: float = 1.0) -> None:

@@ -113,7 +113,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench == "overhead":
         from tooling.benchmarks.overhead import run as run_overhead
 
-        run_overhead(args.out_dir, args.duration_s, args.rounds, args.profiles.split(","))
+        run_overhead(
+            args.out_dir,
+            args.duration_s,
+            args.rounds,
+            args.profiles.split(","),
+            spy=not args.no_spy,
+            levers=[lever for lever in args.levers.split(",") if lever],
+            name=args.name,
+        )
     elif args.bench == "decision-cost":
         from tooling.benchmarks.decision_cost import run as run_decision_cost
 

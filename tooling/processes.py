@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -147,6 +147,41 @@ def proc_stat(pid: int) -> tuple[int, float, float] | None:
     page_mib = os.sysconf("SC_PAGE_SIZE") / 2**20
     cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
     return int(fields[1]), cpu, pages * page_mib
+
+
+def process_table() -> dict[int, tuple[int, float, float]]:
+    """Every process on the machine: pid -> proc_stat."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            got = proc_stat(int(entry))
+            if got is not None:
+                table[int(entry)] = got
+    return table
+
+
+def tree_usage(
+    pid: int,
+    table: Mapping[int, tuple[int, float, float]] | None = None,
+    others: Collection[int] = (),
+) -> tuple[float, float] | None:
+    """(CPU seconds, RSS MiB) of one process and every process below it that is not one of
+    `others` (measured on its own); None once it is gone. The tree, because some work runs
+    in children: a real vLLM's engine core is a child of its API server, `slogate serve
+    --workers N`'s workers are children of the first."""
+    table = process_table() if table is None else table
+    if pid not in table:
+        return None
+    below: dict[int, list[int]] = {}
+    for child, (parent, _, _) in table.items():
+        below.setdefault(parent, []).append(child)
+    cpu = rss = 0.0
+    todo = [pid]
+    while todo:
+        at = todo.pop()
+        cpu, rss = cpu + table[at][1], rss + table[at][2]
+        todo.extend(c for c in below.get(at, []) if c not in others)
+    return cpu, rss
 
 
 def python_module(module: str, *args: str) -> list[str]:

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import platform
 import shutil
 import statistics
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from tooling.benchmarks.profile import record, summarise
 from tooling.benchmarks.profile import table as profile_table
 from tooling.benchmarks.wrk import start_envoy, upstream_bootstrap, wrk
 from tooling.envoy_config import EnvoyPorts, FilterProfile, build_bootstrap
-from tooling.processes import ManagedProcess, free_port, proc_stat, python_module
+from tooling.processes import ManagedProcess, free_port, python_module, tree_usage
 from tooling.stack import start_sidecar
 
 HOST = "127.0.0.1"
@@ -66,10 +67,25 @@ def _request_body() -> str:
 BENCH_KEY = "sk-bench"
 
 
-def bench_policy(work: Path) -> Path:
+# Levers measured one by one (`--levers`): each is slogate with one policy change, run as one
+# more setup beside the others, on the same bodies, in the same rounds.
+LEVERS: dict[str, dict[str, Any]] = {
+    # A long text counted by one worker instead of cut into one piece per worker.
+    "no_split": {"counting": {"split_min_bytes": 0}},
+    # Every text counted on the event loop: no hop to a worker thread, but the loop blocks.
+    "count_on_loop": {"counting": {"inline_max_bytes": 16 * 2**20, "split_min_bytes": 0}},
+    # No message counts kept: a chat's history counted again every turn.
+    "no_count_cache": {"counting": {"cache_entries": 1}},
+}
+
+
+def bench_policy(work: Path, changes: Mapping[str, Any] | None = None) -> Path:
     """The example policy plus a key whose budget is checked on every request but never
-    runs out: the benchmark measures the cost of deciding, not the cost of refusing."""
+    runs out: the benchmark measures the cost of deciding, not the cost of refusing; with
+    `changes` (a lever) merged into its sections."""
     raw = yaml.safe_load(POLICY.read_text())
+    for section, values in (changes or {}).items():
+        raw[section] = {**(raw.get(section) or {}), **values}
     huge = 10**12
     raw["keys"].append(
         {
@@ -84,7 +100,8 @@ def bench_policy(work: Path) -> Path:
             },
         }
     )
-    path = work / "policy.yaml"
+    tag = hashlib.sha1(json.dumps(changes, sort_keys=True).encode()).hexdigest()[:8]
+    path = work / (f"policy-{tag}.yaml" if changes else "policy.yaml")
     path.write_text(yaml.safe_dump(raw))
     return path
 
@@ -145,18 +162,20 @@ def measure_setup(
             ).start()
             procs.append(side)
             grpc_port = int(side.wait_for_line(r"grpc [^:]+:(\d+)").group(1))
-        elif setup in ("slogate", "slogate_uncounted"):
+        elif setup.startswith("slogate"):
+            lever = LEVERS[setup.split("+", 1)[1]] if "+" in setup else None
             side, sidecar_ports = start_sidecar(
-                work, bench_policy(work), f"{setup}-sidecar", exact_tokenizer=setup == "slogate"
+                work,
+                bench_policy(work, lever),
+                f"{setup}-sidecar",
+                exact_tokenizer=setup != "slogate_uncounted",
             )
             procs.append(side)
             grpc_port = sidecar_ports.grpc
         profile = {
             "envoy_alone": FilterProfile.PLAIN,
             "passthrough": FilterProfile.EXT_PROC_ONLY,
-            "slogate": FilterProfile.SLOGATE,
-            "slogate_uncounted": FilterProfile.SLOGATE,
-        }[setup]
+        }.get(setup, FilterProfile.SLOGATE)
         url, envoy = front_envoy(f"{setup}-envoy", upstream_port, grpc_port, work, profile)
         procs.append(envoy)
         timed = {"envoy": envoy.pid}
@@ -225,8 +244,9 @@ def load(
 
 
 def _cpu_s(pid: int) -> float:
-    stat = proc_stat(pid)
-    return stat[1] if stat is not None else 0.0
+    """CPU seconds of a process and its children (`serve --workers N`'s workers)."""
+    used = tree_usage(pid)
+    return used[0] if used is not None else 0.0
 
 
 def _table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
@@ -251,15 +271,16 @@ def _table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
     return "\n".join(lines)
 
 
-def setups_for(profile: str) -> tuple[str, ...]:
+def setups_for(profile: str, levers: Sequence[str] = ()) -> tuple[str, ...]:
     """Envoy alone is the floor for the small body; every profile compares slogate with
-    the pass-through on the same bodies; some split slogate's cost (SPLIT_PROFILES)."""
+    the pass-through on the same bodies; some split slogate's cost (SPLIT_PROFILES); each
+    lever is one more slogate setup."""
     setups = ["passthrough", "slogate"]
     if profile == "small":
         setups.insert(0, "envoy_alone")
-    if profile in SPLIT_PROFILES:
+    if profile in SPLIT_PROFILES and not levers:
         setups.append("slogate_uncounted")
-    return tuple(setups)
+    return (*setups, *(f"slogate+{lever}" for lever in levers))
 
 
 def run(
@@ -268,7 +289,12 @@ def run(
     rounds: int = 3,
     profiles: list[str] | None = None,
     spy: bool = True,
+    levers: Sequence[str] = (),
+    name: str = "overhead",
 ) -> dict[str, Any]:
+    unknown = sorted(set(levers) - set(LEVERS))
+    if unknown:
+        raise SystemExit(f"unknown levers {unknown}; known: {sorted(LEVERS)}")
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk (make bench-overhead does it)")
     profiles = profiles or DEFAULT_PROFILES.split(",")
@@ -279,7 +305,7 @@ def run(
         "upstream", upstream_bootstrap(upstream_port, upstream_admin), upstream_admin, work
     )
     runs: dict[str, dict[str, list[dict[str, float]]]] = {
-        p: {s: [] for s in setups_for(p)} for p in profiles
+        p: {s: [] for s in setups_for(p, levers)} for p in profiles
     }
     # py-spy on slogate's sidecar in the last round (its sampling costs the sidecar a
     # little CPU; the earlier rounds are unprofiled, and the medians hold).
@@ -287,7 +313,7 @@ def run(
     try:
         for round_index in range(rounds):
             for profile in profiles:
-                for setup in setups_for(profile):
+                for setup in setups_for(profile, levers):
                     spy_out = (
                         work / f"spy-{profile}.txt"
                         if spying and round_index == rounds - 1
@@ -339,6 +365,7 @@ def run(
         "verdicts": verdicts,
         "all_responses_2xx": all_2xx,
         "sidecar_profile": profiles_seen,
+        "levers": {lever: LEVERS[lever] for lever in levers},
     }
     table = _table(summary)
     verdict_lines = "\n".join(
@@ -348,8 +375,8 @@ def run(
     )
     when = report["when"]
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "overhead.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out_dir / "overhead.md").write_text(
+    (out_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out_dir / f"{name}.md").write_text(
         f"# Overhead benchmark ({when})\n\n{_cpus()} CPUs, "
         f"{rounds} interleaved rounds of {duration_s:g} s per setup and load, medians.\n"
         "Bodies: small = the 4 KB chat body; the others from tooling/benchmarks/bodies.py, "
@@ -358,7 +385,8 @@ def run(
         "tokenizer): what the path costs without counting. CPU µs per request: the "
         "processor's (pass-through or sidecar) and the front Envoy's CPU over the 16-connection "
         "run, divided by its requests.\n\n"
-        f"{table}\n\nTargets: >= 0.8x the pass-through's throughput and <= +0.3 ms p50 "
+        + "".join(f"slogate+{k}: slogate with {json.dumps(LEVERS[k])}. " for k in levers)
+        + f"\n\n{table}\n\nTargets: >= 0.8x the pass-through's throughput and <= +0.3 ms p50 "
         f"over it. All responses 2xx: {all_2xx}.\n\n{verdict_lines}\n"
         + (
             "\n## Where the sidecar's time goes (py-spy, 16 connections, last round)\n\n"

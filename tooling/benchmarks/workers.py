@@ -76,7 +76,7 @@ def measure(
             f"envoy-{workers}", upstream_port, grpc_port, work, concurrency=ENVOY_THREADS
         )
         procs.append(envoy)
-        result = load(url, duration_s, script)
+        result = load(url, duration_s, script, {"sidecar": side.pid, "envoy": envoy.pid})
         # How Envoy's connections fell on the workers: each one's share of the decisions.
         decided = [_decisions(u) for u in each]
         result["decided_share_max"] = max(decided) / max(1.0, sum(decided))
@@ -132,14 +132,17 @@ def run(
     }
     lines = [
         "| workers | p50 ms (1 conn) | p99 ms (1 conn) | req/s (16 conn) | p99 ms (16 conn) "
-        "| throughput vs 1 worker | busiest worker's share of decisions | non-2xx |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| throughput vs 1 worker | busiest worker's share of decisions "
+        "| sidecar CPU µs/req (all workers) | Envoy CPU µs/req | non-2xx |",
+        "| --- | --- | --- | --- | --- | --- | --- | ---: | ---: | --- |",
     ]
     for n, row in summary.items():
         lines.append(
             f"| {n} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | {row['rps_16']:.0f} "
             f"| {row['p99_ms_16']:.2f} | {row['rps_16'] / summary[1]['rps_16']:.2f}x "
-            f"| {row['decided_share_max']:.2f} | {row['non_2xx']:.0f} |"
+            f"| {row['decided_share_max']:.2f} "
+            f"| {row.get('cpu_us_per_request_sidecar', 0.0):.0f} "
+            f"| {row.get('cpu_us_per_request_envoy', 0.0):.0f} | {row['non_2xx']:.0f} |"
         )
     table = "\n".join(lines)
     out_dir.mkdir(parents=True, exist_ok=True)
