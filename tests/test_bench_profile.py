@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tooling.benchmarks.overhead import setups_for
+from policy import load_policy
+from tooling.benchmarks.one_message import IDENTITY_NAMESPACE, one_message
+from tooling.benchmarks.overhead import POLICY, setups_for
 from tooling.benchmarks.profile import OTHER, summarise
+from tooling.envoy_config import EnvoyPorts, FilterProfile, build_bootstrap
+from tooling.processes import envoy_binary
 
 SITE = "/venv/lib/python3.11/site-packages"
 REPO = "/src/slogate"
@@ -52,8 +58,40 @@ def test_an_empty_profile_has_no_shares(tmp_path: Path) -> None:
 
 
 def test_each_profile_compares_with_the_pass_through_and_some_split_the_cost() -> None:
-    assert setups_for("small") == ("envoy_alone", "passthrough", "slogate", "slogate_uncounted")
-    assert setups_for("field_mix") == ("passthrough", "slogate", "slogate_uncounted")
+    split = ("slogate_uncounted", "passthrough_one_message")
+    assert setups_for("small") == ("envoy_alone", "passthrough", "slogate", *split)
+    assert setups_for("field_mix") == ("passthrough", "slogate", *split)
     assert setups_for("multi_turn") == ("passthrough", "slogate")
     # A lever is one more slogate beside the others (the uncounted split is left out).
     assert setups_for("field_mix", ["no_split"]) == ("passthrough", "slogate", "slogate+no_split")
+
+
+def test_the_one_message_bootstrap_is_one_envoy_accepts(tmp_path: Path) -> None:
+    """The benchmark's lever (tooling.benchmarks.one_message): headers skipped, identity in
+    metadata, a buffer holding the request; Envoy 1.40 validates it."""
+    policy = load_policy(POLICY)
+    config = build_bootstrap(
+        policy, EnvoyPorts(18080, 18081, 18082, "127.0.0.1"), FilterProfile.EXT_PROC_ONLY
+    )
+    one_message(config, policy.max_body_bytes)
+    manager = config["staticResources"]["listeners"][0]["filterChains"][0]["filters"][0]
+    names = [f["name"] for f in manager["typedConfig"]["httpFilters"]]
+    assert names[-4:] == [
+        "envoy.filters.http.header_to_metadata",
+        "slogate.ext_proc",
+        "envoy.filters.http.buffer",
+        "envoy.filters.http.router",
+    ]
+    processor = manager["typedConfig"]["httpFilters"][names.index("slogate.ext_proc")]
+    assert processor["typedConfig"]["processingMode"]["requestHeaderMode"] == "SKIP"
+    forwarded = processor["typedConfig"]["metadataOptions"]["forwardingNamespaces"]
+    assert forwarded == {"untyped": [IDENTITY_NAMESPACE]}
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(config))
+    done = subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(path), "--log-level", "error"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

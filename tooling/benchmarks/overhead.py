@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from policy import load_policy
+from tooling.benchmarks.one_message import one_message
 from tooling.benchmarks.profile import available as spy_available
 from tooling.benchmarks.profile import record, summarise
 from tooling.benchmarks.profile import table as profile_table
@@ -47,7 +48,8 @@ from tooling.stack import start_sidecar
 HOST = "127.0.0.1"
 SETUPS = ("envoy_alone", "passthrough", "slogate", "slogate_uncounted")
 # Profiles where slogate's cost is split in two: the same sidecar with every prompt taken at
-# its byte bound (no tokenizer) says what the path costs without counting.
+# its byte bound (no tokenizer) says what the path costs without counting; and where the
+# pass-through also runs with one ext_proc message per request (what that lever can save).
 SPLIT_PROFILES = frozenset({"small", "field_mix", "8k", "32k"})
 DEFAULT_PROFILES = "small,field_mix,1k,8k,32k,128k,multi_turn,chinese,code,hostile"
 POLICY = Path(__file__).resolve().parents[2] / "deploy" / "policy.example.yaml"
@@ -154,7 +156,7 @@ def measure_setup(
     grpc_port = free_port()
     procs: list[ManagedProcess] = []
     try:
-        if setup == "passthrough":
+        if setup.startswith("passthrough"):
             side = ManagedProcess(
                 f"{setup}-extproc",
                 python_module("tooling.benchmarks.passthrough", "--port", "0"),
@@ -175,8 +177,16 @@ def measure_setup(
         profile = {
             "envoy_alone": FilterProfile.PLAIN,
             "passthrough": FilterProfile.EXT_PROC_ONLY,
+            "passthrough_one_message": FilterProfile.EXT_PROC_ONLY,
         }.get(setup, FilterProfile.SLOGATE)
-        url, envoy = front_envoy(f"{setup}-envoy", upstream_port, grpc_port, work, profile)
+        url, envoy = front_envoy(
+            f"{setup}-envoy",
+            upstream_port,
+            grpc_port,
+            work,
+            profile,
+            single_message=setup == "passthrough_one_message",
+        )
         procs.append(envoy)
         timed = {"envoy": envoy.pid}
         if setup != "envoy_alone":
@@ -195,8 +205,10 @@ def front_envoy(
     work: Path,
     profile: FilterProfile = FilterProfile.SLOGATE,
     concurrency: int = 1,
+    single_message: bool = False,
 ) -> tuple[str, ManagedProcess]:
-    """The example policy's bootstrap with every pool at the upstream: its URL, and it."""
+    """The example policy's bootstrap with every pool at the upstream: its URL, and it;
+    `single_message`: ext_proc gets the body alone (tooling.benchmarks.one_message)."""
     policy = load_policy(POLICY)
     pools = {
         name: dataclasses.replace(pool, endpoints=((HOST, upstream_port),))
@@ -205,6 +217,8 @@ def front_envoy(
     policy = dataclasses.replace(policy, pools=pools)
     listen, admin = free_port(), free_port()
     config = build_bootstrap(policy, EnvoyPorts(listen, admin, grpc_port, HOST), profile)
+    if single_message:
+        one_message(config, policy.max_body_bytes)
     envoy = start_envoy(name, config, admin, work, concurrency=concurrency)
     return f"http://{HOST}:{listen}/v1/chat/completions", envoy
 
@@ -279,7 +293,7 @@ def setups_for(profile: str, levers: Sequence[str] = ()) -> tuple[str, ...]:
     if profile == "small":
         setups.insert(0, "envoy_alone")
     if profile in SPLIT_PROFILES and not levers:
-        setups.append("slogate_uncounted")
+        setups += ["slogate_uncounted", "passthrough_one_message"]
     return (*setups, *(f"slogate+{lever}" for lever in levers))
 
 
