@@ -374,6 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
     overhead.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     cost = bench_sub.add_parser("decision-cost", help="body decision p50/p99 per body profile")
     cost.add_argument("--seconds", type=float, default=4.0, help="per profile")
+    cost.add_argument("--profiles", default="", help="comma-separated; default: all")
+    cost.add_argument("--levers", default="", help="policy variants beside it (as bench overhead)")
     cost.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     estimator = bench_sub.add_parser("estimator", help="token estimate accuracy and speed")
     estimator.add_argument("--out-dir", type=Path, default=Path("bench/results"))

@@ -125,7 +125,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     elif args.bench == "decision-cost":
         from tooling.benchmarks.decision_cost import run as run_decision_cost
 
-        run_decision_cost(args.out_dir, args.seconds)
+        run_decision_cost(
+            args.out_dir,
+            args.seconds,
+            args.profiles.split(",") if args.profiles else None,
+            [lever for lever in args.levers.split(",") if lever],
+        )
     elif args.bench == "workers":
         from tooling.benchmarks.workers import run as run_workers
 

@@ -18,6 +18,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from extproc.request.tokens import DeepSeekBpe, ReferenceTokenizer, fast_estimat
 from extproc.runtime.sidecar import Sidecar
 from extproc.service.access_log import finish
 from tooling.benchmarks.bodies import PROFILES, profile_bodies
-from tooling.benchmarks.overhead import BENCH_KEY, bench_policy
+from tooling.benchmarks.overhead import BENCH_KEY, LEVERS, bench_policy
 
 HEADERS = {
     ":path": "/v1/chat/completions",
@@ -89,30 +90,40 @@ async def _measure(
     }
 
 
-async def _run(budget_s: float) -> list[dict[str, Any]]:
+async def _run(
+    budget_s: float, profiles: Sequence[str], levers: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Each profile with the policy as it is, then with each lever (LEVERS), interleaved."""
     work = Path(tempfile.mkdtemp(prefix="slogate-decision-cost-"))
-    sidecar = Sidecar(bench_policy(work), metrics_port=None, admin_address=None)
     bpe = DeepSeekBpe()
-    sidecar.counter.use(bpe)
+    sidecars = {}
+    for setup in ("slogate", *levers):
+        changes = LEVERS.get(setup)
+        sidecar = Sidecar(bench_policy(work, changes), metrics_port=None, admin_address=None)
+        sidecar.counter.use(bpe)
+        sidecars[setup] = sidecar
     rows = []
-    for name in PROFILES:
-        row = await _measure(sidecar, name, bpe, budget_s)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    await sidecar.stop()
+    for name in profiles:
+        for setup, sidecar in sidecars.items():
+            row = {"setup": setup, **await _measure(sidecar, name, bpe, budget_s)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    for sidecar in sidecars.values():
+        await sidecar.stop()
     return rows
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| profile | prompt tokens (median) | requests | decision p50 ms | decision p99 ms "
-        "| counted | reference tokenizer p50 ms | fitted estimate p50 ms |",
-        "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
+        "| profile | setup | prompt tokens (median) | requests | decision p50 ms "
+        "| decision p99 ms | counted | reference tokenizer p50 ms | fitted estimate p50 ms |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
     for r in rows:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["count_kinds"].items()))
         lines.append(
-            f"| {r['profile']} ({r['describe']}) | {r['prompt_tokens_median']:.0f} "
+            f"| {r['profile']} ({r['describe']}) | {r['setup']} "
+            f"| {r['prompt_tokens_median']:.0f} "
             f"| {r['requests']} | {r['decision_p50_ms']:.2f} | {r['decision_p99_ms']:.2f} "
             f"| {kinds} | {r['reference_tokenizer_p50_ms']:.2f} "
             f"| {r['fitted_estimate_p50_ms']:.3f} |"
@@ -120,8 +131,16 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run(out_dir: Path, budget_s: float = 4.0) -> list[dict[str, Any]]:
-    rows = asyncio.run(_run(budget_s))
+def run(
+    out_dir: Path,
+    budget_s: float = 4.0,
+    profiles: Sequence[str] | None = None,
+    levers: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    unknown = sorted(set(levers) - set(LEVERS))
+    if unknown:
+        raise SystemExit(f"unknown levers {unknown}; known: {sorted(LEVERS)}")
+    rows = asyncio.run(_run(budget_s, list(profiles or PROFILES), levers))
     when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     table = _table(rows)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -134,7 +153,9 @@ def run(out_dir: Path, budget_s: float = 4.0) -> list[dict[str, Any]]:
         "budgets), timed from the body message to the routing decision; each request is "
         "settled afterwards. Single-shot prompts are all different (each counted anew); "
         "multi_turn resends its history. For the same texts: the reference tokenizer the "
-        "request path used before, and the fitted estimate it decided on before.\n\n"
+        "request path used before, and the fitted estimate it decided on before. "
+        + "".join(f"{k}: the policy with {json.dumps(LEVERS[k])}. " for k in levers)
+        + "\n\n"
         f"{table}\n"
     )
     print(table)
