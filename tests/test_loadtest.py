@@ -80,6 +80,21 @@ def test_report_counts_statuses_and_judges_like_the_simulator() -> None:
     assert timed["tiers"]["critical"]["goodput_tokens_per_s"] == pytest.approx(1.0)
 
 
+def test_each_pool_that_answered_is_counted_with_its_5xx() -> None:
+    policy = parse_policy({})
+    shots = [
+        Shot("a", "critical", 0.0, status=200, pool="long"),
+        Shot("a", "critical", 0.1, status=500, reason="injected", pool="long"),
+        Shot("a", "critical", 0.2, status=503, reason="engine_full", pool="default"),
+        Shot("a", "critical", 0.3, status=503, reason="shed_tier_shed"),  # no pool named
+    ]
+    pools = report(shots, policy, time_scale=1.0, workload="w")["pools"]
+    assert pools == {
+        "default": {"requests": 1, "served": 0, "server_errors": 1},
+        "long": {"requests": 2, "served": 1, "server_errors": 1},
+    }
+
+
 def test_burst_handling_counts_the_burst_tenants_requests_in_the_windows() -> None:
     policy = parse_policy({"slos": {"standard": {"default": 4000}}})
     shots = [  # scheduled at 0.1 x workload seconds 5, 15, 16, 17

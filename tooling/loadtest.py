@@ -615,12 +615,26 @@ def report(
             )
             for tenant in sorted({s.tenant for s in shots})
         },
+        "pools": pool_answers(shots),
         # Real seconds, unscaled: how late the generator sent.
         "lag_p99_s": _quantile(lags, 0.99),
         "lag_max_s": max(lags, default=None),
         "errors_without_json": sum(1 for s in shots if s.status != 200 and not s.error_json),
         "shots": [asdict(s) for s in shots],
     }
+
+
+def pool_answers(shots: Sequence[Shot]) -> dict[str, dict[str, int]]:
+    """Per pool an answer names (x-slogate-pool, which Envoy's pool routes add): requests,
+    served, and 5xx (an injected fault, a full engine queue)."""
+    pools: dict[str, dict[str, int]] = {}
+    for shot in shots:
+        if shot.pool:
+            row = pools.setdefault(shot.pool, {"requests": 0, "served": 0, "server_errors": 0})
+            row["requests"] += 1
+            row["served"] += shot.status == 200
+            row["server_errors"] += shot.status >= 500
+    return dict(sorted(pools.items()))
 
 
 def _markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -669,11 +683,16 @@ def table(result: dict[str, Any]) -> str:
         ],
     )
     signals = result.get("signals") or {}
+    answered = result.get("pools") or {}
+    columns = ("pool", "routed", "served", "5xx", "KV mean", "KV max", "running mean")
     lines += _markdown(
-        ("pool", "KV mean", "KV max", "running mean", "running max", "waiting max", "preemptions"),
+        (*columns, "running max", "waiting max", "preemptions"),
         [
             (
                 pool,
+                _format(answered.get(pool, {}).get("requests"), "{:.0f}"),
+                _format(answered.get(pool, {}).get("served"), "{:.0f}"),
+                _format(answered.get(pool, {}).get("server_errors"), "{:.0f}"),
                 f"{r['kv_usage_mean']:.2f}",
                 f"{r['kv_usage_max']:.2f}",
                 f"{r['running_mean']:.1f}",
