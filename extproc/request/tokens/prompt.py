@@ -86,18 +86,18 @@ class PromptCounter:
     async def count(self, texts: Sequence[str], token_ids: int = 0) -> PromptCount:
         config = self._config
         total = token_ids + config.per_message_overhead_tokens * len(texts)
-        pending: list[tuple[bytes | None, str]] = []
+        pending: list[tuple[bytes | None, str, int]] = []  # (cache key, text, UTF-8 bytes)
         pending_bytes = 0
         for text in texts:
             raw = text.encode("utf-8", "surrogatepass")
             if len(raw) < _CACHED_MIN_BYTES:
-                pending.append((None, text))
+                pending.append((None, text, len(raw)))
                 pending_bytes += len(raw)
                 continue
             key = hashlib.blake2b(raw, digest_size=16).digest()
             known = self._cache.get(key)
             if known is None:
-                pending.append((key, text))
+                pending.append((key, text, len(raw)))
                 pending_bytes += len(raw)
             else:
                 self._cache.move_to_end(key)
@@ -107,20 +107,22 @@ class PromptCounter:
         if self._counter is None or pending_bytes > config.max_bytes:
             return PromptCount(total + pending_bytes, CountKind.BOUND)
         if pending_bytes <= config.inline_max_bytes or self._executor is None:
-            counts = [self._counter.count(text) for _, text in pending]
+            counts = [self._counter.count(text) for _, text, _ in pending]
         elif self.queued_bytes + pending_bytes > config.queue_max_bytes:
             return PromptCount(total + pending_bytes, CountKind.BUSY)
         else:
             counts = await self._count_off_loop(
-                [text for _, text in pending], pending_bytes, self._config.workers
+                [text for _, text, _ in pending],
+                [size for _, _, size in pending],
+                self._config.workers,
             )
-        for (cache_key, _), count in zip(pending, counts, strict=True):
+        for (cache_key, _, _), count in zip(pending, counts, strict=True):
             total += count
             if cache_key is not None:
                 self._remember(cache_key, count)
         return PromptCount(total, CountKind.EXACT)
 
-    async def _count_off_loop(self, texts: list[str], size_bytes: int, workers: int) -> list[int]:
+    async def _count_off_loop(self, texts: list[str], sizes: list[int], workers: int) -> list[int]:
         """Each text's count, from the worker threads. Texts of `split_min_bytes` or more
         are cut into one piece per worker, and the pieces dealt out so every worker counts
         about as many bytes, all at once: a long prompt's count takes its share of the
@@ -129,8 +131,8 @@ class PromptCounter:
         assert counter is not None
         split_at = self._config.split_min_bytes
         jobs: list[tuple[int, str]] = []  # (which text, piece)
-        for index, text in enumerate(texts):
-            if split_at and len(text) >= split_at and isinstance(counter, SplittingCounter):
+        for index, (text, size) in enumerate(zip(texts, sizes, strict=True)):
+            if split_at and size >= split_at and isinstance(counter, SplittingCounter):
                 jobs += [(index, piece) for piece in counter.pieces(text, workers)]
             else:
                 jobs.append((index, text))
@@ -140,6 +142,7 @@ class PromptCounter:
             lightest = loads.index(min(loads))
             bins[lightest].append(job)
             loads[lightest] += len(job[1])
+        size_bytes = sum(sizes)
         self.queued_bytes += size_bytes
         try:
             loop = asyncio.get_running_loop()
