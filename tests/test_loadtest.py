@@ -17,6 +17,9 @@ from policy import Limits, parse_policy
 from sim.scenarios import SIMULATION_POLICY, WORKLOADS, load_workload, workload_policy
 from tooling.loadtest import (
     Shot,
+    capacity,
+    capacity_limit,
+    capacity_table,
     compare_table,
     predict,
     prediction_errors,
@@ -208,3 +211,25 @@ def test_the_smoke_scenario_keeps_its_invariants(tmp_path: Path) -> None:
     assert result["lag_p99_s"] < 0.1, result["lag_p99_s"]
     assert (tmp_path / "loadtest-smoke.md").read_text().startswith("# slogate loadtest")
     assert (tmp_path / "loadtest-smoke.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_capacity_is_the_highest_multiple_every_tier_keeps_its_attainment() -> None:
+    def row(factor: float, *attained: float) -> dict[str, object]:
+        tiers = dict(zip(("critical", "standard", "sheddable"), attained, strict=True))
+        return {
+            "factor": factor,
+            "tiers": {t: {"slo_attainment_of_all": a} for t, a in tiers.items()},
+        }
+
+    rows = [row(1.0, 1, 1, 1), row(1.5, 1, 0.995, 0.98), row(1.25, 1, 1, 0.993), row(2, 1, 1, 1)]
+    # 2x meeting it again does not count: past the first miss, the fleet is over its knee.
+    assert capacity_limit(rows) == 1.25
+    assert capacity_limit([row(1.0, 0.9, 1, 1)]) is None
+
+
+def test_capacity_plays_the_workload_at_each_multiple_of_its_rates() -> None:
+    rows = capacity(WORKLOADS / "field-mix.yaml", SIMULATION_POLICY, [0.5, 2.0], duration_s=60)
+    low, high = rows
+    assert 3.0 < high["requests"] / low["requests"] < 5.0  # Poisson draws around 4x
+    assert high["goodput_tokens_per_s"] > low["goodput_tokens_per_s"]
+    assert capacity_table(rows).count("\n") == 3  # header, rule, two rows

@@ -329,6 +329,13 @@ def build_parser() -> argparse.ArgumentParser:
         "simulated engines, a virtual clock) and report its error per metric",
     )
     loadtest.add_argument(
+        "--capacity",
+        default=None,
+        metavar="1,1.25,1.5",
+        help="no live run: the simulator in the live pools' shape at these multiples of the "
+        "workload's rates, and the highest at which every tier keeps 0.99 attainment",
+    )
+    loadtest.add_argument(
         "--compare",
         default=None,
         metavar="protected,unprotected",
@@ -625,6 +632,35 @@ def _add_prediction(result: dict[str, Any], workload: Any, seed: int) -> None:
     result["prediction_errors"] = loadtest.prediction_errors(result, result["prediction"])
 
 
+def _capacity(args: argparse.Namespace, path: Path) -> int:
+    from sim.scenarios import SIMULATION_POLICY
+    from tooling import loadtest
+
+    try:
+        factors = [float(f) for f in args.capacity.split(",")]
+    except ValueError:
+        print("slogate loadtest --capacity: numbers, e.g. 1,1.25,1.5", file=sys.stderr)
+        return 2
+    rows = loadtest.capacity(path, SIMULATION_POLICY, factors, args.seed, args.duration_s)
+    limit = loadtest.capacity_limit(rows)
+    text = loadtest.capacity_table(rows) + (
+        f"\n\nEvery tier at >= 0.99 attainment up to {limit:g}x the workload's rates."
+        if limit is not None
+        else "\n\nNo multiple keeps every tier at >= 0.99 attainment."
+    )
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / f"capacity-{args.workload}.json"
+    out.write_text(json.dumps({"rows": rows, "limit": limit}, indent=1) + "\n")
+    title = f"slogate loadtest --workload {args.workload} --capacity {args.capacity}"
+    seconds = f", its first {args.duration_s:g} s" if args.duration_s is not None else ""
+    out.with_suffix(".md").write_text(
+        f"# {title}\n\nThe offline simulator (the sidecar's code) in front of engines shaped as "
+        f"the live stack's simulated pools, seed {args.seed}{seconds}; no live run.\n\n{text}\n"
+    )
+    print(text)
+    return 0
+
+
 def cmd_loadtest(args: argparse.Namespace) -> int:
 
     import yaml
@@ -636,6 +672,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"slogate loadtest: no workload {args.workload!r}", file=sys.stderr)
         return 2
+    if args.capacity is not None:
+        return _capacity(args, path)
     workload = load_workload(path, SIMULATION_POLICY, seed=args.seed)
     if args.duration_s is not None:
         workload = workload.first(args.duration_s)

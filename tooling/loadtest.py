@@ -42,7 +42,7 @@ from sim.arrivals import Arrival
 from sim.config import PoolConfig
 from sim.offline import OfflineFleet
 from sim.prompts import library
-from sim.scenarios import Workload, summarize
+from sim.scenarios import Workload, load_workload, summarize
 from sim.sidecar import refusal_kind
 from tooling.processes import process_table, tree_usage
 from tooling.stack import LocalStack, StackPorts
@@ -1068,3 +1068,66 @@ def prediction_table(errors: Mapping[str, Mapping[str, Any]]) -> str:
             ],
         )
     )
+
+
+def capacity(
+    path: Path,
+    base_policy: Mapping[str, Any],
+    factors: Sequence[float],
+    seed: int = 7,
+    duration_s: float | None = None,
+) -> list[dict[str, Any]]:
+    """What the live stack can take of a workload: the offline fleet in the live pools'
+    shape (`predict`) playing the workload at each multiple of its rates. No live run; at
+    time scale 1 the simulator is within 10% of the live stack on utilisation and goodput
+    (bench/results/loadtest-soak), which is what this is read for."""
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    rows = []
+    for factor in factors:
+        scaled = copy.deepcopy(raw)
+        for tenant in scaled["tenants"]:
+            for stream in tenant["streams"]:
+                stream["rate_per_s"] = float(stream["rate_per_s"]) * factor
+        with tempfile.TemporaryDirectory() as work:
+            file = Path(work) / path.name
+            file.write_text(yaml.safe_dump(scaled), encoding="utf-8")
+            workload = load_workload(file, dict(base_policy), seed=seed)
+        if duration_s is not None:
+            workload = workload.first(duration_s)
+        predicted = predict(workload, seed)
+        rows.append({"factor": factor, "requests": len(workload.arrivals), **predicted})
+    return rows
+
+
+def capacity_limit(rows: Sequence[Mapping[str, Any]], attainment: float = 0.99) -> float | None:
+    """The highest multiple at which every tier's attainment (of all its requests, refusals
+    counted as misses) is at least `attainment`, with every lower multiple meeting it too."""
+    best = None
+    for row in sorted(rows, key=lambda r: r["factor"]):
+        tiers = row["tiers"].values()
+        if any((t["slo_attainment_of_all"] or 0.0) < attainment for t in tiers):
+            break
+        best = row["factor"]
+    return best
+
+
+def capacity_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    tiers = [t.value for t in Tier]
+    head = ["rates x", "requests", "utilisation (busiest pool)", "goodput tok/s"]
+    head += [f"{t} attainment" for t in tiers] + [f"{t} P99 TTFT s (streams)" for t in tiers]
+    lines = _markdown(
+        (*head, "refused"),
+        [
+            (
+                f"{r['factor']:g}",
+                f"{r['requests']}",
+                f"{max(r['utilisation_by_pool'].values(), default=0.0):.3f}",
+                f"{r['goodput_tokens_per_s']:.0f}",
+                *(f"{r['tiers'][t]['slo_attainment_of_all']:.3f}" for t in tiers),
+                *(_format(r["tiers"][t]["p99_stream_ttft_s"]) for t in tiers),
+                ", ".join(f"{k} {v}" for k, v in r["refusals"].items()) or "-",
+            )
+            for r in rows
+        ],
+    )
+    return "\n".join(lines).strip()
