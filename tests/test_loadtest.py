@@ -87,9 +87,11 @@ def test_each_pool_that_answered_is_counted_with_its_5xx() -> None:
     policy = parse_policy({})
     shots = [
         Shot("a", "critical", 0.0, status=200, pool="long"),
-        Shot("a", "critical", 0.1, status=500, reason="injected", pool="long"),
-        Shot("a", "critical", 0.2, status=503, reason="engine_full", pool="default"),
+        Shot("a", "critical", 0.1, status=500, pool="long"),  # the engine's: no slogate reason
+        Shot("a", "critical", 0.2, status=503, pool="default"),
         Shot("a", "critical", 0.3, status=503, reason="shed_tier_shed"),  # no pool named
+        # slogate's refusal, named after the route Envoy had picked before the decision
+        Shot("a", "critical", 0.4, status=503, reason="shed_long_context_shed", pool="default"),
     ]
     pools = report(shots, policy, time_scale=1.0, workload="w")["pools"]
     assert pools == {

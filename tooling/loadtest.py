@@ -625,11 +625,13 @@ def report(
 
 
 def pool_answers(shots: Sequence[Shot]) -> dict[str, dict[str, int]]:
-    """Per pool an answer names (x-slogate-pool, which Envoy's pool routes add): requests,
-    served, and 5xx (an injected fault, a full engine queue)."""
+    """Per pool, the requests it answered (x-slogate-pool, which Envoy's pool routes add):
+    how many, served, and 5xx (an injected fault, a full engine queue). slogate's own
+    refusals (they carry x-slogate-reason) are left out: Envoy names the route it had
+    picked before the decision on them, not a pool that saw them."""
     pools: dict[str, dict[str, int]] = {}
     for shot in shots:
-        if shot.pool:
+        if shot.pool and not shot.reason:
             row = pools.setdefault(shot.pool, {"requests": 0, "served": 0, "server_errors": 0})
             row["requests"] += 1
             row["served"] += shot.status == 200
