@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,16 +43,22 @@ OTHER = "other"
 _OURS = ("extproc/", "admission/", "budget/", "breaker/", "policy/", "tooling/")
 
 
+def _binary() -> str | None:
+    """py-spy on PATH, or beside this Python (a virtual environment's bin/, which a
+    `.venv/bin/slogate` run does not put on PATH)."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+
+
 def available() -> bool:
-    return shutil.which("py-spy") is not None
+    return _binary() is not None
 
 
 def record(pid: int, duration_s: float, out: Path, rate_hz: int = 250) -> subprocess.Popen[bytes]:
     """Start sampling `pid` for `duration_s` into `out` (raw collapsed stacks); wait on it."""
-    argv = [
-        "py-spy", "record", "--pid", str(pid), "--duration", str(max(1, round(duration_s))),
-        "--rate", str(rate_hz), "--format", "raw", "--nonblocking", "--output", str(out),
-    ]  # fmt: skip
+    seconds = str(max(1, round(duration_s)))
+    argv = [_binary() or "py-spy", "record", "--pid", str(pid), "--duration", seconds]
+    argv += ["--rate", str(rate_hz), "--format", "raw", "--nonblocking", "--output", str(out)]
     return subprocess.Popen(
         argv,
         stdout=subprocess.DEVNULL,
