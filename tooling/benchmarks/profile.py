@@ -36,8 +36,11 @@ PARTS = (
     Part("protobuf replies", ("extproc/service/replies.py", "google/protobuf/")),
     Part("ext_proc service", ("extproc/service/",)),
     Part("grpc.aio / cygrpc", ("grpc/", "grpc_")),
-    Part("event loop (asyncio)", ("asyncio/",)),
-    Part("threads (idle workers)", ("threading.py", "concurrent/futures/")),
+    # What grpc.aio does in C (cygrpc) runs inside asyncio callbacks and in gRPC's own
+    # threads: py-spy sees only the Python frame that entered it (ENVOY-NOTES: the
+    # per-stream cost sits there).
+    Part("event loop (asyncio callbacks: cygrpc inside)", ("asyncio/",)),
+    Part("threads in C (gRPC core, idle counting workers)", ("threading.py", "concurrent/")),
 )
 OTHER = "other"
 _OURS = ("extproc/", "admission/", "budget/", "breaker/", "policy/", "tooling/")
