@@ -46,7 +46,6 @@ from tooling.processes import ManagedProcess, free_port, python_module, tree_usa
 from tooling.stack import start_sidecar
 
 HOST = "127.0.0.1"
-SETUPS = ("envoy_alone", "passthrough", "slogate", "slogate_uncounted")
 # Profiles where slogate's cost is split in two: the same sidecar with every prompt taken at
 # its byte bound (no tokenizer) says what the path costs without counting; and where the
 # pass-through also runs with one ext_proc message per request (what that lever can save).
