@@ -69,7 +69,13 @@ class Workload:
 def workload_policy(path: Path, base_policy: dict[str, Any] | None = None) -> dict[str, Any]:
     """The policy a workload runs under, as data: `base_policy` plus a key `sk-<tenant>` per
     tenant with its limits (what `slogate loadtest` gives a live stack too)."""
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return policy_document(yaml.safe_load(path.read_text(encoding="utf-8")), base_policy)
+
+
+def policy_document(
+    raw: dict[str, Any], base_policy: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """`workload_policy` for a workload document already read."""
     policy_raw = dict(base_policy or {})
     policy_raw["keys"] = [
         {
@@ -85,8 +91,15 @@ def workload_policy(path: Path, base_policy: dict[str, Any] | None = None) -> di
 
 def load_workload(path: Path, base_policy: dict[str, Any] | None = None, seed: int = 1) -> Workload:
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return workload_from(raw, base_policy, seed, source=str(path))
+
+
+def workload_from(
+    raw: dict[str, Any], base_policy: dict[str, Any] | None = None, seed: int = 1, source: str = ""
+) -> Workload:
+    """`load_workload` for a workload document already read (e.g. with its rates scaled)."""
     duration_s = float(raw["duration_s"])
-    policy = parse_policy(workload_policy(path, base_policy), source=str(path))
+    policy = parse_policy(policy_document(raw, base_policy), source=source)
     arrivals: list[Arrival] = []
     for t_index, tenant in enumerate(raw["tenants"]):
         key = policy.key_for(f"sk-{tenant['tenant']}")

@@ -42,7 +42,7 @@ from sim.arrivals import Arrival
 from sim.config import PoolConfig
 from sim.offline import OfflineFleet
 from sim.prompts import library
-from sim.scenarios import Workload, load_workload, summarize
+from sim.scenarios import Workload, summarize, workload_from
 from sim.sidecar import refusal_kind
 from tooling.processes import process_table, tree_usage
 from tooling.stack import LocalStack, StackPorts
@@ -1090,10 +1090,7 @@ def capacity(
         for tenant in scaled["tenants"]:
             for stream in tenant["streams"]:
                 stream["rate_per_s"] = float(stream["rate_per_s"]) * factor
-        with tempfile.TemporaryDirectory() as work:
-            file = Path(work) / path.name
-            file.write_text(yaml.safe_dump(scaled), encoding="utf-8")
-            workload = load_workload(file, dict(base_policy), seed=seed)
+        workload = workload_from(scaled, dict(base_policy), seed, source=f"{path} x{factor:g}")
         if duration_s is not None:
             workload = workload.first(duration_s)
         predicted = predict(workload, seed)
