@@ -16,6 +16,7 @@ from policy.domain import (
     Tier,
 )
 from policy.schema import (
+    COUNTING_ENGINES,
     DEFAULT_TPOT_SLOS_MS,
     GLOBAL_BREAKER,
     BreakerConfig,
@@ -272,6 +273,7 @@ def parse_counting(sec: Section) -> CountingConfig:
         per_message_overhead_tokens=sec.get(
             "per_message_overhead_tokens", int, defaults.per_message_overhead_tokens
         ),
+        engine=sec.get("engine", str, defaults.engine),
         workers=sec.get("workers", int, defaults.workers),
         inline_max_bytes=sec.get("inline_max_bytes", int, defaults.inline_max_bytes),
         split_min_bytes=sec.get("split_min_bytes", int, defaults.split_min_bytes),
@@ -282,6 +284,8 @@ def parse_counting(sec: Section) -> CountingConfig:
     sec.close()
     if config.per_message_overhead_tokens < 0:
         raise PolicyError(f"{sec.child('per_message_overhead_tokens')}: must be >= 0")
+    if config.engine not in COUNTING_ENGINES:
+        raise PolicyError(f"{sec.child('engine')}: must be one of {', '.join(COUNTING_ENGINES)}")
     for name in ("inline_max_bytes", "split_min_bytes"):
         if getattr(config, name) < 0:
             raise PolicyError(f"{sec.child(name)}: must be >= 0")

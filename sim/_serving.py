@@ -105,9 +105,9 @@ class SimPool:
         self.metrics = PoolMetrics(config.model, config.kv_capacity_tokens)
         self.count_tokens: Counter = approx_tokens
         if config.tokenizer == "deepseek":
-            from extproc.request.tokens import DeepSeekBpe
+            from extproc.request.tokens import exact_counter
 
-            self.count_tokens = DeepSeekBpe().count
+            self.count_tokens = exact_counter().count
         self._admitted: dict[str, asyncio.Future[None]] = {}
         self._next_request = 0
 

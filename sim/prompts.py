@@ -17,7 +17,7 @@ import string
 from collections.abc import Callable
 from functools import cache
 
-from extproc.request.tokens import DeepSeekBpe
+from extproc.request.tokens import TokenCounter, exact_counter
 
 SMALLEST = 64  # tokens: prompts are composed in steps of this
 LARGEST_POWER = 17  # 2**17 = 131072 tokens
@@ -66,7 +66,7 @@ _WORDS = (
 )
 
 
-def _grow(bpe: DeepSeekBpe, next_piece: Callable[[], str], tokens: int) -> str:
+def _grow(bpe: TokenCounter, next_piece: Callable[[], str], tokens: int) -> str:
     """A prefix of pieces from `next_piece()` of about `tokens` tokens (binary search on
     its length: a text's prefixes never count more tokens than the text)."""
     pieces = [next_piece() for _ in range(8)]
@@ -86,7 +86,7 @@ def _grow(bpe: DeepSeekBpe, next_piece: Callable[[], str], tokens: int) -> str:
 
 
 class PromptLibrary:
-    def __init__(self, bpe: DeepSeekBpe, crafted: bool) -> None:
+    def __init__(self, bpe: TokenCounter, crafted: bool) -> None:
         rng = random.Random(f"slogate-sim-{'crafted' if crafted else 'natural'}")
 
         def piece() -> str:
@@ -119,6 +119,7 @@ def library(crafted: bool) -> PromptLibrary:
 
 
 @cache
-def shared_bpe() -> DeepSeekBpe:
-    """The counter's tokenizer, loaded once per process (~1 s)."""
-    return DeepSeekBpe()
+def shared_bpe() -> TokenCounter:
+    """The sidecar's counter (`exact_counter`: the engine the default policy counts with),
+    loaded once per process (~1.5 s)."""
+    return exact_counter()

@@ -72,6 +72,7 @@ def test_keys_can_be_stored_hashed() -> None:
         ),
         ({"buckets": [{"name": "a", "max_tokens": 10}]}, "buckets[0].max_tokens"),
         ({"counting": {"workers": 0}}, "counting.workers"),
+        ({"counting": {"engine": "sentencepiece"}}, "counting.engine"),
         ({"counting": {"exact_margin": 0.15}}, "counting.exact_margin"),
         ({"request": {"max_sequences": 0}}, "request.max_sequences"),
         ({"paths": {"apis": ["chat"]}}, "paths.apis[0]"),

@@ -14,21 +14,25 @@ import pytest
 from admission.decision import CountKind
 from extproc.request.tokens import (
     DeepSeekBpe,
+    FastokensBpe,
     PromptCorrections,
     PromptCounter,
     ReferenceTokenizer,
+    exact_counter,
     fast_estimate,
 )
 from policy import CountingConfig
 
 DATA_DIR = Path(__file__).parent / "data"
+Counter = DeepSeekBpe | FastokensBpe
 NATURAL = sorted(DATA_DIR.glob("*.txt"))
 HOSTILE = sorted((DATA_DIR / "hostile").glob("*.txt"))
 
 
-@pytest.fixture(scope="module")
-def bpe() -> DeepSeekBpe:
-    return DeepSeekBpe()
+@pytest.fixture(scope="module", params=["fastokens", "tiktoken"])
+def bpe(request: pytest.FixtureRequest) -> Counter:
+    """Both engines `counting.engine` can name: every exactness test holds for each."""
+    return exact_counter(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +46,7 @@ def test_the_hostile_corpus_is_there() -> None:
 
 @pytest.mark.parametrize("path", NATURAL + HOSTILE, ids=lambda p: p.stem)
 def test_bpe_gives_the_reference_tokens(
-    path: Path, bpe: DeepSeekBpe, reference: ReferenceTokenizer
+    path: Path, bpe: Counter, reference: ReferenceTokenizer
 ) -> None:
     text = path.read_text(encoding="utf-8")
     assert bpe.ids(text) == reference.ids(text)
@@ -71,8 +75,40 @@ def _random_text(rng: random.Random) -> str:
     return "".join(pieces)
 
 
+# Contexts a code point's class decides in: after a letter, doubled after a space (the
+# whitespace lookahead), after a digit, before a newline, beside CJK and punctuation. Each
+# starts and ends with an ASCII letter, so joined with spaces they are cut apart exactly as
+# if each were tokenized alone (see bpe._CUT), and any run of them can be compared alone.
+_CONTEXTS = ("a{c}b", "a {c}{c}b", "a1{c}\nb", "a\u4e00{c}!b")
+_RUN = 1 << 16
+
+
+def test_every_code_point_tokenizes_as_the_reference_tokenizes_it(
+    reference: ReferenceTokenizer,
+) -> None:
+    """The check that catches an engine's Unicode tables drifting from the reference's:
+    gigatok 0.2.0 disagreed on the ~4,800 code points Unicode 16-17 assigned, enough text to
+    fool a count. For fastokens, the default engine, which is pinned for this reason
+    (tiktoken passed it too when it was written: 79 s, too long to run every time)."""
+    fast = exact_counter("fastokens")
+    points = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
+    for context in _CONTEXTS:
+        runs = [
+            " ".join(context.format(c=c) for c in points[start : start + _RUN])
+            for start in range(0, len(points), _RUN)
+        ]
+        wanted = reference.tokenizer().encode_batch_fast(runs, add_special_tokens=False)
+        for run, want in zip(runs, wanted, strict=True):
+            got = fast.ids(run)
+            if got != want.ids:
+                pairs = enumerate(zip(got, want.ids, strict=False))
+                at = next((i for i, (g, w) in pairs if g != w), min(len(got), len(want.ids)))
+                near = reference.tokenizer().decode(want.ids[max(0, at - 3) : at + 3])
+                pytest.fail(f"{context!r}: first difference at token {at}, near {near!r}")
+
+
 def test_bpe_gives_the_reference_tokens_on_random_unicode(
-    bpe: DeepSeekBpe, reference: ReferenceTokenizer
+    bpe: Counter, reference: ReferenceTokenizer
 ) -> None:
     rng = random.Random(20261201)
     for _ in range(6000):
@@ -81,7 +117,7 @@ def test_bpe_gives_the_reference_tokens_on_random_unicode(
 
 
 def test_special_tokens_in_text_count_as_the_reference_counts_them(
-    bpe: DeepSeekBpe, reference: ReferenceTokenizer
+    bpe: Counter, reference: ReferenceTokenizer
 ) -> None:
     for text in (
         "a<\uff5cend\u2581of\u2581sentence\uff5c>b<\uff5cUser\uff5c>",
@@ -94,7 +130,7 @@ def test_special_tokens_in_text_count_as_the_reference_counts_them(
 
 @pytest.mark.parametrize("path", HOSTILE, ids=lambda p: p.stem)
 def test_the_fitted_estimate_cannot_be_trusted_but_the_count_can(
-    path: Path, bpe: DeepSeekBpe, reference: ReferenceTokenizer
+    path: Path, bpe: Counter, reference: ReferenceTokenizer
 ) -> None:
     """The rule's bound, on every hostile text: the count is the real one (plus the template
     overhead), never below it; and the byte bound it falls back on is never below either."""
@@ -116,13 +152,13 @@ def test_random_letters_fool_the_fitted_estimate_tenfold(reference: ReferenceTok
 # --- the counting rule ---------------------------------------------------------------------
 
 
-def counter_with(bpe: DeepSeekBpe | None, **settings: int) -> PromptCounter:
+def counter_with(bpe: Counter | None, **settings: int) -> PromptCounter:
     config = CountingConfig(**settings)
     return PromptCounter(bpe, config, ThreadPoolExecutor(config.workers))
 
 
 async def test_a_chat_that_resends_its_history_counts_only_the_new_message(
-    bpe: DeepSeekBpe,
+    bpe: Counter,
 ) -> None:
     counter = counter_with(bpe, per_message_overhead_tokens=3)
     history = [(DATA_DIR / "en_prose.txt").read_text(), (DATA_DIR / "code_sample.txt").read_text()]
@@ -138,7 +174,7 @@ async def test_a_chat_that_resends_its_history_counts_only_the_new_message(
     assert counter.cache_size == 3
 
 
-async def test_text_too_large_to_count_is_taken_at_one_token_per_byte(bpe: DeepSeekBpe) -> None:
+async def test_text_too_large_to_count_is_taken_at_one_token_per_byte(bpe: Counter) -> None:
     counter = counter_with(bpe, max_bytes=10_000)
     text = "x" * 20_000
     counted = await counter.count([text, "short"], token_ids=7)
@@ -146,7 +182,7 @@ async def test_text_too_large_to_count_is_taken_at_one_token_per_byte(bpe: DeepS
     assert counted.tokens == 20_000 + 5 + 7 + 2 * 4  # bytes, token ids, overhead
 
 
-async def test_a_busy_counter_falls_back_on_the_byte_bound(bpe: DeepSeekBpe) -> None:
+async def test_a_busy_counter_falls_back_on_the_byte_bound(bpe: Counter) -> None:
     counter = counter_with(bpe, queue_max_bytes=100_000, inline_max_bytes=0)
     counter.queued_bytes = 95_000  # others are being counted
     counted = await counter.count(["y" * 10_000])
@@ -156,7 +192,7 @@ async def test_a_busy_counter_falls_back_on_the_byte_bound(bpe: DeepSeekBpe) -> 
 
 
 async def test_concurrent_counts_are_off_the_loop_and_release_their_queue(
-    bpe: DeepSeekBpe,
+    bpe: Counter,
 ) -> None:
     counter = counter_with(bpe, inline_max_bytes=1024, workers=2)
     texts = [(DATA_DIR / "hostile" / p.name).read_text() for p in HOSTILE[:8]]
@@ -171,7 +207,7 @@ async def test_without_a_tokenizer_every_count_is_the_bound() -> None:
     assert counted.kind is CountKind.BOUND and counted.tokens == len("hello world") + 4
 
 
-async def test_lone_surrogates_are_counted_not_raised(bpe: DeepSeekBpe) -> None:
+async def test_lone_surrogates_are_counted_not_raised(bpe: Counter) -> None:
     counter = counter_with(bpe)
     counted = await counter.count(["broken \ud83d emoji " * 100])
     assert counted.exact and counted.tokens > 100
@@ -225,7 +261,7 @@ def _spaced_random_text(rng: random.Random) -> str:
 
 
 @pytest.mark.parametrize("path", NATURAL + HOSTILE, ids=lambda p: p.stem)
-def test_a_text_cut_into_pieces_counts_as_the_whole(path: Path, bpe: DeepSeekBpe) -> None:
+def test_a_text_cut_into_pieces_counts_as_the_whole(path: Path, bpe: Counter) -> None:
     text = path.read_text(encoding="utf-8")
     whole = bpe.count(text)
     for parts in (2, 3, 8):
@@ -234,7 +270,7 @@ def test_a_text_cut_into_pieces_counts_as_the_whole(path: Path, bpe: DeepSeekBpe
         assert sum(bpe.count(p) for p in pieces) == whole, parts
 
 
-def test_random_text_cut_into_pieces_counts_as_the_whole(bpe: DeepSeekBpe) -> None:
+def test_random_text_cut_into_pieces_counts_as_the_whole(bpe: Counter) -> None:
     rng = random.Random(20261202)
     cut = 0
     for _ in range(3000):
@@ -246,7 +282,7 @@ def test_random_text_cut_into_pieces_counts_as_the_whole(bpe: DeepSeekBpe) -> No
     assert cut > 2500  # the cuts were really made
 
 
-def test_text_with_a_special_token_is_not_cut(bpe: DeepSeekBpe) -> None:
+def test_text_with_a_special_token_is_not_cut(bpe: Counter) -> None:
     text = "word " * 5000 + "<\uff5cUser\uff5c>" + " word" * 5000
     assert bpe.pieces(text, 4) == [text]
     assert len(bpe.pieces(text.replace("<\uff5cUser\uff5c>", "x"), 4)) == 4
@@ -255,7 +291,7 @@ def test_text_with_a_special_token_is_not_cut(bpe: DeepSeekBpe) -> None:
 class _Recording:
     """The BPE, remembering every text it was asked to count."""
 
-    def __init__(self, bpe: DeepSeekBpe) -> None:
+    def __init__(self, bpe: Counter) -> None:
         self._bpe = bpe
         self.counted: list[int] = []
 
@@ -267,7 +303,7 @@ class _Recording:
         return self._bpe.pieces(text, parts)
 
 
-async def test_a_long_text_is_counted_in_one_piece_per_worker(bpe: DeepSeekBpe) -> None:
+async def test_a_long_text_is_counted_in_one_piece_per_worker(bpe: Counter) -> None:
     text = (DATA_DIR / "en_prose.txt").read_text() * 12
     assert len(text) >= 32768
     for split_min_bytes, calls in ((32768, 3), (0, 1)):
@@ -279,3 +315,23 @@ async def test_a_long_text_is_counted_in_one_piece_per_worker(bpe: DeepSeekBpe) 
         assert counted.tokens == bpe.count(text) + bpe.count("a short question") + 2 * 4
         assert sum(n > 1000 for n in recording.counted) == calls
         assert counter.queued_bytes == 0
+
+
+class _Refusing:
+    """A fastokens tokenizer that refuses every text, as PCRE2 does past its limits."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        raise RuntimeError("match limit exceeded")
+
+
+def test_text_fastokens_refuses_is_counted_by_tiktoken(reference: ReferenceTokenizer) -> None:
+    fast = exact_counter("fastokens")
+    assert isinstance(fast, FastokensBpe)
+    text = (DATA_DIR / "en_prose.txt").read_text()
+    fast._tokenizer = _Refusing()  # type: ignore[assignment]
+    assert fast.count(text) == reference.count(text)
+
+
+def test_an_unknown_engine_is_refused() -> None:
+    with pytest.raises(ValueError, match="no counting engine"):
+        exact_counter("sentencepiece")

@@ -38,7 +38,7 @@ from extproc.adminpb import admin_pb2_grpc
 from extproc.request.flow import Decider
 from extproc.request.identity import ApiKeyResolver
 from extproc.request.inflight import InFlight
-from extproc.request.tokens import DeepSeekBpe, PromptCorrections, PromptCounter
+from extproc.request.tokens import PromptCorrections, PromptCounter, exact_counter
 from extproc.runtime.engines import EngineScraper
 from extproc.runtime.events import MetricsEvents
 from extproc.runtime.gpu import GpuMemory
@@ -244,7 +244,7 @@ class Sidecar:
             # Loaded before the servers start (~1 s), off the loop: no request is ever
             # counted by its byte bound only because the tokenizer was still loading.
             bpe = await asyncio.get_running_loop().run_in_executor(
-                self._exact_executor, DeepSeekBpe
+                self._exact_executor, exact_counter, self.policy().counting.engine
             )
             self.counter.use(bpe)
         server = grpc.aio.server(options=self._grpc_options())

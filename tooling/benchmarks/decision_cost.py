@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from admission.decision import RequestOutcome
-from extproc.request.tokens import DeepSeekBpe, ReferenceTokenizer, fast_estimate
+from extproc.request.tokens import (
+    DeepSeekBpe,
+    ReferenceTokenizer,
+    TokenCounter,
+    exact_counter,
+    fast_estimate,
+)
 from extproc.runtime.sidecar import Sidecar
 from extproc.service.access_log import finish
 from tooling.benchmarks.bodies import PROFILES, profile_bodies
@@ -95,12 +101,16 @@ async def _run(
 ) -> list[dict[str, Any]]:
     """Each profile with the policy as it is, then with each lever (LEVERS), interleaved."""
     work = Path(tempfile.mkdtemp(prefix="slogate-decision-cost-"))
-    bpe = DeepSeekBpe()
+    bpe = DeepSeekBpe()  # sizes the bodies; each sidecar counts with its policy's engine
+    engines: dict[str, TokenCounter] = {}
     sidecars = {}
     for setup in ("slogate", *levers):
         changes = LEVERS.get(setup)
         sidecar = Sidecar(bench_policy(work, changes), metrics_port=None, admin_address=None)
-        sidecar.counter.use(bpe)
+        engine = sidecar.policy().counting.engine
+        if engine not in engines:
+            engines[engine] = exact_counter(engine)
+        sidecar.counter.use(engines[engine])
         sidecars[setup] = sidecar
     rows = []
     for name in profiles:

@@ -77,6 +77,8 @@ LEVERS: dict[str, dict[str, Any]] = {
     "count_on_loop": {"counting": {"inline_max_bytes": 16 * 2**20, "split_min_bytes": 0}},
     # No message counts kept: a chat's history counted again every turn.
     "no_count_cache": {"counting": {"cache_entries": 1}},
+    # The same exact counts from tiktoken's BPE instead of fastokens (the engine until now).
+    "tiktoken": {"counting": {"engine": "tiktoken"}},
 }
 
 

@@ -71,6 +71,28 @@ _SPECIAL_MARKERS = (
 _CUT = re.compile(r"(?<=[A-Za-z]) (?=[A-Za-z])")
 
 
+def has_special_marker(text: str) -> bool:
+    return any(marker in text for marker in _SPECIAL_MARKERS)
+
+
+def cut(text: str, parts: int) -> list[str]:
+    """`text` cut into up to `parts` pieces of about equal length, at places where the
+    pre-tokenizer cuts anyway (`_CUT`): their counts add up to the text's. Text holding a
+    special token's marker stays whole (a cut must not split a marker)."""
+    if parts < 2 or has_special_marker(text):
+        return [text]
+    step = len(text) // parts
+    out, start = [], 0
+    for k in range(1, parts):
+        found = _CUT.search(text, max(start, k * step))
+        if found is None:
+            break
+        out.append(text[start : found.start()])
+        start = found.start()
+    out.append(text[start:])
+    return [piece for piece in out if piece]
+
+
 def _byte_decoder() -> dict[str, int]:
     """Byte-level BPE's printable stand-ins for the 256 bytes (GPT-2's table), reversed."""
     printable = [
@@ -123,7 +145,7 @@ class DeepSeekBpe:
 
     def _encode(self, text: str) -> list[int]:
         text = encodable(text)
-        if any(marker in text for marker in _SPECIAL_MARKERS):
+        if has_special_marker(text):
             return list(self._core.encode(text, self._special))
         return list(self._core.encode_ordinary(text))
 
@@ -131,21 +153,7 @@ class DeepSeekBpe:
         return len(self._encode(text)) if text else 0
 
     def pieces(self, text: str, parts: int) -> list[str]:
-        """`text` cut into up to `parts` pieces of about equal length, at places where the
-        pre-tokenizer cuts anyway (`_CUT`): their counts add up to the text's. Text holding a
-        special token's marker stays whole (a cut must not split a marker)."""
-        if parts < 2 or any(marker in text for marker in _SPECIAL_MARKERS):
-            return [text]
-        step = len(text) // parts
-        out, start = [], 0
-        for k in range(1, parts):
-            cut = _CUT.search(text, max(start, k * step))
-            if cut is None:
-                break
-            out.append(text[start : cut.start()])
-            start = cut.start()
-        out.append(text[start:])
-        return [piece for piece in out if piece]
+        return cut(text, parts)
 
     def count_many(self, texts: Sequence[str]) -> list[int]:
         return [self.count(t) for t in texts]
