@@ -135,7 +135,9 @@ class CountingConfig:
     engine: str = "auto"
     workers: int = 2  # threads counting text too long for the event loop
     inline_max_bytes: int = 2048  # uncounted text up to this is counted on the loop
-    split_min_bytes: int = 32768  # a text this long is cut and counted by all workers; 0: never
+    # A text this long is cut and counted by all workers (tiktoken only: fastokens spreads a
+    # long text over its own threads); 0: never.
+    split_min_bytes: int = 32768
     max_bytes: int = 4 * 1024 * 1024  # larger prompts are not counted: the byte bound decides
     queue_max_bytes: int = 8 * 1024 * 1024  # waiting past this: the byte bound decides
     cache_entries: int = 65536  # message counts kept (chats resend their history)

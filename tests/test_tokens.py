@@ -21,6 +21,8 @@ from extproc.request.tokens import (
     exact_counter,
     fast_estimate,
 )
+from extproc.request.tokens.bpe import cut
+from extproc.request.tokens.prompt import SplittingCounter
 from policy import CountingConfig
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -265,27 +267,27 @@ def test_a_text_cut_into_pieces_counts_as_the_whole(path: Path, bpe: Counter) ->
     text = path.read_text(encoding="utf-8")
     whole = bpe.count(text)
     for parts in (2, 3, 8):
-        pieces = bpe.pieces(text, parts)
+        pieces = cut(text, parts)
         assert "".join(pieces) == text
         assert sum(bpe.count(p) for p in pieces) == whole, parts
 
 
 def test_random_text_cut_into_pieces_counts_as_the_whole(bpe: Counter) -> None:
     rng = random.Random(20261202)
-    cut = 0
+    were_cut = 0
     for _ in range(3000):
         text = _spaced_random_text(rng)
-        pieces = bpe.pieces(text, rng.randint(2, 6))
-        cut += len(pieces) > 1
+        pieces = cut(text, rng.randint(2, 6))
+        were_cut += len(pieces) > 1
         assert "".join(pieces) == text
         assert sum(bpe.count(p) for p in pieces) == bpe.count(text), repr(text)
-    assert cut > 2500  # the cuts were really made
+    assert were_cut > 2500  # the cuts were really made
 
 
-def test_text_with_a_special_token_is_not_cut(bpe: Counter) -> None:
+def test_text_with_a_special_token_is_not_cut() -> None:
     text = "word " * 5000 + "<\uff5cUser\uff5c>" + " word" * 5000
-    assert bpe.pieces(text, 4) == [text]
-    assert len(bpe.pieces(text.replace("<\uff5cUser\uff5c>", "x"), 4)) == 4
+    assert cut(text, 4) == [text]
+    assert len(cut(text.replace("<\uff5cUser\uff5c>", "x"), 4)) == 4
 
 
 class _Recording:
@@ -300,7 +302,7 @@ class _Recording:
         return self._bpe.count(text)
 
     def pieces(self, text: str, parts: int) -> list[str]:
-        return self._bpe.pieces(text, parts)
+        return cut(text, parts)
 
 
 async def test_a_long_text_is_counted_in_one_piece_per_worker(bpe: Counter) -> None:
@@ -315,6 +317,15 @@ async def test_a_long_text_is_counted_in_one_piece_per_worker(bpe: Counter) -> N
         assert counted.tokens == bpe.count(text) + bpe.count("a short question") + 2 * 4
         assert sum(n > 1000 for n in recording.counted) == calls
         assert counter.queued_bytes == 0
+
+
+async def test_fastokens_counts_a_long_text_whole_on_its_own_threads(bpe: Counter) -> None:
+    """No cuts where the engine spreads a long text itself: cutting cost more there."""
+    text = (DATA_DIR / "en_prose.txt").read_text() * 12
+    counter = PromptCounter(bpe, CountingConfig(workers=3), ThreadPoolExecutor(3))
+    counted = await counter.count([text])
+    assert counted.tokens == bpe.count(text) + 4
+    assert isinstance(bpe, SplittingCounter) == isinstance(bpe, DeepSeekBpe)
 
 
 class _Refusing:
