@@ -276,6 +276,9 @@ def parse_counting(sec: Section) -> CountingConfig:
         engine=sec.get("engine", str, defaults.engine),
         workers=sec.get("workers", int, defaults.workers),
         inline_max_bytes=sec.get("inline_max_bytes", int, defaults.inline_max_bytes),
+        inline_unicode_max_bytes=sec.get(
+            "inline_unicode_max_bytes", int, defaults.inline_unicode_max_bytes
+        ),
         split_min_bytes=sec.get("split_min_bytes", int, defaults.split_min_bytes),
         max_bytes=sec.get("max_bytes", int, defaults.max_bytes),
         queue_max_bytes=sec.get("queue_max_bytes", int, defaults.queue_max_bytes),
@@ -286,7 +289,7 @@ def parse_counting(sec: Section) -> CountingConfig:
         raise PolicyError(f"{sec.child('per_message_overhead_tokens')}: must be >= 0")
     if config.engine not in COUNTING_ENGINES:
         raise PolicyError(f"{sec.child('engine')}: must be one of {', '.join(COUNTING_ENGINES)}")
-    for name in ("inline_max_bytes", "split_min_bytes"):
+    for name in ("inline_max_bytes", "inline_unicode_max_bytes", "split_min_bytes"):
         if getattr(config, name) < 0:
             raise PolicyError(f"{sec.child(name)}: must be >= 0")
     for name in ("workers", "max_bytes", "queue_max_bytes", "cache_entries"):

@@ -134,7 +134,12 @@ class CountingConfig:
     # 5-7x the CPU), or auto: fastokens where it is installed.
     engine: str = "auto"
     workers: int = 2  # threads counting text too long for the event loop
-    inline_max_bytes: int = 2048  # uncounted text up to this is counted on the loop
+    # Uncounted text up to this is counted on the event loop, no hop to a worker thread:
+    # ASCII text (its worst crafted 64 KiB holds the loop ~1.2 ms on fastokens), and other
+    # text (random hanzi: ~6.5 ms per 64 KiB) up to `inline_unicode_max_bytes`. The engine
+    # caps both: tiktoken at 2 KiB (bench/results/overhead-levers-fastokens).
+    inline_max_bytes: int = 65536
+    inline_unicode_max_bytes: int = 4096
     # A text this long is cut and counted by all workers (tiktoken only: fastokens spreads a
     # long text over its own threads); 0: never.
     split_min_bytes: int = 32768

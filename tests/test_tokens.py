@@ -8,6 +8,7 @@ import asyncio
 import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -310,7 +311,7 @@ async def test_a_long_text_is_counted_in_one_piece_per_worker(bpe: Counter) -> N
     assert len(text) >= 32768
     for split_min_bytes, calls in ((32768, 3), (0, 1)):
         recording = _Recording(bpe)
-        config = CountingConfig(workers=3, split_min_bytes=split_min_bytes)
+        config = CountingConfig(workers=3, split_min_bytes=split_min_bytes, inline_max_bytes=2048)
         counter = PromptCounter(recording, config, ThreadPoolExecutor(3))
         counted = await counter.count([text, "a short question"])
         assert counted.kind is CountKind.EXACT
@@ -346,3 +347,31 @@ def test_text_fastokens_refuses_is_counted_by_tiktoken(reference: ReferenceToken
 def test_an_unknown_engine_is_refused() -> None:
     with pytest.raises(ValueError, match="no counting engine"):
         exact_counter("sentencepiece")
+
+
+class _CountingExecutor(ThreadPoolExecutor):
+    """A thread pool that counts what it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+        self.jobs = 0
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        self.jobs += 1
+        return super().submit(*args, **kwargs)
+
+
+async def test_ascii_text_up_to_64_kib_is_counted_on_the_loop_unless_the_engine_is_slow(
+    bpe: Counter,
+) -> None:
+    ascii_text = ((DATA_DIR / "en_prose.txt").read_text() * 20)[:60_000]
+    hanzi = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(3000))  # ~9 KB
+    assert ascii_text.isascii() and len(hanzi.encode()) > 4096
+    pool = _CountingExecutor()
+    counter = PromptCounter(bpe, CountingConfig(), pool)
+    assert (await counter.count([ascii_text])).tokens == bpe.count(ascii_text) + 4
+    # tiktoken: capped at 2 KiB, and this text is long enough to be cut for both workers
+    assert pool.jobs == (2 if isinstance(bpe, DeepSeekBpe) else 0)
+    before = pool.jobs
+    assert (await counter.count([hanzi])).tokens == bpe.count(hanzi) + 4
+    assert pool.jobs == before + 1  # other text: on the loop only up to 4 KiB

@@ -114,6 +114,10 @@ class DeepSeekBpe:
     """Counts DeepSeek tokens. Built once (~1 s); thread-safe; releases the GIL while it
     splits and merges."""
 
+    # Longer uncounted text goes to the counting workers: 2 KiB of the worst crafted text
+    # holds the loop ~1 ms here (prompt.PromptCounter).
+    inline_cap_bytes = 2048
+
     def __init__(self, tokenizer_path: Path | None = None) -> None:
         spec = json.loads((tokenizer_path or default_tokenizer_path()).read_text("utf-8"))
         decode = _byte_decoder()

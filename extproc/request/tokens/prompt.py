@@ -7,9 +7,12 @@ What lives here: `CountKind`, `PromptCount` and `PromptCounter`, which applies t
   plus `per_message_overhead_tokens` for the chat template around it. A message seen
   before (chats resend their whole history) is not counted again: counts are kept by the
   BLAKE2b hash of the text, so a turn costs only its new message.
-- Uncounted text up to `inline_max_bytes` is counted on the event loop (tens of µs);
-  more goes to `workers` threads (the BPE releases the GIL), a text of `split_min_bytes`
-  or more cut into one piece per worker where its counts add up, so they count it at once.
+- Uncounted text up to `inline_max_bytes` (ASCII) or `inline_unicode_max_bytes` (other
+  text, whose worst case costs ~5x more per byte), capped by the engine's
+  `inline_cap_bytes`, is counted on the event loop: on fastokens the hop to a thread cost
+  more than the count (bench/results/overhead-levers-fastokens). More goes to `workers`
+  threads (the BPE releases the GIL); on tiktoken a text of `split_min_bytes` or more is
+  cut into one piece per worker where its counts add up, so they count it at once.
 - When text cannot be counted (more than `max_bytes`, or more than `queue_max_bytes`
   already waiting), its UTF-8 length decides: byte-level BPE never yields more tokens
   than bytes, so that count is never below the real one. Decisions taken on it are the
@@ -38,6 +41,13 @@ from policy import CountingConfig
 
 class TokenCounter(Protocol):
     def count(self, text: str) -> int: ...
+
+
+@runtime_checkable
+class CappedCounter(TokenCounter, Protocol):
+    """A counter too slow per byte for long texts on the event loop (DeepSeekBpe)."""
+
+    inline_cap_bytes: int
 
 
 @runtime_checkable
@@ -70,6 +80,7 @@ class PromptCounter:
         executor: Executor | None = None,
     ) -> None:
         self._counter = counter  # None: no tokenizer, the byte bound decides every count
+        self._inline_cap = _inline_cap(counter)
         self._config = config
         self._executor = executor
         self._cache: OrderedDict[bytes, int] = OrderedDict()
@@ -82,6 +93,7 @@ class PromptCounter:
     def use(self, counter: TokenCounter) -> None:
         """Count with `counter` from now on (the sidecar loads it after start-up begins)."""
         self._counter = counter
+        self._inline_cap = _inline_cap(counter)
 
     async def count(self, texts: Sequence[str], token_ids: int = 0) -> PromptCount:
         config = self._config
@@ -106,7 +118,7 @@ class PromptCounter:
             return PromptCount(total, CountKind.CACHED)
         if self._counter is None or pending_bytes > config.max_bytes:
             return PromptCount(total + pending_bytes, CountKind.BOUND)
-        if pending_bytes <= config.inline_max_bytes or self._executor is None:
+        if pending_bytes <= self._inline_limit(pending) or self._executor is None:
             counts = [self._counter.count(text) for _, text, _ in pending]
         elif self.queued_bytes + pending_bytes > config.queue_max_bytes:
             return PromptCount(total + pending_bytes, CountKind.BUSY)
@@ -121,6 +133,12 @@ class PromptCounter:
             if cache_key is not None:
                 self._remember(cache_key, count)
         return PromptCount(total, CountKind.EXACT)
+
+    def _inline_limit(self, pending: list[tuple[bytes | None, str, int]]) -> int:
+        config = self._config
+        ascii_only = all(text.isascii() for _, text, _ in pending)  # O(1) per str
+        limit = config.inline_max_bytes if ascii_only else config.inline_unicode_max_bytes
+        return min(limit, self._inline_cap)
 
     async def _count_off_loop(self, texts: list[str], sizes: list[int], workers: int) -> list[int]:
         """Each text's count, from the worker threads. Texts of `split_min_bytes` or more
@@ -161,6 +179,10 @@ class PromptCounter:
         self._cache[key] = count
         if len(self._cache) > self._config.cache_entries:
             self._cache.popitem(last=False)
+
+
+def _inline_cap(counter: TokenCounter | None) -> int:
+    return counter.inline_cap_bytes if isinstance(counter, CappedCounter) else 1 << 62
 
 
 def _count_all(counter: TokenCounter, jobs: list[tuple[int, str]]) -> list[int]:
