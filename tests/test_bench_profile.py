@@ -62,8 +62,14 @@ def test_each_profile_compares_with_the_pass_through_and_some_split_the_cost() -
     assert setups_for("small") == ("envoy_alone", "passthrough", "slogate", *split)
     assert setups_for("field_mix") == ("passthrough", "slogate", *split)
     assert setups_for("multi_turn") == ("passthrough", "slogate")
-    # A lever is one more slogate beside the others (the uncounted split is left out).
-    assert setups_for("field_mix", ["no_split"]) == ("passthrough", "slogate", "slogate+no_split")
+    # A lever is one more slogate beside the others.
+    assert setups_for("field_mix", ["no_split"]) == (
+        "passthrough",
+        "slogate",
+        *split,
+        "slogate+no_split",
+    )
+    assert setups_for("1k", ["no_split"]) == ("passthrough", "slogate", "slogate+no_split")
 
 
 def test_the_one_message_bootstrap_is_one_envoy_accepts(tmp_path: Path) -> None:

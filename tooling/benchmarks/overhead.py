@@ -291,12 +291,13 @@ def _table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
 
 def setups_for(profile: str, levers: Sequence[str] = ()) -> tuple[str, ...]:
     """Envoy alone is the floor for the small body; every profile compares slogate with
-    the pass-through on the same bodies; some split slogate's cost (SPLIT_PROFILES); each
-    lever is one more slogate setup."""
+    the pass-through on the same bodies; some split slogate's cost (SPLIT_PROFILES), also
+    beside levers (what a lever saves is read against what is left to save); each lever is
+    one more slogate setup."""
     setups = ["passthrough", "slogate"]
     if profile == "small":
         setups.insert(0, "envoy_alone")
-    if profile in SPLIT_PROFILES and not levers:
+    if profile in SPLIT_PROFILES:
         setups += ["slogate_uncounted", "passthrough_one_message"]
     return (*setups, *(f"slogate+{lever}" for lever in levers))
 
