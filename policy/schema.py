@@ -135,9 +135,10 @@ class CountingConfig:
     engine: str = "auto"
     workers: int = 2  # threads counting text too long for the event loop
     # Uncounted text up to this is counted on the event loop, no hop to a worker thread:
-    # ASCII text (its worst crafted 64 KiB holds the loop ~1.2 ms on fastokens), and other
-    # text (random hanzi: ~6.5 ms per 64 KiB) up to `inline_unicode_max_bytes`. The engine
-    # caps both: tiktoken at 2 KiB (bench/results/overhead-levers-fastokens).
+    # mostly-ASCII text (at most one byte in ten beyond one per character; its worst
+    # crafted 64 KiB held the loop ~1 ms on fastokens), and other text (random hanzi:
+    # ~6.5 ms per 64 KiB) up to `inline_unicode_max_bytes`. The engine caps both: tiktoken
+    # at 2 KiB (bench/results/overhead-levers-fastokens).
     inline_max_bytes: int = 65536
     inline_unicode_max_bytes: int = 4096
     # A text this long is cut and counted by all workers (tiktoken only: fastokens spreads a

@@ -7,8 +7,8 @@ What lives here: `CountKind`, `PromptCount` and `PromptCounter`, which applies t
   plus `per_message_overhead_tokens` for the chat template around it. A message seen
   before (chats resend their whole history) is not counted again: counts are kept by the
   BLAKE2b hash of the text, so a turn costs only its new message.
-- Uncounted text up to `inline_max_bytes` (ASCII) or `inline_unicode_max_bytes` (other
-  text, whose worst case costs ~5x more per byte), capped by the engine's
+- Uncounted text up to `inline_max_bytes` (mostly ASCII) or `inline_unicode_max_bytes`
+  (other text, whose worst case costs ~5x more per byte), capped by the engine's
   `inline_cap_bytes`, is counted on the event loop: on fastokens the hop to a thread cost
   more than the count (bench/results/overhead-levers-fastokens). More goes to `workers`
   threads (the BPE releases the GIL); on tiktoken a text of `split_min_bytes` or more is
@@ -135,9 +135,14 @@ class PromptCounter:
         return PromptCount(total, CountKind.EXACT)
 
     def _inline_limit(self, pending: list[tuple[bytes | None, str, int]]) -> int:
+        """Mostly-ASCII text (at most one byte in ten beyond one per character: English with
+        its curly quotes and dashes) may be long on the loop; text of many multi-byte
+        characters (CJK, emoji: the ones that cost most per byte) only short."""
         config = self._config
-        ascii_only = all(text.isascii() for _, text, _ in pending)  # O(1) per str
-        limit = config.inline_max_bytes if ascii_only else config.inline_unicode_max_bytes
+        chars = sum(len(text) for _, text, _ in pending)
+        size = sum(size for _, _, size in pending)
+        mostly_ascii = size * 10 <= chars * 11
+        limit = config.inline_max_bytes if mostly_ascii else config.inline_unicode_max_bytes
         return min(limit, self._inline_cap)
 
     async def _count_off_loop(self, texts: list[str], sizes: list[int], workers: int) -> list[int]:
