@@ -121,5 +121,5 @@ def library(crafted: bool) -> PromptLibrary:
 @cache
 def shared_bpe() -> TokenCounter:
     """The sidecar's counter (`exact_counter`: the engine the default policy counts with),
-    loaded once per process (~1.5 s)."""
+    loaded once per process (~1.3 s)."""
     return exact_counter()

@@ -340,6 +340,7 @@ def test_text_fastokens_refuses_is_counted_by_tiktoken(reference: ReferenceToken
     fast = exact_counter("fastokens")
     assert isinstance(fast, FastokensBpe)
     text = (DATA_DIR / "en_prose.txt").read_text()
+    assert fast._fallback is None  # tiktoken is loaded only when it is needed
     fast._tokenizer = _Refusing()  # type: ignore[assignment]
     assert fast.count(text) == reference.count(text)
 

@@ -21,6 +21,7 @@ count) is counted by tiktoken instead, whose regex engine has none.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 from extproc.request.tokens.bpe import DeepSeekBpe
@@ -30,36 +31,43 @@ log = logging.getLogger(__name__)
 
 
 class FastokensBpe:
-    """Counts DeepSeek tokens with fastokens. Built once (~0.5 s, with the tiktoken
-    fallback ~1.5 s); thread-safe; releases the GIL while it counts, and spreads a text
-    longer than ~64 KB over its own threads. So it offers no `pieces`: cutting a long text
-    for the counting workers (`counting.split_min_bytes`, which pays on tiktoken) cost
-    more than it gave here (bench/results/overhead: 32k p50 6.2-7.0 ms cut vs 4.5-5.5
-    whole, at the same or lower throughput)."""
+    """Counts DeepSeek tokens with fastokens. Built once (~1.3 s); thread-safe; releases the
+    GIL while it counts, and spreads a text longer than ~64 KB over its own threads. So it
+    offers no `pieces`: cutting a long text for the counting workers
+    (`counting.split_min_bytes`, which pays on tiktoken) cost more than it gave here
+    (bench/results/overhead: 32k p50 6.2-7.0 ms cut vs 4.5-5.5 whole, at the same or lower
+    throughput)."""
 
     def __init__(self, tokenizer_path: Path | None = None) -> None:
         import fastokens
 
-        path = tokenizer_path or default_tokenizer_path()
-        self._tokenizer = fastokens.Tokenizer.from_file(str(path))
-        self._fallback = DeepSeekBpe(path)
+        self._path = tokenizer_path or default_tokenizer_path()
+        self._tokenizer = fastokens.Tokenizer.from_file(str(self._path))
+        # tiktoken is loaded only if fastokens ever refuses a text: no measured text did,
+        # and loading it too added ~0.5 s to every start (1.75 s in the estimator bench)
+        # and its tables to every worker's memory.
+        self._fallback: DeepSeekBpe | None = None
+        self._fallback_lock = threading.Lock()
         self.count("warm up: the first call compiles PCRE2's patterns")
-
-    def _encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(encodable(text), add_special_tokens=False).ids)
 
     def count(self, text: str) -> int:
         if not text:
             return 0
         try:
             return len(self._tokenizer.encode(encodable(text), add_special_tokens=False))
-        except Exception:
+        except Exception:  # a PCRE2 limit: counted by an engine that has none
             log.warning("fastokens refused a %d-character text; counted by tiktoken", len(text))
-            return self._fallback.count(text)
+            return self._tiktoken().count(text)
+
+    def _tiktoken(self) -> DeepSeekBpe:
+        with self._fallback_lock:  # counting threads may fail at once: load it once
+            if self._fallback is None:
+                self._fallback = DeepSeekBpe(self._path)
+            return self._fallback
 
     def ids(self, text: str) -> list[int]:
         """The reference tokenizer's ids for `text` (what the tests compare)."""
-        return self._encode(text)
+        return list(self._tokenizer.encode(encodable(text), add_special_tokens=False).ids)
 
 
 def exact_counter(engine: str = "auto") -> FastokensBpe | DeepSeekBpe:

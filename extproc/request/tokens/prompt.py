@@ -118,7 +118,7 @@ class PromptCounter:
             return PromptCount(total, CountKind.CACHED)
         if self._counter is None or pending_bytes > config.max_bytes:
             return PromptCount(total + pending_bytes, CountKind.BOUND)
-        if pending_bytes <= self._inline_limit(pending) or self._executor is None:
+        if pending_bytes <= self._inline_limit(pending, pending_bytes) or self._executor is None:
             counts = [self._counter.count(text) for _, text, _ in pending]
         elif self.queued_bytes + pending_bytes > config.queue_max_bytes:
             return PromptCount(total + pending_bytes, CountKind.BUSY)
@@ -134,13 +134,13 @@ class PromptCounter:
                 self._remember(cache_key, count)
         return PromptCount(total, CountKind.EXACT)
 
-    def _inline_limit(self, pending: list[tuple[bytes | None, str, int]]) -> int:
+    def _inline_limit(self, pending: list[tuple[bytes | None, str, int]], size: int) -> int:
         """Mostly-ASCII text (at most one byte in ten beyond one per character: English with
         its curly quotes and dashes) may be long on the loop; text of many multi-byte
-        characters (CJK, emoji: the ones that cost most per byte) only short."""
+        characters (CJK, emoji: the ones that cost most per byte) only short. `size`: the
+        pending texts' UTF-8 bytes."""
         config = self._config
         chars = sum(len(text) for _, text, _ in pending)
-        size = sum(size for _, _, size in pending)
         mostly_ascii = size * 10 <= chars * 11
         limit = config.inline_max_bytes if mostly_ascii else config.inline_unicode_max_bytes
         return min(limit, self._inline_cap)
