@@ -105,9 +105,9 @@ class SimPool:
         self.metrics = PoolMetrics(config.model, config.kv_capacity_tokens)
         self.count_tokens: Counter = approx_tokens
         if config.tokenizer == "deepseek":
-            from extproc.request.tokens import exact_counter
+            from sim.prompts import shared_bpe  # one counter per process, not per pool
 
-            self.count_tokens = exact_counter().count
+            self.count_tokens = shared_bpe().count
         self._admitted: dict[str, asyncio.Future[None]] = {}
         self._next_request = 0
 

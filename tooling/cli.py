@@ -374,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--levers",
         default="",
         help="slogate variants to run beside it, comma-separated (tooling/benchmarks/overhead.py"
-        " LEVERS: no_split, count_on_loop, inline_64k, no_count_cache, tiktoken)",
+        " LEVERS: no_split, count_on_loop, count_in_threads, no_count_cache, tiktoken)",
     )
     overhead.add_argument("--name", default="overhead", help="results file name")
     overhead.add_argument("--no-spy", action="store_true", help="skip the py-spy profile")

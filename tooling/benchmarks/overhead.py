@@ -74,10 +74,17 @@ LEVERS: dict[str, dict[str, Any]] = {
     # A long text counted by one worker instead of cut into one piece per worker.
     "no_split": {"counting": {"split_min_bytes": 0}},
     # Every text counted on the event loop: no hop to a worker thread, but the loop blocks.
-    "count_on_loop": {"counting": {"inline_max_bytes": 16 * 2**20, "split_min_bytes": 0}},
-    # Text up to 64 KiB (~16k tokens, under ~1 ms on fastokens) counted on the event loop:
-    # no hop to a worker thread for the field's common sizes.
-    "inline_64k": {"counting": {"inline_max_bytes": 65536}},
+    "count_on_loop": {
+        "counting": {
+            "inline_max_bytes": 16 * 2**20,
+            "inline_unicode_max_bytes": 16 * 2**20,
+            "split_min_bytes": 0,
+        }
+    },
+    # Only text up to 2 KiB counted on the event loop, the rest by the worker threads: the
+    # default before fastokens. (Measured as `inline_64k` against it when that was the
+    # change: bench/results/overhead-levers-fastokens.)
+    "count_in_threads": {"counting": {"inline_max_bytes": 2048, "inline_unicode_max_bytes": 2048}},
     # No message counts kept: a chat's history counted again every turn.
     "no_count_cache": {"counting": {"cache_entries": 1}},
     # The same exact counts from tiktoken's BPE instead of fastokens (the engine until now).
