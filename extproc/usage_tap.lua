@@ -8,8 +8,12 @@
 -- completions, embeddings) and input_tokens / output_tokens (the Responses API's
 -- `response.completed` event, Anthropic's `message_start` and `message_delta` events, and
 -- their JSON bodies). The last value seen wins: Anthropic's running output count ends with
--- the final one. It also counts the SSE events of a stream (`stream_events`), so that a
--- stream cut before its usage arrived is settled with what was sent.
+-- the final one. Anthropic's `input_tokens` leaves the prompt cache out (vLLM's final usage
+-- too: `input_tokens` = prompt - cache read - cache written, its `message_start` the whole
+-- prompt), so the prompt is `input_tokens` + `cache_read_input_tokens` +
+-- `cache_creation_input_tokens`, each the last value seen. It also counts the SSE events of
+-- a stream (`stream_events`), so that a stream cut before its usage arrived is settled with
+-- what was sent.
 --
 -- Metadata is written as soon as a value changes, inside the loop: a stream the client cuts
 -- never reaches the end of the loop, and its access-log entry must still carry what was seen.
@@ -73,6 +77,9 @@ function envoy_on_response(response_handle)
   local tail = "\n"
   local prompt = nil
   local completion = nil
+  local input = nil
+  local cache_read = nil
+  local cache_written = nil
   local events = 0
   for chunk in response_handle:bodyChunks() do
     local bytes = chunk:getBytes(0, chunk:length())
@@ -84,8 +91,14 @@ function envoy_on_response(response_handle)
       publish(response_handle, "stream_events", events)
     end
     if string.find(data, "_tokens\"", 1, true) ~= nil then
-      local p = last_number(data, "\"prompt_tokens\"%s*:%s*(%d+)", prompt)
-      p = last_number(data, "\"input_tokens\"%s*:%s*(%d+)", p)
+      input = last_number(data, "\"prompt_tokens\"%s*:%s*(%d+)", input)
+      input = last_number(data, "\"input_tokens\"%s*:%s*(%d+)", input)
+      cache_read = last_number(data, "\"cache_read_input_tokens\"%s*:%s*(%d+)", cache_read)
+      cache_written = last_number(data, "\"cache_creation_input_tokens\"%s*:%s*(%d+)", cache_written)
+      local p = input
+      if p ~= nil then
+        p = p + (cache_read or 0) + (cache_written or 0)
+      end
       local c = last_number(data, "\"completion_tokens\"%s*:%s*(%d+)", completion)
       c = last_number(data, "\"output_tokens\"%s*:%s*(%d+)", c)
       if p ~= prompt then

@@ -1,21 +1,34 @@
 """Response bodies of the simulated pool, in each API's own shape, JSON or SSE.
 
-What lives here: `Usage`, `frame_for` and one frame class per API family: OpenAI chat and
-completions (chunks, the optional usage chunk, `[DONE]`), the Responses API (`response.*`
-events, usage in `response.completed`), Anthropic's Messages API (`message_start` with the
-input tokens, `content_block_delta` per token, `message_delta` with the output tokens) and
-embeddings (JSON only). Only shapes: no timing, no aiohttp.
+What lives here: `frame_for`, the `Frame` protocol, OpenAI chat and completions (chunks, the
+optional usage chunk, `[DONE]`) and embeddings (JSON only). The APIs whose streams are named
+events (the Responses API, Anthropic's Messages API) are in `sim._event_frames`; usage and the
+encodings in `sim._wire`. Only shapes: no timing, no aiohttp.
 """
 
 from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sim._openai import Endpoint
+from sim._event_frames import MessagesFrame, ResponsesFrame
+from sim._openai import Endpoint, ParsedRequest
+from sim._wire import Usage, dumps, random_id, sse_event
+
+__all__ = [
+    "DONE_EVENT",
+    "FINGERPRINT",
+    "EmbeddingsFrame",
+    "Frame",
+    "OpenAiFrame",
+    "Usage",
+    "anthropic_error_body",
+    "error_body",
+    "filler_token",
+    "frame_for",
+]
 
 DONE_EVENT = b"data: [DONE]\n\n"
 _FILLER_WORDS = (
@@ -48,33 +61,13 @@ def anthropic_error_body(message: str, error_type: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": error_type, "message": message}}
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0
-
-    def body(self, details: dict[str, Any]) -> dict[str, Any]:
-        """vLLM's usage object (its field order), `prompt_tokens_details` as given."""
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "completion_tokens": self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens, **details},
-        }
-
-
-def _dumps(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode()  # compact, as vLLM writes
-
-
-def _event(name: str | None, body: dict[str, Any]) -> bytes:
-    head = f"event: {name}\n".encode() if name else b""
-    return head + b"data: " + _dumps(body) + b"\n\n"
-
-
 class Frame(Protocol):
+    """One response's body. A stream is `stream_head` (as soon as it starts), `stream_open`
+    (with the first token), `stream_token` per token (the last with the finish reason) and
+    `stream_close`; frames of event APIs keep state between these calls."""
+
     def full_response(self, text: str, finish_reason: str, usage: Usage) -> bytes: ...
+    def stream_head(self) -> bytes: ...
     def stream_open(self, include_usage: bool) -> bytes: ...
     def stream_token(
         self, text: str, include_usage: bool, finish_reason: str | None = None
@@ -149,7 +142,10 @@ class OpenAiFrame:
         if self.chat:
             body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
         body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
-        return _dumps(body)
+        return dumps(body)
+
+    def stream_head(self) -> bytes:
+        return b""
 
     def stream_open(self, include_usage: bool) -> bytes:
         if not self.chat:
@@ -158,7 +154,7 @@ class OpenAiFrame:
         delta = {"role": "assistant", "content": ""}
         body["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]
         body.update(prompt_token_ids=None, prompt_text=None)
-        return _event(None, body)
+        return sse_event(None, body)
 
     def stream_token(
         self, text: str, include_usage: bool, finish_reason: str | None = None
@@ -177,7 +173,7 @@ class OpenAiFrame:
         body["choices"] = [choice]
         if finish_reason is not None and not include_usage:
             body["system_fingerprint"] = FINGERPRINT  # else on the usage chunk, as vLLM does
-        return _event(None, body)
+        return sse_event(None, body)
 
     def stream_close(self, finish_reason: str, usage: Usage, include_usage: bool) -> bytes:
         """What follows the last token (which carried `finish_reason`)."""
@@ -188,128 +184,8 @@ class OpenAiFrame:
             # vLLM's streamed usage: created_cache_tokens only in chat.
             body["usage"] = usage.body({"created_cache_tokens": 0} if self.chat else {})
             body["system_fingerprint"] = FINGERPRINT
-            out += _event(None, body)
+            out += sse_event(None, body)
         return out + DONE_EVENT
-
-
-@dataclass(frozen=True, slots=True)
-class ResponsesFrame:
-    """The Responses API: a `response` object; streams are `response.*` events."""
-
-    response_id: str
-    model: str
-    created_s: int
-
-    def _response(self, status: str, text: str | None, usage: Usage | None) -> dict[str, Any]:
-        output = []
-        if text is not None:
-            content = [{"type": "output_text", "text": text, "annotations": []}]
-            output.append(
-                {
-                    "type": "message",
-                    "id": "msg_" + self.response_id[5:],
-                    "status": "completed",
-                    "role": "assistant",
-                    "content": content,
-                }
-            )
-        return {
-            "id": self.response_id,
-            "object": "response",
-            "created_at": self.created_s,
-            "status": status,
-            "model": self.model,
-            "output": output,
-            "usage": None
-            if usage is None
-            else {
-                "input_tokens": usage.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-                "output_tokens": usage.completion_tokens,
-                "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-            },
-        }
-
-    def full_response(self, text: str, finish_reason: str, usage: Usage) -> bytes:
-        status = "incomplete" if finish_reason == "length" else "completed"
-        return json.dumps(self._response(status, text, usage)).encode()
-
-    def stream_open(self, include_usage: bool) -> bytes:
-        created = {
-            "type": "response.created",
-            "response": self._response("in_progress", None, None),
-        }
-        added = {"type": "response.content_part.added", "output_index": 0, "content_index": 0}
-        return _event("response.created", created) + _event("response.content_part.added", added)
-
-    def stream_token(
-        self, text: str, include_usage: bool, finish_reason: str | None = None
-    ) -> bytes:
-        delta = {"type": "response.output_text.delta", "output_index": 0, "delta": text}
-        return _event("response.output_text.delta", delta)
-
-    def stream_close(self, finish_reason: str, usage: Usage, include_usage: bool) -> bytes:
-        status = "incomplete" if finish_reason == "length" else "completed"
-        completed = {"type": "response.completed", "response": self._response(status, "", usage)}
-        return _event("response.completed", completed)
-
-
-@dataclass(frozen=True, slots=True)
-class MessagesFrame:
-    """Anthropic's Messages API: a `message` object; streams are `message_*` events."""
-
-    response_id: str
-    model: str
-    prompt_tokens: int
-
-    def _message(self, text: str | None, stop: str | None, output_tokens: int) -> dict[str, Any]:
-        return {
-            "id": self.response_id,
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": [] if text is None else [{"type": "text", "text": text}],
-            "stop_reason": stop,
-            "stop_sequence": None,
-            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": output_tokens},
-        }
-
-    @staticmethod
-    def _stop(finish_reason: str) -> str:
-        return "max_tokens" if finish_reason == "length" else "end_turn"
-
-    def full_response(self, text: str, finish_reason: str, usage: Usage) -> bytes:
-        body = self._message(text, self._stop(finish_reason), usage.completion_tokens)
-        return json.dumps(body).encode()
-
-    def stream_open(self, include_usage: bool) -> bytes:
-        start = {"type": "message_start", "message": self._message(None, None, 1)}
-        block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}}
-        return _event("message_start", start) + _event("content_block_start", block)
-
-    def stream_token(
-        self, text: str, include_usage: bool, finish_reason: str | None = None
-    ) -> bytes:
-        delta = {
-            "type": "content_block_delta",
-            "index": 0,
-            "delta": {"type": "text_delta", "text": text},
-        }
-        return _event("content_block_delta", delta)
-
-    def stream_close(self, finish_reason: str, usage: Usage, include_usage: bool) -> bytes:
-        stop = {"type": "content_block_stop", "index": 0}
-        delta = {
-            "type": "message_delta",
-            "delta": {"stop_reason": self._stop(finish_reason), "stop_sequence": None},
-            "usage": {"output_tokens": usage.completion_tokens},
-        }
-        return (
-            _event("content_block_stop", stop)
-            + _event("message_delta", delta)
-            + _event("message_stop", {"type": "message_stop"})
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +201,9 @@ class EmbeddingsFrame:
         }
         return json.dumps(body).encode()
 
+    def stream_head(self) -> bytes:
+        raise ValueError("embeddings do not stream")
+
     def stream_open(self, include_usage: bool) -> bytes:
         raise ValueError("embeddings do not stream")
 
@@ -337,14 +216,17 @@ class EmbeddingsFrame:
         raise ValueError("embeddings do not stream")
 
 
-def frame_for(endpoint: Endpoint, model: str, prompt_tokens: int) -> Frame:
-    created = int(time.time())
-    suffix = uuid.uuid4().hex[:24]
+def frame_for(parsed: ParsedRequest, model: str) -> Frame:
+    endpoint = parsed.endpoint
+    suffix = random_id()
     if endpoint is Endpoint.RESPONSES:
-        return ResponsesFrame("resp_" + suffix, model, created)
+        settings = parsed.settings or {}
+        return ResponsesFrame("resp_" + suffix, model, parsed.max_tokens, settings)
     if endpoint is Endpoint.MESSAGES:
-        return MessagesFrame("msg_" + suffix, model, prompt_tokens)
+        # vLLM serves the Messages API through chat completions and keeps their id.
+        return MessagesFrame("chatcmpl-" + suffix, model, parsed.prompt_tokens)
     if endpoint is Endpoint.EMBEDDINGS:
         return EmbeddingsFrame(model)
     chat = endpoint is Endpoint.CHAT
+    created = int(time.time())
     return OpenAiFrame(chat, ("chatcmpl-" if chat else "cmpl-") + suffix, model, created)

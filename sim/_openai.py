@@ -13,9 +13,10 @@ import enum
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from sim._event_frames import responses_settings
 from sim.model import PromptSegment, chain_segments
 
 DEFAULT_MAX_TOKENS = 256
@@ -66,6 +67,8 @@ class ParsedRequest:
     # The output limit as the body named it (None: not named), echoed back for tests.
     named_max_tokens: int | None = None
     priority: int = 0  # vLLM's scheduling priority (lower runs first)
+    # The Responses API: the settings the request named, which its response object repeats.
+    settings: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
 
 Counter = Callable[[str], int]
@@ -250,6 +253,7 @@ def parse_request(raw: bytes, endpoint: Endpoint, count: Counter | None = None) 
             (body[k] for k in _LIMIT_MEMBERS[endpoint] if isinstance(body.get(k), int)), None
         ),
         priority=_priority(body),
+        settings=responses_settings(body) if endpoint is Endpoint.RESPONSES else None,
     )
 
 

@@ -2,7 +2,7 @@
 
 `SimPool` owns the pool's mutable state (KV cache, prefix cache, faults, metrics, seeded RNG)
 and turns the pure model's draws into sleeps on the event loop. Routing and the CLI live in
-`sim.pool`; wire shapes in `sim._openai`.
+`sim.pool`; request shapes in `sim._openai`, response shapes in `sim._frames`.
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ class SimPool:
                 message = "KV cache exhausted (overcommitted)"
                 return error_response(500, message, "server_error", "kv_cache_oom", headers)
             plan = self._plan(parsed, faults, arrived_at)
-            frame = frame_for(parsed.endpoint, self.config.model, parsed.prompt_tokens)
+            frame = frame_for(parsed, self.config.model)
             try:
                 if parsed.stream:
                     return await self._stream(request, parsed, plan, frame, headers)
@@ -277,6 +277,9 @@ class SimPool:
         await response.prepare(request)
         usage_field = parsed.include_usage
         try:
+            head = frame.stream_head()  # what vLLM sends before the first token (Responses)
+            if head:
+                await response.write(head)
             await _sleep_until(plan.first_token_at)
             first_token_at = self._first_token_out(parsed, plan)
             opening = frame.stream_open(usage_field)

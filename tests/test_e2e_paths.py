@@ -221,7 +221,10 @@ def test_public_health_needs_no_key(paths_stack: LocalStack) -> None:
 
 def _usage_total(usage: dict[str, Any]) -> int:
     if "input_tokens" in usage:
-        return int(usage["input_tokens"]) + int(usage["output_tokens"])
+        # Anthropic's input_tokens leaves the prompt cache out (vLLM's Messages usage too).
+        cache = ("cache_read_input_tokens", "cache_creation_input_tokens")
+        prompt = int(usage["input_tokens"]) + sum(int(usage.get(k, 0)) for k in cache)
+        return prompt + int(usage["output_tokens"])
     return int(usage["prompt_tokens"]) + int(usage.get("completion_tokens", 0))
 
 
