@@ -6,11 +6,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from policy._reader import PolicyError, Section, expect, positive
+from policy._reader import PolicyError, Section, expect, one_of, positive
 from policy.domain import (
     ContextBucket,
     EngineKind,
     LatencyFit,
+    Picker,
     Pool,
     RouteRule,
     Tier,
@@ -99,12 +100,8 @@ def parse_pools(raw: object, path: str) -> dict[str, Pool]:
             if value is not None:
                 positive(capacities[field_name] or 0, sec.child(field_name))
         priority_scheduling = sec.get("priority_scheduling", bool, False)
-        engine_name = sec.get("engine", str, EngineKind.VLLM.value)
-        if engine_name not in {kind.value for kind in EngineKind}:
-            kinds = ", ".join(kind.value for kind in EngineKind)
-            raise PolicyError(
-                f"{sec.child('engine')}: expected one of {kinds}, got {engine_name!r}"
-            )
+        engine_name = one_of(sec, "engine", EngineKind, EngineKind.VLLM)
+        picker = one_of(sec, "picker", Picker, Picker.SLOGATE)
         sec.close()
         if not endpoints_raw:
             raise PolicyError(f"{sec.child('endpoints')}: needs at least one endpoint")
@@ -120,6 +117,7 @@ def parse_pools(raw: object, path: str) -> dict[str, Pool]:
             tuple(endpoints),
             priority_scheduling=priority_scheduling,
             engine=EngineKind(engine_name),
+            picker=Picker(picker),
             **capacities,
         )
     return pools

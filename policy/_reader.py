@@ -7,6 +7,7 @@ the loader's sections share. No policy knowledge.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -71,3 +72,12 @@ def expect(value: object, kind: type[T], path: str) -> T:
 def positive(value: int | float, path: str) -> None:
     if value <= 0:
         raise PolicyError(f"{path}: must be > 0, got {value}")
+
+
+def one_of(section: Section, name: str, kinds: type[StrEnum], default: StrEnum) -> str:
+    """A field whose value must be one of an enumeration's values."""
+    value = section.get(name, str, default.value)
+    if value not in {kind.value for kind in kinds}:
+        names = ", ".join(kind.value for kind in kinds)
+        raise PolicyError(f"{section.child(name)}: expected one of {names}, got {value!r}")
+    return value

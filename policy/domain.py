@@ -31,6 +31,16 @@ class EngineKind(StrEnum):
     SGLANG = "sglang"
 
 
+class Picker(StrEnum):
+    """Who picks the engine inside a pool for each request."""
+
+    SLOGATE = "slogate"  # slogate scores the engines (prefix, load, length) and names one
+    ENVOY = "envoy"  # Envoy's own round robin over the healthy engines
+    # An endpoint picker of the operator's (llm-d's, an InferencePool's) picks: slogate names
+    # no engine and passes the objective and fairness headers on.
+    EXTERNAL = "external"
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """A key's limits; None means unlimited."""
@@ -70,10 +80,12 @@ class ContextBucket:
 @dataclass(frozen=True, slots=True)
 class Pool:
     name: str
+    # The pool's engines: addresses, or DNS names whose every A record is an engine.
     endpoints: tuple[tuple[str, int], ...]
-    # The pool's KV cache in tokens and its batch slots (vLLM max_num_seqs), all endpoints
-    # together. Set: requests are admitted against what is in flight (breaker.kv_shares per
-    # tier). None: not limited.
+    # The pool's KV cache in tokens and its batch slots (vLLM max_num_seqs), all engines
+    # together (an engine that reports its own KV size in its metrics counts with that).
+    # Set: requests are admitted against what is in flight (breaker.kv_shares per tier),
+    # and only the serving engines' part counts. None: not limited.
     kv_capacity_tokens: int | None = None
     max_num_seqs: int | None = None
     # The engines run vLLM's priority scheduling (`--scheduling-policy priority`): slogate
@@ -81,6 +93,9 @@ class Pool:
     priority_scheduling: bool = False
     # The engines' metric names: vLLM's (`vllm:*`) or SGLang's (`sglang:*`).
     engine: EngineKind = EngineKind.VLLM
+    # Who picks the engine of each request among `endpoints` (every address a hostname
+    # resolves to is an engine: a Kubernetes headless Service names all of them).
+    picker: Picker = Picker.SLOGATE
 
 
 @dataclass(frozen=True, slots=True)

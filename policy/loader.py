@@ -22,6 +22,7 @@ from policy._access import (
     parse_tiers,
     parse_tls,
 )
+from policy._engines import parse_engines
 from policy._fleet import (
     parse_breaker,
     parse_buckets,
@@ -112,6 +113,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
     paths = parse_paths(root.section("paths"))
     breaker = parse_breaker(root.section("breaker"))
     waiting_room = parse_waiting_room(root.section("waiting_room"))
+    engines = parse_engines(root.section("engines"))
     bucket_names = {b.name for b in buckets}
     slos = parse_slos(root.section("slos"), bucket_names)
     tpot_slos = parse_tpot_slos(root.section("tpot_slos"))
@@ -139,6 +141,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         budget=budget,
         breaker=breaker,
         waiting_room=waiting_room,
+        engines=engines,
         fallback_pool=fallback_pool,
         fallback_model=fallback_model,
         slo_ttft_p99_ms=slos,

@@ -126,6 +126,56 @@ COUNTING_ENGINES = ("auto", "fastokens", "tiktoken")
 
 
 @dataclass(frozen=True, slots=True)
+class PickingConfig:
+    """How slogate picks the engine of a request inside its pool (engines.scoring): a
+    weighted sum of scores in [0, 1], each measurable alone (a weight of 0 turns it off)."""
+
+    # The share of the prompt's leading token blocks an engine recently served (its prefix
+    # cache may still hold them: a hit skips their prefill).
+    prefix_weight: float = 2.0
+    # How free the engine is: the KV and batch slots slogate holds on it, corrected by its
+    # scraped KV usage and queue.
+    load_weight: float = 1.0
+    # The conversation's own engine by rendezvous hashing of its first blocks: every
+    # replica computes the same one without talking to the others.
+    affinity_weight: float = 1.0
+    # Requests of one context bucket prefer the same engines (the field's "pack requests of
+    # the same context length").
+    length_weight: float = 0.25
+    # Bounded load: an engine holding more than this x the pool's mean load keeps no
+    # prefix or affinity pull (a popular prefix spills over instead of piling up).
+    load_bound: float = 1.25
+    block_tokens: int = 64  # prompt token ids are hashed in blocks of this many
+    index_entries: int = 200_000  # prefix hashes remembered per pool (LRU): the memory bound
+    # Engines named per request, best first: Envoy sends it to the first and retries a
+    # connection refused before any byte on the second.
+    choices: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class EngineHealthConfig:
+    """When an engine stops getting new requests and when it gets them again."""
+
+    probe_interval_s: float = 1.0  # GET /health on every engine (slogate's and Envoy's)
+    probe_timeout_s: float = 1.0  # an answer later than this is a failed probe (a hung engine)
+    unhealthy_after: int = 2  # failed probes in a row: dead
+    healthy_after: int = 2  # answered probes in a row: serving again
+    # Answers: this many 5xx or failed connections in a row take the engine out for
+    # `eject_s` (doubling with each ejection in a row, up to 10x); Envoy ejects alike.
+    eject_after_errors: int = 3
+    eject_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class EnginesConfig:
+    picking: PickingConfig = field(default_factory=PickingConfig)
+    health: EngineHealthConfig = field(default_factory=EngineHealthConfig)
+    # Every endpoint given as a DNS name (a headless Service) is resolved again this often;
+    # each address it returns is an engine.
+    discovery_interval_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
 class CountingConfig:
     """How prompts are counted (extproc.request.tokens.prompt): exactly, within these bounds."""
 
@@ -206,6 +256,7 @@ class Policy:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     breaker: BreakerConfig = field(default_factory=lambda: BreakerConfig())
     waiting_room: WaitingRoomConfig = field(default_factory=WaitingRoomConfig)
+    engines: EnginesConfig = field(default_factory=EnginesConfig)
     fallback_pool: str = "fallback"
     fallback_model: str | None = None  # None: keep the requested model at L3
     # P99 TTFT SLO in ms per (tier, bucket name); "*" is the tier's default for any bucket.
@@ -300,6 +351,7 @@ START_ONLY_SETTINGS = (
     "breaker.scrape_interval_s",
     "breaker.stale_after_s",
     "breaker.controller_interval_s",
+    "engines.health",  # Envoy's health checks and outlier detection are written from it
     "decision_log",
     "tls",
     "jwt",
