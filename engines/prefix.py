@@ -1,0 +1,207 @@
+"""Prompt prefixes as hashes, and an approximate, bounded index of who served which. Pure.
+
+What lives here: `text_blocks` (one text's token ids -> a running hash per block of
+`block_tokens` ids), `PromptBlocks` (a whole prompt's prefix hashes at a ladder of block
+positions, and its conversation key) and `PrefixIndex` (per pool: prefix hash -> the
+engines that recently served a prompt with that prefix, least recently used first out).
+
+Why a ladder: an engine's prefix cache hits the leading blocks two prompts share. Keeping
+every block's hash of every prompt would cost the index one entry per 64 tokens; keeping
+the hashes at blocks 0-7 and then every ~25% further (plus the last) costs ~25 entries for
+a 32k-token prompt and measures a shared prefix to within a quarter of its length — what a
+score needs. Hashes are running: a block's hash depends on every token before it, so two
+prompts agree at a position exactly when their whole prefixes up to it agree (up to 64-bit
+collisions). Each message's blocks are hashed on its own (so a message counted before can
+keep its hashes beside its count) and chained to the prompt's earlier messages.
+
+The conversation key is the prefix hash through the conversation's head (the system
+prompt, the tools and the first user message, `InferenceRequest.conversation_texts`): every
+turn of a chat resends it, so every replica maps every turn to the same key.
+
+Memory: the index holds at most `entries` hashes per pool (an int key and an int bitmask of
+engine slots in an OrderedDict: ~150 bytes each, measured in bench decision-cost).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+_U64 = np.uint64
+_RNG = np.random.default_rng(0x5106A7E)
+_MAX_BLOCK_TOKENS = 4096
+# Per position inside a block, and per block index inside a text: random odd multipliers.
+# (32-bit inside a block: a wrapping uint32 matrix product is the cheapest pass over every
+# id, ~15 us for 32k tokens; the block sums are widened and mixed to 64 bits after.)
+_IN_BLOCK = (_RNG.integers(1, 2**31, size=_MAX_BLOCK_TOKENS, dtype=np.uint64) | _U64(1)).astype(
+    np.uint32
+)
+_PER_BLOCK = _RNG.integers(1, 2**63, size=1 << 16, dtype=np.uint64) | _U64(1)
+_MIX = _U64(0x9E3779B97F4A7C15)
+_SEED = 0x243F6A8885A308D3
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    """A cheap 64-bit finaliser (xor-shift-multiply), element-wise, wrapping."""
+    with np.errstate(over="ignore"):
+        values = values ^ (values >> _U64(31))
+        values = values * _MIX
+        return values ^ (values >> _U64(29))
+
+
+def text_blocks(ids: np.ndarray, block_tokens: int) -> np.ndarray:
+    """Running hashes of one text's blocks of token ids (the last block may be short):
+    entry j depends on blocks 0..j of this text. uint64, one per block."""
+    n = int(ids.shape[0])
+    if n == 0:
+        return np.zeros(0, dtype=np.uint64)
+    if block_tokens > _MAX_BLOCK_TOKENS:
+        raise ValueError(f"block_tokens above {_MAX_BLOCK_TOKENS}")
+    full = n // block_tokens
+    values = ids if ids.dtype == np.uint32 else ids.astype(np.uint32)
+    with np.errstate(over="ignore"):
+        weights = _IN_BLOCK[:block_tokens]
+        blocks = (values[: full * block_tokens].reshape(full, block_tokens) @ weights).astype(
+            np.uint64
+        )
+        tail = n - full * block_tokens
+        if tail:
+            last = values[full * block_tokens :] @ weights[:tail]
+            blocks = np.append(blocks, _U64(int(last)) + _U64(tail))
+        count = blocks.shape[0]
+        per_block = (
+            _PER_BLOCK[:count]
+            if count <= _PER_BLOCK.shape[0]
+            else np.resize(_PER_BLOCK, count) * _U64(3)
+        )
+        return np.cumsum(_mix(blocks) * per_block, dtype=np.uint64)
+
+
+def ladder(count: int) -> list[int]:
+    """The block positions (0-based) a prompt of `count` blocks is indexed at."""
+    positions = list(range(min(count, 8)))
+    step = 8.0
+    while True:
+        step *= 1.25
+        position = round(step) - 1
+        if position >= count - 1:
+            break
+        positions.append(position)
+    if count and positions[-1] != count - 1:
+        positions.append(count - 1)
+    return positions
+
+
+@dataclass(frozen=True, slots=True)
+class PromptBlocks:
+    """A prompt's prefix hashes at its ladder positions, the tokens each covers, and its
+    conversation key (0: none)."""
+
+    hashes: tuple[int, ...]
+    covered_tokens: tuple[int, ...]
+    key: int
+    total_tokens: int
+
+    @property
+    def empty(self) -> bool:
+        return not self.hashes
+
+
+NO_BLOCKS = PromptBlocks((), (), 0, 0)
+
+
+def prompt_blocks(
+    texts: Sequence[np.ndarray],
+    lengths: Sequence[int],
+    block_tokens: int,
+    conversation_texts: int = 1,
+) -> PromptBlocks:
+    """Chain each text's block hashes (`text_blocks`) into the prompt's prefix hashes and
+    keep them at the ladder positions. `lengths`: each text's token count (its blocks end
+    at its own end, so the tokens a position covers are summed per text)."""
+    chained: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    seed = _SEED
+    key = 0
+    covered = 0
+    for index, (blocks, length) in enumerate(zip(texts, lengths, strict=True)):
+        if blocks.shape[0]:
+            with np.errstate(over="ignore"):
+                chain = blocks + _U64(seed)
+            chained.append(chain)
+            starts = np.arange(1, blocks.shape[0] + 1, dtype=np.int64) * block_tokens
+            ends.append(covered + np.minimum(starts, length))
+            seed = int(_mix(chain[-1:])[0])
+        covered += length
+        if index + 1 == conversation_texts:
+            key = seed
+    if not chained:
+        return NO_BLOCKS
+    hashes = np.concatenate(chained)
+    tokens = np.concatenate(ends)
+    positions = ladder(int(hashes.shape[0]))
+    return PromptBlocks(
+        tuple(int(h) for h in hashes[positions]),
+        tuple(int(t) for t in tokens[positions]),
+        key or seed,
+        covered,
+    )
+
+
+class PrefixIndex:
+    """One pool's recently served prefixes: hash -> bitmask of engine slots, LRU-bounded."""
+
+    def __init__(self, entries: int) -> None:
+        self.entries = entries
+        self._seen: OrderedDict[int, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def matched_tokens(self, blocks: PromptBlocks, slots: Sequence[int]) -> list[int]:
+        """For each engine slot, the prompt tokens its deepest matching prefix covers: the
+        longest run of ladder positions from the first that it served."""
+        matched = [0] * len(slots)
+        if blocks.empty:
+            return matched
+        alive = 0
+        for slot in slots:
+            alive |= 1 << slot
+        seen = self._seen
+        for position, digest in enumerate(blocks.hashes):
+            alive &= seen.get(digest, 0)
+            if not alive:
+                break
+            covered = blocks.covered_tokens[position]
+            for i, slot in enumerate(slots):
+                if alive >> slot & 1:
+                    matched[i] = covered
+        return matched
+
+    def add(self, blocks: PromptBlocks, slot: int) -> None:
+        """The engine at `slot` was sent this prompt: its prefix cache will hold it. The
+        deepest positions go in first, so the shared shallow ones are the freshest."""
+        seen = self._seen
+        bit = 1 << slot
+        for digest in reversed(blocks.hashes):
+            mask = seen.get(digest)
+            if mask is None:
+                seen[digest] = bit
+            else:
+                seen[digest] = mask | bit
+                seen.move_to_end(digest)
+        while len(seen) > self.entries:
+            seen.popitem(last=False)
+
+    def forget(self, slot: int) -> None:
+        """An engine left (or restarted: its cache is empty): clear its bit everywhere."""
+        keep = ~(1 << slot)
+        for digest in list(self._seen):
+            mask = self._seen[digest] & keep
+            if mask:
+                self._seen[digest] = mask
+            else:
+                del self._seen[digest]

@@ -1,0 +1,159 @@
+"""Which engine of a pool gets a request: scorers, each in [0, 1], and one picker. Pure.
+
+What lives here: `Candidate` (what a scorer may read of one engine), the four scorers and
+`pick`, which weights them (`PickingConfig`) and returns the engines best first. The same
+code picks in the sidecar (extproc.request.flow) and in the simulator (sim.engines).
+
+The scorers, and which way each pulls:
+- prefix (affinity): the share of the prompt's tokens whose leading blocks the engine was
+  recently sent (engines.prefix.PrefixIndex): its prefix cache may still hold them.
+- load (distribution): how free the engine is — the largest of the KV and batch slots this
+  sidecar holds on it (exact, the moment it admits) and its scraped KV usage (every
+  replica's requests, seconds late), less a share for a queue the engine reports.
+- affinity (affinity): the conversation's rendezvous engine. Every replica ranks the
+  engines by a hash of (conversation key, engine) and gets the same order without talking
+  to the others, so the turns of one chat reach one engine through any replica; bounded
+  load keeps a popular conversation head from piling onto one engine: an engine with more
+  than `load_bound` x its fair share of the requests in flight loses its prefix and
+  affinity pull (consistent hashing with bounded loads).
+- length (affinity): requests of one context bucket prefer the same engines (rendezvous on
+  the bucket's name), so long and short prompts are packed apart.
+Ties go to the affinity order, so two replicas with the same view pick alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engines.prefix import PromptBlocks
+from policy import PickingConfig
+
+_HRW_MIX = 0x9E3779B97F4A7C15
+_MASK = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One serving engine as the picker sees it."""
+
+    address: str
+    slot: int
+    held_tokens: int
+    held_sequences: int
+    kv_tokens: float | None  # its KV cache (None: unknown)
+    sequences: float | None  # its batch slots (None: unknown)
+    scraped_kv_usage: float | None = None  # fresh metrics only (None: no data)
+    scraped_waiting: float | None = None
+    scraped_running: float | None = None
+    matched_tokens: int = 0  # of the prompt, from the prefix index
+
+
+@dataclass(frozen=True, slots=True)
+class Scores:
+    address: str
+    prefix: float
+    load: float
+    affinity: float
+    length: float
+    total: float
+
+
+def rendezvous(key: int, address: str) -> int:
+    """A stable 64-bit weight of (key, engine): the same on every replica and process."""
+    value = (key ^ _address_hash(address)) & _MASK
+    value = (value ^ (value >> 31)) * _HRW_MIX & _MASK
+    value = (value ^ (value >> 29)) * _HRW_MIX & _MASK
+    return value ^ (value >> 32)
+
+
+def _address_hash(address: str) -> int:
+    value = 0xCBF29CE484222325
+    for byte in address.encode():
+        value = ((value ^ byte) * 0x100000001B3) & _MASK
+    return value
+
+
+def _rank_scores(key: int, candidates: Sequence[Candidate]) -> list[float]:
+    """1.0 for the key's first engine, falling linearly to 0.0 for its last."""
+    order = sorted(range(len(candidates)), key=lambda i: -rendezvous(key, candidates[i].address))
+    scores = [0.0] * len(candidates)
+    last = max(1, len(candidates) - 1)
+    for rank, index in enumerate(order):
+        scores[index] = 1.0 - rank / last if len(candidates) > 1 else 1.0
+    return scores
+
+
+def load_of(candidate: Candidate, pool_held_sequences: int, count: int) -> float:
+    """How full the engine is, 0..1: what slogate holds on it against its capacity (against
+    an even share of the pool's requests where its capacity is unknown), or what it reports
+    holding, whichever is more, plus half its queue per running request."""
+    parts = []
+    if candidate.kv_tokens:
+        parts.append(candidate.held_tokens / candidate.kv_tokens)
+    if candidate.sequences:
+        parts.append(candidate.held_sequences / candidate.sequences)
+    if not parts:
+        parts.append(candidate.held_sequences / (pool_held_sequences + count))
+    if candidate.scraped_kv_usage is not None:
+        parts.append(candidate.scraped_kv_usage)
+    queue = 0.0
+    if candidate.scraped_waiting:
+        queue = 0.5 * min(1.0, candidate.scraped_waiting / max(1.0, candidate.scraped_running or 0))
+    return min(1.0, max(parts) + queue)
+
+
+def over_bound(candidate: Candidate, pool_held_sequences: int, count: int, bound: float) -> bool:
+    """Consistent hashing with bounded loads: more requests in flight than `bound` x the
+    fair share (one more request counted, so an idle pool binds nobody)."""
+    fair = bound * (pool_held_sequences + 1) / count
+    return candidate.held_sequences >= math.ceil(fair)
+
+
+def score(
+    candidates: Sequence[Candidate],
+    blocks: PromptBlocks,
+    bucket: str,
+    config: PickingConfig,
+) -> list[Scores]:
+    """Every candidate's scores, in the candidates' order."""
+    count = len(candidates)
+    held = sum(c.held_sequences for c in candidates)
+    affinity = _rank_scores(blocks.key, candidates) if blocks.key else [0.0] * count
+    length = _rank_scores(_address_hash(bucket), candidates)
+    scored = []
+    for i, candidate in enumerate(candidates):
+        load = 1.0 - load_of(candidate, held, count)
+        bound = over_bound(candidate, held, count, config.load_bound)
+        prefix = (
+            candidate.matched_tokens / blocks.total_tokens
+            if blocks.total_tokens and not bound
+            else 0.0
+        )
+        pull = 0.0 if bound else affinity[i]
+        total = (
+            config.prefix_weight * prefix
+            + config.load_weight * load
+            + config.affinity_weight * pull
+            + config.length_weight * length[i]
+        )
+        scored.append(Scores(candidate.address, prefix, load, pull, length[i], total))
+    return scored
+
+
+def pick(
+    candidates: Sequence[Candidate],
+    blocks: PromptBlocks,
+    bucket: str,
+    config: PickingConfig,
+) -> list[str]:
+    """The engines for this request, best first (at most `config.choices`)."""
+    if not candidates:
+        return []
+    if len(candidates) == 1:
+        return [candidates[0].address]
+    scored = score(candidates, blocks, bucket, config)
+    tie = {c.address: rendezvous(blocks.key, c.address) for c in candidates}
+    ranked = sorted(scored, key=lambda s: (-round(s.total, 9), -tie[s.address]))
+    return [s.address for s in ranked[: config.choices]]

@@ -1,0 +1,349 @@
+"""The engines of every pool and the state of each: serving, draining or dead. Pure.
+
+What lives here: `Engine` (one vLLM / SGLang server: its address, health counters, what it
+reported, what this sidecar holds on it) and `EngineFleet`, which keeps the engines of
+every pool from discovery's lists and answers what the rest of slogate asks: which engines
+take new requests, the capacity they add up to (KV admission admits against that), the
+pool's KV usage over them, and which engines' answers the breaker leaves out. The clock is
+injected; probing, scraping and DNS are the runtime's (extproc.runtime.engine_watch).
+
+How an engine's state moves, and what "no data" means for each signal:
+- Dead by probes: `unhealthy_after` failed /health probes in a row (refused, 5xx, or no
+  answer within the probe timeout: a hung engine); serving again after `healthy_after`
+  answered ones. Before its first probe an engine is serving: Envoy's own health checks
+  and the one retry cover the seconds until slogate knows better.
+- Dead by answers: `eject_after_errors` 5xx or failed connections in a row take it out
+  for `eject_s`, doubled for each ejection in a row (at most 10x): an engine that answers
+  its health check but fails its requests. Envoy's outlier detection ejects alike.
+- Draining: an operator's word (admin API); it gets nothing new, its requests finish.
+- Metrics that are stale (not scraped within `stale_after_s`) read as a full KV cache for
+  a serving engine, as they always did for the pool; a dead engine's are not read at all.
+- KV capacity: what the engine reports (`vllm:cache_config_info`), else the pool's
+  `kv_capacity_tokens` divided evenly over its engines; batch slots always evenly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from breaker.engine import EngineSnapshot
+from policy import EngineHealthConfig, Pool
+
+MAX_EJECTION_FACTOR = 10
+
+
+class EngineState(StrEnum):
+    SERVING = "serving"
+    DRAINING = "draining"
+    DEAD = "dead"
+
+
+def engine_address(host: str, port: int) -> str:
+    """The engine's name everywhere: Envoy's host address (`ip:port`, `[ipv6]:port`)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(slots=True)
+class Engine:
+    pool: str
+    host: str
+    port: int
+    slot: int  # its bit in the pool's prefix index: never reused by another engine
+    probes_failed: int = 0  # in a row
+    probes_answered: int = 0  # in a row
+    probe_dead: bool = False
+    errors_in_row: int = 0
+    ejected_until_s: float = -math.inf
+    ejections_in_row: int = 0
+    draining: bool = False
+    snapshot: EngineSnapshot | None = None
+    snapshot_at_s: float = -math.inf
+    held_tokens: int = 0  # KV tokens of the requests this sidecar sent it that still run
+    held_sequences: int = 0
+    picked: int = 0  # requests slogate sent it
+    answered: int = 0  # answers seen from it (access log)
+    failed: int = 0  # of those, 5xx or failed connections
+    dead_reason: str = ""
+    # Times it came back after its probes failed: its prefix cache is empty again.
+    returns: int = 0
+
+    @property
+    def address(self) -> str:
+        return engine_address(self.host, self.port)
+
+    def state(self, now_s: float) -> EngineState:
+        if self.probe_dead or now_s < self.ejected_until_s:
+            return EngineState.DEAD
+        if self.draining:
+            return EngineState.DRAINING
+        return EngineState.SERVING
+
+    def fresh(self, now_s: float, stale_after_s: float) -> EngineSnapshot | None:
+        """Its latest metrics, None when older than `stale_after_s` (or never read)."""
+        return self.snapshot if now_s - self.snapshot_at_s <= stale_after_s else None
+
+
+@dataclass(frozen=True, slots=True)
+class HeldOn:
+    """What one request holds on the engine it was sent to."""
+
+    pool: str
+    address: str
+    tokens: int
+    sequences: int
+
+
+@dataclass(slots=True)
+class _PoolEngines:
+    engines: dict[str, Engine] = field(default_factory=dict)  # address -> engine
+    next_slot: int = 0
+
+
+class EngineFleet:
+    def __init__(
+        self,
+        health: Callable[[], EngineHealthConfig],
+        clock: Callable[[], float],
+        stale_after_s: Callable[[], float] = lambda: 15.0,
+    ) -> None:
+        self._health = health
+        self._clock = clock
+        self._stale_after_s = stale_after_s
+        self._pools: dict[str, _PoolEngines] = {}
+        self._held: dict[str, HeldOn] = {}  # request id -> what it holds
+
+    def now(self) -> float:
+        return self._clock()
+
+    # -- membership -------------------------------------------------------------------
+
+    def sync(self, pool: str, addresses: Iterable[tuple[str, int]]) -> list[str]:
+        """The pool's engines are exactly `addresses` now (discovery's latest answer);
+        returns what changed ("+addr", "-addr"). A known engine keeps its state."""
+        known = self._pools.setdefault(pool, _PoolEngines())
+        wanted = {engine_address(h, p): (h, p) for h, p in addresses}
+        changes = [f"-{a}" for a in known.engines if a not in wanted]
+        for address in [a for a in known.engines if a not in wanted]:
+            del known.engines[address]
+        for address, (host, port) in wanted.items():
+            if address not in known.engines:
+                known.engines[address] = Engine(pool, host, port, known.next_slot)
+                known.next_slot += 1
+                changes.append(f"+{address}")
+        return changes
+
+    def forget_pools(self, keep: Iterable[str]) -> None:
+        for name in set(self._pools) - set(keep):
+            del self._pools[name]
+
+    def pools(self) -> list[str]:
+        return list(self._pools)
+
+    def engines(self, pool: str) -> list[Engine]:
+        known = self._pools.get(pool)
+        return list(known.engines.values()) if known is not None else []
+
+    def get(self, pool: str, address: str) -> Engine | None:
+        known = self._pools.get(pool)
+        return known.engines.get(address) if known is not None else None
+
+    def find(self, address: str) -> list[Engine]:
+        """Every pool's engine at `address` (one server may serve several pools)."""
+        return [e for p in self._pools.values() if (e := p.engines.get(address)) is not None]
+
+    def targets(self) -> dict[str, tuple[tuple[str, int], ...]]:
+        """Every known engine per pool: what is probed and scraped (the dead included, to
+        see them come back)."""
+        return {
+            name: tuple((e.host, e.port) for e in p.engines.values())
+            for name, p in self._pools.items()
+        }
+
+    def serving_targets(self) -> dict[str, tuple[tuple[str, int], ...]]:
+        """The serving engines per pool: whose metrics the pool's signals are read from."""
+        return {name: tuple((e.host, e.port) for e in self.serving(name)) for name in self._pools}
+
+    # -- health -----------------------------------------------------------------------
+
+    def probed(self, pool: str, address: str, answered: bool) -> EngineState | None:
+        """One /health probe's result; the engine's state after it (None: unknown)."""
+        engine = self.get(pool, address)
+        if engine is None:
+            return None
+        health = self._health()
+        if answered:
+            engine.probes_failed = 0
+            engine.probes_answered += 1
+            if engine.probe_dead and engine.probes_answered >= health.healthy_after:
+                engine.probe_dead = False
+                engine.returns += 1
+                if self._clock() >= engine.ejected_until_s:
+                    engine.dead_reason = ""
+        else:
+            engine.probes_answered = 0
+            engine.probes_failed += 1
+            if engine.probes_failed >= health.unhealthy_after and not engine.probe_dead:
+                engine.probe_dead = True
+                engine.dead_reason = "probes"
+        return engine.state(self._clock())
+
+    def answered(self, pool: str, address: str, failed: bool) -> bool:
+        """One request's answer from the engine (the access log's upstream host): a 5xx or
+        a failed connection counts against it. True when this answer ejected it."""
+        engine = self.get(pool, address)
+        if engine is None:
+            return False
+        now_s = self._clock()
+        engine.answered += 1
+        if not failed:
+            engine.errors_in_row = 0
+            if now_s >= engine.ejected_until_s:
+                engine.ejections_in_row = 0
+            return False
+        engine.failed += 1
+        engine.errors_in_row += 1
+        health = self._health()
+        if engine.errors_in_row < health.eject_after_errors or now_s < engine.ejected_until_s:
+            return False
+        factor = min(MAX_EJECTION_FACTOR, 2**engine.ejections_in_row)
+        engine.ejections_in_row += 1
+        engine.ejected_until_s = now_s + health.eject_s * factor
+        engine.errors_in_row = 0
+        engine.dead_reason = "errors"
+        return True
+
+    def drain(self, address: str, draining: bool, pool: str | None = None) -> list[Engine]:
+        """Drain (or undrain) the engine at `address` in every pool (or in `pool`)."""
+        engines = [e for e in self.find(address) if pool is None or e.pool == pool]
+        for engine in engines:
+            engine.draining = draining
+        return engines
+
+    def state(self, engine: Engine) -> EngineState:
+        return engine.state(self._clock())
+
+    def serving(self, pool: str) -> list[Engine]:
+        now_s = self._clock()
+        return [e for e in self.engines(pool) if e.state(now_s) is EngineState.SERVING]
+
+    def out(self, pool: str) -> frozenset[str]:
+        """The pool's engines that take no new requests, whose answers the breaker leaves
+        out of the pool's signals — none while no engine serves: then the pool itself is
+        failing, and its breaker must see it."""
+        engines = self.engines(pool)
+        now_s = self._clock()
+        out = frozenset(e.address for e in engines if e.state(now_s) is not EngineState.SERVING)
+        return out if len(out) < len(engines) else frozenset()
+
+    def up_fraction(self, pool: str) -> float | None:
+        """Serving engines / known engines; None: the pool has none known."""
+        engines = self.engines(pool)
+        return len(self.serving(pool)) / len(engines) if engines else None
+
+    # -- metrics and capacity ---------------------------------------------------------
+
+    def observe(self, pool: str, address: str, snapshot: EngineSnapshot) -> None:
+        engine = self.get(pool, address)
+        if engine is not None:
+            engine.snapshot = snapshot
+            engine.snapshot_at_s = self._clock()
+
+    def kv_tokens(self, engine: Engine, spec: Pool) -> float | None:
+        """The engine's KV cache in tokens: its own report, else its even share."""
+        reported = engine.snapshot.kv_capacity_tokens if engine.snapshot is not None else None
+        if reported:
+            return float(reported)
+        count = len(self.engines(spec.name))
+        if spec.kv_capacity_tokens is None or count == 0:
+            return None
+        return spec.kv_capacity_tokens / count
+
+    def sequences(self, spec: Pool) -> float | None:
+        count = len(self.engines(spec.name))
+        if spec.max_num_seqs is None or count == 0:
+            return None
+        return spec.max_num_seqs / count
+
+    def live_pool(self, spec: Pool) -> Pool:
+        """`spec` with the capacity of its serving engines, plus what requests still hold
+        on engines that take nothing new (a draining engine's requests run on; they were
+        admitted against its room and free it when they end). A pool without engines known
+        (not tracked) is `spec` itself."""
+        engines = self.engines(spec.name)
+        if not engines or (spec.kv_capacity_tokens is None and spec.max_num_seqs is None):
+            return spec
+        now_s = self._clock()
+        tokens = 0.0
+        sequences = 0.0
+        per_engine_seqs = self.sequences(spec) or 0.0
+        for engine in engines:
+            if engine.state(now_s) is EngineState.SERVING:
+                tokens += self.kv_tokens(engine, spec) or 0.0
+                sequences += per_engine_seqs
+            else:
+                tokens += engine.held_tokens
+                sequences += engine.held_sequences
+        return dataclasses.replace(
+            spec,
+            kv_capacity_tokens=None if spec.kv_capacity_tokens is None else math.floor(tokens),
+            max_num_seqs=None if spec.max_num_seqs is None else math.floor(sequences),
+        )
+
+    def kv_usage(self, pool: str) -> float | None:
+        """The pool's KV usage over its serving engines, weighted by their caches (one
+        engine's report when capacities are unknown counts alike); a stale serving engine
+        reads as full; None without any reading."""
+        now_s = self._clock()
+        stale_s = self._stale_after_s()
+        used = total = 0.0
+        seen = False
+        for engine in self.serving(pool):
+            size = (engine.snapshot.kv_capacity_tokens if engine.snapshot else None) or 1.0
+            snapshot = engine.fresh(now_s, stale_s)
+            if snapshot is None:
+                if engine.snapshot is None:
+                    continue  # never read yet: no data, not "full"
+                usage = 1.0
+            elif snapshot.kv_cache_usage is None:
+                continue
+            else:
+                usage = snapshot.kv_cache_usage
+            seen = True
+            used += usage * size
+            total += size
+        return used / total if seen and total else None
+
+    # -- what this sidecar holds on each engine ---------------------------------------
+
+    def hold(self, request_id: str, pool: str, address: str, tokens: int, sequences: int) -> None:
+        engine = self.get(pool, address)
+        if engine is None or request_id in self._held:
+            return
+        engine.held_tokens += tokens
+        engine.held_sequences += sequences
+        engine.picked += 1
+        self._held[request_id] = HeldOn(pool, address, tokens, sequences)
+
+    def release(self, request_id: str) -> HeldOn | None:
+        held = self._held.pop(request_id, None)
+        if held is None:
+            return None
+        engine = self.get(held.pool, held.address)
+        if engine is not None:
+            engine.held_tokens -= held.tokens
+            engine.held_sequences -= held.sequences
+        return held
+
+    def held(self, request_id: str) -> HeldOn | None:
+        return self._held.get(request_id)
+
+    @property
+    def holds(self) -> int:
+        return len(self._held)
+
+    def table(self) -> Mapping[str, list[Engine]]:
+        return {name: self.engines(name) for name in self._pools}

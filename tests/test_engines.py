@@ -1,0 +1,279 @@
+"""The engines inside a pool, pure: their state, the capacity they add up to, prefix hashes
+and the index, the scorers and the picker (engines/)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+from breaker.board import error_rate
+from breaker.engine import EngineSnapshot
+from breaker.latency import ResponseWindows
+from breaker.levels import BreakerLevel, BreakerState, Signals, step
+from engines import (
+    Candidate,
+    EngineFleet,
+    EnginePicker,
+    EngineState,
+    PrefixIndex,
+    pick,
+    prompt_blocks,
+    rendezvous,
+    score,
+    text_blocks,
+)
+from engines.prefix import ladder
+from policy import EngineHealthConfig, Picker, PickingConfig, Pool, parse_policy
+from tests.support.clock import VirtualClock as FakeClock
+
+HEALTH = EngineHealthConfig()
+A, B, C = ("10.0.0.1", 8000), ("10.0.0.2", 8000), ("10.0.0.3", 8000)
+
+
+def fleet_of(clock: FakeClock, *engines: tuple[str, int], pool: str = "p") -> EngineFleet:
+    fleet = EngineFleet(lambda: HEALTH, clock)
+    fleet.sync(pool, engines)
+    return fleet
+
+
+def test_failed_probes_kill_an_engine_and_answered_ones_bring_it_back() -> None:
+    clock = FakeClock()
+    fleet = fleet_of(clock, A, B)
+    assert fleet.probed("p", "10.0.0.1:8000", False) is EngineState.SERVING  # one is not enough
+    assert fleet.probed("p", "10.0.0.1:8000", False) is EngineState.DEAD
+    assert [e.address for e in fleet.serving("p")] == ["10.0.0.2:8000"]
+    assert fleet.probed("p", "10.0.0.1:8000", True) is EngineState.DEAD
+    assert fleet.probed("p", "10.0.0.1:8000", True) is EngineState.SERVING
+    assert fleet.engines("p")[0].returns == 1  # its prefix cache is gone
+
+
+def test_failed_answers_eject_an_engine_for_longer_each_time() -> None:
+    clock = FakeClock()
+    fleet = fleet_of(clock, A, B)
+    address = "10.0.0.1:8000"
+    assert not fleet.answered("p", address, failed=True)
+    assert not fleet.answered("p", address, failed=False)  # a success resets the count
+    ejected = [fleet.answered("p", address, failed=True) for _ in range(3)]
+    assert ejected == [False, False, True]
+    engine = fleet.get("p", address)
+    assert engine is not None and fleet.state(engine) is EngineState.DEAD
+    clock.now_s += HEALTH.eject_s + 0.1
+    assert fleet.state(engine) is EngineState.SERVING
+    for _ in range(3):
+        fleet.answered("p", address, failed=True)
+    assert engine.ejected_until_s == pytest.approx(clock() + 2 * HEALTH.eject_s)
+
+
+def test_a_draining_engine_takes_nothing_new_but_its_requests_keep_their_room() -> None:
+    clock = FakeClock()
+    fleet = fleet_of(clock, A, B)
+    spec = Pool("p", (A, B), kv_capacity_tokens=1000, max_num_seqs=10)
+    fleet.hold("r1", "p", "10.0.0.1:8000", 300, 2)
+    assert fleet.drain("10.0.0.1:8000", True)
+    assert [e.address for e in fleet.serving("p")] == ["10.0.0.2:8000"]
+    live = fleet.live_pool(spec)
+    assert (live.kv_capacity_tokens, live.max_num_seqs) == (500 + 300, 5 + 2)
+    fleet.release("r1")
+    live = fleet.live_pool(spec)
+    assert (live.kv_capacity_tokens, live.max_num_seqs) == (500, 5)
+    fleet.drain("10.0.0.1:8000", False)
+    assert fleet.live_pool(spec).kv_capacity_tokens == 1000
+
+
+def test_an_engine_that_reports_its_cache_counts_with_it() -> None:
+    clock = FakeClock()
+    fleet = fleet_of(clock, A, B)
+    spec = Pool("p", (A, B), kv_capacity_tokens=1000)
+    fleet.observe("p", "10.0.0.2:8000", EngineSnapshot(0.5, 1, 0, None, (), 4000.0))
+    assert fleet.live_pool(spec).kv_capacity_tokens == 500 + 4000
+    # The pool's usage weighs each engine by its cache; one never scraped is no data.
+    assert fleet.kv_usage("p") == pytest.approx(0.5)
+    fleet.observe("p", "10.0.0.1:8000", EngineSnapshot(1.0, 1, 0, None, (), 1000.0))
+    assert fleet.kv_usage("p") == pytest.approx((1000 * 1.0 + 4000 * 0.5) / 5000)
+    clock.now_s += 30.0  # both stale: a serving engine without fresh metrics reads full
+    assert fleet.kv_usage("p") == 1.0
+
+
+def test_a_dead_engine_leaves_the_pools_signals_until_none_serves() -> None:
+    clock = FakeClock()
+    fleet = fleet_of(clock, A, B)
+    assert fleet.out("p") == frozenset() and fleet.up_fraction("p") == 1.0
+    for _ in range(2):
+        fleet.probed("p", "10.0.0.1:8000", False)
+    assert fleet.out("p") == {"10.0.0.1:8000"} and fleet.up_fraction("p") == 0.5
+    for _ in range(2):
+        fleet.probed("p", "10.0.0.2:8000", False)
+    assert fleet.out("p") == frozenset()  # the whole pool fails: its breaker must see it
+    assert fleet.up_fraction("p") == 0.0
+    state = BreakerState("p")
+    step(state, Signals(engines_up=0.0), 0.0)
+    assert step(state, Signals(engines_up=0.0), 11.0) is not None
+    assert state.level is BreakerLevel.L3
+
+
+def test_the_error_rate_leaves_out_a_dead_engines_answers() -> None:
+    clock = FakeClock()
+    windows = ResponseWindows(clock, slot_s=5.0, horizon_s=60.0)
+    policy = parse_policy({"breaker": {"min_samples": 10}})
+    for _ in range(20):
+        windows.record_response("default", 200, "10.0.0.2:8000")
+    for _ in range(20):
+        windows.record_response("default", 503, "10.0.0.1:8000")
+    assert error_rate(windows, policy, "default") == pytest.approx(0.5)
+    assert error_rate(windows, policy, "default", frozenset({"10.0.0.1:8000"})) == 0.0
+
+
+def test_discovery_changes_are_named_and_known_engines_keep_their_state() -> None:
+    clock = FakeClock()
+    fleet = fleet_of(clock, A, B)
+    fleet.drain("10.0.0.1:8000", True)
+    assert fleet.sync("p", [A, C]) == ["-10.0.0.2:8000", "+10.0.0.3:8000"]
+    engine = fleet.get("p", "10.0.0.1:8000")
+    assert engine is not None and engine.draining
+    assert fleet.get("p", "10.0.0.3:8000").slot == 2  # type: ignore[union-attr]
+
+
+def blocks_of(*texts: np.ndarray, block_tokens: int = 4, head: int = 1):  # type: ignore[no-untyped-def]
+    return prompt_blocks(
+        [text_blocks(t, block_tokens) for t in texts],
+        [len(t) for t in texts],
+        block_tokens,
+        head,
+    )
+
+
+def ids(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.uint32)
+
+
+def test_block_hashes_agree_exactly_as_far_as_the_prefixes_do() -> None:
+    rng = np.random.default_rng(3)
+    system = rng.integers(0, 50_000, 200).astype(np.uint32)
+    first = rng.integers(0, 50_000, 40).astype(np.uint32)
+    second = rng.integers(0, 50_000, 40).astype(np.uint32)
+    one = blocks_of(system, first, head=2)
+    two = blocks_of(system, second, head=2)
+    shared = sum(1 for a, b in zip(one.hashes, two.hashes, strict=False) if a == b)
+    assert 0 < shared < len(one.hashes)
+    assert one.hashes[:shared] == two.hashes[:shared]
+    assert one.key != two.key  # the conversation key runs through the first user text
+    assert blocks_of(system, first, head=1).key == blocks_of(system, second, head=1).key
+    # One token changed at the very start: nothing agrees.
+    changed = system.copy()
+    changed[0] += 1
+    assert not set(blocks_of(changed, first).hashes) & set(one.hashes)
+    # The next turn of the chat resends the history: its key and prefix are the turn's.
+    turn = blocks_of(system, first, ids(7, 7, 7), second, head=2)
+    assert turn.key == one.key
+    assert turn.hashes[: len(one.hashes) - 1] == one.hashes[:-1]
+
+
+def test_the_ladder_keeps_few_positions_and_always_the_last() -> None:
+    assert ladder(1) == [0]
+    positions = ladder(512)
+    assert positions[:8] == list(range(8)) and positions[-1] == 511
+    assert len(positions) <= 30
+    assert all(b > a for a, b in itertools.pairwise(positions))
+
+
+def test_the_prefix_index_is_bounded_and_measures_shared_prefixes() -> None:
+    rng = np.random.default_rng(5)
+    system = rng.integers(0, 50_000, 640).astype(np.uint32)
+    one = blocks_of(system, rng.integers(0, 50_000, 64).astype(np.uint32), block_tokens=16)
+    two = blocks_of(system, rng.integers(0, 50_000, 64).astype(np.uint32), block_tokens=16)
+    index = PrefixIndex(entries=1_000)
+    index.add(one, slot=1)
+    matched = index.matched_tokens(two, [0, 1])
+    assert matched[0] == 0
+    # Within the ladder's precision (a quarter) of the 640 shared tokens, never beyond them.
+    assert 640 * 0.75 <= matched[1] <= 640
+    index.forget(1)
+    assert index.matched_tokens(two, [1]) == [0] and len(index) == 0
+    small = PrefixIndex(entries=10)
+    for seed in range(20):
+        text = np.random.default_rng(seed).integers(0, 50_000, 640).astype(np.uint32)
+        small.add(blocks_of(text, block_tokens=16), slot=0)
+    assert len(small) == 10
+
+
+def candidate(address: str, slot: int, **fields: object) -> Candidate:
+    base = Candidate(address, slot, 0, 0, 1000.0, 10.0)
+    return dataclasses.replace(base, **fields)  # type: ignore[arg-type]
+
+
+CONFIG = PickingConfig()
+
+
+def test_load_pulls_towards_the_freer_engine() -> None:
+    blocks = blocks_of(ids(*range(40)))
+    busy = candidate("a:1", 0, held_tokens=800, held_sequences=2)
+    free = candidate("b:1", 1, held_tokens=100, held_sequences=2)
+    only_load = dataclasses.replace(CONFIG, prefix_weight=0, affinity_weight=0, length_weight=0)
+    assert pick([busy, free], blocks, "0-4k", only_load)[0] == "b:1"
+    # The scraped usage (every replica's requests) corrects what this sidecar holds.
+    scraped = dataclasses.replace(free, scraped_kv_usage=0.95)
+    assert pick([busy, scraped], blocks, "0-4k", only_load)[0] == "a:1"
+
+
+def test_a_cached_prefix_outweighs_a_little_load() -> None:
+    blocks = blocks_of(ids(*range(400)))
+    cached = candidate("a:1", 0, held_tokens=300, held_sequences=1, matched_tokens=380)
+    empty = candidate("b:1", 1, held_tokens=100, held_sequences=1)
+    chosen = pick([cached, empty], blocks, "0-4k", dataclasses.replace(CONFIG, affinity_weight=0))
+    assert chosen == ["a:1", "b:1"]
+    scores = {s.address: s for s in score([cached, empty], blocks, "0-4k", CONFIG)}
+    assert scores["a:1"].prefix == pytest.approx(0.95) and scores["b:1"].prefix == 0.0
+
+
+def test_replicas_agree_on_a_conversations_engine_until_it_is_over_its_bound() -> None:
+    engines = [candidate(f"10.0.0.{i}:8000", i) for i in range(4)]
+    keys = [blocks_of(ids(i, i + 1, i + 2)) for i in range(40)]
+    picked = [pick(engines, b, "0-4k", CONFIG)[0] for b in keys]
+    assert picked == [pick(list(reversed(engines)), b, "0-4k", CONFIG)[0] for b in keys]
+    assert len(set(picked)) > 1  # conversations spread
+    first = keys[0]
+    home = max(engines, key=lambda e: rendezvous(first.key, e.address)).address
+    assert picked[0] == home
+    # Its home holds more than 1.25x its fair share of the requests: it spills elsewhere.
+    loaded = [dataclasses.replace(e, held_sequences=6 if e.address == home else 1) for e in engines]
+    assert pick(loaded, first, "0-4k", CONFIG)[0] != home
+
+
+def test_one_bucket_prefers_the_same_engines() -> None:
+    engines = [candidate(f"10.0.0.{i}:8000", i) for i in range(4)]
+    only_length = dataclasses.replace(CONFIG, prefix_weight=0, affinity_weight=0, load_weight=0)
+    long_ones = {pick(engines, blocks_of(ids(i)), "8-32k", only_length)[0] for i in range(20)}
+    assert len(long_ones) == 1
+
+
+def test_the_picker_holds_the_footprint_on_its_engine_and_learns_the_prefix() -> None:
+    clock = FakeClock()
+    policy = parse_policy({})
+    fleet = fleet_of(clock, A, B, pool="default")
+    picker = EnginePicker(fleet, lambda: policy, clock)
+    spec = Pool("default", (A, B), kv_capacity_tokens=1000, max_num_seqs=8)
+    assert picker.wants_blocks(policy)  # a pool that picks among two engines
+    envoy = dataclasses.replace(
+        policy,
+        pools={n: dataclasses.replace(p, picker=Picker.ENVOY) for n, p in policy.pools.items()},
+    )
+    assert not picker.wants_blocks(envoy)  # Envoy balances: no prompt is hashed
+    blocks = blocks_of(np.arange(300, dtype=np.uint32), block_tokens=64)
+    chosen = picker.pick("r1", spec, blocks, "0-4k", tokens=120, sequences=1)
+    assert len(chosen) == 2
+    engine = fleet.get("default", chosen[0])
+    assert engine is not None and (engine.held_tokens, engine.held_sequences) == (120, 1)
+    again = picker.pick("r2", spec, blocks, "0-4k", tokens=120, sequences=1)
+    assert again[0] == chosen[0]  # its prefix is cached there now
+    picker.release("r1")
+    picker.release("r2")
+    assert engine.held_tokens == 0 and fleet.holds == 0
+    # Dead engines are never named; an external picker's pool gets no name at all.
+    for _ in range(2):
+        fleet.probed("default", chosen[0], False)
+    assert picker.pick("r3", spec, blocks, "0-4k", 10, 1) == (chosen[1],)
+    external = dataclasses.replace(spec, picker=Picker.EXTERNAL)
+    assert picker.pick("r4", external, blocks, "0-4k", 10, 1) == ()
