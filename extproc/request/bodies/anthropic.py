@@ -61,4 +61,5 @@ def read_messages(body: bytes) -> InferenceRequest:
         stream=bool(request.stream),
         has_limit_member=True,
         has_priority=bool(request.priority),
+        conversation_texts=2 if request.system else 1,  # the system prompt, the first turn
     )

@@ -113,7 +113,10 @@ def _wants_usage(options: StreamOptions | msgspec.UnsetType | None) -> bool:
 def read_chat(body: bytes, shape: BodyShape = BodyShape.CHAT) -> InferenceRequest:
     chat = _CHAT.decode(body)
     texts: list[str] = []
+    head = 0  # through the first user message: what every turn of the chat resends
     for message in chat.messages:
+        if not head and message.role == "user":
+            head = len(texts) + 1
         parts: list[str] = []
         if isinstance(message.content, str):
             parts.append(message.content)
@@ -142,6 +145,7 @@ def read_chat(body: bytes, shape: BodyShape = BodyShape.CHAT) -> InferenceReques
         ),
         runs_to_limit=_runs_to_limit(chat, named),
         has_priority=bool(chat.priority),
+        conversation_texts=head or len(chat.messages),
     )
 
 

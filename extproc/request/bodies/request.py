@@ -40,6 +40,10 @@ class InferenceRequest:
     # The body names vLLM's scheduling `priority`: slogate replaces it (the tier decides)
     # or removes it (the pool does not schedule by priority).
     has_priority: bool = False
+    # The leading prompt texts every turn of its conversation resends (the system prompt
+    # and the first user message): the engine picker's conversation key is hashed
+    # through them (engines.prefix).
+    conversation_texts: int = 1
 
     @property
     def prompt_chars(self) -> int:

@@ -77,4 +77,5 @@ def read_responses(body: bytes) -> InferenceRequest:
         stream=bool(request.stream),
         has_limit_member=limit is not msgspec.UNSET,
         has_priority=bool(request.priority),
+        conversation_texts=2 if request.instructions else 1,
     )

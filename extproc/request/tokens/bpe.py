@@ -32,6 +32,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import tiktoken
 
 from extproc.request.tokens.reference import default_tokenizer_path, encodable
@@ -155,6 +156,11 @@ class DeepSeekBpe:
 
     def count(self, text: str) -> int:
         return len(self._encode(text)) if text else 0
+
+    def token_ids(self, text: str) -> np.ndarray:
+        """This encoding's ranks as one uint32 array: not the reference's ids, but the same
+        text always gives the same ones (what prefix hashing needs)."""
+        return np.array(self._encode(text) if text else (), dtype=np.uint32)
 
     def pieces(self, text: str, parts: int) -> list[str]:
         return cut(text, parts)

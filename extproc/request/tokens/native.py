@@ -24,6 +24,8 @@ import logging
 import threading
 from pathlib import Path
 
+import numpy as np
+
 from extproc.request.tokens.bpe import DeepSeekBpe
 from extproc.request.tokens.reference import default_tokenizer_path, encodable
 
@@ -58,6 +60,18 @@ class FastokensBpe:
         except Exception:  # a PCRE2 limit: counted by an engine that has none
             log.warning("fastokens refused a %d-character text; counted by tiktoken", len(text))
             return self._tiktoken().count(text)
+
+    def token_ids(self, text: str) -> np.ndarray:
+        """The ids as one uint32 array (no Python object per token: as cheap as a count);
+        what the engine picker hashes into prefix blocks."""
+        if not text:
+            return np.zeros(0, dtype=np.uint32)
+        try:
+            flat, _ = self._tokenizer.encode_batch_flat([encodable(text)])
+        except Exception:  # a PCRE2 limit: counted by an engine that has none
+            log.warning("fastokens refused a %d-character text; counted by tiktoken", len(text))
+            return self._tiktoken().token_ids(text)
+        return np.frombuffer(flat, dtype=np.uint32)
 
     def _tiktoken(self) -> DeepSeekBpe:
         with self._fallback_lock:  # counting threads may fail at once: load it once

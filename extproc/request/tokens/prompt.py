@@ -32,10 +32,13 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 from admission.decision import CountKind
+from engines import text_blocks
 from policy import CountingConfig
 
 
@@ -51,6 +54,13 @@ class CappedCounter(TokenCounter, Protocol):
 
 
 @runtime_checkable
+class IdCounter(TokenCounter, Protocol):
+    """A counter that also gives the ids it counted (FastokensBpe, DeepSeekBpe)."""
+
+    def token_ids(self, text: str) -> np.ndarray: ...
+
+
+@runtime_checkable
 class SplittingCounter(TokenCounter, Protocol):
     """A counter that can cut a text where its counts add up (DeepSeekBpe.pieces)."""
 
@@ -61,6 +71,10 @@ class SplittingCounter(TokenCounter, Protocol):
 class PromptCount:
     tokens: int
     kind: CountKind
+    # Asked for (`block_tokens`) and counted exactly: each text's running block hashes
+    # (engines.prefix.text_blocks) and its token count, in the texts' order.
+    blocks: tuple[np.ndarray, ...] | None = field(default=None, repr=False)
+    lengths: tuple[int, ...] | None = None
 
     @property
     def exact(self) -> bool:
@@ -70,6 +84,11 @@ class PromptCount:
 # Messages shorter than this are counted again rather than cached: cheaper than the lookup
 # churn, and a short message is most of what a chat's history is not.
 _CACHED_MIN_BYTES = 256
+# The cached messages' block hashes together stay under this (8 bytes per block of ids).
+BLOCK_CACHE_BYTES = 64 * 1024 * 1024
+
+# One text's count and, when asked for, its block hashes.
+_Counted = tuple[int, np.ndarray | None]
 
 
 class PromptCounter:
@@ -83,7 +102,8 @@ class PromptCounter:
         self._inline_cap = _inline_cap(counter)
         self._config = config
         self._executor = executor
-        self._cache: OrderedDict[bytes, int] = OrderedDict()
+        self._cache: OrderedDict[bytes, _Counted] = OrderedDict()
+        self._cache_block_bytes = 0
         self.queued_bytes = 0  # text waiting for a worker, or being counted
 
     @property
@@ -95,100 +115,162 @@ class PromptCounter:
         self._counter = counter
         self._inline_cap = _inline_cap(counter)
 
-    async def count(self, texts: Sequence[str], token_ids: int = 0) -> PromptCount:
+    async def count(
+        self, texts: Sequence[str], token_ids: int = 0, block_tokens: int = 0
+    ) -> PromptCount:
+        """The prompt's count; with `block_tokens`, also each text's block hashes (when the
+        counter gives ids and the count is exact: a bound has no ids)."""
         config = self._config
         total = token_ids + config.per_message_overhead_tokens * len(texts)
-        pending: list[tuple[bytes | None, str, int]] = []  # (cache key, text, UTF-8 bytes)
+        blocks_wanted = block_tokens > 0 and isinstance(self._counter, IdCounter)
+        known_counts: list[_Counted | None] = []
+        pending: list[tuple[int, bytes | None, str, int]] = []  # (index, key, text, bytes)
         pending_bytes = 0
-        for text in texts:
+        for index, text in enumerate(texts):
             raw = text.encode("utf-8", "surrogatepass")
-            if len(raw) < _CACHED_MIN_BYTES:
-                pending.append((None, text, len(raw)))
-                pending_bytes += len(raw)
-                continue
-            key = hashlib.blake2b(raw, digest_size=16).digest()
-            known = self._cache.get(key)
-            if known is None:
-                pending.append((key, text, len(raw)))
-                pending_bytes += len(raw)
-            else:
-                self._cache.move_to_end(key)
-                total += known
+            key = None
+            if len(raw) >= _CACHED_MIN_BYTES:
+                key = hashlib.blake2b(raw, digest_size=16).digest()
+                known = self._cache.get(key)
+                if known is not None and (known[1] is not None or not blocks_wanted):
+                    self._cache.move_to_end(key)
+                    total += known[0]
+                    known_counts.append(known)
+                    continue
+            known_counts.append(None)
+            pending.append((index, key, text, len(raw)))
+            pending_bytes += len(raw)
         if not pending:
-            return PromptCount(total, CountKind.CACHED)
+            return self._result(total, CountKind.CACHED, known_counts, block_tokens)
         if self._counter is None or pending_bytes > config.max_bytes:
             return PromptCount(total + pending_bytes, CountKind.BOUND)
+        width = block_tokens if blocks_wanted else 0
         if pending_bytes <= self._inline_limit(pending, pending_bytes) or self._executor is None:
-            counts = [self._counter.count(text) for _, text, _ in pending]
+            counts = [_count_one(self._counter, text, width) for _, _, text, _ in pending]
         elif self.queued_bytes + pending_bytes > config.queue_max_bytes:
             return PromptCount(total + pending_bytes, CountKind.BUSY)
         else:
             counts = await self._count_off_loop(
-                [text for _, text, _ in pending],
-                [size for _, _, size in pending],
+                [text for _, _, text, _ in pending],
+                [size for _, _, _, size in pending],
                 self._config.workers,
+                width,
             )
-        for (cache_key, _, _), count in zip(pending, counts, strict=True):
-            total += count
+        for (index, cache_key, _, _), counted in zip(pending, counts, strict=True):
+            total += counted[0]
+            known_counts[index] = counted
             if cache_key is not None:
-                self._remember(cache_key, count)
-        return PromptCount(total, CountKind.EXACT)
+                self._remember(cache_key, counted)
+        return self._result(total, CountKind.EXACT, known_counts, width)
 
-    def _inline_limit(self, pending: list[tuple[bytes | None, str, int]], size: int) -> int:
+    @staticmethod
+    def _result(
+        total: int, kind: CountKind, counted: list[_Counted | None], block_tokens: int
+    ) -> PromptCount:
+        if not block_tokens:
+            return PromptCount(total, kind)
+        blocks = []
+        lengths = []
+        for item in counted:
+            if item is None or item[1] is None:
+                return PromptCount(total, kind)
+            lengths.append(item[0])
+            blocks.append(item[1])
+        return PromptCount(total, kind, tuple(blocks), tuple(lengths))
+
+    def _inline_limit(self, pending: list[tuple[int, bytes | None, str, int]], size: int) -> int:
         """Mostly-ASCII text (at most one byte in ten beyond one per character: English with
         its curly quotes and dashes) may be long on the loop; text of many multi-byte
         characters (CJK, emoji: the ones that cost most per byte) only short. `size`: the
         pending texts' UTF-8 bytes."""
         config = self._config
-        chars = sum(len(text) for _, text, _ in pending)
+        chars = sum(len(text) for _, _, text, _ in pending)
         mostly_ascii = size * 10 <= chars * 11
         limit = config.inline_max_bytes if mostly_ascii else config.inline_unicode_max_bytes
         return min(limit, self._inline_cap)
 
-    async def _count_off_loop(self, texts: list[str], sizes: list[int], workers: int) -> list[int]:
-        """Each text's count, from the worker threads. Texts of `split_min_bytes` or more
-        are cut into one piece per worker, and the pieces dealt out so every worker counts
-        about as many bytes, all at once: a long prompt's count takes its share of the
-        workers' time instead of one worker's (the BPE releases the GIL)."""
+    async def _count_off_loop(
+        self, texts: list[str], sizes: list[int], workers: int, block_tokens: int = 0
+    ) -> list[_Counted]:
+        """Each text's count (and block hashes), from the worker threads. Texts of
+        `split_min_bytes` or more are cut into one piece per worker, and the pieces dealt
+        out so every worker counts about as many bytes, all at once: a long prompt's count
+        takes its share of the workers' time instead of one worker's (the BPE releases the
+        GIL). A cut text's ids are joined back in order before they are hashed."""
         counter = self._counter
         assert counter is not None
         split_at = self._config.split_min_bytes
-        jobs: list[tuple[int, str]] = []  # (which text, piece)
+        jobs: list[tuple[int, str]] = []  # (which text, piece), pieces in order
         for index, (text, size) in enumerate(zip(texts, sizes, strict=True)):
             if split_at and size >= split_at and isinstance(counter, SplittingCounter):
                 jobs += [(index, piece) for piece in counter.pieces(text, workers)]
             else:
                 jobs.append((index, text))
-        bins: list[list[tuple[int, str]]] = [[] for _ in range(min(workers, len(jobs)))]
+        bins: list[list[int]] = [[] for _ in range(min(workers, len(jobs)))]
         loads = [0] * len(bins)
-        for job in sorted(jobs, key=lambda j: -len(j[1])):
+        for job in sorted(range(len(jobs)), key=lambda j: -len(jobs[j][1])):
             lightest = loads.index(min(loads))
             bins[lightest].append(job)
-            loads[lightest] += len(job[1])
+            loads[lightest] += len(jobs[job][1])
         size_bytes = sum(sizes)
         self.queued_bytes += size_bytes
+        ids = bool(block_tokens)
         try:
             loop = asyncio.get_running_loop()
             done = await asyncio.gather(
-                *(loop.run_in_executor(self._executor, _count_all, counter, b) for b in bins)
+                *(
+                    loop.run_in_executor(
+                        self._executor, _count_all, counter, [jobs[j][1] for j in b], ids
+                    )
+                    for b in bins
+                )
             )
         finally:
             self.queued_bytes -= size_bytes
-        counts = [0] * len(texts)
+        results: list[int | np.ndarray] = [0] * len(jobs)
         for b, got in zip(bins, done, strict=True):
-            for (index, _), n in zip(b, got, strict=True):
-                counts[index] += n
-        return counts
+            for job, value in zip(b, got, strict=True):
+                results[job] = value
+        if not ids:
+            counts = [0] * len(texts)
+            for (index, _), value in zip(jobs, results, strict=True):
+                counts[index] += int(value)
+            return [(n, None) for n in counts]
+        parts: list[list[np.ndarray]] = [[] for _ in texts]
+        for (index, _), value in zip(jobs, results, strict=True):
+            parts[index].append(value)  # type: ignore[arg-type]
+        joined = [p[0] if len(p) == 1 else np.concatenate(p) for p in parts]
+        return [(int(a.shape[0]), text_blocks(a, block_tokens)) for a in joined]
 
-    def _remember(self, key: bytes, count: int) -> None:
-        self._cache[key] = count
-        if len(self._cache) > self._config.cache_entries:
-            self._cache.popitem(last=False)
+    def _remember(self, key: bytes, counted: _Counted) -> None:
+        old = self._cache.pop(key, None)
+        if old is not None and old[1] is not None:
+            self._cache_block_bytes -= old[1].nbytes
+        self._cache[key] = counted
+        if counted[1] is not None:
+            self._cache_block_bytes += counted[1].nbytes
+        while (
+            len(self._cache) > self._config.cache_entries
+            or self._cache_block_bytes > BLOCK_CACHE_BYTES
+        ):
+            _, dropped = self._cache.popitem(last=False)
+            if dropped[1] is not None:
+                self._cache_block_bytes -= dropped[1].nbytes
 
 
 def _inline_cap(counter: TokenCounter | None) -> int:
     return counter.inline_cap_bytes if isinstance(counter, CappedCounter) else 1 << 62
 
 
-def _count_all(counter: TokenCounter, jobs: list[tuple[int, str]]) -> list[int]:
-    return [counter.count(piece) for _, piece in jobs]
+def _count_one(counter: TokenCounter, text: str, block_tokens: int) -> _Counted:
+    """One text's count, and its block hashes when `block_tokens` (an IdCounter then)."""
+    if not block_tokens:
+        return counter.count(text), None
+    ids = counter.token_ids(text)  # type: ignore[attr-defined]
+    return int(ids.shape[0]), text_blocks(ids, block_tokens)
+
+
+def _count_all(counter: TokenCounter, pieces: list[str], ids: bool) -> list[int | np.ndarray]:
+    if ids:
+        return [counter.token_ids(piece) for piece in pieces]  # type: ignore[attr-defined]
+    return [counter.count(piece) for piece in pieces]
