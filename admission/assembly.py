@@ -27,7 +27,7 @@ from admission.waiting_room import Waiter
 from breaker.board import BreakerBoard
 from breaker.kv_book import KvBook
 from budget.store import BudgetStore
-from policy import Policy
+from policy import Policy, Pool
 
 
 class Events(BreakerEvents, KvEvents, BudgetEvents, Protocol):
@@ -66,12 +66,14 @@ def build_admission(
     policy: Callable[[], Policy],
     new_waiter: Callable[[], Waiter] | None = None,
     wait_cap_s: float = math.inf,
+    live: Callable[[Pool], Pool] | None = None,
 ) -> Admission:
     """`board` None: no breaker step; `store` None: no budget step (simulated runs only);
     `new_waiter` None: no waiting room (a full pool refuses at once); `book`: where the KV
-    ledger lives (None: this process's own; breaker.kv_book)."""
+    ledger lives (None: this process's own; breaker.kv_book); `live`: a pool as its serving
+    engines make it (engines.state.EngineFleet.live_pool; None: as the policy says)."""
     breaker = BreakerStep(board, events, rng) if board is not None else None
     budget = BudgetStep(store, events, ttl_s, multipliers, ceilings) if store is not None else None
-    kv = KvStep(events, clock, ttl_s, policy, new_waiter, book, wait_cap_s)
+    kv = KvStep(events, clock, ttl_s, policy, new_waiter, book, wait_cap_s, live)
     steps: list[Step] = [s for s in (breaker, budget, kv) if s is not None]
     return Admission(AdmissionChain(steps), kv, breaker, budget)

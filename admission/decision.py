@@ -62,6 +62,9 @@ class RoutingDecision:
     # between reserve and settle from settling against other limits.
     level: BreakerLevel = BreakerLevel.L0
     limits: Limits | None = None
+    # The engines slogate picked in the pool, best first (engines.picker); empty: Envoy
+    # balances (picking off, one engine, or an endpoint picker of the operator's).
+    engines: tuple[str, ...] = ()
 
     @property
     def exact(self) -> bool:
@@ -107,6 +110,10 @@ class RequestOutcome:
     duration_s: float
     details: str
     stream_events: int | None = None  # SSE events seen (usage_tap.lua); None: not a stream
+    # The engine that answered (`ip:port`, Envoy's upstream host); "" when none did.
+    upstream: str = ""
+    # Envoy could not connect to it, or timed out waiting for it (its response flags).
+    upstream_failed: bool = False
 
     @property
     def has_usage(self) -> bool:

@@ -78,12 +78,15 @@ class KvStep:
         new_waiter: Callable[[], Waiter] | None = None,
         book: KvBook | None = None,
         wait_cap_s: float = math.inf,
+        live: Callable[[Pool], Pool] | None = None,
     ) -> None:
         """`new_waiter` None: no waiting room (a full pool refuses at once). `book`: where
         the ledger lives (None: this process's own, each of `budget.replicas` replicas
         admitting against its part). `wait_cap_s`: no request waits longer, whatever a
         reloaded policy says (Envoy's configured max_message_timeout is written from the
-        policy the sidecar started with)."""
+        policy the sidecar started with). `live`: a pool as its serving engines make it,
+        the capacity admitted against (a dead or draining engine's room is not there)."""
+        self._live = live or _as_given
         self._events = events
         self._clock = clock
         self._ttl_s = ttl_s
@@ -105,10 +108,14 @@ class KvStep:
         self._service_synced_s = -math.inf
         self.room.service.sharing = self.book.fleet_wide
 
+    def _spec(self, policy: Policy, pool: str) -> Pool | None:
+        spec = policy.pools.get(pool)
+        return None if spec is None else self._live(spec)
+
     async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
         if not decision.meters_tokens:
             return Admitted(decision)  # one cheap request: no KV, no batch slot
-        spec = policy.pools.get(decision.pool)
+        spec = self._spec(policy, decision.pool)
         capacity = None if spec is None else self.book.capacity(spec)
         if spec is None or capacity is None:
             return Admitted(decision)
@@ -259,7 +266,7 @@ class KvStep:
         shares = policy.breaker.kv_shares
         dispatched = 0
         for name in [pool] if pool is not None else self.room.pools():
-            spec = policy.pools.get(name) or Pool(name=name, endpoints=())
+            spec = self._spec(policy, name) or Pool(name=name, endpoints=())
             capacity = self.book.capacity(spec) or PoolCapacity(None, None)
 
             async def fits(entry: Waiting, spec: Pool = spec) -> bool:
@@ -415,9 +422,14 @@ class KvStep:
     async def observe(self, policy: Policy, kv_cache_usage: Callable[[str], float | None]) -> None:
         """Each controller interval: learn each pool's real-to-counted KV ratio (a lower
         ratio makes room: the waiting requests are offered it)."""
-        for name in await self.book.observe(policy.pools, kv_cache_usage):
+        pools = {name: self._live(spec) for name, spec in policy.pools.items()}
+        for name in await self.book.observe(pools, kv_cache_usage):
             self._events.footprint_ratio(name, self.book.view(name).ratio)
         await self.dispatch()
+
+
+def _as_given(spec: Pool) -> Pool:
+    return spec
 
 
 def _pool_full(decision: RoutingDecision, limit: str) -> Overloaded:

@@ -27,7 +27,7 @@ def record_signals(windows: ResponseWindows, policy: Policy, outcome: RequestOut
     for its output (breaker.objectives)."""
     d = outcome.decision
     pool, tier, bucket = d.pool, d.caller.tier.value, d.bucket.name
-    windows.record_response(pool, outcome.status)
+    windows.record_response(pool, outcome.status, outcome.upstream)
     if outcome.status >= 400 or not d.meters_tokens:
         return
     duration_s = max(0.0, outcome.duration_s - d.waited_s)

@@ -72,8 +72,15 @@ def engine_p99_over_slo(
     return None if p99_s is None else p99_s / objective_s
 
 
-def error_rate(windows: ResponseWindows, policy: Policy, pool: str | None) -> float | None:
-    responses, errors = windows.response_counts(pool, policy.breaker.window_s)
+def error_rate(
+    windows: ResponseWindows,
+    policy: Policy,
+    pool: str | None,
+    leave_out: frozenset[str] = frozenset(),
+) -> float | None:
+    """The share of 5xx in the window, without the answers of the engines `leave_out`
+    names (taken out of the pool: one dead engine is not the pool failing)."""
+    responses, errors = windows.response_counts(pool, policy.breaker.window_s, leave_out)
     if responses < policy.breaker.min_samples:
         return None
     return errors / responses
@@ -106,10 +113,17 @@ class BreakerBoard:
         clock: Callable[[], float],
         engine_queue: Callable[[str], float | None] = lambda pool: None,
         engine_ttft: Callable[[str, float, float, int], float | None] = lambda *_: None,
+        engines_out: Callable[[str], frozenset[str]] = lambda pool: frozenset(),
+        engines_up: Callable[[str], float | None] = lambda pool: None,
     ) -> None:
         """`engine_ttft(pool, q, window_s, min_samples)`: the q-quantile of the pool's
-        engines' TTFT over the window (EngineReadings.ttft_quantile_s); None: no reading."""
+        engines' TTFT over the window (EngineReadings.ttft_quantile_s); None: no reading.
+        `engines_out(pool)`: the engines taken out of the pool, whose answers its error rate
+        leaves out; `engines_up(pool)`: the share of its engines that serve (None: not
+        known)."""
         self._policy = policy
+        self._engines_out = engines_out
+        self._engines_up = engines_up
         self._engine_ttft = engine_ttft
         self._windows = windows
         self._kv = kv_cache_usage
@@ -147,9 +161,10 @@ class BreakerBoard:
         latency = max((v for v in (logged, engines) if v is not None), default=None)
         return Signals(
             p99_over_slo=latency,
-            error_rate=error_rate(self._windows, policy, name),
+            error_rate=error_rate(self._windows, policy, name, self._engines_out(name)),
             kv_cache_usage=self._kv(name),
             queue_ratio=self._queue(name),
+            engines_up=self._engines_up(name),
         )
 
     def evaluate(self) -> list[Transition]:

@@ -39,6 +39,8 @@ class EngineSnapshot:
     # The TTFT histogram since the engine started: (upper bound s, cumulative count), +Inf
     # last; summed over the engine's label sets. Empty: not exported.
     ttft_buckets: tuple[tuple[float, float], ...] = ()
+    # The engine's KV cache in tokens, as it reports it; None: not reported.
+    kv_capacity_tokens: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,10 @@ class MetricNames:
     prefix_hits: str | None = None  # counters, hits / queries since start
     prefix_queries: str | None = None
     prefix_hit_rate: str | None = None  # or the engine's own ratio gauge
+    # Where the engine reports its KV cache size: an info metric whose labels carry
+    # `num_gpu_blocks` x `block_size` (vLLM), or a gauge of tokens (SGLang).
+    cache_info: str | None = None
+    cache_tokens: str | None = None
 
 
 ENGINE_METRICS: Mapping[EngineKind, MetricNames] = {
@@ -63,6 +69,7 @@ ENGINE_METRICS: Mapping[EngineKind, MetricNames] = {
         ttft_bucket="vllm:time_to_first_token_seconds_bucket",
         prefix_hits="vllm:prefix_cache_hits_total",
         prefix_queries="vllm:prefix_cache_queries_total",
+        cache_info="vllm:cache_config_info",
     ),
     # SGLang (with --enable-metrics), from its production-metrics documentation.
     EngineKind.SGLANG: MetricNames(
@@ -71,6 +78,7 @@ ENGINE_METRICS: Mapping[EngineKind, MetricNames] = {
         waiting="sglang:num_queue_reqs",
         ttft_bucket="sglang:time_to_first_token_seconds_bucket",
         prefix_hit_rate="sglang:cache_hit_rate",
+        cache_tokens="sglang:max_total_num_tokens",
     ),
 }
 
@@ -80,7 +88,7 @@ def parse_engine_metrics(text: str, kind: EngineKind = EngineKind.VLLM) -> Engin
     worst for KV usage and the prefix-cache ratio gauge)."""
     names = ENGINE_METRICS[kind]
     kv: float | None = None
-    running = waiting = hits = queries = ratio = None
+    running = waiting = hits = queries = ratio = capacity = None
     ttft: dict[float, float] = {}
 
     def add(current: float | None, value: float) -> float:
@@ -104,8 +112,22 @@ def parse_engine_metrics(text: str, kind: EngineKind = EngineKind.VLLM) -> Engin
             elif name == names.ttft_bucket:
                 upper = float(sample.labels["le"])
                 ttft[upper] = ttft.get(upper, 0.0) + value
+            elif name == names.cache_tokens:
+                capacity = add(capacity, value)
+            elif name == names.cache_info:
+                capacity = add(capacity, _cache_tokens(sample.labels))
     hit_rate = hits / queries if hits is not None and queries else ratio
-    return EngineSnapshot(kv, running, waiting, hit_rate, tuple(sorted(ttft.items())))
+    return EngineSnapshot(
+        kv, running, waiting, hit_rate, tuple(sorted(ttft.items())), capacity or None
+    )
+
+
+def _cache_tokens(labels: Mapping[str, str]) -> float:
+    """vLLM's `cache_config_info` labels: its KV blocks times their size in tokens."""
+    try:
+        return float(labels.get("num_gpu_blocks", "0")) * float(labels.get("block_size", "0"))
+    except ValueError:
+        return 0.0
 
 
 def parse_vllm_metrics(text: str) -> EngineSnapshot:

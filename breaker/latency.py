@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -72,6 +72,9 @@ class _Slot:
     histograms: dict[SeriesKey, LogHistogram]
     responses: dict[str, int]  # pool -> count
     errors: dict[str, int]  # pool -> 5xx count
+    # (pool, engine) -> (responses, 5xx) of the answers an engine gave: what the pool's
+    # counts lose while that engine is out (engines.state.EngineFleet.out).
+    engines: dict[tuple[str, str], list[int]] = field(default_factory=dict)
 
 
 class ResponseWindows:
@@ -109,11 +112,16 @@ class ResponseWindows:
             histogram = slot.histograms[key] = LogHistogram()
         histogram.record(value_s)
 
-    def record_response(self, pool: str, status: int) -> None:
+    def record_response(self, pool: str, status: int, engine: str = "") -> None:
         slot = self._current()
         slot.responses[pool] = slot.responses.get(pool, 0) + 1
-        if status >= 500:
+        failed = status >= 500
+        if failed:
             slot.errors[pool] = slot.errors.get(pool, 0) + 1
+        if engine:
+            counts = slot.engines.setdefault((pool, engine), [0, 0])
+            counts[0] += 1
+            counts[1] += failed
 
     def merged(
         self,
@@ -142,8 +150,11 @@ class ResponseWindows:
     ) -> float | None:
         return self.merged(metric, window_s, pool, tier, bucket).quantile(q)
 
-    def response_counts(self, pool: str | None, window_s: float) -> tuple[int, int]:
-        """(responses, 5xx) of a pool in the window; None sums every pool."""
+    def response_counts(
+        self, pool: str | None, window_s: float, leave_out: frozenset[str] = frozenset()
+    ) -> tuple[int, int]:
+        """(responses, 5xx) of a pool in the window; None sums every pool. `leave_out`:
+        engines of `pool` whose answers do not count (engines taken out of it)."""
         responses = errors = 0
         for slot in self._within(window_s):
             if pool is None:
@@ -152,6 +163,11 @@ class ResponseWindows:
             else:
                 responses += slot.responses.get(pool, 0)
                 errors += slot.errors.get(pool, 0)
+                for engine in leave_out:
+                    counts = slot.engines.get((pool, engine))
+                    if counts is not None:
+                        responses -= counts[0]
+                        errors -= counts[1]
         return responses, errors
 
     def error_rate(self, pool: str, window_s: float) -> float | None:

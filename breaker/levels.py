@@ -50,6 +50,9 @@ class Signals:
     # num_requests_running). Read by the quota controller, not by the level rules: a queue is
     # the first sign of saturation, long before the P99 of finished requests shows it.
     queue_ratio: float | None = None
+    # The share of the pool's engines that serve (engines.state). 0.0: every engine is dead
+    # or drained, the pool cannot serve anything. None: engines are not tracked.
+    engines_up: float | None = None
 
 
 def _over(value: float | None, limit: float) -> bool:
@@ -60,6 +63,7 @@ def _over(value: float | None, limit: float) -> bool:
 # "at least this bad". Reasons become metric labels: keep them few and fixed.
 Rule = tuple[BreakerLevel, str, Callable[[Signals, BreakerThresholds], bool]]
 ENTRY_RULES: tuple[Rule, ...] = (
+    (BreakerLevel.L3, "no_engines", lambda s, t: s.engines_up == 0.0),
     (BreakerLevel.L3, "error_surge", lambda s, t: _over(s.error_rate, t.l3_error_rate)),
     (BreakerLevel.L3, "gpu_oom", lambda s, t: _over(s.gpu_memory_usage, t.l3_gpu_memory)),
     (BreakerLevel.L3, "p99_far_over_slo", lambda s, t: _over(s.p99_over_slo, t.l3_p99_over_slo)),
