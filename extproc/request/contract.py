@@ -18,6 +18,10 @@ TRACKING_ID_FIELD = "id"  # in METADATA_NAMESPACE: the sidecar's in-flight id of
 # In METADATA_NAMESPACE: the pool the sidecar chose. Envoy's pool routes match on it, so only
 # the sidecar can pick a pool: a client can send any header, but cannot set metadata.
 POOL_FIELD = "pool"
+# In METADATA_NAMESPACE: the engines the sidecar picked in the pool, "ip:port,ip:port", best
+# first. The pool cluster's override-host load-balancing policy sends the request to the
+# first and retries a refused connection on the next; without it, Envoy balances.
+ENGINE_FIELD = "engine"
 # In METADATA_NAMESPACE, true when the sidecar asked for the stream's usage itself: the Lua
 # tap then removes the usage-only event the client never asked for.
 STRIP_USAGE_FIELD = "strip_usage"

@@ -30,6 +30,8 @@ from admission.errors import (
     NotFound,
     Overloaded,
 )
+from breaker.kv_admission import kv_footprint
+from engines import NO_BLOCKS, EnginePicker, PromptBlocks, prompt_blocks
 from extproc.request.bodies import (
     InferenceRequest,
     adds_usage,
@@ -96,8 +98,12 @@ class Decider:
         admission: Admission | None = None,
         inflight: InFlight[RoutingDecision] | None = None,
         corrections: PromptCorrections | None = None,
+        picker: EnginePicker | None = None,
     ) -> None:
+        """`picker`: names the engine of each admitted request in pools where slogate
+        picks (None: Envoy balances everywhere)."""
         self.policy = policy
+        self.picker = picker
         self.identity = identity
         self.counter = counter
         self.corrections = corrections or PromptCorrections()
@@ -119,11 +125,17 @@ class Decider:
         """Prompt tokens (see extproc.request.tokens.prompt for the rule and its bound),
         times the caller's correction when its settled prompts keep exceeding its counts;
         and that correction."""
-        counted = await self.counter.count(request.prompt_texts, request.prompt_token_ids)
+        policy = self.policy()
+        picking = self.picker is not None and self.picker.wants_blocks(policy)
+        block_tokens = policy.engines.picking.block_tokens if picking else 0
+        counted = await self.counter.count(
+            request.prompt_texts, request.prompt_token_ids, block_tokens
+        )
         factor = self.corrections.factor(caller.key_id)
         if factor == 1.0 or not counted.exact:
             return counted, 1.0
-        return PromptCount(math.ceil(counted.tokens * factor), counted.kind), factor
+        corrected = math.ceil(counted.tokens * factor)
+        return dataclasses.replace(counted, tokens=corrected), factor
 
     async def decide(
         self,
@@ -145,7 +157,15 @@ class Decider:
         decision = route(policy, request, caller, request_id, api, counted, correction)
         if body is not None:
             decision = dataclasses.replace(decision, body_bytes=len(body))
-        return await self.admit(decision, policy, request, body)
+        blocks = NO_BLOCKS
+        if counted.blocks is not None and counted.lengths is not None:
+            blocks = prompt_blocks(
+                counted.blocks,
+                counted.lengths,
+                policy.engines.picking.block_tokens,
+                request.conversation_texts,
+            )
+        return await self.admit(decision, policy, request, body, blocks)
 
     async def admit(
         self,
@@ -153,10 +173,13 @@ class Decider:
         policy: Policy,
         request: InferenceRequest | None = None,
         body: bytes | None = None,
+        blocks: PromptBlocks = NO_BLOCKS,
     ) -> Routed:
         inflight = self.inflight
         tracking_id = inflight.new_id()
         admitted = await self.admission.admit(decision, tracking_id, policy)
+        if self.picker is not None and admitted.decision.meters_tokens:
+            admitted = self._pick(admitted, tracking_id, policy, blocks)
         inflight.put(tracking_id, admitted.decision)
         new_body = None
         if request is not None and body is not None:
@@ -172,6 +195,28 @@ class Decider:
         hide_usage = request is not None and adds_usage(request)
         headers = admitted.response_headers
         return Routed(admitted.decision, tracking_id, new_body, headers, hide_usage)
+
+    def _pick(
+        self, admitted: Admitted, tracking_id: str, policy: Policy, blocks: PromptBlocks
+    ) -> Admitted:
+        """The engine of an admitted request, in the pool it was admitted to (the breaker
+        may have moved it to the fallback pool)."""
+        assert self.picker is not None
+        decided = admitted.decision
+        spec = policy.pools.get(decided.pool)
+        if spec is None:
+            return admitted
+        engines = self.picker.pick(
+            tracking_id,
+            spec,
+            blocks,
+            decided.bucket.name,
+            kv_footprint(decided.reserved_tokens, decided.bucket),
+            decided.sequences,
+        )
+        if not engines:
+            return admitted
+        return dataclasses.replace(admitted, decision=dataclasses.replace(decided, engines=engines))
 
 
 def route(

@@ -22,6 +22,7 @@ from admission.chain import OutcomeSink
 from admission.decision import RequestOutcome, RoutingDecision, expired_outcome
 from admission.signals import record_signals
 from breaker.latency import ResponseWindows
+from engines import engine_address
 from extproc.request.contract import METADATA_NAMESPACE, TRACKING_ID_FIELD
 from extproc.request.inflight import InFlight
 from extproc.service.metrics import SidecarMetrics
@@ -66,6 +67,8 @@ def outcome_from_entry(
     completion = _tag_int(tags, "completion_tokens")
     if completion is None and prompt is not None and decision.api.kind is ApiKind.EMBED:
         completion = 0  # embeddings report only prompt_tokens: that is their whole usage
+    upstream = common.upstream_remote_address.socket_address
+    flags = common.response_flags
     return RequestOutcome(
         decision=decision,
         tracking_id=tracking,
@@ -76,6 +79,14 @@ def outcome_from_entry(
         duration_s=duration_s,
         details=entry.response.response_code_details,
         stream_events=_tag_int(tags, "stream_events"),
+        upstream=engine_address(upstream.address, upstream.port_value) if upstream.address else "",
+        # Refused or reset before an answer, or no answer in time (a hung engine).
+        upstream_failed=(
+            flags.upstream_connection_failure
+            or flags.upstream_remote_reset
+            or flags.upstream_connection_termination
+            or flags.upstream_request_timeout
+        ),
     )
 
 

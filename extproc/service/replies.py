@@ -24,6 +24,7 @@ from admission.decision import RoutingDecision
 from admission.errors import RequestRejected, error_document
 from extproc.request.contract import (
     BUCKET_HEADER,
+    ENGINE_FIELD,
     ESTIMATE_HEADER,
     FAIRNESS_HEADER,
     JWT_AUTHN_NAMESPACE,
@@ -129,17 +130,42 @@ def _route(reply: pb.ProcessingResponse, common: pb.CommonResponse, routed: Rout
     fields = reply.dynamic_metadata.fields[METADATA_NAMESPACE].struct_value.fields
     fields[TRACKING_ID_FIELD].string_value = routed.tracking_id
     fields[POOL_FIELD].string_value = routed.decision.pool
+    if routed.decision.engines:
+        fields[ENGINE_FIELD].string_value = ",".join(routed.decision.engines)
     if routed.hide_usage:
         fields[STRIP_USAGE_FIELD].bool_value = True
     for name, value in routed.response_headers.items():
         fields[name].string_value = value  # see envoy_config.route_config
 
 
-def timeout_override(seconds: float) -> pb.ProcessingResponse:
-    """Tell Envoy to wait up to `seconds` for the reply it waits for (bounded by the
-    filter's max_message_timeout)."""
+# How much longer Envoy waits for a waiting request's reply than the waiting room may hold
+# the request and a decision may take after it. The room's deadline counts from the
+# request's entry and Envoy's overridden timer from the override's arrival (later), yet
+# the room's 503 still needs the sidecar to run after the deadline: its tick (ROOM_TICK_S),
+# the event loop, the reply's way out through grpc. On a loaded machine the whole sidecar
+# can get no CPU for seconds: on 2 cores, while a vLLM CPU engine prefilled two 2.5k-token
+# prompts, its runnable threads waited 1.5-1.8 s at a time in the run queue and its loop
+# stalled 2-5 s, and with no margin beyond the message timeout Envoy's timer fired first:
+# the client got Envoy's 504 instead of slogate's 503 queue_timeout (tests/test_e2e_vllm).
+# Twice the longest stall seen; only a sidecar that hangs with requests in its room is
+# noticed this much later.
+WAIT_REPLY_MARGIN_MS = 10_000
+
+
+def wait_reply_ms(max_wait_s: float, message_timeout_ms: int) -> int:
+    """How long Envoy waits for the reply to a request that may wait `max_wait_s`: its
+    wait, a decision's message timeout after it, and the margin. The one rule for the
+    override and for the filter's max_message_timeout (the policy's longest wait): Envoy
+    ignores an override above max_message_timeout rather than capping it, so the value is
+    rounded up from the wait alone and never exceeds what the longest wait gives."""
+    return math.ceil(max_wait_s * 1000) + message_timeout_ms + WAIT_REPLY_MARGIN_MS
+
+
+def timeout_override(milliseconds: int) -> pb.ProcessingResponse:
+    """Tell Envoy to wait up to `milliseconds` for the reply it waits for, from the moment
+    this arrives (honoured only up to the filter's max_message_timeout)."""
     reply = pb.ProcessingResponse()
-    reply.override_message_timeout.FromMilliseconds(math.ceil(seconds * 1000))
+    reply.override_message_timeout.FromMilliseconds(milliseconds)
     return reply
 
 
