@@ -101,33 +101,39 @@ def status_table(reply: pb.StatusReply) -> str:
             held,
         )
     if reply.engines:
-        scraped = [
+        engine_rows = [
             (
                 e.pool,
                 e.endpoint,
+                e.state + (f" ({e.dead_reason})" if e.dead_reason else ""),
+                _number(e, "kv_capacity_tokens", "{:.0f}"),
+                f"{e.held_tokens} / {e.held_requests}",
+                f"{e.picked} / {e.answered} / {e.failed}",
                 e.engine,
-                f"{e.age_s:.1f} s",
+                f"{e.age_s:.1f} s" if e.age_s >= 0 else "-",
                 _number(e, "kv_cache_usage"),
                 _number(e, "running", "{:.0f}"),
                 _number(e, "waiting", "{:.0f}"),
                 _number(e, "prefix_cache_hit_rate"),
-                f"{e.first_tokens:.0f}",
             )
             for e in reply.engines
         ]
-        text += "\n\nengines (latest scrape of /metrics)\n" + table(
+        text += "\n\nengines (this sidecar's view; scraped: the latest /metrics)\n" + table(
             (
                 "pool",
-                "endpoint",
                 "engine",
-                "age",
+                "state",
+                "KV tokens",
+                "held tokens / requests",
+                "picked / answered / failed",
+                "kind",
+                "scraped",
                 "kv",
                 "running",
                 "waiting",
                 "prefix hits",
-                "first tokens",
             ),
-            scraped,
+            engine_rows,
         )
     return text
 

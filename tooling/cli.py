@@ -257,6 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--pool", required=True, help="a pool name, or 'global'")
     drill.add_argument("--level", type=int, choices=[0, 1, 2, 3], required=True)
     drill.add_argument("--minutes", type=float, default=10.0, help="0 ends a running drill")
+    drain = admin_command("drain", "an engine gets nothing new, its requests finish")
+    drain.add_argument("--engine", required=True, help="ip:port, as `slogate status` shows it")
+    drain.add_argument("--pool", default="", help="only in this pool (default: every pool)")
+    drain.add_argument("--undo", action="store_true", help="take new requests again")
 
     simulate = sub.add_parser(
         "simulate", help="offline fleet: best static quota (sweep) vs the dynamic controller"
@@ -828,7 +832,7 @@ def cmd_k8s(args: argparse.Namespace) -> int:
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
-    """status / keys / reload / drill: one call to the running sidecar's admin API."""
+    """status / keys / reload / drill / drain: one call to the running sidecar's admin API."""
     import grpc
 
     from extproc.adminpb import admin_pb2 as pb
@@ -853,6 +857,15 @@ def cmd_admin(args: argparse.Namespace) -> int:
                     else f"refused, the old policy stays: {reloaded.error}"
                 )
                 return 0 if reloaded.ok else 1
+            elif args.command == "drain":
+                drained = await stub.Drain(
+                    pb.DrainRequest(engine=args.engine, pool=args.pool, undo=args.undo), timeout=5
+                )
+                print(
+                    admin.as_json(drained)
+                    if args.json
+                    else "\n".join(f"{e.pool} {e.endpoint}: {e.state}" for e in drained.engines)
+                )
             else:
                 drilled = await stub.Drill(
                     pb.DrillRequest(pool=args.pool, level=args.level, minutes=args.minutes),
@@ -889,6 +902,7 @@ def main(argv: list[str] | None = None) -> int:
         "keys": cmd_admin,
         "reload": cmd_admin,
         "drill": cmd_admin,
+        "drain": cmd_admin,
         "k8s": cmd_k8s,
         "simulate": offline_commands.cmd_simulate,
         "calibrate": offline_commands.cmd_calibrate,

@@ -107,7 +107,7 @@ class StatusReply(_message.Message):
     def __init__(self, breakers: _Optional[_Iterable[_Union[Breaker, _Mapping]]] = ..., budget_store: _Optional[str] = ..., redis_up: _Optional[bool] = ..., policy_source: _Optional[str] = ..., keys: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., gpu_available: _Optional[bool] = ..., quota_multipliers: _Optional[_Mapping[str, float]] = ..., load_score: _Optional[float] = ..., load_forecast: _Optional[float] = ..., admission: _Optional[_Iterable[_Union[PoolAdmission, _Mapping]]] = ..., kv_ledger: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineReading, _Mapping]]] = ...) -> None: ...
 
 class EngineReading(_message.Message):
-    __slots__ = ("pool", "endpoint", "engine", "age_s", "kv_cache_usage", "running", "waiting", "prefix_cache_hit_rate", "first_tokens")
+    __slots__ = ("pool", "endpoint", "engine", "age_s", "kv_cache_usage", "running", "waiting", "prefix_cache_hit_rate", "first_tokens", "state", "dead_reason", "kv_capacity_tokens", "held_tokens", "held_requests", "picked", "answered", "failed")
     POOL_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +117,14 @@ class EngineReading(_message.Message):
     WAITING_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DEAD_REASON_FIELD_NUMBER: _ClassVar[int]
+    KV_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HELD_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HELD_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    PICKED_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
     pool: str
     endpoint: str
     engine: str
@@ -126,7 +134,31 @@ class EngineReading(_message.Message):
     waiting: float
     prefix_cache_hit_rate: float
     first_tokens: float
-    def __init__(self, pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., engine: _Optional[str] = ..., age_s: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., running: _Optional[float] = ..., waiting: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., first_tokens: _Optional[float] = ...) -> None: ...
+    state: str
+    dead_reason: str
+    kv_capacity_tokens: float
+    held_tokens: int
+    held_requests: int
+    picked: int
+    answered: int
+    failed: int
+    def __init__(self, pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., engine: _Optional[str] = ..., age_s: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., running: _Optional[float] = ..., waiting: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., first_tokens: _Optional[float] = ..., state: _Optional[str] = ..., dead_reason: _Optional[str] = ..., kv_capacity_tokens: _Optional[float] = ..., held_tokens: _Optional[int] = ..., held_requests: _Optional[int] = ..., picked: _Optional[int] = ..., answered: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("engine", "pool", "undo")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    UNDO_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    pool: str
+    undo: bool
+    def __init__(self, engine: _Optional[str] = ..., pool: _Optional[str] = ..., undo: _Optional[bool] = ...) -> None: ...
+
+class DrainReply(_message.Message):
+    __slots__ = ("engines",)
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    engines: _containers.RepeatedCompositeFieldContainer[EngineReading]
+    def __init__(self, engines: _Optional[_Iterable[_Union[EngineReading, _Mapping]]] = ...) -> None: ...
 
 class KeysRequest(_message.Message):
     __slots__ = ("tenant",)

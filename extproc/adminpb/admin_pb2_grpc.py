@@ -54,6 +54,11 @@ class AdminStub:
                 request_serializer=extproc_dot_adminpb_dot_admin__pb2.ReloadPolicyRequest.SerializeToString,
                 response_deserializer=extproc_dot_adminpb_dot_admin__pb2.ReloadPolicyReply.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/slogate.admin.v1.Admin/Drain',
+                request_serializer=extproc_dot_adminpb_dot_admin__pb2.DrainRequest.SerializeToString,
+                response_deserializer=extproc_dot_adminpb_dot_admin__pb2.DrainReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -88,6 +93,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """Drain an engine (it gets nothing new, its requests finish), or end the drain.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +122,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ReloadPolicy,
                     request_deserializer=extproc_dot_adminpb_dot_admin__pb2.ReloadPolicyRequest.FromString,
                     response_serializer=extproc_dot_adminpb_dot_admin__pb2.ReloadPolicyReply.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=extproc_dot_adminpb_dot_admin__pb2.DrainRequest.FromString,
+                    response_serializer=extproc_dot_adminpb_dot_admin__pb2.DrainReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -220,6 +237,33 @@ class Admin:
             '/slogate.admin.v1.Admin/ReloadPolicy',
             extproc_dot_adminpb_dot_admin__pb2.ReloadPolicyRequest.SerializeToString,
             extproc_dot_adminpb_dot_admin__pb2.ReloadPolicyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/slogate.admin.v1.Admin/Drain',
+            extproc_dot_adminpb_dot_admin__pb2.DrainRequest.SerializeToString,
+            extproc_dot_adminpb_dot_admin__pb2.DrainReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from breaker.engine import EngineReadings, parse_engine_metrics
+from breaker.engine import EngineReadings, EngineSnapshot, parse_engine_metrics
 from policy import EngineKind
 
 log = logging.getLogger("slogate.engine")
@@ -23,16 +23,23 @@ log = logging.getLogger("slogate.engine")
 
 class EngineScraper(EngineReadings):
     """EngineReadings fed by scraping every endpoint's /metrics, read with the names of
-    the engine each pool runs (`kinds`: pool -> vLLM or SGLang; absent: vLLM)."""
+    the engine each pool runs (`kinds`: pool -> vLLM or SGLang; absent: vLLM).
+    `targets`: what is scraped (default: `endpoints`, what the readings are taken over:
+    the serving engines, while the dead ones are scraped to see them come back);
+    `on_snapshot`: told every snapshot (the engine fleet keeps each engine's)."""
 
     def __init__(
         self,
         endpoints: Callable[[], Mapping[str, Iterable[tuple[str, int]]]],
         kinds: Callable[[], Mapping[str, EngineKind]] = dict,
+        targets: Callable[[], Mapping[str, Iterable[tuple[str, int]]]] | None = None,
+        on_snapshot: Callable[[str, str, int, EngineSnapshot], None] | None = None,
         **options: Any,
     ) -> None:
         super().__init__(endpoints, **options)
         self.kinds = kinds
+        self.targets = targets or endpoints
+        self._on_snapshot = on_snapshot
 
     async def scrape_once(self, session: aiohttp.ClientSession) -> None:
         kinds = self.kinds()
@@ -44,12 +51,15 @@ class EngineScraper(EngineReadings):
                         return
                     text = await response.text()
                 kind = kinds.get(pool, EngineKind.VLLM)
-                self.record(pool, host, port, parse_engine_metrics(text, kind))
+                snapshot = parse_engine_metrics(text, kind)
+                self.record(pool, host, port, snapshot)
+                if self._on_snapshot is not None:
+                    self._on_snapshot(pool, host, port, snapshot)
             except (aiohttp.ClientError, TimeoutError, ValueError) as error:
                 log.debug("scraping %s:%d failed: %s", host, port, error)
 
         await asyncio.gather(
-            *(one(pool, h, p) for pool, eps in self.endpoints().items() for h, p in eps)
+            *(one(pool, h, p) for pool, eps in self.targets().items() for h, p in eps)
         )
 
     async def run(self) -> None:

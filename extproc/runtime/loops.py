@@ -18,7 +18,6 @@ from collections.abc import Callable
 from admission.kv_step import KvStep
 from breaker.board import BreakerBoard
 from breaker.controller import TierMultipliers
-from breaker.engine import EngineReadings
 from breaker.key_quotas import KeyQuotas
 from breaker.levels import BreakerLevel, Transition
 from extproc.service.metrics import SidecarMetrics
@@ -92,15 +91,17 @@ class QuotaLoop:
         quotas: TierMultipliers,
         key_quotas: KeyQuotas,
         kv: KvStep,
-        engines: EngineReadings | None,
+        kv_cache_usage: Callable[[str], float | None] | None,
         metrics: SidecarMetrics,
     ) -> None:
+        """`kv_cache_usage(pool)`: the engines' KV usage the footprint ratio is learned
+        from (None: engine metrics are not scraped)."""
         self._policy = policy
         self._board = board
         self._quotas = quotas
         self._key_quotas = key_quotas
         self._kv = kv
-        self._engines = engines  # None: engine metrics are not scraped
+        self._kv_cache_usage = kv_cache_usage
         self._metrics = metrics
         for tier, value in quotas.values.items():
             metrics.quota_multiplier(tier).set(value)
@@ -108,8 +109,8 @@ class QuotaLoop:
     async def step(self) -> None:
         policy = self._policy()
         score, memory_usage = self._board.fleet_load()  # the most loaded pool sets the pace
-        if self._engines is not None:
-            await self._kv.observe(policy, self._engines.kv_cache_usage)
+        if self._kv_cache_usage is not None:
+            await self._kv.observe(policy, self._kv_cache_usage)
         for adjustment in self._quotas.step(score):
             tier = adjustment.what.split(":", 1)[1]
             direction = "shrink" if adjustment.after < adjustment.before else "grow"

@@ -35,11 +35,12 @@ from breaker.controller import TierMultipliers
 from breaker.key_quotas import KeyQuotas
 from breaker.latency import ResponseWindows
 from extproc.adminpb import admin_pb2_grpc
+from extproc.request.engine_outcomes import EngineOutcomes
 from extproc.request.flow import Decider
 from extproc.request.identity import ApiKeyResolver
 from extproc.request.inflight import InFlight
 from extproc.request.tokens import PromptCorrections, PromptCounter, exact_counter
-from extproc.runtime.engines import EngineScraper
+from extproc.runtime.engine_watch import watch_engines
 from extproc.runtime.events import MetricsEvents
 from extproc.runtime.gpu import GpuMemory
 from extproc.runtime.loops import BreakerLoop, QuotaLoop
@@ -49,6 +50,7 @@ from extproc.runtime.workers import Siblings, WorkerSlot
 from extproc.service.access_log import AccessLogService, OutcomeRecorder
 from extproc.service.admin import AdminService
 from extproc.service.decision_log import DecisionLog
+from extproc.service.engine_metrics import EngineCollector
 from extproc.service.ext_proc import ExternalProcessorService
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.prompt_feedback import PromptFeedback
@@ -103,24 +105,23 @@ class Sidecar:
         )
         self.gpu = GpuMemory()
         self.metrics.gpu_available.set(1 if self.gpu.available else 0)
-        self.scraper = (
-            EngineScraper(
-                self._pool_endpoints,
-                lambda: {name: pool.engine for name, pool in self.policy().pools.items()},
-                interval_s=breaker.scrape_interval_s,
-                stale_after_s=breaker.stale_after_s,
-            )
-            if breaker.scrape_metrics
-            else None
-        )
+        # The engines of every pool: their state, and which one gets each request.
+        self.engine_watch = watch_engines(self.policy, self.clock)
+        self.fleet = self.engine_watch.fleet
+        self.picker = self.engine_watch.picker
+        self.scraper = self.engine_watch.scraper
+        self.metrics.registry.register(EngineCollector(self.picker, self.policy))
         self.board = BreakerBoard(
             self.policy,
             self.windows,
-            kv_cache_usage=self.scraper.kv_cache_usage if self.scraper else _no_reading,
+            # Over the serving engines only: a dead one is the engine's problem.
+            kv_cache_usage=self.fleet.kv_usage if self.scraper else _no_reading,
             gpu_memory_usage=self.gpu.usage,
             clock=self.clock,
             engine_queue=self.scraper.queue_ratio if self.scraper else _no_reading,
             engine_ttft=self.scraper.ttft_quantile_s if self.scraper else _no_quantile,
+            engines_out=self.fleet.out,
+            engines_up=self.fleet.up_fraction,
         )
         self.quotas = TierMultipliers()
         self.key_quotas = KeyQuotas(breaker.controller_interval_s)
@@ -140,6 +141,7 @@ class Sidecar:
             book=self.stores.kv,
             # Envoy's max_message_timeout is written from the policy it started with.
             wait_cap_s=initial.longest_wait_s,
+            live=self.fleet.live_pool,
         )
         self.metrics.admission.source = self.admission.kv.book.held_by_pool
         self.metrics.admission.waiting = self._waiting_counts
@@ -158,6 +160,7 @@ class Sidecar:
             corrections=self.corrections,
             admission=self.admission.chain,
             inflight=InFlight(self.clock, ttl_s, worker.prefix if worker else None),
+            picker=self.picker,
         )
         self.decision_log = (
             DecisionLog(
@@ -171,6 +174,7 @@ class Sidecar:
         sinks: list[OutcomeSink] = [
             self.admission.chain,
             PromptFeedback(self.corrections, self.metrics),
+            EngineOutcomes(self.picker),
         ]
         if self.decision_log is not None:
             sinks.append(self.decision_log)
@@ -184,7 +188,7 @@ class Sidecar:
             self.quotas,
             self.key_quotas,
             self.admission.kv,
-            self.scraper,
+            self.fleet.kv_usage if self.scraper else None,
             self.metrics,
         )
         self.admin = AdminService(
@@ -201,6 +205,7 @@ class Sidecar:
             on_drill=self.breaker_loop.export,
             siblings=self.siblings,
             engines=self.scraper,
+            fleet=self.fleet,
         )
         self.breaker_loop.on_transition = self.admin.note_transition
         self._host = host
@@ -221,9 +226,6 @@ class Sidecar:
         return {
             (pool, tier.value): n for (pool, tier), n in self.admission.kv.room.counts().items()
         }
-
-    def _pool_endpoints(self) -> dict[str, tuple[tuple[str, int], ...]]:
-        return {name: pool.endpoints for name, pool in self.policy().pools.items()}
 
     def _grpc_options(self) -> list[tuple[str, int]]:
         limit = self.policy().max_body_bytes + _GRPC_MESSAGE_SLACK_BYTES
@@ -247,13 +249,14 @@ class Sidecar:
                 self._exact_executor, exact_counter, self.policy().counting.engine
             )
             self.counter.use(bpe)
+        await self.engine_watch.discover()  # DNS names: their engines before the first request
         server = grpc.aio.server(options=self._grpc_options())
         external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
             ExternalProcessorService(
                 self.decider,
                 self.metrics,
                 self.decision_log,
-                decide_s=self.policy().message_timeout_ms / 1000,
+                message_timeout_ms=self.policy().message_timeout_ms,
             ),
             server,
         )
@@ -288,6 +291,10 @@ class Sidecar:
         ]
         if self.scraper is not None:
             self._tasks.append(asyncio.create_task(self.scraper.run()))
+        self._tasks += [
+            asyncio.create_task(self.engine_watch.run_probes()),
+            asyncio.create_task(self.engine_watch.run_discovery()),
+        ]
         members = self.stores.members
         if members is not None:
             self.metrics.fleet_replicas.set(await members.beat())

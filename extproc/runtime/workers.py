@@ -131,6 +131,13 @@ class Siblings:
             except grpc.aio.AioRpcError as error:
                 log.warning("reload on worker %d failed: %s", index, error)
 
+    async def drain(self, request: pb.DrainRequest) -> None:
+        for index, channel in self._channels.items():
+            try:
+                await pb_grpc.AdminStub(channel).Drain(request, timeout=5.0)
+            except grpc.aio.AioRpcError as error:
+                log.warning("drain on worker %d failed: %s", index, error)
+
     async def close(self) -> None:
         for channel in self._channels.values():
             await channel.close()

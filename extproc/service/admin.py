@@ -24,6 +24,7 @@ from breaker.kv_book import FailoverBook, KvBook
 from breaker.levels import BreakerLevel, Transition
 from budget.failover import FailoverStore
 from budget.store import BudgetStore
+from engines import Engine, EngineFleet, EngineState
 from extproc.adminpb import admin_pb2 as pb
 from extproc.adminpb import admin_pb2_grpc as pb_grpc
 from policy import Limits, Policy, Tier
@@ -56,6 +57,7 @@ def _limits(limits: Limits) -> pb.Limits:
 class FanOut(Protocol):
     async def drill(self, request: pb.DrillRequest) -> None: ...
     async def reload(self) -> None: ...
+    async def drain(self, request: pb.DrainRequest) -> None: ...
 
 
 class AdminService(pb_grpc.AdminServicer):
@@ -75,10 +77,12 @@ class AdminService(pb_grpc.AdminServicer):
         on_drill: Callable[[], None],
         siblings: FanOut | None = None,
         engines: EngineReadings | None = None,
+        fleet: EngineFleet | None = None,
     ) -> None:
-        """`siblings`: the other workers of `slogate serve --workers N`, told of every drill
-        and reload made here (None: this process alone). `engines`: the scraped engine
-        metrics (None: scraping is off)."""
+        """`siblings`: the other workers of `slogate serve --workers N`, told of every drill,
+        drain and reload made here (None: this process alone). `engines`: the scraped
+        engine metrics (None: scraping is off); `fleet`: the pools' engines and their
+        state."""
         self._siblings = siblings
         self._arguments = dict(
             policy=policy,
@@ -93,9 +97,11 @@ class AdminService(pb_grpc.AdminServicer):
             clock=clock,
             on_drill=on_drill,
             engines=engines,
+            fleet=fleet,
         )
         self._policy = policy
         self._engines = engines
+        self._fleet = fleet
         self._board = board
         self._store = store
         self._inflight = inflight
@@ -164,7 +170,9 @@ class AdminService(pb_grpc.AdminServicer):
                     if value is not None:
                         setattr(breaker.signals, field, value)
         for name, pool in policy.pools.items():
-            capacity = self._book.capacity(pool)
+            # What admission admits against: the serving engines' part of the pool.
+            live = self._fleet.live_pool(pool) if self._fleet is not None else pool
+            capacity = self._book.capacity(live)
             if capacity is None:
                 continue
             view = self._book.view(name)  # the fleet's, when the ledger is shared
@@ -182,25 +190,38 @@ class AdminService(pb_grpc.AdminServicer):
         return reply
 
     def _add_engines(self, reply: pb.StatusReply, policy: Policy) -> None:
-        if self._engines is None:
+        if self._fleet is None:
             return
-        for name, pool in policy.pools.items():
-            for host, port in pool.endpoints:
-                seen = self._engines.latest(name, host, port)
-                if seen is None:
-                    continue
-                age_s, snapshot = seen
-                row = reply.engines.add(
-                    pool=name,
-                    endpoint=f"{host}:{port}",
-                    engine=pool.engine.value,
-                    age_s=age_s,
-                    first_tokens=snapshot.ttft_buckets[-1][1] if snapshot.ttft_buckets else 0,
-                )
-                for field in ("kv_cache_usage", "running", "waiting", "prefix_cache_hit_rate"):
-                    value = getattr(snapshot, field)
-                    if value is not None:
-                        setattr(row, field, value)
+        for name in policy.pools:
+            for engine in self._fleet.engines(name):
+                self._engine_row(reply.engines.add(), engine, policy)
+
+    def _engine_row(self, row: pb.EngineReading, engine: Engine, policy: Policy) -> None:
+        assert self._fleet is not None
+        spec = policy.pools.get(engine.pool)
+        row.pool = engine.pool
+        row.endpoint = engine.address
+        row.engine = spec.engine.value if spec is not None else ""
+        row.state = self._fleet.state(engine).value
+        row.dead_reason = engine.dead_reason if row.state == EngineState.DEAD else ""
+        row.held_tokens = engine.held_tokens
+        row.held_requests = engine.held_sequences
+        row.picked = engine.picked
+        row.answered = engine.answered
+        row.failed = engine.failed
+        if spec is not None and (capacity := self._fleet.kv_tokens(engine, spec)) is not None:
+            row.kv_capacity_tokens = capacity
+        readings = self._engines
+        seen = None if readings is None else readings.latest(engine.pool, engine.host, engine.port)
+        row.age_s = -1.0
+        if seen is None:
+            return
+        row.age_s, snapshot = seen
+        row.first_tokens = snapshot.ttft_buckets[-1][1] if snapshot.ttft_buckets else 0
+        for field in ("kv_cache_usage", "running", "waiting", "prefix_cache_hit_rate"):
+            value = getattr(snapshot, field)
+            if value is not None:
+                setattr(row, field, value)
 
     async def Keys(
         self, request: pb.KeysRequest, context: grpc.aio.ServicerContext
@@ -259,6 +280,24 @@ class AdminService(pb_grpc.AdminServicer):
         if error is not None:
             return pb.ReloadPolicyReply(ok=False, error=error, keys=len(holder().keys))
         return pb.ReloadPolicyReply(ok=True, keys=len(holder().keys))
+
+    async def Drain(
+        self, request: pb.DrainRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DrainReply:
+        if self._fleet is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "engines are not tracked")
+        assert self._fleet is not None
+        engines = self._fleet.drain(request.engine, not request.undo, request.pool or None)
+        if not engines:
+            where = f" in pool {request.pool!r}" if request.pool else ""
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no engine {request.engine!r}{where}")
+        if self._siblings is not None:
+            await self._siblings.drain(request)
+        reply = pb.DrainReply()
+        policy = self._policy()
+        for engine in engines:
+            self._engine_row(reply.engines.add(), engine, policy)
+        return reply
 
 
 def _ledger_label(book: KvBook) -> str:
