@@ -16,7 +16,7 @@ import envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 as tls
 import envoy_data_plane.envoy.extensions.upstreams.http.v3 as upstream_http
 import envoy_data_plane.google.protobuf as pb
 
-from policy import Policy
+from policy import Policy, Pool
 from tooling.envoy_config._common import (
     SIDECAR_CLUSTER,
     EnvoyPorts,
@@ -24,11 +24,13 @@ from tooling.envoy_config._common import (
     _address,
     _typed,
 )
+from tooling.envoy_config.engines import engine_cluster_options
 from tooling.envoy_config.filters import (
     JWKS_CLUSTER,
     access_log,
     ext_proc_filter,
     jwt_filter,
+    max_message_timeout_ms,
     router_filter,
     slogate_filters,
 )
@@ -88,12 +90,9 @@ def manager_settings(policy: Policy) -> dict[str, Any]:
         # Streams may run for minutes; the route timeout bounds them, not an idle timer. The
         # idle timer also runs while the sidecar holds a request in its waiting room, and
         # nothing on the ext_proc stream resets it (checked on Envoy 1.40): it must outlast
-        # the longest wait plus the decision.
+        # the longest Envoy may wait for the held reply.
         stream_idle_timeout=dt.timedelta(
-            seconds=max(
-                policy.upstream_timeout_s,
-                policy.longest_wait_s + policy.message_timeout_ms / 1000 + 5.0,
-            )
+            seconds=max(policy.upstream_timeout_s, max_message_timeout_ms(policy) / 1000 + 5.0)
         ),
     )
 
@@ -122,10 +121,19 @@ def http_connection_manager(
 SIDECAR_STREAMS_PER_CONNECTION = 1000
 
 
+def pool_cluster(pool: Pool, policy: Policy) -> cluster.Cluster:
+    """A pool's engines: every endpoint (every address a DNS name resolves to) is a host,
+    health-checked, ejected on errors, picked by slogate (tooling.envoy_config.engines)."""
+    return _static_cluster(pool.name, pool.endpoints, **engine_cluster_options(policy))
+
+
 def _static_cluster(
-    name: str, endpoints: tuple[tuple[str, int], ...], http2: bool = False
+    name: str,
+    endpoints: tuple[tuple[str, int], ...],
+    http2: bool = False,
+    **fields: Any,
 ) -> cluster.Cluster:
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = dict(fields)
     if http2:
         protocol = upstream_http.HttpProtocolOptions(
             # A connection is replaced after this many streams: with `slogate serve
@@ -180,7 +188,7 @@ def build_bootstrap(
 ) -> dict[str, Any]:
     ports = ports or EnvoyPorts()
     manager = http_connection_manager(policy, profile)
-    clusters = [_static_cluster(p.name, p.endpoints) for p in policy.pools.values()]
+    clusters = [pool_cluster(p, policy) for p in policy.pools.values()]
     clusters += slogate_clusters(policy, ports.host, ports.sidecar_port)
     config = bootstrap.Bootstrap(
         admin=bootstrap.Admin(address=_address(ports.host, ports.admin_port)),

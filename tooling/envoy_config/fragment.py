@@ -32,7 +32,7 @@ import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager
 
 from extproc.request.contract import ENVOY_PIECES, EXT_PROC_FILTER
 from policy import Policy
-from tooling.envoy_config.bootstrap import _static_cluster, manager_settings, slogate_clusters
+from tooling.envoy_config.bootstrap import manager_settings, pool_cluster, slogate_clusters
 from tooling.envoy_config.filters import access_log, slogate_filters
 from tooling.envoy_config.routes import ext_proc_per_route, failure_modes, pool_routes
 
@@ -65,7 +65,7 @@ def build_fragment(policy: Policy, target: FragmentTarget | None = None) -> dict
     target = target or FragmentTarget()
     clusters = slogate_clusters(policy, target.sidecar_host, target.sidecar_port)
     clusters += [
-        _static_cluster(pool.name, pool.endpoints)
+        pool_cluster(pool, policy)
         for pool in policy.pools.values()
         if pool.name not in target.pool_clusters
     ]

@@ -28,6 +28,7 @@ from extproc.request.contract import (
 from policy import FailureMode, Policy
 from policy.apis import ErrorStyle
 from tooling.envoy_config._common import _header
+from tooling.envoy_config.engines import engine_retry
 
 
 def _shadow(
@@ -143,6 +144,7 @@ def pool_routes(policy: Policy, clusters: Mapping[str, str] | None = None) -> li
                 timeout=timeout,
                 request_mirror_policies=_shadow(policy, clusters),
                 regex_rewrite=_NO_TRAILING_SLASH,
+                retry_policy=engine_retry(),
             ),
             response_headers_to_add=[_header(POOL_HEADER, pool), *_rate_limit_headers()],
         )
