@@ -1,8 +1,8 @@
 """aiohttp server of ONE simulated inference pool, and its CLI.
 
     python -m sim.pool --name default --port 18001 [--host 127.0.0.1] [--time-scale 1.0]
-                       [--seed 0] [--kv-capacity-tokens N] [--max-queue N] [--model NAME]
-                       [--base-latency-ms MS]
+                       [--seed 0] [--kv-capacity-tokens N] [--max-num-seqs N] [--max-queue N]
+                       [--model NAME] [--base-latency-ms MS]
 
 Prints `sim pool <name> listening on http://<host>:<port>` once bound (`--port 0` picks a free
 port and prints it) and exits 0 on SIGTERM/SIGINT.
@@ -203,6 +203,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--kv-capacity-tokens", type=int, default=defaults.kv_capacity_tokens)
     parser.add_argument("--max-queue", type=int, default=defaults.max_queue)
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=defaults.max_running_requests, help="batch slots"
+    )
     parser.add_argument("--base-latency-ms", type=float, default=defaults.base_latency_ms)
     parser.add_argument("--tokenizer", choices=("approx", "deepseek"), default=defaults.tokenizer)
     parser.add_argument(
@@ -228,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             time_scale=args.time_scale,
             seed=args.seed,
             kv_capacity_tokens=args.kv_capacity_tokens,
+            max_running_requests=args.max_num_seqs,
             max_queue=args.max_queue,
             base_latency_ms=args.base_latency_ms,
             tokenizer=args.tokenizer,

@@ -237,11 +237,12 @@ class ProcessSampler:
 
 class SignalSampler:
     """What the engines and the sidecar said over the run, scraped every second: each
-    pool's KV-cache usage and running / waiting requests (its engine's /metrics), each
-    breaker's level and each tier's quota multiplier (the sidecar's /metrics)."""
+    pool's KV-cache usage (the mean of its engines') and running / waiting requests (their
+    sum, from each engine's /metrics), each breaker's level and each tier's quota
+    multiplier (the sidecar's /metrics)."""
 
-    def __init__(self, engines: Mapping[str, str], sidecar_metrics: str | None) -> None:
-        self.engines = dict(engines)  # pool -> its /metrics URL
+    def __init__(self, engines: Mapping[str, Sequence[str]], sidecar_metrics: str | None) -> None:
+        self.engines = {pool: list(urls) for pool, urls in engines.items()}  # /metrics URLs
         self.sidecar_metrics = sidecar_metrics
         self.timeline: list[dict[str, Any]] = []
         # phase -> (bucket bound s, cumulative count) of slogate_decision_seconds
@@ -259,17 +260,20 @@ class SignalSampler:
 
         row: dict[str, Any] = {"at_s": at_s, "pools": {}, "breakers": {}, "multipliers": {}}
         decisions: dict[str, list[tuple[float, float]]] = {}
-        for pool, url in self.engines.items():
-            text = await self._text(session, url)
-            if text is None:
+        for pool, urls in self.engines.items():
+            texts = [t for url in urls if (t := await self._text(session, url)) is not None]
+            if not texts:
                 continue
             values: dict[str, float] = {}
-            for family in text_string_to_metric_families(text):
-                for sample in family.samples:
-                    short = sample.name.removeprefix("vllm:")
-                    if short in ("kv_cache_usage_perc", "num_requests_running",
-                                 "num_requests_waiting", "num_preemptions_total"):  # fmt: skip
-                        values[short] = values.get(short, 0.0) + sample.value
+            for engine_text in texts:
+                for family in text_string_to_metric_families(engine_text):
+                    for sample in family.samples:
+                        short = sample.name.removeprefix("vllm:")
+                        if short in ("kv_cache_usage_perc", "num_requests_running",
+                                     "num_requests_waiting", "num_preemptions_total"):  # fmt: skip
+                            values[short] = values.get(short, 0.0) + sample.value
+            if "kv_cache_usage_perc" in values:  # equal engines: the mean is the pool's
+                values["kv_cache_usage_perc"] /= len(texts)
             row["pools"][pool] = values
         text = await self._text(session, self.sidecar_metrics) if self.sidecar_metrics else None
         for family in text_string_to_metric_families(text or ""):
@@ -467,9 +471,10 @@ class StackFaults:
             body = {**fault.settings, "duration_s": fault.for_s * self.time_scale}
             if "error_status" in body:
                 body["error_status"] = int(body["error_status"])
-            url = f"{self.stack.pool_url(fault.pool)}/fault"
-            async with aiohttp.ClientSession() as session, session.post(url, json=body) as r:
-                r.raise_for_status()
+            async with aiohttp.ClientSession() as session:
+                for engine in self.stack.engine_urls(fault.pool):  # a pool's fault: all of it
+                    async with session.post(f"{engine}/fault", json=body) as r:
+                        r.raise_for_status()
             return time.monotonic() + fault.for_s * self.time_scale
         if fault.kill == "sidecar":
             victim = self.stack.sidecar
@@ -822,7 +827,11 @@ def run_live(
             }
         )
         injector = StackFaults(stack, faults, time_scale) if faults else None
-    engines = {p: f"{stack.pool_url(p)}/metrics" for p in stack.pool_ports} if stack else {}
+    engines = (
+        {p: [f"{url}/metrics" for url in stack.engine_urls(p)] for p in stack.pool_ports}
+        if stack
+        else {}
+    )
     signals = SignalSampler(engines, stack.metrics_url if stack else None)
     left = None
     try:

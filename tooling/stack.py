@@ -141,7 +141,8 @@ class LocalStack:
     fleet: list[Replica] = field(default_factory=list)
     redis: ManagedProcess | None = None
     redis_port: int = 0
-    pool_ports: dict[str, int] = field(default_factory=dict)
+    pool_ports: dict[str, int] = field(default_factory=dict)  # pool -> its first engine's
+    engine_ports: dict[str, list[int]] = field(default_factory=dict)  # pool -> every engine's
     sidecar: ManagedProcess | None = None
     sidecar_policy_path: Path | None = None
     envoy: ManagedProcess | None = None
@@ -180,19 +181,23 @@ class LocalStack:
             policy = load_policy(self.policy_path)
             self.tls = policy.tls is not None
             real = {policy.default_pool} if self.engine == "vllm" else set()
-            # Started together, then waited for: each loads the tokenizer (~1 s).
+            # Started together, then waited for: each loads the tokenizer (~1 s). One
+            # simulated engine per endpoint the pool lists.
             started = [
-                self.start_pool(pool, served_names(policy))
+                proc
                 for pool in policy.pools.values()
                 if pool.name not in real
+                for proc in self.start_pool(pool, served_names(policy))
             ]
             for name in sorted(real):  # meanwhile (vLLM takes ~45 s to answer /health)
                 self.start_engine(policy, policy.pools[name])
             for name, proc in started:
                 match = proc.wait_for_line(r"listening on http://[^:]+:(\d+)")
-                self.pool_ports[name] = int(match.group(1))
+                self.engine_ports.setdefault(name, []).append(int(match.group(1)))
+            for name, ports in self.engine_ports.items():
+                self.pool_ports[name] = ports[0]
             moved = any(
-                pool.endpoints[0] != (HOST, self.pool_ports[name])
+                pool.endpoints != tuple((HOST, port) for port in self.engine_ports[name])
                 for name, pool in policy.pools.items()
             )
             # Asked for the Redis store here: the stack runs its own (a policy that names
@@ -221,34 +226,44 @@ class LocalStack:
             raise
         return self
 
-    def start_pool(self, pool: Pool, models: tuple[str, ...]) -> tuple[str, ManagedProcess]:
-        port = self.ports.pools.get(pool.name, pool.endpoints[0][1])
+    def start_pool(self, pool: Pool, models: tuple[str, ...]) -> list[tuple[str, ManagedProcess]]:
+        """One simulated engine per endpoint of `pool`, each with its share of the pool's
+        KV cache and batch slots (what it then reports in its metrics)."""
         names = [arg for name in models for arg in ("--served-model-name", name)]
-        proc = ManagedProcess(
-            f"pool-{pool.name}",
-            python_module(
+        count = len(pool.endpoints)
+        shares: list[str] = []
+        if pool.kv_capacity_tokens is not None:
+            shares += ["--kv-capacity-tokens", str(pool.kv_capacity_tokens // count)]
+        if pool.max_num_seqs is not None:
+            shares += ["--max-num-seqs", str(max(1, pool.max_num_seqs // count))]
+        started = []
+        for index, (_, endpoint_port) in enumerate(pool.endpoints):
+            first = self.ports.pools.get(pool.name, endpoint_port)
+            port = first if index == 0 else (endpoint_port if first else 0)
+            argv = python_module(
                 "sim.pool",
-                "--name",
-                pool.name,
-                "--host",
-                HOST,
-                "--port",
-                str(port),
-                "--time-scale",
-                str(self.time_scale),
+                "--name", pool.name,
+                "--host", HOST,
+                "--port", str(port),
+                "--seed", str(index),
+                "--time-scale", str(self.time_scale),
                 # The pools count prompts as vLLM does, so a crafted prompt costs them its
                 # real size, not a quarter of its bytes.
-                "--tokenizer",
-                "deepseek",
+                "--tokenizer", "deepseek",
                 # As the policy says the engines schedule (slogate then writes priorities).
-                "--scheduling-policy",
-                "priority" if pool.priority_scheduling else "fcfs",
+                "--scheduling-policy", "priority" if pool.priority_scheduling else "fcfs",
+                *(shares if count > 1 else ()),
                 *names,
-            ),
-            self.work_dir,
-        ).start()
-        self.processes.append(proc)
-        return pool.name, proc
+            )  # fmt: skip
+            name = f"pool-{pool.name}" if index == 0 else f"pool-{pool.name}-{index}"
+            proc = ManagedProcess(name, argv, self.work_dir).start()
+            self.processes.append(proc)
+            started.append((pool.name, proc))
+        return started
+
+    def engine_urls(self, pool: str) -> list[str]:
+        """Every engine of the pool (one for a real vLLM)."""
+        return [f"http://{HOST}:{port}" for port in self.engine_ports.get(pool, [])]
 
     def start_engine(self, policy: Policy, pool: Pool) -> None:
         """A real vLLM for `pool`, serving the policy's model names, scheduling by priority
@@ -266,17 +281,19 @@ class LocalStack:
         assert engine.process is not None
         self.processes.append(engine.process)
         self.pool_ports[pool.name] = engine.port
+        self.engine_ports[pool.name] = [engine.port]
         self.engine_facts[pool.name] = engine.facts()
 
     def write_runtime_policy(self) -> Path:
-        """The policy file the sidecar reads: the given one with each pool's endpoint set to
-        the simulated pool started for it, so engine metrics are scraped from the real ones."""
+        """The policy file the sidecar reads: the given one with each pool's endpoints set to
+        the simulated engines started for it, so engine metrics are scraped from the real
+        ones."""
         raw = yaml.safe_load(self.policy_path.read_text(encoding="utf-8")) or {}
         given = raw.get("pools") or {}
         # Only the endpoints move: every other pool setting (kv_capacity_tokens) is kept.
         raw["pools"] = {
-            name: {**(given.get(name) or {}), "endpoints": [f"{HOST}:{port}"]}
-            for name, port in self.pool_ports.items()
+            name: {**(given.get(name) or {}), "endpoints": [f"{HOST}:{p}" for p in ports]}
+            for name, ports in self.engine_ports.items()
         }
         for name, facts in self.engine_facts.items():  # a real engine: what it reports
             if not self.admit_engine_capacity:
@@ -337,7 +354,9 @@ class LocalStack:
     def runtime_policy(self, policy: Policy) -> Policy:
         """The policy with each pool pointed at the simulated pool started for it."""
         pools = {
-            name: dataclasses.replace(pool, endpoints=((HOST, self.pool_ports[name]),))
+            name: dataclasses.replace(
+                pool, endpoints=tuple((HOST, port) for port in self.engine_ports[name])
+            )
             for name, pool in policy.pools.items()
         }
         if self.failure_mode is not None:

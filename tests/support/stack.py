@@ -94,9 +94,16 @@ def charged_as_used(stack: LocalStack) -> tuple[Samples, Samples]:
 
 
 def fault(stack: LocalStack, pool: str, **settings: float) -> None:
-    url = f"{stack.pool_url(pool)}/fault"
+    """A fault on every engine of the pool (no settings: cleared)."""
+    for engine in stack.engine_urls(pool):
+        engine_fault(engine, **settings)
+
+
+def engine_fault(engine_url: str, **settings: float) -> None:
+    """A fault on one engine (no settings: cleared)."""
     data = json.dumps(settings).encode() if settings else None
-    request = urllib.request.Request(url, data=data, method="POST" if settings else "DELETE")
+    method = "POST" if settings else "DELETE"
+    request = urllib.request.Request(f"{engine_url}/fault", data=data, method=method)
     request.add_header("content-type", "application/json")
     with urllib.request.urlopen(request, timeout=5) as response:
         assert response.status == 200
