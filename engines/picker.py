@@ -8,6 +8,8 @@ engines' state from the fleet (engines.state); scoring itself is engines.scoring
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from collections.abc import Callable
 
 from engines.prefix import PrefixIndex, PromptBlocks
@@ -98,6 +100,10 @@ class EnginePicker:
         if not self.picks(spec):
             return ()
         config = self._policy().engines.picking
+        if not blocks.key:
+            # Not counted (a byte bound): no conversation to keep together; the request's own
+            # id spreads such requests over the engines.
+            blocks = dataclasses.replace(blocks, key=_id_key(request_id))
         chosen = pick(self.candidates(spec, blocks), blocks, bucket, config)
         if not chosen:
             return ()
@@ -118,3 +124,7 @@ class EnginePicker:
 
     def release(self, request_id: str) -> None:
         self.fleet.release(request_id)
+
+
+def _id_key(request_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "big")

@@ -97,20 +97,21 @@ def ladder(count: int) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class PromptBlocks:
-    """A prompt's prefix hashes at its ladder positions, the tokens each covers, and its
-    conversation key (0: none)."""
+    """A prompt's prefix hashes at its ladder positions, the tokens each covers, its
+    conversation key (0: none) and the tokens of the conversation's head."""
 
     hashes: tuple[int, ...]
     covered_tokens: tuple[int, ...]
     key: int
     total_tokens: int
+    head_tokens: int = 0
 
     @property
     def empty(self) -> bool:
         return not self.hashes
 
 
-NO_BLOCKS = PromptBlocks((), (), 0, 0)
+NO_BLOCKS = PromptBlocks((), (), 0, 0, 0)
 
 
 def prompt_blocks(
@@ -127,6 +128,7 @@ def prompt_blocks(
     seed = _SEED
     key = 0
     covered = 0
+    head = 0
     for index, (blocks, length) in enumerate(zip(texts, lengths, strict=True)):
         if blocks.shape[0]:
             with np.errstate(over="ignore"):
@@ -137,7 +139,7 @@ def prompt_blocks(
             seed = int(_mix(chain[-1:])[0])
         covered += length
         if index + 1 == conversation_texts:
-            key = seed
+            key, head = seed, covered
     if not chained:
         return NO_BLOCKS
     hashes = np.concatenate(chained)
@@ -148,6 +150,7 @@ def prompt_blocks(
         tuple(int(t) for t in tokens[positions]),
         key or seed,
         covered,
+        head or covered,
     )
 
 

@@ -5,8 +5,12 @@ What lives here: `Candidate` (what a scorer may read of one engine), the four sc
 code picks in the sidecar (extproc.request.flow) and in the simulator (sim.engines).
 
 The scorers, and which way each pulls:
-- prefix (affinity): the share of the prompt's tokens whose leading blocks the engine was
-  recently sent (engines.prefix.PrefixIndex): its prefix cache may still hold them.
+- prefix (affinity): the share of the prompt's tokens past its conversation's head whose
+  leading blocks the engine was recently sent (engines.prefix.PrefixIndex): its prefix
+  cache may still hold them. The head (a shared system prompt, the first question) is left
+  out: every engine soon caches a shared system prompt, and each replica's index knows only
+  what it sent, so a pull on it would split one chat's turns between replicas; past the
+  head, a chat's history is where its earlier turns went.
 - load (distribution): how free the engine is — the largest of the KV and batch slots this
   sidecar holds on it (exact, the moment it admits) and its scraped KV usage (every
   replica's requests, seconds late), less a share for a queue the engine reports.
@@ -85,16 +89,21 @@ def _rank_scores(key: int, candidates: Sequence[Candidate]) -> list[float]:
     return scores
 
 
-def load_of(candidate: Candidate, pool_held_sequences: int, count: int) -> float:
+def load_of(
+    candidate: Candidate, pool_held_sequences: int, count: int, most_held: int = 0
+) -> float:
     """How full the engine is, 0..1: what slogate holds on it against its capacity (against
     an even share of the pool's requests where its capacity is unknown), or what it reports
-    holding, whichever is more, plus half its queue per running request."""
-    parts = []
+    holding, whichever is more, plus half its queue per running request; and never less
+    than half its requests in flight against the busiest engine's (least-request
+    balancing, which the cache fractions alone do not give while every engine is nearly
+    empty)."""
+    parts = [0.5 * candidate.held_sequences / most_held if most_held else 0.0]
     if candidate.kv_tokens:
         parts.append(candidate.held_tokens / candidate.kv_tokens)
     if candidate.sequences:
         parts.append(candidate.held_sequences / candidate.sequences)
-    if not parts:
+    if len(parts) == 1:
         parts.append(candidate.held_sequences / (pool_held_sequences + count))
     if candidate.scraped_kv_usage is not None:
         parts.append(candidate.scraped_kv_usage)
@@ -120,17 +129,15 @@ def score(
     """Every candidate's scores, in the candidates' order."""
     count = len(candidates)
     held = sum(c.held_sequences for c in candidates)
+    most = max(c.held_sequences for c in candidates)
     affinity = _rank_scores(blocks.key, candidates) if blocks.key else [0.0] * count
     length = _rank_scores(_address_hash(bucket), candidates)
     scored = []
     for i, candidate in enumerate(candidates):
-        load = 1.0 - load_of(candidate, held, count)
+        load = 1.0 - load_of(candidate, held, count, most)
         bound = over_bound(candidate, held, count, config.load_bound)
-        prefix = (
-            candidate.matched_tokens / blocks.total_tokens
-            if blocks.total_tokens and not bound
-            else 0.0
-        )
+        beyond = max(0, candidate.matched_tokens - blocks.head_tokens)
+        prefix = beyond / blocks.total_tokens if blocks.total_tokens and not bound else 0.0
         pull = 0.0 if bound else affinity[i]
         total = (
             config.prefix_weight * prefix

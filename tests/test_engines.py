@@ -218,14 +218,18 @@ def test_load_pulls_towards_the_freer_engine() -> None:
     assert pick([busy, scraped], blocks, "0-4k", only_load)[0] == "a:1"
 
 
-def test_a_cached_prefix_outweighs_a_little_load() -> None:
-    blocks = blocks_of(ids(*range(400)))
+def test_a_cached_history_outweighs_a_little_load_but_a_cached_head_does_not() -> None:
+    # A chat's head (40 tokens), then 360 tokens of history and the new question.
+    blocks = blocks_of(ids(*range(40)), ids(*range(40, 400)))
     cached = candidate("a:1", 0, held_tokens=300, held_sequences=1, matched_tokens=380)
     empty = candidate("b:1", 1, held_tokens=100, held_sequences=1)
     chosen = pick([cached, empty], blocks, "0-4k", dataclasses.replace(CONFIG, affinity_weight=0))
     assert chosen == ["a:1", "b:1"]
     scores = {s.address: s for s in score([cached, empty], blocks, "0-4k", CONFIG)}
-    assert scores["a:1"].prefix == pytest.approx(0.95) and scores["b:1"].prefix == 0.0
+    assert scores["a:1"].prefix == pytest.approx(340 / 400) and scores["b:1"].prefix == 0.0
+    # Only the head matched (a shared system prompt): no pull, every engine will hold it.
+    head_only = dataclasses.replace(cached, matched_tokens=40)
+    assert score([head_only, empty], blocks, "0-4k", CONFIG)[0].prefix == 0.0
 
 
 def test_replicas_agree_on_a_conversations_engine_until_it_is_over_its_bound() -> None:

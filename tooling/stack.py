@@ -143,6 +143,7 @@ class LocalStack:
     redis_port: int = 0
     pool_ports: dict[str, int] = field(default_factory=dict)  # pool -> its first engine's
     engine_ports: dict[str, list[int]] = field(default_factory=dict)  # pool -> every engine's
+    engine_procs: dict[str, list[ManagedProcess]] = field(default_factory=dict)  # simulated
     sidecar: ManagedProcess | None = None
     sidecar_policy_path: Path | None = None
     envoy: ManagedProcess | None = None
@@ -258,8 +259,22 @@ class LocalStack:
             name = f"pool-{pool.name}" if index == 0 else f"pool-{pool.name}-{index}"
             proc = ManagedProcess(name, argv, self.work_dir).start()
             self.processes.append(proc)
+            self.engine_procs.setdefault(pool.name, []).append(proc)
             started.append((pool.name, proc))
         return started
+
+    def restart_engine(self, pool: str, index: int) -> ManagedProcess:
+        """Stop the pool's `index`th simulated engine if it runs, and start it again on its
+        port (a new process: empty cache, its metrics from zero)."""
+        old = self.engine_procs[pool][index]
+        old.stop()
+        argv = list(old.argv)
+        argv[argv.index("--port") + 1] = str(self.engine_ports[pool][index])
+        proc = ManagedProcess(f"{old.name}-again", argv, self.work_dir).start()
+        proc.wait_for_line(r"listening on http://")
+        self.processes[self.processes.index(old)] = proc
+        self.engine_procs[pool][index] = proc
+        return proc
 
     def engine_urls(self, pool: str) -> list[str]:
         """Every engine of the pool (one for a real vLLM)."""
