@@ -86,12 +86,20 @@ def error_rate(
     return errors / responses
 
 
-def fleet_error_rate(windows: ResponseWindows, policy: Policy) -> float | None:
+def fleet_error_rate(
+    windows: ResponseWindows,
+    policy: Policy,
+    engines_out: Callable[[str], frozenset[str]] = lambda pool: frozenset(),
+) -> float | None:
     """The global breaker's error signal: a failure of the whole fleet, i.e. every pool with
     traffic failing at once (the lowest of their error rates). One pool's errors are its own
     breaker's business; summed across pools they would let one sick pool that carries most
     of the traffic shed non-critical requests on the healthy pools too."""
-    rates = [r for pool in policy.pools if (r := error_rate(windows, policy, pool)) is not None]
+    rates = [
+        r
+        for pool in policy.pools
+        if (r := error_rate(windows, policy, pool, engines_out(pool))) is not None
+    ]
     return min(rates) if rates else None
 
 
@@ -150,7 +158,7 @@ class BreakerBoard:
         if name == GLOBAL:
             # The fleet as a whole: every pool failing, and this node's GPU memory.
             return Signals(
-                error_rate=fleet_error_rate(self._windows, policy),
+                error_rate=fleet_error_rate(self._windows, policy, self._engines_out),
                 gpu_memory_usage=self._gpu(),
             )
         # The latency signal is the worse of two: the access log's (per tier and bucket,

@@ -14,7 +14,9 @@ How an engine's state moves, and what "no data" means for each signal:
   and the one retry cover the seconds until slogate knows better.
 - Dead by answers: `eject_after_errors` 5xx or failed connections in a row take it out
   for `eject_s`, doubled for each ejection in a row (at most 10x): an engine that answers
-  its health check but fails its requests. Envoy's outlier detection ejects alike.
+  its health check but fails its requests. Envoy's outlier detection ejects alike, and
+  like it never more than half the pool: when most engines fail, the pool is failing, and
+  that is its breaker's to see (a one-engine pool never ejects on answers).
 - Draining: an operator's word (admin API); it gets nothing new, its requests finish.
 - Metrics that are stale (not scraped within `stale_after_s`) read as a full KV cache for
   a serving engine, as they always did for the pool; a dead engine's are not read at all.
@@ -209,6 +211,10 @@ class EngineFleet:
         health = self._health()
         if engine.errors_in_row < health.eject_after_errors or now_s < engine.ejected_until_s:
             return False
+        engines = self.engines(pool)
+        out = sum(1 for e in engines if e.state(now_s) is EngineState.DEAD)
+        if out + 1 > len(engines) // 2:
+            return False  # at most half the pool ejected
         factor = min(MAX_EJECTION_FACTOR, 2**engine.ejections_in_row)
         engine.ejections_in_row += 1
         engine.ejected_until_s = now_s + health.eject_s * factor
@@ -272,10 +278,12 @@ class EngineFleet:
         """`spec` with the capacity of its serving engines, plus what requests still hold
         on engines that take nothing new (a draining engine's requests run on; they were
         admitted against its room and free it when they end). A pool without engines known
-        (not tracked) is `spec` itself."""
+        (not tracked), or with none serving, is `spec` itself."""
         engines = self.engines(spec.name)
         if not engines or (spec.kv_capacity_tokens is None and spec.max_num_seqs is None):
             return spec
+        if not self.serving(spec.name):
+            return spec  # the whole pool is down: its breaker (L3 no_engines) decides
         now_s = self._clock()
         tokens = 0.0
         sequences = 0.0
@@ -293,10 +301,12 @@ class EngineFleet:
             max_num_seqs=None if spec.max_num_seqs is None else math.floor(sequences),
         )
 
-    def kv_usage(self, pool: str) -> float | None:
+    def kv_usage(self, pool: str, stale_as_full: bool = True) -> float | None:
         """The pool's KV usage over its serving engines, weighted by their caches (one
         engine's report when capacities are unknown counts alike); a stale serving engine
-        reads as full; None without any reading."""
+        reads as full (the breaker's rule), or is left out (`stale_as_full` False: what the
+        footprint ratio learns from, which one hung engine must not inflate for the whole
+        pool); None without any reading."""
         now_s = self._clock()
         stale_s = self._stale_after_s()
         used = total = 0.0
@@ -305,8 +315,8 @@ class EngineFleet:
             size = (engine.snapshot.kv_capacity_tokens if engine.snapshot else None) or 1.0
             snapshot = engine.fresh(now_s, stale_s)
             if snapshot is None:
-                if engine.snapshot is None:
-                    continue  # never read yet: no data, not "full"
+                if engine.snapshot is None or not stale_as_full:
+                    continue  # never read yet (or not counted): no data, not "full"
                 usage = 1.0
             elif snapshot.kv_cache_usage is None:
                 continue
@@ -316,6 +326,10 @@ class EngineFleet:
             used += usage * size
             total += size
         return used / total if seen and total else None
+
+    def fresh_kv_usage(self, pool: str) -> float | None:
+        """`kv_usage` over the serving engines with fresh metrics only."""
+        return self.kv_usage(pool, stale_as_full=False)
 
     # -- what this sidecar holds on each engine ---------------------------------------
 

@@ -47,6 +47,7 @@ def _picking(sec: Section) -> PickingConfig:
 def _health(sec: Section) -> EngineHealthConfig:
     d = EngineHealthConfig()
     config = EngineHealthConfig(
+        probes=sec.get("probes", bool, d.probes),
         probe_interval_s=sec.get("probe_interval_s", float, d.probe_interval_s),
         probe_timeout_s=sec.get("probe_timeout_s", float, d.probe_timeout_s),
         unhealthy_after=sec.get("unhealthy_after", int, d.unhealthy_after),

@@ -156,6 +156,9 @@ class PickingConfig:
 class EngineHealthConfig:
     """When an engine stops getting new requests and when it gets them again."""
 
+    # The sidecar probes the engines itself. False where it cannot reach them (only Envoy
+    # may): an engine's state then comes from its answers alone, and Envoy's health checks.
+    probes: bool = True
     probe_interval_s: float = 1.0  # GET /health on every engine (slogate's and Envoy's)
     probe_timeout_s: float = 1.0  # an answer later than this is a failed probe (a hung engine)
     unhealthy_after: int = 2  # failed probes in a row: dead

@@ -281,3 +281,19 @@ def test_the_picker_holds_the_footprint_on_its_engine_and_learns_the_prefix() ->
     assert picker.pick("r3", spec, blocks, "0-4k", 10, 1) == (chosen[1],)
     external = dataclasses.replace(spec, picker=Picker.EXTERNAL)
     assert picker.pick("r4", external, blocks, "0-4k", 10, 1) == ()
+
+
+def test_answers_never_eject_more_than_half_the_pool() -> None:
+    clock = FakeClock()
+    fleet = fleet_of(clock, A, B)
+    assert [fleet.answered("p", "10.0.0.1:8000", True) for _ in range(3)][-1]
+    assert not any(fleet.answered("p", "10.0.0.2:8000", True) for _ in range(6))
+    assert [e.address for e in fleet.serving("p")] == ["10.0.0.2:8000"]
+    alone = fleet_of(clock, A)
+    assert not any(alone.answered("p", "10.0.0.1:8000", True) for _ in range(6))
+    # Probes still take every engine out: a pool that is down is down, and then it is
+    # admitted against as configured (its breaker goes to L3 on `engines_up` 0).
+    spec = Pool("p", (A, B), kv_capacity_tokens=1000)
+    for _ in range(2):
+        fleet.probed("p", "10.0.0.2:8000", False)
+    assert fleet.serving("p") == [] and fleet.live_pool(spec) == spec

@@ -54,6 +54,9 @@ def write_policy(
         # One bucket, KV weight 1: a request's footprint is its context, prompt + max_tokens.
         "buckets": [{"name": "all", "cost_weight": 1.0, "kv_weight": 1.0}],
         "pools": {"default": {"endpoints": ["127.0.0.1:9"], "kv_capacity_tokens": CAPACITY}},
+        # Nothing listens on the discard port: the sidecars are driven directly, and their
+        # probes would take the pool's only engine out.
+        "engines": {"health": {"probes": False}},
         "breaker": {"scrape_metrics": False},
         "waiting_room": {"enabled": waiting_room},
         "keys": [
@@ -328,6 +331,8 @@ def test_one_replica_cut_off_from_redis_degrades_alone(fleet: Fleet) -> None:
 def _stack_policy(tmp: Path) -> Path:
     raw = example_policy()
     raw["pools"]["default"]["kv_capacity_tokens"] = 5000  # a 3000-token context is 60%
+    # ... of one engine: a request must fit the engine it runs on.
+    raw["pools"]["default"]["endpoints"] = raw["pools"]["default"]["endpoints"][:1]
     return write_stack_policy(tmp / "fleet-policy.yaml", raw)
 
 

@@ -253,7 +253,7 @@ class LocalStack:
                 "--tokenizer", "deepseek",
                 # As the policy says the engines schedule (slogate then writes priorities).
                 "--scheduling-policy", "priority" if pool.priority_scheduling else "fcfs",
-                *(shares if count > 1 else ()),
+                *shares,
                 *names,
             )  # fmt: skip
             name = f"pool-{pool.name}" if index == 0 else f"pool-{pool.name}-{index}"

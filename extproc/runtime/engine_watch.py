@@ -135,7 +135,8 @@ class EngineWatch:
         async with aiohttp.ClientSession() as session:
             while True:
                 try:
-                    await self.probe_once(session)
+                    if self._policy().engines.health.probes:
+                        await self.probe_once(session)
                 except Exception:
                     log.exception("probing the engines failed")
                 await asyncio.sleep(self._policy().engines.health.probe_interval_s)

@@ -188,7 +188,7 @@ class Sidecar:
             self.quotas,
             self.key_quotas,
             self.admission.kv,
-            self.fleet.kv_usage if self.scraper else None,
+            self.fleet.fresh_kv_usage if self.scraper else None,
             self.metrics,
         )
         self.admin = AdminService(
