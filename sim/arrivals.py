@@ -27,6 +27,12 @@ class Arrival:
     # lower than prompt_tokens, it models a count that is off, e.g. the fitted estimate
     # that random letters fooled tenfold: the engine still holds prompt_tokens.
     counted_prompt_tokens: int | None = None
+    # A chat of its own texts (sim.conversations: history resent, a shared system prompt),
+    # each text's token count, and how many leading texts are the conversation's head;
+    # empty: texts of `counted` tokens from the prompt library, none shared.
+    texts: tuple[str, ...] = ()
+    text_tokens: tuple[int, ...] = ()
+    conversation_texts: int = 1
 
     @property
     def counted(self) -> int:

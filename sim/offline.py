@@ -19,8 +19,7 @@ import heapq
 import itertools
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -38,48 +37,11 @@ from extproc.request.tokens import PromptCounter
 from policy import Policy
 from sim.arrivals import Arrival
 from sim.clock import VirtualClock
-from sim.model import Admission, KvCache, LatencyConfig, LatencyModel, kv_tokens_for
+from sim.engine_pool import EnginePool, SimEngine, engine_addresses, probe, scrape
+from sim.fleet_types import RETRIED_STATUSES, EngineOutage, Sample, Served
+from sim.model import Admission, LatencyConfig, LatencyModel, chain_segments, kv_tokens_for
 from sim.prompts import library, shared_bpe
 from sim.sidecar import SimulatedSidecar, run_now
-
-RETRIED_STATUSES = frozenset({429, 503})  # what an OpenAI SDK retries after Retry-After
-
-
-@dataclass(slots=True)
-class Served:
-    """What became of one request."""
-
-    arrival: Arrival
-    pool: str
-    # served, budget, shed, kv_full, queue_full, queue_timeout, engine_full, oom
-    outcome: str
-    ttft_s: float | None = None  # first arrival to first token: retries and waits included
-    done_s: float | None = None
-    output_tokens: int = 0
-    waited_s: float = 0.0  # in the sidecar's waiting room, on the attempt that got through
-    attempts: int = 1  # the client's tries (it retries after Retry-After)
-
-
-@dataclass(slots=True)
-class _Engine:
-    kv: KvCache
-    waiting: dict[str, tuple[int, Arrival]] = field(default_factory=dict)
-    # Integral over virtual time, for utilisation: occupancy (the fuller of the KV cache and
-    # the batch slots, 0..1) x seconds.
-    busy_s: float = 0.0
-    served: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """The fleet once per breaker evaluation, for plots: per pool KV usage, queue, level."""
-
-    at_s: float
-    kv_usage: dict[str, float]
-    waiting: dict[str, int]
-    levels: dict[str, int]
-    multipliers: dict[str, float]
-    score: float | None
 
 
 class OfflineFleet:
@@ -101,6 +63,9 @@ class OfflineFleet:
         client_retries: int = 0,
         shared_ledger: bool = True,
         max_queue: int = 10_000,
+        engines: Mapping[str, int] | None = None,
+        outages: Sequence[EngineOutage] = (),
+        prefix_entries: int = 50_000,
     ) -> None:
         """`waiting_room`: the sidecars hold requests refused only for capacity until room
         frees (False: they refuse them at once). `client_retries`: how many times a client
@@ -109,7 +74,10 @@ class OfflineFleet:
         as replicas share Redis's (False: each its own, against capacity / replicas, as
         with the in-process store). `max_queue`: requests an engine keeps waiting before it
         answers 503 (the simulated pool's --max-queue is 256; the comparisons here keep a
-        queue that never fills, as they were published)."""
+        queue that never fills, as they were published). `engines`: how many engines each
+        pool has (absent: one; the pool's KV capacity and batch slots are shared out among
+        them), picked by the sidecars as the policy says (`picker`); `outages`: engines
+        down for a while; `prefix_entries`: each engine's prefix cache (prompt segments)."""
         self.policy = policy
         self.client_retries = client_retries
         self.seed = seed
@@ -119,17 +87,21 @@ class OfflineFleet:
         # overcommit_ratio > 1: the engine admits past its real KV capacity, and requests
         # started in that region fail like an OOM (a 500), as in the simulated pool.
         self.overcommit_error_rate = overcommit_error_rate
+        counts = engines or {}
         self.engines = {
-            name: _Engine(
-                KvCache(
-                    kv_capacity_tokens,
-                    max_running=max_running,
-                    max_queue=max_queue,
-                    overcommit_ratio=overcommit_ratio,
-                )
+            name: EnginePool(
+                engine_addresses(index, counts.get(name, 1)),
+                kv_capacity_tokens,
+                max_running,
+                max_queue,
+                overcommit_ratio,
+                prefix_entries,
             )
-            for name in policy.pools
+            for index, name in enumerate(policy.pools)
         }
+        self.outages = list(outages)
+        self._on_engine: dict[str, SimEngine] = {}
+        self.retried = 0  # connections refused and retried on another engine
         self.windows = ResponseWindows(self.clock, slot_s=5.0, horizon_s=600.0)
         self.board = BreakerBoard(
             lambda: policy,
@@ -140,6 +112,8 @@ class OfflineFleet:
             gpu_memory_usage=lambda: None,
             clock=self.clock,
             engine_queue=lambda pool: self._scraped.get(pool, (None, None))[1],
+            engines_out=lambda pool: self.sidecars[0].fleet.out(pool),
+            engines_up=lambda pool: self.sidecars[0].fleet.up_fraction(pool),
         )
         self._scraped: dict[str, tuple[float, float]] = {}
         # The dynamic quota controller: the same TierMultipliers the sidecar runs.
@@ -177,6 +151,7 @@ class OfflineFleet:
                 random.Random(seed * 100 + index),
                 schedule=self._schedule if waiting_room else None,
                 book=book,
+                engines={n: [e.address for e in p.engines] for n, p in self.engines.items()},
             )
             for index in range(len(self.sidecar_split))
         ]
@@ -222,6 +197,14 @@ class OfflineFleet:
         scrape_s = self.policy.breaker.scrape_interval_s
         for tick in range(math.ceil(until_s / scrape_s)):
             self._push(tick * scrape_s, "scrape", "")
+        if self.outages:
+            probe_s = self.policy.engines.health.probe_interval_s
+            for tick in range(math.ceil(until_s / probe_s)):
+                self._push(tick * probe_s, "probe", "")
+            for number, outage in enumerate(self.outages):
+                self._push(outage.at_s, "down", str(number))
+                if outage.until_s < until_s:
+                    self._push(outage.until_s, "up", str(number))
         self.until_s = until_s
         while self._events:
             at_s, _, kind, request_id = heapq.heappop(self._events)
@@ -245,16 +228,40 @@ class OfflineFleet:
             elif kind == "control" and self.use_controller:
                 self._control()
             elif kind == "scrape":
-                self._scraped = {
-                    name: (engine.kv.usage_perc, self._queue_ratio(name))
-                    for name, engine in self.engines.items()
-                }
+                self._scrape()
+            elif kind == "probe":
+                probe(self.engines, [s.fleet for s in self.sidecars])
+            elif kind in ("down", "up"):
+                self._outage(self.outages[int(request_id)], kind == "up")
         return self.results
+
+    def _scrape(self) -> None:
+        """Every sidecar scrapes every engine (the pools' signals, each engine's state)."""
+        self._scraped = {
+            name: (pool.usage_perc(), pool.queue_ratio()) for name, pool in self.engines.items()
+        }
+        scrape(self.engines, [s.fleet for s in self.sidecars])
+
+    def _outage(self, outage: EngineOutage, back: bool) -> None:
+        """An engine goes down (what ran or waited on it is lost: Envoy answers 503) or comes
+        back empty."""
+        pool = self.engines[outage.pool]
+        engine = pool.engines[outage.index]
+        if back:
+            pool.restart(outage.index)
+            return
+        engine.up, engine.down_since_s = False, self.clock.now_s
+        lost = [r for r, e in self._on_engine.items() if e is engine]
+        for request_id in lost:
+            self._on_engine.pop(request_id)
+            self.results[request_id].outcome = "engine_lost"
+            self._outputs.pop(request_id, None)
+            self._end(request_id, status=503, output=None, engine=engine)
 
     def _arrive(self, request_id: str) -> None:
         arrival = self._arrivals[request_id]
         sidecar = self.sidecars[self._sidecar_index(request_id, arrival)]
-        texts = library(arrival.crafted).messages(arrival.counted)
+        texts = arrival.texts or library(arrival.crafted).messages(arrival.counted)
         self._attempts[request_id] = self._attempts.get(request_id, 0) + 1
         self._attempt_at[request_id] = self.clock.now_s
         sidecar.submit(
@@ -264,6 +271,7 @@ class OfflineFleet:
             arrival.stream,
             request_id,
             lambda decided: self._decided(request_id, decided),
+            arrival.conversation_texts,
         )
         self._tick_room()
 
@@ -290,17 +298,28 @@ class OfflineFleet:
             return
         self._routed[request_id] = decided
         pool = decided.decision.pool
-        engine = self.engines[pool]
+        detect_s = self.policy.engines.health.probe_interval_s * (
+            self.policy.engines.health.unhealthy_after
+        )
+        engine, retried = self.engines[pool].reach(
+            decided.decision.engines, self.clock.now_s, detect_s
+        )
+        self.retried += retried
+        waited_s = self.clock.now_s - self._attempt_at[request_id]
+        self.results[request_id] = Served(
+            arrival, pool, "served", waited_s=waited_s, attempts=attempts
+        )
+        if engine is None:  # refused, and its retry too: Envoy's 503
+            self.results[request_id].outcome = "engine_lost"
+            self._end(request_id, status=503, output=None)
+            return
         # What the engine will hold: the prompt and the tokens it will really generate (vLLM
         # grows a request's cache as it decodes; it never sets max_tokens aside). The
         # sidecar's ledger counts prompt + max_tokens: an upper bound, as in production.
         output = self._outputs[request_id] = self._output_tokens(arrival)
         kv_tokens = kv_tokens_for(arrival.prompt_tokens, output, self.latency.buckets)
         engine.served += 1
-        waited_s = self.clock.now_s - self._attempt_at[request_id]
-        self.results[request_id] = Served(
-            arrival, pool, "served", waited_s=waited_s, attempts=attempts
-        )
+        self._on_engine[request_id] = engine
         spec = self.policy.pools[pool]
         # What the sidecar wrote into the body for an engine that schedules by priority.
         priority = engine_priority(arrival.key.tier) if spec.priority_scheduling else 0
@@ -312,17 +331,17 @@ class OfflineFleet:
         else:
             self.results[request_id].outcome = "engine_full"
             self._outputs.pop(request_id, None)
-            self._end(request_id, status=503, output=None)
+            self._on_engine.pop(request_id, None)
+            self._end(request_id, status=503, output=None, engine=engine)
 
     def _account(self, until_s: float) -> None:
         """Advance the utilisation integrals to `until_s` (state is constant in between)."""
         elapsed_s = min(until_s, self.until_s) - self._accounted_s
         if elapsed_s <= 0:
             return
-        for engine in self.engines.values():
-            kv = engine.kv
-            occupancy = max(kv.usage_perc, kv.num_running / kv.max_running)
-            engine.busy_s += occupancy * elapsed_s
+        for pool in self.engines.values():
+            for engine in pool.engines:
+                engine.busy_s += engine.occupancy * elapsed_s
         self._accounted_s += elapsed_s
 
     def utilisation(self) -> dict[str, float]:
@@ -335,16 +354,12 @@ class OfflineFleet:
     def busiest_pool(self) -> str:
         return max(self.engines, key=lambda name: self.engines[name].served)
 
-    def _queue_ratio(self, pool: str) -> float:
-        kv = self.engines[pool].kv
-        return kv.num_waiting / max(1, kv.num_running)
-
     def _sample(self) -> None:
         self.timeline.append(
             Sample(
                 at_s=self.clock.now_s,
-                kv_usage={n: e.kv.usage_perc for n, e in self.engines.items()},
-                waiting={n: e.kv.num_waiting for n, e in self.engines.items()},
+                kv_usage={n: p.usage_perc() for n, p in self.engines.items()},
+                waiting={n: p.num_waiting for n, p in self.engines.items()},
                 levels={n: int(self.board.level(n)) for n in self.engines},
                 multipliers=dict(self.quotas.values),
                 score=self._last_score,
@@ -384,7 +399,7 @@ class OfflineFleet:
         )
         return LatencyModel(self.latency, draws).sample_output_tokens(arrival.max_tokens)
 
-    def _start(self, request_id: str, engine: _Engine) -> None:
+    def _start(self, request_id: str, engine: SimEngine) -> None:
         arrival = self._arrivals[request_id]
         engine.waiting.pop(request_id, None)
         # Seeded by the arrival itself, so the same request draws the same latencies in runs
@@ -392,7 +407,9 @@ class OfflineFleet:
         draws = np.random.default_rng([self.seed, round(arrival.at_s * 1e6), arrival.prompt_tokens])
         model = LatencyModel(self.latency, draws)
         running = engine.kv.num_running
-        ttft_s = model.sample_ttft_s(arrival.prompt_tokens, running)
+        segments = chain_segments(list(zip(arrival.texts, arrival.text_tokens, strict=True)))
+        cached = engine.look_up(segments, arrival.prompt_tokens)
+        ttft_s = model.sample_ttft_s(arrival.prompt_tokens, running, cached)
         served = self.results[request_id]
         if engine.kv.is_overcommitted and draws.random() < self.overcommit_error_rate:
             # Started past the real KV capacity: the engine fails it during prefill.
@@ -409,18 +426,22 @@ class OfflineFleet:
         served.output_tokens = output
 
     def _finish(self, request_id: str) -> None:
+        engine = self._on_engine.pop(request_id, None)
+        if engine is None:
+            return  # lost with its engine, and ended then
         served = self.results[request_id]
-        engine = self.engines[served.pool]
         for started in engine.kv.release(request_id):
             self._start(started, engine)
         output = self._outputs.pop(request_id)
         if served.outcome == "oom":
             self.oom_events += 1
-            self._end(request_id, status=500, output=None)  # failed upstream: refunded
+            self._end(request_id, status=500, output=None, engine=engine)  # refunded
             return
-        self._end(request_id, status=200, output=output)
+        self._end(request_id, status=200, output=output, engine=engine)
 
-    def _end(self, request_id: str, status: int, output: int | None) -> None:
+    def _end(
+        self, request_id: str, status: int, output: int | None, engine: SimEngine | None = None
+    ) -> None:
         """What Envoy's access log would say of the request, handed back as the sidecar
         takes it: the breaker's signals, then settlement in every admission step."""
         served = self.results[request_id]
@@ -440,6 +461,8 @@ class OfflineFleet:
             ttft_s=ttft_s if arrival.stream else duration_s,
             duration_s=duration_s,
             details="via_upstream",
+            upstream=engine.address if engine is not None else "",
+            upstream_failed=status == 503 and engine is not None and not engine.up,
         )
         record_signals(self.windows, self.policy, outcome)
         self.sidecars[self._sidecar_of.get(request_id, 0)].finish(outcome)

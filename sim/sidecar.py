@@ -13,7 +13,7 @@ simulated engine instead of Envoy's access log.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Coroutine, Generator, Mapping
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from admission.assembly import Admission, build_admission, expiry_s
@@ -23,7 +23,9 @@ from admission.events import NoEvents
 from breaker.board import BreakerBoard
 from breaker.kv_book import KvBook
 from budget.store import BudgetStore
+from engines import EngineFleet, EnginePicker
 from extproc.request.bodies import InferenceRequest
+from extproc.request.engine_outcomes import EngineOutcomes
 from extproc.request.flow import Decider, Routed
 from extproc.request.inflight import InFlight
 from extproc.request.tokens import PromptCounter
@@ -137,12 +139,24 @@ class SimulatedSidecar:
         rng: random.Random,
         schedule: Callable[[Callable[[], None]], None] | None = None,
         book: KvBook | None = None,
+        engines: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         """`schedule`: how a resumed admission is put on the virtual clock's queue; None:
         no waiting room (a full pool refuses at once). `book`: the KV ledger, shared by the
-        fleet's sidecars (None: this sidecar's own, against its part of each pool)."""
+        fleet's sidecars (None: this sidecar's own, against its part of each pool).
+        `engines`: each pool's engine addresses: this replica's own view of them (their
+        state, what it holds on each, its prefix index) and the sidecar's picker over it."""
         self.policy = policy
         ttl_s = expiry_s(policy)
+        self.fleet = EngineFleet(
+            lambda: policy.engines.health, clock, lambda: policy.breaker.stale_after_s
+        )
+        for pool, addresses in (engines or {}).items():
+            self.fleet.sync(pool, [_host_port(a) for a in addresses])
+        self.picker = EnginePicker(
+            self.fleet, lambda: policy, clock, lambda: policy.breaker.stale_after_s
+        )
+        self._engine_outcomes = EngineOutcomes(self.picker)
         new_waiter = None if schedule is None else (lambda: SimWaiter(schedule))
         self.admission: Admission = build_admission(
             board=board,
@@ -156,6 +170,7 @@ class SimulatedSidecar:
             new_waiter=new_waiter,
             book=book,
             wait_cap_s=policy.longest_wait_s,
+            live=self.fleet.live_pool,
         )
         self.decider = Decider(
             lambda: policy,
@@ -163,10 +178,17 @@ class SimulatedSidecar:
             counter,
             admission=self.admission.chain,
             inflight=InFlight(clock, ttl_s),
+            picker=self.picker if engines else None,
         )
 
     def _decide(
-        self, key: ApiKey, texts: tuple[str, ...], max_tokens: int, stream: bool, request_id: str
+        self,
+        key: ApiKey,
+        texts: tuple[str, ...],
+        max_tokens: int,
+        stream: bool,
+        request_id: str,
+        head: int = 1,
     ) -> Coroutine[Any, Any, Routed]:
         request = InferenceRequest(
             shape=BodyShape.CHAT,
@@ -175,6 +197,7 @@ class SimulatedSidecar:
             prompt_token_ids=0,
             max_tokens=max_tokens,
             stream=stream,
+            conversation_texts=head,
         )
         return self.decider.decide(request, key, request_id, _CHAT, self.policy)
 
@@ -196,11 +219,12 @@ class SimulatedSidecar:
         stream: bool,
         request_id: str,
         on_done: Callable[[Routed | RequestRejected], None],
+        head: int = 1,
     ) -> None:
         """The request as the sidecar decides it, waiting in the waiting room if it must:
         `on_done` gets the decision when it is made (now, or when the room dispatches or
-        times it out)."""
-        drive(self._decide(key, texts, max_tokens, stream, request_id), on_done)
+        times it out). `head`: the leading texts that are its conversation's head."""
+        drive(self._decide(key, texts, max_tokens, stream, request_id, head), on_done)
 
     @staticmethod
     def kind(refusal: RequestRejected) -> str:
@@ -215,6 +239,13 @@ class SimulatedSidecar:
         return decided if isinstance(decided, Routed) else self.kind(decided)
 
     def finish(self, outcome: RequestOutcome) -> None:
-        """The request ended: out of the in-flight table, settled by every step."""
+        """The request ended: out of the in-flight table, settled by every step, its engine's
+        hold freed and its answer counted for or against that engine."""
         self.decider.inflight.pop(outcome.tracking_id)
         run_now(self.admission.chain.record(outcome))
+        run_now(self._engine_outcomes.record(outcome))
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, port = address.rsplit(":", 1)
+    return host.strip("[]"), int(port)

@@ -293,6 +293,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="e.g. 0.4,0.3,0.2,0.1: one sidecar against that many sharing one KV ledger "
         "and against them with a ledger each; seeds --seed and --seed + 4",
     )
+    simulate.add_argument(
+        "--engines",
+        action="store_true",
+        help="engine picking: Envoy's round robin against slogate's, on chats, RAG and the "
+        "field mix at 100/s on 4 engines and 1000/s on 40 (--duration-s, default 60 s), and "
+        "an engine killed mid-run (bench/results/simulate-engines.*)",
+    )
 
     loadtest = sub.add_parser(
         "loadtest", help="play a workload as open-loop arrivals against a live stack"
@@ -395,6 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     workers.add_argument("--rounds", type=int, default=3)
     workers.add_argument("--profile", default="field_mix")
     workers.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    prefix = bench_sub.add_parser("prefix-index", help="the picker's prefix index under a flood")
+    prefix.add_argument("--prompts", type=int, default=40_000)
+    prefix.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     decisions = bench_sub.add_parser("decisions", help="budget decision cost per store")
     decisions.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     decisions.add_argument("--calls", type=int, default=5000)

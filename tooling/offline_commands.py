@@ -63,6 +63,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from sim.scenarios import WORKLOADS, compare, gains, load_workload, table
 
+    if args.engines:
+        return _engines(args)
     path = WORKLOADS / f"{args.workload}.yaml"
     if not path.exists():
         names = ", ".join(sorted(p.stem for p in WORKLOADS.glob("*.yaml")))
@@ -109,6 +111,25 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engines(args: argparse.Namespace) -> int:
+    from sim.engine_compare import compare_picking, picking_table
+
+    report = compare_picking(
+        duration_s=args.duration_s or 60.0, seed=args.seed, progress=lambda line: print(line)
+    )
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / "simulate-engines.json"
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    text = picking_table(report)
+    out.with_suffix(".md").write_text(
+        f"# slogate simulate --engines --seed {args.seed} (each run {report['duration_s']:g} s)"
+        f"\n\n{text}\n"
+    )
+    print(text)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench == "overhead":
         from tooling.benchmarks.overhead import run as run_overhead
@@ -135,6 +156,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from tooling.benchmarks.workers import run as run_workers
 
         run_workers(args.out_dir, args.duration_s, args.rounds, args.profile)
+    elif args.bench == "prefix-index":
+        from tooling.benchmarks.prefix_index import run as run_prefix_index
+
+        run_prefix_index(args.out_dir, args.prompts)
     elif args.bench == "decisions":
         from tooling.benchmarks.decisions import run as run_decisions
 
