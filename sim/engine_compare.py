@@ -124,9 +124,11 @@ def run_picking(
         "utilisation": report["gpu_utilisation"],
         "served_share": round(len(served) / max(1, len(results)), 4),
         "lost_with_the_engine": len(lost),
-        "served_after_outage": round(sum(r.outcome == "served" for r in after) / len(after), 4)
-        if after
-        else None,
+        "served_after_outage": {
+            t.value: round(sum(r.outcome == "served" for r in rows) / len(rows), 4)
+            for t in Tier
+            if (rows := [r for r in after if r.arrival.key.tier is t])
+        },
         "retried": fleet.retried,
         "max_level": max((s.levels.get("default", 0) for s in fleet.timeline), default=0),
     }
