@@ -8,20 +8,25 @@ errors as they really are, its metrics as the breaker reads them, its cache fill
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from extproc.adminpb import admin_pb2
 from policy import load_policy
 from tests.support.http import CHAT, chat_body, metric, post, scrape
 from tests.support.stack import settled, slogate, wait_for
 from tests.support.vllm import Stream, words
+from tooling import admin_client
 from tooling.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
@@ -153,7 +158,17 @@ def test_slogate_status_reports_what_vllm_metrics_say(vllm_stack: LocalStack) ->
 
 
 def _engine_row(stack: LocalStack) -> dict[str, Any]:
-    rows = [e for e in status(stack).get("engines", []) if e["pool"] == "default"]
+    """The default pool's engine as `slogate status --json` shows it, from the same admin
+    call made in this process: starting the CLI took ~5 s while vLLM generated."""
+
+    async def reply() -> dict[str, Any]:
+        channel, admin = admin_client.stub(stack.admin_address)
+        async with channel:
+            answer = await admin.Status(admin_pb2.StatusRequest(), timeout=5)
+        loaded: dict[str, Any] = json.loads(admin_client.as_json(answer))
+        return loaded
+
+    rows = [e for e in asyncio.run(reply()).get("engines", []) if e["pool"] == "default"]
     return rows[0] if rows else {}
 
 
@@ -179,55 +194,104 @@ def test_kv_admission_fills_the_real_cache_and_learns_its_footprint(
     against 10,240 tokens: two fit the standard tier's 95%. The rest wait, then are
     refused; vLLM's cache never overflows (no preemption), and the ratio slogate learns
     from vLLM's usage falls from 1.0 toward what vLLM holds (prompts and the tokens so far).
-    The two run ~15 s on this machine's tiny model: what slogate holds and what vLLM
-    holds are read first, the scraped signals and the learned ratio after (on a quieter
-    machine, 1.5k-token runs had ended before the checks read them)."""
+    What slogate holds, what vLLM holds and the breaker's scrape are read as soon as the
+    two run, before the refused answers are awaited; the learned ratio after. The two's
+    2,100 tokens took 5-6 s here (1.5k-token runs had ended before the checks read them on
+    a quieter machine), and the refused answers came up to ~5 s after their 0.5 s wait
+    while the two's prefill starved the machine."""
     stack = vllm_stack
+    # An empty pool to start from: an earlier request's hold is given back only when its
+    # access-log entry arrives (batched), and one still held would leave room for one.
+    assert wait_for(lambda: _held(stack)[0] == 0, timeout_s=30), _held(stack)
+    assert wait_for(
+        lambda: metric(engine_metrics(stack), "vllm:num_requests_running") == 0, timeout_s=30
+    )
     preempted = metric(engine_metrics(stack), "vllm:num_preemptions_total")
     streams: list[Stream] = []
+    running: list[Stream] = []  # admitted, with their first token
+    failed: list[BaseException] = []
     lock = threading.Lock()
+    over = threading.Event()
 
     def send(i: int) -> None:
-        stream = Stream(stack.listen_port, _long(10 + i, 2100), "sk-demo-standard")
-        with lock:
-            streams.append(stream)
-        if stream.response.status == 200:
-            stream.wait_first_content()
+        try:
+            stream = Stream(stack.listen_port, _long(10 + i, 2100), "sk-demo-standard")
+            with lock:
+                streams.append(stream)
+            if stream.response.status == 200 and stream.wait_first_content() is not None:
+                with lock:
+                    running.append(stream)
+        except BaseException as error:  # said by the assertion below, not lost in a thread
+            failed.append(error)
 
+    def watch(seen: Callable[[], bool]) -> threading.Event:
+        """Reads `seen` over and over in a thread of its own from now until it holds (the
+        event is set) or the test is over. vLLM's API server, which serves its /metrics
+        and which the breaker scrapes, is starved by its own engine while the two run: a
+        read took up to ~4.5 s, and the two generate for 5-6 s; a read already under way
+        when they start is the one most likely to come back while they run."""
+        held = threading.Event()
+
+        def poll() -> None:
+            while not over.is_set():
+                with contextlib.suppress(Exception):  # a starved endpoint timed out
+                    if seen():
+                        held.set()
+                        return
+                time.sleep(0.05)
+
+        threading.Thread(target=poll, daemon=True).start()
+        return held
+
+    # vLLM runs the two, and its usage gauge (it follows its steps) shows their two 2.5k
+    # prompts of 10,240, in one reading ...
+    running_and_usage = (0.0, 0.0)
+
+    def filled() -> bool:
+        nonlocal running_and_usage
+        now = engine_metrics(stack)
+        reading = (
+            metric(now, "vllm:num_requests_running"),
+            metric(now, "vllm:kv_cache_usage_perc"),
+        )
+        if reading[0] == 2 and reading[1] >= 0.45:
+            running_and_usage = reading
+            return True
+        return False
+
+    vllm_saw_them = watch(filled)
+    # ... and the breaker's scrape saw them (the admin status, within a scrape or two).
+    # (Its kvCacheUsage is not asserted: on this machine it read 0.0 beside running 2
+    # once; vLLM's own gauge above is the cache's fill.)
+    breaker_saw_them = watch(lambda: _engine_row(stack).get("running") == 2)
     threads = [threading.Thread(target=send, args=(i,)) for i in range(6)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(90)
     try:
+        assert wait_for(lambda: len(running) >= 2 or bool(failed), timeout_s=90), streams
+        counted, _ = _held(stack)
+        was_filled = vllm_saw_them.wait(timeout=10)
+        usage = running_and_usage[1]
+        seen_running = breaker_saw_them.wait(timeout=10)
+        for t in threads:
+            t.join(90)
+        assert not failed, failed
         admitted = [s for s in streams if s.response.status == 200]
         refused = [s for s in streams if s.response.status != 200]
         assert len(admitted) == 2 and len(streams) == 6, [s.response.status for s in streams]
         for s in refused:
-            assert s.response.status == 503
-            assert s.response.getheader("x-slogate-reason") in ("queue_timeout", "kv_cache_full")
+            # slogate's own answer, never Envoy's 504: the waits end while vLLM's prefill
+            # of the two starves the machine (replies.WAIT_REPLY_MARGIN_MS).
+            reason = s.response.getheader("x-slogate-reason")
+            assert s.response.status == 503, (s.response.status, reason, s.response.read())
+            assert reason in ("queue_timeout", "kv_cache_full")
             assert json.loads(s.response.read())["error"]["code"] == "overloaded"
-        counted, _ = _held(stack)
         assert 2 * 4500 < counted <= 0.95 * 10_240
-        assert metric(engine_metrics(stack), "vllm:num_requests_running") == 2
-        # vLLM's usage gauge follows its steps: two 2.5k prompts of 10,240 show within one.
-        usage = 0.0
-
-        def filled() -> bool:
-            nonlocal usage
-            usage = metric(engine_metrics(stack), "vllm:kv_cache_usage_perc")
-            return usage >= 0.45
-
-        assert wait_for(filled, timeout_s=5), usage
+        assert was_filled, running_and_usage
+        assert seen_running, _engine_row(stack)
         # What vLLM really holds per counted token while the two run (it grows as they
         # generate; the ratio is judged against it after they may have ended).
         real = usage * 10_240 / counted
-        # ... and the breaker's scrape saw them (slogate status, within a scrape or two).
-        # (Its kvCacheUsage is not asserted: on this machine it read 0.0 beside running 2
-        # once; vLLM's own gauge above is the cache's fill.)
-        assert wait_for(lambda: _engine_row(stack).get("running") == 2, timeout_s=10), _engine_row(
-            stack
-        )
 
         def toward_real() -> bool:
             _, ratio = _held(stack)
@@ -236,8 +300,11 @@ def test_kv_admission_fills_the_real_cache_and_learns_its_footprint(
         assert wait_for(toward_real, timeout_s=20), (_held(stack), engine_metrics(stack))
         assert metric(engine_metrics(stack), "vllm:num_preemptions_total") == preempted
     finally:
+        over.set()
+        for t in threads:
+            t.join(90)
         for s in streams:
-            s.close()  # the clients hang up: vLLM aborts, slogate releases
+            s.close()  # the clients hang up: vLLM aborts what still runs, slogate releases
     assert wait_for(
         lambda: metric(engine_metrics(stack), "vllm:num_requests_running") == 0, timeout_s=30
     )

@@ -5,6 +5,8 @@ client that leaves while waiting leaves nothing behind."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import threading
 import time
@@ -138,6 +140,45 @@ def test_sheddable_requests_time_out_while_critical_traffic_keeps_the_pool_full(
     assert reply.json()["error"]["code"] == "overloaded"
     assert int(reply.headers["retry-after"]) >= 1
     assert 1.4 <= waited_s < 3.0  # its tier's 1.5 s, not the message timeout, not a hang
+
+
+def test_a_sidecar_starved_past_the_deadline_still_answers_before_envoys_timer(
+    room_stack: LocalStack,
+) -> None:
+    """A loaded machine can leave the sidecar without CPU for seconds (2-5 s measured beside
+    a vLLM CPU engine): the sidecar is stopped here from just after the request starts
+    waiting until past its tier's 1.5 s and the message timeout after it. Envoy's timer
+    runs from the override's arrival; the room's 503 must still come first, not Envoy's
+    504 (an override of the wait + the message timeout alone lost this race)."""
+    fillers = fill_pool(room_stack, latency_ms=8000)
+    replies: list[Reply] = []
+    waiting = threading.Thread(
+        target=lambda: replies.append(
+            post(room_stack.url, CHAT, chat_body("starved", max_tokens=8), key="sk-shed")
+        )
+    )
+    started = time.monotonic()
+    waiting.start()
+
+    def in_room() -> bool:
+        samples = scrape(room_stack.metrics_url)
+        return metric(samples, "slogate_waiting_requests", pool="default", tier="sheddable") == 1
+
+    assert wait_for(in_room, 5.0)
+    sidecar = room_stack.sidecar
+    assert sidecar is not None and sidecar.pid is not None
+    os.kill(sidecar.pid, signal.SIGSTOP)
+    try:
+        time.sleep(4.0)  # past 1.5 s + the 1 s message timeout, from the override's arrival
+    finally:
+        os.kill(sidecar.pid, signal.SIGCONT)
+    waiting.join(timeout=30)
+    waited_s = time.monotonic() - started
+    fillers.join(timeout=30)
+    reply = replies[0]
+    assert reply.status == 503, (reply.status, reply.body[:300])
+    assert reply.headers["x-slogate-reason"] == "queue_timeout"
+    assert 4.0 <= waited_s < 8.0
 
 
 def test_a_full_room_answers_queue_full_with_retry_after(room_stack: LocalStack) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from extproc.request.contract import ACCESS_LOG_TAGS, EXT_PROC_FILTER, USAGE_TAP_FILTER
+from extproc.service.replies import WAIT_REPLY_MARGIN_MS, wait_reply_ms
 from policy import FailureMode, Tier, load_policy
 from tests.support.stack import EXAMPLE_POLICY
 from tooling.envoy_config import FilterProfile, build_bootstrap
@@ -91,9 +92,10 @@ def test_bootstrap_shape() -> None:
 def test_envoy_lets_the_longest_wait_through_and_no_longer(
     waits: dict[str, float], upstream_s: float
 ) -> None:
-    """The sidecar's override for a waiting request (its wait + the message timeout) must
-    be within max_message_timeout, or Envoy ignores it; the stream idle timer runs during
-    the wait, so it must outlast it (ENVOY notes in README, measured on Envoy 1.40)."""
+    """The sidecar's override for a waiting request (its wait + the message timeout + the
+    margin that lets the room's own 503 come first) must be within max_message_timeout, or
+    Envoy ignores it (it does not cap it); the stream idle timer runs during the wait, so
+    it must outlast it (ENVOY notes in README, measured on Envoy 1.40)."""
     policy = load_policy(EXAMPLE_POLICY)
     room = dataclasses.replace(
         policy.waiting_room,
@@ -102,11 +104,46 @@ def test_envoy_lets_the_longest_wait_through_and_no_longer(
     policy = dataclasses.replace(policy, waiting_room=room, upstream_timeout_s=upstream_s)
     manager = _filters(build_bootstrap(policy))
     ext_proc = manager["httpFilters"][0]["typedConfig"]
-    longest_ms = policy.message_timeout_ms + policy.longest_wait_s * 1000
+    longest_ms = policy.message_timeout_ms + policy.longest_wait_s * 1000 + WAIT_REPLY_MARGIN_MS
+    assert WAIT_REPLY_MARGIN_MS >= 5000  # stalls of up to 5 s were measured (replies.py)
     assert _seconds(ext_proc["messageTimeout"]) == policy.message_timeout_ms / 1000
-    assert _seconds(ext_proc["maxMessageTimeout"]) * 1000 >= longest_ms
-    assert _seconds(manager["streamIdleTimeout"]) * 1000 > longest_ms
+    max_ms = round(_seconds(ext_proc["maxMessageTimeout"]) * 1000)
+    assert max_ms == wait_reply_ms(policy.longest_wait_s, policy.message_timeout_ms)
+    assert longest_ms <= max_ms < longest_ms + 1
+    # Every override the sidecar may send is honoured: each tier's and bucket's wait.
+    for tier in Tier:
+        for bucket in policy.buckets:
+            for prompt in (0, 1_000, 100_000):
+                wait_s = min(
+                    policy.longest_wait_s,
+                    policy.max_wait_s(tier, policy.default_pool, bucket.name, prompt),
+                )
+                assert wait_reply_ms(wait_s, policy.message_timeout_ms) <= max_ms
+    assert _seconds(manager["streamIdleTimeout"]) * 1000 > max_ms
     assert _seconds(manager["streamIdleTimeout"]) >= upstream_s
+
+
+@pytest.mark.parametrize(
+    ("wait_s", "message_timeout_ms"),
+    # (wait + message timeout) x 1000 in floating point rounds 1 ms up for the first three.
+    [(0.257, 1000), (1.006, 1000), (0.264, 2000), (0.1 + 0.2, 1000), (1 / 3, 250), (20.0, 1000)],
+)
+def test_an_override_for_the_longest_wait_is_never_above_max_message_timeout(
+    wait_s: float, message_timeout_ms: int
+) -> None:
+    """Milliseconds rounded up from the wait alone: floating point cannot push the longest
+    wait's override 1 ms past the filter's max_message_timeout (Envoy would then ignore it
+    and answer 504 after the plain message timeout)."""
+    policy = load_policy(EXAMPLE_POLICY)
+    room = dataclasses.replace(policy.waiting_room, max_wait_s={Tier.CRITICAL: wait_s})
+    policy = dataclasses.replace(
+        policy, waiting_room=room, slo_ttft_p99_ms={}, message_timeout_ms=message_timeout_ms
+    )
+    assert policy.longest_wait_s == wait_s
+    ext_proc = _filters(build_bootstrap(policy))["httpFilters"][0]["typedConfig"]
+    max_ms = round(_seconds(ext_proc["maxMessageTimeout"]) * 1000)
+    assert wait_reply_ms(wait_s, policy.message_timeout_ms) <= max_ms
+    assert max_ms >= wait_s * 1000 + policy.message_timeout_ms + WAIT_REPLY_MARGIN_MS
 
 
 def _seconds(duration: str) -> float:

@@ -19,6 +19,7 @@ from extproc.request.contract import (
     SIDECAR_CLUSTER,
     USAGE_TAP_FILTER,
 )
+from extproc.service.replies import WAIT_REPLY_MARGIN_MS, wait_reply_ms
 from policy import load_policy
 from tests.support.stack import EXAMPLE_POLICY, ROOT
 from tooling.envoy_config import build_bootstrap
@@ -91,6 +92,14 @@ def test_the_merge_follows_the_contract() -> None:
         "envoy.access_loggers.http_grpc",
     ]
     assert hcm["stream_idle_timeout"] == "600s" and any("120s" in n for n in notes)
+    # Envoy honours the waiting room's override, margin included, for the longest wait.
+    policy = load_policy(EXAMPLE_POLICY)
+    ext_proc = next(f for f in hcm["http_filters"] if f["name"] == EXT_PROC_FILTER)
+    longest_ms = wait_reply_ms(policy.longest_wait_s, policy.message_timeout_ms)
+    assert float(ext_proc["typedConfig"]["maxMessageTimeout"].removesuffix("s")) * 1000 == (
+        longest_ms
+    )
+    assert longest_ms >= policy.message_timeout_ms + WAIT_REPLY_MARGIN_MS
     vhost = hcm["route_config"]["virtual_hosts"][0]
     routes = {r["name"]: r for r in vhost["routes"]}
     assert [r["name"] for r in vhost["routes"]][:3] == [f"{POOL_ROUTE_PREFIX}{p}" for p in POOLS]

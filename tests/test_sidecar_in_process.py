@@ -8,15 +8,19 @@ Envoy, these check one layer down, fast enough for the quick suite.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc.request.contract import POOL_HEADER, REASON_HEADER
 from extproc.runtime.sidecar import Sidecar
 from tests.support.stack import example_policy, write_policy
-from tooling.benchmarks.driver import SidecarDriver
+from tooling.benchmarks.driver import SidecarDriver, _headers_message
 
 
 @pytest.fixture
@@ -80,3 +84,51 @@ async def test_access_log_settles_what_the_request_reserved(
     assert len(sidecar.decider.inflight) == 0
     again = await driver.decide("sk-demo-small", chat("hi", 1500))
     assert again.status == 200, again.body
+
+
+async def test_a_wait_that_times_out_on_a_stalled_loop_is_answered_before_envoys_timer(
+    tmp_path: Path,
+) -> None:
+    """Envoy restarts its timer for a waiting request's reply when the override arrives
+    (Envoy 1.40's ext_proc). A sidecar that gets no CPU past the room's deadline (the loop
+    blocked here; a loaded machine starved it 2-5 s) must still send the room's 503 before
+    that timer: with an override of only the wait + the message timeout, Envoy answered
+    504 first."""
+    raw = example_policy()
+    raw["breaker"]["scrape_metrics"] = False
+    raw["breaker"]["kv_shares"] = {"critical": 1.0, "standard": 1.0, "sheddable": 1.0}
+    raw["pools"]["default"]["max_num_seqs"] = 1
+    raw["waiting_room"] = {"max_wait_s": {"sheddable": 1.0}}
+    path = write_policy(tmp_path / "policy.yaml", raw)
+    sidecar = Sidecar(path, grpc_port=0, metrics_port=None, admin_address=None)
+    address = await sidecar.start()
+    target = f"127.0.0.1:{address.grpc_port}"
+    driver = SidecarDriver(target)
+    channel = grpc.aio.insecure_channel(target)
+    try:
+        holder = await driver.decide("sk-demo-batch", chat("hello", 16))
+        assert holder.status == 200  # the pool's one batch slot, held from now on
+        body = json.dumps(chat("and me", 16)).encode()
+        call = pb_grpc.ExternalProcessorStub(channel).Process()
+        await call.write(_headers_message("/v1/chat/completions", "sk-demo-batch", body))
+        await call.read()
+        await call.write(
+            pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+        )
+        override = await call.read()
+        arrived = time.monotonic()  # Envoy's timer runs from here
+        assert override.HasField("override_message_timeout")
+        envoy_timer_s = override.override_message_timeout.ToMilliseconds() / 1000
+        # The loop stalls (on purpose) past the wait + the message timeout.
+        time.sleep(1.0 + 1.0 + 1.0)  # noqa: ASYNC251
+        reply = await call.read()
+        answered_s = time.monotonic() - arrived
+        await call.done_writing()
+    finally:
+        await channel.close()
+        await driver.close()
+        await sidecar.stop(grace_s=0.5)
+    immediate = reply.immediate_response
+    headers = {h.header.key: h.header.raw_value.decode() for h in immediate.headers.set_headers}
+    assert immediate.status.code == 503 and headers[REASON_HEADER] == "queue_timeout"
+    assert answered_s < envoy_timer_s - 5.0, (answered_s, envoy_timer_s)

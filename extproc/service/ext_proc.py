@@ -31,6 +31,7 @@ from extproc.service.replies import (
     rejection,
     routed_body_reply,
     timeout_override,
+    wait_reply_ms,
 )
 
 log = logging.getLogger("slogate.extproc")
@@ -42,11 +43,11 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         decider: Decider,
         metrics: SidecarMetrics,
         decision_log: DecisionLog | None = None,
-        decide_s: float = 1.0,
+        message_timeout_ms: int = 1000,
     ) -> None:
-        """`decide_s`: what a decision may take once its wait is over (Envoy's message
-        timeout), added to a waiting request's timeout override."""
-        self._decide_s = decide_s
+        """`message_timeout_ms`: Envoy's (what a decision may take once its wait is over),
+        part of a waiting request's timeout override (replies.wait_reply_ms)."""
+        self._message_timeout_ms = message_timeout_ms
         self._decider = decider
         self._metrics = metrics
         self._decision_log = decision_log
@@ -89,8 +90,10 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
     ) -> AsyncIterator[pb.ProcessingResponse]:
         """The body's reply, preceded by a timeout override when the request waits in the
         waiting room: Envoy's message timeout stays short for a sidecar that hangs, and is
-        lifted only for a request the sidecar itself holds, by as long as it may hold it.
-        The decision time observed stops where a wait starts (slogate_wait_seconds has it)."""
+        lifted only for a request the sidecar itself holds, by as long as it may hold it
+        plus a margin (replies.WAIT_REPLY_MARGIN_MS): the room's own 503 comes first even
+        when a loaded machine starves the sidecar past the deadline. The decision time
+        observed stops where a wait starts (slogate_wait_seconds has it)."""
         loop = asyncio.get_running_loop()
         waits: asyncio.Future[float] = loop.create_future()
 
@@ -105,7 +108,7 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
             await asyncio.wait((answer, waits), return_when=asyncio.FIRST_COMPLETED)
             self._metrics.decision_seconds("request_body").observe(time.perf_counter() - started)
             if not answer.done():
-                yield timeout_override(waits.result() + self._decide_s)
+                yield timeout_override(wait_reply_ms(waits.result(), self._message_timeout_ms))
             yield await answer
         finally:
             # The stream is gone (the client left, Envoy reset it): the decision leaves the

@@ -4,7 +4,6 @@ the gRPC access log to the sidecar."""
 from __future__ import annotations
 
 import datetime as dt
-import math
 from importlib import resources
 from typing import Any
 
@@ -28,6 +27,7 @@ from extproc.request.contract import (
     METADATA_NAMESPACE,
     USAGE_TAP_FILTER,
 )
+from extproc.service.replies import wait_reply_ms
 from policy import FailureMode, Policy
 from tooling.envoy_config._common import (
     SIDECAR_CLUSTER,
@@ -37,6 +37,13 @@ from tooling.envoy_config._common import (
     _typed,
 )
 from tooling.envoy_config.routes import _path_match
+
+
+def max_message_timeout_ms(policy: Policy) -> int:
+    """The longest Envoy may wait for one sidecar reply: the override the sidecar sends for
+    a request that waits the policy's longest wait (the wait, the message timeout and the
+    margin that lets the waiting room's own 503 come first; extproc.service.replies)."""
+    return wait_reply_ms(policy.longest_wait_s, policy.message_timeout_ms)
 
 
 def usage_tap_lua() -> str:
@@ -73,11 +80,9 @@ def ext_proc_filter(
         allow_mode_override=True,
         message_timeout=_duration_ms(policy.message_timeout_ms),
         # A request waiting for room in its pool (the waiting room) is held by the sidecar,
-        # which then lifts this one message's timeout with override_message_timeout; the
-        # filter caps every override here. Without it Envoy ignores the override.
-        max_message_timeout=_duration_ms(
-            policy.message_timeout_ms + math.ceil(policy.longest_wait_s * 1000)
-        ),
+        # which then lifts this one message's timeout with override_message_timeout; Envoy
+        # ignores an override above this, so it is the longest wait's by the same rule.
+        max_message_timeout=_duration_ms(max_message_timeout_ms(policy)),
         metadata_options=ext_proc.MetadataOptions(
             receiving_namespaces=ext_proc.MetadataOptionsMetadataNamespaces(
                 untyped=[METADATA_NAMESPACE]
