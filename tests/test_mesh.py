@@ -26,21 +26,16 @@ from extproc.request.contract import (
     POOL_HEADER,
     SIDECAR_SET_HEADERS,
 )
+from extproc.service.replies import WAIT_REPLY_MARGIN_MS, wait_reply_ms
 from policy import Policy, load_policy
 from tests.support import istio
 from tests.support.http import CHAT, chat_body, post
 from tests.support.stack import EXAMPLE_POLICY, ROOT, random_ports
 from tooling.envoy_config import EnvoyPorts
-from tooling.envoy_config.filters import ext_proc_filter, router_filter
+from tooling.envoy_config.filters import ext_proc_filter, max_message_timeout_ms, router_filter
 from tooling.k8s import SIDECAR_PORT, write_documents
-from tooling.mesh import (
-    MeshError,
-    MeshTarget,
-    _snake,
-    eg_names,
-    render_envoy_gateway,
-    render_istio,
-)
+from tooling.mesh import MeshError, MeshTarget, render_istio
+from tooling.mesh_gateway import _snake, eg_names, render_envoy_gateway
 from tooling.processes import envoy_binary
 from tooling.stack import LocalStack
 
@@ -169,6 +164,41 @@ def test_envoy_gateway_routes_pools_on_the_sidecars_header_and_strips_clients_co
         "slogate-standard": 0,
         "slogate-sheddable": -10,
     }
+
+
+def _values(document: Any, key: str) -> list[Any]:
+    """Every value of `key` anywhere in `document`."""
+    if isinstance(document, dict):
+        found = [document[key]] if key in document else []
+        return found + [v for item in document.values() for v in _values(item, key)]
+    if isinstance(document, list):
+        return [v for item in document for v in _values(item, key)]
+    return []
+
+
+def _ms(duration: str) -> int:
+    return round(float(duration.removesuffix("s")) * 1000)
+
+
+def test_both_meshes_let_envoy_wait_past_the_waiting_rooms_own_answer() -> None:
+    """The override for a request waiting the policy's longest wait (its wait, the message
+    timeout, the margin for a sidecar starved past its deadline) is what each mesh's
+    ext_proc filter allows at most: Envoy ignores a larger override, and a smaller maximum
+    would cut the margin the room's 503 needs to come before Envoy's 504."""
+    policy = load_policy(EXAMPLE_POLICY)
+    wanted = wait_reply_ms(policy.longest_wait_s, policy.message_timeout_ms)
+    assert wanted >= policy.message_timeout_ms + policy.longest_wait_s * 1000 + (
+        WAIT_REPLY_MARGIN_MS
+    )
+    envoy_filter = by_kind(render_istio(EXAMPLE_POLICY, ISTIO), "EnvoyFilter")
+    assert [_ms(v) for v in _values(envoy_filter, "maxMessageTimeout")] == [wanted]
+    patches = by_kind(render_envoy_gateway(EXAMPLE_POLICY, ENVOY_GATEWAY), "EnvoyPatchPolicy")
+    operations = [p["operation"] for p in patches["spec"]["jsonPatches"]]
+    values = [o["value"] for o in operations if o["path"].endswith("/max_message_timeout")]
+    assert [_ms(v) for v in values] == [wanted]
+    # An Envoy Gateway idle timer outlasts it too (ClientTrafficPolicy).
+    client = by_kind(render_envoy_gateway(EXAMPLE_POLICY, ENVOY_GATEWAY), "ClientTrafficPolicy")
+    assert _ms(client["spec"]["timeout"]["http"]["streamIdleTimeout"]) > wanted
 
 
 def test_what_a_mesh_cannot_take_is_refused() -> None:
@@ -300,7 +330,24 @@ def test_envoy_gateways_patches_apply_and_the_real_envoy_accepts_them(tmp_path: 
     policy = load_policy(EXAMPLE_POLICY)
     listener = envoy_gateway_listener(policy)
     patch_policy = by_kind(render_envoy_gateway(EXAMPLE_POLICY, ENVOY_GATEWAY), "EnvoyPatchPolicy")
-    for patch in patch_policy["spec"]["jsonPatches"]:
+    patches = patch_policy["spec"]["jsonPatches"]
+    # The engines' clusters Envoy Gateway makes for each Service-backed pool rule (the long
+    # pool's InferencePool picks its own): picking, health checks, outlier detection.
+    engines: dict[str, dict[str, Any]] = {}
+    for patch in patches:
+        if patch["type"].endswith("Cluster"):
+            cluster = engines.setdefault(patch["name"], istio.cluster(patch["name"], 8000))
+            _add(cluster, patch["operation"]["path"], patch["operation"]["value"])
+    assert set(engines) == {
+        "httproute/llm/slogate-pools/rule/0",
+        "httproute/llm/slogate-pools/rule/2",
+    }
+    for cluster in engines.values():
+        assert cluster["load_balancing_policy"]["policies"][0]["typed_extension_config"][
+            "name"
+        ] == ("envoy.load_balancing_policies.override_host")
+        assert cluster["health_checks"][0]["http_health_check"]["path"] == "/health"
+    for patch in [p for p in patches if p["type"].endswith("Listener")]:
         assert patch["name"] == listener["name"]
         operation = patch["operation"]
         targets = (
@@ -312,7 +359,7 @@ def test_envoy_gateways_patches_apply_and_the_real_envoy_accepts_them(tmp_path: 
     manager = listener["default_filter_chain"]["filters"][0]["typed_config"]
     assert manager["access_log"][0]["typed_config"]["common_config"]["log_name"] == "slogate"
     ext_proc = manager["http_filters"][0]["typed_config"]
-    assert ext_proc["max_message_timeout"].endswith("s")
+    assert _ms(ext_proc["max_message_timeout"]) == max_message_timeout_ms(policy)
     # Static stand-ins for what Envoy Gateway sends by xDS: the routes and the cluster.
     manager.pop("rds")
     names = eg_names(ENVOY_GATEWAY)
@@ -329,7 +376,10 @@ def test_envoy_gateways_patches_apply_and_the_real_envoy_accepts_them(tmp_path: 
         "static_resources": {
             "listeners": [listener],
             "clusters": [
-                istio.cluster(eg_names(ENVOY_GATEWAY)["ext_proc_cluster"], SIDECAR_PORT, http2=True)
+                istio.cluster(
+                    eg_names(ENVOY_GATEWAY)["ext_proc_cluster"], SIDECAR_PORT, http2=True
+                ),
+                *engines.values(),
             ],
         }
     }

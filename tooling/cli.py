@@ -402,6 +402,14 @@ def build_parser() -> argparse.ArgumentParser:
     workers.add_argument("--rounds", type=int, default=3)
     workers.add_argument("--profile", default="field_mix")
     workers.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    live = bench_sub.add_parser("engines-vllm", help="two real vLLMs: picking vs round robin")
+    live.add_argument("--chats", type=int, default=24, help="per phase")
+    live.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    packing = bench_sub.add_parser("packing-vllm", help="a packing window before one real vLLM")
+    packing.add_argument("--window-ms", type=float, default=75.0)
+    packing.add_argument("--rate", type=float, default=3.0, help="requests a second")
+    packing.add_argument("--seconds", type=float, default=30.0, help="per run")
+    packing.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     prefix = bench_sub.add_parser("prefix-index", help="the picker's prefix index under a flood")
     prefix.add_argument("--prompts", type=int, default=40_000)
     prefix.add_argument("--out-dir", type=Path, default=Path("bench/results"))
@@ -809,7 +817,8 @@ def _draw(runs: dict[str, Any], out: Path) -> str:
 
 def cmd_k8s(args: argparse.Namespace) -> int:
     from tooling.k8s import write_documents, write_manifests
-    from tooling.mesh import MeshError, MeshTarget, render_envoy_gateway, render_istio
+    from tooling.mesh import MeshError, MeshTarget, render_istio
+    from tooling.mesh_gateway import render_envoy_gateway
 
     if args.mesh is None:
         out = args.out or Path("deploy/k8s/slogate.yaml")

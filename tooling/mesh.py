@@ -13,8 +13,11 @@ How each mesh expresses slogate's pieces (README "Into an Envoy you already run"
 - Istio: every piece is an EnvoyFilter patch: the filters INSERT_BEFORE the router (in
   order), the access log and the manager's settings MERGEd into the HTTP connection
   manager, the pool routes INSERT_FIRST into the route configuration (they match the
-  sidecar's metadata, as in slogate's own bootstrap), the body limit MERGEd into the
-  virtual hosts, and ext_proc disabled on the operator's routes named with `skip_routes`.
+  sidecar's metadata, as in slogate's own bootstrap, and retry a refused connection once),
+  the engines' picking, health checks and outlier detection MERGEd into Istio's outbound
+  cluster of each pool's Service (headless: slogate names the pods its DNS returns), the
+  body limit MERGEd into the virtual hosts, and ext_proc disabled on the operator's routes
+  named with `skip_routes`.
   The sidecar is reached through Istio's own outbound cluster for its Service (mTLS
   included), so no cluster is added.
 - Envoy Gateway: ext_proc and the usage tap (Lua) are an EnvoyExtensionPolicy on the
@@ -23,30 +26,33 @@ How each mesh expresses slogate's pieces (README "Into an Envoy you already run"
   client's copy of it before any filter runs (early header mutation), unescapes slashes,
   and sets the stream idle timeout and the buffer limit; what no policy type can say (the
   gRPC access log with its tags, `max_message_timeout` for the waiting room, the largest
-  gRPC message) is an EnvoyPatchPolicy on the xDS names Envoy Gateway gives them.
+  gRPC message, and the engines' picking, health checks and outlier detection on the
+  cluster of each pool a Service serves) is an EnvoyPatchPolicy on the xDS names Envoy
+  Gateway gives them (tooling.mesh_gateway). Not rendered there: the retry of a refused
+  connection (a BackendTrafficPolicy `retry` on connect-failure and refused-stream does it;
+  its schema is not vendored here to check it against).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import envoy_data_plane.envoy.config.cluster.v3 as envoy_cluster
 import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 as hcm
 
 from extproc.request.contract import (
     EXT_PROC_FILTER,
-    METADATA_NAMESPACE,
-    OBJECTIVE_PREFIX,
-    POOL_HEADER,
-    SIDECAR_FAILURE_STATUS,
-    SIDECAR_SET_HEADERS,
 )
-from policy import FailureMode, Policy, Tier, load_policy
+from policy import Policy, load_policy
 from tooling.envoy_config.bootstrap import manager_settings
-from tooling.envoy_config.filters import access_log, slogate_filters, usage_tap_lua
+from tooling.envoy_config.engines import engine_cluster_options
+from tooling.envoy_config.filters import (
+    access_log,
+    slogate_filters,
+)
 from tooling.envoy_config.fragment import HCM_TYPE
 from tooling.envoy_config.routes import ext_proc_per_route, pool_routes
 from tooling.k8s import METRICS_PORT, SIDECAR_PORT, monitor, redis_secret, sidecar_container
@@ -186,14 +192,6 @@ def sidecar_workload(
     return [config, secret, deployment, service, network, pod_monitor]
 
 
-def eg_proxy_labels(target: MeshTarget) -> dict[str, str]:
-    """The labels Envoy Gateway puts on a Gateway's Envoy pods (in its own namespace)."""
-    return {
-        "gateway.envoyproxy.io/owning-gateway-name": target.gateway,
-        "gateway.envoyproxy.io/owning-gateway-namespace": target.namespace,
-    }
-
-
 def _sidecar_cluster(target: MeshTarget) -> str:
     """Istio's own outbound cluster for the sidecar's Service (mTLS where the mesh has it)."""
     return f"outbound|{SIDECAR_PORT}||{target.host(target.name)}"
@@ -256,6 +254,18 @@ def render_istio(policy_path: Path, target: MeshTarget) -> list[dict[str, Any]]:
         }
         for r in reversed(pool_routes(policy, clusters))
     ]
+    # The engines' clusters (Istio's outbound ones for each pool's Service, which must be
+    # headless: slogate names pods, as its DNS lookup of the Service returns them): picked
+    # by slogate's metadata, health-checked, their failing engines ejected.
+    engine_fields = pb_camel(engine_cluster_options(policy))
+    patches += [
+        {
+            "applyTo": "CLUSTER",
+            "match": {"context": context, "cluster": {"name": cluster_name}},
+            "patch": {"operation": "MERGE", "value": engine_fields},
+        }
+        for cluster_name in clusters.values()
+    ]
     patches.append(
         {
             "applyTo": "VIRTUAL_HOST",
@@ -301,185 +311,7 @@ def render_istio(policy_path: Path, target: MeshTarget) -> list[dict[str, Any]]:
     return [*sidecar_workload(policy_path, target, target.gateway_labels), envoy_filter]
 
 
-def eg_names(target: MeshTarget) -> dict[str, str]:
-    """The xDS names Envoy Gateway (v1.9, the default naming scheme) gives what it makes
-    from these resources: what the EnvoyPatchPolicy's patches point at."""
-    gateway = f"{target.namespace}/{target.gateway}/{target.listener}"
-    policy = f"envoyextensionpolicy/{target.namespace}/{target.name}"
-    return {
-        "listener": gateway,
-        "route_configuration": gateway,
-        "ext_proc_cluster": f"{policy}/extproc/0",
-        "ext_proc_filter": f"envoy.filters.http.ext_proc/{policy}/extproc/0",
-    }
-
-
-def render_envoy_gateway(policy_path: Path, target: MeshTarget) -> list[dict[str, Any]]:
-    """The sidecar's workload, an EnvoyExtensionPolicy (ext_proc + the usage tap), an
-    HTTPRoute for the pools, and an EnvoyPatchPolicy for the rest."""
-    policy = load_policy(policy_path)
-    _check(policy, target, inference_pools=True)
-    names = eg_names(target)
-    meta = {"name": target.name, "namespace": target.namespace, "labels": target.labels}
-    gateway_ref = {"group": GATEWAY_GROUP, "kind": "Gateway", "name": target.gateway}
-    extension = {
-        "apiVersion": "gateway.envoyproxy.io/v1alpha1",
-        "kind": "EnvoyExtensionPolicy",
-        "metadata": meta,
-        "spec": {
-            "targetRefs": [gateway_ref],
-            "extProc": [
-                {
-                    "backendRefs": [{"name": target.name, "port": SIDECAR_PORT}],
-                    # Request headers go only with a `request` entry; the body is buffered.
-                    "processingMode": {
-                        "request": {"body": "Buffered"},
-                        "allowModeOverride": True,
-                    },
-                    "messageTimeout": f"{policy.message_timeout_ms}ms",
-                    "failOpen": policy.failure_mode is FailureMode.OPEN,
-                    "statusOnError": SIDECAR_FAILURE_STATUS,
-                    "metadata": {"writableNamespaces": [METADATA_NAMESPACE]},
-                }
-            ],
-            "lua": [{"type": "Inline", "inline": usage_tap_lua()}],
-        },
-    }
-    paths = sorted(policy.paths.apis)
-    pools = {
-        "apiVersion": f"{GATEWAY_GROUP}/v1",
-        "kind": "HTTPRoute",
-        "metadata": {**meta, "name": f"{target.name}-pools"},
-        "spec": {
-            "parentRefs": [{"name": target.gateway, "sectionName": target.listener}],
-            "rules": [_pool_rule(pool, paths, target) for pool in policy.pools],
-        },
-    }
-    # Before any filter or route sees the request: a client's copies of the headers the
-    # sidecar sets are gone (the pool routes match one), even where ext_proc fails open.
-    idle_s = math.ceil(_duration_s(manager_settings(policy)["stream_idle_timeout"]))
-    client = {
-        "apiVersion": "gateway.envoyproxy.io/v1alpha1",
-        "kind": "ClientTrafficPolicy",
-        "metadata": meta,
-        "spec": {
-            "targetRefs": [{**gateway_ref, "sectionName": target.listener}],
-            "headers": {"earlyRequestHeaders": {"remove": list(SIDECAR_SET_HEADERS)}},
-            # normalize_path and merge_slashes are Envoy Gateway's defaults already.
-            "path": {"escapedSlashesAction": "UnescapeAndForward"},
-            "timeout": {"http": {"streamIdleTimeout": f"{idle_s}s"}},
-            "connection": {"bufferLimit": policy.max_body_bytes},
-        },
-    }
-    hcm_path = "/default_filter_chain/filters/0/typed_config"
-    wait_ms = policy.message_timeout_ms + math.ceil(policy.longest_wait_s * 1000)
-    listener_type = "type.googleapis.com/envoy.config.listener.v3.Listener"
-    ext_proc_filter = (
-        f"$.default_filter_chain.filters[0].typed_config.http_filters"
-        f"[?@.name=='{names['ext_proc_filter']}']"
-    )
-    operations: list[dict[str, Any]] = [
-        {
-            "op": "add",
-            "path": f"{hcm_path}/access_log/-",
-            "value": access_log(names["ext_proc_cluster"]).to_dict(casing=_snake()),
-        },
-        {  # the waiting room lifts one message's timeout; Envoy honours that up to this
-            "op": "add",
-            "jsonPath": ext_proc_filter,
-            "path": "/typed_config/max_message_timeout",
-            "value": f"{wait_ms / 1000:g}s",
-        },
-        {  # the body mutation of a large prompt comes back in one message
-            "op": "add",
-            "jsonPath": ext_proc_filter,
-            "path": "/typed_config/grpc_service/envoy_grpc/max_receive_message_length",
-            "value": policy.max_body_bytes + (1 << 20),
-        },
-    ]
-    patch_policy = {
-        "apiVersion": "gateway.envoyproxy.io/v1alpha1",
-        "kind": "EnvoyPatchPolicy",
-        "metadata": meta,
-        "spec": {
-            "targetRef": gateway_ref,
-            "type": "JSONPatch",
-            "priority": 0,
-            "jsonPatches": [
-                {"type": listener_type, "name": names["listener"], "operation": operation}
-                for operation in operations
-            ],
-        },
-    }
-    return [
-        *sidecar_workload(policy_path, target, eg_proxy_labels(target)),
-        extension,
-        pools,
-        client,
-        patch_policy,
-        *inference_objectives(policy, target),
-    ]
-
-
-# What each tier is to an endpoint picker: its InferenceObjective's priority (higher first;
-# a negative one is what the picker sheds first when the pool is saturated).
-TIER_PRIORITY = {Tier.CRITICAL: 10, Tier.STANDARD: 0, Tier.SHEDDABLE: -10}
-
-
-def inference_objectives(policy: Policy, target: MeshTarget) -> list[dict[str, Any]]:
-    """One InferenceObjective per tier, named as the sidecar's objective header says, for
-    the first pool served by an InferencePool: an objective has one pool, and the header
-    names one objective, so a second InferencePool would need objectives of the same names
-    (one namespace holds one of each)."""
-    served = [target.inference_pools[p] for p in policy.pools if p in target.inference_pools]
-    first = served[0] if served else None
-    if first is None:
-        return []
-    return [
-        {
-            "apiVersion": "llm-d.ai/v1alpha2",
-            "kind": "InferenceObjective",
-            "metadata": {
-                "name": f"{OBJECTIVE_PREFIX}{tier.value}",
-                "namespace": target.namespace,
-                "labels": target.labels,
-            },
-            "spec": {
-                "priority": priority,
-                "poolRef": {"group": INFERENCE_GROUP, "kind": "InferencePool", "name": first},
-            },
-        }
-        for tier, priority in TIER_PRIORITY.items()
-    ]
-
-
-def _duration_s(value: Any) -> float:
-    return float(value.total_seconds())
-
-
-def _snake() -> Any:
-    """betterproto's snake_case casing: Envoy Gateway's JSON patches see proto field names."""
-    import betterproto2
-
-    return betterproto2.Casing.SNAKE
-
-
-def _pool_rule(pool: str, paths: list[str], target: MeshTarget) -> dict[str, Any]:
-    """A pool's rule: the header the sidecar sets on an admitted request, on each inference
-    path (a path prefix beats the operator's shorter `/v1` prefix, Gateway API's precedence)."""
-    if pool in target.inference_pools:
-        name = target.inference_pools[pool]
-        backend: dict[str, Any] = {"group": INFERENCE_GROUP, "kind": "InferencePool", "name": name}
-    else:
-        service, port = target.pool_services[pool]
-        backend = {"name": service, "port": port}
-    return {
-        "matches": [
-            {
-                "path": {"type": "PathPrefix", "value": path},
-                "headers": [{"type": "Exact", "name": POOL_HEADER, "value": pool}],
-            }
-            for path in paths
-        ],
-        "backendRefs": [backend],
-    }
+def pb_camel(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Cluster fields as the JSON an EnvoyFilter MERGE takes (camelCase)."""
+    rendered = envoy_cluster.Cluster(name="x", **fields).to_dict()
+    return {k: v for k, v in rendered.items() if k != "name"}

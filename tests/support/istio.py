@@ -142,6 +142,15 @@ def apply_envoy_filter(bootstrap: dict[str, Any], spec: dict[str, Any]) -> dict[
                     else:
                         raise NotImplementedError((kind, operation))
             continue
+        if kind == "CLUSTER":
+            if operation != "MERGE":
+                raise NotImplementedError((kind, operation))
+            clusters = config["staticResources"]["clusters"]
+            named = [c for c in clusters if c["name"] == match["cluster"]["name"]]
+            assert named, f"no cluster {match['cluster']['name']} to patch"
+            for found in named:
+                merge(found, value)
+            continue
         port = match["routeConfiguration"]["portNumber"]
         wanted = match["routeConfiguration"].get("vhost", {}).get("route", {}).get("name")
         for listener in listeners:
