@@ -81,6 +81,13 @@ def poisson_arrivals(
         arrivals.append(Arrival(now_s, key, prompt, max_tokens, stream=stream, crafted=crafted))
 
 
+def own_draws(seed: int, arrival: Arrival, *stream: int) -> np.random.Generator:
+    """A request's own random generator, seeded by the arrival itself (and `stream`: which
+    draws), so the same request draws the same in runs that differ only in other tenants'
+    traffic."""
+    return np.random.default_rng([seed, round(arrival.at_s * 1e6), arrival.prompt_tokens, *stream])
+
+
 def p99(values: Iterable[float]) -> float:
     ordered = sorted(values)
     if not ordered:

@@ -86,7 +86,10 @@ def run_picking(
     duration_s: float,
     seed: int,
     outage_at_s: float | None = None,
+    replicas: int = 1,
 ) -> dict[str, Any]:
+    """One run; `replicas`: sidecar replicas the requests are spread over evenly, each with
+    its own picker and prefix index (sharing the KV ledger, as through Redis)."""
     generate, sizing = WORKLOADS[workload]
     engines = max(2, round(qps / sizing.per_engine_qps))
     policy = picking_policy(engines, picker, sizing)
@@ -102,6 +105,7 @@ def run_picking(
         engines={"default": engines},
         outages=outages,
         prefix_entries=sizing.prefix_entries,
+        sidecar_split=(1.0,) * replicas,
     )
     results = fleet.run(arrivals, duration_s + 30.0)  # the last ones end meanwhile
     report = summarize(fleet, results, Workload(workload, duration_s, policy, arrivals, []))
@@ -112,7 +116,7 @@ def run_picking(
         r for r in results.values() if outage_at_s is not None and r.arrival.at_s > outage_at_s
     ]
     return {
-        "workload": workload,
+        "workload": workload if replicas == 1 else f"{workload}, {replicas} replicas",
         "qps": qps,
         "engines": engines,
         "picker": picker,
@@ -147,6 +151,9 @@ def compare_picking(
             for picker in MODES:
                 progress(f"{workload} {qps:g}/s {picker}")
                 runs.append(run_picking(workload, qps, picker, duration_s, seed))
+    for picker in MODES:  # two sidecar replicas, each its own index: do they agree?
+        progress(f"chat-long {loads[0]:g}/s {picker}, 2 replicas")
+        runs.append(run_picking("chat-long", loads[0], picker, duration_s, seed, replicas=2))
     for picker in MODES:  # one engine of the smaller pool dies half way through
         progress(f"chat {loads[0]:g}/s {picker}, an engine killed at {duration_s / 2:g} s")
         outage = run_picking("chat", loads[0], picker, duration_s, seed, duration_s / 2)

@@ -35,7 +35,7 @@ from budget.store import InProcessStore
 from extproc.request.flow import Routed, engine_priority
 from extproc.request.tokens import PromptCounter
 from policy import Policy
-from sim.arrivals import Arrival
+from sim.arrivals import Arrival, own_draws
 from sim.clock import VirtualClock
 from sim.engine_pool import EnginePool, SimEngine, engine_addresses, probe, scrape
 from sim.fleet_types import RETRIED_STATUSES, EngineOutage, Sample, Served
@@ -384,9 +384,7 @@ class OfflineFleet:
         if index is None:
             index = 0
             if len(self.sidecars) > 1:
-                draw = np.random.default_rng(
-                    [self.seed, round(arrival.at_s * 1e6), arrival.prompt_tokens, 2]
-                ).random()
+                draw = own_draws(self.seed, arrival, 2).random()
                 index = int(np.searchsorted(np.cumsum(self.sidecar_split), draw))
                 index = min(index, len(self.sidecars) - 1)
             self._sidecar_of[request_id] = index
@@ -394,17 +392,13 @@ class OfflineFleet:
 
     def _output_tokens(self, arrival: Arrival) -> int:
         """How long the model 'wants' to answer, from the request's own generator."""
-        draws = np.random.default_rng(
-            [self.seed, round(arrival.at_s * 1e6), arrival.prompt_tokens, 1]
-        )
+        draws = own_draws(self.seed, arrival, 1)
         return LatencyModel(self.latency, draws).sample_output_tokens(arrival.max_tokens)
 
     def _start(self, request_id: str, engine: SimEngine) -> None:
         arrival = self._arrivals[request_id]
         engine.waiting.pop(request_id, None)
-        # Seeded by the arrival itself, so the same request draws the same latencies in runs
-        # that differ only in other tenants' traffic.
-        draws = np.random.default_rng([self.seed, round(arrival.at_s * 1e6), arrival.prompt_tokens])
+        draws = own_draws(self.seed, arrival)
         model = LatencyModel(self.latency, draws)
         running = engine.kv.num_running
         segments = chain_segments(list(zip(arrival.texts, arrival.text_tokens, strict=True)))

@@ -155,7 +155,7 @@ def test_sidecar_answers_grpc_health_checks(tmp_path: Path) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from tooling.stack import start_sidecar
+    from tooling.processes import start_sidecar
 
     proc, ports = start_sidecar(tmp_path, ROOT / "deploy" / "policy.example.yaml")
     try:

@@ -156,6 +156,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from tooling.benchmarks.workers import run as run_workers
 
         run_workers(args.out_dir, args.duration_s, args.rounds, args.profile)
+    elif args.bench == "engines-vllm":
+        from tooling.benchmarks.engines_live import run as run_engines_live
+
+        run_engines_live(args.out_dir, args.chats)
+    elif args.bench == "packing-vllm":
+        from tooling.benchmarks.packing import run as run_packing
+
+        run_packing(args.out_dir, args.seconds, args.rate, args.window_ms)
     elif args.bench == "prefix-index":
         from tooling.benchmarks.prefix_index import run as run_prefix_index
 

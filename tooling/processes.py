@@ -1,7 +1,8 @@
 """Child processes of the local stack: start, wait until ready, stop by pid.
 
 What lives here: `ManagedProcess` (one child with its log file, a ready line or an HTTP
-readiness probe, stop by SIGTERM then SIGKILL) and `free_port`. Used by `slogate up`,
+readiness probe, stop by SIGTERM then SIGKILL), `free_port`, and `start_sidecar` (`slogate
+serve` as a child, its ports read from its ready line). Used by `slogate up`,
 the benchmarks and the test fixtures alike, so all three run the stack the same way.
 """
 
@@ -17,6 +18,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -283,3 +285,42 @@ def start_redis_cluster(log_dir: Path, nodes: int = 3) -> tuple[list[ManagedProc
             proc.stop()
         raise
     return procs, ports
+
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarPorts:
+    grpc: int
+    metrics: int
+    admin: str
+
+
+def start_sidecar(
+    work_dir: Path,
+    policy_path: Path,
+    name: str = "sidecar",
+    grpc_port: int = 0,
+    metrics_port: int = 0,
+    admin_port: int = 0,
+    exact_tokenizer: bool = False,
+    env: dict[str, str] | None = None,
+) -> tuple[ManagedProcess, SidecarPorts]:
+    """`slogate serve` as a child process on loopback; 0 ports: picked by the OS."""
+    argv = python_module(
+        "tooling.cli",
+        "serve",
+        "--policy", str(policy_path),
+        "--host", LOOPBACK,
+        "--grpc-port", str(grpc_port),
+        "--metrics-port", str(metrics_port),
+        "--admin-address", f"{LOOPBACK}:{admin_port}",
+    )  # fmt: skip
+    if not exact_tokenizer:
+        argv.append("--no-exact-tokenizer")
+    proc = ManagedProcess(name, argv, work_dir, env).start()
+    match = proc.wait_for_line(
+        r"sidecar ready: grpc [^:]+:(\d+) metrics \S+:(\d+)/metrics admin (\S+)"
+    )
+    return proc, SidecarPorts(int(match.group(1)), int(match.group(2)), match.group(3))

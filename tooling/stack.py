@@ -30,46 +30,11 @@ from tooling.processes import (
     free_port,
     python_module,
     start_redis,
+    start_sidecar,
 )
 from tooling.vllm_engine import EngineFacts, VllmEngine, VllmSettings
 
 HOST = "127.0.0.1"
-
-
-@dataclass(frozen=True, slots=True)
-class SidecarPorts:
-    grpc: int
-    metrics: int
-    admin: str
-
-
-def start_sidecar(
-    work_dir: Path,
-    policy_path: Path,
-    name: str = "sidecar",
-    grpc_port: int = 0,
-    metrics_port: int = 0,
-    admin_port: int = 0,
-    exact_tokenizer: bool = False,
-    env: dict[str, str] | None = None,
-) -> tuple[ManagedProcess, SidecarPorts]:
-    """`slogate serve` as a child process on loopback; 0 ports: picked by the OS."""
-    argv = python_module(
-        "tooling.cli",
-        "serve",
-        "--policy", str(policy_path),
-        "--host", HOST,
-        "--grpc-port", str(grpc_port),
-        "--metrics-port", str(metrics_port),
-        "--admin-address", f"{HOST}:{admin_port}",
-    )  # fmt: skip
-    if not exact_tokenizer:
-        argv.append("--no-exact-tokenizer")
-    proc = ManagedProcess(name, argv, work_dir, env).start()
-    match = proc.wait_for_line(
-        r"sidecar ready: grpc [^:]+:(\d+) metrics \S+:(\d+)/metrics admin (\S+)"
-    )
-    return proc, SidecarPorts(int(match.group(1)), int(match.group(2)), match.group(3))
 
 
 def served_names(policy: Policy) -> tuple[str, ...]:
@@ -157,7 +122,9 @@ class LocalStack:
     # "sim": every pool simulated (sim.pool); "vllm": the default pool is a real vLLM.
     engine: str = "sim"
     vllm: VllmSettings = field(default_factory=VllmSettings)
-    engines: dict[str, VllmEngine] = field(default_factory=dict)  # pool -> real engine
+    engines: dict[str, VllmEngine] = field(default_factory=dict)  # pool -> its first real one
+    vllm_count: int = 1  # real engines behind the default pool (engine="vllm")
+    real_engines: dict[str, list[VllmEngine]] = field(default_factory=dict)
     engine_facts: dict[str, EngineFacts] = field(default_factory=dict)
     # A real engine's KV capacity and batch slots go into the sidecar's policy (KV
     # admission against them); False: not (a loadtest's unprotected run).
@@ -281,23 +248,48 @@ class LocalStack:
         return [f"http://{HOST}:{port}" for port in self.engine_ports.get(pool, [])]
 
     def start_engine(self, policy: Policy, pool: Pool) -> None:
-        """A real vLLM for `pool`, serving the policy's model names, scheduling by priority
-        when the pool says its engines do; what it reports becomes the pool's capacity."""
-        port = self.ports.pools.get(pool.name, pool.endpoints[0][1])
+        """`vllm_count` real vLLMs for `pool`, started side by side, serving the policy's
+        model names, scheduling by priority when the pool says its engines do; what they
+        report becomes the pool's capacity."""
+        first_port = self.ports.pools.get(pool.name, pool.endpoints[0][1])
         settings = dataclasses.replace(
             self.vllm,
-            port=port,
             served_names=served_names(policy),
             priority_scheduling=pool.priority_scheduling,
         )
-        engine = VllmEngine(self.work_dir, settings, name=f"vllm-{pool.name}")
-        self.engines[pool.name] = engine
+        engines = []
+        for index in range(self.vllm_count):
+            port = first_port if index == 0 else 0
+            name = f"vllm-{pool.name}" if index == 0 else f"vllm-{pool.name}-{index}"
+            engine = VllmEngine(self.work_dir, dataclasses.replace(settings, port=port), name=name)
+            engines.append(engine.launch())
+        for engine in engines:
+            engine.ready()
+            assert engine.process is not None
+            self.processes.append(engine.process)
+        self.engines[pool.name] = engines[0]
+        self.real_engines[pool.name] = engines
+        self.pool_ports[pool.name] = engines[0].port
+        self.engine_ports[pool.name] = [e.port for e in engines]
+        facts = [e.facts() for e in engines]
+        self.engine_facts[pool.name] = dataclasses.replace(
+            facts[0],
+            kv_capacity_tokens=sum(f.kv_capacity_tokens for f in facts),
+            blocks=sum(f.blocks for f in facts),
+            max_num_seqs=sum(f.max_num_seqs for f in facts),
+        )
+
+    def restart_real_engine(self, pool: str, index: int) -> VllmEngine:
+        """Stop the pool's `index`th real engine if it runs and start it again on its port
+        (~50 s: vLLM's start)."""
+        old = self.real_engines[pool][index]
+        old.stop()
+        engine = VllmEngine(self.work_dir, old.settings, name=f"{old.name}-again", port=old.port)
         engine.start()
-        assert engine.process is not None
-        self.processes.append(engine.process)
-        self.pool_ports[pool.name] = engine.port
-        self.engine_ports[pool.name] = [engine.port]
-        self.engine_facts[pool.name] = engine.facts()
+        assert engine.process is not None and old.process is not None
+        self.processes[self.processes.index(old.process)] = engine.process
+        self.real_engines[pool][index] = engine
+        return engine
 
     def write_runtime_policy(self) -> Path:
         """The policy file the sidecar reads: the given one with each pool's endpoints set to
@@ -315,6 +307,11 @@ class LocalStack:
                 break
             raw["pools"][name]["kv_capacity_tokens"] = facts.kv_capacity_tokens
             raw["pools"][name]["max_num_seqs"] = facts.max_num_seqs
+        if self.engine_facts:
+            # vLLM's CPU build starves its own API server while it prefills on two cores
+            # (/health and /metrics answered 1-5 s late): a 1 s probe would call it dead.
+            health = (raw.setdefault("engines", {}) or {}).setdefault("health", {})
+            health.setdefault("probe_timeout_s", 10.0)
         budget = raw.setdefault("budget", {}) or {}
         raw["budget"] = budget
         if self.budget_store is not None:

@@ -161,11 +161,20 @@ class VllmEngine:
         return argv
 
     def start(self) -> VllmEngine:
+        return self.launch().ready()
+
+    def launch(self) -> VllmEngine:
+        """Start the process, not waiting for it (several engines start side by side)."""
         model = ensure_model(self.home)
-        self.port = self.settings.port or free_port(HOST)
+        self.port = self.port or self.settings.port or free_port(HOST)
         self.process = ManagedProcess(
             self.name, self.argv(model), self.log_dir, offline_env(self.home), group=True
         ).start()
+        return self
+
+    def ready(self) -> VllmEngine:
+        """Wait until it answers /health (a failed start is stopped and raised)."""
+        assert self.process is not None
         try:
             self.process.wait_for_http(f"{self.url}/health", timeout_s=START_TIMEOUT_S)
         except BaseException:

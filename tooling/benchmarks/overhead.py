@@ -42,8 +42,7 @@ from tooling.benchmarks.profile import record, summarise
 from tooling.benchmarks.profile import table as profile_table
 from tooling.benchmarks.wrk import start_envoy, upstream_bootstrap, wrk
 from tooling.envoy_config import EnvoyPorts, FilterProfile, build_bootstrap
-from tooling.processes import ManagedProcess, free_port, python_module, tree_usage
-from tooling.stack import start_sidecar
+from tooling.processes import ManagedProcess, free_port, python_module, start_sidecar, tree_usage
 
 HOST = "127.0.0.1"
 # Profiles where slogate's cost is split in two: the same sidecar with every prompt taken at
@@ -89,6 +88,28 @@ LEVERS: dict[str, dict[str, Any]] = {
     "no_count_cache": {"counting": {"cache_entries": 1}},
     # The same exact counts from tiktoken's BPE instead of fastokens (the engine until now).
     "tiktoken": {"counting": {"engine": "tiktoken"}},
+    # The default pool's two engines balanced by Envoy, not picked: no prompt hashed into
+    # blocks, no scores (what picking costs is the default against this).
+    "no_picking": {
+        "pools": {
+            "default": {
+                "endpoints": ["127.0.0.1:18001", "127.0.0.1:18004"],
+                "kv_capacity_tokens": 1048576,
+                "max_num_seqs": 256,
+                "picker": "envoy",
+            }
+        }
+    },
+    # Sixteen engines to score instead of two.
+    "picking_16": {
+        "pools": {
+            "default": {
+                "endpoints": [f"127.0.0.1:{18100 + i}" for i in range(16)],
+                "kv_capacity_tokens": 1048576,
+                "max_num_seqs": 256,
+            }
+        }
+    },
 }
 
 

