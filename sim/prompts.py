@@ -21,7 +21,8 @@ from extproc.request.tokens import TokenCounter, exact_counter
 
 SMALLEST = 64  # tokens: prompts are composed in steps of this
 LARGEST_POWER = 17  # 2**17 = 131072 tokens
-_WORDS = (
+# Words both tokenizers keep whole (the tiny vLLM model's was trained on them too).
+WORDS = (
     "the",
     "fleet",
     "serves",
@@ -92,7 +93,7 @@ class PromptLibrary:
         def piece() -> str:
             if crafted:  # random letters: what fooled the fitted estimate tenfold
                 return "".join(rng.choice(string.ascii_letters) for _ in range(64))
-            return " " + " ".join(rng.choice(_WORDS) for _ in range(16))
+            return " " + " ".join(rng.choice(WORDS) for _ in range(16))
 
         # Each chunk drawn afresh: none is another repeated, so the counter's cache (and
         # an engine's prefix cache) tell them apart.

@@ -29,41 +29,12 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from sim.prompts import WORDS
 from tooling import admin_client
 from tooling.stack import LocalStack, StackPorts
 from tooling.vllm_engine import VllmSettings
 
 POLICY = Path(__file__).resolve().parents[2] / "deploy" / "policy.example.yaml"
-# Words both tokenizers keep whole (the tiny model's was trained on them).
-WORDS = (
-    "the",
-    "fleet",
-    "serves",
-    "tokens",
-    "under",
-    "load",
-    "while",
-    "budgets",
-    "hold",
-    "and",
-    "breakers",
-    "watch",
-    "the",
-    "tail",
-    "latency",
-    "so",
-    "every",
-    "tenant",
-    "keeps",
-    "its",
-    "service",
-    "level",
-    "objective",
-    "across",
-    "pools",
-    "of",
-    "engines",
-)
 
 
 def _text(rng: random.Random, count: int) -> str:

@@ -25,22 +25,8 @@ from typing import Any
 
 import aiohttp
 
+from sim.prompts import WORDS
 from tooling.vllm_engine import VllmEngine, VllmSettings
-
-WORDS = [
-    "the",
-    "fleet",
-    "serves",
-    "tokens",
-    "under",
-    "load",
-    "while",
-    "budgets",
-    "hold",
-    "and",
-    "breakers",
-    "watch",
-]
 
 
 def _arrivals(seed: int, seconds: float, rate: float) -> list[tuple[float, str, str]]:
