@@ -40,7 +40,9 @@ _IN_BLOCK = (_RNG.integers(1, 2**31, size=_MAX_BLOCK_TOKENS, dtype=np.uint64) | 
     np.uint32
 )
 _PER_BLOCK = _RNG.integers(1, 2**63, size=1 << 16, dtype=np.uint64) | _U64(1)
-_MIX = _U64(0x9E3779B97F4A7C15)
+_MIX_INT = 0x9E3779B97F4A7C15
+_MIX = _U64(_MIX_INT)
+_MASK = (1 << 64) - 1
 _SEED = 0x243F6A8885A308D3
 
 
@@ -114,6 +116,13 @@ class PromptBlocks:
 NO_BLOCKS = PromptBlocks((), (), 0, 0, 0)
 
 
+def _mix_int(value: int) -> int:
+    """`_mix` on one Python int (no array overhead for the chain's few scalars)."""
+    value ^= value >> 31
+    value = (value * _MIX_INT) & _MASK
+    return value ^ (value >> 29)
+
+
 def prompt_blocks(
     texts: Sequence[np.ndarray],
     lengths: Sequence[int],
@@ -122,36 +131,38 @@ def prompt_blocks(
 ) -> PromptBlocks:
     """Chain each text's block hashes (`text_blocks`) into the prompt's prefix hashes and
     keep them at the ladder positions. `lengths`: each text's token count (its blocks end
-    at its own end, so the tokens a position covers are summed per text)."""
-    chained: list[np.ndarray] = []
-    ends: list[np.ndarray] = []
-    seed = _SEED
-    key = 0
-    covered = 0
-    head = 0
+    at its own end, so the tokens a position covers are summed per text). The chain runs
+    on Python ints, one step per text and one per ladder position: a chat's twenty
+    messages would otherwise cost twenty rounds of array calls."""
+    counts = [int(blocks.shape[0]) for blocks in texts]
+    total = sum(counts)
+    if not total:
+        return NO_BLOCKS
+    seeds: list[int] = []
+    starts: list[int] = []
+    before: list[int] = []  # tokens ahead of each text
+    seed, start, covered = _SEED, 0, 0
+    key = head = 0
     for index, (blocks, length) in enumerate(zip(texts, lengths, strict=True)):
-        if blocks.shape[0]:
-            with np.errstate(over="ignore"):
-                chain = blocks + _U64(seed)
-            chained.append(chain)
-            starts = np.arange(1, blocks.shape[0] + 1, dtype=np.int64) * block_tokens
-            ends.append(covered + np.minimum(starts, length))
-            seed = int(_mix(chain[-1:])[0])
+        seeds.append(seed)
+        starts.append(start)
+        before.append(covered)
+        if counts[index]:
+            seed = _mix_int((int(blocks[-1]) + seed) & _MASK)
+        start += counts[index]
         covered += length
         if index + 1 == conversation_texts:
             key, head = seed, covered
-    if not chained:
-        return NO_BLOCKS
-    hashes = np.concatenate(chained)
-    tokens = np.concatenate(ends)
-    positions = ladder(int(hashes.shape[0]))
-    return PromptBlocks(
-        tuple(int(h) for h in hashes[positions]),
-        tuple(int(t) for t in tokens[positions]),
-        key or seed,
-        covered,
-        head or covered,
-    )
+    hashes: list[int] = []
+    tokens: list[int] = []
+    text = 0
+    for position in ladder(total):
+        while starts[text] + counts[text] <= position:
+            text += 1
+        block = position - starts[text]
+        hashes.append((int(texts[text][block]) + seeds[text]) & _MASK)
+        tokens.append(before[text] + min((block + 1) * block_tokens, lengths[text]))
+    return PromptBlocks(tuple(hashes), tuple(tokens), key or seed, covered, head or covered)
 
 
 class PrefixIndex:

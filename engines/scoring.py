@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from engines.prefix import PromptBlocks
 from policy import PickingConfig
@@ -72,6 +73,7 @@ def rendezvous(key: int, address: str) -> int:
     return value ^ (value >> 32)
 
 
+@lru_cache(maxsize=4096)
 def _address_hash(address: str) -> int:
     value = 0xCBF29CE484222325
     for byte in address.encode():

@@ -216,7 +216,7 @@ class Decider:
         )
         if not engines:
             return admitted
-        return dataclasses.replace(admitted, decision=dataclasses.replace(decided, engines=engines))
+        return Admitted(dataclasses.replace(decided, engines=engines), admitted.response_headers)
 
 
 def route(
