@@ -5,11 +5,15 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
+from engines import EngineFleet, EnginePicker
+from extproc.service.engine_metrics import EngineCollector
 from extproc.service.metrics import SidecarMetrics
+from policy import parse_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "slogate-rules.yaml"
@@ -55,7 +59,10 @@ def test_rule_tests_catch_a_weakened_rule(tmp_path: Path, original: str, weakene
 def exported_metrics() -> set[str]:
     """Every metric name the sidecar exports, as written in PromQL and the catalogue."""
     names = set()
-    for family in SidecarMetrics().registry.collect():
+    policy = parse_policy({})
+    fleet = EngineFleet(lambda: policy.engines.health, time.monotonic)
+    engines = EngineCollector(EnginePicker(fleet, lambda: policy, time.monotonic), lambda: policy)
+    for family in [*SidecarMetrics().registry.collect(), *engines.collect()]:
         names.add(f"{family.name}_total" if family.type == "counter" else family.name)
     return names
 
