@@ -63,7 +63,11 @@ class EngineScraper(EngineReadings):
         )
 
     async def run(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(1.0, self.interval_s / 2))
+        # A busy engine answers /metrics late (vLLM's CPU build took ~4.5 s while it
+        # prefilled): wait up to a third of the staleness bound rather than lose the
+        # reading. A hung engine is the /health probes' to find (extproc.runtime.
+        # engine_watch), not this loop's.
+        timeout = aiohttp.ClientTimeout(total=max(1.0, self.stale_after_s / 3))
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:
                 await self.scrape_once(session)
