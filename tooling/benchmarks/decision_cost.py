@@ -33,7 +33,7 @@ from extproc.request.tokens import (
 from extproc.runtime.sidecar import Sidecar
 from extproc.service.access_log import finish
 from tooling.benchmarks.bodies import PROFILES, profile_bodies
-from tooling.benchmarks.overhead import BENCH_KEY, LEVERS, bench_policy
+from tooling.benchmarks.levers import BENCH_KEY, LEVERS, bench_policy
 
 HEADERS = {
     ":path": "/v1/chat/completions",

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
 import json
 import platform
 import shutil
@@ -33,9 +32,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from policy import load_policy
+from tooling.benchmarks.levers import BENCH_KEY, LEVERS, POLICY, bench_policy
 from tooling.benchmarks.one_message import one_message
 from tooling.benchmarks.profile import available as spy_available
 from tooling.benchmarks.profile import record, summarise
@@ -50,7 +48,6 @@ HOST = "127.0.0.1"
 # pass-through also runs with one ext_proc message per request (what that lever can save).
 SPLIT_PROFILES = frozenset({"small", "field_mix", "8k", "32k"})
 DEFAULT_PROFILES = "small,field_mix,1k,8k,32k,128k,multi_turn,chinese,code,hostile"
-POLICY = Path(__file__).resolve().parents[2] / "deploy" / "policy.example.yaml"
 
 
 def _request_body() -> str:
@@ -62,82 +59,6 @@ def _request_body() -> str:
             "max_tokens": 64,
         }
     )
-
-
-BENCH_KEY = "sk-bench"
-
-
-# Levers measured one by one (`--levers`): each is slogate with one policy change, run as one
-# more setup beside the others, on the same bodies, in the same rounds.
-LEVERS: dict[str, dict[str, Any]] = {
-    # A long text counted by one worker instead of cut into one piece per worker.
-    "no_split": {"counting": {"split_min_bytes": 0}},
-    # Every text counted on the event loop: no hop to a worker thread, but the loop blocks.
-    "count_on_loop": {
-        "counting": {
-            "inline_max_bytes": 16 * 2**20,
-            "inline_unicode_max_bytes": 16 * 2**20,
-            "split_min_bytes": 0,
-        }
-    },
-    # Only text up to 2 KiB counted on the event loop, the rest by the worker threads: the
-    # default before fastokens. (Measured as `inline_64k` against it when that was the
-    # change: bench/results/overhead-levers-fastokens.)
-    "count_in_threads": {"counting": {"inline_max_bytes": 2048, "inline_unicode_max_bytes": 2048}},
-    # No message counts kept: a chat's history counted again every turn.
-    "no_count_cache": {"counting": {"cache_entries": 1}},
-    # The same exact counts from tiktoken's BPE instead of fastokens (the engine until now).
-    "tiktoken": {"counting": {"engine": "tiktoken"}},
-    # The default pool's two engines balanced by Envoy, not picked: no prompt hashed into
-    # blocks, no scores (what picking costs is the default against this).
-    "no_picking": {
-        "pools": {
-            "default": {
-                "endpoints": ["127.0.0.1:18001", "127.0.0.1:18004"],
-                "kv_capacity_tokens": 1048576,
-                "max_num_seqs": 256,
-                "picker": "envoy",
-            }
-        }
-    },
-    # Sixteen engines to score instead of two.
-    "picking_16": {
-        "pools": {
-            "default": {
-                "endpoints": [f"127.0.0.1:{18100 + i}" for i in range(16)],
-                "kv_capacity_tokens": 1048576,
-                "max_num_seqs": 256,
-            }
-        }
-    },
-}
-
-
-def bench_policy(work: Path, changes: Mapping[str, Any] | None = None) -> Path:
-    """The example policy plus a key whose budget is checked on every request but never
-    runs out: the benchmark measures the cost of deciding, not the cost of refusing; with
-    `changes` (a lever) merged into its sections."""
-    raw = yaml.safe_load(POLICY.read_text())
-    for section, values in (changes or {}).items():
-        raw[section] = {**(raw.get(section) or {}), **values}
-    huge = 10**12
-    raw["keys"].append(
-        {
-            "key": BENCH_KEY,
-            "tenant": "bench",
-            "tier": "standard",
-            "limits": {
-                "requests_per_minute": huge,
-                "tokens_per_minute": huge,
-                "tokens_per_hour": huge,
-                "concurrent_requests": huge,
-            },
-        }
-    )
-    tag = hashlib.sha1(json.dumps(changes, sort_keys=True).encode()).hexdigest()[:8]
-    path = work / (f"policy-{tag}.yaml" if changes else "policy.yaml")
-    path.write_text(yaml.safe_dump(raw))
-    return path
 
 
 def _wrk_script(work: Path, profile: str) -> Path:

@@ -23,11 +23,11 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tooling.benchmarks.levers import bench_policy
 from tooling.benchmarks.overhead import (
     HOST,
     _cpus,
     _wrk_script,
-    bench_policy,
     front_envoy,
     load,
 )
