@@ -35,13 +35,13 @@ class EnginePicker:
 
     def picks(self, spec: Pool) -> bool:
         """Whether slogate names the engine of this pool's requests."""
-        return spec.picker is Picker.SLOGATE and bool(self.fleet.engines(spec.name))
+        return spec.picker is Picker.SLOGATE and self.fleet.count(spec.name) > 0
 
     def wants_blocks(self, policy: Policy) -> bool:
         """Whether any pool picks among more than one engine: only then is a prompt's ids
         hashed into blocks (a few tens of microseconds)."""
         return any(
-            spec.picker is Picker.SLOGATE and len(self.fleet.engines(name)) > 1
+            spec.picker is Picker.SLOGATE and self.fleet.count(name) > 1
             for name, spec in policy.pools.items()
         )
 

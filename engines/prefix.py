@@ -40,18 +40,10 @@ _IN_BLOCK = (_RNG.integers(1, 2**31, size=_MAX_BLOCK_TOKENS, dtype=np.uint64) | 
     np.uint32
 )
 _PER_BLOCK = _RNG.integers(1, 2**63, size=1 << 16, dtype=np.uint64) | _U64(1)
+_PER_BLOCK_INT = int(_PER_BLOCK[0])
 _MIX_INT = 0x9E3779B97F4A7C15
-_MIX = _U64(_MIX_INT)
 _MASK = (1 << 64) - 1
 _SEED = 0x243F6A8885A308D3
-
-
-def _mix(values: np.ndarray) -> np.ndarray:
-    """A cheap 64-bit finaliser (xor-shift-multiply), element-wise, wrapping."""
-    with np.errstate(over="ignore"):
-        values = values ^ (values >> _U64(31))
-        values = values * _MIX
-        return values ^ (values >> _U64(29))
 
 
 def text_blocks(ids: np.ndarray, block_tokens: int) -> np.ndarray:
@@ -62,24 +54,27 @@ def text_blocks(ids: np.ndarray, block_tokens: int) -> np.ndarray:
         return np.zeros(0, dtype=np.uint64)
     if block_tokens > _MAX_BLOCK_TOKENS:
         raise ValueError(f"block_tokens above {_MAX_BLOCK_TOKENS}")
-    full = n // block_tokens
     values = ids if ids.dtype == np.uint32 else ids.astype(np.uint32)
+    weights = _IN_BLOCK[:block_tokens]
+    if n < block_tokens:  # one short block (most chat messages): no array arithmetic to pay for
+        value = (int(values @ weights[:n]) + n) * _PER_BLOCK_INT & _MASK
+        return np.array([value], dtype=np.uint64)
+    full = n // block_tokens
+    tail = n - full * block_tokens
+    blocks = np.empty(full + (1 if tail else 0), dtype=np.uint64)
     with np.errstate(over="ignore"):
-        weights = _IN_BLOCK[:block_tokens]
-        blocks = (values[: full * block_tokens].reshape(full, block_tokens) @ weights).astype(
-            np.uint64
-        )
-        tail = n - full * block_tokens
+        blocks[:full] = values[: full * block_tokens].reshape(full, block_tokens) @ weights
         if tail:
-            last = values[full * block_tokens :] @ weights[:tail]
-            blocks = np.append(blocks, _U64(int(last)) + _U64(tail))
+            blocks[full] = int(values[full * block_tokens :] @ weights[:tail]) + tail
         count = blocks.shape[0]
         per_block = (
             _PER_BLOCK[:count]
             if count <= _PER_BLOCK.shape[0]
             else np.resize(_PER_BLOCK, count) * _U64(3)
         )
-        return np.cumsum(_mix(blocks) * per_block, dtype=np.uint64)
+        # Each block's weighted sum times its own odd multiplier, summed up to it: a running
+        # hash in which a block's position and every block before it count.
+        return np.cumsum(blocks * per_block, dtype=np.uint64)
 
 
 def ladder(count: int) -> list[int]:

@@ -81,13 +81,14 @@ def _address_hash(address: str) -> int:
     return value
 
 
-def _rank_scores(key: int, candidates: Sequence[Candidate]) -> list[float]:
-    """1.0 for the key's first engine, falling linearly to 0.0 for its last."""
-    order = sorted(range(len(candidates)), key=lambda i: -rendezvous(key, candidates[i].address))
-    scores = [0.0] * len(candidates)
-    last = max(1, len(candidates) - 1)
+def _rank_scores(weights: Sequence[int]) -> list[float]:
+    """From each engine's rendezvous weight: 1.0 for the heaviest, falling linearly to 0.0
+    for the lightest."""
+    order = sorted(range(len(weights)), key=lambda i: -weights[i])
+    scores = [0.0] * len(weights)
+    last = max(1, len(weights) - 1)
     for rank, index in enumerate(order):
-        scores[index] = 1.0 - rank / last if len(candidates) > 1 else 1.0
+        scores[index] = 1.0 - rank / last if len(weights) > 1 else 1.0
     return scores
 
 
@@ -127,13 +128,17 @@ def score(
     blocks: PromptBlocks,
     bucket: str,
     config: PickingConfig,
+    weights: Sequence[int] | None = None,
 ) -> list[Scores]:
-    """Every candidate's scores, in the candidates' order."""
+    """Every candidate's scores, in the candidates' order. `weights`: each candidate's
+    rendezvous weight for the conversation key, when the caller has them already."""
     count = len(candidates)
     held = sum(c.held_sequences for c in candidates)
     most = max(c.held_sequences for c in candidates)
-    affinity = _rank_scores(blocks.key, candidates) if blocks.key else [0.0] * count
-    length = _rank_scores(_address_hash(bucket), candidates)
+    if weights is None:
+        weights = [rendezvous(blocks.key, c.address) for c in candidates]
+    affinity = _rank_scores(weights) if blocks.key else [0.0] * count
+    length = _rank_scores([rendezvous(_address_hash(bucket), c.address) for c in candidates])
     scored = []
     for i, candidate in enumerate(candidates):
         load = 1.0 - load_of(candidate, held, count, most)
@@ -162,7 +167,7 @@ def pick(
         return []
     if len(candidates) == 1:
         return [candidates[0].address]
-    scored = score(candidates, blocks, bucket, config)
-    tie = {c.address: rendezvous(blocks.key, c.address) for c in candidates}
-    ranked = sorted(scored, key=lambda s: (-round(s.total, 9), -tie[s.address]))
-    return [s.address for s in ranked[: config.choices]]
+    weights = [rendezvous(blocks.key, c.address) for c in candidates]
+    scored = score(candidates, blocks, bucket, config, weights)
+    order = sorted(range(len(scored)), key=lambda i: (-round(scored[i].total, 9), -weights[i]))
+    return [scored[i].address for i in order[: config.choices]]

@@ -145,6 +145,10 @@ class EngineFleet:
     def pools(self) -> list[str]:
         return list(self._pools)
 
+    def count(self, pool: str) -> int:
+        known = self._pools.get(pool)
+        return len(known.engines) if known is not None else 0
+
     def engines(self, pool: str) -> list[Engine]:
         known = self._pools.get(pool)
         return list(known.engines.values()) if known is not None else []
@@ -263,13 +267,13 @@ class EngineFleet:
         reported = engine.snapshot.kv_capacity_tokens if engine.snapshot is not None else None
         if reported:
             return float(reported)
-        count = len(self.engines(spec.name))
+        count = self.count(spec.name)
         if spec.kv_capacity_tokens is None or count == 0:
             return None
         return spec.kv_capacity_tokens / count
 
     def sequences(self, spec: Pool) -> float | None:
-        count = len(self.engines(spec.name))
+        count = self.count(spec.name)
         if spec.max_num_seqs is None or count == 0:
             return None
         return spec.max_num_seqs / count

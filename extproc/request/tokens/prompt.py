@@ -100,6 +100,8 @@ class PromptCounter:
     ) -> None:
         self._counter = counter  # None: no tokenizer, the byte bound decides every count
         self._inline_cap = _inline_cap(counter)
+        # Decided once: an isinstance check on a runtime protocol costs microseconds.
+        self._gives_ids = isinstance(counter, IdCounter)
         self._config = config
         self._executor = executor
         self._cache: OrderedDict[bytes, _Counted] = OrderedDict()
@@ -114,6 +116,7 @@ class PromptCounter:
         """Count with `counter` from now on (the sidecar loads it after start-up begins)."""
         self._counter = counter
         self._inline_cap = _inline_cap(counter)
+        self._gives_ids = isinstance(counter, IdCounter)
 
     async def count(
         self, texts: Sequence[str], token_ids: int = 0, block_tokens: int = 0
@@ -122,7 +125,7 @@ class PromptCounter:
         counter gives ids and the count is exact: a bound has no ids)."""
         config = self._config
         total = token_ids + config.per_message_overhead_tokens * len(texts)
-        blocks_wanted = block_tokens > 0 and isinstance(self._counter, IdCounter)
+        blocks_wanted = block_tokens > 0 and self._gives_ids
         known_counts: list[_Counted | None] = []
         pending: list[tuple[int, bytes | None, str, int]] = []  # (index, key, text, bytes)
         pending_bytes = 0
