@@ -79,8 +79,6 @@ class EnginePicker:
                     kv_tokens=fleet.kv_tokens(engine, spec),
                     sequences=sequences,
                     scraped_kv_usage=None if fresh is None else fresh.kv_cache_usage,
-                    scraped_waiting=None if fresh is None else fresh.waiting,
-                    scraped_running=None if fresh is None else fresh.running,
                     matched_tokens=tokens,
                 )
             )

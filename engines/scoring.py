@@ -13,7 +13,7 @@ The scorers, and which way each pulls:
   head, a chat's history is where its earlier turns went.
 - load (distribution): how free the engine is — the largest of the KV and batch slots this
   sidecar holds on it (exact, the moment it admits) and its scraped KV usage (every
-  replica's requests, seconds late), less a share for a queue the engine reports.
+  replica's requests, seconds late).
 - affinity (affinity): the conversation's rendezvous engine. Every replica ranks the
   engines by a hash of (conversation key, engine) and gets the same order without talking
   to the others, so the turns of one chat reach one engine through any replica; bounded
@@ -50,8 +50,6 @@ class Candidate:
     kv_tokens: float | None  # its KV cache (None: unknown)
     sequences: float | None  # its batch slots (None: unknown)
     scraped_kv_usage: float | None = None  # fresh metrics only (None: no data)
-    scraped_waiting: float | None = None
-    scraped_running: float | None = None
     matched_tokens: int = 0  # of the prompt, from the prefix index
 
 
@@ -97,10 +95,11 @@ def load_of(
 ) -> float:
     """How full the engine is, 0..1: what slogate holds on it against its capacity (against
     an even share of the pool's requests where its capacity is unknown), or what it reports
-    holding, whichever is more, plus half its queue per running request; and never less
-    than half its requests in flight against the busiest engine's (least-request
-    balancing, which the cache fractions alone do not give while every engine is nearly
-    empty)."""
+    holding, whichever is more; and never less than half its requests in flight against the
+    busiest engine's (least-request balancing, exact and instant: the cache fractions alone
+    tie while engines are nearly empty, and requests stuck on a hung engine pile up there
+    until its probes fail). Its scraped queue is not scored: seconds old, it tilted every
+    request picked within one scrape interval the same way."""
     parts = [0.5 * candidate.held_sequences / most_held if most_held else 0.0]
     if candidate.kv_tokens:
         parts.append(candidate.held_tokens / candidate.kv_tokens)
@@ -110,10 +109,7 @@ def load_of(
         parts.append(candidate.held_sequences / (pool_held_sequences + count))
     if candidate.scraped_kv_usage is not None:
         parts.append(candidate.scraped_kv_usage)
-    queue = 0.0
-    if candidate.scraped_waiting:
-        queue = 0.5 * min(1.0, candidate.scraped_waiting / max(1.0, candidate.scraped_running or 0))
-    return min(1.0, max(parts) + queue)
+    return min(1.0, max(parts))
 
 
 def over_bound(candidate: Candidate, pool_held_sequences: int, count: int, bound: float) -> bool:
