@@ -119,6 +119,14 @@ def over_bound(candidate: Candidate, pool_held_sequences: int, count: int, bound
     return candidate.held_sequences >= math.ceil(fair)
 
 
+def saturated(candidate: Candidate) -> bool:
+    """Its batch slots or its KV cache full with what this sidecar alone holds on it."""
+    return bool(
+        (candidate.sequences and candidate.held_sequences >= candidate.sequences)
+        or (candidate.kv_tokens and candidate.held_tokens >= candidate.kv_tokens)
+    )
+
+
 def score(
     candidates: Sequence[Candidate],
     blocks: PromptBlocks,
@@ -138,7 +146,9 @@ def score(
     scored = []
     for i, candidate in enumerate(candidates):
         load = 1.0 - load_of(candidate, held, count, most)
-        bound = over_bound(candidate, held, count, config.load_bound)
+        # Over its bounded share, or its batch already full from this sidecar's own count (a
+        # request sent there would queue): no pull towards it.
+        bound = over_bound(candidate, held, count, config.load_bound) or saturated(candidate)
         beyond = max(0, candidate.matched_tokens - blocks.head_tokens)
         prefix = beyond / blocks.total_tokens if blocks.total_tokens and not bound else 0.0
         pull = 0.0 if bound else affinity[i]

@@ -297,3 +297,15 @@ def test_answers_never_eject_more_than_half_the_pool() -> None:
     for _ in range(2):
         fleet.probed("p", "10.0.0.2:8000", False)
     assert fleet.serving("p") == [] and fleet.live_pool(spec) == spec
+
+
+def test_an_engine_whose_batch_this_sidecar_filled_loses_its_pull() -> None:
+    blocks = blocks_of(ids(*range(40)), ids(*range(40, 400)))
+    home = candidate("a:1", 0, held_sequences=10, matched_tokens=380)  # its slots: 10
+    other = candidate("b:1", 1, held_sequences=9)
+    config = dataclasses.replace(CONFIG, load_bound=100.0)  # the bound alone would not move it
+    assert pick([home, other], blocks, "0-4k", config)[0] == "b:1"
+    assert (
+        pick([dataclasses.replace(home, held_sequences=9), other], blocks, "0-4k", config)[0]
+        == "a:1"
+    )
