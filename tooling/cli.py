@@ -420,7 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from extproc.runtime.sidecar import PortTaken, run_sidecar
+    from extproc.runtime.serve import run_sidecar
+    from extproc.runtime.sidecar import PortTaken
     from extproc.runtime.workers import WorkerSlot
 
     admin = None if args.admin_address == "none" else args.admin_address

@@ -1,4 +1,4 @@
-"""The sidecar process: its composition root, and `run_sidecar` for `slogate serve`.
+"""The sidecar process: its composition root (`slogate serve` runs it: extproc.runtime.serve).
 
 What lives here: `Sidecar`, which builds the parts and connects them — the policy holder,
 the breaker board and its signals, the admission chain (admission.assembly, the same the
@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -415,44 +413,3 @@ def _no_reading(pool: str) -> float | None:
 
 def _no_quantile(pool: str, q: float, window_s: float, min_samples: int) -> float | None:
     return None
-
-
-async def run_sidecar(
-    policy_path: Path,
-    host: str,
-    grpc_port: int,
-    metrics_port: int | None,
-    exact: bool = True,
-    metrics_host: str | None = None,
-    admin_address: str | None = "127.0.0.1:50052",
-    worker: WorkerSlot | None = None,
-) -> None:
-    """`slogate serve`: run until SIGINT/SIGTERM; SIGHUP reloads the policy."""
-    sidecar = Sidecar(
-        policy_path,
-        host,
-        grpc_port,
-        metrics_port,
-        exact_tokenizer=exact,
-        metrics_host=metrics_host,
-        admin_address=admin_address,
-        worker=worker,
-    )
-    address = await sidecar.start()
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, sidecar.policy.reload)
-    metrics = (
-        f" metrics http://{metrics_host or host}:{address.metrics_port}/metrics"
-        if address.metrics_port
-        else ""
-    )
-    admin = f" admin {address.admin}" if address.admin else ""
-    print(
-        f"slogate sidecar ready: grpc {host}:{address.grpc_port}{metrics}{admin} pid {os.getpid()}",
-        flush=True,
-    )
-    await stop.wait()
-    await sidecar.stop()

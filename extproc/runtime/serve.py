@@ -1,0 +1,56 @@
+"""`slogate serve`: one sidecar process until SIGINT/SIGTERM; SIGHUP reloads the policy.
+
+What lives here: `run_sidecar`, which builds the composition root (extproc.runtime.sidecar),
+starts it, prints the one ready line the local stack and the tests wait for, and stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+from extproc.runtime.sidecar import Sidecar
+from extproc.runtime.workers import WorkerSlot
+
+
+async def run_sidecar(
+    policy_path: Path,
+    host: str,
+    grpc_port: int,
+    metrics_port: int | None,
+    exact: bool = True,
+    metrics_host: str | None = None,
+    admin_address: str | None = "127.0.0.1:50052",
+    worker: WorkerSlot | None = None,
+) -> None:
+    """`slogate serve`: run until SIGINT/SIGTERM; SIGHUP reloads the policy."""
+    sidecar = Sidecar(
+        policy_path,
+        host,
+        grpc_port,
+        metrics_port,
+        exact_tokenizer=exact,
+        metrics_host=metrics_host,
+        admin_address=admin_address,
+        worker=worker,
+    )
+    address = await sidecar.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, sidecar.policy.reload)
+    metrics = (
+        f" metrics http://{metrics_host or host}:{address.metrics_port}/metrics"
+        if address.metrics_port
+        else ""
+    )
+    admin = f" admin {address.admin}" if address.admin else ""
+    print(
+        f"slogate sidecar ready: grpc {host}:{address.grpc_port}{metrics}{admin} pid {os.getpid()}",
+        flush=True,
+    )
+    await stop.wait()
+    await sidecar.stop()
