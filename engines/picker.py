@@ -13,7 +13,7 @@ import hashlib
 from collections.abc import Callable
 
 from engines.prefix import PrefixIndex, PromptBlocks
-from engines.scoring import Candidate, Scores, pick, score
+from engines.scoring import Candidate, pick
 from engines.state import EngineFleet
 from policy import Picker, Policy, Pool
 
@@ -111,11 +111,6 @@ class EnginePicker:
             if not blocks.empty:
                 self.index(spec.name).add(blocks, engine.slot)
         return tuple(chosen)
-
-    def explain(self, spec: Pool, blocks: PromptBlocks, bucket: str) -> list[Scores]:
-        """Every serving engine's scores for a request (the admin view, tests)."""
-        config = self._policy().engines.picking
-        return score(self.candidates(spec, blocks), blocks, bucket, config)
 
     def fleet_policy(self) -> Policy:
         return self._policy()

@@ -142,9 +142,6 @@ class EngineFleet:
         for name in set(self._pools) - set(keep):
             del self._pools[name]
 
-    def pools(self) -> list[str]:
-        return list(self._pools)
-
     def count(self, pool: str) -> int:
         known = self._pools.get(pool)
         return len(known.engines) if known is not None else 0
@@ -355,9 +352,6 @@ class EngineFleet:
             engine.held_tokens -= held.tokens
             engine.held_sequences -= held.sequences
         return held
-
-    def held(self, request_id: str) -> HeldOn | None:
-        return self._held.get(request_id)
 
     @property
     def holds(self) -> int:
