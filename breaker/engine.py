@@ -90,6 +90,7 @@ def parse_engine_metrics(text: str, kind: EngineKind = EngineKind.VLLM) -> Engin
     kv: float | None = None
     running = waiting = hits = queries = ratio = capacity = None
     ttft: dict[float, float] = {}
+    caches: dict[str, float] = {}  # engine label -> its KV cache (one sample per engine)
 
     def add(current: float | None, value: float) -> float:
         return value if current is None else current + value
@@ -115,8 +116,13 @@ def parse_engine_metrics(text: str, kind: EngineKind = EngineKind.VLLM) -> Engin
             elif name == names.cache_tokens:
                 capacity = add(capacity, value)
             elif name == names.cache_info:
-                capacity = add(capacity, _cache_tokens(sample.labels))
+                # Several data-parallel engines behind one server add up; the same engine
+                # seen twice (a server of several processes) does not.
+                engine = sample.labels.get("engine", "")
+                caches[engine] = max(caches.get(engine, 0.0), _cache_tokens(sample.labels))
     hit_rate = hits / queries if hits is not None and queries else ratio
+    if caches:
+        capacity = add(capacity, sum(caches.values()))
     return EngineSnapshot(
         kv, running, waiting, hit_rate, tuple(sorted(ttft.items())), capacity or None
     )

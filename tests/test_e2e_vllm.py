@@ -263,22 +263,44 @@ def test_kv_admission_fills_the_real_cache_and_learns_its_footprint(
     # ... and the breaker's scrape saw them (the admin status, within a scrape or two).
     # (Its kvCacheUsage is not asserted: on this machine it read 0.0 beside running 2
     # once; vLLM's own gauge above is the cache's fill.)
-    breaker_saw_them = watch(lambda: _engine_row(stack).get("running") == 2)
+    # Seen running, or — vLLM's gauges lag while its own engine starves its API server —
+    # by their first tokens in the TTFT histogram the breaker scrapes (a counter: it
+    # cannot be missed between two scrapes).
+    first_before = float(_engine_row(stack).get("firstTokens", 0.0))
+
+    def breaker_sees_them() -> bool:
+        row = _engine_row(stack)
+        return row.get("running") == 2 or float(row.get("firstTokens", 0.0)) >= first_before + 2
+
+    breaker_saw_them = watch(breaker_sees_them)
+    # What slogate held at its fullest, read from its /metrics over and over: the client's
+    # own threads are starved too, and read the two as running after they had ended once.
+    most_held = [0.0]
+
+    def held_most() -> bool:
+        most_held[0] = max(most_held[0], _held(stack)[0])
+        return False  # keep reading until the test is over
+
+    watch(held_most)
     threads = [threading.Thread(target=send, args=(i,)) for i in range(6)]
     for t in threads:
         t.start()
     try:
         assert wait_for(lambda: len(running) >= 2 or bool(failed), timeout_s=90), streams
-        counted, _ = _held(stack)
         was_filled = vllm_saw_them.wait(timeout=10)
         usage = running_and_usage[1]
-        seen_running = breaker_saw_them.wait(timeout=10)
+        seen_running = breaker_saw_them.wait(timeout=20)
         for t in threads:
             t.join(90)
         assert not failed, failed
         admitted = [s for s in streams if s.response.status == 200]
         refused = [s for s in streams if s.response.status != 200]
-        assert len(admitted) == 2 and len(streams) == 6, [s.response.status for s in streams]
+        # Two at once, the others refused — or, rightly, admitted once the two had ended:
+        # measured, one body reached the sidecar 5.5 s late (the two's prefill starved the
+        # machine), found the pool empty and ran. slogate's fullest hold says two at once.
+        statuses = [s.response.status for s in streams]
+        assert len(streams) == 6 and len(admitted) >= 2 and len(refused) >= 2, statuses
+        counted = most_held[0]
         for s in refused:
             # slogate's own answer, never Envoy's 504: the waits end while vLLM's prefill
             # of the two starves the machine (replies.WAIT_REPLY_MARGIN_MS).
