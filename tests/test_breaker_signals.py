@@ -53,9 +53,7 @@ def test_vllm_exposition_is_read_worst_kv_and_summed_counts() -> None:
 def test_vllm_cache_config_counts_each_engine_once() -> None:
     """KV capacity is blocks x block size per engine: two data-parallel engines add up,
     one engine's info seen twice (from two processes of one server) does not."""
-    info = (
-        'vllm:cache_config_info{{block_size="16",engine="{e}",num_gpu_blocks="{n}"}} 1.0\n'
-    )
+    info = 'vllm:cache_config_info{{block_size="16",engine="{e}",num_gpu_blocks="{n}"}} 1.0\n'
     text = "# TYPE vllm:cache_config_info gauge\n" + "".join(
         info.format(e=e, n=n) for e, n in (("0", "640"), ("0", "640"), ("1", "320"))
     )
