@@ -254,7 +254,10 @@ def test_kv_admission_fills_the_real_cache_and_learns_its_footprint(
             metric(now, "vllm:num_requests_running"),
             metric(now, "vllm:kv_cache_usage_perc"),
         )
-        if reading[0] == 2 and reading[1] >= 0.45:
+        # Usage alone says both are in: one prompt is ~0.44 of the cache. (The running
+        # gauge beside it once read 0 while usage read both: the two gauges are set at
+        # different moments of vLLM's starved API server.)
+        if reading[1] >= 0.45:
             running_and_usage = reading
             return True
         return False
@@ -287,11 +290,13 @@ def test_kv_admission_fills_the_real_cache_and_learns_its_footprint(
         t.start()
     try:
         assert wait_for(lambda: len(running) >= 2 or bool(failed), timeout_s=90), streams
-        was_filled = vllm_saw_them.wait(timeout=10)
-        usage = running_and_usage[1]
-        seen_running = breaker_saw_them.wait(timeout=20)
         for t in threads:
             t.join(90)
+        # Waited for after the two have ended: a reading already under way while they ran
+        # comes back seconds late from vLLM's starved API server.
+        was_filled = vllm_saw_them.wait(timeout=15)
+        usage = running_and_usage[1]
+        seen_running = breaker_saw_them.wait(timeout=20)
         assert not failed, failed
         admitted = [s for s in streams if s.response.status == 200]
         refused = [s for s in streams if s.response.status != 200]
