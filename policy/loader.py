@@ -158,10 +158,15 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
     )
 
 
+# libyaml's loader when PyYAML was built with it (its wheels are): the same safe subset,
+# 3-4x faster on a ten-thousand-key policy (2.7 s -> 0.8 s here).
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_policy(path: str | Path) -> Policy:
     text = Path(path).read_text(encoding="utf-8")
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as exc:
         raise PolicyError(f"<root>: not valid YAML: {exc}") from None
     return parse_policy(raw if raw is not None else {}, source=str(path))

@@ -28,13 +28,13 @@ def test_holder_swaps_good_policies_and_keeps_the_old_one_on_errors(tmp_path: Pa
     first = holder()
     assert first.key_for("sk-a") is not None
     path.write_text("keys: [{key: sk-x, tenant: x, tier: platinum}]\n")
-    assert not holder.reload()
+    assert not asyncio.run(holder.reload())
     assert holder() is first  # the bad policy was refused; the old one is still active
     path.write_text(KEYS_B)
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
-    assert holder.reload_if_changed()
+    assert asyncio.run(holder.reload_if_changed())
     assert holder().key_for("sk-b") is not None and holder().key_for("sk-a") is None
-    assert not holder.reload_if_changed()  # unchanged file: nothing to do
+    assert not asyncio.run(holder.reload_if_changed())  # unchanged file: nothing to do
     value = metrics.registry.get_sample_value
     assert value("slogate_policy_reloads_total", {"result": "rejected"}) == 1
     assert value("slogate_policy_reloads_total", {"result": "ok"}) == 1
@@ -58,13 +58,13 @@ def test_a_reload_that_changes_a_start_only_setting_is_refused_whole(
     first = holder()
     # The keys change too, and still do not apply: half a policy is never active.
     path.write_text(KEYS_B + change)
-    reason = holder.reload_error()
+    reason = asyncio.run(holder.reload_error())
     assert reason is not None and reason.startswith(named + ":"), reason
     assert "restart" in reason
     assert holder() is first and holder().key_for("sk-b") is None
     # The same keys without the start-only change load.
     path.write_text(KEYS_B)
-    assert holder.reload_error() is None and holder().key_for("sk-b") is not None
+    assert asyncio.run(holder.reload_error()) is None and holder().key_for("sk-b") is not None
 
 
 @pytest.mark.e2e

@@ -143,6 +143,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             levers=[lever for lever in args.levers.split(",") if lever],
             name=args.name,
         )
+    elif args.bench == "tenants":
+        from tooling.benchmarks.tenants import run as run_tenants
+
+        run_tenants(args.out_dir, args.seconds, args.tenants, args.keys)
     elif args.bench == "decision-cost":
         from tooling.benchmarks.decision_cost import run as run_decision_cost
 

@@ -4,17 +4,30 @@ What lives here: `PolicyHolder`. Readers call it (a request flow once, at its st
 reload on file change, SIGHUP or the admin API replaces one reference. A new policy that
 does not load, or that changes a setting read only at start (policy.START_ONLY_SETTINGS),
 is refused as a whole and the running one stays, with the reason logged and counted.
+
+A reload reads and builds the new policy in a worker thread and swaps it in one step on
+the event loop: a ten-thousand-key policy takes ~0.6 s to build, and built on the loop it
+held every request for that long (measured: 2,060 ms for one request during a reload).
+Reloads run one at a time; one asked for while another runs waits for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import sys
+import time
 from pathlib import Path
 
+from extproc.runtime.heap import collector_paused
 from extproc.service.metrics import SidecarMetrics
 from policy import Policy, PolicyError, load_policy, start_only_changes
 
 log = logging.getLogger("slogate.policy")
+
+# While the builder thread holds the GIL, the event loop waits up to the interpreter's
+# switch interval (5 ms) for it at every wake-up; a request wakes the loop several times.
+RELOAD_SWITCH_INTERVAL_S = 0.0005
 
 
 class PolicyHolder:
@@ -23,6 +36,7 @@ class PolicyHolder:
         self._metrics = metrics
         self._policy = load_policy(path)
         self._mtime_ns = self._stat()
+        self._lock = asyncio.Lock()
         metrics.policy_keys.set(len(self._policy.keys))
 
     def __call__(self) -> Policy:
@@ -34,35 +48,55 @@ class PolicyHolder:
         except OSError:
             return 0
 
-    def reload(self) -> bool:
-        return self.reload_error() is None
+    async def reload(self) -> bool:
+        return await self.reload_error() is None
 
-    def reload_error(self) -> str | None:
+    async def reload_error(self) -> str | None:
         """Re-read the file; None when the new policy is active, else why it was refused."""
-        try:
-            policy = load_policy(self.path)
-        except (PolicyError, OSError) as error:
-            return self._refuse(str(error))
-        changed = start_only_changes(self._policy, policy)
-        if changed:
-            return self._refuse(
-                f"{', '.join(changed)}: only read when the sidecar starts; restart it to "
-                "change them (nothing of the new policy was applied)"
+        async with self._lock:
+            started = time.perf_counter()
+            with collector_paused():
+                try:
+                    policy = await asyncio.to_thread(_build, self.path)
+                except (PolicyError, OSError) as error:
+                    return self._refuse(str(error))
+                changed = start_only_changes(self._policy, policy)
+                if not changed:
+                    self._policy = policy  # the swap: one reference, on the loop
+            if changed:
+                return self._refuse(
+                    f"{', '.join(changed)}: only read when the sidecar starts; restart it to "
+                    "change them (nothing of the new policy was applied)"
+                )
+            self._metrics.policy_reloads("ok").inc()
+            self._metrics.policy_keys.set(len(policy.keys))
+            log.info(
+                "policy reloaded from %s (%d keys) in %.1f ms",
+                self.path,
+                len(policy.keys),
+                (time.perf_counter() - started) * 1000,
             )
-        self._policy = policy
-        self._metrics.policy_reloads("ok").inc()
-        self._metrics.policy_keys.set(len(policy.keys))
-        log.info("policy reloaded from %s (%d keys)", self.path, len(policy.keys))
-        return None
+            return None
 
     def _refuse(self, reason: str) -> str:
         self._metrics.policy_reloads("rejected").inc()
         log.error("policy reload refused, keeping the active policy: %s", reason)
         return reason
 
-    def reload_if_changed(self) -> bool:
+    async def reload_if_changed(self) -> bool:
         mtime = self._stat()
         if mtime == self._mtime_ns:
             return False
         self._mtime_ns = mtime
-        return self.reload()
+        return await self.reload()
+
+
+def _build(path: Path) -> Policy:
+    """In the worker thread: the switch interval short while it runs, so the loop gets
+    the GIL back within a fraction of a millisecond each time it asks."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(RELOAD_SWITCH_INTERVAL_S)
+    try:
+        return load_policy(path)
+    finally:
+        sys.setswitchinterval(before)

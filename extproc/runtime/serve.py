@@ -11,6 +11,7 @@ import os
 import signal
 from pathlib import Path
 
+from extproc.runtime.heap import freeze_at_start
 from extproc.runtime.sidecar import Sidecar
 from extproc.runtime.workers import WorkerSlot
 
@@ -37,11 +38,19 @@ async def run_sidecar(
         worker=worker,
     )
     address = await sidecar.start()
+    freeze_at_start()  # what lives as long as the process leaves the collector's walks
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, sidecar.policy.reload)
+    reloads: set[asyncio.Task[bool]] = set()  # held: the loop keeps only weak references
+
+    def reload() -> None:
+        task = asyncio.ensure_future(sidecar.policy.reload())
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
     metrics = (
         f" metrics http://{metrics_host or host}:{address.metrics_port}/metrics"
         if address.metrics_port

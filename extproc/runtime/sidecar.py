@@ -356,7 +356,7 @@ class Sidecar:
         """Policy file changes, and the expiry of requests whose access log never came."""
         while True:
             await asyncio.sleep(self._watch_interval_s)
-            if self.policy.reload_if_changed():
+            if await self.policy.reload_if_changed():
                 await self.admission.kv.dispatch()  # a new capacity or share may make room
             await self.recorder.expire()
             # A KV hold outlives its request only if nothing ever released it: a safety net.

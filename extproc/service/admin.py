@@ -32,7 +32,7 @@ from policy import Limits, Policy, Tier
 
 class ReloadablePolicy(Protocol):
     def __call__(self) -> Policy: ...
-    def reload_error(self) -> str | None: ...
+    async def reload_error(self) -> str | None: ...
 
 
 class GpuView(Protocol):
@@ -274,7 +274,7 @@ class AdminService(pb_grpc.AdminServicer):
         self, request: pb.ReloadPolicyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReloadPolicyReply:
         holder = self._policy
-        error = holder.reload_error()
+        error = await holder.reload_error()
         if error is None and self._siblings is not None:
             await self._siblings.reload()
         if error is not None:

@@ -85,9 +85,14 @@ class SidecarDriver:
         self._access_log = als_pb2_grpc.AccessLogServiceStub(self._channel)
 
     async def decide(
-        self, api_key: str, body: dict[str, object], path: str = "/v1/chat/completions"
+        self,
+        api_key: str,
+        body: dict[str, object],
+        path: str = "/v1/chat/completions",
+        raw: bytes | None = None,
     ) -> DriverReply:
-        raw = json.dumps(body).encode()
+        """One request's headers and body; `raw`: these bytes instead of `body`'s JSON."""
+        raw = json.dumps(body).encode() if raw is None else raw
         body_message = pb.ProcessingRequest()
         body_message.request_body.body = raw
         body_message.request_body.end_of_stream = True
