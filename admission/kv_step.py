@@ -145,10 +145,9 @@ class KvStep:
         never = never_fits(
             ratio, tokens, capacity, share, decision.sequences, decision.runs_to_limit
         )
-        max_wait_s = min(
-            self._wait_cap_s,
-            policy.max_wait_s(tier, decision.pool, decision.bucket.name, decision.prompt_tokens),
-        )
+        d = decision  # its tenant's TTFT objective, where set, bounds its wait
+        wait_s = policy.max_wait_s(tier, d.pool, d.bucket.name, d.prompt_tokens, d.caller.tenant)
+        max_wait_s = min(self._wait_cap_s, wait_s)
         if never or self._new_waiter is None or max_wait_s <= 0:
             raise _pool_full(decision, never or limit)
         entry = Waiting(

@@ -39,7 +39,7 @@ def record_signals(windows: ResponseWindows, policy: Policy, outcome: RequestOut
     if observed_s is None:
         return
     objective_s = latency_objective_s(
-        policy, d.caller.tier, bucket, d.stream, outcome.completion_tokens
+        policy, d.caller.tier, bucket, d.stream, outcome.completion_tokens, d.caller.tenant
     )
     if objective_s is not None and objective_s > 0:
         windows.record_latency(SLO_RATIO, pool, tier, bucket, observed_s / objective_s)

@@ -1,6 +1,6 @@
 """slogate's configuration and domain types: the bottom layer, importing nothing of ours.
 
-`policy.domain` holds the small value types (tier, key, limits, bucket, pool), `policy.apis`
+`policy.domain` holds the small value types (tier, key, limits, bucket, pool, tenant), `policy.apis`
 the catalogue of engine APIs slogate guards, `policy.schema` the frozen `Policy`, and
 `policy.loader` the strict YAML reader. Everything public is re-exported here.
 """
@@ -16,6 +16,9 @@ from policy.domain import (
     Picker,
     Pool,
     RouteRule,
+    Tenant,
+    TenantBook,
+    TenantWeights,
     Tier,
     hash_api_key,
 )
@@ -61,6 +64,9 @@ __all__ = [
     "Pool",
     "RouteRule",
     "ShadowConfig",
+    "Tenant",
+    "TenantBook",
+    "TenantWeights",
     "Tier",
     "TlsConfig",
     "WaitingRoomConfig",

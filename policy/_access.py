@@ -12,6 +12,7 @@ from policy.domain import (
     ApiKey,
     Limits,
     Pool,
+    TenantBook,
     Tier,
     hash_api_key,
 )
@@ -38,15 +39,24 @@ _LIMIT_FIELDS = (
 def parse_limits(sec: Section, base: Limits) -> Limits:
     values: dict[str, int | None] = {}
     for name in _LIMIT_FIELDS:
-        value = sec.get(name, int, -1)
-        if value == -1:
+        raw = sec.raw(name)
+        if raw is None:
             values[name] = getattr(base, name)
             continue
+        value = expect(raw, int, sec.child(name))
         if value < 0:
             raise PolicyError(f"{sec.child(name)}: must be >= 0")
         values[name] = value
     sec.close()
     return Limits(**values)
+
+
+def parse_tier(value: object, where: str) -> Tier:
+    try:
+        return Tier(expect(value, str, where))
+    except ValueError:
+        allowed = ", ".join(t.value for t in Tier)
+        raise PolicyError(f"{where}: expected one of {allowed}") from None
 
 
 def parse_tiers(sec: Section) -> dict[Tier, Limits]:
@@ -148,7 +158,15 @@ def parse_budget(sec: Section) -> BudgetConfig:
     return config
 
 
-def parse_keys(raw: object, path: str, tier_limits: Mapping[Tier, Limits]) -> dict[str, ApiKey]:
+def parse_keys(
+    raw: object,
+    path: str,
+    tier_limits: Mapping[Tier, Limits],
+    tenants: TenantBook | None = None,
+) -> dict[str, ApiKey]:
+    """The keys. With a `tenants:` section (`tenants`), a key's tenant must be one it names
+    (or any, with `tenants.defaults`), and the key inherits from it: its own tier, else its
+    tenant's; its own limits, else its tenant's, else its tier's (policy._tenants)."""
     if raw is None:
         return {}
     if not isinstance(raw, list):
@@ -167,13 +185,19 @@ def parse_keys(raw: object, path: str, tier_limits: Mapping[Tier, Limits]) -> di
             if not _SHA256.match(digest):
                 raise PolicyError(f"{sec.child('key_sha256')}: expected 64 hex characters")
         tenant = sec.require("tenant", str)
-        tier_raw = sec.get("tier", str, Tier.STANDARD.value)
-        try:
-            tier = Tier(tier_raw)
-        except ValueError:
-            allowed = ", ".join(t.value for t in Tier)
-            raise PolicyError(f"{sec.child('tier')}: expected one of {allowed}") from None
-        limits = parse_limits(sec.section("limits"), tier_limits[tier])
+        entry = None if tenants is None else tenants.get(tenant)
+        if tenants is not None and entry is None:
+            raise PolicyError(
+                f"{sec.child('tenant')}: no tenant named {tenant!r} (list it in "
+                "tenants.list, or set tenants.defaults for tenants not listed)"
+            )
+        tier_raw = sec.raw("tier")
+        if tier_raw is not None:
+            tier = parse_tier(tier_raw, sec.child("tier"))
+        else:
+            tier = Tier.STANDARD if entry is None else entry.tier
+        base = tier_limits[tier] if entry is None else entry.limits_over(tier_limits[tier])
+        limits = parse_limits(sec.section("limits"), base)
         sec.close()
         if digest in keys:
             raise PolicyError(f"{path}[{i}]: duplicate API key")

@@ -1,4 +1,5 @@
-"""The small domain types every part of slogate speaks: tiers, keys, limits, buckets, pools.
+"""The small domain types every part of slogate speaks: tiers, keys, limits, buckets, pools,
+tenants.
 
 What lives here: frozen value types and the one hash that names an API key. Nothing here
 imports any other slogate module, reads a file or knows about Envoy, Redis or gRPC: this is
@@ -7,8 +8,9 @@ the bottom layer (see the import contracts in pyproject.toml).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -146,6 +148,82 @@ class ApiKey:
     def key_id(self) -> str:
         """Short, non-reversible name for logs and admin views; never the key itself."""
         return self.key_sha256[:12]
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """A tenant as the policy's `tenants:` section sets it, its class folded in: what each of
+    its keys (and each JWT caller naming it) inherits. A key's own tier and limits still win
+    over these, and these over its tier's."""
+
+    tier: Tier = Tier.STANDARD
+    limits: Mapping[str, int] = field(default_factory=dict)  # the `Limits` fields it sets
+    # P99 TTFT objective in ms per bucket name ("*": any bucket); empty: its tier's SLOs.
+    ttft_p99_ms: Mapping[str, float] = field(default_factory=dict)
+    tpot_p99_ms: float | None = None  # ms per output token; None: its tier's
+    weight: float = 1.0  # its share in the waiting room's fair order
+    pools: frozenset[str] | None = None  # the pools its requests may be routed to; None: all
+    suspended: bool = False  # every request refused (403); those in flight finish
+    tenant_class: str | None = None  # the class it named, if any
+
+    def limits_over(self, base: Limits) -> Limits:
+        """`base` (its tier's limits) with the fields this tenant sets replaced."""
+        return dataclasses.replace(base, **self.limits) if self.limits else base
+
+    def ttft_ms(self, bucket: str) -> float | None:
+        """Its own TTFT objective for `bucket`; None: its tier's applies."""
+        slos = self.ttft_p99_ms
+        return slos.get(bucket, slos.get("*")) if slos else None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantBook:
+    """Every tenant the policy names, and what a tenant it does not name gets (`default`;
+    None: such a tenant has no settings of its own: its keys' tier and limits as given)."""
+
+    listed: Mapping[str, Tenant] = field(default_factory=dict)
+    default: Tenant | None = None
+    # The longest TTFT objective any tenant sets (the waiting room's longest wait is derived
+    # from it); computed once, not per request.
+    longest_ttft_ms: float | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        entries = [*self.listed.values(), *([self.default] if self.default else [])]
+        longest = max((ms for t in entries for ms in t.ttft_p99_ms.values()), default=None)
+        object.__setattr__(self, "longest_ttft_ms", longest)
+
+    def get(self, name: str) -> Tenant | None:
+        return self.listed.get(name, self.default)
+
+
+class TenantWeights(Mapping[str, float]):
+    """The waiting room's fair-share weights: the tenants named, and `default` for every
+    other one (a total mapping: `get(tenant, 1.0)` answers `default` for a tenant not named)."""
+
+    __slots__ = ("_default", "_named")
+
+    def __init__(self, named: Mapping[str, float], default: float = 1.0) -> None:
+        self._named = dict(named)
+        self._default = default
+
+    def __getitem__(self, tenant: str) -> float:
+        return self._named.get(tenant, self._default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._named)
+
+    def __len__(self) -> int:
+        return len(self._named)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TenantWeights):
+            return (self._named, self._default) == (other._named, other._default)
+        return isinstance(other, Mapping) and self._default == 1.0 and self._named == dict(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TenantWeights({self._named!r}, default={self._default})"
 
 
 def hash_api_key(api_key: str) -> str:

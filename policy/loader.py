@@ -8,6 +8,7 @@ documented in deploy/policy.example.yaml; the frozen objects live in `policy.sch
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import yaml
@@ -35,7 +36,8 @@ from policy._fleet import (
     parse_waiting_room,
 )
 from policy._reader import PolicyError, Section, positive
-from policy.domain import FailureMode
+from policy._tenants import parse_tenants
+from policy.domain import FailureMode, TenantBook
 from policy.schema import Policy
 
 
@@ -120,7 +122,14 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
     fallback_pool = routing_fallback
 
     tier_limits = parse_tiers(root.section("tiers"))
-    keys = parse_keys(root.raw("keys"), root.child("keys"), tier_limits)
+    tenants = parse_tenants(
+        root.raw("tenants"), root.child("tenants"), pools, bucket_names, waiting_room.tenant_weights
+    )
+    book = None
+    if tenants is not None:
+        book, weights = tenants
+        waiting_room = dataclasses.replace(waiting_room, tenant_weights=weights)
+    keys = parse_keys(root.raw("keys"), root.child("keys"), tier_limits, book)
     root.close()
 
     return Policy(
@@ -149,6 +158,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         tls=tls,
         jwt=jwt,
         tier_limits=tier_limits,
+        tenants=TenantBook() if book is None else book,
         shadow=shadow,
         decision_log=decision_log,
         latency_models=latency_models,

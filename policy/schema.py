@@ -21,6 +21,7 @@ from policy.domain import (
     Limits,
     Pool,
     RouteRule,
+    TenantBook,
     Tier,
     hash_api_key,
 )
@@ -270,6 +271,8 @@ class Policy:
     tls: TlsConfig | None = None
     jwt: JwtConfig | None = None
     tier_limits: Mapping[Tier, Limits] = field(default_factory=dict)  # for JWT callers
+    # The `tenants:` section: what a tenant's keys inherit, its objectives, pools, suspension.
+    tenants: TenantBook = field(default_factory=TenantBook, repr=False)
     shadow: ShadowConfig | None = None
     decision_log: DecisionLogConfig | None = None
     latency_models: Mapping[str, LatencyFit] = field(default_factory=dict)  # pool -> fit
@@ -279,10 +282,24 @@ class Policy:
     max_sequences: int = 16
     source: str = "<memory>"
 
-    def slo_ms(self, tier: Tier, bucket: str) -> float | None:
+    def slo_ms(self, tier: Tier, bucket: str, tenant: str | None = None) -> float | None:
+        """The P99 TTFT objective of a request: its tenant's where it sets one, else its
+        tier's (for the bucket, else the tier's default)."""
+        entry = None if tenant is None else self.tenants.get(tenant)
+        if entry is not None and (own := entry.ttft_ms(bucket)) is not None:
+            return own
         return self.slo_ttft_p99_ms.get((tier, bucket), self.slo_ttft_p99_ms.get((tier, "*")))
 
-    def max_wait_s(self, tier: Tier, pool: str, bucket: str, prompt_tokens: int) -> float:
+    def tpot_ms(self, tier: Tier, tenant: str | None = None) -> float | None:
+        """The P99 ms per output token: its tenant's where it sets one, else its tier's."""
+        entry = None if tenant is None else self.tenants.get(tenant)
+        if entry is not None and entry.tpot_p99_ms is not None:
+            return entry.tpot_p99_ms
+        return self.slo_tpot_p99_ms.get(tier)
+
+    def max_wait_s(
+        self, tier: Tier, pool: str, bucket: str, prompt_tokens: int, tenant: str | None = None
+    ) -> float:
         """How long a request may wait for capacity in the waiting room (0: not at all)."""
         room = self.waiting_room
         if not room.enabled:
@@ -290,7 +307,7 @@ class Policy:
         configured = room.max_wait_s.get(tier)
         if configured is not None:
             return configured
-        slo_ms = self.slo_ms(tier, bucket)
+        slo_ms = self.slo_ms(tier, bucket, tenant)
         if slo_ms is None:
             return room.min_wait_s
         fit = self.latency_models.get(pool)
@@ -313,6 +330,9 @@ class Policy:
             ),
             default=room.min_wait_s,
         )
+        tenants_ms = self.tenants.longest_ttft_ms  # a tenant's own objective, in any tier
+        if tenants_ms is not None and any(room.max_wait_s.get(t) is None for t in Tier):
+            derived = max(derived, tenants_ms / 1000)
         return max(
             [derived, room.min_wait_s, *(w for w in room.max_wait_s.values() if w is not None)]
         )

@@ -244,7 +244,12 @@ def _over_objective(policy: Policy, served: Served) -> float:
     observed."""
     arrival = served.arrival
     objective = latency_objective_s(
-        policy, arrival.key.tier, _bucket(policy, served), arrival.stream, served.output_tokens
+        policy,
+        arrival.key.tier,
+        _bucket(policy, served),
+        arrival.stream,
+        served.output_tokens,
+        arrival.key.tenant,
     )
     if objective is None:
         return 0.0

@@ -520,7 +520,7 @@ def _quantile(values: Sequence[float], q: float) -> float | None:
 def _within(policy: Policy, shot: Shot, time_scale: float) -> bool:
     bucket = policy.bucket_for(shot.prompt_tokens + shot.max_tokens).name
     objective = latency_objective_s(
-        policy, Tier(shot.tier), bucket, shot.stream, shot.completion_tokens
+        policy, Tier(shot.tier), bucket, shot.stream, shot.completion_tokens, shot.tenant
     )
     if objective is None or shot.ttft_s is None:
         return objective is None

@@ -70,8 +70,10 @@ class ApiKeyResolver:
 
 def caller_from_claims(policy: Policy, claims: Mapping[str, Any]) -> ApiKey:
     """A JWT caller: tenant and tier from the claims the policy names; the budget pool is
-    per subject (issuer + sub), with the tier's default limits. Envoy already verified
-    signature, issuer, audience and expiry; this only reads what it vouched for."""
+    per subject (issuer + sub), with the tier's default limits. A tenant the policy's
+    `tenants:` section knows gives what it sets, as to its keys: its tier where the token
+    names none, its limits over the tier's. Envoy already verified signature, issuer,
+    audience and expiry; this only reads what it vouched for."""
     config = policy.jwt
     assert config is not None
     tenant = claims.get(config.tenant_claim)
@@ -80,15 +82,17 @@ def caller_from_claims(policy: Policy, claims: Mapping[str, Any]) -> ApiKey:
             f"The token has no '{config.tenant_claim}' claim naming a tenant.",
             reason="jwt_missing_tenant",
         )
-    tier_raw = claims.get(config.tier_claim, Tier.STANDARD.value)
+    entry = policy.tenants.get(tenant)
+    tier_raw = claims.get(config.tier_claim)
     try:
-        tier = Tier(tier_raw)
+        tier = Tier(tier_raw) if tier_raw is not None else entry.tier if entry else Tier.STANDARD
     except ValueError:
         raise Unauthenticated(
             f"The token's '{config.tier_claim}' claim is not a known tier.",
             reason="jwt_bad_tier",
         ) from None
+    limits = policy.tier_limits.get(tier, Limits())
+    if entry is not None:
+        limits = entry.limits_over(limits)
     subject = f"jwt:{claims.get('iss', '')}:{claims.get('sub', tenant)}"
-    return ApiKey(
-        hash_api_key(subject), tenant, tier, policy.tier_limits.get(tier, Limits()), from_jwt=True
-    )
+    return ApiKey(hash_api_key(subject), tenant, tier, limits, from_jwt=True)
