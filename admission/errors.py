@@ -4,6 +4,10 @@
     ├── InvalidRequest        400  invalid_request_error     malformed or wrong-typed body
     │   └── ContextLengthExceeded 400 context_length_exceeded prompt + max_tokens over the model max
     ├── Unauthenticated       401  invalid_api_key           missing or unknown API key
+    ├── Forbidden             403  request_forbidden         may not send this: retrying won't help
+    │   ├── TenantSuspended   403  tenant_suspended          the caller's tenant is suspended
+    │   ├── LimitZero         403  limit_zero                a limit of the caller's is 0
+    │   └── PoolNotAllowed    403  pool_not_allowed          routed to a pool its tenant may not use
     ├── NotFound              404  not_found                 a path the policy does not forward
     ├── MethodNotAllowed      405  method_not_allowed        a method the API does not serve
     ├── BodyTooLarge          413  request_too_large         body over the policy byte limit
@@ -58,6 +62,27 @@ class Unauthenticated(RequestRejected):
     status = 401
     error_type = "invalid_request_error"
     code = "invalid_api_key"
+
+
+class Forbidden(RequestRejected):
+    """The caller is known, and the policy says it may not send this request: retrying
+    will not help (unlike a 429 or a 503)."""
+
+    status = 403
+    error_type = "request_forbidden"  # what OpenAI's own 403s carry
+    code = "request_forbidden"
+
+
+class TenantSuspended(Forbidden):
+    code = "tenant_suspended"
+
+
+class LimitZero(Forbidden):
+    code = "limit_zero"
+
+
+class PoolNotAllowed(Forbidden):
+    code = "pool_not_allowed"
 
 
 class BodyTooLarge(RequestRejected):

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from admission.access import check_request
 from admission.decision import Admitted, CountKind, RoutingDecision
 from admission.errors import (
     BodyTooLarge,
@@ -175,6 +176,7 @@ class Decider:
         body: bytes | None = None,
         blocks: PromptBlocks = NO_BLOCKS,
     ) -> Routed:
+        check_request(policy, decision)  # a suspended tenant, a limit of 0, a pool it may not use
         inflight = self.inflight
         tracking_id = inflight.new_id()
         admitted = await self.admission.admit(decision, tracking_id, policy)

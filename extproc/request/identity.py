@@ -3,7 +3,8 @@
 What lives here: the `IdentityResolver` protocol and the API-key resolver (`Authorization:
 Bearer <key>` or `x-api-key`). JWT claims arrive as Envoy metadata and get their own
 resolver later; the request flow only sees the protocol. Keys are looked up by SHA-256 and
-never stored or logged in clear.
+never stored or logged in clear. A caller none of whose requests may pass (its tenant
+suspended, a limit of 0: admission.access) is refused here, before its body is read.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from admission.access import check_caller
 from admission.errors import Unauthenticated
 from policy import ApiKey, Limits, Policy, Tier, hash_api_key
 
@@ -22,7 +24,8 @@ class IdentityResolver(Protocol):
         claims: Mapping[str, Any] | None = None,
         policy: Policy | None = None,
     ) -> ApiKey:
-        """The caller of a request, or raise Unauthenticated.
+        """The caller of a request, or raise Unauthenticated (or Forbidden: it may send
+        nothing, admission.access.check_caller).
 
         `claims` is the JWT payload Envoy's jwt_authn verified, when there is one; `policy`
         the request's snapshot (None: the current one).
@@ -53,6 +56,13 @@ class ApiKeyResolver:
         policy: Policy | None = None,
     ) -> ApiKey:
         policy = policy or self._policy()
+        caller = self._caller(headers, claims, policy)
+        check_caller(policy, caller)
+        return caller
+
+    def _caller(
+        self, headers: Mapping[str, str], claims: Mapping[str, Any] | None, policy: Policy
+    ) -> ApiKey:
         if claims is not None and policy.jwt is not None:
             return caller_from_claims(policy, claims)
         key = api_key_from_headers(headers)
