@@ -35,6 +35,7 @@ from policy._fleet import (
     parse_tpot_slos,
     parse_waiting_room,
 )
+from policy._keystore import parse_key_store
 from policy._reader import PolicyError, Section, positive
 from policy._tenants import parse_tenants
 from policy.domain import FailureMode, TenantBook
@@ -130,6 +131,9 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         book, weights = tenants
         waiting_room = dataclasses.replace(waiting_room, tenant_weights=weights)
     keys = parse_keys(root.raw("keys"), root.child("keys"), tier_limits, book)
+    key_store = parse_key_store(
+        root.raw("key_store"), root.child("key_store"), budget.store.value == "redis"
+    )
     root.close()
 
     return Policy(
@@ -165,6 +169,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         paths=paths,
         max_sequences=max_sequences,
         source=source,
+        key_store=key_store,
     )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from policy._keystore import KeyStoreConfig
 from policy.apis import KNOWN_APIS, PathTable
 from policy.domain import (
     ApiKey,
@@ -281,6 +282,8 @@ class Policy:
     # Completions one request may ask for at once (n, best_of, beam width); more: 400.
     max_sequences: int = 16
     source: str = "<memory>"
+    # `key_store:` where keys managed without editing the policy live (policy.keyring).
+    key_store: KeyStoreConfig = field(default_factory=KeyStoreConfig)
 
     def slo_ms(self, tier: Tier, bucket: str, tenant: str | None = None) -> float | None:
         """The P99 TTFT objective of a request: its tenant's where it sets one, else its
@@ -379,6 +382,7 @@ START_ONLY_SETTINGS = (
     "tls",
     "jwt",
     "shadow",
+    "key_store",
 )
 
 
