@@ -242,3 +242,35 @@ def test_a_thousand_tenants_read_as_a_few_dozen_lines() -> None:
     assert policy.tenants.listed["t0042"].suspended
     assert policy.tenants.listed["hooli"].pools == frozenset({"default"})
     assert policy.waiting_room.tenant_weights.get("nightly-etl", 1.0) == 0.5
+
+
+def commented_tenants(text: str) -> str:
+    """The example policy's commented-out `tenants:` section, uncommented."""
+    lines = text[text.index("# tenants:") :].splitlines()
+    taken = [lines[0][2:]]
+    for line in lines[1:]:
+        if not line.startswith("#   "):
+            break  # the section ends at the first line that is not indented under it
+        taken.append(line[2:])
+    return "\n".join(taken)
+
+
+def test_the_documented_examples_load_and_mean_what_they_say() -> None:
+    example = yaml.safe_load((ROOT / "deploy" / "policy.example.yaml").read_text())
+    example["tenants"] = yaml.safe_load(
+        commented_tenants((ROOT / "deploy" / "policy.example.yaml").read_text())
+    )["tenants"]
+    policy = parse_policy(example)
+    critical = policy.key_for("sk-demo-critical")
+    assert critical is not None and critical.limits.tokens_per_minute == 4_000_000
+    assert policy.slo_ms(Tier.CRITICAL, "0-4k", "demo-critical") == 800
+    assert policy.tenants.listed["demo-batch"].pools == frozenset({"default"})
+    assert policy.tenants.listed["demo-unpaid"].suspended
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Tenants") :]
+    block = section[section.index("```yaml") + len("```yaml") : section.index("```\n\n")]
+    documented = parse_policy(yaml.safe_load(block))
+    acme = documented.key_for("sk-acme-prod")
+    assert acme is not None and acme.tier is Tier.CRITICAL
+    assert documented.tenants.listed["unpaid"].limits == {"tokens_per_minute": 200000}
+    assert documented.tenants.listed["bigco"].limits["tokens_per_minute"] == 8_000_000
