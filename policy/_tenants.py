@@ -58,7 +58,8 @@ def parse_tenants(
     """The tenants and the waiting room's weights with theirs; None without the section.
 
     A tenant's weight: its own `weight`, else `waiting_room.tenant_weights` (the older
-    place for it), else its class's, else 1. A listed tenant may not set it in both places.
+    place for it), else its class's (or the defaults'), else 1. A listed tenant may not set
+    it in both places.
     """
     if raw is None:
         return None
