@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from policy import BudgetStoreKind, FailureMode, PolicyError, load_policy
-from tooling import offline_commands
+from tooling import keys_cli, offline_commands
 
 DEFAULT_POLICY = Path("deploy/policy.example.yaml")
 DEFAULT_ADMIN = "127.0.0.1:50052"
@@ -252,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin_command("status", "breaker state per pool with its signals, budget store health")
     keys = admin_command("keys", "keys with limits, in-flight reservations and usage")
     keys.add_argument("--tenant", default="")
+    keys_cli.add_key_commands(keys)  # keys add / revoke / rotate / list
     admin_command("reload", "re-read the policy file now (a bad policy is refused)")
     drill = admin_command("drill", "force a breaker level on a pool for a while")
     drill.add_argument("--pool", required=True, help="a pool name, or 'global'")
@@ -924,7 +925,7 @@ def main(argv: list[str] | None = None) -> int:
         "engine": cmd_engine,
         "loadtest": cmd_loadtest,
         "status": cmd_admin,
-        "keys": cmd_admin,
+        "keys": lambda a: keys_cli.cmd_keys(a) if a.keys_action else cmd_admin(a),
         "reload": cmd_admin,
         "drill": cmd_admin,
         "drain": cmd_admin,

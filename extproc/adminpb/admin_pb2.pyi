@@ -247,3 +247,83 @@ class ReloadPolicyReply(_message.Message):
     error: str
     keys: int
     def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., keys: _Optional[int] = ...) -> None: ...
+
+class StoredKey(_message.Message):
+    __slots__ = ("key_id", "tenant", "tier", "limits", "created_at", "expires_at", "revoked_at", "state", "source", "note")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_AT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    tenant: str
+    tier: str
+    limits: Limits
+    created_at: float
+    expires_at: float
+    revoked_at: float
+    state: str
+    source: str
+    note: str
+    def __init__(self, key_id: _Optional[str] = ..., tenant: _Optional[str] = ..., tier: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., created_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., revoked_at: _Optional[float] = ..., state: _Optional[str] = ..., source: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
+
+class AddKeyRequest(_message.Message):
+    __slots__ = ("key_sha256", "tenant", "tier", "limits", "expires_in_s")
+    KEY_SHA256_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    key_sha256: str
+    tenant: str
+    tier: str
+    limits: Limits
+    expires_in_s: float
+    def __init__(self, key_sha256: _Optional[str] = ..., tenant: _Optional[str] = ..., tier: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., expires_in_s: _Optional[float] = ...) -> None: ...
+
+class RevokeKeyRequest(_message.Message):
+    __slots__ = ("key_id",)
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    def __init__(self, key_id: _Optional[str] = ...) -> None: ...
+
+class RotateKeyRequest(_message.Message):
+    __slots__ = ("key_id", "new_key_sha256", "grace_s")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_KEY_SHA256_FIELD_NUMBER: _ClassVar[int]
+    GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    new_key_sha256: str
+    grace_s: float
+    def __init__(self, key_id: _Optional[str] = ..., new_key_sha256: _Optional[str] = ..., grace_s: _Optional[float] = ...) -> None: ...
+
+class KeyChange(_message.Message):
+    __slots__ = ("keys", "store", "replicas_applied", "replicas_live", "propagation_s")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_LIVE_FIELD_NUMBER: _ClassVar[int]
+    PROPAGATION_S_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[StoredKey]
+    store: str
+    replicas_applied: int
+    replicas_live: int
+    propagation_s: float
+    def __init__(self, keys: _Optional[_Iterable[_Union[StoredKey, _Mapping]]] = ..., store: _Optional[str] = ..., replicas_applied: _Optional[int] = ..., replicas_live: _Optional[int] = ..., propagation_s: _Optional[float] = ...) -> None: ...
+
+class ListKeysRequest(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+
+class ListKeysReply(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[StoredKey]
+    def __init__(self, keys: _Optional[_Iterable[_Union[StoredKey, _Mapping]]] = ...) -> None: ...

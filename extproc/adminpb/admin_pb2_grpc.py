@@ -273,3 +273,220 @@ class Admin:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class KeyAdminStub:
+    """Keys managed without editing the policy (README "Keys"): in the policy's key_store, in
+    Redis (shared by every replica) or in its key file. Only SHA-256 digests cross the wire:
+    the CLI makes the clear key and prints it once. Changing keys needs the admin token when
+    the admin API listens on TCP (a Unix socket's file permissions are its authentication).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.AddKey = channel.unary_unary(
+                '/slogate.admin.v1.KeyAdmin/AddKey',
+                request_serializer=extproc_dot_adminpb_dot_admin__pb2.AddKeyRequest.SerializeToString,
+                response_deserializer=extproc_dot_adminpb_dot_admin__pb2.KeyChange.FromString,
+                _registered_method=True)
+        self.RevokeKey = channel.unary_unary(
+                '/slogate.admin.v1.KeyAdmin/RevokeKey',
+                request_serializer=extproc_dot_adminpb_dot_admin__pb2.RevokeKeyRequest.SerializeToString,
+                response_deserializer=extproc_dot_adminpb_dot_admin__pb2.KeyChange.FromString,
+                _registered_method=True)
+        self.RotateKey = channel.unary_unary(
+                '/slogate.admin.v1.KeyAdmin/RotateKey',
+                request_serializer=extproc_dot_adminpb_dot_admin__pb2.RotateKeyRequest.SerializeToString,
+                response_deserializer=extproc_dot_adminpb_dot_admin__pb2.KeyChange.FromString,
+                _registered_method=True)
+        self.ListKeys = channel.unary_unary(
+                '/slogate.admin.v1.KeyAdmin/ListKeys',
+                request_serializer=extproc_dot_adminpb_dot_admin__pb2.ListKeysRequest.SerializeToString,
+                response_deserializer=extproc_dot_adminpb_dot_admin__pb2.ListKeysReply.FromString,
+                _registered_method=True)
+
+
+class KeyAdminServicer:
+    """Keys managed without editing the policy (README "Keys"): in the policy's key_store, in
+    Redis (shared by every replica) or in its key file. Only SHA-256 digests cross the wire:
+    the CLI makes the clear key and prints it once. Changing keys needs the admin token when
+    the admin API listens on TCP (a Unix socket's file permissions are its authentication).
+    """
+
+    def AddKey(self, request, context):
+        """Store a key; answers once every live replica applied it (Redis), so it works at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeKey(self, request, context):
+        """Refuse a key from now on (every replica within a poll, ~0.5 s).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RotateKey(self, request, context):
+        """A new key with the old one's tenant, tier and limits; the old one works for grace_s.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListKeys(self, request, context):
+        """The stored keys (never the policy's): id, tenant, tier, limits, times and state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_KeyAdminServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'AddKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddKey,
+                    request_deserializer=extproc_dot_adminpb_dot_admin__pb2.AddKeyRequest.FromString,
+                    response_serializer=extproc_dot_adminpb_dot_admin__pb2.KeyChange.SerializeToString,
+            ),
+            'RevokeKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeKey,
+                    request_deserializer=extproc_dot_adminpb_dot_admin__pb2.RevokeKeyRequest.FromString,
+                    response_serializer=extproc_dot_adminpb_dot_admin__pb2.KeyChange.SerializeToString,
+            ),
+            'RotateKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateKey,
+                    request_deserializer=extproc_dot_adminpb_dot_admin__pb2.RotateKeyRequest.FromString,
+                    response_serializer=extproc_dot_adminpb_dot_admin__pb2.KeyChange.SerializeToString,
+            ),
+            'ListKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListKeys,
+                    request_deserializer=extproc_dot_adminpb_dot_admin__pb2.ListKeysRequest.FromString,
+                    response_serializer=extproc_dot_adminpb_dot_admin__pb2.ListKeysReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'slogate.admin.v1.KeyAdmin', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('slogate.admin.v1.KeyAdmin', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class KeyAdmin:
+    """Keys managed without editing the policy (README "Keys"): in the policy's key_store, in
+    Redis (shared by every replica) or in its key file. Only SHA-256 digests cross the wire:
+    the CLI makes the clear key and prints it once. Changing keys needs the admin token when
+    the admin API listens on TCP (a Unix socket's file permissions are its authentication).
+    """
+
+    @staticmethod
+    def AddKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/slogate.admin.v1.KeyAdmin/AddKey',
+            extproc_dot_adminpb_dot_admin__pb2.AddKeyRequest.SerializeToString,
+            extproc_dot_adminpb_dot_admin__pb2.KeyChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/slogate.admin.v1.KeyAdmin/RevokeKey',
+            extproc_dot_adminpb_dot_admin__pb2.RevokeKeyRequest.SerializeToString,
+            extproc_dot_adminpb_dot_admin__pb2.KeyChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/slogate.admin.v1.KeyAdmin/RotateKey',
+            extproc_dot_adminpb_dot_admin__pb2.RotateKeyRequest.SerializeToString,
+            extproc_dot_adminpb_dot_admin__pb2.KeyChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/slogate.admin.v1.KeyAdmin/ListKeys',
+            extproc_dot_adminpb_dot_admin__pb2.ListKeysRequest.SerializeToString,
+            extproc_dot_adminpb_dot_admin__pb2.ListKeysReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -43,11 +43,29 @@ def api_key_from_headers(headers: Mapping[str, str]) -> str | None:
     return api_key.strip() if api_key and api_key.strip() else None
 
 
-class ApiKeyResolver:
-    """Verified JWT claims when present (policy `jwt`), else the API key."""
+class StoredKeys(Protocol):
+    """Keys managed outside the policy (extproc.runtime.key_store)."""
 
-    def __init__(self, policy: Callable[[], Policy]) -> None:
+    def caller(self, key_sha256: str, policy: Policy) -> ApiKey | str | None:
+        """The caller of a stored key; the refusal reason of a stored key that may not be
+        used now (`revoked_api_key`, `expired_api_key`); None: not stored."""
+        ...
+
+
+_STORED_REFUSALS = {
+    "revoked_api_key": "The API key provided has been revoked.",
+    "expired_api_key": "The API key provided has expired.",
+    "pending_api_key": "The API key provided is not valid yet.",
+}
+
+
+class ApiKeyResolver:
+    """Verified JWT claims when present (policy `jwt`), else the API key: a stored key
+    (`keys`) before the policy's, so the store can revoke or expire a key the policy lists."""
+
+    def __init__(self, policy: Callable[[], Policy], keys: StoredKeys | None = None) -> None:
         self._policy = policy  # read per request: a reloaded policy takes effect at once
+        self._keys = keys
 
     def resolve(
         self,
@@ -72,6 +90,12 @@ class ApiKeyResolver:
                 "(Authorization: Bearer YOUR_KEY).",
                 reason="missing_api_key",
             )
+        if self._keys is not None:
+            stored = self._keys.caller(hash_api_key(key), policy)
+            if isinstance(stored, str):
+                raise Unauthenticated(_STORED_REFUSALS[stored], reason=stored)
+            if stored is not None:
+                return stored
         known = policy.key_for(key)
         if known is None:
             raise Unauthenticated("Incorrect API key provided.", reason="unknown_api_key")

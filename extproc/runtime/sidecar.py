@@ -41,15 +41,18 @@ from extproc.request.tokens import PromptCorrections, PromptCounter, exact_count
 from extproc.runtime.engine_watch import watch_engines
 from extproc.runtime.events import MetricsEvents
 from extproc.runtime.gpu import GpuMemory
+from extproc.runtime.key_store import build_key_store
 from extproc.runtime.loops import BreakerLoop, QuotaLoop
 from extproc.runtime.policy_holder import PolicyHolder
 from extproc.runtime.stores import build_stores
 from extproc.runtime.workers import Siblings, WorkerSlot
 from extproc.service.access_log import AccessLogService, OutcomeRecorder
 from extproc.service.admin import AdminService
+from extproc.service.admin_auth import AdminAuth, admin_token
 from extproc.service.decision_log import DecisionLog
 from extproc.service.engine_metrics import EngineCollector
 from extproc.service.ext_proc import ExternalProcessorService
+from extproc.service.key_admin import KeyAdminService
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.prompt_feedback import PromptFeedback
 from policy import Tier
@@ -125,6 +128,8 @@ class Sidecar:
         self.key_quotas = KeyQuotas(breaker.controller_interval_s)
         self.stores = build_stores(self.policy, self.metrics, self.clock, clock)
         self.store = self.stores.budgets
+        # Keys managed without editing the policy (key_store:), looked up before its keys.
+        self.keys = build_key_store(initial, self.metrics.registry)
         self.admission = build_admission(
             board=self.board,
             store=self.store,
@@ -153,7 +158,7 @@ class Sidecar:
         self.corrections = PromptCorrections()
         self.decider = Decider(
             policy=self.policy,
-            identity=ApiKeyResolver(self.policy),
+            identity=ApiKeyResolver(self.policy, self.keys),
             counter=self.counter,
             corrections=self.corrections,
             admission=self.admission.chain,
@@ -248,6 +253,8 @@ class Sidecar:
             )
             self.counter.use(bpe)
         await self.engine_watch.discover()  # DNS names: their engines before the first request
+        if self.keys is not None:
+            await self.keys.sync()  # the stored keys before the first request
         server = grpc.aio.server(options=self._grpc_options())
         external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
             ExternalProcessorService(
@@ -289,6 +296,8 @@ class Sidecar:
         ]
         if self.scraper is not None:
             self._tasks.append(asyncio.create_task(self.scraper.run()))
+        if self.keys is not None:
+            self._tasks.append(asyncio.create_task(self.keys.run()))
         self._tasks += [
             asyncio.create_task(self.engine_watch.run_probes()),
             asyncio.create_task(self.engine_watch.run_discovery()),
@@ -315,8 +324,11 @@ class Sidecar:
         """The admin API on its own server: loopback or a Unix socket, never the pod IP."""
         if self._admin_address is None:
             return None
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        # Who may call it: a token, or a Unix socket's permissions (admin_auth).
+        auth = AdminAuth(admin_token(), self._admin_address.startswith("unix:"))
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=[auth])
         admin_pb2_grpc.add_AdminServicer_to_server(self.admin, server)
+        admin_pb2_grpc.add_KeyAdminServicer_to_server(KeyAdminService(self.keys), server)
         bound = _bind(server, self._admin_address, "the admin API")
         await server.start()
         self._admin_server = server
@@ -378,6 +390,8 @@ class Sidecar:
             await self.siblings.close()
         if self.stores.members is not None:
             await self.stores.members.leave()  # the others' local shares grow at once
+        if self.keys is not None:
+            await self.keys.close()
         await self.store.close()
         if self.decision_log is not None:
             self.decision_log.close()
