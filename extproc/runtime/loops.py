@@ -10,6 +10,7 @@ runs them on the clock and tells Prometheus.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -21,9 +22,12 @@ from breaker.controller import TierMultipliers
 from breaker.key_quotas import KeyQuotas
 from breaker.levels import BreakerLevel, Transition
 from extproc.service.metrics import SidecarMetrics
-from policy import Policy
+from policy import ApiKey, Policy
 
 log = logging.getLogger("slogate.loops")
+
+# Keys stepped between two turns of the loop: ~2-3 ms of work at ~10 us a key.
+KEYS_PER_SLICE = 256
 
 
 class BreakerLoop:
@@ -124,16 +128,7 @@ class QuotaLoop:
             )
             self._metrics.quota_adjustments(tier, direction).inc()
             self._metrics.quota_multiplier(tier).set(adjustment.after)
-        keys = list(policy.keys.values())
-        self._key_quotas.step(keys, memory_usage)
-        for key in keys:
-            demand = self._key_quotas.demand(key)
-            if demand is None:
-                continue
-            actual, forecast = demand
-            self._metrics.tenant_demand(key.tenant_label, "actual").set(actual)
-            if forecast is not None:
-                self._metrics.tenant_demand(key.tenant_label, "forecast").set(forecast)
+        await self._step_keys(list(policy.keys.values()), memory_usage)
         lowest = self._key_quotas.lowest_safety_factor()
         if lowest is not None:
             self._metrics.safety_factor.set(lowest)
@@ -142,3 +137,28 @@ class QuotaLoop:
             forecast = self._quotas.forecaster.forecast(self._quotas.horizon)
             if forecast is not None:
                 self._metrics.load_score("forecast").set(forecast)
+
+    async def _step_keys(self, keys: list[ApiKey], memory_usage: float | None) -> None:
+        """Every key's budget, in slices with the loop's other work between them: ten
+        thousand keys took 80-280 ms in one go, and every request waited behind it (the
+        only >20 ms answers of a 10,000-key policy, measured every 5 s). A tenant's demand
+        is the sum of its keys'."""
+        consumed = self._key_quotas.take_consumed()
+        demand: dict[str, tuple[float, float | None]] = {}
+        for start in range(0, len(keys), KEYS_PER_SLICE):
+            if start:
+                await asyncio.sleep(0)
+            chunk = keys[start : start + KEYS_PER_SLICE]
+            self._key_quotas.step_keys(chunk, consumed, memory_usage)
+            for key in chunk:
+                measured = self._key_quotas.demand(key)
+                if measured is None:
+                    continue
+                actual, forecast = demand.get(key.tenant_label, (0.0, None))
+                if measured[1] is not None:
+                    forecast = (forecast or 0.0) + measured[1]
+                demand[key.tenant_label] = (actual + measured[0], forecast)
+        for tenant, (actual, forecast) in demand.items():
+            self._metrics.tenant_demand(tenant, "actual").set(actual)
+            if forecast is not None:
+                self._metrics.tenant_demand(tenant, "forecast").set(forecast)
