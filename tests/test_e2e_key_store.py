@@ -25,7 +25,13 @@ from extproc.adminpb import admin_pb2 as pb
 from extproc.adminpb import admin_pb2_grpc as pb_grpc
 from tests.support.http import metric, scrape
 from tooling.benchmarks.driver import DriverReply, SidecarDriver
-from tooling.processes import ManagedProcess, start_redis, start_sidecar
+from tooling.processes import (
+    ManagedProcess,
+    free_port,
+    python_module,
+    start_redis,
+    start_sidecar,
+)
 
 TOKEN = "test-admin-token-0123456789"
 POLL_S = 0.5
@@ -183,6 +189,55 @@ def test_add_revoke_rotate_expire_through_three_replicas_sharing_redis(
     assert metric(text, "slogate_key_store_keys", source="redis") == 5
     assert metric(text, "slogate_key_store_up", source="redis") == 1
     assert 0 <= metric(text, "slogate_key_store_sync_age_seconds", source="redis") < 2
+
+
+@pytest.mark.e2e
+def test_every_worker_of_serve_workers_applies_a_change(
+    tmp_path: Path, processes: list[ManagedProcess]
+) -> None:
+    """`serve --workers 2`: worker 0 answers the admin API, each worker polls Redis itself."""
+    redis_proc, redis_port = start_redis(tmp_path)
+    processes.append(redis_proc)
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(TOKEN)
+    policy = write_policy(tmp_path / "policy.yaml", {"redis": True}, redis_port)
+    grpc_port, admin_port = free_port(), free_port()
+    argv = [
+        *python_module("tooling.cli", "serve", "--policy", str(policy)),
+        "--grpc-port", str(grpc_port), "--metrics-port", "0",
+        "--admin-address", f"127.0.0.1:{admin_port}", "--no-exact-tokenizer", "--workers", "2",
+    ]  # fmt: skip
+    env = {"SLOGATE_ADMIN_TOKEN_FILE": str(token_file)}
+    serve = ManagedProcess("serve", argv, tmp_path, env).start()
+    processes.append(serve)
+    serve.wait_for_line(r"ready: grpc \S+ metrics (\S+) admin", timeout_s=60)
+    metadata = (("authorization", f"Bearer {TOKEN}"),)
+
+    async def scenario() -> None:
+        drivers = [SidecarDriver(f"127.0.0.1:{grpc_port}") for _ in range(8)]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{admin_port}") as channel:
+            keys = pb_grpc.KeyAdminStub(channel)
+            added = await keys.AddKey(
+                pb.AddKeyRequest(key_sha256=_digest("sk-worker"), tenant="w"), metadata=metadata
+            )
+            assert (added.replicas_applied, added.replicas_live) == (2, 2)
+            replies = []
+            for _ in range(4):  # connections spread over both workers by the kernel
+                replies += await asyncio.gather(*(d.decide("sk-worker", body()) for d in drivers))
+            assert reasons(replies) == ["ok"] * len(replies)
+            owners = {r.tracking_id.split("-")[0] for r in replies if r.tracking_id}
+            assert len(owners) == 2, owners  # both workers accepted the new key
+            await keys.RevokeKey(
+                pb.RevokeKeyRequest(key_id=added.keys[0].key_id), metadata=metadata
+            )
+            replies = []
+            for _ in range(4):
+                replies += await asyncio.gather(*(d.decide("sk-worker", body()) for d in drivers))
+            assert reasons(replies) == ["revoked_api_key"] * len(replies)
+        for driver in drivers:
+            await driver.close()
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.e2e
