@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from engines import EngineFleet, EnginePicker
+from extproc.runtime.key_store import KeyStore
 from extproc.service.engine_metrics import EngineCollector
 from extproc.service.metrics import SidecarMetrics
 from policy import parse_policy
+from policy._keystore import KeyStoreConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "slogate-rules.yaml"
@@ -62,7 +64,9 @@ def exported_metrics() -> set[str]:
     policy = parse_policy({})
     fleet = EngineFleet(lambda: policy.engines.health, time.monotonic)
     engines = EngineCollector(EnginePicker(fleet, lambda: policy, time.monotonic), lambda: policy)
-    for family in [*SidecarMetrics().registry.collect(), *engines.collect()]:
+    metrics = SidecarMetrics()
+    KeyStore(KeyStoreConfig(file="keys.yaml"), None, metrics.registry)  # its own series
+    for family in [*metrics.registry.collect(), *engines.collect()]:
         names.add(f"{family.name}_total" if family.type == "counter" else family.name)
     return names
 

@@ -53,9 +53,18 @@ _HIGHEST = frozenset(
         "slogate_tenant_demand_tokens_per_minute",
         "slogate_prompt_correction",
         "slogate_policy_keys",
+        "slogate_key_store_keys",
+        "slogate_key_store_sync_age_seconds",  # the stalest worker's
     }
 )
-_LOWEST = frozenset({"slogate_redis_up", "slogate_kv_ledger_shared", "slogate_gpu_available"})
+_LOWEST = frozenset(
+    {
+        "slogate_redis_up",
+        "slogate_kv_ledger_shared",
+        "slogate_gpu_available",
+        "slogate_key_store_up",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
