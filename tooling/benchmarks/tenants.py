@@ -35,7 +35,6 @@ from tooling.benchmarks.levers import BENCH_KEY, bench_policy
 from tooling.processes import ManagedProcess, free_port, python_module
 
 HOST = "127.0.0.1"
-TIERS = ("critical", "standard", "sheddable")
 
 
 def generated_key(index: int) -> str:
@@ -43,20 +42,36 @@ def generated_key(index: int) -> str:
     return f"sk-gen-{index:05d}"
 
 
+CLASSES: dict[str, Any] = {
+    "self-serve": {"tier": "standard", "limits": {"tokens_per_minute": 200_000}},
+    "team": {"tier": "standard", "limits": {"tokens_per_minute": 1_000_000}, "weight": 2},
+    "enterprise": {
+        "tier": "critical",
+        "limits": {"tokens_per_minute": 4_000_000, "concurrent_requests": 64},
+        "slo": {"ttft_p99_ms": 1500, "tpot_p99_ms": 60},
+        "weight": 4,
+    },
+    "batch": {"tier": "sheddable", "weight": 0.5},
+}
+
+
 def many_tenants_policy(work: Path, tenants: int = 1000, keys: int = 10_000) -> Path:
-    """The bench policy plus `keys` hashed keys over `tenants` tenants, every tenth tenant
-    with limits of its own: the shape of a large policy before tenants had a section."""
+    """The bench policy plus `tenants` tenants, every one listed (the worst case for
+    reading it) under four classes, every tenth with limits of its own, and `keys` hashed
+    keys that name only their tenant."""
     raw = yaml.safe_load(bench_policy(work).read_text())
-    for index in range(keys):
-        tenant = index * tenants // keys
-        entry: dict[str, Any] = {
-            "key_sha256": hashlib.sha256(generated_key(index).encode()).hexdigest(),
-            "tenant": f"tenant-{tenant:04d}",
-            "tier": TIERS[tenant % 3],
-        }
+    names = list(CLASSES)
+    listed: dict[str, Any] = {}
+    for tenant in range(tenants):
+        entry: dict[str, Any] = {"class": names[tenant % len(names)]}
         if tenant % 10 == 0:
-            entry["limits"] = {"tokens_per_minute": 100_000 + tenant, "concurrent_requests": 64}
-        raw["keys"].append(entry)
+            entry["limits"] = {"tokens_per_minute": 100_000 + tenant}
+        listed[f"tenant-{tenant:04d}"] = entry
+    raw["tenants"] = {"defaults": {"class": "self-serve"}, "classes": CLASSES, "list": listed}
+    for index in range(keys):
+        digest = hashlib.sha256(generated_key(index).encode()).hexdigest()
+        tenant = f"tenant-{index * tenants // keys:04d}"
+        raw["keys"].append({"key_sha256": digest, "tenant": tenant})
     path = work / f"policy-{tenants}-tenants.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
