@@ -1,0 +1,111 @@
+"""The key store in-process (extproc.runtime.key_store): the key file written and re-read,
+Redis shared by two stores as two replicas, a replica that stops answering, Redis away.
+Real files and a real Redis-compatible server; the request path's lookup as the sidecar
+makes it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from budget.redis_store import connect
+from extproc.runtime.key_store import KeyStore, RedisKeys, read_key_file
+from policy import Tier, hash_api_key, parse_policy
+from policy._keystore import KeyStoreConfig
+from policy.keyring import KeyRecord, revoked
+from tooling.processes import start_redis
+
+POLICY = parse_policy({"keys": [{"key": "sk-policy", "tenant": "p"}]})
+
+
+def record(key: str, **changes: object) -> KeyRecord:
+    fields: dict[str, object] = {
+        "key_sha256": hash_api_key(key),
+        "tenant": "acme",
+        "created_at": time.time(),
+    }
+    fields.update(changes)
+    return KeyRecord(**fields)  # type: ignore[arg-type]
+
+
+def test_a_sidecar_with_a_key_file_writes_it_and_sees_its_change(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+
+    async def scenario() -> None:
+        store = KeyStore(KeyStoreConfig(file=str(path)), None)
+        await store.sync()
+        assert store.writable == "file"
+        assert store.caller(hash_api_key("sk-a"), POLICY) is None
+        spread = await store.put(record("sk-a", tier=Tier.CRITICAL))
+        assert (spread.applied, spread.live) == (1, 1)
+        caller = store.caller(hash_api_key("sk-a"), POLICY)
+        assert caller is not None and not isinstance(caller, str)
+        assert caller.tier is Tier.CRITICAL and caller.tenant == "acme"
+        assert list(read_key_file(path)) == [hash_api_key("sk-a")]
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+        # Another writer (the CLI, a Secret update) replaces the file: seen at the next sync.
+        other = KeyStore(KeyStoreConfig(file=str(path)), None)
+        await other.put(revoked(store.find(hash_api_key("sk-a")[:8]), time.time()))
+        await store.sync()
+        assert store.caller(hash_api_key("sk-a"), POLICY) == "revoked_api_key"
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.e2e
+def test_two_replicas_share_redis_and_keep_their_keys_while_it_is_away(tmp_path: Path) -> None:
+    proc, port = start_redis(tmp_path)
+    config = KeyStoreConfig(redis=True, poll_interval_s=0.1, propagation_timeout_s=1.0)
+
+    async def scenario() -> None:
+        clients = [connect(f"redis://127.0.0.1:{port}/0") for _ in range(3)]
+        one, two, gone = (
+            KeyStore(config, RedisKeys(c, f"replica-{i}")) for i, c in enumerate(clients)
+        )
+        for store in (one, two, gone):
+            await store.sync()
+        polling = asyncio.create_task(two.run())
+        try:
+            # The third replica stops polling: it holds up a change until the timeout only
+            # while its last acknowledgement is recent (4 polls, 2 s at least) ...
+            spread = await one.put(record("sk-one"))
+            assert (spread.applied, spread.live) == (2, 3) and spread.seconds >= 1.0
+            assert not isinstance(two.caller(hash_api_key("sk-one"), POLICY), str | None)
+            # ... then it no longer counts as live.
+            await asyncio.sleep(2.1)
+            spread = await one.put(record("sk-two"))
+            assert (spread.applied, spread.live) == (2, 2) and spread.seconds < 1.0
+            await gone.close()
+            # Redis away: each keeps the keys it read, a revocation waits for Redis.
+            proc.stop()
+            await asyncio.sleep(0.3)
+            assert two.caller(hash_api_key("sk-two"), POLICY) is not None
+            await two.sync()
+            assert not isinstance(two.caller(hash_api_key("sk-two"), POLICY), str | None)
+            assert two.sync_age_s("redis") > 0.2
+        finally:
+            polling.cancel()
+            for client in clients:
+                await client.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        proc.stop()
+
+
+def test_a_store_record_wins_over_the_policy_entry(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+
+    async def scenario() -> None:
+        store = KeyStore(KeyStoreConfig(file=str(path)), None)
+        policy_key = POLICY.key_for("sk-policy")
+        assert policy_key is not None
+        await store.put(record("sk-policy", tenant="moved", revoked_at=time.time() + 60))
+        found = store.caller(hash_api_key("sk-policy"), POLICY)
+        assert found is not None and not isinstance(found, str) and found.tenant == "moved"
+
+    asyncio.run(scenario())
