@@ -170,11 +170,7 @@ def test_add_revoke_rotate_expire_through_three_replicas_sharing_redis(
             await asyncio.sleep(1.6)
             assert reasons(await answers(drivers, "sk-brief")) == ["expired_api_key"] * REPLICAS
 
-            # The store can revoke a key the policy lists: its record wins.
-            await keys.AddKey(
-                pb.AddKeyRequest(key_sha256=_digest("sk-policy"), tenant="policy-tenant"),
-                metadata=metadata,
-            )
+            # The store can revoke a key only the policy lists: its record wins.
             await keys.RevokeKey(
                 pb.RevokeKeyRequest(key_id=_digest("sk-policy")[:12]), metadata=metadata
             )

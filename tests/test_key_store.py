@@ -13,9 +13,10 @@ import pytest
 
 from budget.redis_store import connect
 from extproc.runtime.key_store import KeyStore, RedisKeys, read_key_file
+from extproc.service.key_admin import KeyStoreError
 from policy import Tier, hash_api_key, parse_policy
 from policy._keystore import KeyStoreConfig
-from policy.keyring import KeyRecord, revoked
+from policy.keyring import KeyRecord, revoked, rotated
 from tooling.processes import start_redis
 
 POLICY = parse_policy({"keys": [{"key": "sk-policy", "tenant": "p"}]})
@@ -107,5 +108,28 @@ def test_a_store_record_wins_over_the_policy_entry(tmp_path: Path) -> None:
         await store.put(record("sk-policy", tenant="moved", revoked_at=time.time() + 60))
         found = store.caller(hash_api_key("sk-policy"), POLICY)
         assert found is not None and not isinstance(found, str) and found.tenant == "moved"
+
+    asyncio.run(scenario())
+
+
+def test_a_key_only_the_policy_lists_can_be_revoked_or_rotated_by_its_id(tmp_path: Path) -> None:
+    policy = parse_policy(
+        {"keys": [{"key": "sk-policy", "tenant": "p", "limits": {"requests_per_minute": 7}}]}
+    )
+
+    async def scenario() -> None:
+        store = KeyStore(KeyStoreConfig(file=str(tmp_path / "k.yaml")), None, policy=lambda: policy)
+        digest = hash_api_key("sk-policy")
+        assert store.caller(digest, policy) is None  # the policy's entry answers
+        old, new = rotated(store.find(digest[:10]), hash_api_key("sk-new"), time.time(), 0.3)
+        await store.put(old, new)
+        for key in ("sk-policy", "sk-new"):
+            caller = store.caller(hash_api_key(key), policy)
+            assert caller is not None and not isinstance(caller, str)
+            assert (caller.tenant, caller.limits.requests_per_minute) == ("p", 7)
+        await asyncio.sleep(0.3)
+        assert store.caller(digest, policy) == "expired_api_key"
+        with pytest.raises(KeyStoreError, match="no stored key"):
+            store.find("0123456789")
 
     asyncio.run(scenario())

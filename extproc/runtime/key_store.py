@@ -43,6 +43,7 @@ from extproc.service.key_admin import KeyStoreError, Propagation
 from policy import ApiKey, Policy, PolicyError
 from policy._keystore import KeyStoreConfig
 from policy.keyring import (
+    LIMIT_FIELDS,
     KeyRecord,
     KeyTable,
     dump_key_records,
@@ -179,8 +180,11 @@ class KeyStore:
         redis: RedisKeys | None,
         registry: CollectorRegistry | None = None,
         wall_clock: Callable[[], float] = time.time,
+        policy: Callable[[], Policy] | None = None,
     ) -> None:
+        """`policy`: the active policy, whose keys a revocation or rotation may name."""
         self.config = config
+        self._policy = policy
         self._redis = redis
         self._path = Path(config.file) if config.file else None
         self._wall = wall_clock
@@ -306,7 +310,30 @@ class KeyStore:
         try:
             return table.find(key_id)
         except KeyError as error:
-            raise KeyStoreError(str(error.args[0])) from None
+            adopted = self._policy_key(key_id)
+            if adopted is None:
+                raise KeyStoreError(str(error.args[0])) from None
+            return adopted
+
+    def _policy_key(self, key_id: str) -> KeyRecord | None:
+        """A key only the policy lists, as a store record (its tenant, tier and limits):
+        revoking or rotating it writes that record, which then wins over the policy's."""
+        key_id = key_id.lower()
+        if self._policy is None or len(key_id) < 8:
+            return None
+        found = [k for d, k in self._policy().keys.items() if d.startswith(key_id)]
+        if len(found) != 1:
+            return None
+        (key,) = found
+        limits = {f: getattr(key.limits, f) for f in LIMIT_FIELDS}
+        return KeyRecord(
+            key_sha256=key.key_sha256,
+            tenant=key.tenant,
+            tier=key.tier,
+            limits={f: v for f, v in limits.items() if v is not None},
+            created_at=self._wall(),
+            note="from the policy",
+        )
 
     async def put(self, *records: KeyRecord) -> Propagation:
         """Store `records` and wait until every live replica applied them (Redis), or
@@ -339,9 +366,12 @@ class KeyStore:
             await asyncio.sleep(0.02)
 
 
-def build_key_store(policy: Policy, registry: CollectorRegistry | None) -> KeyStore | None:
+def build_key_store(
+    active: Callable[[], Policy], registry: CollectorRegistry | None
+) -> KeyStore | None:
     """The store the policy asks for (None: `key_store:` is not set). Redis: the budget
     store's, with its connection settings, on a small connection pool of its own."""
+    policy = active()
     config = policy.key_store
     if not config.enabled:
         return None
@@ -352,7 +382,7 @@ def build_key_store(policy: Policy, registry: CollectorRegistry | None) -> KeySt
         redis = RedisKeys(
             redis_client, f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         )
-    return KeyStore(config, redis, registry)
+    return KeyStore(config, redis, registry, policy=active)
 
 
 def _stat(path: Path) -> tuple[int, int, int]:

@@ -129,7 +129,7 @@ class Sidecar:
         self.stores = build_stores(self.policy, self.metrics, self.clock, clock)
         self.store = self.stores.budgets
         # Keys managed without editing the policy (key_store:), looked up before its keys.
-        self.keys = build_key_store(initial, self.metrics.registry)
+        self.keys = build_key_store(self.policy, self.metrics.registry)
         self.admission = build_admission(
             board=self.board,
             store=self.store,
