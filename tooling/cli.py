@@ -429,6 +429,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from extproc.runtime.serve import run_sidecar
     from extproc.runtime.sidecar import PortTaken
     from extproc.runtime.workers import WorkerSlot
+    from extproc.service.admin_auth import AdminTokenError
 
     admin = None if args.admin_address == "none" else args.admin_address
     if args.workers < 1:
@@ -474,6 +475,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     except PortTaken as taken:  # one line naming the port, not a traceback
         print(f"slogate serve: {taken}", file=sys.stderr)
+        return 2
+    except AdminTokenError as error:  # SLOGATE_ADMIN_TOKEN_FILE unreadable or too short
+        print(f"slogate serve: {error}", file=sys.stderr)
         return 2
     return 0
 
