@@ -95,17 +95,17 @@ class KeyRecord:
         limits = dataclasses.replace(base, **self.limits) if self.limits else base
         return ApiKey(self.key_sha256, self.tenant, tier, limits)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, unix_times: bool = False) -> dict[str, Any]:
+        """The record as the key file (ISO 8601 times) or Redis (`unix_times`) holds it."""
         out: dict[str, Any] = {"key_sha256": self.key_sha256, "tenant": self.tenant}
         if self.tier is not None:
             out["tier"] = self.tier.value
         if self.limits:
             out["limits"] = dict(self.limits)
-        out["created_at"] = _iso(self.created_at)
-        for name in ("expires_at", "not_before", "revoked_at"):
+        for name in ("created_at", "expires_at", "not_before", "revoked_at"):
             value = getattr(self, name)
             if value is not None:
-                out[name] = _iso(value)
+                out[name] = round(value, 3) if unix_times else _iso(value)  # to the ms
         if self.note:
             out["note"] = self.note
         return out

@@ -133,3 +133,34 @@ def test_a_key_only_the_policy_lists_can_be_revoked_or_rotated_by_its_id(tmp_pat
             store.find("0123456789")
 
     asyncio.run(scenario())
+
+
+@pytest.mark.e2e
+def test_a_write_from_a_stale_copy_never_undoes_a_revocation(tmp_path: Path) -> None:
+    """Replica B rotates a key from its copy of 0.1 s ago, after replica A revoked it: the
+    revocation stays (the script keeps the stricter revocation and expiry)."""
+    proc, port = start_redis(tmp_path)
+
+    async def scenario() -> None:
+        client = connect(f"redis://127.0.0.1:{port}/0")
+        keys = RedisKeys(client, "a")
+        try:
+            key = record("sk-raced", expires_at=time.time() + 3600)
+            await keys.put(key)
+            await keys.put(revoked(key, time.time()))
+            stale_old, new = rotated(key, hash_api_key("sk-next"), time.time(), grace_s=60)
+            await keys.put(stale_old, new)
+            stored = await keys.records()
+            assert stored[key.key_sha256].revoked_at is not None
+            assert stored[key.key_sha256].expires_at == pytest.approx(
+                stale_old.expires_at, abs=1e-3
+            )
+            assert stored[new.key_sha256].revoked_at is None
+            assert await keys.version() == 3
+        finally:
+            await client.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        proc.stop()

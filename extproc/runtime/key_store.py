@@ -2,8 +2,8 @@
 
 What lives here: `KeyStore`, the request path's view of the stored keys (the `StoredKeys`
 protocol of extproc.request.identity: a dictionary lookup, no I/O per request) and the
-loop that keeps it current; `RedisKeys`, the keys in the budget store's Redis; and the key
-file's reading and atomic writing. The records and their rules are policy.keyring.
+loop that keeps it current; and the key file's reading and atomic writing. The keys in
+Redis are extproc.runtime.key_redis; the records and their rules are policy.keyring.
 
 How a change reaches every replica (and every worker of `serve --workers N`): each one
 polls every `key_store.poll_interval_s` (0.5 s) — the file's stat (a Kubernetes Secret
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import os
 import tempfile
@@ -33,12 +32,12 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from budget.redis_store import connect
+from extproc.runtime.key_redis import RedisKeys
 from extproc.service.key_admin import KeyStoreError, Propagation
 from policy import ApiKey, Policy, PolicyError
 from policy._keystore import KeyStoreConfig
@@ -47,15 +46,11 @@ from policy.keyring import (
     KeyRecord,
     KeyTable,
     dump_key_records,
-    parse_key_record,
     parse_key_records,
 )
 
 log = logging.getLogger("slogate.keys")
 
-RECORDS = "slogate:{keys}:records"  # digest -> JSON record (one hash tag: one Cluster slot)
-VERSION = "slogate:{keys}:version"  # bumped by every change
-APPLIED = "slogate:{keys}:applied"  # replica -> "<version> <unix time>"
 _REDIS_POLL_TIMEOUT_S = 1.0  # a hung Redis must not stop the file's polls
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -86,59 +81,6 @@ def write_key_file(path: Path, records: dict[str, KeyRecord]) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
-
-
-class RedisKeys:
-    """The keys in Redis, and the change counter and acknowledgements around them."""
-
-    def __init__(self, client: Any, replica: str) -> None:
-        self._client = client
-        self.replica = replica
-
-    async def version(self) -> int:
-        return int(await self._client.get(VERSION) or 0)
-
-    async def records(self) -> dict[str, KeyRecord]:
-        raw = await self._client.hgetall(RECORDS)
-        records: dict[str, KeyRecord] = {}
-        for digest_raw, value in raw.items():
-            digest = digest_raw.decode() if isinstance(digest_raw, bytes) else str(digest_raw)
-            try:
-                record = parse_key_record(json.loads(value), f"redis {RECORDS}[{digest[:12]}]")
-            except (PolicyError, ValueError) as error:
-                log.error("skipping a bad key record in Redis: %s", error)
-                continue
-            records[record.key_sha256] = record
-        return records
-
-    async def put(self, *records: KeyRecord) -> int:
-        """Write records and bump the change counter in one transaction; the new version."""
-        async with self._client.pipeline(transaction=True) as pipe:
-            for record in records:
-                pipe.hset(RECORDS, record.key_sha256, json.dumps(record.to_json()))
-            pipe.incr(VERSION)
-            replies = await pipe.execute()
-        return int(replies[-1])
-
-    async def acknowledge(self, version: int, now: float) -> None:
-        await self._client.hset(APPLIED, self.replica, f"{version} {now:.3f}")
-
-    async def leave(self) -> None:
-        await self._client.hdel(APPLIED, self.replica)
-
-    async def applied(self, version: int, now: float, live_s: float) -> tuple[int, int]:
-        """(replicas that applied `version` or later, replicas live): live ones acknowledged
-        within `live_s`."""
-        raw = await self._client.hgetall(APPLIED)
-        done = live = 0
-        for value in raw.values():
-            text = value.decode() if isinstance(value, bytes) else str(value)
-            seen_version, _, at = text.partition(" ")
-            if now - float(at) > live_s:
-                continue
-            live += 1
-            done += int(seen_version) >= version
-        return done, live
 
 
 class _Metrics:
