@@ -233,6 +233,27 @@ class KeyTable:
         return sum(1 for r in self._records.values() if r.state(now) is KeyState.ACTIVE)
 
 
+def merged(records: Mapping[str, KeyRecord], written: Iterable[KeyRecord]) -> dict[str, KeyRecord]:
+    """`records` with `written` over them, each keeping the stricter revocation and expiry
+    of the stored and the written record: records only ever get shorter-lived, so a write
+    made from a stale copy never undoes a revocation (the Redis script does the same)."""
+    out = dict(records)
+    for new in written:
+        old = out.get(new.key_sha256)
+        if old is not None:
+            new = dataclasses.replace(
+                new,
+                revoked_at=_earliest(old.revoked_at, new.revoked_at),
+                expires_at=_earliest(old.expires_at, new.expires_at),
+            )
+        out[new.key_sha256] = new
+    return out
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
 def revoked(record: KeyRecord, now: float) -> KeyRecord:
     return dataclasses.replace(record, revoked_at=now)
 

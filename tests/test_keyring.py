@@ -11,6 +11,7 @@ from policy.keyring import (
     KeyState,
     KeyTable,
     dump_key_records,
+    merged,
     parse_duration_s,
     parse_key_records,
     revoked,
@@ -38,6 +39,15 @@ def test_lookup_answers_the_record_or_why_it_is_refused() -> None:
     pending = KeyTable({DIGEST: record(not_before=300.0)})
     assert pending.lookup(DIGEST, 299.0) == "pending_api_key"
     assert pending.lookup(DIGEST, 300.0) == record(not_before=300.0)
+
+
+def test_a_write_never_lengthens_a_stored_life() -> None:
+    stored = {DIGEST: record(revoked_at=120.0, expires_at=500.0)}
+    stale = record(expires_at=300.0)  # rotated from a copy read before the revocation
+    (kept,) = merged(stored, [stale]).values()
+    assert (kept.revoked_at, kept.expires_at) == (120.0, 300.0)
+    fresh = merged({}, [stale])
+    assert fresh[DIGEST] == stale
 
 
 def test_revocation_wins_over_expiry() -> None:

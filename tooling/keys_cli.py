@@ -31,6 +31,7 @@ from policy.keyring import (
     LIMIT_FIELDS,
     KeyRecord,
     KeyTable,
+    merged,
     new_clear_key,
     parse_duration_s,
     revoked,
@@ -182,8 +183,7 @@ def _on_file(args: argparse.Namespace, path: Path) -> int:
         else:
             clear, digest = new_clear_key()
             changed = list(rotated(old, digest, now, parse_duration_s(args.grace)))
-    records.update({r.key_sha256: r for r in changed})
-    write_key_file(path, records)
+    write_key_file(path, merged(records, changed))
     change = pb.KeyChange(
         keys=[stored_key(r, "file", now) for r in changed],
         store=f"file {path}",

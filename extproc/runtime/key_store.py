@@ -46,6 +46,7 @@ from policy.keyring import (
     KeyRecord,
     KeyTable,
     dump_key_records,
+    merged,
     parse_key_records,
 )
 
@@ -292,7 +293,7 @@ class KeyStore:
                     "budget.store: redis) or key_store.file in the policy"
                 )
             current = await asyncio.to_thread(read_key_file, self._path)
-            current.update({r.key_sha256: r for r in records})
+            current = merged(current, records)
             await asyncio.to_thread(write_key_file, self._path, current)
             await self._sync_file(self._path)
             return Propagation(1, 1, time.monotonic() - started)
