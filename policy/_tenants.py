@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from policy._access import parse_limits, parse_tier
 from policy._reader import PolicyError, Section, expect, kind_of, positive
+from policy._spend import check_units, read_prices, read_spend, spend_limits
 from policy.domain import Limits, Tenant, TenantBook, TenantWeights, Tier
 
 T = TypeVar("T")
@@ -38,6 +39,7 @@ class _Entry:
     pools: frozenset[str] | None = None
     suspended: bool | None = None
     tenant_class: str | None = None
+    spend: Mapping[str, object] = field(default_factory=dict)  # policy._spend's fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +83,14 @@ def parse_tenants(
             )
         merged = _merge(own, _class_of(own, classes, defaults), room_weights.get(name))
         listed[name] = _tenant(merged)
+    prices = read_prices(sec.raw("prices"), sec.child("prices"))
     sec.close()
     default = None if defaults is None else _tenant(defaults)
+    named = {f"{path}.list.{name}": tenant for name, tenant in listed.items()}
+    check_units({**named, **({f"{path}.defaults": default} if default else {})}, prices, path)
     weights = {**room_weights, **{name: t.weight for name, t in listed.items()}}
-    return TenantBook(listed, default), TenantWeights(weights, default.weight if default else 1.0)
+    book = TenantBook(listed, default, prices)
+    return book, TenantWeights(weights, default.weight if default else 1.0)
 
 
 def _class_of(own: _Entry, classes: Mapping[str, _Entry], defaults: _Entry | None) -> _Entry:
@@ -138,6 +144,7 @@ def _read_entry(
         pools=_read_pools(sec.raw("pools"), sec.child("pools"), known.pools),
         suspended=_optional(sec, "suspended", bool),
         tenant_class=tenant_class,
+        spend=read_spend(sec.raw("spend"), sec.child("spend")),
     )
     sec.close()
     return entry
@@ -205,6 +212,7 @@ def _merge(own: _Entry, base: _Entry, named_weight: float | None = None) -> _Ent
         pools=_pick(own.pools, base.pools),
         suspended=_pick(own.suspended, base.suspended),
         tenant_class=_pick(own.tenant_class, base.tenant_class),
+        spend={**base.spend, **own.spend},
     )
 
 
@@ -218,4 +226,5 @@ def _tenant(entry: _Entry) -> Tenant:
         pools=entry.pools,
         suspended=bool(entry.suspended),
         tenant_class=entry.tenant_class,
+        spend=spend_limits(entry.spend),
     )

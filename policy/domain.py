@@ -150,6 +150,49 @@ class ApiKey:
         return self.key_sha256[:12]
 
 
+class SpendUnit(StrEnum):
+    """What a tenant's spend budget counts: token-equivalents, or US dollars."""
+
+    TOKENS = "tokens"
+    USD = "usd"
+
+
+# The token kinds a spend budget prices, in the order usage reports them.
+TOKEN_KINDS = ("prompt", "cached_prompt", "completion", "reasoning")
+
+
+@dataclass(frozen=True, slots=True)
+class SpendLimits:
+    """A tenant's spend budget per calendar day and month (UTC), in `unit`; None: no
+    budget for that window. All its keys (and JWT callers naming it) share it."""
+
+    unit: SpendUnit = SpendUnit.TOKENS
+    per_day: float | None = None
+    per_month: float | None = None
+
+    def windows(self) -> dict[str, float]:
+        """'day' / 'month' -> its limit, for the windows set."""
+        named = {"day": self.per_day, "month": self.per_month}
+        return {name: limit for name, limit in named.items() if limit is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class SpendPrices:
+    """What one token of each kind (TOKEN_KINDS) costs: in token-equivalents for budgets in
+    tokens (`tokens`, default 1 each), in US dollars per million tokens for budgets in usd
+    (`usd_per_million`; None: no budget may be in usd)."""
+
+    tokens: Mapping[str, float] = field(default_factory=lambda: dict.fromkeys(TOKEN_KINDS, 1.0))
+    usd_per_million: Mapping[str, float] | None = None
+
+    def per_token(self, unit: SpendUnit) -> Mapping[str, float]:
+        """Each kind's cost of one token in `unit`."""
+        if unit is SpendUnit.TOKENS:
+            return self.tokens
+        usd = self.usd_per_million or {}
+        return {kind: price / 1e6 for kind, price in usd.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class Tenant:
     """A tenant as the policy's `tenants:` section sets it, its class folded in: what each of
@@ -165,6 +208,7 @@ class Tenant:
     pools: frozenset[str] | None = None  # the pools its requests may be routed to; None: all
     suspended: bool = False  # every request refused (403); those in flight finish
     tenant_class: str | None = None  # the class it named, if any
+    spend: SpendLimits | None = None  # its spend budget per day / month; None: none
 
     def limits_over(self, base: Limits) -> Limits:
         """`base` (its tier's limits) with the fields this tenant sets replaced."""
@@ -183,6 +227,8 @@ class TenantBook:
 
     listed: Mapping[str, Tenant] = field(default_factory=dict)
     default: Tenant | None = None
+    # What each token kind costs against a spend budget (`tenants.prices`).
+    prices: SpendPrices = field(default_factory=SpendPrices)
     # The longest TTFT objective any tenant sets (the waiting room's longest wait is derived
     # from it); computed once, not per request.
     longest_ttft_ms: float | None = field(init=False, default=None)

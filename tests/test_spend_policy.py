@@ -1,0 +1,89 @@
+"""A tenant's `spend:` and the `tenants.prices:` of the policy: merged like limits (own, then
+class, then defaults), kinds a price list leaves out priced like their sibling, and errors
+that name the tenant and the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from policy import Policy, PolicyError, SpendUnit, parse_policy
+
+
+def policy_with(tenants: Any) -> Policy:
+    return parse_policy({"tenants": tenants, "keys": []})
+
+
+def test_spend_merges_field_by_field_and_prices_default() -> None:
+    policy = policy_with(
+        {
+            "prices": {
+                "tokens": {"prompt": 1, "completion": 4, "cached_prompt": 0.1},
+                "usd_per_million": {"prompt": 0.15, "completion": 0.6},
+            },
+            "classes": {"gold": {"spend": {"per_day": 1000, "per_month": 20000}}},
+            "defaults": {"spend": {"per_month": 500}},
+            "list": {
+                "acme": {"class": "gold", "spend": {"per_day": 3000}},
+                "globex": {"spend": {"unit": "usd", "per_month": 2500.5}},
+                "nobudget": {"class": "gold", "spend": {}},
+            },
+        }
+    )
+    acme = policy.tenants.get("acme")
+    assert acme is not None and acme.spend is not None
+    assert (acme.spend.per_day, acme.spend.per_month, acme.spend.unit) == (
+        3000,
+        20000,
+        SpendUnit.TOKENS,
+    )
+    globex = policy.tenants.get("globex")
+    assert globex is not None and globex.spend is not None
+    # globex names no class: it builds on the defaults, its own fields over theirs.
+    assert (globex.spend.unit, globex.spend.per_month, globex.spend.per_day) == (
+        SpendUnit.USD,
+        2500.5,
+        None,
+    )
+    unknown = policy.tenants.get("someone-else")
+    assert unknown is not None and unknown.spend is not None and unknown.spend.per_month == 500
+    prices = policy.tenants.prices
+    assert prices.per_token(SpendUnit.TOKENS) == {
+        "prompt": 1.0,
+        "cached_prompt": 0.1,
+        "completion": 4.0,
+        "reasoning": 4.0,  # left out: priced as completion
+    }
+    usd = prices.per_token(SpendUnit.USD)
+    assert usd["cached_prompt"] == pytest.approx(0.15e-6)
+    assert usd["reasoning"] == pytest.approx(0.6e-6)
+
+
+def test_without_spend_a_tenant_has_no_budget() -> None:
+    policy = policy_with({"list": {"acme": {}}})
+    acme = policy.tenants.get("acme")
+    assert acme is not None and acme.spend is None
+    assert policy.tenants.prices.per_token(SpendUnit.TOKENS)["completion"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("tenants", "message"),
+    [
+        ({"list": {"acme": {"spend": {"per_month": 0}}}}, "tenants.list.acme.spend.per_month"),
+        ({"list": {"acme": {"spend": {"per_week": 5}}}}, "tenants.list.acme.spend.per_week"),
+        ({"list": {"acme": {"spend": {"unit": "eur", "per_day": 5}}}}, "spend.unit"),
+        (
+            {"list": {"acme": {"spend": {"unit": "usd", "per_day": 5}}}},
+            "tenants.list.acme.spend.unit: usd needs tenants.prices.usd_per_million",
+        ),
+        ({"prices": {"tokens": {"prompt": 1}}}, "tenants.prices.tokens.completion: required"),
+        (
+            {"prices": {"tokens": {"prompt": 1, "completion": -1}}},
+            "tenants.prices.tokens.completion: must be >= 0",
+        ),
+    ],
+)
+def test_errors_name_the_tenant_and_the_field(tenants: Any, message: str) -> None:
+    with pytest.raises(PolicyError, match=message.replace(".", r"\.")):
+        policy_with(tenants)
