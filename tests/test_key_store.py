@@ -112,6 +112,16 @@ def test_a_store_record_wins_over_the_policy_entry(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_a_new_key_names_a_tenant_the_policy_takes(tmp_path: Path) -> None:
+    listed = parse_policy({"tenants": {"list": {"acme": {"tier": "critical"}}}})
+    store = KeyStore(KeyStoreConfig(file=str(tmp_path / "k.yaml")), None, policy=lambda: listed)
+    assert store.tenant_problem("acme") is None
+    assert "no tenant named 'beta'" in str(store.tenant_problem("beta"))
+    open_book = parse_policy({"tenants": {"defaults": {"tier": "standard"}}})
+    store = KeyStore(KeyStoreConfig(file=str(tmp_path / "k.yaml")), None, policy=lambda: open_book)
+    assert store.tenant_problem("beta") is None
+
+
 def test_a_key_only_the_policy_lists_can_be_revoked_or_rotated_by_its_id(tmp_path: Path) -> None:
     policy = parse_policy(
         {"keys": [{"key": "sk-policy", "tenant": "p", "limits": {"requests_per_minute": 7}}]}

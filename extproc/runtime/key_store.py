@@ -258,6 +258,16 @@ class KeyStore:
                 raise KeyStoreError(str(error.args[0])) from None
             return adopted
 
+    def tenant_problem(self, tenant: str) -> str | None:
+        """Why a new key may not name `tenant`: as for the policy's keys, a policy with a
+        `tenants:` section and no `defaults` takes only the tenants it lists."""
+        if self._policy is None:
+            return None
+        book = self._policy().tenants
+        if book.listed and book.default is None and tenant not in book.listed:
+            return f"tenant: no tenant named {tenant!r} in the policy's tenants.list"
+        return None
+
     def _policy_key(self, key_id: str) -> KeyRecord | None:
         """A key only the policy lists, as a store record (its tenant, tier and limits):
         revoking or rotating it writes that record, which then wins over the policy's."""

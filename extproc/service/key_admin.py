@@ -43,6 +43,7 @@ class KeyWrites(Protocol):
     def writable(self) -> str | None: ...
     def records(self) -> list[tuple[str, KeyRecord]]: ...
     def find(self, key_id: str) -> KeyRecord: ...
+    def tenant_problem(self, tenant: str) -> str | None: ...
     async def put(self, *records: KeyRecord) -> Propagation: ...
 
 
@@ -125,6 +126,8 @@ class KeyAdminService(pb_grpc.KeyAdminServicer):
             problem = "expires_in_s: must be >= 0"
         elif any(digest == r.key_sha256 for _, r in store.records()):
             problem = "that key is already stored"
+        else:
+            problem = store.tenant_problem(request.tenant)
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         now = self._wall()
