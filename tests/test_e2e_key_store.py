@@ -286,6 +286,7 @@ def test_the_key_file_is_hot_reloaded(tmp_path: Path, processes: list[ManagedPro
     text = scrape(f"http://127.0.0.1:{ports.metrics}/metrics")
     assert metric(text, "slogate_key_store_errors_total", source="file") >= 1
     assert metric(text, "slogate_key_store_keys", source="file") == 1
+    assert metric(text, "slogate_key_store_up", source="file") == 1
 
 
 async def until(driver: SidecarDriver, key: str, reason: str) -> float:

@@ -174,3 +174,30 @@ def test_a_write_from_a_stale_copy_never_undoes_a_revocation(tmp_path: Path) -> 
         asyncio.run(scenario())
     finally:
         proc.stop()
+
+
+def test_a_bad_key_file_keeps_the_last_keys_and_reads_down_until_fixed(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    path = tmp_path / "keys.yaml"
+    registry = CollectorRegistry()
+
+    def sample(name: str) -> float | None:
+        return registry.get_sample_value(name, {"source": "file"})
+
+    async def scenario() -> None:
+        store = KeyStore(KeyStoreConfig(file=str(path)), None, registry)
+        await store.put(record("sk-kept"))
+        assert sample("slogate_key_store_up") == 1
+        path.write_text("keys: [{key: sk-clear, tenant: x}]\n")
+        for _ in range(3):  # polls of an unchanged bad file: still down, counted once
+            await store.sync()
+        assert sample("slogate_key_store_up") == 0
+        assert sample("slogate_key_store_errors_total") == 1
+        assert store.caller(hash_api_key("sk-kept"), POLICY) is not None
+        path.write_text("version: 1\nkeys: []\n")
+        await store.sync()
+        assert sample("slogate_key_store_up") == 1 and sample("slogate_key_store_keys") == 0
+        assert store.caller(hash_api_key("sk-kept"), POLICY) is None
+
+    asyncio.run(scenario())

@@ -136,6 +136,7 @@ class KeyStore:
         self._file_stat: tuple[int, int, int] | None = None
         self._version = -1
         self._synced: dict[str, float] = {}
+        self._healthy: dict[str, bool] = {}
         self._callers: dict[str, ApiKey] = {}
         self._callers_for: Policy | None = None
         self._write_lock = asyncio.Lock()
@@ -183,23 +184,24 @@ class KeyStore:
                 await asyncio.wait_for(self._sync_redis(self._redis), _REDIS_POLL_TIMEOUT_S)
             except TimeoutError:
                 log.warning("key store: Redis did not answer within %.1f s", _REDIS_POLL_TIMEOUT_S)
-                self._note("redis", False, len(self._redis_table))
+                self._note("redis", False)
 
     async def _sync_file(self, path: Path) -> None:
         stat = _stat(path)
-        try:
-            if stat != self._file_stat:
+        if stat != self._file_stat:
+            self._file_stat = stat  # a bad file is read (and counted) once per change
+            try:
                 records = await asyncio.to_thread(read_key_file, path)
-                self._file_table = KeyTable(records)  # the swap: one reference
-                self._callers = {}
-                self._file_stat = stat
-                log.info("key file %s: %d keys", path, len(records))
-            self._synced["file"] = self._wall()
-            self._note("file", True, len(self._file_table))
-        except (PolicyError, OSError) as error:
-            self._file_stat = stat  # one error per change, not one per poll
-            log.error("key file %s refused, keeping its last keys: %s", path, error)
-            self._note("file", False, len(self._file_table))
+            except (PolicyError, OSError) as error:
+                log.error("key file %s refused, keeping its last keys: %s", path, error)
+                self._note("file", False)
+                return
+            self._file_table = KeyTable(records)  # the swap: one reference
+            self._callers = {}
+            log.info("key file %s: %d keys", path, len(records))
+            self._note("file", True)
+        elif self._healthy.get("file", True):
+            self._note("file", True)
 
     async def _sync_redis(self, redis: RedisKeys) -> None:
         try:
@@ -208,19 +210,26 @@ class KeyStore:
                 self._redis_table = KeyTable(await redis.records())
                 self._callers = {}
                 self._version = version
-            now = self._wall()
-            await redis.acknowledge(self._version, now)
-            self._synced["redis"] = now
-            self._note("redis", True, len(self._redis_table))
+            await redis.acknowledge(self._version, self._wall())
         except Exception as error:  # redis-py's errors, timeouts: keep the last keys
-            log.warning("key store: Redis unreadable, keeping its last keys: %s", error)
-            self._note("redis", False, len(self._redis_table))
+            if self._healthy.get("redis", True):
+                log.warning("key store: Redis unreadable, keeping its last keys: %s", error)
+            self._note("redis", False)
+            return
+        if not self._healthy.get("redis", True):
+            log.info("key store: Redis answers again (%d keys)", len(self._redis_table))
+        self._note("redis", True)
 
-    def _note(self, source: str, ok: bool, keys: int) -> None:
+    def _note(self, source: str, ok: bool) -> None:
+        """A read of `source` ended: `ok`, or failed (its last keys stay)."""
+        self._healthy[source] = ok
+        if ok:
+            self._synced[source] = self._wall()
         if self._metrics is None:
             return
+        table = self._file_table if source == "file" else self._redis_table
         self._metrics.up.labels(source).set(1 if ok else 0)
-        self._metrics.keys.labels(source).set(keys)
+        self._metrics.keys.labels(source).set(len(table))
         if not ok:
             self._metrics.errors.labels(source).inc()
 
