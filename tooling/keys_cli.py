@@ -149,6 +149,12 @@ def _print_change(args: argparse.Namespace, change: pb.KeyChange, clear: str | N
         f"{change.replicas_live} live replicas in {change.propagation_s:.2f} s",
         file=sys.stderr,
     )
+    if change.replicas_applied < change.replicas_live:
+        print(
+            "warning: some replicas had not applied it when the wait ended "
+            "(key_store.propagation_timeout_s); they will at their next poll of Redis",
+            file=sys.stderr,
+        )
 
 
 # -- on a key file ------------------------------------------------------------------------
