@@ -201,3 +201,40 @@ def test_a_bad_key_file_keeps_the_last_keys_and_reads_down_until_fixed(tmp_path:
         assert store.caller(hash_api_key("sk-kept"), POLICY) is None
 
     asyncio.run(scenario())
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("cluster", [False, True], ids=["redis", "cluster"])
+def test_two_stores_share_keys_through_redis_and_a_cluster(
+    cluster: bool, request: pytest.FixtureRequest
+) -> None:
+    """The records, the counter and the acknowledgements share one hash tag: a Redis Cluster
+    serves them as one server does (every script and command on one slot)."""
+    port = request.getfixturevalue("cluster_ports")[0] if cluster else None
+    if port is None:
+        port = request.getfixturevalue("redis_port")
+    config = KeyStoreConfig(redis=True, poll_interval_s=0.05)
+
+    async def scenario() -> None:
+        url = f"redis://127.0.0.1:{port}/0" if not cluster else f"redis://127.0.0.1:{port}"
+        clients = [connect(url, cluster=cluster) for _ in range(2)]
+        await clients[0].delete(
+            *(f"slogate:{{keys}}:{k}" for k in ("records", "version", "applied"))
+        )
+        one, two = (KeyStore(config, RedisKeys(c, f"r{i}")) for i, c in enumerate(clients))
+        polling = asyncio.create_task(two.run())
+        try:
+            await one.sync()
+            await asyncio.sleep(0.1)
+            spread = await one.put(record("sk-shared"))
+            assert (spread.applied, spread.live) == (2, 2)
+            found = two.caller(hash_api_key("sk-shared"), POLICY)
+            assert found is not None and not isinstance(found, str)
+            await one.put(revoked(one.find(hash_api_key("sk-shared")[:8]), time.time()))
+            assert two.caller(hash_api_key("sk-shared"), POLICY) == "revoked_api_key"
+        finally:
+            polling.cancel()
+            for client in clients:
+                await client.aclose()
+
+    asyncio.run(scenario())
