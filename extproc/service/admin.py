@@ -3,8 +3,10 @@
 What lives here: `AdminService`, which answers from the parts it is given — the policy
 holder, the breaker board, the budget store, the in-flight table, the quotas, the KV
 ledger — never from the whole sidecar. The server binds to loopback or a Unix socket by
-default: it changes a live gateway (drills, reloads) and has no authentication. The CLI's
-side (client, tables) is tooling.admin_client.
+default: it changes a live gateway (drills, reloads); who may call it is
+extproc.service.admin_auth's rule (a bearer token, or a Unix socket's permissions). Keys are
+changed by extproc.service.key_admin on the same server. The CLI's side (client, tables) is
+tooling.admin_client.
 """
 
 from __future__ import annotations
