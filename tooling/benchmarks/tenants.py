@@ -62,11 +62,11 @@ def many_tenants_policy(work: Path, tenants: int = 1000, keys: int = 10_000) -> 
     raw = yaml.safe_load(bench_policy(work).read_text())
     names = list(CLASSES)
     listed: dict[str, Any] = {}
-    for tenant in range(tenants):
-        entry: dict[str, Any] = {"class": names[tenant % len(names)]}
-        if tenant % 10 == 0:
-            entry["limits"] = {"tokens_per_minute": 100_000 + tenant}
-        listed[f"tenant-{tenant:04d}"] = entry
+    for number in range(tenants):
+        entry: dict[str, Any] = {"class": names[number % len(names)]}
+        if number % 10 == 0:
+            entry["limits"] = {"tokens_per_minute": 100_000 + number}
+        listed[f"tenant-{number:04d}"] = entry
     raw["tenants"] = {"defaults": {"class": "self-serve"}, "classes": CLASSES, "list": listed}
     for index in range(keys):
         digest = hashlib.sha256(generated_key(index).encode()).hexdigest()
