@@ -4,7 +4,8 @@ simulator alike.
 What lives here: `Admission` (the chain and its steps, for the callers that also drive the
 steps' own loops: the KV ratio, expiry, the waiting room) and `build_admission`. The
 order is the rule: the breaker first (a shed request spends nothing), the budget next (a
-contract: refused at once, never after a wait), KV admission last, where a request may
+contract: refused at once, never after a wait), the tenant's spend budget after the key's
+(refused at once too), KV admission last, where a request may
 wait for room (admission.waiting_room) holding its budget reservation, which is given back
 if it leaves without running. A simulated run may leave the breaker or the budgets out; it
 never reorders or re-implements a step.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -23,9 +25,11 @@ from admission.budget_step import BudgetStep, KeyCeilings
 from admission.chain import AdmissionChain, Step
 from admission.events import BreakerEvents, BudgetEvents, KvEvents
 from admission.kv_step import KvStep
+from admission.spend_step import SpendEvents, SpendStep
 from admission.waiting_room import Waiter
 from breaker.board import BreakerBoard
 from breaker.kv_book import KvBook
+from budget.spend_store import SpendStore
 from budget.store import BudgetStore
 from policy import Policy, Pool
 
@@ -40,6 +44,7 @@ class Admission:
     kv: KvStep
     breaker: BreakerStep | None
     budget: BudgetStep | None
+    spend: SpendStep | None = None
 
 
 def expiry_s(policy: Policy) -> float:
@@ -67,13 +72,18 @@ def build_admission(
     new_waiter: Callable[[], Waiter] | None = None,
     wait_cap_s: float = math.inf,
     live: Callable[[Pool], Pool] | None = None,
+    spend: tuple[SpendStore, SpendEvents] | None = None,
+    wall_clock: Callable[[], float] = time.time,
 ) -> Admission:
     """`board` None: no breaker step; `store` None: no budget step (simulated runs only);
     `new_waiter` None: no waiting room (a full pool refuses at once); `book`: where the KV
     ledger lives (None: this process's own; breaker.kv_book); `live`: a pool as its serving
-    engines make it (engines.state.EngineFleet.live_pool; None: as the policy says)."""
+    engines make it (engines.state.EngineFleet.live_pool; None: as the policy says);
+    `spend`: the tenants' spend budgets' store and events (None: no spend step), the step
+    right after the key budgets, `wall_clock` telling it the UTC day and month."""
     breaker = BreakerStep(board, events, rng) if board is not None else None
     budget = BudgetStep(store, events, ttl_s, multipliers, ceilings) if store is not None else None
+    spending = SpendStep(*spend, ttl_s, wall_clock) if spend is not None else None
     kv = KvStep(events, clock, ttl_s, policy, new_waiter, book, wait_cap_s, live)
-    steps: list[Step] = [s for s in (breaker, budget, kv) if s is not None]
-    return Admission(AdmissionChain(steps), kv, breaker, budget)
+    steps: list[Step] = [s for s in (breaker, budget, spending, kv) if s is not None]
+    return Admission(AdmissionChain(steps), kv, breaker, budget, spending)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from breaker.levels import BreakerLevel
+from budget.spend import SpendHold
 from policy import ApiKey, ContextBucket, Limits
 from policy.apis import KNOWN_APIS, Api, ApiKind
 
@@ -23,6 +24,8 @@ _CHAT_API = KNOWN_APIS[0]
 # a re-routed request met (L3), and how long a request waited for room in its pool.
 DEGRADED_HEADER = "x-slogate-degraded"
 QUEUED_HEADER = "x-slogate-queued-ms"
+# The tenant's spend budget windows at 80% or 100% (admission.spend_step): "month=80%".
+SPEND_WARNING_HEADER = "x-slogate-spend-warning"
 EXPIRED_DETAILS = "slogate_expired"
 
 
@@ -65,6 +68,8 @@ class RoutingDecision:
     # The engines slogate picked in the pool, best first (engines.picker); empty: Envoy
     # balances (picking off, one engine, or an endpoint picker of the operator's).
     engines: tuple[str, ...] = ()
+    # What it reserved against its tenant's spend budget (admission.spend_step); None: none.
+    spend: SpendHold | None = None
 
     @property
     def exact(self) -> bool:
@@ -114,6 +119,11 @@ class RequestOutcome:
     upstream: str = ""
     # Envoy could not connect to it, or timed out waiting for it (its response flags).
     upstream_failed: bool = False
+    # Parts of the usage above, when the engine reports them (usage_tap.lua): the prompt's
+    # cached tokens (prompt_tokens_details.cached_tokens, or Anthropic's cache reads) and the
+    # completion's reasoning tokens (completion_tokens_details.reasoning_tokens).
+    cached_prompt_tokens: int | None = None
+    reasoning_tokens: int | None = None
 
     @property
     def has_usage(self) -> bool:

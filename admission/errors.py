@@ -12,6 +12,7 @@
     ├── MethodNotAllowed      405  method_not_allowed        a method the API does not serve
     ├── BodyTooLarge          413  request_too_large         body over the policy byte limit
     ├── RateLimited           429  rate_limit_exceeded       budget spent (carries Retry-After)
+    │   └── SpendExhausted    429  insufficient_quota        the tenant's day/month spend used up
     ├── InternalError         500  internal_error            a slogate bug: never route on a guess
     └── Overloaded            503  overloaded                shed by the breaker (Retry-After)
 
@@ -95,6 +96,14 @@ class RateLimited(RequestRejected):
     status = 429
     error_type = "rate_limit_exceeded"
     code = "rate_limit_exceeded"
+
+
+class SpendExhausted(RateLimited):
+    """The tenant's spend budget for the day or month is used up: OpenAI's answer to an
+    exhausted quota (429 insufficient_quota), with Retry-After until the window ends."""
+
+    error_type = "insufficient_quota"
+    code = "insufficient_quota"
 
 
 class Overloaded(RequestRejected):

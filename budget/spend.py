@@ -91,10 +91,13 @@ class SpendHold:
     reservation made at 23:59 settles in that day, whatever the policy says by then)."""
 
     tenant: str
-    window_ids: tuple[str, ...]
+    spans: tuple[SpendWindow, ...]
     per_token: Mapping[str, float]
-    unit: str
-    amount: float
+    amount: float  # what it reserved
+
+    @property
+    def window_ids(self) -> tuple[str, ...]:
+        return tuple(s.id for s in self.spans)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,10 @@
 -- a stream (`stream_events`), so that a stream cut before its usage arrived is settled with
 -- what was sent.
 --
+-- The parts spend budgets price apart are read too: `cached_tokens` (vLLM's
+-- prompt_tokens_details; Anthropic's cache_read_input_tokens) and `reasoning_tokens`
+-- (completion_tokens_details), each the last value seen.
+--
 -- Metadata is written as soon as a value changes, inside the loop: a stream the client cuts
 -- never reaches the end of the loop, and its access-log entry must still carry what was seen.
 --
@@ -81,6 +85,8 @@ function envoy_on_response(response_handle)
   local cache_read = nil
   local cache_written = nil
   local events = 0
+  local cached = nil
+  local reasoning = nil
   for chunk in response_handle:bodyChunks() do
     local bytes = chunk:getBytes(0, chunk:length())
     local data = tail .. bytes
@@ -108,6 +114,17 @@ function envoy_on_response(response_handle)
       if c ~= completion then
         completion = c
         publish(response_handle, "completion_tokens", completion)
+      end
+      local k = last_number(data, "\"cached_tokens\"%s*:%s*(%d+)", cached)
+      k = last_number(data, "\"cache_read_input_tokens\"%s*:%s*(%d+)", k)
+      if k ~= cached then
+        cached = k
+        publish(response_handle, "cached_tokens", cached)
+      end
+      local r = last_number(data, "\"reasoning_tokens\"%s*:%s*(%d+)", reasoning)
+      if r ~= reasoning then
+        reasoning = r
+        publish(response_handle, "reasoning_tokens", reasoning)
       end
       if strip then
         local kept, removed = without_usage_events(bytes)

@@ -12,6 +12,7 @@ import pytest
 
 from engines import EngineFleet, EnginePicker
 from extproc.runtime.key_store import KeyStore
+from extproc.runtime.spend_metrics import SpendMetrics
 from extproc.service.engine_metrics import EngineCollector
 from extproc.service.metrics import SidecarMetrics
 from policy import parse_policy
@@ -66,6 +67,7 @@ def exported_metrics() -> set[str]:
     engines = EngineCollector(EnginePicker(fleet, lambda: policy, time.monotonic), lambda: policy)
     metrics = SidecarMetrics()
     KeyStore(KeyStoreConfig(file="keys.yaml"), None, metrics.registry)  # its own series
+    SpendMetrics(metrics.registry)  # the spend step's
     for family in [*metrics.registry.collect(), *engines.collect()]:
         names.add(f"{family.name}_total" if family.type == "counter" else family.name)
     return names

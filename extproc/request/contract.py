@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from admission.decision import DEGRADED_HEADER, QUEUED_HEADER
+from admission.decision import DEGRADED_HEADER, QUEUED_HEADER, SPEND_WARNING_HEADER
 
 METADATA_NAMESPACE = "slogate"  # set by the sidecar on the request path (ext_proc)
 TRACKING_ID_FIELD = "id"  # in METADATA_NAMESPACE: the sidecar's in-flight id of the request
@@ -67,7 +67,12 @@ RATE_LIMIT_HEADERS = (
 )
 
 # ... and the admission steps' own response headers, rendered likewise.
-RESPONSE_METADATA_HEADERS = (*RATE_LIMIT_HEADERS, DEGRADED_HEADER, QUEUED_HEADER)
+RESPONSE_METADATA_HEADERS = (
+    *RATE_LIMIT_HEADERS,
+    DEGRADED_HEADER,
+    QUEUED_HEADER,
+    SPEND_WARNING_HEADER,
+)
 
 ACCESS_LOG_NAME = "slogate"
 # Access-log custom tags, by name, and the Envoy formatter that fills each.
@@ -79,6 +84,9 @@ ACCESS_LOG_TAGS: dict[str, str] = {
     # SSE events the stream sent (usage_tap.lua): what a stream cut before its usage is
     # settled with.
     "stream_events": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:stream_events)%",
+    # Parts of the usage that spend budgets price apart (usage_tap.lua).
+    "cached_tokens": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:cached_tokens)%",
+    "reasoning_tokens": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:reasoning_tokens)%",
 }
 
 # The Envoy pieces slogate adds, by name. A filter's name is free in Envoy (the typed

@@ -44,6 +44,7 @@ from extproc.runtime.gpu import GpuMemory
 from extproc.runtime.key_store import build_key_store
 from extproc.runtime.loops import BreakerLoop, QuotaLoop
 from extproc.runtime.policy_holder import PolicyHolder
+from extproc.runtime.spend_metrics import SpendMetrics
 from extproc.runtime.stores import build_stores
 from extproc.runtime.workers import Siblings, WorkerSlot
 from extproc.service.access_log import AccessLogService, OutcomeRecorder
@@ -145,6 +146,10 @@ class Sidecar:
             # Envoy's max_message_timeout is written from the policy it started with.
             wait_cap_s=initial.longest_wait_s,
             live=self.fleet.live_pool,
+            spend=None
+            if self.stores.spend is None
+            else (self.stores.spend, SpendMetrics(self.metrics.registry)),
+            wall_clock=clock or time.time,
         )
         self.metrics.admission.source = self.admission.kv.book.held_by_pool
         self.metrics.admission.waiting = self._waiting_counts

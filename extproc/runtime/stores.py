@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from breaker.kv_book import FailoverBook, KvBook, LocalBook
 from budget.failover import FailoverStore
 from budget.redis_store import RedisStore, connect
+from budget.spend_redis import RedisSpendStore
+from budget.spend_store import InProcessSpendStore, SpendStore
 from budget.store import BudgetStore, InProcessStore
 from extproc.runtime.fleet_ledger import FleetMembers, RedisBook
 from extproc.service.metrics import SidecarMetrics
@@ -27,6 +29,8 @@ class Stores:
     budgets: BudgetStore
     kv: KvBook
     members: FleetMembers | None  # None: no shared store, no heartbeats
+    # The tenants' spend budgets: this process's, or the fleet's in Redis (no failover).
+    spend: SpendStore | None = None
 
 
 def build_stores(
@@ -43,7 +47,10 @@ def build_stores(
     config = initial.budget
     if config.store is BudgetStoreKind.MEMORY:
         return Stores(
-            InProcessStore(wall_clock), LocalBook(clock, lambda: policy().budget.replicas), None
+            InProcessStore(wall_clock),
+            LocalBook(clock, lambda: policy().budget.replicas),
+            None,
+            InProcessSpendStore(wall_clock),
         )
 
     def on_budget(degraded: bool) -> None:
@@ -75,4 +82,4 @@ def build_stores(
         clock,
         on_decision=on_kv,
     )
-    return Stores(budgets, book, members)
+    return Stores(budgets, book, members, RedisSpendStore(client, timeout_s=timeout_s))

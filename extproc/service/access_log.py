@@ -79,6 +79,8 @@ def outcome_from_entry(
         duration_s=duration_s,
         details=entry.response.response_code_details,
         stream_events=_tag_int(tags, "stream_events"),
+        cached_prompt_tokens=_tag_int(tags, "cached_tokens"),
+        reasoning_tokens=_tag_int(tags, "reasoning_tokens"),
         upstream=engine_address(upstream.address, upstream.port_value) if upstream.address else "",
         # Refused or reset before an answer, or no answer in time (a hung engine).
         upstream_failed=(

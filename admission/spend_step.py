@@ -1,0 +1,171 @@
+"""Spend budgets per tenant as an admission step: reserve on the request, settle on usage.
+
+What lives here: `SpendStep`, which charges the request's tenant (every key of a tenant,
+and every JWT caller naming it, shares one budget) in each calendar window its `spend:`
+sets — reserved at the request's largest cost, settled on what the engine reports, each
+token kind at its price (budget.spend) — and refuses with 429 `insufficient_quota`
+(admission.errors.SpendExhausted, Retry-After until the window ends) once a window is used
+up; `SpendEvents`, what it reports; `spend_usage`, what a finished request used; and the
+warning header (`x-slogate-spend-warning: month=80%`) on admitted requests.
+
+A stream admitted under the limit is never cut: it settles what it really used, even past
+the limit, and the next request is refused. If the store cannot answer (Redis away), the
+request is admitted unchecked and counted (`spend_unchecked`): a day's or a month's total
+cannot be rebuilt from local shares the way a per-minute bucket can.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import math
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from admission.decision import SPEND_WARNING_HEADER, Admitted, RequestOutcome, RoutingDecision
+from admission.errors import SpendExhausted
+from budget.spend import (
+    WARNING_SHARES,
+    SpendHold,
+    SpendWindow,
+    TokenUsage,
+    reserved_cost,
+    windows,
+)
+from budget.spend_store import SpendStore
+from budget.store import BudgetStoreError
+from policy import Policy
+
+log = logging.getLogger("slogate.spend")
+_ADJECTIVE = {"day": "daily", "month": "monthly"}
+
+
+class SpendEvents(Protocol):
+    def spend_used(self, tenant: str, window: str, share: float, before: float) -> None:
+        """A window's used share (spent + held over its limit) moved from `before`."""
+        ...
+
+    def spend_unchecked(self, tenant: str) -> None:
+        """Admitted without a check: the store did not answer."""
+        ...
+
+
+def spend_usage(outcome: RequestOutcome) -> TokenUsage | None:
+    """What a finished request used, by kind; None refunds it. Like the key budgets
+    (admission.budget_step.settled_charge): the engine's usage; without it, a stream cut
+    early is charged its prompt and one token per event sent, an upstream error refunds,
+    any other success keeps its reservation."""
+    decision = outcome.decision
+    prompt = outcome.prompt_tokens if outcome.prompt_tokens is not None else decision.prompt_tokens
+    if outcome.completion_tokens is not None:
+        return TokenUsage(
+            prompt,
+            outcome.completion_tokens,
+            outcome.cached_prompt_tokens or 0,
+            outcome.reasoning_tokens or 0,
+        )
+    if outcome.stream_events:
+        return TokenUsage(
+            prompt, min(outcome.stream_events, decision.sequences * decision.max_tokens)
+        )
+    if outcome.status >= 400 or outcome.status == 0:
+        return None
+    return TokenUsage(decision.prompt_tokens, decision.sequences * decision.max_tokens)
+
+
+def warning_header(shares: Mapping[str, float]) -> dict[str, str]:
+    """`x-slogate-spend-warning: day=100%, month=80%`: the highest warning share each window
+    has reached; nothing while every window is under the first."""
+    reached = []
+    for name, share in shares.items():
+        passed = [w for w in WARNING_SHARES if share >= w]
+        if passed:
+            reached.append(f"{name}={round(max(passed) * 100)}%")
+    return {SPEND_WARNING_HEADER: ", ".join(reached)} if reached else {}
+
+
+def _resets(span: SpendWindow) -> str:
+    return dt.datetime.fromtimestamp(span.ends_s, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class SpendStep:
+    def __init__(
+        self,
+        store: SpendStore,
+        events: SpendEvents,
+        ttl_s: float,
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self._store = store
+        self._events = events
+        self._ttl_s = ttl_s  # a reservation outlives the longest request by this
+        self._wall_clock = wall_clock  # UTC time: which day and month a request falls in
+
+    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
+        caller = decision.caller
+        tenant = policy.tenants.get(caller.tenant)
+        if tenant is None or tenant.spend is None or not decision.meters_tokens:
+            return Admitted(decision)
+        now_s = self._wall_clock()
+        spans = windows(tenant.spend.windows(), now_s)
+        per_token = policy.tenants.prices.per_token(tenant.spend.unit)
+        amount = reserved_cost(
+            decision.prompt_tokens, decision.sequences * decision.max_tokens, per_token
+        )
+        try:
+            verdict = await self._store.reserve(
+                caller.tenant, spans, amount, request_id, self._ttl_s
+            )
+        except BudgetStoreError as error:
+            log.warning("spend store unavailable, admitted unchecked: %s", error)
+            self._events.spend_unchecked(caller.tenant_label)
+            return Admitted(decision)
+        shares = {s.name: verdict.used[s.id] / s.limit for s in spans}
+        for span in spans:
+            before = (verdict.used[span.id] - (amount if verdict.admitted else 0)) / span.limit
+            self._events.spend_used(caller.tenant_label, span.name, shares[span.name], before)
+        if not verdict.admitted:
+            span = verdict.refused or spans[0]
+            unit = tenant.spend.unit.value
+            raise SpendExhausted(
+                f"Tenant {caller.tenant!r} has used its {_ADJECTIVE[span.name]} spend budget "
+                f"({verdict.used[span.id]:.6g} of {span.limit:.6g} {unit}); it resets at "
+                f"{_resets(span)} (the {span.name} in UTC). Ask the gateway's operator "
+                "to raise it, or retry then.",
+                reason="spend_exhausted",
+                retry_after_s=max(1, math.ceil(span.ends_s - now_s)),
+                headers={SPEND_WARNING_HEADER: f"{span.name}=100%"},
+            )
+        hold = SpendHold(caller.tenant, spans, per_token, amount)
+        return Admitted(dataclasses.replace(decision, spend=hold), warning_header(shares))
+
+    async def release(self, decision: RoutingDecision, request_id: str) -> None:
+        """A later step refused, or the request died: the reservation is refunded."""
+        hold = decision.spend
+        if hold is not None:
+            await self._settled(decision, hold, request_id, None)
+
+    async def settle(self, outcome: RequestOutcome) -> None:
+        hold = outcome.decision.spend
+        if hold is None or outcome.expired:
+            return  # an expired reservation stays spent in the store by itself
+        usage = spend_usage(outcome)
+        actual = None if usage is None else usage.cost(hold.per_token)
+        await self._settled(outcome.decision, hold, outcome.tracking_id, actual)
+
+    async def _settled(
+        self, decision: RoutingDecision, hold: SpendHold, request_id: str, actual: float | None
+    ) -> None:
+        try:
+            used = await self._store.settle(hold.tenant, hold.window_ids, request_id, actual)
+        except BudgetStoreError as error:
+            log.warning("settling %s's spend failed; it will expire held: %s", request_id, error)
+            return
+        if used is None:
+            return
+        change = (actual or 0.0) - hold.amount
+        for span in hold.spans:
+            share = used[span.id] / span.limit
+            before = share - change / span.limit
+            self._events.spend_used(decision.caller.tenant_label, span.name, share, before)
