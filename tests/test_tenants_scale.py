@@ -60,26 +60,40 @@ def test_reloads_wait_for_each_other(tmp_path: Path) -> None:
 
 
 _FROZEN_PROBE = """
-import gc
+import asyncio, gc, sys
 from extproc.runtime import heap
-with heap.collector_paused():
-    assert not gc.isenabled()
-    kept = [[i] for i in range(1000)]
-assert gc.isenabled() and gc.get_freeze_count() == 0  # not a sidecar process: nothing frozen
-heap.freeze_at_start()
-frozen = gc.get_freeze_count()
-assert frozen > 1000, frozen
-with heap.collector_paused():
-    more = [[i] for i in range(5000)]
-assert gc.get_freeze_count() >= frozen + 5000, (gc.get_freeze_count(), frozen)
-assert gc.isenabled()
-print("ok")
+
+def build(size):
+    assert not gc.isenabled() and sys.getswitchinterval() == heap.BUILD_SWITCH_INTERVAL_S
+    return [[i] for i in range(size)]
+
+async def main():
+    kept = await heap.off_loop(build, 1000)
+    # Not a sidecar process: nothing frozen, the collector and the interval are back.
+    assert gc.get_freeze_count() == 0 and gc.isenabled(), gc.get_freeze_count()
+    assert sys.getswitchinterval() == 0.005
+    heap.freeze_at_start()
+    frozen = gc.get_freeze_count()
+    assert frozen > 1000, frozen
+    # Two builds at once: the interval stays short until the last one ends.
+    more, again = await asyncio.gather(heap.off_loop(build, 5000), heap.off_loop(build, 10))
+    assert gc.get_freeze_count() >= frozen + 5000, (gc.get_freeze_count(), frozen)
+    assert gc.isenabled() and sys.getswitchinterval() == 0.005
+    try:
+        await heap.off_loop(int, "not a number")
+    except ValueError:
+        pass
+    assert gc.isenabled() and sys.getswitchinterval() == 0.005
+    print("ok")
+
+asyncio.run(main())
 """
 
 
-def test_a_sidecar_process_freezes_what_lives_as_long_as_it() -> None:
-    """In a fresh interpreter: the collector is left alone until `freeze_at_start`, then a
-    policy built with the collector paused is frozen with everything before it."""
+def test_builds_off_the_loop_restore_the_collector_and_freeze_in_a_sidecar() -> None:
+    """In a fresh interpreter: a build runs with the collector paused and the switch
+    interval short, both restored after (after two at once, after a failure too); the
+    collector is left alone until `freeze_at_start`, then what a build returns is frozen."""
     done = subprocess.run(
         [sys.executable, "-c", _FROZEN_PROBE], capture_output=True, text=True, timeout=60
     )

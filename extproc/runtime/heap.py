@@ -1,23 +1,39 @@
-"""The garbage collector and a large policy: what lives for the process's life is frozen.
+"""Large structures built beside a running event loop, and the garbage collector.
 
-What lives here: `freeze_at_start`, `collector_paused`. CPython's full collection walks
-every tracked object; the policy (ten thousand keys are ~20,000 objects), the tokenizer
-and the gRPC stack live as long as the process, and a full collection walking them ran on
-the event loop at whichever request came next (measured: 20-50 ms a walk here, a request
-answered in 108 ms instead of ~1). Frozen objects are left out of every collection and are
-still freed by reference counting when a reload drops them.
+What lives here: `freeze_at_start` and `off_loop`. A policy of ten thousand keys takes
+~0.4 s to read and build, ten thousand stored keys ~65 ms to parse: on the event loop
+either holds every request that long. `off_loop` builds in a worker thread with the
+interpreter's switch interval cut to 0.5 ms (the loop gets the GIL back within that each
+time it asks, instead of within 5 ms) and the collector paused (a full collection set off
+by the build's tens of thousands of new objects would walk them holding the GIL).
 
-Only `slogate serve` freezes (a process that is a sidecar); a sidecar built inside another
-process (tests, benchmarks) leaves that process's collector as it is.
+CPython's full collection walks every tracked object; the policy, the tokenizer and the
+gRPC stack live as long as the process, and a walk over them ran on the event loop at
+whichever request came next (measured: 20-50 ms a walk here). `slogate serve` freezes
+them once started (`freeze_at_start`), and what `off_loop` builds is frozen as it is
+returned: frozen objects are left out of every collection and are still freed by
+reference counting when a reload drops them. A sidecar built inside another process
+(tests, benchmarks) leaves that process's collector as it is.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
+import sys
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+BUILD_SWITCH_INTERVAL_S = 0.0005
 
 _frozen = False
+_lock = threading.Lock()
+_building = 0  # builds under way: the first sets the interval, the last restores it
+_switch_interval_s = 0.005
+_collector_was_enabled = True
 
 
 def freeze_at_start() -> None:
@@ -28,19 +44,40 @@ def freeze_at_start() -> None:
     _frozen = True
 
 
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """No collection while a new policy is built (a full one, triggered by its tens of
-    thousands of new objects, would walk them while the builder holds the GIL); in a
-    frozen process the new policy is frozen before the collector runs again. O(1) on the
-    loop either way. Cyclic garbage of requests in flight while it was paused is frozen
-    with it: a few objects a reload."""
-    was_enabled = gc.isenabled()
-    gc.disable()
+async def off_loop(build: Callable[..., T], *args: object) -> T:
+    """`build(*args)` in a worker thread, as the module says; raises what it raises."""
+    return await asyncio.to_thread(_build, build, *args)
+
+
+def _build(build: Callable[..., T], *args: object) -> T:
+    _begin()
     try:
-        yield
+        return build(*args)
     finally:
-        if _frozen:
-            gc.freeze()
-        if was_enabled:
-            gc.enable()
+        _end()
+
+
+def _begin() -> None:
+    global _building, _switch_interval_s, _collector_was_enabled
+    with _lock:
+        if _building == 0:
+            _switch_interval_s = sys.getswitchinterval()
+            sys.setswitchinterval(BUILD_SWITCH_INTERVAL_S)
+            _collector_was_enabled = gc.isenabled()
+            gc.disable()
+        _building += 1
+
+
+def _end() -> None:
+    """The last build out: what was built is frozen (in a sidecar process), then the
+    collector and the interval are back. Cyclic garbage of requests in flight meanwhile
+    is frozen with it: a few objects a build."""
+    global _building
+    with _lock:
+        _building -= 1
+        if _building == 0:
+            if _frozen:
+                gc.freeze()
+            if _collector_was_enabled:
+                gc.enable()
+            sys.setswitchinterval(_switch_interval_s)

@@ -37,7 +37,8 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from budget.redis_store import connect
-from extproc.runtime.key_redis import RedisKeys
+from extproc.runtime.heap import off_loop
+from extproc.runtime.key_redis import RedisKeys, parse_records
 from extproc.service.key_admin import KeyStoreError, Propagation
 from policy import ApiKey, Policy, PolicyError
 from policy._keystore import KeyStoreConfig
@@ -191,7 +192,7 @@ class KeyStore:
         if stat != self._file_stat:
             self._file_stat = stat  # a bad file is read (and counted) once per change
             try:
-                records = await asyncio.to_thread(read_key_file, path)
+                records = await off_loop(read_key_file, path)
             except (PolicyError, OSError) as error:
                 log.error("key file %s refused, keeping its last keys: %s", path, error)
                 self._note("file", False)
@@ -207,7 +208,8 @@ class KeyStore:
         try:
             version = await redis.version()
             if version != self._version:
-                self._redis_table = KeyTable(await redis.records())
+                raw = await redis.raw_records()
+                self._redis_table = KeyTable(await off_loop(parse_records, raw))
                 self._callers = {}
                 self._version = version
             await redis.acknowledge(self._version, self._wall())
