@@ -85,6 +85,11 @@ def warning_header(shares: Mapping[str, float]) -> dict[str, str]:
     return {SPEND_WARNING_HEADER: ", ".join(reached)} if reached else {}
 
 
+def _places(unit: str) -> int:
+    """Dollars to the cent, tokens whole."""
+    return 2 if unit == "usd" else 0
+
+
 def _resets(span: SpendWindow) -> str:
     return dt.datetime.fromtimestamp(span.ends_s, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -130,7 +135,8 @@ class SpendStep:
             unit = tenant.spend.unit.value
             raise SpendExhausted(
                 f"Tenant {caller.tenant!r} has used its {_ADJECTIVE[span.name]} spend budget "
-                f"({verdict.used[span.id]:.6g} of {span.limit:.6g} {unit}); it resets at "
+                f"({verdict.used[span.id]:,.{_places(unit)}f} of "
+                f"{span.limit:,.{_places(unit)}f} {unit}); it resets at "
                 f"{_resets(span)} (the {span.name} in UTC). Ask the gateway's operator "
                 "to raise it, or retry then.",
                 reason="spend_exhausted",

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 
 from policy import Policy, PolicyError, SpendUnit, parse_policy
 
@@ -87,3 +88,21 @@ def test_without_spend_a_tenant_has_no_budget() -> None:
 def test_errors_name_the_tenant_and_the_field(tenants: Any, message: str) -> None:
     with pytest.raises(PolicyError, match=message.replace(".", r"\.")):
         policy_with(tenants)
+
+
+def test_the_documented_examples_load_and_mean_what_they_say() -> None:
+    from tests.test_tenants import ROOT, commented_tenants
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Spend budgets per tenant") :]
+    block = section[section.index("```yaml") + len("```yaml") : section.index("```\n\n")]
+    documented = policy_with(yaml.safe_load(block)["tenants"])
+    acme, globex = documented.tenants.get("acme"), documented.tenants.get("globex")
+    assert acme is not None and acme.spend is not None and acme.spend.per_day == 5_000_000
+    assert globex is not None and globex.spend is not None and globex.spend.unit is SpendUnit.USD
+    example = yaml.safe_load(
+        commented_tenants((ROOT / "deploy" / "policy.example.yaml").read_text())
+    )
+    metered = policy_with(example["tenants"]).tenants.get("demo-metered")
+    assert metered is not None and metered.spend is not None
+    assert metered.spend.per_month == 100_000_000

@@ -119,7 +119,7 @@ async def test_a_used_up_day_refuses_until_midnight_utc(step: Any) -> None:
         "spend_exhausted",
     )
     assert error.retry_after_s == 12 * 3600  # noon: twelve hours to the next day
-    assert "'acme'" in error.message and "daily spend budget (10600 of 10000 tokens)" in (
+    assert "'acme'" in error.message and "daily spend budget (10,600 of 10,000 tokens)" in (
         error.message
     )
     assert "resets at 2027-01-01T00:00:00Z" in error.message
