@@ -7,6 +7,7 @@ the catalogue of engine APIs slogate guards, `policy.schema` the frozen `Policy`
 
 from policy._reader import PolicyError
 from policy.domain import (
+    LIMIT_FIELDS,
     ApiKey,
     ContextBucket,
     EngineKind,
@@ -45,6 +46,7 @@ from policy.schema import (
 )
 
 __all__ = [
+    "LIMIT_FIELDS",
     "ApiKey",
     "BreakerConfig",
     "BreakerThresholds",

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from policy._reader import PolicyError, Section, expect, positive
 from policy.apis import DEFAULT_PUBLIC_PATHS, KNOWN_API_NAMES, PathTable, api_named
 from policy.domain import (
+    LIMIT_FIELDS,
     ApiKey,
     Limits,
     Pool,
@@ -27,28 +28,26 @@ from policy.schema import (
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
-_LIMIT_FIELDS = (
-    "requests_per_minute",
-    "tokens_per_minute",
-    "tokens_per_hour",
-    "concurrent_requests",
-    "max_context_tokens",
-)
 
-
-def parse_limits(sec: Section, base: Limits) -> Limits:
-    values: dict[str, int | None] = {}
-    for name in _LIMIT_FIELDS:
+def limit_overrides(sec: Section) -> dict[str, int]:
+    """The limit fields a section sets, each >= 0; any other field is an error."""
+    values: dict[str, int] = {}
+    for name in LIMIT_FIELDS:
         raw = sec.raw(name)
         if raw is None:
-            values[name] = getattr(base, name)
             continue
         value = expect(raw, int, sec.child(name))
         if value < 0:
             raise PolicyError(f"{sec.child(name)}: must be >= 0")
         values[name] = value
     sec.close()
-    return Limits(**values)
+    return values
+
+
+def parse_limits(sec: Section, base: Limits) -> Limits:
+    """`base` with the fields the section sets."""
+    overrides = limit_overrides(sec)
+    return Limits(**{name: overrides.get(name, getattr(base, name)) for name in LIMIT_FIELDS})
 
 
 def parse_tier(value: object, where: str) -> Tier:

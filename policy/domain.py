@@ -61,6 +61,16 @@ class Limits:
         }[bucket]
 
 
+# Every field of Limits, in the order the policy documents them.
+LIMIT_FIELDS = (
+    "requests_per_minute",
+    "tokens_per_minute",
+    "tokens_per_hour",
+    "concurrent_requests",
+    "max_context_tokens",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class ContextBucket:
     """A context-length range; `max_tokens` is inclusive, None means unbounded."""

@@ -22,16 +22,10 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from policy._access import limit_overrides
 from policy._reader import PolicyError, Section, expect
 from policy.domain import ApiKey, Limits, TenantBook, Tier, hash_api_key
 
-LIMIT_FIELDS = (
-    "requests_per_minute",
-    "tokens_per_minute",
-    "tokens_per_hour",
-    "concurrent_requests",
-    "max_context_tokens",
-)
 KEY_ID_CHARS = 12  # what `slogate keys list` and the admin API show (ApiKey.key_id)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
@@ -150,20 +144,7 @@ def parse_key_record(raw: object, where: str) -> KeyRecord:
 
 
 def parse_limit_overrides(raw: object, where: str) -> dict[str, int]:
-    if raw is None:
-        return {}
-    sec = Section(raw, where)
-    limits: dict[str, int] = {}
-    for name in LIMIT_FIELDS:
-        value = sec.raw(name)
-        if value is None:
-            continue
-        number = expect(value, int, sec.child(name))
-        if number < 0:
-            raise PolicyError(f"{sec.child(name)}: must be >= 0")
-        limits[name] = number
-    sec.close()
-    return limits
+    return {} if raw is None else limit_overrides(Section(raw, where))
 
 
 def parse_key_records(raw: object, where: str = "") -> dict[str, KeyRecord]:

@@ -40,10 +40,9 @@ from budget.redis_store import connect
 from extproc.runtime.heap import off_loop
 from extproc.runtime.key_redis import RedisKeys, parse_records
 from extproc.service.key_admin import KeyStoreError, Propagation
-from policy import ApiKey, Policy, PolicyError
+from policy import LIMIT_FIELDS, ApiKey, Policy, PolicyError
 from policy._keystore import KeyStoreConfig
 from policy.keyring import (
-    LIMIT_FIELDS,
     KeyRecord,
     KeyTable,
     dump_key_records,

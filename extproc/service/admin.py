@@ -29,7 +29,7 @@ from budget.store import BudgetStore
 from engines import Engine, EngineFleet, EngineState
 from extproc.adminpb import admin_pb2 as pb
 from extproc.adminpb import admin_pb2_grpc as pb_grpc
-from policy import Limits, Policy, Tier
+from policy import LIMIT_FIELDS, Limits, Policy, Tier
 
 
 class ReloadablePolicy(Protocol):
@@ -43,13 +43,7 @@ class GpuView(Protocol):
 
 def _limits(limits: Limits) -> pb.Limits:
     message = pb.Limits()
-    for field in (
-        "requests_per_minute",
-        "tokens_per_minute",
-        "tokens_per_hour",
-        "concurrent_requests",
-        "max_context_tokens",
-    ):
+    for field in LIMIT_FIELDS:
         value = getattr(limits, field)
         if value is not None:
             setattr(message, field, value)
