@@ -52,7 +52,7 @@ test-fast: $(STAMP)
 # The admin API's generated code is checked in; a test fails when it is stale.
 protos: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --grpc_python_out=. \
-		--pyi_out=. protos/extproc/adminpb/admin.proto
+		--pyi_out=. protos/extproc/adminpb/admin.proto protos/extproc/adminpb/tenants.proto
 
 envoy-config: $(STAMP)
 	$(BIN)/slogate envoy-config --policy deploy/policy.example.yaml --out envoy/bootstrap.json

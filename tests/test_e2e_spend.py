@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.support.http import CHAT, chat_body, metric, post
-from tests.support.stack import example_policy, settled, start_stack, write_policy
+from tests.support.stack import example_policy, settled, slogate, start_stack, write_policy
 from tooling.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
@@ -33,9 +33,16 @@ def spend_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack
     raw["tenants"] = {
         "defaults": {},  # the demo keys' tenants: as before, no budget
         "prices": {"tokens": {"prompt": 1, "cached_prompt": 0, "completion": 2}},
-        "list": {"frugal": {"limits": WIDE_OPEN, "spend": {"per_month": MONTH}}},
+        "classes": {"metered": {"tier": "critical", "limits": WIDE_OPEN}},
+        "list": {
+            "frugal": {"limits": WIDE_OPEN, "spend": {"per_month": MONTH}},
+            "tally": {"class": "metered", "spend": {"per_day": 100_000, "per_month": 1e6}},
+        },
     }
-    raw["keys"] += [{"key": "sk-frugal", "tenant": "frugal"}]
+    raw["keys"] += [
+        {"key": "sk-frugal", "tenant": "frugal"},
+        {"key": "sk-tally", "tenant": "tally"},
+    ]
     policy = work / "policy.yaml"
     write_policy(policy, raw)
     stack = start_stack(work, policy)
@@ -123,3 +130,26 @@ def test_a_month_running_out_mid_stream_settles_it_and_refuses_the_next(
             samples, "slogate_tenant_spend_warnings_total", tenant="frugal", threshold=threshold
         )
         assert warned == 1, threshold
+
+
+def test_slogate_tenants_shows_what_each_has_spent(spend_stack: LocalStack) -> None:
+    stack = spend_stack
+    reply = post(stack.url, CHAT, chat_body(PROMPT, max_tokens=50, ignore_eos=True), key="sk-tally")
+    assert reply.status == 200, reply.body
+    spent = cost(reply.json()["usage"])
+    settled(stack)
+    shown = slogate(stack, "tenants", "tally", "--json")
+    assert shown.returncode == 0, shown.stderr
+    (tally,) = json.loads(shown.stdout)["tenants"]
+    assert (tally["tenantClass"], tally["tier"], tally["unit"]) == ("metered", "critical", "tokens")
+    windows = {w["window"]: w for w in tally["windows"]}
+    assert windows["day"]["used"] == pytest.approx(spent) and windows["day"]["limit"] == 100_000
+    assert windows["month"]["used"] == pytest.approx(spent)
+    table = slogate(stack, "tenants")
+    assert table.returncode == 0, table.stderr
+    lines = {line.split()[0]: line for line in table.stdout.splitlines()[1:]}
+    assert set(lines) >= {"frugal", "tally"}
+    assert "metered" in lines["tally"] and "/100k (" in lines["tally"]
+    unknown = slogate(stack, "tenants", "nobody-at-all")
+    assert unknown.returncode == 0  # `defaults` covers every tenant: no budget, no class
+    assert "nobody-at-all" in unknown.stdout

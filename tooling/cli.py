@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from policy import BudgetStoreKind, FailureMode, PolicyError, load_policy
-from tooling import keys_cli, offline_commands
+from tooling import keys_cli, offline_commands, tenants_cli
 
 DEFAULT_POLICY = Path("deploy/policy.example.yaml")
 DEFAULT_ADMIN = "127.0.0.1:50052"
@@ -260,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--minutes", type=float, default=10.0, help="0 ends a running drill")
     drain = admin_command("drain", "an engine gets nothing new, its requests finish")
     drain.add_argument("--engine", required=True, help="ip:port, as `slogate status` shows it")
+    tenants_cli.add_tenants_command(sub, DEFAULT_ADMIN)  # tenants: class, tier, spend
     drain.add_argument("--pool", default="", help="only in this pool (default: every pool)")
     drain.add_argument("--undo", action="store_true", help="take new requests again")
 
@@ -933,6 +934,7 @@ def main(argv: list[str] | None = None) -> int:
         "reload": cmd_admin,
         "drill": cmd_admin,
         "drain": cmd_admin,
+        "tenants": tenants_cli.cmd_tenants,
         "k8s": cmd_k8s,
         "simulate": offline_commands.cmd_simulate,
         "calibrate": offline_commands.cmd_calibrate,

@@ -32,7 +32,7 @@ from breaker.board import BreakerBoard
 from breaker.controller import TierMultipliers
 from breaker.key_quotas import KeyQuotas
 from breaker.latency import ResponseWindows
-from extproc.adminpb import admin_pb2_grpc
+from extproc.adminpb import admin_pb2_grpc, tenants_pb2_grpc
 from extproc.request.engine_outcomes import EngineOutcomes
 from extproc.request.flow import Decider
 from extproc.request.identity import ApiKeyResolver
@@ -56,6 +56,7 @@ from extproc.service.ext_proc import ExternalProcessorService
 from extproc.service.key_admin import KeyAdminService
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.prompt_feedback import PromptFeedback
+from extproc.service.tenant_admin import TenantAdminService
 from policy import Tier
 
 log = logging.getLogger("slogate.sidecar")
@@ -128,6 +129,7 @@ class Sidecar:
         self.quotas = TierMultipliers()
         self.key_quotas = KeyQuotas(breaker.controller_interval_s)
         self.stores = build_stores(self.policy, self.metrics, self.clock, clock)
+        self._wall_clock = clock or time.time  # UTC: the spend budgets' day and month
         self.store = self.stores.budgets
         # Keys managed without editing the policy (key_store:), looked up before its keys.
         self.keys = build_key_store(self.policy, self.metrics.registry)
@@ -149,7 +151,7 @@ class Sidecar:
             spend=None
             if self.stores.spend is None
             else (self.stores.spend, SpendMetrics(self.metrics.registry)),
-            wall_clock=clock or time.time,
+            wall_clock=self._wall_clock,
         )
         self.metrics.admission.source = self.admission.kv.book.held_by_pool
         self.metrics.admission.waiting = self._waiting_counts
@@ -334,6 +336,9 @@ class Sidecar:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=[auth])
         admin_pb2_grpc.add_AdminServicer_to_server(self.admin, server)
         admin_pb2_grpc.add_KeyAdminServicer_to_server(KeyAdminService(self.keys), server)
+        tenants_pb2_grpc.add_TenantAdminServicer_to_server(
+            TenantAdminService(self.policy, self.stores.spend, self._wall_clock), server
+        )
         bound = _bind(server, self._admin_address, "the admin API")
         await server.start()
         self._admin_server = server
