@@ -11,11 +11,14 @@ import http.client
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.http import CHAT, chat_body, metric, post
+from policy import BudgetStoreKind
+from tests.support.http import CHAT, Reply, chat_body, metric, post
 from tests.support.stack import example_policy, settled, slogate, start_stack, write_policy
 from tooling.stack import LocalStack
 
@@ -153,3 +156,51 @@ def test_slogate_tenants_shows_what_each_has_spent(spend_stack: LocalStack) -> N
     unknown = slogate(stack, "tenants", "nobody-at-all")
     assert unknown.returncode == 0  # `defaults` covers every tenant: no budget, no class
     assert "nobody-at-all" in unknown.stdout
+
+
+def test_two_replicas_sharing_redis_charge_one_budget(tmp_path: Path) -> None:
+    """Two Envoy + sidecar pairs on one Redis, a client on each charging one tenant at once:
+    they stop at the one day's budget (not at a budget each), passing it by less than one
+    request's cost, and both then refuse."""
+    raw = example_policy()
+    raw["tenants"] = {
+        "defaults": {},
+        "list": {"shared": {"limits": WIDE_OPEN, "spend": {"per_day": 1000}}},
+    }
+    raw["keys"] += [{"key": "sk-shared", "tenant": "shared"}]
+    stack = start_stack(
+        tmp_path,
+        write_policy(tmp_path / "policy.yaml", raw),
+        replicas=2,
+        budget_store=BudgetStoreKind.REDIS,
+    )
+    try:
+        assert len(stack.fleet) == 2
+        body = chat_body("hi", max_tokens=50, ignore_eos=True)
+
+        def client(url: str) -> list[Reply]:
+            return [post(url, CHAT, body, key="sk-shared") for _ in range(20)]
+
+        with ThreadPoolExecutor(2) as pool:
+            replies = [r for rs in pool.map(client, [r.url for r in stack.fleet]) for r in rs]
+        served = [r for r in replies if r.status == 200]
+        assert {r.status for r in replies} == {200, 429}
+        assert all(
+            r.headers["x-slogate-reason"] == "spend_exhausted" for r in replies if r.status == 429
+        )
+        costs = [r.json()["usage"]["total_tokens"] for r in served]  # default prices: 1 each
+        spent, largest = sum(costs), max(costs)
+        assert 1000 <= spent < 1000 + largest + 10  # one budget, not one a replica
+        for replica in stack.fleet:
+            refused = post(replica.url, CHAT, body, key="sk-shared")
+            assert refused.status == 429, refused.body
+        settled(stack)
+        shown = slogate(stack, "tenants", "shared", "--json")
+        assert shown.returncode == 0, shown.stderr
+        (day,) = json.loads(shown.stdout)["tenants"][0]["windows"]
+        assert day["used"] == pytest.approx(spent, abs=10)
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        stack.stop()

@@ -15,6 +15,7 @@ from admission.errors import SpendExhausted
 from admission.spend_step import SpendStep, spend_usage, warning_header
 from budget.spend import TokenUsage
 from budget.spend_store import InProcessSpendStore
+from budget.store import BudgetStoreError
 from policy import ApiKey, ContextBucket, Tier, parse_policy
 
 NOW_S = dt.datetime(2026, 12, 31, 12, 0, tzinfo=dt.UTC).timestamp()
@@ -130,3 +131,21 @@ def test_warning_header_names_each_window_at_its_highest_share() -> None:
     assert warning_header({"day": 1.3, "month": 0.85}) == {
         "x-slogate-spend-warning": "day=100%, month=80%"
     }
+
+
+class Unreachable(InProcessSpendStore):
+    async def reserve(self, *args: Any, **kwargs: Any) -> Any:
+        raise BudgetStoreError("redis spend_reserve.lua: TimeoutError")
+
+
+async def test_a_store_that_does_not_answer_admits_unchecked_and_counts_it() -> None:
+    unchecked: list[str] = []
+
+    class Counting(Recorded):
+        def spend_unchecked(self, tenant: str) -> None:
+            unchecked.append(tenant)
+
+    spending = SpendStep(Unreachable(), Counting(), 600, lambda: NOW_S)
+    admitted = await spending.admit(decision("ab"), "r1", POLICY)
+    assert admitted.decision.spend is None and unchecked == ["acme"]
+    await spending.settle(outcome(admitted.decision, "r1", prompt_tokens=1, completion_tokens=1))

@@ -55,6 +55,7 @@ _HIGHEST = frozenset(
         "slogate_policy_keys",
         "slogate_key_store_keys",
         "slogate_key_store_sync_age_seconds",  # the stalest worker's
+        "slogate_tenant_spend_used_ratio",  # each worker reads the one shared budget
     }
 )
 _LOWEST = frozenset(
