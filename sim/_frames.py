@@ -137,7 +137,7 @@ class OpenAiFrame:
         body["system_fingerprint"] = FINGERPRINT
         body["usage"] = {
             **usage.body({"created_cache_tokens": 0, "multimodal_tokens": None}),
-            "completion_tokens_details": None,
+            "completion_tokens_details": usage.completion_details(),
         }
         if self.chat:
             body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)

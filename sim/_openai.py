@@ -69,6 +69,9 @@ class ParsedRequest:
     priority: int = 0  # vLLM's scheduling priority (lower runs first)
     # The Responses API: the settings the request named, which its response object repeats.
     settings: dict[str, Any] | None = field(default=None, compare=False, hash=False)
+    # The request named `reasoning_effort` (a reasoning model's setting): half of what the
+    # pool generates is reported as reasoning (usage.completion_tokens_details).
+    reasoning: bool = False
 
 
 Counter = Callable[[str], int]
@@ -254,6 +257,7 @@ def parse_request(raw: bytes, endpoint: Endpoint, count: Counter | None = None) 
         ),
         priority=_priority(body),
         settings=responses_settings(body) if endpoint is Endpoint.RESPONSES else None,
+        reasoning=body.get("reasoning_effort") is not None,
     )
 
 

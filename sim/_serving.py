@@ -89,6 +89,12 @@ def error_response(
     return web.json_response(body, status=status, headers={**(headers or {}), "x-sim-error": code})
 
 
+def _usage(parsed: ParsedRequest, plan: _Plan) -> Usage:
+    """What the pool reports: a reasoning request reasoned half of what it generated."""
+    reasoning = plan.completion_tokens // 2 if parsed.reasoning else 0
+    return Usage(parsed.prompt_tokens, plan.completion_tokens, plan.cached_tokens, reasoning)
+
+
 class SimPool:
     def __init__(self, config: PoolConfig) -> None:
         self.config = config
@@ -259,7 +265,7 @@ class SimPool:
         self.metrics.generation_tokens.inc(plan.completion_tokens)
         self._finished(plan, first_token_at)
         text = "".join(filler_token(i) for i in range(plan.completion_tokens))
-        usage = Usage(parsed.prompt_tokens, plan.completion_tokens, plan.cached_tokens)
+        usage = _usage(parsed, plan)
         body = frame.full_response(text, plan.finish_reason, usage)
         return web.Response(body=body, content_type="application/json", headers=headers)
 
@@ -291,7 +297,7 @@ class SimPool:
                 finish = plan.finish_reason if index == last else None  # as vLLM sends it
                 await response.write(frame.stream_token(filler_token(index), usage_field, finish))
                 self.metrics.generation_tokens.inc()
-            usage = Usage(parsed.prompt_tokens, plan.completion_tokens, plan.cached_tokens)
+            usage = _usage(parsed, plan)
             await response.write(frame.stream_close(plan.finish_reason, usage, usage_field))
             await response.write_eof()
         except ConnectionResetError:

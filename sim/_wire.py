@@ -15,15 +15,23 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    reasoning_tokens: int = 0  # part of completion_tokens (a reasoning request only)
 
     def body(self, details: dict[str, Any]) -> dict[str, Any]:
-        """vLLM's usage object (its field order), `prompt_tokens_details` as given."""
-        return {
+        """vLLM's usage object (its field order), `prompt_tokens_details` as given, and
+        `completion_tokens_details` when the completion reasoned."""
+        body = {
             "prompt_tokens": self.prompt_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "completion_tokens": self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens, **details},
         }
+        if self.reasoning_tokens:
+            body["completion_tokens_details"] = self.completion_details()
+        return body
+
+    def completion_details(self) -> dict[str, int] | None:
+        return {"reasoning_tokens": self.reasoning_tokens} if self.reasoning_tokens else None
 
 
 def dumps(body: dict[str, Any]) -> bytes:

@@ -204,3 +204,46 @@ def test_two_replicas_sharing_redis_charge_one_budget(tmp_path: Path) -> None:
         raise
     finally:
         stack.stop()
+
+
+def test_reasoning_and_cached_tokens_are_priced_apart_through_envoy(tmp_path: Path) -> None:
+    """The usage tap reads completion_tokens_details.reasoning_tokens and the prompt's
+    cached_tokens out of the engine's response (a stream and a JSON body), and the tenant
+    is charged each kind at its price."""
+    raw = example_policy()
+    raw["tenants"] = {
+        "defaults": {},
+        "prices": {"tokens": {"prompt": 1, "cached_prompt": 0, "completion": 2, "reasoning": 5}},
+        "list": {"thinker": {"limits": WIDE_OPEN, "spend": {"per_month": 1e6}}},
+    }
+    raw["keys"] += [{"key": "sk-thinker", "tenant": "thinker"}]
+    stack = start_stack(tmp_path, write_policy(tmp_path / "policy.yaml", raw))
+    try:
+        fields = {"max_tokens": 40, "ignore_eos": True, "reasoning_effort": "high"}
+        first = post(stack.url, CHAT, chat_body(PROMPT, **fields), key="sk-thinker")
+        assert first.status == 200, first.body
+        usages = [first.json()["usage"]]
+        body = chat_body(PROMPT, stream=True, stream_options={"include_usage": True}, **fields)
+        conn = http.client.HTTPConnection("127.0.0.1", stack.listen_port, timeout=60)
+        headers = {"authorization": "Bearer sk-thinker", "content-type": "application/json"}
+        conn.request("POST", CHAT, body=json.dumps(body).encode(), headers=headers)
+        events = [e for e in conn.getresponse().read().decode().split("\n\n") if e]
+        conn.close()
+        usages.append(json.loads(events[-2].removeprefix("data: "))["usage"])
+        expected = 0.0
+        for usage in usages:
+            reasoning = usage["completion_tokens_details"]["reasoning_tokens"]
+            cached = usage["prompt_tokens_details"]["cached_tokens"]
+            assert reasoning == 20 and usage["completion_tokens"] == 40
+            expected += usage["prompt_tokens"] - cached + 2 * (40 - reasoning) + 5 * reasoning
+        assert usages[1]["prompt_tokens_details"]["cached_tokens"] > 0  # served from cache
+        settled(stack)
+        shown = slogate(stack, "tenants", "thinker", "--json")
+        assert shown.returncode == 0, shown.stderr
+        (month,) = json.loads(shown.stdout)["tenants"][0]["windows"]
+        assert month["used"] == pytest.approx(expected)
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        stack.stop()
