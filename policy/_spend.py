@@ -2,8 +2,9 @@
 
 What lives here: the reader of an entry's `spend: {unit, per_day, per_month}` (merged
 field by field like `limits`: a tenant's own fields, then its class's, then the
-defaults'), the reader of `tenants.prices` (what each token kind costs) and the check
-that every budget in usd has prices in usd. Every error names the tenant and the field
+defaults'; an entry that changes the unit replaces what it builds on), the reader of
+`tenants.prices` (what each token kind costs) and the check that every budget in usd has
+prices in usd. Every error names the tenant and the field
 (`tenants.list.acme.spend.per_month: must be > 0, got 0`).
 
 ```yaml
@@ -45,6 +46,15 @@ def read_spend(raw: object, path: str) -> Mapping[str, object]:
         fields[name] = limit
     sec.close()
     return fields
+
+
+def merged_spend(own: Mapping[str, object], base: Mapping[str, object]) -> Mapping[str, object]:
+    """Field by field, own over base; but an entry that changes the unit replaces the
+    budget it builds on (a class's limit in tokens is no limit in dollars)."""
+    unit = SpendUnit.TOKENS
+    if own.get("unit", base.get("unit", unit)) != base.get("unit", unit):
+        return own
+    return {**base, **own}
 
 
 def spend_limits(fields: Mapping[str, object]) -> SpendLimits | None:

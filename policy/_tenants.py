@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from policy._access import parse_limits, parse_tier
 from policy._reader import PolicyError, Section, expect, kind_of, positive
-from policy._spend import check_units, read_prices, read_spend, spend_limits
+from policy._spend import check_units, merged_spend, read_prices, read_spend, spend_limits
 from policy.domain import Limits, Tenant, TenantBook, TenantWeights, Tier
 
 T = TypeVar("T")
@@ -212,7 +212,7 @@ def _merge(own: _Entry, base: _Entry, named_weight: float | None = None) -> _Ent
         pools=_pick(own.pools, base.pools),
         suspended=_pick(own.suspended, base.suspended),
         tenant_class=_pick(own.tenant_class, base.tenant_class),
-        spend={**base.spend, **own.spend},
+        spend=merged_spend(own.spend, base.spend),
     )
 
 

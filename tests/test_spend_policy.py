@@ -61,6 +61,28 @@ def test_spend_merges_field_by_field_and_prices_default() -> None:
     assert usd["reasoning"] == pytest.approx(0.6e-6)
 
 
+def test_an_entry_that_changes_the_unit_inherits_no_limit_in_the_other_unit() -> None:
+    policy = policy_with(
+        {
+            "prices": {"usd_per_million": {"prompt": 1, "completion": 2}},
+            "classes": {"gold": {"spend": {"per_day": 5_000_000, "per_month": 100_000_000}}},
+            "list": {
+                "acme": {"class": "gold", "spend": {"unit": "usd", "per_month": 2500}},
+                "bigco": {"class": "gold", "spend": {"unit": "tokens", "per_day": 7}},
+            },
+        }
+    )
+    acme, bigco = policy.tenants.get("acme"), policy.tenants.get("bigco")
+    assert acme is not None and acme.spend is not None
+    assert (acme.spend.unit, acme.spend.per_day, acme.spend.per_month) == (
+        SpendUnit.USD,
+        None,  # not 5,000,000 dollars a day
+        2500,
+    )
+    assert bigco is not None and bigco.spend is not None
+    assert (bigco.spend.per_day, bigco.spend.per_month) == (7, 100_000_000)  # same unit
+
+
 def test_without_spend_a_tenant_has_no_budget() -> None:
     policy = policy_with({"list": {"acme": {}}})
     acme = policy.tenants.get("acme")
