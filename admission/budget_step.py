@@ -142,22 +142,23 @@ class BudgetStep:
                 reason="key_context_limit",
             )
         verdict = await self._store.reserve(
-            caller.key_id, limits, reserved_charge(decision), request_id, self._ttl_s
+            caller.budget_id, limits, reserved_charge(decision), request_id, self._ttl_s
         )
         headers = rate_limit_headers(verdict)
         self._events.budget_decision(caller.tenant_label, verdict.reason)
         if verdict.admitted:
             return Admitted(dataclasses.replace(decision, limits=limits), headers)
+        whose = f"tenant {caller.tenant!r}" if caller.shared_budget else "this API key"
         if verdict.retry_after_s is None:
             raise RateLimited(
-                f"Request too large for this API key: it needs "
+                f"Request too large for {whose}: it needs "
                 f"{reserved_charge(decision).weighted_tokens:.0f} weighted tokens and the "
-                f"key's limit ({verdict.reason}) is smaller. Reduce max_tokens or the prompt.",
+                f"limit ({verdict.reason}) is smaller. Reduce max_tokens or the prompt.",
                 reason=f"budget_{verdict.reason}",
                 headers=headers,
             )
         raise RateLimited(
-            f"Rate limit reached for this API key ({verdict.reason}). "
+            f"Rate limit reached for {whose} ({verdict.reason}). "
             f"Please try again in {math.ceil(verdict.retry_after_s)}s.",
             reason=f"budget_{verdict.reason}",
             retry_after_s=max(1, math.ceil(verdict.retry_after_s)),
@@ -167,7 +168,7 @@ class BudgetStep:
     async def release(self, decision: RoutingDecision, request_id: str) -> None:
         """A later step refused, or the request died: the whole reservation is refunded."""
         await self._store.settle(
-            decision.caller.key_id, decision.limits or decision.caller.limits, request_id, None
+            decision.caller.budget_id, decision.limits or decision.caller.limits, request_id, None
         )
 
     async def settle(self, outcome: RequestOutcome) -> None:
@@ -179,7 +180,7 @@ class BudgetStep:
         limits = decision.limits or decision.caller.limits
         try:
             settled = await self._store.settle(
-                decision.caller.key_id, limits, outcome.tracking_id, actual
+                decision.caller.budget_id, limits, outcome.tracking_id, actual
             )
         except Exception:
             log.exception("settling %s failed; the reservation will expire", outcome.tracking_id)

@@ -25,8 +25,10 @@ class KeyQuotas:
         self._consumed: dict[str, float] = {}
         self._budgets: dict[str, KeyBudget] = {}
 
-    def observe(self, key_id: str, weighted_tokens: float) -> None:
-        self._consumed[key_id] = self._consumed.get(key_id, 0.0) + weighted_tokens
+    def observe(self, budget_id: str, weighted_tokens: float) -> None:
+        """Tokens settled against a budget (`ApiKey.budget_id`: a key's, or its tenant's
+        when the tenant shares its limits among its keys)."""
+        self._consumed[budget_id] = self._consumed.get(budget_id, 0.0) + weighted_tokens
 
     def step(self, keys: Iterable[ApiKey], memory_usage: float | None) -> list[Adjustment]:
         """One controller interval for every key with a tokens-per-minute limit."""
@@ -39,25 +41,34 @@ class KeyQuotas:
         return consumed
 
     def step_keys(
-        self, keys: Iterable[ApiKey], consumed: dict[str, float], memory_usage: float | None
+        self,
+        keys: Iterable[ApiKey],
+        consumed: dict[str, float],
+        memory_usage: float | None,
+        stepped: set[str] | None = None,
     ) -> list[Adjustment]:
-        """One controller interval for these keys (each once an interval)."""
+        """One controller interval for these keys' budgets, each once: `stepped` holds the
+        budgets already stepped this interval (the keys of a tenant that shares its limits
+        are one budget; an interval stepped in slices passes the same set to each)."""
         adjustments: list[Adjustment] = []
         per_interval = self.interval_s / 60.0
+        stepped = set() if stepped is None else stepped
         for key in keys:
             limit = key.limits.tokens_per_minute
-            if limit is None:
+            if limit is None or key.budget_id in stepped:
                 continue
-            budget = self._budgets.get(key.key_id)
+            stepped.add(key.budget_id)
+            budget = self._budgets.get(key.budget_id)
             if budget is None:
-                budget = self._budgets[key.key_id] = KeyBudget(hard_limit=limit * per_interval)
+                budget = self._budgets[key.budget_id] = KeyBudget(hard_limit=limit * per_interval)
             budget.hard_limit = limit * per_interval  # a reloaded policy applies at once
-            adjustments += budget.step(consumed.get(key.key_id, 0.0), memory_usage, key.key_id)
+            spent = consumed.get(key.budget_id, 0.0)
+            adjustments += budget.step(spent, memory_usage, key.budget_id)
         return adjustments
 
     def tokens_per_minute(self, key: ApiKey) -> float | None:
         """The key's dynamic ceiling per minute, or None without a policy limit / history."""
-        budget = self._budgets.get(key.key_id)
+        budget = self._budgets.get(key.budget_id)
         limit = key.limits.tokens_per_minute
         if budget is None or limit is None or not budget.history:
             return None
@@ -66,7 +77,7 @@ class KeyQuotas:
 
     def demand(self, key: ApiKey) -> tuple[float, float | None] | None:
         """The key's last interval of weighted tokens, and its forecast, per minute."""
-        budget = self._budgets.get(key.key_id)
+        budget = self._budgets.get(key.budget_id)
         if budget is None or not budget.history:
             return None
         per_minute = 60.0 / self.interval_s
@@ -77,7 +88,7 @@ class KeyQuotas:
         )
 
     def safety_factor(self, key: ApiKey) -> float | None:
-        budget = self._budgets.get(key.key_id)
+        budget = self._budgets.get(key.budget_id)
         return None if budget is None else budget.safety
 
     def lowest_safety_factor(self) -> float | None:

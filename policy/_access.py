@@ -196,11 +196,13 @@ def parse_keys(
         else:
             tier = Tier.STANDARD if entry is None else entry.tier
         base = tier_limits[tier] if entry is None else entry.limits_over(tier_limits[tier])
+        own_limits = sec.raw("limits") is not None
         limits = parse_limits(sec.section("limits"), base)
         sec.close()
         if digest in keys:
             raise PolicyError(f"{path}[{i}]: duplicate API key")
-        keys[digest] = ApiKey(digest, tenant, tier, limits)
+        shared = entry is not None and entry.shared_limits and not own_limits
+        keys[digest] = ApiKey(digest, tenant, tier, limits, shared_budget=shared)
     return keys
 
 

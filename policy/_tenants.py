@@ -40,6 +40,7 @@ class _Entry:
     suspended: bool | None = None
     tenant_class: str | None = None
     spend: Mapping[str, object] = field(default_factory=dict)  # policy._spend's fields
+    shared_limits: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +146,7 @@ def _read_entry(
         suspended=_optional(sec, "suspended", bool),
         tenant_class=tenant_class,
         spend=read_spend(sec.raw("spend"), sec.child("spend")),
+        shared_limits=_optional(sec, "shared_limits", bool),
     )
     sec.close()
     return entry
@@ -213,6 +215,7 @@ def _merge(own: _Entry, base: _Entry, named_weight: float | None = None) -> _Ent
         suspended=_pick(own.suspended, base.suspended),
         tenant_class=_pick(own.tenant_class, base.tenant_class),
         spend=merged_spend(own.spend, base.spend),
+        shared_limits=_pick(own.shared_limits, base.shared_limits),
     )
 
 
@@ -227,4 +230,5 @@ def _tenant(entry: _Entry) -> Tenant:
         suspended=bool(entry.suspended),
         tenant_class=entry.tenant_class,
         spend=spend_limits(entry.spend),
+        shared_limits=bool(entry.shared_limits),
     )

@@ -147,6 +147,8 @@ class ApiKey:
     tier: Tier
     limits: Limits = field(default_factory=Limits)  # tier defaults + this key's overrides
     from_jwt: bool = False  # a JWT caller: tenant named by a claim, not by the policy
+    # Draws on its tenant's one budget (`tenants: ... shared_limits: true`), not its own.
+    shared_budget: bool = False
 
     @property
     def tenant_label(self) -> str:
@@ -158,6 +160,12 @@ class ApiKey:
     def key_id(self) -> str:
         """Short, non-reversible name for logs and admin views; never the key itself."""
         return self.key_sha256[:12]
+
+    @property
+    def budget_id(self) -> str:
+        """Whose windows (requests, tokens per minute and hour, concurrency) a request
+        draws on: the key's own, or its tenant's one budget shared by all its keys."""
+        return f"tenant:{self.tenant}" if self.shared_budget else self.key_id
 
 
 class SpendUnit(StrEnum):
@@ -219,6 +227,9 @@ class Tenant:
     suspended: bool = False  # every request refused (403); those in flight finish
     tenant_class: str | None = None  # the class it named, if any
     spend: SpendLimits | None = None  # its spend budget per day / month; None: none
+    # Its limits are one budget for all its keys (and JWT callers naming it) instead of
+    # each key's own; a key that sets limits of its own keeps its own budget.
+    shared_limits: bool = False
 
     def limits_over(self, base: Limits) -> Limits:
         """`base` (its tier's limits) with the fields this tenant sets replaced."""

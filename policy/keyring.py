@@ -87,7 +87,8 @@ class KeyRecord:
         if entry is not None:
             base = entry.limits_over(base)
         limits = dataclasses.replace(base, **self.limits) if self.limits else base
-        return ApiKey(self.key_sha256, self.tenant, tier, limits)
+        shared = entry is not None and entry.shared_limits and not self.limits
+        return ApiKey(self.key_sha256, self.tenant, tier, limits, shared_budget=shared)
 
     def to_json(self, unix_times: bool = False) -> dict[str, Any]:
         """The record as the key file (ISO 8601 times) or Redis (`unix_times`) holds it."""

@@ -129,4 +129,5 @@ def caller_from_claims(policy: Policy, claims: Mapping[str, Any]) -> ApiKey:
     if entry is not None:
         limits = entry.limits_over(limits)
     subject = f"jwt:{claims.get('iss', '')}:{claims.get('sub', tenant)}"
-    return ApiKey(hash_api_key(subject), tenant, tier, limits, from_jwt=True)
+    shared = entry is not None and entry.shared_limits
+    return ApiKey(hash_api_key(subject), tenant, tier, limits, from_jwt=True, shared_budget=shared)

@@ -37,4 +37,4 @@ class MetricsEvents:
 
     def tokens_settled(self, decision: RoutingDecision, charge: Charge) -> None:
         self._metrics.tenant_tokens(decision.caller.tenant_label).inc(charge.raw_tokens)
-        self._key_quotas.observe(decision.caller.key_id, charge.weighted_tokens)
+        self._key_quotas.observe(decision.caller.budget_id, charge.weighted_tokens)

@@ -144,16 +144,19 @@ class QuotaLoop:
         only >20 ms answers of a 10,000-key policy, measured every 5 s). A tenant's demand
         is the sum of its keys'."""
         consumed = self._key_quotas.take_consumed()
+        stepped: set[str] = set()
+        counted: set[str] = set()
         demand: dict[str, tuple[float, float | None]] = {}
         for start in range(0, len(keys), KEYS_PER_SLICE):
             if start:
                 await asyncio.sleep(0)
             chunk = keys[start : start + KEYS_PER_SLICE]
-            self._key_quotas.step_keys(chunk, consumed, memory_usage)
+            self._key_quotas.step_keys(chunk, consumed, memory_usage, stepped)
             for key in chunk:
                 measured = self._key_quotas.demand(key)
-                if measured is None:
-                    continue
+                if measured is None or key.budget_id in counted:
+                    continue  # a tenant's shared budget counts once, not once per key
+                counted.add(key.budget_id)
                 actual, forecast = demand.get(key.tenant_label, (0.0, None))
                 if measured[1] is not None:
                     forecast = (forecast or 0.0) + measured[1]

@@ -227,13 +227,13 @@ class AdminService(pb_grpc.AdminServicer):
         for key in keys:
             if request.tenant and key.tenant != request.tenant:
                 continue
-            usage = await self._store.usage(key.key_id)
+            usage = await self._store.usage(key.budget_id)  # its tenant's when shared
             status = reply.keys.add(
                 key_id=key.key_id,
                 tenant=key.tenant,
                 tier=key.tier.value,
                 limits=_limits(key.limits),
-                outstanding=await self._store.outstanding(key.key_id),
+                outstanding=await self._store.outstanding(key.budget_id),
                 usage_1m=usage[60],
                 usage_5m=usage[300],
                 usage_1h=usage[3600],
