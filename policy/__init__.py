@@ -6,6 +6,7 @@ the catalogue of engine APIs slogate guards, `policy.schema` the frozen `Policy`
 """
 
 from policy._reader import PolicyError
+from policy._traffic import TrafficRecordConfig
 from policy.domain import (
     LIMIT_FIELDS,
     ApiKey,
@@ -77,6 +78,7 @@ __all__ = [
     "TenantWeights",
     "Tier",
     "TlsConfig",
+    "TrafficRecordConfig",
     "WaitingRoomConfig",
     "hash_api_key",
     "load_policy",

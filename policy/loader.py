@@ -38,6 +38,7 @@ from policy._fleet import (
 from policy._keystore import parse_key_store
 from policy._reader import PolicyError, Section, positive
 from policy._tenants import parse_tenants
+from policy._traffic import parse_traffic_record
 from policy.domain import FailureMode, TenantBook
 from policy.schema import Policy
 
@@ -109,6 +110,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
     tls = parse_tls(root.raw("tls"), root.child("tls"))
     shadow = parse_shadow(root.raw("shadow"), root.child("shadow"), pools)
     decision_log = parse_decision_log(root.raw("decision_log"), root.child("decision_log"))
+    traffic_record = parse_traffic_record(root.raw("traffic_record"), root.child("traffic_record"))
     latency_models = parse_latency_models(
         root.raw("latency_model"), root.child("latency_model"), pools, buckets
     )
@@ -165,6 +167,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         tenants=TenantBook() if book is None else book,
         shadow=shadow,
         decision_log=decision_log,
+        traffic_record=traffic_record,
         latency_models=latency_models,
         paths=paths,
         max_sequences=max_sequences,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from policy._keystore import KeyStoreConfig
+from policy._traffic import TrafficRecordConfig
 from policy.apis import KNOWN_APIS, PathTable
 from policy.domain import (
     ApiKey,
@@ -276,6 +277,7 @@ class Policy:
     tenants: TenantBook = field(default_factory=TenantBook, repr=False)
     shadow: ShadowConfig | None = None
     decision_log: DecisionLogConfig | None = None
+    traffic_record: TrafficRecordConfig | None = None  # every decision's shape, for replay
     latency_models: Mapping[str, LatencyFit] = field(default_factory=dict)  # pool -> fit
     # Which paths reach a pool (default deny): public ones, the enabled APIs, extra ones.
     paths: PathTable = field(default_factory=lambda: PathTable.build(("/health",), KNOWN_APIS))
@@ -379,6 +381,7 @@ START_ONLY_SETTINGS = (
     "breaker.controller_interval_s",
     "engines.health",  # Envoy's health checks and outlier detection are written from it
     "decision_log",
+    "traffic_record",
     "tls",
     "jwt",
     "shadow",

@@ -33,6 +33,9 @@ class Arrival:
     texts: tuple[str, ...] = ()
     text_tokens: tuple[int, ...] = ()
     conversation_texts: int = 1
+    # The output tokens it will generate (a replayed record's real usage); None: drawn
+    # from the latency model's output lengths.
+    output_tokens: int | None = None
 
     @property
     def counted(self) -> int:

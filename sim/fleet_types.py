@@ -24,6 +24,7 @@ class Served:
     output_tokens: int = 0
     waited_s: float = 0.0  # in the sidecar's waiting room, on the attempt that got through
     attempts: int = 1  # the client's tries (it retries after Retry-After)
+    reason: str = ""  # a refusal's reason (x-slogate-reason); "" when admitted
 
 
 @dataclass(frozen=True, slots=True)

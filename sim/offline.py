@@ -66,6 +66,7 @@ class OfflineFleet:
         engines: Mapping[str, int] | None = None,
         outages: Sequence[EngineOutage] = (),
         prefix_entries: int = 50_000,
+        counter: PromptCounter | None = None,
     ) -> None:
         """`waiting_room`: the sidecars hold requests refused only for capacity until room
         frees (False: they refuse them at once). `client_retries`: how many times a client
@@ -77,7 +78,9 @@ class OfflineFleet:
         queue that never fills, as they were published). `engines`: how many engines each
         pool has (absent: one; the pool's KV capacity and batch slots are shared out among
         them), picked by the sidecars as the policy says (`picker`); `outages`: engines
-        down for a while; `prefix_entries`: each engine's prefix cache (prompt segments)."""
+        down for a while; `prefix_entries`: each engine's prefix cache (prompt segments);
+        `counter`: the sidecars' prompt counter (None: the real one over the prompt
+        library's texts; a replay gives one that answers with the recorded counts)."""
         self.policy = policy
         self.client_retries = client_retries
         self.seed = seed
@@ -139,7 +142,8 @@ class OfflineFleet:
             if shared_ledger
             else None
         )
-        counter = PromptCounter(shared_bpe(), policy.counting)  # inline: nothing waits
+        if counter is None:
+            counter = PromptCounter(shared_bpe(), policy.counting)  # inline: nothing waits
         self.sidecars = [
             SimulatedSidecar(
                 policy,
@@ -294,7 +298,9 @@ class OfflineFleet:
                 return
             pool = self.policy.pool_for(arrival.counted + arrival.max_tokens)
             kind = SimulatedSidecar.kind(decided)
-            self.results[request_id] = Served(arrival, pool, kind, attempts=attempts)
+            self.results[request_id] = Served(
+                arrival, pool, kind, attempts=attempts, reason=decided.reason
+            )
             return
         self._routed[request_id] = decided
         pool = decided.decision.pool
@@ -391,7 +397,10 @@ class OfflineFleet:
         return index
 
     def _output_tokens(self, arrival: Arrival) -> int:
-        """How long the model 'wants' to answer, from the request's own generator."""
+        """How long the model 'wants' to answer, from the request's own generator (or
+        what it really answered, for a replayed record)."""
+        if arrival.output_tokens is not None:
+            return min(arrival.output_tokens, max(arrival.max_tokens, 1))
         draws = own_draws(self.seed, arrival, 1)
         return LatencyModel(self.latency, draws).sample_output_tokens(arrival.max_tokens)
 

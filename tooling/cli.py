@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from policy import BudgetStoreKind, FailureMode, PolicyError, load_policy
-from tooling import keys_cli, offline_commands, tenants_cli
+from tooling import keys_cli, offline_commands, replay_cli, tenants_cli
 
 DEFAULT_POLICY = Path("deploy/policy.example.yaml")
 DEFAULT_ADMIN = "127.0.0.1:50052"
@@ -168,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--kv-blocks", type=int, default=80, help="with --engine vllm: KV blocks of 128 tokens"
     )
+    up.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="record every request's shape into DIR (policy traffic_record:; slogate replay)",
+    )
 
     engine = sub.add_parser("engine", help="start a real inference engine on loopback")
     engine_sub = engine.add_subparsers(dest="engine", required=True)
@@ -302,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
         "field mix at 100/s on 4 engines and 1000/s on 40 (--duration-s, default 60 s), and "
         "an engine killed mid-run (bench/results/simulate-engines.*)",
     )
+
+    replay_cli.add_replay_command(sub)  # replay: a traffic record under a policy
 
     loadtest = sub.add_parser(
         "loadtest", help="play a workload as open-loop arrivals against a live stack"
@@ -567,6 +576,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         failure,
         replicas=args.replicas,
         budget_store=store,
+        record_dir=args.record,
         engine=args.engine,
         vllm=VllmSettings(kv_blocks=args.kv_blocks),
     )
@@ -937,6 +947,7 @@ def main(argv: list[str] | None = None) -> int:
         "tenants": tenants_cli.cmd_tenants,
         "k8s": cmd_k8s,
         "simulate": offline_commands.cmd_simulate,
+        "replay": replay_cli.cmd_replay,
         "calibrate": offline_commands.cmd_calibrate,
         "bench": offline_commands.cmd_bench,
     }

@@ -101,6 +101,8 @@ class LocalStack:
     envoy_concurrency: int = 1
     replicas: int = 1
     budget_store: BudgetStoreKind | None = None  # None: as the policy says
+    # `up --record DIR`: the runtime policy gets `traffic_record: {dir: DIR}` (every request).
+    record_dir: Path | None = None
     redis_urls: dict[int, str] = field(default_factory=dict)  # replica -> its Redis URL
     processes: list[ManagedProcess] = field(default_factory=list)
     fleet: list[Replica] = field(default_factory=list)
@@ -175,7 +177,13 @@ class LocalStack:
                 self.processes.append(self.redis)
             # Only when something moved: otherwise the sidecar reads (and reloads) the user's
             # file.
-            rewrite = moved or self.budget_store is not None or self.replicas > 1 or real
+            rewrite = (
+                moved
+                or self.budget_store is not None
+                or self.replicas > 1
+                or real
+                or self.record_dir is not None
+            )
             self.sidecar_policy_path = self.write_runtime_policy() if rewrite else self.policy_path
             self.fleet = [
                 Replica(i, redis_url=self.redis_urls.get(i)) for i in range(self.replicas)
@@ -320,6 +328,9 @@ class LocalStack:
             budget["redis_url"] = f"redis://{HOST}:{self.redis_port}"
         if self.replicas > 1:
             budget["replicas"] = self.replicas  # until the heartbeats say better
+        if self.record_dir is not None:
+            record = raw.get("traffic_record") or {}
+            raw["traffic_record"] = {**record, "dir": str(self.record_dir.resolve())}
         path = self.work_dir / "policy.yaml"
         path.write_text(yaml.safe_dump(raw), encoding="utf-8")
         return path

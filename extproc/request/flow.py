@@ -146,8 +146,10 @@ class Decider:
         api: Api,
         policy: Policy,
         body: bytes | None = None,
+        noted: Callable[[RoutingDecision], None] | None = None,
     ) -> Routed:
-        """A parsed request, counted, routed and admitted; `body` is rewritten when needed."""
+        """A parsed request, counted, routed and admitted; `body` is rewritten when needed.
+        `noted`: given the decision before admission (the traffic record's request shape)."""
         if request.sequences > policy.max_sequences:
             raise InvalidRequest(
                 f"This request asks for {request.sequences} completions at once (n, best_of "
@@ -158,6 +160,8 @@ class Decider:
         decision = route(policy, request, caller, request_id, api, counted, correction)
         if body is not None:
             decision = dataclasses.replace(decision, body_bytes=len(body))
+        if noted is not None:
+            noted(decision)
         blocks = NO_BLOCKS
         if counted.blocks is not None and counted.lengths is not None:
             blocks = prompt_blocks(
@@ -287,10 +291,21 @@ class RequestFlow:
         self._api: Api | None = None
         self._verdict: HeaderVerdict | None = None
         self.error_style = ErrorStyle.OPENAI
+        # For the traffic record: when the stream began (wall clock), and the request's
+        # shape once it was counted (a refusal's too).
+        self.arrived_s = time.time()
+        self.shape: RoutingDecision | None = None
 
     @property
     def request_id(self) -> str:
         return self._verdict.request_id if self._verdict is not None else ""
+
+    @property
+    def caller(self) -> ApiKey | None:
+        return self._verdict.caller if self._verdict is not None else None
+
+    def note_shape(self, decision: RoutingDecision) -> None:
+        self.shape = decision
 
     @property
     def tenant(self) -> str | None:
@@ -329,7 +344,7 @@ class RequestFlow:
                 headers={"allow": allowed},
             )
         if not api.reads_body:
-            decision = request_decision(policy, api, caller, request_id)
+            decision = self.shape = request_decision(policy, api, caller, request_id)
             routed = await self._decider.admit(decision, policy)
             self._verdict = HeaderVerdict(False, strip, caller, request_id, routed)
             return self._verdict
@@ -352,7 +367,7 @@ class RequestFlow:
             raise _too_large(len(body), policy)
         request = parse_inference_body(api.shape, body)
         return await self._decider.decide(
-            request, verdict.caller, verdict.request_id, api, policy, body
+            request, verdict.caller, verdict.request_id, api, policy, body, self.note_shape
         )
 
 

@@ -57,6 +57,7 @@ from extproc.service.key_admin import KeyAdminService
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.prompt_feedback import PromptFeedback
 from extproc.service.tenant_admin import TenantAdminService
+from extproc.service.traffic_record import TrafficRecorder, dropped_counter
 from policy import Tier
 
 log = logging.getLogger("slogate.sidecar")
@@ -188,6 +189,15 @@ class Sidecar:
         ]
         if self.decision_log is not None:
             sinks.append(self.decision_log)
+        self.traffic = (
+            TrafficRecorder.from_config(
+                initial.traffic_record, dropped_counter(self.metrics.registry)
+            )
+            if initial.traffic_record is not None
+            else None
+        )
+        if self.traffic is not None:
+            sinks.append(self.traffic)
         self.recorder = OutcomeRecorder(
             self.metrics, self.windows, self.decider.inflight, self.policy, sinks
         )
@@ -269,6 +279,7 @@ class Sidecar:
                 self.metrics,
                 self.decision_log,
                 message_timeout_ms=self.policy().message_timeout_ms,
+                traffic=self.traffic,
             ),
             server,
         )
@@ -405,6 +416,8 @@ class Sidecar:
         await self.store.close()
         if self.decision_log is not None:
             self.decision_log.close()
+        if self.traffic is not None:
+            self.traffic.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()

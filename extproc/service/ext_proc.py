@@ -33,6 +33,7 @@ from extproc.service.replies import (
     timeout_override,
     wait_reply_ms,
 )
+from extproc.service.traffic_record import TrafficRecorder
 
 log = logging.getLogger("slogate.extproc")
 
@@ -44,6 +45,7 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         metrics: SidecarMetrics,
         decision_log: DecisionLog | None = None,
         message_timeout_ms: int = 1000,
+        traffic: TrafficRecorder | None = None,
     ) -> None:
         """`message_timeout_ms`: Envoy's (what a decision may take once its wait is over),
         part of a waiting request's timeout override (replies.wait_reply_ms)."""
@@ -51,6 +53,7 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         self._decider = decider
         self._metrics = metrics
         self._decision_log = decision_log
+        self._traffic = traffic
 
     async def Process(
         self,
@@ -120,6 +123,8 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         self._metrics.rejections(error.reason, str(error.status)).inc()
         if self._decision_log is not None:
             self._decision_log.refused(error, flow.request_id, flow.tenant)
+        if self._traffic is not None:
+            self._traffic.refused(error, flow.request_id, flow.caller, flow.shape, flow.arrived_s)
         return rejection(error, flow.error_style)
 
     async def _reply(
@@ -132,10 +137,14 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
             )
             if verdict.routed is not None:
                 self._count(verdict.routed.decision)
+                if self._traffic is not None:
+                    self._traffic.admitted(verdict.routed.tracking_id, flow.arrived_s)
             return header_reply(verdict)
         if phase == "request_body":
             routed = await flow.on_request_body(request.request_body.body)
             self._count(routed.decision)
+            if self._traffic is not None:
+                self._traffic.admitted(routed.tracking_id, flow.arrived_s)
             return routed_body_reply(routed)
         return passthrough_reply(request)
 

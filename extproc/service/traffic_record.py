@@ -1,0 +1,261 @@
+"""The traffic record: every decision's shape, cheap enough to keep on, for `slogate replay`.
+
+What lives here: `TrafficRecorder` (an OutcomeSink for routed requests, plus the refusals
+the servicer hands it) and `TrafficFiles`, the thread that writes. The event loop only
+builds a small dict and puts it on a bounded queue (full: the record is dropped and
+counted, never waited for); the thread encodes, compresses and writes. Files are
+`traffic-YYYY-MM-DD-<host>-<pid>.jsonl.gz`, one per process per UTC day (`serve --workers`
+and replicas each write their own; the reader merges them), each flush a gzip member of
+its own so that a crash leaves a readable prefix. Files older than `keep_days` are deleted
+when the day turns. Never prompt text, never a key: the key's id (a hash prefix) only.
+
+The record's fields (version 1): `v`, `t` (arrival, Unix seconds), `id` (request id),
+`key`, `tenant`, `tier`, `api`, `prompt` and `count` (how it was counted), `max_tokens`,
+`n`, `stream`, `pool`, `bucket`, `outcome` (admitted, refused, expired), `reason`,
+`status`, `usage_prompt`, `usage_completion`, `ttft_ms`, `duration_ms`, `waited_ms`. A
+refusal before the request was counted has no shape (`prompt` null).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import logging
+import os
+import queue
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+from prometheus_client import CollectorRegistry, Counter
+
+from admission.decision import RequestOutcome, RoutingDecision
+from admission.errors import RequestRejected
+from policy import ApiKey, TrafficRecordConfig
+
+log = logging.getLogger("slogate.traffic")
+
+RECORD_VERSION = 1
+FILE_PREFIX = "traffic-"
+FILE_SUFFIX = ".jsonl.gz"
+QUEUE_RECORDS = 65_536  # about 20 s of a busy sidecar's records; more waiting: dropped
+FLUSH_INTERVAL_S = 1.0
+_STOP: dict[str, Any] = {}
+
+
+class DropCounter(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+def shape_fields(decision: RoutingDecision) -> dict[str, Any]:
+    """What a replay needs of a decision: who, what and how large; never text or keys."""
+    return {
+        "prompt": decision.prompt_tokens,
+        "count": decision.estimate.value,
+        "max_tokens": decision.max_tokens,
+        "n": decision.sequences,
+        "stream": decision.stream,
+        "api": decision.api.name,
+        "pool": decision.pool,
+        "bucket": decision.bucket.name,
+    }
+
+
+def _caller_fields(caller: ApiKey | None) -> dict[str, Any]:
+    if caller is None:
+        return {"key": None, "tenant": None, "tier": None}
+    return {"key": caller.key_id, "tenant": caller.tenant, "tier": caller.tier.value}
+
+
+def outcome_record(outcome: RequestOutcome, arrived_s: float) -> dict[str, Any]:
+    d = outcome.decision
+    return {
+        "v": RECORD_VERSION,
+        "t": round(arrived_s, 4),
+        "id": d.request_id,
+        **_caller_fields(d.caller),
+        **shape_fields(d),
+        "outcome": "expired" if outcome.expired else "admitted",
+        "reason": None,
+        "status": outcome.status,
+        "usage_prompt": outcome.prompt_tokens,
+        "usage_completion": outcome.completion_tokens,
+        "ttft_ms": None if outcome.ttft_s is None else round(outcome.ttft_s * 1000, 1),
+        "duration_ms": round(outcome.duration_s * 1000, 1),
+        "waited_ms": round(d.waited_s * 1000, 1),
+    }
+
+
+def refusal_record(
+    error: RequestRejected,
+    request_id: str,
+    caller: ApiKey | None,
+    shape: RoutingDecision | None,
+    arrived_s: float,
+) -> dict[str, Any]:
+    fields = shape_fields(shape) if shape is not None else {"prompt": None}
+    return {
+        "v": RECORD_VERSION,
+        "t": round(arrived_s, 4),
+        "id": request_id,
+        **_caller_fields(caller),
+        **fields,
+        "outcome": "refused",
+        "reason": error.reason,
+        "status": error.status,
+    }
+
+
+def file_day(path: Path) -> str | None:
+    """The UTC day in a record file's name, or None for a file that is not one."""
+    name = path.name
+    if not (name.startswith(FILE_PREFIX) and name.endswith(FILE_SUFFIX)):
+        return None
+    return name[len(FILE_PREFIX) : len(FILE_PREFIX) + 10]
+
+
+class TrafficFiles:
+    """The writing thread: one file per UTC day for this process, a gzip member per flush."""
+
+    def __init__(
+        self,
+        directory: Path,
+        keep_days: int,
+        clock: Callable[[], float] = time.time,
+        max_queue: int = QUEUE_RECORDS,
+        flush_interval_s: float = FLUSH_INTERVAL_S,
+    ) -> None:
+        self.directory = directory
+        self.keep_days = keep_days
+        self._clock = clock
+        self._flush_interval_s = flush_interval_s
+        self.queue: queue.Queue[dict[str, Any]] = queue.Queue(max_queue)
+        self._name = f"{socket.gethostname()}-{os.getpid()}"
+        self._day: str | None = None
+        self._encoder = msgspec.json.Encoder()
+        directory.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._run, name="slogate-traffic", daemon=True)
+        self._thread.start()
+
+    def path_for(self, day: str) -> Path:
+        return self.directory / f"{FILE_PREFIX}{day}-{self._name}{FILE_SUFFIX}"
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            batch: list[dict[str, Any]] = []
+            try:
+                batch.append(self.queue.get(timeout=self._flush_interval_s))
+                while len(batch) < 4096:
+                    batch.append(self.queue.get_nowait())
+            except queue.Empty:
+                pass
+            if batch and batch[-1] is _STOP:
+                stopping = True
+                batch.pop()
+            try:
+                self._write(batch)
+            except OSError:
+                log.exception("traffic record: could not write %d records", len(batch))
+
+    def _write(self, batch: list[dict[str, Any]]) -> None:
+        now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
+        day = now.strftime("%Y-%m-%d")
+        if day != self._day:
+            self._day = day
+            self.delete_old(now)
+        if not batch:
+            return
+        lines = b"".join(self._encoder.encode(record) + b"\n" for record in batch)
+        with self.path_for(day).open("ab") as file:
+            file.write(gzip.compress(lines, compresslevel=6, mtime=0))
+
+    def delete_old(self, now: dt.datetime) -> None:
+        oldest_kept = (now - dt.timedelta(days=self.keep_days - 1)).strftime("%Y-%m-%d")
+        for path in self.directory.glob(f"{FILE_PREFIX}*{FILE_SUFFIX}"):
+            day = file_day(path)
+            if day is not None and day < oldest_kept:
+                path.unlink(missing_ok=True)
+                log.info("traffic record %s deleted (older than %d days)", path, self.keep_days)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Write what is queued, then stop the thread."""
+        if self._thread.is_alive():
+            self.queue.put(_STOP)
+            self._thread.join(timeout_s)
+
+
+class TrafficRecorder:
+    """What the event loop calls: cheap, never blocking, never raising."""
+
+    def __init__(
+        self,
+        files: TrafficFiles,
+        sample_rate: float,
+        dropped: DropCounter,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.files = files
+        self.sample_rate = sample_rate
+        self._dropped = dropped
+        self._clock = clock
+        self._rng = rng or random.Random()
+        # Arrival times of routed requests until their outcome comes (popped then, or at
+        # expiry: InFlight hands every routed request to the sinks once).
+        self._arrived: dict[str, float] = {}
+
+    @classmethod
+    def from_config(cls, config: TrafficRecordConfig, dropped: DropCounter) -> TrafficRecorder:
+        return cls(
+            TrafficFiles(Path(config.directory), config.keep_days), config.sample_rate, dropped
+        )
+
+    def _sampled(self) -> bool:
+        return self.sample_rate >= 1.0 or self._rng.random() < self.sample_rate
+
+    def _put(self, record: dict[str, Any]) -> None:
+        try:
+            self.files.queue.put_nowait(record)
+        except queue.Full:
+            self._dropped.inc()
+
+    def admitted(self, tracking_id: str, arrived_s: float) -> None:
+        """A routed request's arrival, kept until its outcome is recorded."""
+        self._arrived[tracking_id] = arrived_s
+
+    async def record(self, outcome: RequestOutcome) -> None:
+        """OutcomeSink: a routed request, once its access-log entry (or expiry) came."""
+        arrived_s = self._arrived.pop(outcome.tracking_id, None)
+        if arrived_s is None:
+            arrived_s = self._clock() - outcome.duration_s
+        if self._sampled():
+            self._put(outcome_record(outcome, arrived_s))
+
+    def refused(
+        self,
+        error: RequestRejected,
+        request_id: str,
+        caller: ApiKey | None,
+        shape: RoutingDecision | None,
+        arrived_s: float,
+    ) -> None:
+        if self._sampled():
+            self._put(refusal_record(error, request_id, caller, shape, arrived_s))
+
+    def close(self) -> None:
+        self.files.close()
+
+
+def dropped_counter(registry: CollectorRegistry) -> Counter:
+    """slogate_traffic_record_dropped_total, in the sidecar's registry."""
+    return Counter(
+        "slogate_traffic_record_dropped_total",
+        "Traffic records dropped because the writer's queue was full.",
+        registry=registry,
+    )

@@ -1,0 +1,35 @@
+"""The `traffic_record:` section: every decision's shape, recorded for replay.
+
+What lives here: `TrafficRecordConfig` and its reader. The recorder itself is
+extproc.service.traffic_record; the replay is sim.replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policy._reader import PolicyError, Section, positive
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficRecordConfig:
+    directory: str
+    # Unlike the decision log's, 1.0 by default: a replay needs every request's arrival.
+    sample_rate: float = 1.0
+    keep_days: int = 7
+
+
+def parse_traffic_record(raw: object, path: str) -> TrafficRecordConfig | None:
+    if raw is None:
+        return None
+    sec = Section(raw, path)
+    config = TrafficRecordConfig(
+        directory=sec.require("dir", str),
+        sample_rate=sec.get("sample_rate", float, 1.0),
+        keep_days=sec.get("keep_days", int, 7),
+    )
+    if not 0.0 <= config.sample_rate <= 1.0:
+        raise PolicyError(f"{sec.child('sample_rate')}: must be in [0, 1]")
+    positive(config.keep_days, sec.child("keep_days"))
+    sec.close()
+    return config

@@ -1,0 +1,192 @@
+"""`slogate replay`: recorded traffic through the one admission chain, on a virtual clock.
+
+What lives here: `replay_arrivals` (records -> the offline fleet's arrivals: their timing,
+keys, counted prompts and the output lengths that really came back), `RecordedCounter`
+(answers the sidecar's prompt counter with each record's count, so no text is needed),
+`replay` (runs sim.offline's fleet, the simulated engines or a calibrated latency model,
+and reports what `slogate simulate` reports) and the agreement check: each replayed
+request's admission outcome (admitted, or refused with its reason) against the recorded
+one. The fleet, the sidecars and the chain are the simulator's; nothing is copied here.
+
+What a replay cannot reproduce, by construction: engine timing (a budget's tokens are
+settled when the simulated engine ends, not when the real one did; the waiting room frees
+room then too), the breaker's inputs (the simulated engines' latencies and KV use, not the
+real ones), budgets already drawn on before the record's first request (a replay starts
+them full), and requests refused before they were counted or whose key the policy does
+not list (not replayed; counted apart). Every request is replayed as a chat request of
+its recorded size (`n` > 1 as one sequence).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from admission.decision import CountKind
+from extproc.request.tokens import PromptCount, PromptCounter
+from policy import ApiKey, Policy
+from sim.arrivals import Arrival
+from sim.fleet_types import Served
+from sim.model import LatencyConfig
+from sim.offline import OfflineFleet
+from sim.scenarios import FLEET, Workload, summarize
+from sim.traffic import TrafficEntry
+
+_TEXT_PREFIX = "replay:"
+_TAIL_S = 60.0  # virtual time after the last arrival for what is still running to end
+
+
+class RecordedCounter(PromptCounter):
+    """The prompt counter of a replay: a text `replay:<index>` counts as the record's count
+    (it already holds the template's overhead and the caller's correction)."""
+
+    def __init__(self, counts: Sequence[tuple[int, CountKind]], policy: Policy) -> None:
+        super().__init__(None, policy.counting)
+        self._counts = counts
+
+    async def count(
+        self, texts: Sequence[str], token_ids: int = 0, block_tokens: int = 0
+    ) -> PromptCount:
+        tokens, kind = self._counts[int(texts[0].removeprefix(_TEXT_PREFIX))]
+        return PromptCount(tokens, kind)
+
+
+@dataclass(slots=True)
+class ReplayPlan:
+    arrivals: list[Arrival] = field(default_factory=list)
+    entries: list[TrafficEntry] = field(default_factory=list)  # the replayed, as arrivals
+    counts: list[tuple[int, CountKind]] = field(default_factory=list)
+    skipped: Counter[str] = field(default_factory=Counter)  # why, for those not replayed
+    start_s: float = 0.0  # the first record's time (Unix seconds): virtual time 0
+
+
+def _keys_by_id(policy: Policy) -> dict[str, ApiKey]:
+    return {key.key_id: key for key in policy.keys.values()}
+
+
+def replay_arrivals(entries: Sequence[TrafficEntry], policy: Policy) -> ReplayPlan:
+    plan = ReplayPlan()
+    if not entries:
+        return plan
+    keys = _keys_by_id(policy)
+    plan.start_s = entries[0].t
+    for entry in entries:
+        key = keys.get(entry.key or "")
+        if entry.prompt is None:
+            plan.skipped[f"refused before counting: {entry.reason}"] += 1
+            continue
+        if key is None:
+            plan.skipped["key not in the policy"] += 1
+            continue
+        index = len(plan.arrivals)
+        kind = CountKind(entry.count) if entry.count else CountKind.EXACT
+        plan.counts.append((entry.prompt, kind))
+        held = entry.usage_prompt if entry.usage_prompt is not None else entry.prompt
+        plan.arrivals.append(
+            Arrival(
+                at_s=entry.t - plan.start_s,
+                key=key,
+                prompt_tokens=held,
+                max_tokens=entry.max_tokens,
+                stream=entry.stream,
+                counted_prompt_tokens=entry.prompt,
+                texts=(f"{_TEXT_PREFIX}{index}",),
+                text_tokens=(entry.prompt,),
+                output_tokens=entry.usage_completion,
+            )
+        )
+        plan.entries.append(entry)
+    return plan
+
+
+def _verdict(served: Served) -> str:
+    return f"refused:{served.reason}" if served.reason else "admitted"
+
+
+def agreement(plan: ReplayPlan, results: dict[str, Served]) -> dict[str, Any]:
+    """Each replayed request's admission outcome against the recorded one."""
+    matched = 0
+    disagreements: Counter[str] = Counter()
+    for index, entry in enumerate(plan.entries):
+        replayed = _verdict(results[f"r{index}"])
+        if replayed == entry.verdict:
+            matched += 1
+        else:
+            disagreements[f"recorded {entry.verdict} -> replayed {replayed}"] += 1
+    total = len(plan.entries)
+    return {
+        "replayed": total,
+        "matched": matched,
+        "agreement": round(matched / total, 4) if total else None,
+        "disagreements": dict(disagreements.most_common()),
+        "not_replayed": dict(plan.skipped.most_common()),
+        "recorded": dict(Counter(e.verdict for e in plan.entries).most_common()),
+    }
+
+
+def replay(
+    entries: Sequence[TrafficEntry],
+    policy: Policy,
+    seed: int = 1,
+    latency: LatencyConfig | None = None,
+    name: str = "replay",
+) -> dict[str, Any]:
+    """The record replayed under `policy`: simulate's report plus the agreement check."""
+    plan = replay_arrivals(entries, policy)
+    last_s = plan.arrivals[-1].at_s if plan.arrivals else 0.0
+    duration_s = max(1.0, math.ceil(last_s))
+    fleet = OfflineFleet(
+        policy,
+        seed=seed,
+        controller=True,  # the sidecar's quota loop always runs
+        latency=latency,
+        counter=RecordedCounter(plan.counts, policy),
+        **FLEET,  # type: ignore[arg-type]
+    )
+    results = fleet.run(plan.arrivals, until_s=duration_s + _TAIL_S)
+    workload = Workload(name, duration_s, policy, plan.arrivals, [])
+    return {
+        "name": name,
+        "start_s": plan.start_s,
+        "duration_s": duration_s,
+        "seed": seed,
+        "agreement": agreement(plan, results),
+        "report": summarize(fleet, results, workload),
+    }
+
+
+def replay_table(report: dict[str, Any]) -> str:
+    """The agreement and the per-tier summary, as markdown."""
+    agree = report["agreement"]
+    share = "n/a" if agree["agreement"] is None else f"{agree['agreement']:.2%}"
+    lines = [
+        f"replayed {agree['replayed']} requests ({report['duration_s']} s of traffic): "
+        f"{agree['matched']} admission outcomes as recorded ({share})",
+        "",
+    ]
+    for what, count in agree["disagreements"].items():
+        lines.append(f"- disagree: {what}: {count}")
+    for why, count in agree["not_replayed"].items():
+        lines.append(f"- not replayed ({why}): {count}")
+    lines += [
+        "",
+        "| tier | requests | served | refused | P99 TTFT s | SLO attainment |",
+        "|---|---|---|---|---|---|",
+    ]
+    for tier, row in report["report"]["tiers"].items():
+        if not row["requests"]:
+            continue
+        lines.append(
+            f"| {tier} | {row['requests']} | {row['served']} | {row['refused']} | "
+            f"{row['p99_ttft_s']} | {row['slo_attainment']} |"
+        )
+    summary = report["report"]
+    lines += [
+        "",
+        f"goodput {summary['goodput_tokens_per_s']} tokens/s, "
+        f"GPU utilisation {summary['gpu_utilisation']}, OOM events {summary['oom_events']}",
+    ]
+    return "\n".join(lines)
