@@ -40,7 +40,7 @@ from policy._reader import PolicyError, Section, positive
 from policy._tenants import parse_tenants
 from policy._traffic import parse_traffic_record
 from policy.domain import FailureMode, TenantBook
-from policy.schema import Policy
+from policy.schema import CandidateConfig, Policy
 
 
 def parse_policy(raw: object, source: str = "<memory>") -> Policy:
@@ -136,6 +136,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
     key_store = parse_key_store(
         root.raw("key_store"), root.child("key_store"), budget.store.value == "redis"
     )
+    candidate = parse_candidate(root.raw("candidate"), root.child("candidate"))
     root.close()
 
     return Policy(
@@ -173,7 +174,20 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         max_sequences=max_sequences,
         source=source,
         key_store=key_store,
+        candidate=candidate,
     )
+
+
+def parse_candidate(raw: object, path: str) -> CandidateConfig | None:
+    """`candidate: {file: candidate.yaml}`: the file is read by policy.candidate."""
+    if raw is None:
+        return None
+    sec = Section(raw, path)
+    file = sec.require("file", str)
+    if not file:
+        raise PolicyError(f"{sec.child('file')}: names no file")
+    sec.close()
+    return CandidateConfig(file)
 
 
 # libyaml's loader when PyYAML was built with it (its wheels are): the same safe subset,

@@ -52,6 +52,15 @@ class ShadowConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class CandidateConfig:
+    """A second policy evaluated beside this one on every request, never enforced
+    (`candidate: {file: ...}`; extproc.request.candidate). Its path as written: relative
+    to the policy file's folder."""
+
+    file: str
+
+
+@dataclass(frozen=True, slots=True)
 class DecisionLogConfig:
     directory: str
     sample_rate: float = 0.01
@@ -286,6 +295,8 @@ class Policy:
     source: str = "<memory>"
     # `key_store:` where keys managed without editing the policy live (policy.keyring).
     key_store: KeyStoreConfig = field(default_factory=KeyStoreConfig)
+    # `candidate:` a policy evaluated beside this one, never enforced (policy.candidate).
+    candidate: CandidateConfig | None = None
 
     def slo_ms(self, tier: Tier, bucket: str, tenant: str | None = None) -> float | None:
         """The P99 TTFT objective of a request: its tenant's where it sets one, else its
