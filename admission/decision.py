@@ -41,6 +41,18 @@ class CountKind(StrEnum):
         return self in (CountKind.EXACT, CountKind.CACHED)
 
 
+@dataclass(slots=True)
+class CandidateNote:
+    """What the candidate policy would have done with a request (extproc.request.candidate):
+    `verdict` same / would_refuse / would_admit / would_route / skipped, "" until judged
+    (just after the enforced decision, off its path); `reason`: the candidate's refusal;
+    `pool`: where the candidate would have routed it. Read by the traffic record."""
+
+    verdict: str = ""
+    reason: str = ""
+    pool: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class RoutingDecision:
     request_id: str
@@ -70,6 +82,8 @@ class RoutingDecision:
     engines: tuple[str, ...] = ()
     # What it reserved against its tenant's spend budget (admission.spend_step); None: none.
     spend: SpendHold | None = None
+    # The candidate policy's verdict on it, when a candidate is evaluated (filled in after).
+    candidate: CandidateNote | None = field(default=None, compare=False, hash=False)
 
     @property
     def exact(self) -> bool:

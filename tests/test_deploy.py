@@ -13,6 +13,7 @@ import pytest
 from engines import EngineFleet, EnginePicker
 from extproc.runtime.key_store import KeyStore
 from extproc.runtime.spend_metrics import SpendMetrics
+from extproc.service.candidate_metrics import CandidateMetrics
 from extproc.service.engine_metrics import EngineCollector
 from extproc.service.metrics import SidecarMetrics
 from policy import parse_policy
@@ -68,6 +69,7 @@ def exported_metrics() -> set[str]:
     metrics = SidecarMetrics()
     KeyStore(KeyStoreConfig(file="keys.yaml"), None, metrics.registry)  # its own series
     SpendMetrics(metrics.registry)  # the spend step's
+    CandidateMetrics(metrics.registry)  # the candidate policy's (shadow mode)
     for family in [*metrics.registry.collect(), *engines.collect()]:
         names.add(f"{family.name}_total" if family.type == "counter" else family.name)
     return names

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from policy import BudgetStoreKind, FailureMode, PolicyError, load_policy
-from tooling import keys_cli, offline_commands, replay_cli, tenants_cli
+from tooling import keys_cli, offline_commands, policy_cli, replay_cli, tenants_cli
 
 DEFAULT_POLICY = Path("deploy/policy.example.yaml")
 DEFAULT_ADMIN = "127.0.0.1:50052"
@@ -268,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     drain = admin_command("drain", "an engine gets nothing new, its requests finish")
     drain.add_argument("--engine", required=True, help="ip:port, as `slogate status` shows it")
     tenants_cli.add_tenants_command(sub, DEFAULT_ADMIN)  # tenants: class, tier, spend
+    policy_cli.add_policy_command(sub, DEFAULT_ADMIN)  # policy diff / promote
     drain.add_argument("--pool", default="", help="only in this pool (default: every pool)")
     drain.add_argument("--undo", action="store_true", help="take new requests again")
 
@@ -945,6 +946,7 @@ def main(argv: list[str] | None = None) -> int:
         "drill": cmd_admin,
         "drain": cmd_admin,
         "tenants": tenants_cli.cmd_tenants,
+        "policy": policy_cli.cmd_policy,
         "k8s": cmd_k8s,
         "simulate": offline_commands.cmd_simulate,
         "replay": replay_cli.cmd_replay,

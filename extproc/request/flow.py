@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -56,6 +56,22 @@ class Admission(Protocol):
     async def admit(
         self, decision: RoutingDecision, request_id: str, policy: Policy
     ) -> Admitted: ...
+
+
+class Candidate(Protocol):
+    """A policy judged beside the enforced one, never enforced (extproc.request.candidate):
+    it notes each routed decision, and sees each admission's answer."""
+
+    def attach(self, decision: RoutingDecision) -> RoutingDecision: ...
+
+    async def beside(
+        self,
+        enforced: Awaitable[Routed],
+        decision: RoutingDecision,
+        policy: Policy,
+        request: InferenceRequest,
+        counted: PromptCount,
+    ) -> Routed: ...
 
 
 class AdmitAll:
@@ -100,10 +116,12 @@ class Decider:
         inflight: InFlight[RoutingDecision] | None = None,
         corrections: PromptCorrections | None = None,
         picker: EnginePicker | None = None,
+        candidate: Candidate | None = None,
     ) -> None:
         """`picker`: names the engine of each admitted request in pools where slogate
-        picks (None: Envoy balances everywhere)."""
+        picks (None: Envoy balances everywhere); `candidate`: a policy judged beside."""
         self.policy = policy
+        self.candidate = candidate
         self.picker = picker
         self.identity = identity
         self.counter = counter
@@ -160,6 +178,8 @@ class Decider:
         decision = route(policy, request, caller, request_id, api, counted, correction)
         if body is not None:
             decision = dataclasses.replace(decision, body_bytes=len(body))
+        if self.candidate is not None:
+            decision = self.candidate.attach(decision)
         if noted is not None:
             noted(decision)
         blocks = NO_BLOCKS
@@ -170,7 +190,10 @@ class Decider:
                 policy.engines.picking.block_tokens,
                 request.conversation_texts,
             )
-        return await self.admit(decision, policy, request, body, blocks)
+        admitted = self.admit(decision, policy, request, body, blocks)
+        if self.candidate is not None and decision.candidate is not None:
+            return await self.candidate.beside(admitted, decision, policy, request, counted)
+        return await admitted
 
     async def admit(
         self,

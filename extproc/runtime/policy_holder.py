@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from extproc.runtime.heap import off_loop
@@ -33,6 +34,8 @@ class PolicyHolder:
         self._policy = load_policy(path)
         self._mtime_ns = self._stat()
         self._lock = asyncio.Lock()
+        # Called with each policy swapped in, under the reload's lock (the candidate's holder).
+        self.on_reload: list[Callable[[Policy], Awaitable[None]]] = []
         metrics.policy_keys.set(len(self._policy.keys))
 
     def __call__(self) -> Policy:
@@ -70,6 +73,8 @@ class PolicyHolder:
                 len(policy.keys),
                 (time.perf_counter() - started) * 1000,
             )
+            for listener in self.on_reload:
+                await listener(policy)
             return None
 
     def _refuse(self, reason: str) -> str:

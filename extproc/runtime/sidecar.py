@@ -33,11 +33,13 @@ from breaker.controller import TierMultipliers
 from breaker.key_quotas import KeyQuotas
 from breaker.latency import ResponseWindows
 from extproc.adminpb import admin_pb2_grpc, tenants_pb2_grpc
+from extproc.request.candidate import CandidateJudge
 from extproc.request.engine_outcomes import EngineOutcomes
 from extproc.request.flow import Decider
 from extproc.request.identity import ApiKeyResolver
 from extproc.request.inflight import InFlight
 from extproc.request.tokens import PromptCorrections, PromptCounter, exact_counter
+from extproc.runtime.candidate_holder import CandidateHolder
 from extproc.runtime.engine_watch import watch_engines
 from extproc.runtime.events import MetricsEvents
 from extproc.runtime.gpu import GpuMemory
@@ -50,6 +52,7 @@ from extproc.runtime.workers import Siblings, WorkerSlot
 from extproc.service.access_log import AccessLogService, OutcomeRecorder
 from extproc.service.admin import AdminService
 from extproc.service.admin_auth import AdminAuth, admin_token
+from extproc.service.candidate_metrics import CandidateMetrics
 from extproc.service.decision_log import DecisionLog
 from extproc.service.engine_metrics import EngineCollector
 from extproc.service.ext_proc import ExternalProcessorService
@@ -164,6 +167,10 @@ class Sidecar:
         self._exact_tokenizer = exact_tokenizer
         self.counter = PromptCounter(None, initial.counting, self._exact_executor)
         self.corrections = PromptCorrections()
+        # A candidate policy judged beside the enforced one, never enforced (policy.candidate).
+        candidate_metrics = CandidateMetrics(self.metrics.registry)
+        self.candidate = CandidateHolder(self.policy, candidate_metrics)
+        self.judge = CandidateJudge(self.candidate, candidate_metrics, ttl_s, self.keys, clock)
         self.decider = Decider(
             policy=self.policy,
             identity=ApiKeyResolver(self.policy, self.keys),
@@ -172,6 +179,7 @@ class Sidecar:
             admission=self.admission.chain,
             inflight=InFlight(self.clock, ttl_s, worker.prefix if worker else None),
             picker=self.picker,
+            candidate=self.judge,
         )
         self.decision_log = (
             DecisionLog(
@@ -186,6 +194,7 @@ class Sidecar:
             self.admission.chain,
             PromptFeedback(self.corrections, self.metrics),
             EngineOutcomes(self.picker),
+            self.judge,
         ]
         if self.decision_log is not None:
             sinks.append(self.decision_log)
@@ -391,6 +400,7 @@ class Sidecar:
             await asyncio.sleep(self._watch_interval_s)
             if await self.policy.reload_if_changed():
                 await self.admission.kv.dispatch()  # a new capacity or share may make room
+            await self.candidate.reload_if_changed()
             await self.recorder.expire()
             # A KV hold outlives its request only if nothing ever released it: a safety net.
             for request_id in await self.admission.kv.expire():
