@@ -52,6 +52,7 @@ async def _measure(
 ) -> dict[str, Any]:
     reference = ReferenceTokenizer()
     decide_ms: list[float] = []
+    judge_ms: list[float] = []  # the candidate's judgement, after the decision (shadow mode)
     reference_ms: list[float] = []
     estimate_ms: list[float] = []
     kinds: dict[str, int] = {}
@@ -66,6 +67,10 @@ async def _measure(
         t0 = time.perf_counter()
         routed = await flow.on_request_body(raw)
         decide_ms.append((time.perf_counter() - t0) * 1000)
+        if sidecar.candidate() is not None:
+            t0 = time.perf_counter()
+            await sidecar.judge.drain()
+            judge_ms.append((time.perf_counter() - t0) * 1000)
         decision = routed.decision
         kinds[decision.estimate.value] = kinds.get(decision.estimate.value, 0) + 1
         tokens.append(decision.prompt_tokens)
@@ -93,6 +98,14 @@ async def _measure(
         "count_kinds": kinds,
         "reference_tokenizer_p50_ms": _quantile(reference_ms, 0.5),
         "fitted_estimate_p50_ms": _quantile(estimate_ms, 0.5),
+        **(
+            {
+                "candidate_judge_p50_ms": _quantile(judge_ms, 0.5),
+                "candidate_judge_p99_ms": _quantile(judge_ms, 0.99),
+            }
+            if judge_ms
+            else {}
+        ),
     }
 
 
@@ -138,6 +151,20 @@ def _table(rows: list[dict[str, Any]]) -> str:
             f"| {kinds} | {r['reference_tokenizer_p50_ms']:.2f} "
             f"| {r['fitted_estimate_p50_ms']:.3f} |"
         )
+    judged = [r for r in rows if "candidate_judge_p50_ms" in r]
+    if judged:
+        lines += [
+            "",
+            "The candidate's judgement (shadow mode), after each decision, off its path:",
+            "",
+            "| profile | setup | judgement p50 ms | judgement p99 ms |",
+            "| --- | --- | ---: | ---: |",
+        ]
+        lines += [
+            f"| {r['profile']} | {r['setup']} | {r['candidate_judge_p50_ms']:.3f} "
+            f"| {r['candidate_judge_p99_ms']:.3f} |"
+            for r in judged
+        ]
     return "\n".join(lines)
 
 

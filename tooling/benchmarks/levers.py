@@ -62,6 +62,10 @@ LEVERS: dict[str, dict[str, Any]] = {
             }
         }
     },
+    # A candidate policy identical to the policy judged beside it on every request (shadow
+    # mode, policy.candidate): what judging costs when nothing differs. The candidate is the
+    # bench policy itself (policy.yaml, written beside the lever's file).
+    "candidate_same": {"candidate": {"file": "policy.yaml"}},
 }
 
 
@@ -86,6 +90,8 @@ def bench_policy(work: Path, changes: Mapping[str, Any] | None = None) -> Path:
             },
         }
     )
+    if changes and "candidate" in changes:
+        bench_policy(work)  # the candidate it names: the policy without the lever
     tag = hashlib.sha1(json.dumps(changes, sort_keys=True).encode()).hexdigest()[:8]
     path = work / (f"policy-{tag}.yaml" if changes else "policy.yaml")
     path.write_text(yaml.safe_dump(raw))
