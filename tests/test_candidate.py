@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,6 +13,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from admission.assembly import build_admission
+from admission.errors import RateLimited
 from admission.events import NoEvents
 from budget.store import InProcessStore
 from extproc.request.candidate import CandidateJudge, Verdict, verdict_of
@@ -71,10 +73,10 @@ def test_diff_names_what_changed_in_words() -> None:
     assert policy_changes(old, parse_policy(RAW)) == []
 
 
-async def test_a_candidate_halving_one_tenant_counts_would_refuse_for_it_only() -> None:
-    """Item 7: in shadow, the candidate counts would-refuse for that tenant only and
-    refuses nothing."""
-    policy, candidate = parse_policy(RAW), parse_policy(halved(RAW))
+def shadowed(
+    policy: Policy, candidate: Policy
+) -> tuple[Decider, CandidateJudge, CollectorRegistry]:
+    """The real decider and admission chain (budgets in process) with `candidate` beside."""
     now = [1000.0]
     admission = build_admission(
         board=None,
@@ -95,6 +97,20 @@ async def test_a_candidate_halving_one_tenant_counts_would_refuse_for_it_only() 
         admission=admission.chain,
         candidate=judge,
     )
+    return decider, judge, registry
+
+
+BODY = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}).encode()
+
+
+def headers(key: str) -> dict[str, str]:
+    return {":path": "/v1/chat/completions", "authorization": f"Bearer {key}"}
+
+
+async def test_a_candidate_halving_one_tenant_counts_would_refuse_for_it_only() -> None:
+    """Item 7: in shadow, the candidate counts would-refuse for that tenant only and
+    refuses nothing."""
+    decider, judge, registry = shadowed(parse_policy(RAW), parse_policy(halved(RAW)))
     body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
     notes = []
     for key in ("sk-a", "sk-b") * 4:
@@ -173,3 +189,22 @@ def test_policy_diff_prints_markdown_and_refuses_traffic_for_now(
     assert main(["policy", "diff", str(old), str(new), "--traffic", str(tmp_path)]) == 2
     assert "not built yet" in capsys.readouterr().err
     assert main(["policy", "promote", "--policy", str(old)]) == 2  # it names no candidate
+
+
+async def test_what_the_policy_refuses_and_the_candidate_admits_is_noted_before_the_refusal() -> (
+    None
+):
+    decider, _, registry = shadowed(parse_policy(halved(RAW)), parse_policy(RAW))
+    verdicts = []
+    for _ in range(4):
+        flow = decider.new_flow()
+        await flow.on_request_headers(headers("sk-a"), end_of_stream=False)
+        with contextlib.suppress(RateLimited):
+            await flow.on_request_body(BODY)
+        shape = flow.shape  # what the traffic record writes a refusal from, at once
+        assert shape is not None and shape.candidate is not None
+        verdicts.append(shape.candidate.verdict)
+    # The two admitted are judged in a task, after their answer; the two refused before.
+    assert verdicts[2:] == ["would_admit", "would_admit"]
+    labels = {"tenant": "team-a", "verdict": "would_admit"}
+    assert registry.get_sample_value("slogate_candidate_decisions_total", labels) == 2
