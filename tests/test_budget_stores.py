@@ -16,6 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from budget.ledger import Charge
+from budget.prefixed_store import PrefixedStore
 from budget.redis_store import RedisStore, connect
 from budget.store import BudgetStore, InProcessStore
 from policy import Limits
@@ -25,6 +26,7 @@ from tooling.processes import ManagedProcess, start_redis
 # The real servers are e2e; the in-process store runs in the fast suite too.
 STORES = [
     "memory",
+    "prefixed",  # the candidate policy's windows beside the real ones (budget.prefixed_store)
     pytest.param("redis", marks=pytest.mark.e2e),
     pytest.param("cluster", marks=pytest.mark.e2e),
 ]
@@ -41,6 +43,8 @@ async def store(request: pytest.FixtureRequest, clock: VirtualClock) -> AsyncIte
     made: BudgetStore
     if kind == "memory":
         made = InProcessStore(clock)
+    elif kind == "prefixed":
+        made = PrefixedStore(InProcessStore(clock), "candidate:")
     elif kind == "redis":
         port = request.getfixturevalue("redis_port")
         made = RedisStore(connect(f"redis://127.0.0.1:{port}"), clock)

@@ -208,3 +208,49 @@ async def test_what_the_policy_refuses_and_the_candidate_admits_is_noted_before_
     assert verdicts[2:] == ["would_admit", "would_admit"]
     labels = {"tenant": "team-a", "verdict": "would_admit"}
     assert registry.get_sample_value("slogate_candidate_decisions_total", labels) == 2
+
+
+async def test_in_a_shared_store_the_candidates_windows_stand_apart_from_the_real_ones() -> None:
+    """A fleet on Redis: the candidate's windows are `candidate:`-prefixed ids in the same
+    store (here an in-process one), the real windows untouched; refusals judged in a task."""
+    from budget.prefixed_store import PrefixedStore
+    from extproc.request.candidate import CANDIDATE_BUDGETS
+
+    policy, candidate = parse_policy(halved(RAW)), parse_policy(RAW)
+    shared = InProcessStore(lambda: 1000.0)
+    admission = build_admission(
+        board=None,
+        store=shared,
+        events=NoEvents(),
+        clock=lambda: 1000.0,
+        ttl_s=60.0,
+        policy=lambda: policy,
+    )
+    registry = CollectorRegistry()
+    judge = CandidateJudge(
+        lambda: candidate,
+        CandidateMetrics(registry),
+        60.0,
+        store=PrefixedStore(shared, CANDIDATE_BUDGETS),
+    )
+    decider = Decider(
+        policy=lambda: policy,
+        identity=ApiKeyResolver(lambda: policy),
+        counter=PromptCounter(None, policy.counting, ThreadPoolExecutor(1)),
+        admission=admission.chain,
+        candidate=judge,
+    )
+    for _ in range(3):
+        flow = decider.new_flow()
+        await flow.on_request_headers(headers("sk-a"), end_of_stream=False)
+        with contextlib.suppress(RateLimited):
+            await flow.on_request_body(BODY)
+    await judge.drain()
+    key_id = parse_policy(RAW).keys[next(iter(parse_policy(RAW).keys))].key_id
+    # The real window: the 2 admitted, in flight. The candidate's: the same 2 in flight,
+    # and the third (refused for real) settled there at once with what it reserved.
+    assert await shared.outstanding(key_id) == 2 and (await shared.usage(key_id))[60] == 0
+    assert await shared.outstanding(CANDIDATE_BUDGETS + key_id) == 2
+    assert (await shared.usage(CANDIDATE_BUDGETS + key_id))[60] > 0
+    labels = {"tenant": "team-a", "verdict": "would_admit"}
+    assert registry.get_sample_value("slogate_candidate_decisions_total", labels) == 1

@@ -10,19 +10,21 @@ the candidate knows it). What the candidate would have done is written on the re
 What the candidate judges: the policy's own checks, run by the same code with the same
 errors — the caller (a key the candidate drops, a suspended tenant, a limit of 0), the
 routing (pool and bucket), the model's window, the tenant's pools, and the key or tenant
-budgets, in a budget store of its own (its windows count what the candidate would have
-admitted; a request both admit is settled there with its real usage). It counts nothing
-twice: the prompt count is the enforced one's, and the real budgets are never touched.
+budgets, in windows of its own (this process's, or `candidate:`-prefixed ones in the
+fleet's Redis store: they count what the candidate would have admitted; a request both
+admit is settled there with its real usage). It counts nothing twice: the prompt count is
+the enforced one's, and the real budgets are never touched.
 What it does not judge: the live state the two policies share — the breaker, KV room, the
 waiting room, spend budgets; a request the enforced policy refused for one of those is
 `same` without a look. Requests refused before they were routed (a bad body, over the
 model's window, in the header phase: an unknown key, a suspended tenant) and the APIs
 whose body is not read are not judged either.
 
-Bounded: at most `max_pending` judgements of admitted requests wait for the loop; past
-that a request is `skipped` (counted), never waited for. A refused request is judged before
-its refusal goes out (no I/O: the candidate's store is in-process), so that the traffic
-record, written when the refusal is, carries the verdict.
+Bounded: at most `max_pending` judgements wait for the loop; past that a request is
+`skipped` (counted), never waited for. With its windows in this process, a refused request
+is judged before its refusal goes out (no I/O), so that the traffic record, written when
+the refusal is, carries the verdict; with them in Redis, in a task like the rest (no
+round trip added to a refusal; its record may then be written before the verdict).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from admission.errors import (
     Unauthenticated,
 )
 from admission.events import NoEvents
-from budget.store import InProcessStore
+from budget.store import BudgetStore, InProcessStore
 from extproc.request.bodies import InferenceRequest
 from extproc.request.flow import Routed, route
 from extproc.request.identity import StoredKeys
@@ -54,6 +56,9 @@ from extproc.request.tokens import PromptCount
 from policy import ApiKey, Limits, Policy
 
 log = logging.getLogger("slogate.candidate")
+
+# The candidate's budget windows in a shared store: its ids under this prefix.
+CANDIDATE_BUDGETS = "candidate:"
 
 
 class Verdict(StrEnum):
@@ -124,11 +129,15 @@ class CandidateJudge:
         keys: StoredKeys | None = None,
         clock: Callable[[], float] | None = None,
         max_pending: int = 1024,
+        store: BudgetStore | None = None,
     ) -> None:
+        """`store`: where the candidate's budget windows live, apart from the real ones
+        (budget.prefixed_store over the fleet's Redis store); None: in this process."""
         self._candidate = candidate
         self._events = events
         self._keys = keys
-        self.store = InProcessStore(clock or time.time)  # the candidate's windows only
+        self.store: BudgetStore = store or InProcessStore(clock or time.time)
+        self._local = store is None
         self._budget = BudgetStep(self.store, NoEvents(), ttl_s)
         self._max_pending = max_pending
         self._pending: dict[str, asyncio.Task[None]] = {}
@@ -155,24 +164,32 @@ class CandidateJudge:
     ) -> Routed:
         """The enforced admission's answer, unchanged. The candidate judges an admitted
         request in a task, after the answer; a refused one before the refusal goes out
-        (in-process work, ~0.07 ms), so that its traffic record carries the verdict."""
+        when its windows are in this process (~0.07 ms, no I/O: its traffic record then
+        carries the verdict), in a task too when they are in Redis."""
         try:
             routed = await enforced
         except RequestRejected as refused:
-            judging = self._judgement(decision, policy, request, counted, None, refused)
-            if judging is not None:
+            key = f"candidate-{next(self._ids)}"
+            judging = self._judgement(key, decision, policy, request, counted, None, refused)
+            if judging is not None and self._local:
                 await judging
+            elif judging is not None:
+                self._in_task(key, judging)
             raise
-        judging = self._judgement(decision, policy, request, counted, routed, None)
+        key = routed.tracking_id
+        judging = self._judgement(key, decision, policy, request, counted, routed, None)
         if judging is not None:
-            key = routed.tracking_id
-            task = asyncio.get_running_loop().create_task(judging)
-            self._pending[key] = task
-            task.add_done_callback(lambda _: self._pending.pop(key, None))
+            self._in_task(key, judging)
         return routed
+
+    def _in_task(self, key: str, judging: Coroutine[None, None, None]) -> None:
+        task = asyncio.get_running_loop().create_task(judging)
+        self._pending[key] = task
+        task.add_done_callback(lambda _: self._pending.pop(key, None))
 
     def _judgement(
         self,
+        key: str,
         decision: RoutingDecision,
         policy: Policy,
         request: InferenceRequest,
@@ -191,11 +208,10 @@ class CandidateJudge:
             note.verdict = Verdict.SAME
             self._events.candidate_verdict(tenant, note.verdict, "", "", "")
             return None
-        if routed is not None and len(self._pending) >= self._max_pending:
+        if (routed is not None or not self._local) and len(self._pending) >= self._max_pending:
             note.verdict = Verdict.SKIPPED
             self._events.candidate_verdict(tenant, note.verdict, "", "", "")
             return None
-        key = routed.tracking_id if routed is not None else f"candidate-{next(self._ids)}"
         return self._judge(key, candidate, decision, policy, request, counted, routed, note)
 
     async def _judge(

@@ -32,8 +32,9 @@ from breaker.board import BreakerBoard
 from breaker.controller import TierMultipliers
 from breaker.key_quotas import KeyQuotas
 from breaker.latency import ResponseWindows
+from budget.prefixed_store import PrefixedStore
 from extproc.adminpb import admin_pb2_grpc, tenants_pb2_grpc
-from extproc.request.candidate import CandidateJudge
+from extproc.request.candidate import CANDIDATE_BUDGETS, CandidateJudge
 from extproc.request.engine_outcomes import EngineOutcomes
 from extproc.request.flow import Decider
 from extproc.request.identity import ApiKeyResolver
@@ -61,7 +62,7 @@ from extproc.service.metrics import SidecarMetrics
 from extproc.service.prompt_feedback import PromptFeedback
 from extproc.service.tenant_admin import TenantAdminService
 from extproc.service.traffic_record import TrafficRecorder, dropped_counter
-from policy import Tier
+from policy import BudgetStoreKind, Tier
 
 log = logging.getLogger("slogate.sidecar")
 
@@ -170,7 +171,17 @@ class Sidecar:
         # A candidate policy judged beside the enforced one, never enforced (policy.candidate).
         candidate_metrics = CandidateMetrics(self.metrics.registry)
         self.candidate = CandidateHolder(self.policy, candidate_metrics)
-        self.judge = CandidateJudge(self.candidate, candidate_metrics, ttl_s, self.keys, clock)
+        self.judge = CandidateJudge(
+            self.candidate,
+            candidate_metrics,
+            ttl_s,
+            self.keys,
+            clock,
+            # A fleet sharing Redis judges the candidate's budgets on the fleet's traffic.
+            store=PrefixedStore(self.store, CANDIDATE_BUDGETS)
+            if initial.budget.store is BudgetStoreKind.REDIS
+            else None,
+        )
         self.decider = Decider(
             policy=self.policy,
             identity=ApiKeyResolver(self.policy, self.keys),
