@@ -29,6 +29,7 @@ STORES = [
     "prefixed",  # the candidate policy's windows beside the real ones (budget.prefixed_store)
     pytest.param("redis", marks=pytest.mark.e2e),
     pytest.param("cluster", marks=pytest.mark.e2e),
+    pytest.param("prefixed-redis", marks=pytest.mark.e2e),
 ]
 
 
@@ -41,18 +42,21 @@ def clock() -> VirtualClock:
 async def store(request: pytest.FixtureRequest, clock: VirtualClock) -> AsyncIterator[BudgetStore]:
     kind = request.param
     made: BudgetStore
+    owner: BudgetStore | None = None
     if kind == "memory":
         made = InProcessStore(clock)
     elif kind == "prefixed":
         made = PrefixedStore(InProcessStore(clock), "candidate:")
-    elif kind == "redis":
+    elif kind in ("redis", "prefixed-redis"):
         port = request.getfixturevalue("redis_port")
-        made = RedisStore(connect(f"redis://127.0.0.1:{port}"), clock)
+        made = owner = RedisStore(connect(f"redis://127.0.0.1:{port}"), clock)
+        if kind == "prefixed-redis":  # it owns nothing: `owner` is closed below
+            made = PrefixedStore(owner, "candidate:")
     else:
         ports = request.getfixturevalue("cluster_ports")
         made = RedisStore(connect(f"redis://127.0.0.1:{ports[0]}", cluster=True), clock)
     yield made
-    await made.close()
+    await (owner or made).close()
 
 
 def new_key() -> str:
