@@ -116,7 +116,10 @@ def _keys(old: Policy, new: Policy) -> Iterable[str]:
         yield f"Tenant `{tenant}`: {_count(added[tenant])} added."
     for tenant in sorted(removed):
         yield f"Tenant `{tenant}`: {_count(removed[tenant])} removed."
-    for sha in sorted(before.keys() & after.keys(), key=lambda s: (after[s].tenant, s)):
+    # Keys whose settings changed, grouped by tenant and change: a tier's or tenant's new
+    # limit reaches each of its keys, and ten thousand keys make one sentence, not 10,000.
+    changed: dict[tuple[str, str], list[str]] = {}
+    for sha in before.keys() & after.keys():
         was, now = before[sha], after[sha]
         said = _limits_changes(was.limits, now.limits)
         if was.tenant != now.tenant:
@@ -124,7 +127,9 @@ def _keys(old: Policy, new: Policy) -> Iterable[str]:
         if was.tier != now.tier:
             said.insert(0, f"tier {was.tier} → {now.tier}")
         if said:
-            yield f"Key `{was.key_id}` (tenant `{now.tenant}`): {'; '.join(said)}."
+            changed.setdefault((now.tenant, "; ".join(said)), []).append(was.key_id)
+    for (tenant, said_text), ids in sorted(changed.items()):
+        yield f"Tenant `{tenant}`: {_count(ids)}: {said_text}."
 
 
 def _pools_and_routing(old: Policy, new: Policy) -> Iterable[str]:
@@ -146,7 +151,9 @@ def _pools_and_routing(old: Policy, new: Policy) -> Iterable[str]:
 
 def _rules(policy: Policy) -> str:
     shown = [
-        f"{r.min_context_tokens} to {_show(r.max_context_tokens)} tokens to `{r.pool}`"
+        f"{r.min_context_tokens}{'+' if r.max_context_tokens is None else ''}"
+        f"{'' if r.max_context_tokens is None else f' to {r.max_context_tokens}'} tokens "
+        f"to `{r.pool}`"
         for r in policy.route_rules
     ]
     return "[" + ", ".join(shown) + "]" if shown else "none"

@@ -68,7 +68,8 @@ def test_diff_names_what_changed_in_words() -> None:
     assert "Tenant `team-a`: requests_per_minute 4 → 2." in said
     assert "Tenant `team-b`: suspended." in said
     assert "Tenant `team-c`: 1 key (" in text and "added." in text
-    assert "Key `" in text and "requests_per_minute 4 → 2" in text  # team-a's key inherits
+    # team-a's key inherits its tenant's new limit: keys are grouped by tenant and change
+    assert "Tenant `team-a`: 1 key (`" in text and "`): requests_per_minute 4 → 2." in text
     assert "`default_max_tokens` 1024 → 2048." in said
     assert policy_changes(old, parse_policy(RAW)) == []
 
