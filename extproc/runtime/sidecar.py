@@ -211,7 +211,9 @@ class Sidecar:
             sinks.append(self.decision_log)
         self.traffic = (
             TrafficRecorder.from_config(
-                initial.traffic_record, dropped_counter(self.metrics.registry)
+                initial.traffic_record,
+                dropped_counter(self.metrics.registry),
+                Path(initial.source).parent,
             )
             if initial.traffic_record is not None
             else None

@@ -211,9 +211,14 @@ class TrafficRecorder:
         self._arrived: dict[str, float] = {}
 
     @classmethod
-    def from_config(cls, config: TrafficRecordConfig, dropped: DropCounter) -> TrafficRecorder:
+    def from_config(
+        cls, config: TrafficRecordConfig, dropped: DropCounter, policy_dir: Path
+    ) -> TrafficRecorder:
+        """`dir` as written: relative to the policy file's folder."""
         return cls(
-            TrafficFiles(Path(config.directory), config.keep_days), config.sample_rate, dropped
+            TrafficFiles(policy_dir / config.directory, config.keep_days),
+            config.sample_rate,
+            dropped,
         )
 
     def _sampled(self) -> bool:

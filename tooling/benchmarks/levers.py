@@ -66,6 +66,9 @@ LEVERS: dict[str, dict[str, Any]] = {
     # mode, policy.candidate): what judging costs when nothing differs. The candidate is the
     # bench policy itself (policy.yaml, written beside the lever's file).
     "candidate_same": {"candidate": {"file": "policy.yaml"}},
+    # Every request's shape recorded (traffic_record, sample_rate 1.0): what keeping the
+    # traffic record on costs. Its files go beside the lever's policy file.
+    "record_all": {"traffic_record": {"dir": "traffic", "sample_rate": 1.0}},
 }
 
 
@@ -76,6 +79,12 @@ def bench_policy(work: Path, changes: Mapping[str, Any] | None = None) -> Path:
     raw = yaml.safe_load(POLICY.read_text())
     for section, values in (changes or {}).items():
         raw[section] = {**(raw.get(section) or {}), **values}
+    # The bench's Envoy sends every pool's requests to one fake upstream: the endpoints the
+    # policy lists do not listen, and probing them would call every engine dead (the breaker
+    # then sheds everything at L3, no_engines, and the bench measures refusals).
+    engines = raw.get("engines") or {}
+    engines["health"] = {**(engines.get("health") or {}), "probes": False}
+    raw["engines"] = engines
     huge = 10**12
     raw["keys"].append(
         {
