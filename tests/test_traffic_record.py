@@ -184,3 +184,26 @@ def test_replay_reproduces_a_small_keys_refusals() -> None:
     report = replay(entries, policy)
     assert report["agreement"]["agreement"] == 1.0, report["agreement"]
     assert report["agreement"]["recorded"] == {"refused:budget_requests": 7, "admitted": 5}
+
+
+def test_the_replay_command_names_bad_lines_and_replays_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tooling.cli import main
+
+    key = load_policy(EXAMPLE_POLICY).key_for("sk-demo-standard")
+    assert key is not None
+    fields = {"key": key.key_id, "prompt": 40, "count": "exact", "max_tokens": 8}
+    body = b"".join(_line(t=1_790_000_000.0 + i, id=f"q{i}", **fields) for i in range(5))
+    path = tmp_path / "traffic" / "traffic-2026-09-21-h-1.jsonl.gz"
+    path.parent.mkdir()
+    path.write_bytes(gzip.compress(body + b'{"v": 1, "t": \n') + gzip.compress(body)[:-12])
+    out = tmp_path / "replay"
+    policy = str(EXAMPLE_POLICY)
+    code = main(["replay", "--traffic", str(path.parent), "--policy", policy, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert f"{path}:6: Input data was truncated" in err
+    assert f"{path}:11: compressed data broken off or corrupt" in err  # 7-10 read
+    report = msgspec.json.decode(out.with_suffix(".json").read_bytes())
+    assert report["agreement"]["replayed"] >= 5 and report["agreement"]["agreement"] == 1.0
