@@ -177,12 +177,17 @@ def test_errors_have_vllm_shapes(
     assert set(simulated.json()["error"]) == set(real.json()["error"])
 
 
-def _fill(url: str, count: int, seed: int) -> tuple[list[int], float, float]:
+QUEUED = "vllm:request_queue_time_seconds_sum"
+
+
+def _fill(url: str, count: int, seed: int) -> tuple[list[int], float, float, float]:
     """`count` requests at once, each ~3k prompt tokens + 120 generated: together past a
-    10,240-token cache. Their statuses, and the most waiting and the preemptions the
-    engine's metrics showed meanwhile."""
+    10,240-token cache. Their statuses, the most waiting and the preemptions the engine's
+    metrics showed meanwhile, and the seconds its requests spent queued (vLLM's
+    histogram: a counter, which cannot fall between two reads as a waiting gauge can)."""
     statuses: list[int] = []
-    preempted = metric(scrape(f"{url}/metrics"), "vllm:num_preemptions_total")
+    before = scrape(f"{url}/metrics")
+    preempted = metric(before, "vllm:num_preemptions_total")
 
     def send(i: int) -> None:
         body = chat_body(words(3000, seed + i), max_tokens=120, ignore_eos=True)
@@ -197,8 +202,9 @@ def _fill(url: str, count: int, seed: int) -> tuple[list[int], float, float]:
             most_waiting, metric(scrape(f"{url}/metrics"), "vllm:num_requests_waiting")
         )
         time.sleep(0.1)
-    preemptions = metric(scrape(f"{url}/metrics"), "vllm:num_preemptions_total") - preempted
-    return statuses, most_waiting, preemptions
+    after = scrape(f"{url}/metrics")
+    preemptions = metric(after, "vllm:num_preemptions_total") - preempted
+    return statuses, most_waiting, preemptions, metric(after, QUEUED) - metric(before, QUEUED)
 
 
 def test_a_full_kv_cache_queues_in_both(
@@ -216,8 +222,11 @@ def test_a_full_kv_cache_queues_in_both(
     port = int(sim.wait_for_line(r"listening on http://[^:]+:(\d+)").group(1))
     real = _fill(vllm_stack.pool_url("default"), 4, 60)
     simulated = _fill(f"http://127.0.0.1:{port}", 4, 70)
-    for statuses, most_waiting, _ in (real, simulated):
-        assert statuses == [200] * 4  # queued, not failed
-        assert most_waiting >= 1
+    for name, (statuses, most_waiting, _, queued_s) in (("vLLM", real), ("sim", simulated)):
+        assert statuses == [200] * 4, name  # queued, not failed
+        # Seen waiting — or, on vLLM, queued by its own count: its gauges come from an API
+        # server its prefill starves (a read took seconds), and once none of the reads fell
+        # while the fourth request waited (CI: most waiting 0, all four 200).
+        assert most_waiting >= 1 or queued_s >= 0.5, (name, most_waiting, queued_s)
     assert simulated[2] == 0  # the simulator never preempts (its docstring says why)
-    print(f"vLLM: most waiting {real[1]:.0f}, preemptions {real[2]:.0f}")
+    print(f"vLLM: most waiting {real[1]:.0f}, preemptions {real[2]:.0f}, queued {real[3]:.1f} s")
