@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 
-from policy.domain import ApiKey, Limits, Tenant
+from policy.domain import ApiKey, Limits, SpendLimits, Tenant
 from policy.schema import Policy
 
 # Compared field by field below, or not a setting (where the file was read from).
@@ -26,6 +26,9 @@ _NOT_SETTINGS = frozenset({"source", "candidate"})
 def _show(value: object) -> str:
     if value is None:
         return "unset"
+    if isinstance(value, SpendLimits):
+        unit = value.unit.value
+        return f"per day {_show(value.per_day)}, per month {_show(value.per_month)} ({unit})"
     if isinstance(value, frozenset | set):
         return "{" + ", ".join(sorted(map(str, value))) + "}"
     if isinstance(value, float) and value.is_integer():
@@ -140,7 +143,7 @@ def _pools_and_routing(old: Policy, new: Policy) -> Iterable[str]:
     for name in sorted(old.pools.keys() & new.pools.keys()):
         said = _fields(old.pools[name], new.pools[name], "")
         if said:
-            yield f"Pool `{name}`: {'; '.join(said)}."
+            yield f"Pool `{name}`: {'; '.join(f'{path} {change}' for path, change in said)}."
     for what in ("default_pool", "fallback_pool"):
         before, after = getattr(old, what), getattr(new, what)
         if before != after:
@@ -159,23 +162,30 @@ def _rules(policy: Policy) -> str:
     return "[" + ", ".join(shown) + "]" if shown else "none"
 
 
-def _fields(old: object, new: object, prefix: str) -> list[str]:
-    """`path a → b` for every differing leaf of two values of one dataclass type."""
+def _fields(old: object, new: object, prefix: str) -> list[tuple[str, str]]:
+    """(path, `a → b`) for every differing leaf of two values of one dataclass type."""
     if old == new:
         return []
     if dataclasses.is_dataclass(old) and type(old) is type(new):
-        said: list[str] = []
+        said: list[tuple[str, str]] = []
         for f in dataclasses.fields(old):
             said += _fields(getattr(old, f.name), getattr(new, f.name), f"{prefix}{f.name}.")
         return said
     path = prefix.rstrip(".")
     if isinstance(old, Mapping) and isinstance(new, Mapping):
         return [
-            f"{path}[{k}] {_show(old.get(k))} → {_show(new.get(k))}"
-            for k in sorted({*old, *new}, key=str)
+            (f"{path}[{_key(k)}]", f"{_show(old.get(k))} → {_show(new.get(k))}")
+            for k in sorted({*old, *new}, key=_key)
             if old.get(k) != new.get(k)
         ]
-    return [f"{path} {_show(old)} → {_show(new)}"]
+    return [(path, f"{_show(old)} → {_show(new)}")]
+
+
+def _key(key: object) -> str:
+    """A mapping key as the policy writes it: `critical/default` for (tier, "*")."""
+    if isinstance(key, tuple):
+        return "/".join("default" if part == "*" else str(part) for part in key)
+    return str(key)
 
 
 def policy_changes(old: Policy, new: Policy) -> list[str]:
@@ -191,6 +201,6 @@ def policy_changes(old: Policy, new: Policy) -> list[str]:
     for f in dataclasses.fields(Policy):
         if f.name in _SPECIAL or f.name in _NOT_SETTINGS:
             continue
-        changes = _fields(getattr(old, f.name), getattr(new, f.name), f"{f.name}.")
-        said += [f"`{change.split(' ', 1)[0]}` {change.split(' ', 1)[1]}." for change in changes]
+        leaves = _fields(getattr(old, f.name), getattr(new, f.name), f"{f.name}.")
+        said += [f"`{path}` {change}." for path, change in leaves]
     return said

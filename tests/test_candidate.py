@@ -255,3 +255,23 @@ async def test_in_a_shared_store_the_candidates_windows_stand_apart_from_the_rea
     assert (await shared.usage(CANDIDATE_BUDGETS + key_id))[60] > 0
     labels = {"tenant": "team-a", "verdict": "would_admit"}
     assert registry.get_sample_value("slogate_candidate_decisions_total", labels) == 1
+
+
+def test_diff_names_objectives_pools_spend_and_routing() -> None:
+    from tests.support.stack import example_policy
+
+    old = example_policy()
+    old["tenants"] = {"defaults": {}, "list": {"demo-batch": {}}}
+    new = json.loads(json.dumps(old))
+    new["slos"]["critical"]["default"] = 900
+    new["pools"]["long"]["max_num_seqs"] = 8
+    new["routing"] = {"rules": [{"pool": "long", "min_context_tokens": 16385}]}
+    new["tenants"]["list"]["demo-batch"] = {"pools": ["default"], "spend": {"per_day": 1000}}
+    said = policy_changes(parse_policy(old), parse_policy(new))
+    assert "`slo_ttft_p99_ms[critical/default]` 2000 → 900." in said
+    assert "Pool `long`: max_num_seqs 256 → 8." in said
+    assert "Routing rules: [32769+ tokens to `long`] → [16385+ tokens to `long`]." in said
+    assert (
+        "Tenant `demo-batch`: pools all → {default}; spend budget unset → per day 1000, "
+        "per month unset (tokens)." in said
+    )
