@@ -33,6 +33,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from enum import StrEnum
@@ -143,6 +144,8 @@ class CandidateJudge:
         self._pending: dict[str, asyncio.Task[None]] = {}
         self._held: dict[str, RoutingDecision] = {}  # tracking id -> the candidate's decision
         self._ids = itertools.count()
+        # Ids of refused requests' reservations, unique across replicas sharing Redis.
+        self._id_prefix = os.urandom(4).hex()
 
     @property
     def active(self) -> bool:
@@ -169,7 +172,7 @@ class CandidateJudge:
         try:
             routed = await enforced
         except RequestRejected as refused:
-            key = f"candidate-{next(self._ids)}"
+            key = f"candidate-{self._id_prefix}-{next(self._ids):x}"
             judging = self._judgement(key, decision, policy, request, counted, None, refused)
             if judging is not None and self._local:
                 await judging
