@@ -165,9 +165,18 @@ async def test_a_bad_candidate_is_refused_alone_and_promote_goes_through_reload(
     assert holder().candidate is not None  # the enforced policy applies regardless
 
     write(tmp_path / "cand.yaml", halved(RAW))
-    assert await holder.reload_error() is None
+    assert await holder.reload_error() is None and holder.notice is None
     active = candidate()
     assert active is not None and candidate.error is None
+
+    # Broken again: the reload applies the policy and says why the candidate was refused
+    # (`slogate reload` prints it); the candidate judged until now stays.
+    write(tmp_path / "cand.yaml", {**RAW, "tenants": {"list": {"team-a": {"tier": "gold"}}}})
+    assert await holder.reload_error() is None
+    assert holder.notice is not None and "candidate was refused" in holder.notice
+    assert "tier" in holder.notice and candidate() is active
+    write(tmp_path / "cand.yaml", halved(RAW))
+    assert await holder.reload_error() is None and candidate.error is None
 
     promote(policy_path)  # the candidate becomes the policy; the old one is kept aside
     assert (tmp_path / "policy.yaml.previous").exists()

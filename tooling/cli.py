@@ -895,6 +895,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
                     admin.as_json(reloaded)
                     if args.json
                     else f"reloaded: {reloaded.keys} keys"
+                    + (f"\n{reloaded.error}" if reloaded.error else "")
                     if reloaded.ok
                     else f"refused, the old policy stays: {reloaded.error}"
                 )

@@ -108,4 +108,6 @@ def cmd_policy(args: argparse.Namespace) -> int:
         print(f"the sidecar refused it, the old policy stays: {reply.error}", file=sys.stderr)
         return 1
     print(f"reloaded: {reply.keys} keys")
+    if reply.error:
+        print(reply.error, file=sys.stderr)
     return 0

@@ -77,16 +77,19 @@ class CandidateHolder:
         self._events.candidate_loaded(self._candidate is not None, False)
         log.error("candidate policy refused (the policy applies regardless): %s", reason)
 
-    async def reload(self, policy: Policy) -> None:
-        """The policy was reloaded: load the candidate it names."""
+    async def reload(self, policy: Policy) -> str | None:
+        """The policy was reloaded: load the candidate it names; why it was refused, if it
+        was (the reload's notice: `slogate reload` prints it)."""
         self._remember(policy)
         if self._path is None:
             self._take(None)
-            return
+            return None
         try:
             self._take(await off_loop(load_candidate, policy))
         except (PolicyError, OSError) as error:
             self._refuse(str(error))
+            return f"the candidate was refused (the policy applies): {error}"
+        return None
 
     async def reload_if_changed(self) -> bool:
         """The candidate's own file changed: reload it; True when it was looked at."""

@@ -34,8 +34,10 @@ class PolicyHolder:
         self._policy = load_policy(path)
         self._mtime_ns = self._stat()
         self._lock = asyncio.Lock()
-        # Called with each policy swapped in, under the reload's lock (the candidate's holder).
-        self.on_reload: list[Callable[[Policy], Awaitable[None]]] = []
+        # Called with each policy swapped in, under the reload's lock (the candidate's holder);
+        # what they answer (a candidate refused) is the reload's `notice`, its policy applied.
+        self.on_reload: list[Callable[[Policy], Awaitable[str | None]]] = []
+        self.notice: str | None = None
         metrics.policy_keys.set(len(self._policy.keys))
 
     def __call__(self) -> Policy:
@@ -73,8 +75,8 @@ class PolicyHolder:
                 len(policy.keys),
                 (time.perf_counter() - started) * 1000,
             )
-            for listener in self.on_reload:
-                await listener(policy)
+            notices = [await listener(policy) for listener in self.on_reload]
+            self.notice = "; ".join(n for n in notices if n) or None
             return None
 
     def _refuse(self, reason: str) -> str:

@@ -33,6 +33,9 @@ from policy import LIMIT_FIELDS, Limits, Policy, Tier
 
 
 class ReloadablePolicy(Protocol):
+    # A reload's notice beside success (a candidate policy refused; None: none).
+    notice: str | None
+
     def __call__(self) -> Policy: ...
     async def reload_error(self) -> str | None: ...
 
@@ -275,7 +278,7 @@ class AdminService(pb_grpc.AdminServicer):
             await self._siblings.reload()
         if error is not None:
             return pb.ReloadPolicyReply(ok=False, error=error, keys=len(holder().keys))
-        return pb.ReloadPolicyReply(ok=True, keys=len(holder().keys))
+        return pb.ReloadPolicyReply(ok=True, keys=len(holder().keys), error=holder.notice or "")
 
     async def Drain(
         self, request: pb.DrainRequest, context: grpc.aio.ServicerContext
