@@ -16,6 +16,16 @@ from policy import ApiKey
 
 
 @dataclass(frozen=True, slots=True)
+class RecordedAnswer:
+    """What the real engine did with a recorded request (sim.replay): seconds from its
+    arrival to its first byte and to its end, and the status Envoy logged."""
+
+    duration_s: float
+    ttft_s: float | None
+    status: int
+
+
+@dataclass(frozen=True, slots=True)
 class Arrival:
     at_s: float
     key: ApiKey
@@ -36,6 +46,9 @@ class Arrival:
     # The output tokens it will generate (a replayed record's real usage); None: drawn
     # from the latency model's output lengths.
     output_tokens: int | None = None
+    # A replayed record's real timing and status: admitted, it ends when the real one did
+    # (None: the simulated engine's latency decides).
+    answer: RecordedAnswer | None = None
 
     @property
     def counted(self) -> int:

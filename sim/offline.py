@@ -35,7 +35,7 @@ from budget.store import InProcessStore
 from extproc.request.flow import Routed, engine_priority
 from extproc.request.tokens import PromptCounter
 from policy import Policy
-from sim.arrivals import Arrival, own_draws
+from sim.arrivals import Arrival, RecordedAnswer, own_draws
 from sim.clock import VirtualClock
 from sim.engine_pool import EnginePool, SimEngine, engine_addresses, probe, scrape
 from sim.fleet_types import RETRIED_STATUSES, EngineOutage, Sample, Served
@@ -414,6 +414,9 @@ class OfflineFleet:
         cached = engine.look_up(segments, arrival.prompt_tokens)
         ttft_s = model.sample_ttft_s(arrival.prompt_tokens, running, cached)
         served = self.results[request_id]
+        if arrival.answer is not None:
+            self._start_recorded(request_id, arrival.answer)
+            return
         if engine.kv.is_overcommitted and draws.random() < self.overcommit_error_rate:
             # Started past the real KV capacity: the engine fails it during prefill.
             served.outcome = "oom"
@@ -428,6 +431,18 @@ class OfflineFleet:
         self._push(served.done_s, "finish", request_id)
         served.output_tokens = output
 
+    def _start_recorded(self, request_id: str, answer: RecordedAnswer) -> None:
+        """A replayed record: its first byte and its end when the real engine's came (or
+        now, when the simulated engine started it later than that)."""
+        arrival = self._arrivals[request_id]
+        served = self.results[request_id]
+        now_s = self.clock.now_s
+        served.done_s = max(now_s, arrival.at_s + answer.duration_s)
+        first_s = answer.duration_s if answer.ttft_s is None else answer.ttft_s
+        served.ttft_s = min(max(now_s, arrival.at_s + first_s), served.done_s) - arrival.at_s
+        served.output_tokens = self._outputs[request_id]
+        self._push(served.done_s, "finish", request_id)
+
     def _finish(self, request_id: str) -> None:
         engine = self._on_engine.pop(request_id, None)
         if engine is None:
@@ -440,7 +455,9 @@ class OfflineFleet:
             self.oom_events += 1
             self._end(request_id, status=500, output=None, engine=engine)  # refunded
             return
-        self._end(request_id, status=200, output=output, engine=engine)
+        answer = served.arrival.answer
+        status = 200 if answer is None else answer.status
+        self._end(request_id, status, output if status < 400 else None, engine=engine)
 
     def _end(
         self, request_id: str, status: int, output: int | None, engine: SimEngine | None = None

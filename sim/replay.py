@@ -28,11 +28,12 @@ from typing import Any
 from admission.decision import CountKind
 from extproc.request.tokens import PromptCount, PromptCounter
 from policy import ApiKey, Policy
-from sim.arrivals import Arrival
+from sim.arrivals import Arrival, RecordedAnswer
+from sim.config import PoolConfig
 from sim.fleet_types import Served
 from sim.model import LatencyConfig
 from sim.offline import OfflineFleet
-from sim.scenarios import FLEET, Workload, summarize
+from sim.scenarios import Workload, summarize
 from sim.traffic import TrafficEntry
 
 _TEXT_PREFIX = "replay:"
@@ -67,7 +68,22 @@ def _keys_by_id(policy: Policy) -> dict[str, ApiKey]:
     return {key.key_id: key for key in policy.keys.values()}
 
 
-def replay_arrivals(entries: Sequence[TrafficEntry], policy: Policy) -> ReplayPlan:
+def _answer(entry: TrafficEntry) -> RecordedAnswer | None:
+    """What the real engine did, for a request that was admitted and answered."""
+    if entry.outcome != "admitted" or entry.duration_ms is None:
+        return None
+    ttft_s = None if entry.ttft_ms is None else entry.ttft_ms / 1000
+    # It held its budgets (concurrency) until the sidecar settled it, not until Envoy's end.
+    held_ms = max(entry.duration_ms, entry.settled_ms or 0.0)
+    return RecordedAnswer(held_ms / 1000, ttft_s, entry.status)
+
+
+def replay_arrivals(
+    entries: Sequence[TrafficEntry], policy: Policy, recorded_timing: bool = True
+) -> ReplayPlan:
+    """`recorded_timing`: a request admitted in the record ends in the replay when it
+    ended for real (its TTFT too, what the breaker reads); False: when the simulated
+    engine says (what another policy would make of the same arrivals)."""
     plan = ReplayPlan()
     if not entries:
         return plan
@@ -96,6 +112,7 @@ def replay_arrivals(entries: Sequence[TrafficEntry], policy: Policy) -> ReplayPl
                 texts=(f"{_TEXT_PREFIX}{index}",),
                 text_tokens=(entry.prompt,),
                 output_tokens=entry.usage_completion,
+                answer=_answer(entry) if recorded_timing else None,
             )
         )
         plan.entries.append(entry)
@@ -127,15 +144,29 @@ def agreement(plan: ReplayPlan, results: dict[str, Served]) -> dict[str, Any]:
     }
 
 
+def replay_engines(policy: Policy) -> tuple[int, int]:
+    """The simulated engines' KV tokens and batch slots: what the policy's default pool
+    says it has, else what a simulated pool has by default (the engines `slogate up` runs).
+    Their KV use is what the breaker and the controller read."""
+    pool = policy.pools[policy.default_pool]
+    engine = PoolConfig()
+    return (
+        pool.kv_capacity_tokens or engine.kv_capacity_tokens,
+        pool.max_num_seqs or engine.max_running_requests,
+    )
+
+
 def replay(
     entries: Sequence[TrafficEntry],
     policy: Policy,
     seed: int = 1,
     latency: LatencyConfig | None = None,
     name: str = "replay",
+    recorded_timing: bool = True,
 ) -> dict[str, Any]:
     """The record replayed under `policy`: simulate's report plus the agreement check."""
-    plan = replay_arrivals(entries, policy)
+    plan = replay_arrivals(entries, policy, recorded_timing)
+    kv_capacity_tokens, max_running = replay_engines(policy)
     last_s = plan.arrivals[-1].at_s if plan.arrivals else 0.0
     duration_s = max(1.0, math.ceil(last_s))
     fleet = OfflineFleet(
@@ -144,7 +175,8 @@ def replay(
         controller=True,  # the sidecar's quota loop always runs
         latency=latency,
         counter=RecordedCounter(plan.counts, policy),
-        **FLEET,  # type: ignore[arg-type]
+        kv_capacity_tokens=kv_capacity_tokens,
+        max_running=max_running,
     )
     results = fleet.run(plan.arrivals, until_s=duration_s + _TAIL_S)
     workload = Workload(name, duration_s, policy, plan.arrivals, [])
@@ -153,6 +185,7 @@ def replay(
         "start_s": plan.start_s,
         "duration_s": duration_s,
         "seed": seed,
+        "recorded_timing": recorded_timing,
         "agreement": agreement(plan, results),
         "report": summarize(fleet, results, workload),
     }

@@ -47,6 +47,7 @@ class TrafficEntry(msgspec.Struct, frozen=True):
     ttft_ms: float | None = None
     duration_ms: float | None = None
     waited_ms: float | None = None
+    settled_ms: float | None = None
 
     @property
     def admitted(self) -> bool:

@@ -12,7 +12,8 @@ when the day turns. Never prompt text, never a key: the key's id (a hash prefix)
 The record's fields (version 1): `v`, `t` (arrival, Unix seconds), `id` (request id),
 `key`, `tenant`, `tier`, `api`, `prompt` and `count` (how it was counted), `max_tokens`,
 `n`, `stream`, `pool`, `bucket`, `outcome` (admitted, refused, expired), `reason`,
-`status`, `usage_prompt`, `usage_completion`, `ttft_ms`, `duration_ms`, `waited_ms`. A
+`status`, `usage_prompt`, `usage_completion`, `ttft_ms`, `duration_ms`, `waited_ms`,
+`settled_ms` (arrival to the sidecar's settlement: when its budgets were freed). A
 refusal before the request was counted has no shape (`prompt` null).
 """
 
@@ -72,7 +73,7 @@ def _caller_fields(caller: ApiKey | None) -> dict[str, Any]:
     return {"key": caller.key_id, "tenant": caller.tenant, "tier": caller.tier.value}
 
 
-def outcome_record(outcome: RequestOutcome, arrived_s: float) -> dict[str, Any]:
+def outcome_record(outcome: RequestOutcome, arrived_s: float, now_s: float) -> dict[str, Any]:
     d = outcome.decision
     return {
         "v": RECORD_VERSION,
@@ -88,6 +89,9 @@ def outcome_record(outcome: RequestOutcome, arrived_s: float) -> dict[str, Any]:
         "ttft_ms": None if outcome.ttft_s is None else round(outcome.ttft_s * 1000, 1),
         "duration_ms": round(outcome.duration_s * 1000, 1),
         "waited_ms": round(d.waited_s * 1000, 1),
+        # When the sidecar settled it (its budgets and KV hold freed): Envoy batches its
+        # access-log entries, so this comes a little after the duration's end.
+        "settled_ms": round((now_s - arrived_s) * 1000, 1),
     }
 
 
@@ -236,11 +240,12 @@ class TrafficRecorder:
 
     async def record(self, outcome: RequestOutcome) -> None:
         """OutcomeSink: a routed request, once its access-log entry (or expiry) came."""
+        now_s = self._clock()
         arrived_s = self._arrived.pop(outcome.tracking_id, None)
         if arrived_s is None:
-            arrived_s = self._clock() - outcome.duration_s
+            arrived_s = now_s - outcome.duration_s
         if self._sampled():
-            self._put(outcome_record(outcome, arrived_s))
+            self._put(outcome_record(outcome, arrived_s, now_s))
 
     def refused(
         self,
