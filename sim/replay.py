@@ -68,13 +68,28 @@ def _keys_by_id(policy: Policy) -> dict[str, ApiKey]:
     return {key.key_id: key for key in policy.keys.values()}
 
 
+def _decided_at(entry: TrafficEntry) -> float:
+    """When the sidecar met the request with its count in hand (its budgets are checked
+    then, not when its headers came): the arrival plus the decision's time, less any wait
+    for room, which the replay's own waiting room plays again."""
+    if entry.decided_ms is None or (entry.reason or "").startswith("queue_"):
+        return entry.t
+    return entry.t + max(0.0, entry.decided_ms - (entry.waited_ms or 0.0)) / 1000
+
+
+def _decided_ms(entry: TrafficEntry) -> float:
+    return (_decided_at(entry) - entry.t) * 1000
+
+
 def _answer(entry: TrafficEntry) -> RecordedAnswer | None:
     """What the real engine did, for a request that was admitted and answered."""
     if entry.outcome != "admitted" or entry.duration_ms is None:
         return None
-    ttft_s = None if entry.ttft_ms is None else entry.ttft_ms / 1000
+    # From the decision (the arrival's time in the replay) on.
+    decided_ms = _decided_ms(entry)
+    ttft_s = None if entry.ttft_ms is None else max(0.0, entry.ttft_ms - decided_ms) / 1000
     # It held its budgets (concurrency) until the sidecar settled it, not until Envoy's end.
-    held_ms = max(entry.duration_ms, entry.settled_ms or 0.0)
+    held_ms = max(entry.duration_ms, entry.settled_ms or 0.0) - decided_ms
     return RecordedAnswer(held_ms / 1000, ttft_s, entry.status)
 
 
@@ -103,7 +118,7 @@ def replay_arrivals(
         held = entry.usage_prompt if entry.usage_prompt is not None else entry.prompt
         plan.arrivals.append(
             Arrival(
-                at_s=entry.t - plan.start_s,
+                at_s=_decided_at(entry) - plan.start_s,
                 key=key,
                 prompt_tokens=held,
                 max_tokens=entry.max_tokens,

@@ -48,6 +48,7 @@ class TrafficEntry(msgspec.Struct, frozen=True):
     duration_ms: float | None = None
     waited_ms: float | None = None
     settled_ms: float | None = None
+    decided_ms: float | None = None
 
     @property
     def admitted(self) -> bool:

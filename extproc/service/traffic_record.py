@@ -13,7 +13,8 @@ The record's fields (version 1): `v`, `t` (arrival, Unix seconds), `id` (request
 `key`, `tenant`, `tier`, `api`, `prompt` and `count` (how it was counted), `max_tokens`,
 `n`, `stream`, `pool`, `bucket`, `outcome` (admitted, refused, expired), `reason`,
 `status`, `usage_prompt`, `usage_completion`, `ttft_ms`, `duration_ms`, `waited_ms`,
-`settled_ms` (arrival to the sidecar's settlement: when its budgets were freed). A
+`settled_ms` (arrival to the sidecar's settlement: when its budgets were freed),
+`decided_ms` (arrival to the sidecar's decision: counting, and any wait for room). A
 refusal before the request was counted has no shape (`prompt` null).
 """
 
@@ -73,7 +74,9 @@ def _caller_fields(caller: ApiKey | None) -> dict[str, Any]:
     return {"key": caller.key_id, "tenant": caller.tenant, "tier": caller.tier.value}
 
 
-def outcome_record(outcome: RequestOutcome, arrived_s: float, now_s: float) -> dict[str, Any]:
+def outcome_record(
+    outcome: RequestOutcome, arrived_s: float, decided_s: float, now_s: float
+) -> dict[str, Any]:
     d = outcome.decision
     return {
         "v": RECORD_VERSION,
@@ -92,6 +95,7 @@ def outcome_record(outcome: RequestOutcome, arrived_s: float, now_s: float) -> d
         # When the sidecar settled it (its budgets and KV hold freed): Envoy batches its
         # access-log entries, so this comes a little after the duration's end.
         "settled_ms": round((now_s - arrived_s) * 1000, 1),
+        "decided_ms": round((decided_s - arrived_s) * 1000, 1),
     }
 
 
@@ -101,9 +105,11 @@ def refusal_record(
     caller: ApiKey | None,
     shape: RoutingDecision | None,
     arrived_s: float,
+    now_s: float,
 ) -> dict[str, Any]:
     fields = shape_fields(shape) if shape is not None else {"prompt": None}
     return {
+        "decided_ms": round((now_s - arrived_s) * 1000, 1),
         "v": RECORD_VERSION,
         "t": round(arrived_s, 4),
         "id": request_id,
@@ -212,7 +218,7 @@ class TrafficRecorder:
         self._rng = rng or random.Random()
         # Arrival times of routed requests until their outcome comes (popped then, or at
         # expiry: InFlight hands every routed request to the sinks once).
-        self._arrived: dict[str, float] = {}
+        self._arrived: dict[str, tuple[float, float]] = {}  # (arrived, decided)
 
     @classmethod
     def from_config(
@@ -235,17 +241,17 @@ class TrafficRecorder:
             self._dropped.inc()
 
     def admitted(self, tracking_id: str, arrived_s: float) -> None:
-        """A routed request's arrival, kept until its outcome is recorded."""
-        self._arrived[tracking_id] = arrived_s
+        """A routed request's arrival and decision, kept until its outcome is recorded."""
+        self._arrived[tracking_id] = (arrived_s, self._clock())
 
     async def record(self, outcome: RequestOutcome) -> None:
         """OutcomeSink: a routed request, once its access-log entry (or expiry) came."""
         now_s = self._clock()
-        arrived_s = self._arrived.pop(outcome.tracking_id, None)
-        if arrived_s is None:
-            arrived_s = now_s - outcome.duration_s
+        arrived_s, decided_s = self._arrived.pop(outcome.tracking_id, (0.0, 0.0))
+        if not arrived_s:
+            arrived_s = decided_s = now_s - outcome.duration_s
         if self._sampled():
-            self._put(outcome_record(outcome, arrived_s, now_s))
+            self._put(outcome_record(outcome, arrived_s, decided_s, now_s))
 
     def refused(
         self,
@@ -256,7 +262,8 @@ class TrafficRecorder:
         arrived_s: float,
     ) -> None:
         if self._sampled():
-            self._put(refusal_record(error, request_id, caller, shape, arrived_s))
+            now_s = self._clock()
+            self._put(refusal_record(error, request_id, caller, shape, arrived_s, now_s))
 
     def close(self) -> None:
         self.files.close()
