@@ -207,3 +207,44 @@ def test_the_replay_command_names_bad_lines_and_replays_the_rest(
     assert f"{path}:11: compressed data broken off or corrupt" in err  # 7-10 read
     report = msgspec.json.decode(out.with_suffix(".json").read_bytes())
     assert report["agreement"]["replayed"] >= 5 and report["agreement"]["agreement"] == 1.0
+
+
+def test_replay_holds_budgets_for_as_long_as_the_real_requests_did() -> None:
+    """Two at once for this key: requests that really ran 5 s keep the third out in the
+    replay too; played by the simulated engines instead (done in well under a second), the
+    third would be admitted."""
+    import yaml
+
+    raw = yaml.safe_load(EXAMPLE_POLICY.read_text())
+    raw["keys"].append(
+        {"key": "sk-two", "tenant": "two", "tier": "standard", "limits": {"concurrent_requests": 2}}
+    )
+    policy = parse_policy(raw)
+    key = policy.key_for("sk-two")
+    assert key is not None
+
+    def entry(at_s: float, refused: bool) -> TrafficEntry:
+        return TrafficEntry(
+            v=1,
+            t=1_790_000_000.0 + at_s,
+            outcome="refused" if refused else "admitted",
+            reason="budget_concurrency" if refused else None,
+            key=key.key_id,
+            prompt=30,
+            count="exact",
+            max_tokens=8,
+            status=429 if refused else 200,
+            usage_prompt=30,
+            usage_completion=8,
+            ttft_ms=None if refused else 4000.0,
+            duration_ms=None if refused else 5000.0,
+            settled_ms=None if refused else 5100.0,
+            decided_ms=2.0,
+        )
+
+    entries = [entry(0.0, False), entry(0.1, False), entry(1.0, True), entry(6.0, False)]
+    assert replay(entries, policy)["agreement"]["agreement"] == 1.0
+    simulated = replay(entries, policy, recorded_timing=False)["agreement"]
+    assert simulated["disagreements"] == {
+        "recorded refused:budget_concurrency -> replayed admitted": 1
+    }
