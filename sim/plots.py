@@ -27,7 +27,8 @@ def _finish(figure: Any, axes: tuple[Any, ...], title: str, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     for axis in axes:
-        axis.legend(loc="upper right", fontsize="small")
+        if axis.get_legend_handles_labels()[0]:  # an empty panel (nothing scraped) has none
+            axis.legend(loc="upper right", fontsize="small")
         axis.grid(alpha=0.3)
     figure.suptitle(title)
     figure.tight_layout()
@@ -109,15 +110,18 @@ def draw_live(runs: dict[str, dict[str, Any]], out: Path, bin_s: float = 10.0) -
         scale = run["time_scale"]
         timeline = run["timeline"]
         pools = {p for row in timeline for p in row["pools"]}
+        # Against `--url` nothing of the fleet is scraped: the streams' latency only.
         busiest = max(
             sorted(pools),
             key=lambda p: sum(
                 r["pools"].get(p, {}).get("num_requests_running", 0.0) for r in timeline
             ),
+            default=None,
         )
         times = [row["at_s"] / scale for row in timeline]
-        usage = [r["pools"].get(busiest, {}).get("kv_cache_usage_perc", 0.0) for r in timeline]
-        load.plot(times, usage, color=colour, label=f"{mode}: KV usage ({busiest})")
+        if busiest is not None:
+            usage = [r["pools"].get(busiest, {}).get("kv_cache_usage_perc", 0.0) for r in timeline]
+            load.plot(times, usage, color=colour, label=f"{mode}: KV usage ({busiest})")
         bins: dict[int, list[float]] = {}
         for shot in run["shots"]:
             if shot["stream"] and shot["status"] == 200 and shot["ttft_s"] is not None:
@@ -126,8 +130,9 @@ def draw_live(runs: dict[str, dict[str, Any]], out: Path, bin_s: float = 10.0) -
         ordered = sorted(bins)
         p99s = [p99(bins[b]) for b in ordered]
         latency.plot([b * bin_s for b in ordered], p99s, color=colour, label=f"{mode}: streams")
-        levels = [r["breakers"].get(busiest, 0.0) for r in timeline]
-        level.step(times, levels, color=colour, label=f"{mode}: breaker ({busiest})")
+        if busiest is not None:
+            levels = [r["breakers"].get(busiest, 0.0) for r in timeline]
+            level.step(times, levels, color=colour, label=f"{mode}: breaker ({busiest})")
         shed = [r["multipliers"].get("sheddable", 1.0) for r in timeline]
         level.plot(times, shed, color=colour, linestyle="--", label=f"{mode}: sheddable x")
     first = next(iter(runs.values()))

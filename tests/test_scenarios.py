@@ -266,3 +266,20 @@ def test_four_sidecars_with_a_ledger_each_refuse_the_long_prompts() -> None:
     sidecar admits against a quarter of the cache, and the long prompts fit nowhere."""
     refused, total = _refused_long_critical((0.4, 0.3, 0.2, 0.1), shared_ledger=False)
     assert refused > total // 2, (refused, total)
+
+
+def test_a_loadtest_against_a_url_is_drawn_without_fleet_scrapes(tmp_path: Path) -> None:
+    """`loadtest --url` scrapes no pool: the plot shows the streams' latency alone (it
+    ended in a traceback, `max()` of no pools, after printing its report)."""
+    from sim.plots import draw_live
+
+    run = {
+        "time_scale": 1.0,
+        "workload": "smoke",
+        "timeline": [
+            {"at_s": float(i), "pools": {}, "breakers": {}, "multipliers": {}} for i in range(3)
+        ],
+        "shots": [{"stream": True, "status": 200, "ttft_s": 0.2, "scheduled_s": 1.0}],
+    }
+    drawn = draw_live({"protected": run}, tmp_path / "live.png")
+    assert drawn.exists() and drawn.stat().st_size > 0
