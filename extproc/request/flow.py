@@ -17,9 +17,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from admission.access import check_request
 from admission.decision import Admitted, CountKind, RoutingDecision
@@ -43,65 +42,12 @@ from extproc.request.contract import SLOGATE_HEADER_PREFIX
 from extproc.request.identity import IdentityResolver
 from extproc.request.inflight import InFlight
 from extproc.request.tokens import PromptCorrections, PromptCount, PromptCounter
+from extproc.request.verdicts import Admission, AdmitAll, Candidate, HeaderVerdict, Routed
 from policy import ApiKey, Policy, Tier
 from policy.apis import Api, BodyShape, ErrorStyle, PathClass, error_style_for
 
 # What vLLM (and OpenAI's legacy API) generate for a completion that names no max_tokens.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
-
-
-class Admission(Protocol):
-    """The admission chain (admission.chain.AdmissionChain), as the request path sees it."""
-
-    async def admit(
-        self, decision: RoutingDecision, request_id: str, policy: Policy
-    ) -> Admitted: ...
-
-
-class Candidate(Protocol):
-    """A policy judged beside the enforced one, never enforced (extproc.request.candidate):
-    it notes each routed decision, and sees each admission's answer."""
-
-    def attach(self, decision: RoutingDecision) -> RoutingDecision: ...
-
-    async def beside(
-        self,
-        enforced: Awaitable[Routed],
-        decision: RoutingDecision,
-        policy: Policy,
-        request: InferenceRequest,
-        counted: PromptCount,
-    ) -> Routed: ...
-
-
-class AdmitAll:
-    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
-        return Admitted(decision)
-
-
-@dataclass(frozen=True, slots=True)
-class Routed:
-    """An admitted request: the decision, its in-flight id and the new body, if any."""
-
-    decision: RoutingDecision
-    tracking_id: str  # comes back in the access log; see extproc.request.inflight
-    new_body: bytes | None = field(default=None, repr=False)
-    # Rendered by Envoy on the response from dynamic metadata (no extra round trip).
-    response_headers: Mapping[str, str] = field(default_factory=dict)
-    # slogate asked the stream for its usage itself: the Lua tap hides it from the client.
-    hide_usage: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class HeaderVerdict:
-    """The header phase's answer. `routed` is set when the request was admitted already
-    (an API whose body is not read: its route and tracking id go out with the headers)."""
-
-    inference: bool  # the body phase follows
-    strip_headers: tuple[str, ...]  # client-supplied x-slogate-* headers
-    caller: ApiKey | None
-    request_id: str
-    routed: Routed | None = None
 
 
 class Decider:

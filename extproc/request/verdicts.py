@@ -1,0 +1,71 @@
+"""What the request path answers, and the hooks it is given: kept apart from the flow
+(extproc.request.flow), which imports and re-exports them.
+
+What lives here: `Routed` (an admitted request), `HeaderVerdict` (the header phase's
+answer), and the `Admission` / `Candidate` protocols with `AdmitAll`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from admission.decision import Admitted, RoutingDecision
+from extproc.request.bodies import InferenceRequest
+from extproc.request.tokens import PromptCount
+from policy import ApiKey, Policy
+
+
+class Admission(Protocol):
+    """The admission chain (admission.chain.AdmissionChain), as the request path sees it."""
+
+    async def admit(
+        self, decision: RoutingDecision, request_id: str, policy: Policy
+    ) -> Admitted: ...
+
+
+class Candidate(Protocol):
+    """A policy judged beside the enforced one, never enforced (extproc.request.candidate):
+    it notes each routed decision, and sees each admission's answer."""
+
+    def attach(self, decision: RoutingDecision) -> RoutingDecision: ...
+
+    async def beside(
+        self,
+        enforced: Awaitable[Routed],
+        decision: RoutingDecision,
+        policy: Policy,
+        request: InferenceRequest,
+        counted: PromptCount,
+    ) -> Routed: ...
+
+
+class AdmitAll:
+    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
+        return Admitted(decision)
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """An admitted request: the decision, its in-flight id and the new body, if any."""
+
+    decision: RoutingDecision
+    tracking_id: str  # comes back in the access log; see extproc.request.inflight
+    new_body: bytes | None = field(default=None, repr=False)
+    # Rendered by Envoy on the response from dynamic metadata (no extra round trip).
+    response_headers: Mapping[str, str] = field(default_factory=dict)
+    # slogate asked the stream for its usage itself: the Lua tap hides it from the client.
+    hide_usage: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderVerdict:
+    """The header phase's answer. `routed` is set when the request was admitted already
+    (an API whose body is not read: its route and tracking id go out with the headers)."""
+
+    inference: bool  # the body phase follows
+    strip_headers: tuple[str, ...]  # client-supplied x-slogate-* headers
+    caller: ApiKey | None
+    request_id: str
+    routed: Routed | None = None
