@@ -33,7 +33,7 @@ from sim.config import PoolConfig
 from sim.fleet_types import Served
 from sim.model import LatencyConfig
 from sim.offline import OfflineFleet
-from sim.scenarios import Workload, summarize
+from sim.scenarios import Workload, summarize, within_objective
 from sim.traffic import TrafficEntry
 
 _TEXT_PREFIX = "replay:"
@@ -171,15 +171,15 @@ def replay_engines(policy: Policy) -> tuple[int, int]:
     )
 
 
-def replay(
+def _run(
     entries: Sequence[TrafficEntry],
     policy: Policy,
-    seed: int = 1,
-    latency: LatencyConfig | None = None,
-    name: str = "replay",
-    recorded_timing: bool = True,
-) -> dict[str, Any]:
-    """The record replayed under `policy`: simulate's report plus the agreement check."""
+    seed: int,
+    latency: LatencyConfig | None,
+    recorded_timing: bool,
+) -> tuple[ReplayPlan, OfflineFleet, dict[str, Served], float]:
+    """The offline fleet run once over the record's arrivals: the plan, the fleet, each
+    arrival's fate (by `r<index>`) and the replayed seconds."""
     plan = replay_arrivals(entries, policy, recorded_timing)
     kv_capacity_tokens, max_running = replay_engines(policy)
     last_s = plan.arrivals[-1].at_s if plan.arrivals else 0.0
@@ -194,6 +194,81 @@ def replay(
         max_running=max_running,
     )
     results = fleet.run(plan.arrivals, until_s=duration_s + _TAIL_S)
+    return plan, fleet, results, duration_s
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedRequest:
+    """One recorded request's fate in a replay. `outcome`: admitted, refused, or
+    not_replayed (refused before it was counted, or its key not in the policy: `reason`
+    says which); `pool` where it was routed (admitted only); `ttft_s` from its arrival (None
+    when it got no first token); `slo_met` as simulate counts it; `output_tokens` generated."""
+
+    index: int  # its place in the entries replayed
+    tenant: str
+    tier: str
+    outcome: str
+    reason: str = ""
+    pool: str = ""
+    ttft_s: float | None = None
+    slo_met: bool = False
+    output_tokens: int = 0
+
+
+@dataclass(slots=True)
+class ReplayedRequests:
+    requests: list[ReplayedRequest]  # one per entry, in the entries' order
+    duration_s: float
+
+
+def replayed_requests(
+    entries: Sequence[TrafficEntry],
+    policy: Policy,
+    seed: int = 1,
+    latency: LatencyConfig | None = None,
+    recorded_timing: bool = True,
+) -> ReplayedRequests:
+    """Each entry's fate replayed under `policy` (what `slogate policy diff --traffic` runs
+    once per policy: the same entries and seed give the same arrivals)."""
+    plan, _fleet, results, duration_s = _run(entries, policy, seed, latency, recorded_timing)
+    replayed = {id(entry): index for index, entry in enumerate(plan.entries)}
+    keys = _keys_by_id(policy)
+    requests: list[ReplayedRequest] = []
+    for index, entry in enumerate(entries):
+        at = replayed.get(id(entry))
+        if at is None:
+            why = "refused before counting" if entry.prompt is None else "key not in the policy"
+            tenant, tier = entry.tenant or "?", entry.tier or "?"
+            requests.append(ReplayedRequest(index, tenant, tier, "not_replayed", why))
+            continue
+        served = results[f"r{at}"]
+        key = keys[entry.key or ""]
+        requests.append(
+            ReplayedRequest(
+                index,
+                key.tenant,
+                key.tier.value,
+                "refused" if served.reason else "admitted",
+                served.reason,
+                "" if served.reason else served.pool,
+                served.ttft_s if served.outcome == "served" else None,
+                within_objective(policy, served),
+                served.output_tokens if served.outcome == "served" else 0,
+            )
+        )
+    return ReplayedRequests(requests, duration_s)
+
+
+def replay(
+    entries: Sequence[TrafficEntry],
+    policy: Policy,
+    seed: int = 1,
+    latency: LatencyConfig | None = None,
+    name: str = "replay",
+    recorded_timing: bool = True,
+) -> dict[str, Any]:
+    """The record replayed under `policy`: simulate's report plus the agreement check."""
+    plan, fleet, results, duration_s = _run(entries, policy, seed, latency, recorded_timing)
     workload = Workload(name, duration_s, policy, plan.arrivals, [])
     return {
         "name": name,

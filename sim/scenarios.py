@@ -238,6 +238,15 @@ def _bucket(policy: Policy, served: Served) -> str:
     return policy.bucket_for(served.arrival.prompt_tokens + served.arrival.max_tokens).name
 
 
+def within_objective(policy: Policy, served: Served) -> bool:
+    """Served within its latency objective: what SLO attainment and goodput count."""
+    return (
+        served.outcome == "served"
+        and served.ttft_s is not None
+        and _over_objective(policy, served) <= 1.0
+    )
+
+
 def _over_objective(policy: Policy, served: Served) -> float:
     """What the client waited for (first token streamed, whole answer otherwise) over what
     it may take: 0 when there is no objective (it counts as within), inf when nothing was
