@@ -187,7 +187,7 @@ async def test_a_bad_candidate_is_refused_alone_and_promote_goes_through_reload(
     assert team_a is not None and team_a.limits == {"requests_per_minute": 2}
 
 
-def test_policy_diff_prints_markdown_and_refuses_traffic_for_now(
+def test_policy_diff_prints_markdown_and_refuses_a_missing_traffic_record(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from tooling.cli import main
@@ -197,7 +197,7 @@ def test_policy_diff_prints_markdown_and_refuses_traffic_for_now(
     out = capsys.readouterr().out
     assert out.startswith("## Policy changes") and "- Tenant `team-a`: requests_per_minute" in out
     assert main(["policy", "diff", str(old), str(new), "--traffic", str(tmp_path)]) == 2
-    assert "not built yet" in capsys.readouterr().err
+    assert "no traffic record files found" in capsys.readouterr().err  # the diff: its own test
     assert main(["policy", "promote", "--policy", str(old)]) == 2  # it names no candidate
 
 

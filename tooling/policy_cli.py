@@ -4,8 +4,8 @@ candidate made the policy.
 What lives here: the subcommands' arguments, `promote` (the file swap) and their commands.
 - `policy diff OLD NEW` prints, in Markdown, every schema-level difference in words
   (policy.diff: keys added or removed per tenant, tenants, limits, tiers, objectives, pools,
-  routing, every other setting by its path). `--traffic DIR` will replay a traffic record
-  under both; it is not built yet (exit 2).
+  routing, every other setting by its path). `--traffic DIR` replays a traffic record
+  under both and compares them per tenant and tier, with guards (tooling.policy_traffic).
 - `policy promote --policy P [--candidate C]` writes the candidate (C, or the file P's
   `candidate:` names) over P: checked as the sidecar would check it first, written to a
   temporary file and renamed over P (a reader sees the old file or the new one, never half),
@@ -27,7 +27,7 @@ from extproc.adminpb import admin_pb2 as pb
 from policy import PolicyError, load_policy
 from policy.candidate import candidate_path, checked_candidate
 from policy.diff import policy_changes
-from tooling import admin_client
+from tooling import admin_client, policy_traffic
 
 
 def add_policy_command(sub: argparse._SubParsersAction, default_admin: str) -> None:
@@ -36,9 +36,7 @@ def add_policy_command(sub: argparse._SubParsersAction, default_admin: str) -> N
     diff = actions.add_parser("diff", help="what changes from OLD to NEW, in words (Markdown)")
     diff.add_argument("old", type=Path)
     diff.add_argument("new", type=Path)
-    diff.add_argument(
-        "--traffic", type=Path, default=None, help="replay this traffic record under both"
-    )
+    policy_traffic.add_traffic_arguments(diff)  # --traffic, its guards and --out
     promote_cmd = actions.add_parser("promote", help="make the candidate the policy")
     promote_cmd.add_argument("--policy", type=Path, required=True, help="the policy file")
     promote_cmd.add_argument(
@@ -88,12 +86,7 @@ def cmd_policy(args: argparse.Namespace) -> int:
     try:
         if args.policy_action == "diff":
             if args.traffic is not None:
-                print(
-                    "slogate policy diff: --traffic (replaying a traffic record under both "
-                    "policies) is not built yet; without it the schema differences are shown",
-                    file=sys.stderr,
-                )
-                return 2
+                return policy_traffic.traffic_diff(args)
             sys.stdout.write(diff_markdown(args.old, args.new))
             return 0
         source = promote(args.policy, args.candidate)
