@@ -11,7 +11,6 @@ that request i is the same arrival in both and an untouched tenant shows no chan
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,10 +44,8 @@ def _fate(request: ReplayedRequest) -> tuple[str, str, str]:
 
 def _p99_growth(old: dict[str, Any], new: dict[str, Any]) -> float | None:
     before, after = old["p99_ttft_s"], new["p99_ttft_s"]
-    if before is None or after is None:
-        return None
-    if before == 0:
-        return 0.0 if after == 0 else math.inf
+    if before is None or after is None or before <= 0:
+        return None  # nothing served under one of them: no growth to speak of
     return after / before - 1
 
 

@@ -120,6 +120,9 @@ def test_halving_one_tenants_requests_per_minute_shows_only_its_refusals_and_tri
     assert main(["policy", "diff", str(old), str(new), "--traffic", str(traffic), *looser]) == 0
     assert main(["policy", "diff", str(old), str(old), "--traffic", str(traffic)]) == 0
     assert "No tenant's outcomes change." in capsys.readouterr().out
+    simulated = ["--traffic", str(traffic), "--simulated-timing"]
+    assert main(["policy", "diff", str(old), str(old), *simulated]) == 0
+    assert "No tenant's outcomes change." in capsys.readouterr().out
 
 
 def test_no_record_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

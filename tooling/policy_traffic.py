@@ -30,6 +30,12 @@ def add_traffic_arguments(diff: argparse.ArgumentParser) -> None:
     diff.add_argument("--seed", type=int, default=1, help="the same for both replays")
     diff.add_argument("--out", type=Path, default=None, help="also write OUT.md and OUT.json")
     diff.add_argument(
+        "--simulated-timing",
+        action="store_true",
+        help="admitted requests take the simulated engines' time, not their recorded one "
+        "(for changes to pools or routing, whose effect on latency the record cannot show)",
+    )
+    diff.add_argument(
         "--max-critical-loss",
         type=float,
         default=0.01,
@@ -66,8 +72,9 @@ def traffic_diff(args: argparse.Namespace) -> int:
         print(f"{name}: no traffic record files found", file=sys.stderr)
         return 2
     guards = Guards(args.max_critical_loss, args.max_p99_growth)
-    before = replayed_requests(read.entries, old, seed=args.seed)
-    after = replayed_requests(read.entries, new, seed=args.seed)
+    timing = not args.simulated_timing
+    before = replayed_requests(read.entries, old, seed=args.seed, recorded_timing=timing)
+    after = replayed_requests(read.entries, new, seed=args.seed, recorded_timing=timing)
     rows = compare(before, after)
     tripped = check_guards(rows, guards)
     schema = policy_changes(old, new)
@@ -93,6 +100,7 @@ def traffic_diff(args: argparse.Namespace) -> int:
                 "requests": len(read.entries),
                 "duration_s": before.duration_s,
                 "seed": args.seed,
+                "recorded_timing": timing,
             },
             "guards": {
                 "max_critical_loss": guards.max_critical_loss,
