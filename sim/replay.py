@@ -6,7 +6,9 @@ keys, counted prompts and the output lengths that really came back), `RecordedCo
 `replay` (runs sim.offline's fleet, the simulated engines or a calibrated latency model,
 and reports what `slogate simulate` reports) and the agreement check: each replayed
 request's admission outcome (admitted, or refused with its reason) against the recorded
-one. The fleet, the sidecars and the chain are the simulator's; nothing is copied here.
+one; `replayed_requests` (each entry's fate under a policy: what `slogate policy diff
+--traffic` compares, sim.policy_impact). The fleet, the sidecars and the chain are the
+simulator's; nothing is copied here.
 
 What a replay cannot reproduce, by construction: engine timing (a budget's tokens are
 settled when the simulated engine ends, not when the real one did; the waiting room frees

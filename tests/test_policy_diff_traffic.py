@@ -154,3 +154,24 @@ def test_the_p99_guard_names_the_tenant_and_how_much() -> None:
     assert [(t["guard"], t["tenant"]) for t in tripped] == [("max_p99_growth", "b")]
     assert "P99 TTFT 1.0 s → 1.3 s (+30.0%; at most +20%)" in tripped[0]["message"]
     assert check_guards(rows, Guards(max_p99_growth=0.5)) == []
+
+
+def test_a_tenant_moved_to_another_tier_moves_its_requests_between_rows() -> None:
+    from sim.policy_impact import Guards, check_guards, compare
+    from sim.replay import ReplayedRequest, ReplayedRequests
+
+    def run(tier: str) -> ReplayedRequests:
+        return ReplayedRequests(
+            [
+                ReplayedRequest(i, "a", tier, "admitted", "", "default", 0.2, True, 5)
+                for i in range(4)
+            ],
+            4.0,
+        )
+
+    rows = {(r["tenant"], r["tier"]): r for r in compare(run("critical"), run("standard"))}
+    assert rows[("a", "critical")]["old"]["admitted"] == 4
+    assert rows[("a", "critical")]["new"]["requests"] == 0
+    assert rows[("a", "standard")]["new"]["admitted"] == 4
+    assert all(r["requests_with_another_fate"] == 4 for r in rows.values())
+    assert check_guards(list(rows.values()), Guards()) == []  # still admitted: nothing lost
