@@ -1,7 +1,7 @@
 """Simulated arrivals: who sends what, when, and how fast, reproducible for a seed.
 
 What lives here: `Arrival` (one request as a workload describes it), `poisson_arrivals`
-(a stream of them, with a rate curve) and `p99`.
+(a stream of them, with a rate curve), `quantile_draw` and `p99`.
 """
 
 from __future__ import annotations
@@ -62,12 +62,13 @@ def poisson_arrivals(
     rate_per_s: float,
     start_s: float,
     end_s: float,
-    prompt_tokens: tuple[int, int],
+    prompt_tokens: Sequence[int],
     max_tokens: int,
     seed: int,
     shape: Sequence[tuple[float, float]] = (),
     stream_share: float = 1.0,
     crafted: bool = False,
+    output_tokens: Sequence[int] = (),
 ) -> list[Arrival]:
     """Poisson arrivals with uniformly drawn prompt lengths, reproducible for a seed.
 
@@ -76,25 +77,47 @@ def poisson_arrivals(
     peak rate, each kept with probability factor / peak. `stream_share`: the fraction of
     requests that stream (most OpenAI clients do not); drawn apart, so the times and sizes
     stay those of the same seed at any share. `crafted`: random-letter prompts.
+
+    `prompt_tokens`: [low, high], drawn uniformly; or a quantile table of more points at
+    evenly spaced probabilities (0, 1/(n-1), ... 1), drawn by inverse CDF, linear between
+    points (an empirical distribution: `slogate workload fit`). `output_tokens`: such a
+    table for the tokens each request generates (drawn apart, like the streamed share);
+    empty: the latency model draws them.
     """
     rng = np.random.default_rng(seed)
     streams = np.random.default_rng(seed + 7_919)
     times = [float(t) for t, _ in shape]
     factors = [float(f) for _, f in shape]
     peak = max(factors, default=1.0)
-    if peak <= 0:
+    if peak <= 0 or rate_per_s <= 0:
         return []
+    outputs = np.random.default_rng(seed + 15_485_863)
     arrivals: list[Arrival] = []
     now_s = start_s
     while True:
         now_s += float(rng.exponential(1.0 / (rate_per_s * peak)))
         if now_s >= end_s:
             return arrivals
-        prompt = int(rng.integers(prompt_tokens[0], prompt_tokens[1] + 1))
+        if len(prompt_tokens) == 2:
+            prompt = int(rng.integers(prompt_tokens[0], prompt_tokens[1] + 1))
+        else:
+            prompt = quantile_draw(prompt_tokens, float(rng.random()))
         if shape and rng.random() * peak > float(np.interp(now_s, times, factors)):
             continue
         stream = stream_share >= 1.0 or float(streams.random()) < stream_share
-        arrivals.append(Arrival(now_s, key, prompt, max_tokens, stream=stream, crafted=crafted))
+        output = quantile_draw(output_tokens, float(outputs.random())) if output_tokens else None
+        arrivals.append(
+            Arrival(
+                now_s, key, prompt, max_tokens, stream=stream, crafted=crafted, output_tokens=output
+            )
+        )
+
+
+def quantile_draw(table: Sequence[int], u: float) -> int:
+    """The value at probability `u` of a quantile table (points at evenly spaced
+    probabilities 0 ... 1, linear between them)."""
+    points = np.linspace(0.0, 1.0, len(table))
+    return round(float(np.interp(u, points, [float(v) for v in table])))
 
 
 def own_draws(seed: int, arrival: Arrival, *stream: int) -> np.random.Generator:

@@ -89,15 +89,30 @@ def policy_document(
     return policy_raw
 
 
-def load_workload(path: Path, base_policy: dict[str, Any] | None = None, seed: int = 1) -> Workload:
+def load_workload(
+    path: Path, base_policy: dict[str, Any] | None = None, seed: int = 1, scale: float = 1.0
+) -> Workload:
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    return workload_from(raw, base_policy, seed, source=str(path))
+    return workload_from(raw, base_policy, seed, source=str(path), scale=scale)
+
+
+def workload_path(name: str) -> Path:
+    """A workload named on the command line: a file (a path, or any name ending in .yaml:
+    e.g. one `slogate workload fit` wrote), else a name in sim/workloads/."""
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        return Path(name)
+    return WORKLOADS / f"{name}.yaml"
 
 
 def workload_from(
-    raw: dict[str, Any], base_policy: dict[str, Any] | None = None, seed: int = 1, source: str = ""
+    raw: dict[str, Any],
+    base_policy: dict[str, Any] | None = None,
+    seed: int = 1,
+    source: str = "",
+    scale: float = 1.0,
 ) -> Workload:
-    """`load_workload` for a workload document already read (e.g. with its rates scaled)."""
+    """`load_workload` for a workload document already read (e.g. with its rates scaled).
+    `scale` multiplies every stream's arrival rate (`slogate simulate --scale 2`)."""
     duration_s = float(raw["duration_s"])
     policy = parse_policy(policy_document(raw, base_policy), source=source)
     arrivals: list[Arrival] = []
@@ -105,18 +120,22 @@ def workload_from(
         key = policy.key_for(f"sk-{tenant['tenant']}")
         assert key is not None
         for s_index, stream in enumerate(tenant["streams"]):
-            low, high = stream["prompt_tokens"]
+            # [low, high] (uniform), or a longer quantile table (sim.arrivals).
+            prompt_tokens = [int(v) for v in stream["prompt_tokens"]]
+            if len(prompt_tokens) < 2:
+                raise ValueError(f"{source}: prompt_tokens needs [low, high] or a quantile table")
             arrivals += poisson_arrivals(
                 key,
-                float(stream["rate_per_s"]),
+                float(stream["rate_per_s"]) * scale,
                 float(stream.get("start_s", 0.0)),
                 float(stream.get("end_s", duration_s)),
-                (int(low), int(high)),
+                prompt_tokens,
                 int(stream["max_tokens"]),
                 seed=seed * 1000 + t_index * 10 + s_index,
                 shape=[(float(t), float(f)) for t, f in stream.get("shape", [])],
                 stream_share=float(stream.get("stream_share", raw.get("stream_share", 1.0))),
                 crafted=bool(stream.get("crafted", False)),
+                output_tokens=[int(v) for v in stream.get("output_tokens", [])],
             )
     arrivals.sort(key=lambda a: a.at_s)
     bursts = [(float(a), float(b)) for a, b in raw.get("bursts", [])]

@@ -275,7 +275,17 @@ def build_parser() -> argparse.ArgumentParser:
     simulate = sub.add_parser(
         "simulate", help="offline fleet: best static quota (sweep) vs the dynamic controller"
     )
-    simulate.add_argument("--workload", default="burst-10x", help="a name in sim/workloads/")
+    simulate.add_argument(
+        "--workload",
+        default="burst-10x",
+        help="a name in sim/workloads/, or a workload file (e.g. slogate workload fit's)",
+    )
+    simulate.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiply every tenant's arrival rate (e.g. 2: the quarterly 2x test)",
+    )
     simulate.add_argument("--seed", type=int, default=7)
     simulate.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     simulate.add_argument(
@@ -710,13 +720,14 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from sim.scenarios import SIMULATION_POLICY, WORKLOADS, load_workload, workload_policy
+    from sim.scenarios import SIMULATION_POLICY, load_workload, workload_path, workload_policy
     from tooling import loadtest
 
-    path = WORKLOADS / f"{args.workload}.yaml"
+    path = workload_path(args.workload)
     if not path.exists():
         print(f"slogate loadtest: no workload {args.workload!r}", file=sys.stderr)
         return 2
+    args.workload = path.stem  # the name the reports are written under
     if args.capacity is not None:
         return _capacity(args, path)
     workload = load_workload(path, SIMULATION_POLICY, seed=args.seed)

@@ -61,11 +61,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from sim.scenarios import WORKLOADS, compare, gains, load_workload, table
+    from sim.scenarios import WORKLOADS, compare, gains, load_workload, table, workload_path
 
     if args.engines:
         return _engines(args)
-    path = WORKLOADS / f"{args.workload}.yaml"
+    path = workload_path(args.workload)
     if not path.exists():
         names = ", ".join(sorted(p.stem for p in WORKLOADS.glob("*.yaml")))
         print(f"slogate: no workload {args.workload!r}; have: {names}", file=sys.stderr)
@@ -84,7 +84,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             )
             return 2
         latency = latency_config(fit, measured.buckets)
-    workload = load_workload(path, SIMULATION_POLICY)
+    workload = load_workload(path, SIMULATION_POLICY, scale=args.scale)
+    # The name the reports are written under: a file's stem, and the scale when not 1.
+    args.workload = path.stem + (f"-x{args.scale:g}" if args.scale != 1.0 else "")
     if args.duration_s is not None:
         workload = workload.first(args.duration_s)
     if args.waiting_room:
