@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from policy import BudgetStoreKind, FailureMode, PolicyError, load_policy
-from tooling import keys_cli, offline_commands, policy_cli, replay_cli, tenants_cli
+from tooling import keys_cli, offline_commands, policy_cli, replay_cli, tenants_cli, workload_cli
 
 DEFAULT_POLICY = Path("deploy/policy.example.yaml")
 DEFAULT_ADMIN = "127.0.0.1:50052"
@@ -322,11 +322,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     replay_cli.add_replay_command(sub)  # replay: a traffic record under a policy
+    workload_cli.add_workload_command(sub)  # workload fit: a workload from a record
 
     loadtest = sub.add_parser(
         "loadtest", help="play a workload as open-loop arrivals against a live stack"
     )
-    loadtest.add_argument("--workload", default="field-mix", help="a name in sim/workloads/")
+    loadtest.add_argument(
+        "--workload",
+        default="field-mix",
+        help="a name in sim/workloads/, or a workload file (e.g. slogate workload fit's)",
+    )
     loadtest.add_argument("--seed", type=int, default=1)
     loadtest.add_argument(
         "--time-scale",
@@ -962,6 +967,7 @@ def main(argv: list[str] | None = None) -> int:
         "k8s": cmd_k8s,
         "simulate": offline_commands.cmd_simulate,
         "replay": replay_cli.cmd_replay,
+        "workload": workload_cli.cmd_workload,
         "calibrate": offline_commands.cmd_calibrate,
         "bench": offline_commands.cmd_bench,
     }
