@@ -195,3 +195,24 @@ def test_fit_refuses_a_record_without_tenants(tmp_path: Path) -> None:
         main(["workload", "fit", "--traffic", str(tmp_path), "--out", str(tmp_path / "w.yaml")])
         == 2
     )
+
+
+def test_simulate_plays_a_workload_file_at_a_scale(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.yaml"
+    stream = {"rate_per_s": 1.0, "prompt_tokens": [100, 200, 400], "max_tokens": 64}
+    stream["output_tokens"] = [10, 20, 40]
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tiny",
+                "duration_s": 20,
+                "tenants": [{"tenant": "a", "tier": "critical", "streams": [stream]}],
+            }
+        )
+    )
+    out = tmp_path / "out"
+    argv = ["simulate", "--workload", str(path), "--scale", "2", "--out-dir", str(out)]
+    assert main(argv) == 0
+    report = json.loads((out / "simulate-tiny-x2.json").read_text())
+    played = report["dynamic"]["tiers"]["critical"]["requests"]
+    assert played == len(load_workload(path, SIMULATION_POLICY, scale=2).arrivals) > 30
