@@ -36,6 +36,14 @@ QUANTILE_POINTS = 21  # 0%, 5%, ... 100%
 RAMP_S = 1.0
 
 
+def bin_widths(duration_s: float, bin_s: float) -> list[float]:
+    """`duration_s` cut into bins of `bin_s`, the last one taking the remainder (so no bin
+    is shorter than `bin_s` unless the whole is: a sliver of a bin would make one request a
+    spike in the rate)."""
+    bins = max(1, math.floor(duration_s / bin_s))
+    return [bin_s] * (bins - 1) + [duration_s - (bins - 1) * bin_s]
+
+
 def _quantile_table(values: Sequence[int]) -> list[int]:
     probabilities = np.linspace(0.0, 1.0, QUANTILE_POINTS)
     return [round(float(v)) for v in np.quantile(np.asarray(values, dtype=float), probabilities)]
@@ -55,11 +63,11 @@ def burst_windows(
     """The windows (merged runs of bins) where the rate is over `factor` x the median bin
     rate (the mean where the median is 0), as {start_s, end_s (Unix seconds), rate_per_s,
     factor (over that median)}."""
-    bins = max(1, math.ceil((end_s - start_s) / bin_s))
+    widths = np.array(bin_widths(end_s - start_s, bin_s))
+    bins = len(widths)
     counts = np.zeros(bins)
     for t in times:
-        counts[min(bins - 1, int((t - start_s) // bin_s))] += 1
-    widths = np.array([min(bin_s, end_s - start_s - i * bin_s) for i in range(bins)])
+        counts[min(bins - 1, max(0, int((t - start_s) // bin_s)))] += 1
     rates = counts / np.maximum(widths, 1e-9)
     baseline = float(np.median(rates)) or float(counts.sum() / max(end_s - start_s, 1e-9))
     hot = (rates > factor * baseline) & (counts >= BURST_MIN_REQUESTS)
@@ -106,15 +114,16 @@ def fit_workload(
         raise ValueError("no recorded request names a tenant")
     times = [e.t for rows in by_tenant.values() for e in rows]
     start = min(times) if start_s is None else start_s
-    end = max(times) if end_s is None else end_s
+    # Without --to: the last arrival, rounded up to a whole bin.
+    end = start + math.ceil((max(times) - start) / bin_s) * bin_s if end_s is None else end_s
     if end <= start:
         raise ValueError("the record spans no time")
     folded = end - start > DAY_S
     day0 = math.floor(start / DAY_S) * DAY_S  # the first record's UTC midnight
     days = (end - start) / DAY_S
     duration_s = DAY_S if folded else end - start
-    bins = max(1, math.ceil(duration_s / bin_s))
-    widths = [min(bin_s, duration_s - i * bin_s) for i in range(bins)]
+    widths = bin_widths(duration_s, bin_s)
+    bins = len(widths)
     # Each bin's factor held from its start to RAMP_S before its end (the shape is linear
     # between points: that second is the ramp to the next bin's factor).
     edges = [(i * bin_s, i * bin_s + max(widths[i] - RAMP_S, widths[i] / 2)) for i in range(bins)]

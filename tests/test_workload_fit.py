@@ -11,12 +11,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 import yaml
 
 from sim.scenarios import SIMULATION_POLICY, WORKLOADS, Workload, load_workload, workload_path
-from sim.traffic import read_traffic
+from sim.traffic import TrafficEntry, read_traffic
 from sim.workload_fit import fit_workload
 from tooling.cli import main
 
@@ -216,3 +217,15 @@ def test_simulate_plays_a_workload_file_at_a_scale(tmp_path: Path) -> None:
     report = json.loads((out / "simulate-tiny-x2.json").read_text())
     played = report["dynamic"]["tiers"]["critical"]["requests"]
     assert played == len(load_workload(path, SIMULATION_POLICY, scale=2).arrivals) > 30
+
+
+def test_no_bin_is_a_sliver_that_turns_one_request_into_a_spike() -> None:
+    entries = [
+        TrafficEntry(v=1, t=DAY0 + i, outcome="admitted", tenant="a", tier="standard", prompt=10)
+        for i in range(1000)
+    ]
+    entries.append(msgspec.structs.replace(entries[-1], t=DAY0 + 1000.01))
+    for end_s in (None, DAY0 + 1000.02):  # rounded up to a whole bin; the remainder joined
+        document = fit_workload(entries, DAY0, end_s, bin_s=100)
+        shape = document["tenants"][0]["streams"][0]["shape"]
+        assert max(f for _, f in shape) < 1.2, (end_s, shape[-2:])
