@@ -103,9 +103,9 @@ def fit_workload(
     name: str = "fitted",
 ) -> dict[str, Any]:
     """A workload document fitted to the record's entries between start_s and end_s
-    (default: the first and last arrival). Entries without a tenant (refused before the
-    key was known) are left out; lengths come from those that have them (the real usage
-    where the engine answered, else the counted prompt)."""
+    (default: the first arrival, and the last rounded up to a whole bin). Entries without
+    a tenant (refused before the key was known) are left out; lengths come from those that
+    have them (the real usage where the engine answered, else the counted prompt)."""
     by_tenant: dict[str, list[TrafficEntry]] = defaultdict(list)
     for entry in entries:
         if entry.tenant:

@@ -7,10 +7,24 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from sim.workload_fit import BURST_FACTOR
+
+
+class _Flow(list[Any]):
+    """A list written in YAML's flow style: a shape's hundreds of points on a few lines."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(
+    _Flow, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, True)
+)
 
 
 def add_workload_command(sub: argparse._SubParsersAction) -> None:
@@ -73,11 +87,12 @@ def cmd_workload(args: argparse.Namespace) -> int:
         "# Play it: slogate simulate --workload FILE [--scale 2]; slogate loadtest --workload "
         "FILE.\n# Limits are not in the record: add `limits:` per tenant to play them.\n"
     )
+    for tenant in workload["tenants"]:
+        for stream in tenant["streams"]:
+            stream["shape"] = _Flow(stream["shape"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        header + yaml.safe_dump(workload, sort_keys=False, default_flow_style=None, width=100),
-        encoding="utf-8",
-    )
+    text = yaml.dump(workload, Dumper=_Dumper, sort_keys=False, default_flow_style=None, width=100)
+    args.out.write_text(header + text, encoding="utf-8")
     for tenant in workload["tenants"]:
         stream = tenant["streams"][0]
         bursts = len(tenant.get("bursts", []))
