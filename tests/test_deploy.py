@@ -16,6 +16,7 @@ from extproc.runtime.spend_metrics import SpendMetrics
 from extproc.service.candidate_metrics import CandidateMetrics
 from extproc.service.engine_metrics import EngineCollector
 from extproc.service.metrics import SidecarMetrics
+from extproc.service.traffic_record import dropped_counter
 from policy import parse_policy
 from policy._keystore import KeyStoreConfig
 
@@ -70,6 +71,7 @@ def exported_metrics() -> set[str]:
     KeyStore(KeyStoreConfig(file="keys.yaml"), None, metrics.registry)  # its own series
     SpendMetrics(metrics.registry)  # the spend step's
     CandidateMetrics(metrics.registry)  # the candidate policy's (shadow mode)
+    dropped_counter(metrics.registry)  # the traffic record's (when it is on)
     for family in [*metrics.registry.collect(), *engines.collect()]:
         names.add(f"{family.name}_total" if family.type == "counter" else family.name)
     return names
