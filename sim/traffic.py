@@ -24,6 +24,14 @@ from extproc.service.traffic_record import FILE_PREFIX, FILE_SUFFIX, RECORD_VERS
 OUTCOMES = frozenset({"admitted", "refused", "expired"})
 
 
+class CandidateVerdict(msgspec.Struct, frozen=True):
+    """What the candidate policy (shadow mode) would have done; `reason`: its refusal."""
+
+    verdict: str
+    reason: str = ""
+    pool: str = ""
+
+
 class TrafficEntry(msgspec.Struct, frozen=True):
     v: int
     t: float
@@ -49,6 +57,7 @@ class TrafficEntry(msgspec.Struct, frozen=True):
     waited_ms: float | None = None
     settled_ms: float | None = None
     decided_ms: float | None = None
+    candidate: CandidateVerdict | None = None  # only with a candidate policy loaded
 
     @property
     def admitted(self) -> bool:

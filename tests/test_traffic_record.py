@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import gzip
 import threading
@@ -13,12 +14,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from admission.decision import CountKind, RequestOutcome, RoutingDecision
+from admission.decision import CandidateNote, CountKind, RequestOutcome, RoutingDecision
 from admission.errors import RateLimited
 from extproc.service.traffic_record import TrafficFiles, TrafficRecorder
 from policy import ApiKey, ContextBucket, PolicyError, Tier, load_policy, parse_policy
 from sim.replay import replay
-from sim.traffic import TrafficEntry, read_traffic
+from sim.traffic import CandidateVerdict, TrafficEntry, read_traffic
 from tests.support.clock import VirtualClock
 from tests.support.stack import EXAMPLE_POLICY
 
@@ -74,6 +75,25 @@ def test_records_carry_shapes_and_outcomes_never_secrets(tmp_path: Path) -> None
     assert admitted.verdict == "admitted"
     assert refused.verdict == "refused:budget_tokens" and refused.prompt == 120
     assert unknown.prompt is None and unknown.key is None
+
+
+def test_a_candidate_s_verdict_is_recorded_beside_the_outcome(tmp_path: Path) -> None:
+    """Shadow mode: what the candidate would have done travels in the record (admitted
+    and refused alike); without a candidate the field is absent."""
+    recorder = TrafficRecorder(TrafficFiles(tmp_path, keep_days=7), 1.0, Drops())
+    judged = dataclasses.replace(
+        decision(), candidate=CandidateNote("would_refuse", "budget_requests", "default")
+    )
+    recorder.admitted("t1", 1_790_000_000.0)
+    asyncio.run(recorder.record(RequestOutcome(judged, "t1", 200, 110, 40, 0.2, 1.0, "ok")))
+    shape = dataclasses.replace(decision("r2"), candidate=CandidateNote("would_admit", "", "long"))
+    recorder.refused(RateLimited("no", reason="budget_tokens"), "r2", None, shape, 1_790_000_001.0)
+    recorder.refused(RateLimited("no", reason="budget_tokens"), "r3", None, decision("r3"), 2e9)
+    recorder.close()
+    admitted, refused, plain = read_traffic([tmp_path]).entries
+    assert admitted.candidate == CandidateVerdict("would_refuse", "budget_requests", "default")
+    assert refused.candidate == CandidateVerdict("would_admit", "", "long")
+    assert plain.candidate is None
 
 
 def test_old_days_are_deleted_by_the_injected_clock(tmp_path: Path) -> None:

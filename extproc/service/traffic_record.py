@@ -55,8 +55,9 @@ class DropCounter(Protocol):
 
 
 def shape_fields(decision: RoutingDecision) -> dict[str, Any]:
-    """What a replay needs of a decision: who, what and how large; never text or keys."""
-    return {
+    """What a replay needs of a decision: who, what and how large; never text or keys.
+    With a candidate policy loaded (shadow mode), what it would have done: `candidate`."""
+    fields: dict[str, Any] = {
         "prompt": decision.prompt_tokens,
         "count": decision.estimate.value,
         "max_tokens": decision.max_tokens,
@@ -66,6 +67,10 @@ def shape_fields(decision: RoutingDecision) -> dict[str, Any]:
         "pool": decision.pool,
         "bucket": decision.bucket.name,
     }
+    note = decision.candidate
+    if note is not None and note.verdict:
+        fields["candidate"] = {"verdict": note.verdict, "reason": note.reason, "pool": note.pool}
+    return fields
 
 
 def _caller_fields(caller: ApiKey | None) -> dict[str, Any]:
