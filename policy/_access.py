@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from policy._reader import PolicyError, Section, expect, positive
+from policy._reader import PolicyError, Section, expect, positive, recorded_files
 from policy.apis import DEFAULT_PUBLIC_PATHS, KNOWN_API_NAMES, PathTable, api_named
 from policy.domain import (
     LIMIT_FIELDS,
@@ -87,14 +87,7 @@ def parse_decision_log(raw: object, path: str) -> DecisionLogConfig | None:
     if raw is None:
         return None
     sec = Section(raw, path)
-    config = DecisionLogConfig(
-        directory=sec.require("dir", str),
-        sample_rate=sec.get("sample_rate", float, 0.01),
-        keep_days=sec.get("keep_days", int, 7),
-    )
-    if not 0.0 <= config.sample_rate <= 1.0:
-        raise PolicyError(f"{sec.child('sample_rate')}: must be in [0, 1]")
-    positive(config.keep_days, sec.child("keep_days"))
+    config = DecisionLogConfig(*recorded_files(sec, sample_rate=0.01))
     sec.close()
     return config
 

@@ -81,3 +81,15 @@ def one_of(section: Section, name: str, kinds: type[StrEnum], default: StrEnum) 
         names = ", ".join(kind.value for kind in kinds)
         raise PolicyError(f"{section.child(name)}: expected one of {names}, got {value!r}")
     return value
+
+
+def recorded_files(sec: Section, sample_rate: float) -> tuple[str, float, int]:
+    """A section that writes files of records (`dir`, `sample_rate` in [0, 1], `keep_days`
+    > 0): the decision log's and the traffic record's, which differ in their default rate."""
+    directory = sec.require("dir", str)
+    rate = sec.get("sample_rate", float, sample_rate)
+    if not 0.0 <= rate <= 1.0:
+        raise PolicyError(f"{sec.child('sample_rate')}: must be in [0, 1]")
+    keep_days = sec.get("keep_days", int, 7)
+    positive(keep_days, sec.child("keep_days"))
+    return directory, rate, keep_days

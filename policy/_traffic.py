@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policy._reader import PolicyError, Section, positive
+from policy._reader import Section, recorded_files
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,13 +23,6 @@ def parse_traffic_record(raw: object, path: str) -> TrafficRecordConfig | None:
     if raw is None:
         return None
     sec = Section(raw, path)
-    config = TrafficRecordConfig(
-        directory=sec.require("dir", str),
-        sample_rate=sec.get("sample_rate", float, 1.0),
-        keep_days=sec.get("keep_days", int, 7),
-    )
-    if not 0.0 <= config.sample_rate <= 1.0:
-        raise PolicyError(f"{sec.child('sample_rate')}: must be in [0, 1]")
-    positive(config.keep_days, sec.child("keep_days"))
+    config = TrafficRecordConfig(*recorded_files(sec, sample_rate=1.0))
     sec.close()
     return config
