@@ -42,7 +42,7 @@ HEADERS = {
 }
 
 
-def _quantile(values: list[float], q: float) -> float:
+def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
@@ -93,15 +93,15 @@ async def _measure(
         "describe": PROFILES[name].describe,
         "requests": len(decide_ms),
         "prompt_tokens_median": statistics.median(tokens),
-        "decision_p50_ms": _quantile(decide_ms, 0.5),
-        "decision_p99_ms": _quantile(decide_ms, 0.99),
+        "decision_p50_ms": quantile(decide_ms, 0.5),
+        "decision_p99_ms": quantile(decide_ms, 0.99),
         "count_kinds": kinds,
-        "reference_tokenizer_p50_ms": _quantile(reference_ms, 0.5),
-        "fitted_estimate_p50_ms": _quantile(estimate_ms, 0.5),
+        "reference_tokenizer_p50_ms": quantile(reference_ms, 0.5),
+        "fitted_estimate_p50_ms": quantile(estimate_ms, 0.5),
         **(
             {
-                "candidate_judge_p50_ms": _quantile(judge_ms, 0.5),
-                "candidate_judge_p99_ms": _quantile(judge_ms, 0.99),
+                "candidate_judge_p50_ms": quantile(judge_ms, 0.5),
+                "candidate_judge_p99_ms": quantile(judge_ms, 0.99),
             }
             if judge_ms
             else {}

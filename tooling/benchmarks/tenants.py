@@ -29,10 +29,10 @@ import yaml
 from extproc.request.tokens import DeepSeekBpe, exact_counter
 from extproc.runtime.sidecar import Sidecar
 from policy import load_policy
-from tooling.benchmarks.decision_cost import _measure
+from tooling.benchmarks.decision_cost import _measure, quantile
 from tooling.benchmarks.driver import SidecarDriver
 from tooling.benchmarks.levers import BENCH_KEY, bench_policy
-from tooling.processes import ManagedProcess, free_port, python_module
+from tooling.processes import ManagedProcess, free_port, proc_stat, python_module
 
 HOST = "127.0.0.1"
 
@@ -78,25 +78,18 @@ def many_tenants_policy(work: Path, tenants: int = 1000, keys: int = 10_000) -> 
 
 
 def _stats_ms(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
     return {
-        "requests": len(ordered),
-        "p50_ms": at(0.5),
-        "p99_ms": at(0.99),
-        "max_ms": ordered[-1],
-        "over_20ms": sum(1 for s in ordered if s > 20.0),
+        "requests": len(samples),
+        "p50_ms": quantile(samples, 0.5),
+        "p99_ms": quantile(samples, 0.99),
+        "max_ms": max(samples),
+        "over_20ms": sum(1 for s in samples if s > 20.0),
     }
 
 
 def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    stat = proc_stat(pid)
+    return 0.0 if stat is None else stat[2]
 
 
 async def _bad_bodies(target: str, key: str, seconds: float, reload_pid: int | None) -> Any:
