@@ -4,36 +4,32 @@ What lives here: `Sidecar`, which builds the parts and connects them — the pol
 the breaker board and its signals, the admission chain (admission.assembly, the same the
 simulator builds), the request path, the servicers and their servers, the periodic loops —
 and starts and stops them. It holds no business rule: every formula lives in the module
-that owns the concept.
+that owns the concept. How its servers are built and bound lives in
+extproc.runtime.grpc_servers (PortTaken, re-exported here), its periodic loops in
+extproc.runtime.periodic.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
-from envoy.service.accesslog.v3 import als_pb2_grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import start_http_server
+from grpc_health.v1 import health, health_pb2
 
 from admission.assembly import build_admission, expiry_s
 from admission.chain import OutcomeSink
-from admission.kv_step import ROOM_TICK_S
 from breaker.board import BreakerBoard
 from breaker.controller import TierMultipliers
 from breaker.key_quotas import KeyQuotas
 from breaker.latency import ResponseWindows
 from budget.prefixed_store import PrefixedStore
-from extproc.adminpb import admin_pb2_grpc, tenants_pb2_grpc
 from extproc.request.candidate import CANDIDATE_BUDGETS, CandidateJudge
 from extproc.request.engine_outcomes import EngineOutcomes
 from extproc.request.flow import Decider
@@ -44,30 +40,33 @@ from extproc.runtime.candidate_holder import CandidateHolder
 from extproc.runtime.engine_watch import watch_engines
 from extproc.runtime.events import MetricsEvents
 from extproc.runtime.gpu import GpuMemory
+from extproc.runtime.grpc_servers import (
+    PortTaken,
+    grpc_options,
+    start_admin,
+    start_ext_proc,
+    start_metrics,
+    start_private,
+)
 from extproc.runtime.key_store import build_key_store
 from extproc.runtime.loops import BreakerLoop, QuotaLoop
+from extproc.runtime.periodic import every, start_loops
 from extproc.runtime.policy_holder import PolicyHolder
 from extproc.runtime.spend_metrics import SpendMetrics
 from extproc.runtime.stores import build_stores
 from extproc.runtime.workers import Siblings, WorkerSlot
-from extproc.service.access_log import AccessLogService, OutcomeRecorder
+from extproc.service.access_log import OutcomeRecorder
 from extproc.service.admin import AdminService
-from extproc.service.admin_auth import AdminAuth, admin_token
 from extproc.service.candidate_metrics import CandidateMetrics
 from extproc.service.decision_log import DecisionLog
 from extproc.service.engine_metrics import EngineCollector
-from extproc.service.ext_proc import ExternalProcessorService
-from extproc.service.key_admin import KeyAdminService
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.prompt_feedback import PromptFeedback
-from extproc.service.tenant_admin import TenantAdminService
 from extproc.service.traffic_record import TrafficRecorder, dropped_counter
 from policy import BudgetStoreKind, Tier
 
-log = logging.getLogger("slogate.sidecar")
-
-# grpcio limits its messages to 4 MiB by default; a buffered body is one message.
-_GRPC_MESSAGE_SLACK_BYTES = 1 << 20
+# Imported from here by the CLI (a taken port is reported, not a traceback).
+__all__ = ["PortTaken", "Sidecar", "SidecarAddress"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,18 +269,7 @@ class Sidecar:
         }
 
     def _grpc_options(self) -> list[tuple[str, int]]:
-        limit = self.policy().max_body_bytes + _GRPC_MESSAGE_SLACK_BYTES
-        return [
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
-            # Envoy pings its HTTP/2 upstreams; grpcio would answer with GOAWAY otherwise.
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-            ("grpc.http2.max_ping_strikes", 0),
-            # Two sidecars on one port must fail loudly, not silently share traffic — unless
-            # they are the workers of one `serve --workers N`, which share it on purpose.
-            ("grpc.so_reuseport", 1 if self.worker is not None else 0),
-        ]
+        return grpc_options(self.policy, self.worker)
 
     async def start(self) -> SidecarAddress:
         if self._exact_tokenizer:
@@ -294,130 +282,70 @@ class Sidecar:
         await self.engine_watch.discover()  # DNS names: their engines before the first request
         if self.keys is not None:
             await self.keys.sync()  # the stored keys before the first request
-        server = grpc.aio.server(options=self._grpc_options())
-        external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
-            ExternalProcessorService(
-                self.decider,
-                self.metrics,
-                self.decision_log,
-                message_timeout_ms=self.policy().message_timeout_ms,
-                traffic=self.traffic,
-            ),
-            server,
+        server, port = await start_ext_proc(
+            f"{self._host}:{self._grpc_port}",
+            self._grpc_options(),
+            self.decider,
+            self.metrics,
+            self.decision_log,
+            self.policy().message_timeout_ms,
+            self.traffic,
+            self.recorder,
+            self.siblings,
+            self._health,
         )
-        als_pb2_grpc.add_AccessLogServiceServicer_to_server(
-            AccessLogService(self.recorder, self.siblings), server
-        )
-        # grpc.health.v1 for Kubernetes probes: SERVING once started, NOT_SERVING on stop.
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        port = _bind(server, f"{self._host}:{self._grpc_port}", "the sidecar's gRPC port")
-        await server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._server = server
         metrics_port = None
         if self._metrics_port is not None:
-            try:
-                httpd, _thread = start_http_server(
-                    self._metrics_port, addr=self._metrics_host, registry=self.metrics.registry
-                )
-            except OSError as error:
-                where = f"{self._metrics_host}:{self._metrics_port}"
-                raise PortTaken(f"cannot listen on {where} (/metrics): {error.strerror}") from None
+            httpd = start_metrics(self._metrics_port, self._metrics_host, self.metrics.registry)
             self._metrics_server = httpd
             metrics_port = int(httpd.server_port)
         admin = await self._start_admin()
         if self.worker is not None:
             await self._start_private(self.worker)
-        self._tasks = [
-            asyncio.create_task(self._housekeeping()),
-            asyncio.create_task(self._every(lambda: ROOM_TICK_S, self.admission.kv.tick)),
-            asyncio.create_task(self._every(self._breaker_interval, self.breaker_loop.tick)),
-            asyncio.create_task(self._every(self._controller_interval, self._control)),
-        ]
-        if self.scraper is not None:
-            self._tasks.append(asyncio.create_task(self.scraper.run()))
-        if self.keys is not None:
-            self._tasks.append(asyncio.create_task(self.keys.run()))
-        self._tasks += [
-            asyncio.create_task(self.engine_watch.run_probes()),
-            asyncio.create_task(self.engine_watch.run_discovery()),
-        ]
+        self._tasks = start_loops(
+            self._watch_interval_s,
+            self.policy,
+            self.admission,
+            self.candidate,
+            self.recorder,
+            self.breaker_loop,
+            self.quota_loop,
+            self.keys,
+            self.engine_watch,
+        )
         members = self.stores.members
         if members is not None:
             self.metrics.fleet_replicas.set(await members.beat())
             self._tasks.append(
-                asyncio.create_task(self._every(lambda: members.interval_s, self._heartbeat))
+                asyncio.create_task(every(lambda: members.interval_s, self._heartbeat))
             )
         return SidecarAddress(self._host, port, metrics_port, admin)
 
     async def _start_private(self, worker: WorkerSlot) -> None:
-        """A worker's own Unix socket: the entries its siblings received for its requests,
-        and the drills and reloads worker 0's admin API passes on."""
-        server = grpc.aio.server(options=self._grpc_options())
-        als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogService(self.recorder), server)
-        admin_pb2_grpc.add_AdminServicer_to_server(self.admin.alone(), server)
-        server.add_insecure_port(worker.socket(worker.index))
-        await server.start()
-        self._private_server = server
+        """A worker's own Unix socket (grpc_servers.start_private)."""
+        self._private_server = await start_private(
+            worker, self._grpc_options(), self.recorder, self.admin
+        )
 
     async def _start_admin(self) -> str | None:
         """The admin API on its own server: loopback or a Unix socket, never the pod IP."""
         if self._admin_address is None:
             return None
-        # Who may call it: a token, or a Unix socket's permissions (admin_auth).
-        auth = AdminAuth(admin_token(), self._admin_address.startswith("unix:"))
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=[auth])
-        admin_pb2_grpc.add_AdminServicer_to_server(self.admin, server)
-        admin_pb2_grpc.add_KeyAdminServicer_to_server(KeyAdminService(self.keys), server)
-        tenants_pb2_grpc.add_TenantAdminServicer_to_server(
-            TenantAdminService(self.policy, self.stores.spend, self._wall_clock), server
+        self._admin_server, address = await start_admin(
+            self._admin_address,
+            self.admin,
+            self.keys,
+            self.policy,
+            self.stores.spend,
+            self._wall_clock,
         )
-        bound = _bind(server, self._admin_address, "the admin API")
-        await server.start()
-        self._admin_server = server
-        if self._admin_address.startswith("unix:"):
-            return self._admin_address
-        return f"{self._admin_address.rsplit(':', 1)[0]}:{bound}"
-
-    def _breaker_interval(self) -> float:
-        return self.policy().breaker.evaluate_interval_s
-
-    def _controller_interval(self) -> float:
-        return self.policy().breaker.controller_interval_s
-
-    async def _control(self) -> None:
-        if self.policy().breaker.controller_enabled:
-            await self.quota_loop.step()
+        return address
 
     async def _heartbeat(self) -> None:
         if self.stores.members is not None:
             self.metrics.fleet_replicas.set(await self.stores.members.beat())
-
-    @staticmethod
-    async def _every(
-        interval_s: Callable[[], float], work: Callable[[], Awaitable[None] | None]
-    ) -> None:
-        """`work()` every `interval_s()` seconds; a failure is logged, the loop goes on."""
-        while True:
-            await asyncio.sleep(interval_s())
-            try:
-                done = work()
-                if done is not None:
-                    await done
-            except Exception:
-                log.exception("periodic %r failed", work)
-
-    async def _housekeeping(self) -> None:
-        """Policy file changes, and the expiry of requests whose access log never came."""
-        while True:
-            await asyncio.sleep(self._watch_interval_s)
-            if await self.policy.reload_if_changed():
-                await self.admission.kv.dispatch()  # a new capacity or share may make room
-            await self.candidate.reload_if_changed()
-            await self.recorder.expire()
-            # A KV hold outlives its request only if nothing ever released it: a safety net.
-            for request_id in await self.admission.kv.expire():
-                log.warning("KV hold of %s expired without its request's end", request_id)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         for task in self._tasks:
@@ -445,22 +373,6 @@ class Sidecar:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
         self._exact_executor.shutdown(wait=False, cancel_futures=True)
-
-
-class PortTaken(OSError):
-    """A port the sidecar must listen on is taken (by another process, most likely)."""
-
-
-def _bind(server: grpc.aio.Server, address: str, what: str) -> int:
-    """Bind `address` for `what`, or raise PortTaken naming both (grpcio raises a bare
-    RuntimeError, or returns 0, depending on its version)."""
-    try:
-        bound = server.add_insecure_port(address)
-    except RuntimeError:
-        bound = 0
-    if bound == 0 and not address.startswith("unix:"):
-        raise PortTaken(f"cannot listen on {address} ({what}): the address is in use")
-    return bound
 
 
 def _new_future() -> asyncio.Future[None]:

@@ -1,0 +1,101 @@
+"""The sidecar's periodic work: what runs on a timer beside the request path.
+
+What lives here: `every` (a loop that runs some work each interval and survives its
+failures), `housekeeping` (policy and candidate file reloads, the expiry of requests
+whose access log never came, the KV holds' safety net) and `start_loops`, which starts
+them all with their intervals read from the live policy: the waiting room's tick, the
+breaker's evaluation, the quota controller, the engine scrapes, probes and discovery, the
+key store's sync. Split from the composition root (extproc.runtime.sidecar), which starts
+these loops once its servers listen and cancels them on stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from admission.assembly import Admission
+from admission.kv_step import ROOM_TICK_S
+from extproc.runtime.candidate_holder import CandidateHolder
+from extproc.runtime.engine_watch import EngineWatch
+from extproc.runtime.key_store import KeyStore
+from extproc.runtime.loops import BreakerLoop, QuotaLoop
+from extproc.runtime.policy_holder import PolicyHolder
+from extproc.service.access_log import OutcomeRecorder
+
+# The sidecar's logger: these loops' messages read as they did when they lived there.
+log = logging.getLogger("slogate.sidecar")
+
+
+async def every(
+    interval_s: Callable[[], float], work: Callable[[], Awaitable[None] | None]
+) -> None:
+    """`work()` every `interval_s()` seconds; a failure is logged, the loop goes on."""
+    while True:
+        await asyncio.sleep(interval_s())
+        try:
+            done = work()
+            if done is not None:
+                await done
+        except Exception:
+            log.exception("periodic %r failed", work)
+
+
+async def housekeeping(
+    watch_interval_s: float,
+    policy: PolicyHolder,
+    admission: Admission,
+    candidate: CandidateHolder,
+    recorder: OutcomeRecorder,
+) -> None:
+    """Policy file changes, and the expiry of requests whose access log never came."""
+    while True:
+        await asyncio.sleep(watch_interval_s)
+        if await policy.reload_if_changed():
+            await admission.kv.dispatch()  # a new capacity or share may make room
+        await candidate.reload_if_changed()
+        await recorder.expire()
+        # A KV hold outlives its request only if nothing ever released it: a safety net.
+        for request_id in await admission.kv.expire():
+            log.warning("KV hold of %s expired without its request's end", request_id)
+
+
+def start_loops(
+    watch_interval_s: float,
+    policy: PolicyHolder,
+    admission: Admission,
+    candidate: CandidateHolder,
+    recorder: OutcomeRecorder,
+    breaker_loop: BreakerLoop,
+    quota_loop: QuotaLoop,
+    keys: KeyStore | None,
+    engine_watch: EngineWatch,
+) -> list[asyncio.Task[None]]:
+    """Every periodic task of a sidecar, started; the caller cancels them on stop."""
+
+    def breaker_interval() -> float:
+        return policy().breaker.evaluate_interval_s
+
+    def controller_interval() -> float:
+        return policy().breaker.controller_interval_s
+
+    async def control() -> None:
+        if policy().breaker.controller_enabled:
+            await quota_loop.step()
+
+    tasks = [
+        asyncio.create_task(housekeeping(watch_interval_s, policy, admission, candidate, recorder)),
+        asyncio.create_task(every(lambda: ROOM_TICK_S, admission.kv.tick)),
+        asyncio.create_task(every(breaker_interval, breaker_loop.tick)),
+        asyncio.create_task(every(controller_interval, control)),
+    ]
+    if engine_watch.scraper is not None:
+        tasks.append(asyncio.create_task(engine_watch.scraper.run()))
+    if keys is not None:
+        tasks.append(asyncio.create_task(keys.run()))
+    tasks += [
+        asyncio.create_task(engine_watch.run_probes()),
+        asyncio.create_task(engine_watch.run_discovery()),
+    ]
+    return tasks
