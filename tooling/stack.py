@@ -8,7 +8,7 @@ pools, and with the Redis budget store one Redis-compatible server (valkey, or
 redis-server where installed) is started and stopped with them: the fleet on one machine.
 With `engine="vllm"` the `default` pool is a real vLLM (tooling.vllm_engine) instead of a
 simulated one, and the sidecar's policy takes that pool's KV capacity and batch slots from
-what the engine reports.
+what the engine reports. Starting the engines and writing that policy: tooling.pool_engines.
 """
 
 from __future__ import annotations
@@ -20,27 +20,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from policy import BudgetStoreKind, FailureMode, Policy, Pool, load_policy
 from tooling.envoy_config import EnvoyPorts, build_bootstrap
+from tooling.pool_engines import (
+    HOST,
+    restart_real_engine,
+    restart_sim_engine,
+    served_names,
+    start_real_engines,
+    start_sim_pool,
+    write_runtime_policy,
+)
 from tooling.processes import (
     ManagedProcess,
     envoy_binary,
     free_port,
-    python_module,
     start_redis,
     start_sidecar,
 )
 from tooling.vllm_engine import EngineFacts, VllmEngine, VllmSettings
-
-HOST = "127.0.0.1"
-
-
-def served_names(policy: Policy) -> tuple[str, ...]:
-    """The model names every pool answers to: the policy's model and its L3 fallback."""
-    names = (policy.model_name, *([policy.fallback_model] if policy.fallback_model else []))
-    return tuple(dict.fromkeys(names))
 
 
 @dataclass
@@ -203,137 +201,28 @@ class LocalStack:
         return self
 
     def start_pool(self, pool: Pool, models: tuple[str, ...]) -> list[tuple[str, ManagedProcess]]:
-        """One simulated engine per endpoint of `pool`, each with its share of the pool's
-        KV cache and batch slots (what it then reports in its metrics)."""
-        names = [arg for name in models for arg in ("--served-model-name", name)]
-        count = len(pool.endpoints)
-        shares: list[str] = []
-        if pool.kv_capacity_tokens is not None:
-            shares += ["--kv-capacity-tokens", str(pool.kv_capacity_tokens // count)]
-        if pool.max_num_seqs is not None:
-            shares += ["--max-num-seqs", str(max(1, pool.max_num_seqs // count))]
-        started = []
-        for index, (_, endpoint_port) in enumerate(pool.endpoints):
-            first = self.ports.pools.get(pool.name, endpoint_port)
-            port = first if index == 0 else (endpoint_port if first else 0)
-            argv = python_module(
-                "sim.pool",
-                "--name", pool.name,
-                "--host", HOST,
-                "--port", str(port),
-                "--seed", str(index),
-                "--time-scale", str(self.time_scale),
-                # The pools count prompts as vLLM does, so a crafted prompt costs them its
-                # real size, not a quarter of its bytes.
-                "--tokenizer", "deepseek",
-                # As the policy says the engines schedule (slogate then writes priorities).
-                "--scheduling-policy", "priority" if pool.priority_scheduling else "fcfs",
-                *shares,
-                *names,
-            )  # fmt: skip
-            name = f"pool-{pool.name}" if index == 0 else f"pool-{pool.name}-{index}"
-            proc = ManagedProcess(name, argv, self.work_dir).start()
-            self.processes.append(proc)
-            self.engine_procs.setdefault(pool.name, []).append(proc)
-            started.append((pool.name, proc))
-        return started
+        """One simulated engine per endpoint of `pool` (tooling.pool_engines)."""
+        return start_sim_pool(self, pool, models)
 
     def restart_engine(self, pool: str, index: int) -> ManagedProcess:
-        """Stop the pool's `index`th simulated engine if it runs, and start it again on its
-        port (a new process: empty cache, its metrics from zero)."""
-        old = self.engine_procs[pool][index]
-        old.stop()
-        argv = list(old.argv)
-        argv[argv.index("--port") + 1] = str(self.engine_ports[pool][index])
-        proc = ManagedProcess(f"{old.name}-again", argv, self.work_dir).start()
-        proc.wait_for_line(r"listening on http://")
-        self.processes[self.processes.index(old)] = proc
-        self.engine_procs[pool][index] = proc
-        return proc
+        """Start the pool's `index`th simulated engine again on its port (a new process)."""
+        return restart_sim_engine(self, pool, index)
 
     def engine_urls(self, pool: str) -> list[str]:
         """Every engine of the pool (one for a real vLLM)."""
         return [f"http://{HOST}:{port}" for port in self.engine_ports.get(pool, [])]
 
     def start_engine(self, policy: Policy, pool: Pool) -> None:
-        """`vllm_count` real vLLMs for `pool`, started side by side, serving the policy's
-        model names, scheduling by priority when the pool says its engines do; what they
-        report becomes the pool's capacity."""
-        first_port = self.ports.pools.get(pool.name, pool.endpoints[0][1])
-        settings = dataclasses.replace(
-            self.vllm,
-            served_names=served_names(policy),
-            priority_scheduling=pool.priority_scheduling,
-        )
-        engines = []
-        for index in range(self.vllm_count):
-            port = first_port if index == 0 else 0
-            name = f"vllm-{pool.name}" if index == 0 else f"vllm-{pool.name}-{index}"
-            engine = VllmEngine(self.work_dir, dataclasses.replace(settings, port=port), name=name)
-            engines.append(engine.launch())
-        for engine in engines:
-            engine.ready()
-            assert engine.process is not None
-            self.processes.append(engine.process)
-        self.engines[pool.name] = engines[0]
-        self.real_engines[pool.name] = engines
-        self.pool_ports[pool.name] = engines[0].port
-        self.engine_ports[pool.name] = [e.port for e in engines]
-        facts = [e.facts() for e in engines]
-        self.engine_facts[pool.name] = dataclasses.replace(
-            facts[0],
-            kv_capacity_tokens=sum(f.kv_capacity_tokens for f in facts),
-            blocks=sum(f.blocks for f in facts),
-            max_num_seqs=sum(f.max_num_seqs for f in facts),
-        )
+        """`vllm_count` real vLLMs for `pool`; what they report becomes its capacity."""
+        start_real_engines(self, policy, pool)
 
     def restart_real_engine(self, pool: str, index: int) -> VllmEngine:
-        """Stop the pool's `index`th real engine if it runs and start it again on its port
-        (~50 s: vLLM's start)."""
-        old = self.real_engines[pool][index]
-        old.stop()
-        engine = VllmEngine(self.work_dir, old.settings, name=f"{old.name}-again", port=old.port)
-        engine.start()
-        assert engine.process is not None and old.process is not None
-        self.processes[self.processes.index(old.process)] = engine.process
-        self.real_engines[pool][index] = engine
-        return engine
+        """Start the pool's `index`th real engine again on its port (~50 s)."""
+        return restart_real_engine(self, pool, index)
 
     def write_runtime_policy(self) -> Path:
-        """The policy file the sidecar reads: the given one with each pool's endpoints set to
-        the simulated engines started for it, so engine metrics are scraped from the real
-        ones."""
-        raw = yaml.safe_load(self.policy_path.read_text(encoding="utf-8")) or {}
-        given = raw.get("pools") or {}
-        # Only the endpoints move: every other pool setting (kv_capacity_tokens) is kept.
-        raw["pools"] = {
-            name: {**(given.get(name) or {}), "endpoints": [f"{HOST}:{p}" for p in ports]}
-            for name, ports in self.engine_ports.items()
-        }
-        for name, facts in self.engine_facts.items():  # a real engine: what it reports
-            if not self.admit_engine_capacity:
-                break
-            raw["pools"][name]["kv_capacity_tokens"] = facts.kv_capacity_tokens
-            raw["pools"][name]["max_num_seqs"] = facts.max_num_seqs
-        if self.engine_facts:
-            # vLLM's CPU build starves its own API server while it prefills on two cores
-            # (/health and /metrics answered 1-5 s late): a 1 s probe would call it dead.
-            health = (raw.setdefault("engines", {}) or {}).setdefault("health", {})
-            health.setdefault("probe_timeout_s", 10.0)
-        budget = raw.setdefault("budget", {}) or {}
-        raw["budget"] = budget
-        if self.budget_store is not None:
-            budget["store"] = self.budget_store.value
-        if self.redis is not None:
-            budget["redis_url"] = f"redis://{HOST}:{self.redis_port}"
-        if self.replicas > 1:
-            budget["replicas"] = self.replicas  # until the heartbeats say better
-        if self.record_dir is not None:
-            record = raw.get("traffic_record") or {}
-            raw["traffic_record"] = {**record, "dir": str(self.record_dir.resolve())}
-        path = self.work_dir / "policy.yaml"
-        path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-        return path
+        """The policy file the sidecar reads (tooling.pool_engines)."""
+        return write_runtime_policy(self)
 
     def start_sidecar(self, replica: Replica) -> None:
         """Replica's sidecar; again on the same ports when it was started before (a
