@@ -37,6 +37,7 @@ from policy._fleet import (
 )
 from policy._keystore import parse_key_store
 from policy._reader import PolicyError, Section, positive
+from policy._telemetry import parse_telemetry
 from policy._tenants import parse_tenants
 from policy._traffic import parse_traffic_record
 from policy.domain import FailureMode, TenantBook
@@ -137,6 +138,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         root.raw("key_store"), root.child("key_store"), budget.store.value == "redis"
     )
     candidate = parse_candidate(root.raw("candidate"), root.child("candidate"))
+    telemetry = parse_telemetry(root.section("telemetry"))
     root.close()
 
     return Policy(
@@ -175,6 +177,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         source=source,
         key_store=key_store,
         candidate=candidate,
+        telemetry=telemetry,
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from policy._keystore import KeyStoreConfig
+from policy._telemetry import TelemetryConfig
 from policy._traffic import TrafficRecordConfig
 from policy.apis import KNOWN_APIS, PathTable
 from policy.domain import (
@@ -297,6 +298,8 @@ class Policy:
     key_store: KeyStoreConfig = field(default_factory=KeyStoreConfig)
     # `candidate:` a policy evaluated beside this one, never enforced (policy.candidate).
     candidate: CandidateConfig | None = None
+    # `telemetry:` tenant label bounds and OpenTelemetry tracing (policy._telemetry).
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def slo_ms(self, tier: Tier, bucket: str, tenant: str | None = None) -> float | None:
         """The P99 TTFT objective of a request: its tenant's where it sets one, else its
@@ -397,6 +400,7 @@ START_ONLY_SETTINGS = (
     "jwt",
     "shadow",
     "key_store",
+    "telemetry.tracing",  # the tracer and its exporter are built once
 )
 
 
