@@ -23,7 +23,8 @@ from sim.metrics import PoolMetrics
 from sim.model import Admission, KvCache, LatencyModel, PrefixCache, kv_tokens_for
 
 # slogate's headers, and those it sets for an endpoint picker (the inference extension's).
-SAW_HEADERS_PREFIXES = ("x-slogate-", "x-gateway-")
+# traceparent/tracestate: the trace context the engine would nest its own spans under.
+SAW_HEADERS_PREFIXES = ("x-slogate-", "x-gateway-", "traceparent", "tracestate")
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from engines import EngineFleet, EnginePicker
+from extproc.runtime.loop_lag import LoopLag, LoopLagCollector
 from extproc.runtime.key_store import KeyStore
 from extproc.runtime.spend_metrics import SpendMetrics
 from extproc.service.candidate_metrics import CandidateMetrics
@@ -72,7 +73,8 @@ def exported_metrics() -> set[str]:
     SpendMetrics(metrics.registry)  # the spend step's
     CandidateMetrics(metrics.registry)  # the candidate policy's (shadow mode)
     dropped_counter(metrics.registry)  # the traffic record's (when it is on)
-    for family in [*metrics.registry.collect(), *engines.collect()]:
+    lag = LoopLagCollector(LoopLag(time.monotonic), time.monotonic)  # the sidecar registers it
+    for family in [*metrics.registry.collect(), *engines.collect(), *lag.collect()]:
         names.add(f"{family.name}_total" if family.type == "counter" else family.name)
     return names
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,15 @@ def _long(seed: int, max_tokens: int) -> dict[str, Any]:
     # ignore_eos: the random model would sometimes stop early; these run to their limit
     # (and slogate, seeing it, holds their whole footprint).
     return chat_body(words(2500, seed), max_tokens=max_tokens, ignore_eos=True)
+
+
+def _envoy_timeouts(stack: LocalStack) -> list[str]:
+    """Envoy's non-zero timeout counters: which wait ran out (the sidecar's message timeout,
+    ext_proc's `message_timeouts`, or the route's, `upstream_rq_timeout`)."""
+    url = f"http://127.0.0.1:{stack.admin_port}/stats?filter=timeout|ext_proc"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        lines = reply.read().decode().splitlines()
+    return [line for line in lines if not line.endswith(": 0")]
 
 
 def _held(stack: LocalStack) -> tuple[float, float]:
@@ -377,9 +387,11 @@ def test_the_tiers_priority_reaches_vllm(vllm_stack: LocalStack) -> None:
                 "status": answer.status,
                 "reason": answer.getheader("x-slogate-reason"),
                 "pool": answer.getheader("x-slogate-pool"),
-                "body": answer.read()[:500],
+                "after_s": round(time.monotonic() - critical.started, 2),
+                "body": (critical._buffer + answer.read())[:500],
                 "engine": _engine_row(stack),
                 "held": _held(stack),
+                "envoy": _envoy_timeouts(stack),
             }
             raise AssertionError(f"the critical request got no content: {seen}")
         # The sheddable one is still behind the load when the critical one has its token.

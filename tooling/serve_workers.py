@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from extproc.runtime.workers import merge_expositions
+from extproc.service.log_records import json_logs
 from tooling.processes import ManagedProcess, python_module
 
 log = logging.getLogger("slogate.workers")
@@ -59,6 +60,7 @@ def run_workers(
     metrics_host: str | None,
     admin_address: str | None,
     exact: bool,
+    log_options: tuple[str, ...] = (),
 ) -> int:
     """Start `count` workers on one gRPC port and serve their merged /metrics until SIGINT
     or SIGTERM, or until one exits."""
@@ -95,6 +97,7 @@ def run_workers(
             )  # fmt: skip
             if not exact:
                 argv.append("--no-exact-tokenizer")
+            argv.extend(log_options)  # the workers log as the supervisor was told to
             proc = ManagedProcess(f"worker-{index}", argv, socket_dir).start()
             workers.append(proc)
         for proc in workers:
@@ -110,11 +113,14 @@ def run_workers(
             threading.Thread(target=server.serve_forever, daemon=True).start()
             shown = f" metrics http://{metrics_host or host}:{server.server_address[1]}/metrics"
         admin = f" admin {admin_address}" if admin_address else ""
-        print(
+        ready = (
             f"slogate sidecar ready: grpc {host}:{grpc_port}{shown}{admin} pid {os.getpid()} "
-            f"workers {count} (each: {' '.join(metrics_urls)}; logs: {socket_dir})",
-            flush=True,
+            f"workers {count} (each: {' '.join(metrics_urls)}; logs: {socket_dir})"
         )
+        if json_logs():
+            log.info(ready)  # every line of the process is JSON
+        else:
+            print(ready, flush=True)
         while not stopping.is_set():
             dead = next((w for w in workers if not w.running()), None)
             if dead is not None:

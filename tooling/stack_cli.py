@@ -48,6 +48,25 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
         "store. One /metrics (merged), one admin API (worker 0's)",
     )
     serve.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # set by --workers
+    add_log_arguments(serve)
+
+
+def add_log_arguments(parser: argparse.ArgumentParser) -> None:
+    from extproc.service.log_records import LOG_FORMATS
+
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="json: one JSON object a line (ts, level, logger, message, request_id), for "
+        "log pipelines",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="debug adds a line per decision (routed or refused, with its request id)",
+    )
 
 
 def add_up_command(sub: argparse._SubParsersAction) -> None:
@@ -118,7 +137,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from extproc.runtime.sidecar import PortTaken
     from extproc.runtime.workers import WorkerSlot
     from extproc.service.admin_auth import AdminTokenError
+    from extproc.service.log_records import configure_logs
+    from extproc.service.tracing import TracingUnavailable
 
+    configure_logs(args.log_format, args.log_level)
     admin = None if args.admin_address == "none" else args.admin_address
     if args.workers < 1:
         print("slogate serve: --workers must be 1 or more", file=sys.stderr)
@@ -143,6 +165,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             args.metrics_host,
             admin,
             not args.no_exact_tokenizer,
+            log_options=("--log-format", args.log_format, "--log-level", args.log_level),
         )
     slot = None
     if args.worker:
@@ -164,7 +187,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except PortTaken as taken:  # one line naming the port, not a traceback
         print(f"slogate serve: {taken}", file=sys.stderr)
         return 2
-    except AdminTokenError as error:  # SLOGATE_ADMIN_TOKEN_FILE unreadable or too short
+    except (AdminTokenError, TracingUnavailable) as error:  # a token file, OpenTelemetry
         print(f"slogate serve: {error}", file=sys.stderr)
         return 2
     return 0

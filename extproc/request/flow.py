@@ -264,6 +264,8 @@ class RequestFlow:
         # shape once it was counted (a refusal's too).
         self.arrived_s = time.time()
         self.shape: RoutingDecision | None = None
+        # The client's trace context, when the servicer traces (extproc.service.tracing).
+        self.trace_parent: Any = None
 
     @property
     def request_id(self) -> str:

@@ -24,6 +24,7 @@ import aiohttp
 from breaker.engine import EngineSnapshot
 from engines import EngineFleet, EnginePicker, EngineState, engine_address
 from extproc.runtime.engines import EngineScraper
+from extproc.runtime.loop_lag import LoopLag
 from policy import Policy
 
 log = logging.getLogger("slogate.engines")
@@ -74,6 +75,7 @@ class EngineWatch:
         on_change: Callable[[str, list[str]], None] = lambda pool, changes: None,
         picker: EnginePicker | None = None,
         scraper: EngineScraper | None = None,
+        loop_lag: LoopLag | None = None,
     ) -> None:
         """`on_change(pool, changes)`: discovery or a probe changed the pool's engines.
         `picker`, `scraper`: what `watch_engines` built on the same fleet, kept together."""
@@ -82,6 +84,9 @@ class EngineWatch:
         self._on_change = on_change
         self.picker = picker or EnginePicker(fleet, policy, fleet.now)
         self.scraper = scraper
+        # How late the event loop runs: a probe that timed out while it lagged is not
+        # counted (extproc.runtime.loop_lag); ticking while the probes run.
+        self.loop_lag = loop_lag or LoopLag(fleet.now)
 
     def sync_static(self) -> None:
         """The pools' engines as the policy lists them, DNS names left for `discover`
@@ -106,32 +111,58 @@ class EngineWatch:
             self._on_change(pool, changes)
 
     async def probe_once(self, session: aiohttp.ClientSession) -> None:
-        timeout = aiohttp.ClientTimeout(total=self._policy().engines.health.probe_timeout_s)
+        timeout_s = self._policy().engines.health.probe_timeout_s
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        round_began = self.fleet.now()
 
-        async def one(pool: str, host: str, port: int) -> None:
+        async def one(pool: str, host: str, port: int) -> tuple[str, str, bool | None]:
+            """(pool, address, answered); None: it timed out (judged with the lag)."""
             address = engine_address(host, port)
             try:
                 async with session.get(f"http://{address}/health", timeout=timeout) as answer:
-                    answered = answer.status < 500
-            except (aiohttp.ClientError, TimeoutError, OSError):
-                answered = False
-            engine = self.fleet.get(pool, address)
-            before = None if engine is None else self.fleet.state(engine)
-            after = self.fleet.probed(pool, address, answered)
-            if after is not None and after != before:
-                self._changed(pool, [f"{address}:{after.value}"])
-                if after is EngineState.DEAD:
-                    log.warning("engine %s of pool %s is dead (probes)", address, pool)
+                    return pool, address, answer.status < 500
+            except TimeoutError:
+                return pool, address, None
+            except (aiohttp.ClientError, OSError):
+                return pool, address, False
 
-        await asyncio.gather(
+        results = await asyncio.gather(
             *(one(pool, h, p) for pool, targets in self.fleet.targets().items() for h, p in targets)
         )
+        # A stall of half the timeout leaves too little of it for the engine's answer.
+        lagged_s = self.loop_lag.worst_since(round_began)
+        starved = lagged_s >= timeout_s / 2
+        if starved and any(answered is None for _, _, answered in results):
+            log.warning(
+                "engine probes: timeouts not counted, the sidecar's own loop lagged %.0f ms",
+                lagged_s * 1000,
+            )
+        for pool, address, answered in results:
+            if answered is None and starved:
+                continue
+            self._probed(pool, address, bool(answered))
+
+    def _probed(self, pool: str, address: str, answered: bool) -> None:
+        engine = self.fleet.get(pool, address)
+        before = None if engine is None else self.fleet.state(engine)
+        after = self.fleet.probed(pool, address, answered)
+        if after is not None and after != before:
+            self._changed(pool, [f"{address}:{after.value}"])
+            if after is EngineState.DEAD:
+                log.warning("engine %s of pool %s is dead (probes)", address, pool)
 
     def observe(self, pool: str, host: str, port: int, snapshot: EngineSnapshot) -> None:
         """A metrics scrape's snapshot of one engine (EngineScraper's hook)."""
         self.fleet.observe(pool, engine_address(host, port), snapshot)
 
     async def run_probes(self) -> None:
+        ticker = asyncio.create_task(self.loop_lag.run())
+        try:
+            await self._probe_forever()
+        finally:
+            ticker.cancel()
+
+    async def _probe_forever(self) -> None:
         async with aiohttp.ClientSession() as session:
             while True:
                 try:

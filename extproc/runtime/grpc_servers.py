@@ -33,6 +33,7 @@ from extproc.service.ext_proc import ExternalProcessorService
 from extproc.service.key_admin import KeyAdminService, KeyWrites
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.tenant_admin import TenantAdminService
+from extproc.service.tracing import DecisionTracer
 from extproc.service.traffic_record import TrafficRecorder
 
 # grpcio limits its messages to 4 MiB by default; a buffered body is one message.
@@ -81,6 +82,7 @@ async def start_ext_proc(
     recorder: OutcomeRecorder,
     siblings: Siblings | None,
     health: HealthServicer,
+    tracer: DecisionTracer | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """The server Envoy calls: ext_proc, the access log and grpc.health.v1, started on
     `address`. Returns it and the port it bound."""
@@ -92,6 +94,7 @@ async def start_ext_proc(
             decision_log,
             message_timeout_ms=message_timeout_ms,
             traffic=traffic,
+            tracer=tracer,
         ),
         server,
     )

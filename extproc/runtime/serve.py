@@ -7,6 +7,7 @@ starts it, prints the one ready line the local stack and the tests wait for, and
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 from extproc.runtime.heap import freeze_at_start
 from extproc.runtime.sidecar import Sidecar
 from extproc.runtime.workers import WorkerSlot
+from extproc.service.log_records import json_logs
 
 
 async def run_sidecar(
@@ -57,9 +59,11 @@ async def run_sidecar(
         else ""
     )
     admin = f" admin {address.admin}" if address.admin else ""
-    print(
-        f"slogate sidecar ready: grpc {host}:{address.grpc_port}{metrics}{admin} pid {os.getpid()}",
-        flush=True,
-    )
+    grpc_at = f"{host}:{address.grpc_port}"
+    ready = f"slogate sidecar ready: grpc {grpc_at}{metrics}{admin} pid {os.getpid()}"
+    if json_logs():
+        logging.getLogger("slogate.serve").info(ready)  # every line of the process is JSON
+    else:
+        print(ready, flush=True)
     await stop.wait()
     await sidecar.stop()

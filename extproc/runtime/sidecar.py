@@ -49,6 +49,7 @@ from extproc.runtime.grpc_servers import (
     start_private,
 )
 from extproc.runtime.key_store import build_key_store
+from extproc.runtime.loop_lag import LoopLagCollector
 from extproc.runtime.loops import BreakerLoop, QuotaLoop
 from extproc.runtime.periodic import every, start_loops
 from extproc.runtime.policy_holder import PolicyHolder
@@ -118,6 +119,9 @@ class Sidecar:
         self.picker = self.engine_watch.picker
         self.scraper = self.engine_watch.scraper
         self.metrics.registry.register(EngineCollector(self.picker, self.policy))
+        self.metrics.registry.register(
+            LoopLagCollector(self.engine_watch.loop_lag, self.clock)
+        )
         self.board = BreakerBoard(
             self.policy,
             self.windows,

@@ -20,8 +20,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from admission.decision import RoutingDecision
 from admission.errors import InternalError, RequestRejected
 from admission.kv_step import wait_notice
-from extproc.request.flow import Decider, RequestFlow
+from extproc.request.flow import Decider, RequestFlow, Routed
 from extproc.service.decision_log import DecisionLog
+from extproc.service.log_records import REQUEST_ID
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.replies import (
     header_reply,
@@ -33,6 +34,7 @@ from extproc.service.replies import (
     timeout_override,
     wait_reply_ms,
 )
+from extproc.service.tracing import DecisionTracer
 from extproc.service.traffic_record import TrafficRecorder
 
 log = logging.getLogger("slogate.extproc")
@@ -46,9 +48,12 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         decision_log: DecisionLog | None = None,
         message_timeout_ms: int = 1000,
         traffic: TrafficRecorder | None = None,
+        tracer: DecisionTracer | None = None,
     ) -> None:
         """`message_timeout_ms`: Envoy's (what a decision may take once its wait is over),
-        part of a waiting request's timeout override (replies.wait_reply_ms)."""
+        part of a waiting request's timeout override (replies.wait_reply_ms); `tracer`: a
+        span per decision (None: tracing off, and nothing of it runs)."""
+        self._tracer = tracer
         self._message_timeout_ms = message_timeout_ms
         self._decider = decider
         self._metrics = metrics
@@ -118,9 +123,14 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
             # waiting room now and gives back whatever it holds.
             if not answer.done():
                 answer.cancel()
+                if self._tracer is not None:
+                    self._tracer.abandoned(flow)
 
     def _rejection(self, error: RequestRejected, flow: RequestFlow) -> pb.ProcessingResponse:
         self._metrics.rejections(error.reason, str(error.status)).inc()
+        log.debug("refused: %s (%d)", error.reason, error.status)
+        if self._tracer is not None:
+            self._tracer.refused(flow, error)
         if self._decision_log is not None:
             self._decision_log.refused(error, flow.request_id, flow.tenant)
         if self._traffic is not None:
@@ -132,21 +142,34 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
     ) -> pb.ProcessingResponse:
         if phase == "request_headers":
             headers = request.request_headers
+            fields = headers_to_dict(headers)
+            # Log records written while this stream decides name its request (log_records).
+            REQUEST_ID.set(fields.get("x-request-id"))
+            if self._tracer is not None:
+                flow.trace_parent = self._tracer.parent(fields)
             verdict = await flow.on_request_headers(
-                headers_to_dict(headers), headers.end_of_stream, jwt_claims(request)
+                fields, headers.end_of_stream, jwt_claims(request)
             )
+            reply = header_reply(verdict)
             if verdict.routed is not None:
-                self._count(verdict.routed.decision)
-                if self._traffic is not None:
-                    self._traffic.admitted(verdict.routed.tracking_id, flow.arrived_s)
-            return header_reply(verdict)
+                self._routed(flow, verdict.routed, reply)
+            return reply
         if phase == "request_body":
             routed = await flow.on_request_body(request.request_body.body)
-            self._count(routed.decision)
-            if self._traffic is not None:
-                self._traffic.admitted(routed.tracking_id, flow.arrived_s)
-            return routed_body_reply(routed)
+            reply = routed_body_reply(routed)
+            self._routed(flow, routed, reply)
+            return reply
         return passthrough_reply(request)
+
+    def _routed(self, flow: RequestFlow, routed: Routed, reply: pb.ProcessingResponse) -> None:
+        """An admitted request: counted, recorded, traced (its span's id goes upstream)."""
+        decision = routed.decision
+        self._count(decision)
+        log.debug("routed: pool %s, bucket %s", decision.pool, decision.bucket.name)
+        if self._traffic is not None:
+            self._traffic.admitted(routed.tracking_id, flow.arrived_s)
+        if self._tracer is not None:
+            self._tracer.routed(flow, routed, reply)
 
     def _count(self, decision: RoutingDecision) -> None:
         self._metrics.decisions(

@@ -10,6 +10,7 @@ far harder than one Envoy on two cores could.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -30,7 +31,9 @@ class DriverReply:
     body: bytes
 
 
-def _headers_message(path: str, api_key: str, body: bytes) -> pb.ProcessingRequest:
+def _headers_message(
+    path: str, api_key: str, body: bytes, extra: Mapping[str, str] | None = None
+) -> pb.ProcessingRequest:
     request = pb.ProcessingRequest()
     headers = request.request_headers.headers.headers
     for key, value in (
@@ -40,6 +43,7 @@ def _headers_message(path: str, api_key: str, body: bytes) -> pb.ProcessingReque
         ("authorization", f"Bearer {api_key}"),
         ("content-type", "application/json"),
         ("content-length", str(len(body))),
+        *(extra or {}).items(),
     ):
         headers.append(base_pb2.HeaderValue(key=key, raw_value=value.encode()))
     return request
@@ -90,14 +94,16 @@ class SidecarDriver:
         body: dict[str, object],
         path: str = "/v1/chat/completions",
         raw: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> DriverReply:
-        """One request's headers and body; `raw`: these bytes instead of `body`'s JSON."""
+        """One request's headers and body; `raw`: these bytes instead of `body`'s JSON;
+        `headers`: more request headers (x-request-id, traceparent, ...)."""
         raw = json.dumps(body).encode() if raw is None else raw
         body_message = pb.ProcessingRequest()
         body_message.request_body.body = raw
         body_message.request_body.end_of_stream = True
         call = self._processor.Process()
-        await call.write(_headers_message(path, api_key, raw))
+        await call.write(_headers_message(path, api_key, raw, headers))
         first = await call.read()
         if first.HasField("immediate_response"):
             await call.done_writing()

@@ -1,0 +1,74 @@
+"""How late the sidecar's event loop runs: a ticker that sleeps a short interval and
+records how much later than asked it woke.
+
+Why: a sidecar starved of CPU (a noisy neighbour, a throttled cgroup, a long pause) sees
+every timer fire late at once. An engine probe that timed out during such a stall says
+nothing about the engine: counted, one starved second marked every engine of every pool
+dead (measured here: a CPU vLLM's prefill starved the sidecar on a 2-core machine, and
+all three pools' engines went dead in the same second). The probe round asks `worst_since`
+and leaves a timeout uncounted when the loop itself lagged. SREs read the same number as
+`slogate_event_loop_lag_seconds`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+TICK_S = 0.05
+_KEPT_S = 60.0  # the longest a probe round or a scrape window looks back
+
+
+class LoopLag:
+    """Lags of the ticker's wakes (seconds late), kept for a minute."""
+
+    def __init__(self, clock: Callable[[], float], tick_s: float = TICK_S) -> None:
+        self._clock = clock
+        self.tick_s = tick_s
+        self._lags: collections.deque[tuple[float, float]] = collections.deque()
+        self._last_wake_s = clock()
+
+    def woke(self, slept_from_s: float) -> None:
+        """The ticker woke from a sleep that began at `slept_from_s`."""
+        now = self._clock()
+        self._last_wake_s = now
+        self._lags.append((now, max(0.0, now - slept_from_s - self.tick_s)))
+        while self._lags and self._lags[0][0] < now - _KEPT_S:
+            self._lags.popleft()
+
+    def worst_since(self, since_s: float) -> float:
+        """The worst lag seen by a wake at or after `since_s`, and the lag under way now
+        (the ticker's sleep overdue: a stall that has not ended yet)."""
+        now = self._clock()
+        overdue = max(0.0, now - self._last_wake_s - self.tick_s)
+        recorded = (lag for at_s, lag in reversed(self._lags) if at_s >= since_s)
+        return max(overdue, max(recorded, default=0.0))
+
+    async def run(self) -> None:
+        while True:
+            began = self._clock()
+            await asyncio.sleep(self.tick_s)
+            self.woke(began)
+
+
+class LoopLagCollector(Collector):
+    """`slogate_event_loop_lag_seconds`: the worst lag over the last 10 s, at scrape time."""
+
+    WINDOW_S = 10.0
+
+    def __init__(self, lag: LoopLag, clock: Callable[[], float]) -> None:
+        self._lag = lag
+        self._clock = clock
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "slogate_event_loop_lag_seconds",
+            "How late the sidecar's event loop ran at worst in the last 10 s (a starved "
+            "sidecar: every decision and probe waits this long; probe timeouts during such "
+            "a stall are not counted against the engines).",
+            value=self._lag.worst_since(self._clock() - self.WINDOW_S),
+        )

@@ -1,0 +1,119 @@
+"""Engine /health probes over real HTTP (aiohttp servers on 127.0.0.1), and the loop-lag
+rule: a probe that timed out while the sidecar's own event loop was stalled is not counted
+against the engine (extproc.runtime.loop_lag), one that timed out on a lively loop is."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from engines import EngineFleet, EngineState
+from extproc.runtime.engine_watch import EngineWatch
+from extproc.runtime.loop_lag import LoopLag
+from policy import EngineHealthConfig, Policy, parse_policy
+from tests.support.stack import example_policy
+
+TIMEOUT_S = 0.3
+HEALTH = EngineHealthConfig(probe_timeout_s=TIMEOUT_S, unhealthy_after=1)
+
+
+async def _engine(hang: asyncio.Event | None) -> tuple[web.AppRunner, int]:
+    """A /health that answers at once, or (hang given) only once `hang` is set."""
+
+    async def health(_: web.Request) -> web.Response:
+        if hang is not None:
+            await hang.wait()
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    server = site._server
+    assert server is not None
+    port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, port
+
+
+def _policy() -> Policy:
+    return parse_policy(example_policy())
+
+
+@pytest.fixture
+async def engines() -> AsyncIterator[tuple[int, int, asyncio.Event]]:
+    never = asyncio.Event()
+    hung, hung_port = await _engine(never)
+    fine, fine_port = await _engine(None)
+    try:
+        yield hung_port, fine_port, never
+    finally:
+        never.set()
+        await hung.cleanup()
+        await fine.cleanup()
+
+
+def _watch(hung_port: int, fine_port: int) -> EngineWatch:
+    fleet = EngineFleet(lambda: HEALTH, time.monotonic)
+    fleet.sync("p", [("127.0.0.1", hung_port), ("127.0.0.1", fine_port)])
+    policy = _policy()
+    policy = dataclasses.replace(policy, engines=dataclasses.replace(policy.engines, health=HEALTH))
+    return EngineWatch(fleet, lambda: policy, loop_lag=LoopLag(time.monotonic))
+
+
+def _states(watch: EngineWatch) -> dict[int, EngineState]:
+    return {e.port: watch.fleet.state(e) for e in watch.fleet.engines("p")}
+
+
+async def test_a_hung_engine_is_dead_after_a_timed_out_probe_on_a_lively_loop(
+    engines: tuple[int, int, asyncio.Event],
+) -> None:
+    hung_port, fine_port, _ = engines
+    watch = _watch(hung_port, fine_port)
+    ticker = asyncio.create_task(watch.loop_lag.run())
+    try:
+        async with aiohttp.ClientSession() as session:
+            await watch.probe_once(session)
+    finally:
+        ticker.cancel()
+    assert _states(watch) == {hung_port: EngineState.DEAD, fine_port: EngineState.SERVING}
+
+
+async def test_timeouts_during_the_sidecars_own_stall_are_not_counted(
+    engines: tuple[int, int, asyncio.Event],
+) -> None:
+    """The loop blocks for twice the probe timeout while the probes are out (a starved
+    sidecar): every timeout of that round says nothing about the engines."""
+    hung_port, fine_port, _ = engines
+    watch = _watch(hung_port, fine_port)
+    ticker = asyncio.create_task(watch.loop_lag.run())
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.05, time.sleep, 2 * TIMEOUT_S)  # the stall, on the loop itself
+    try:
+        async with aiohttp.ClientSession() as session:
+            await watch.probe_once(session)
+        assert watch.loop_lag.worst_since(time.monotonic() - 5) >= TIMEOUT_S
+    finally:
+        ticker.cancel()
+    assert _states(watch)[hung_port] is EngineState.SERVING
+
+
+def test_the_lag_is_what_the_ticker_overslept_and_a_stall_under_way_counts() -> None:
+    now = [100.0]
+    lag = LoopLag(lambda: now[0], tick_s=0.05)
+    now[0] = 100.05
+    lag.woke(100.0)
+    assert lag.worst_since(0.0) == pytest.approx(0.0)
+    now[0] = 101.0  # slept at 100.05 for 0.05: woke 0.9 s late
+    lag.woke(100.05)
+    assert lag.worst_since(100.5) == pytest.approx(0.9)
+    assert lag.worst_since(101.5) == pytest.approx(0.0)  # nothing recorded since
+    now[0] = 103.0  # no wake for 2 s: a stall under way
+    assert lag.worst_since(102.9) == pytest.approx(1.95)

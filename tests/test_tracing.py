@@ -1,0 +1,295 @@
+"""A span per decision in the client's trace (telemetry.tracing), and JSON log lines.
+
+Spans go over real OTLP/gRPC to a real receiver (tooling.otlp_receiver, opentelemetry-
+proto's TraceService on a grpcio server on 127.0.0.1:0). The sidecar runs in this process
+(real gRPC, as in test_sidecar_in_process), behind Envoy (the stack), or as `slogate serve`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from extproc.runtime.sidecar import Sidecar
+from extproc.service.log_records import REQUEST_ID, JsonLines
+from tests.support.http import CHAT, chat_body, post
+from tests.support.stack import ROOT, example_policy, start_stack, write_policy
+from tooling.benchmarks.driver import SidecarDriver
+from tooling.otlp_receiver import ReceivedSpan, TraceReceiver
+from tooling.processes import ManagedProcess, python_module
+
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[TraceReceiver]:
+    # The SDK's batch delay (5 s by default), shortened for the sidecars started here.
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    running = TraceReceiver().start()
+    yield running
+    running.stop()
+
+
+def traced_policy(tmp_path: Path, endpoint: str | None, **tracing: Any) -> Path:
+    raw = example_policy()
+    raw["breaker"]["scrape_metrics"] = False  # no pools run for the in-process sidecar
+    if endpoint is not None:
+        raw["telemetry"] = {"tracing": {"otlp_endpoint": endpoint, **tracing}}
+    return write_policy(tmp_path / "policy.yaml", raw)
+
+
+@pytest.fixture
+async def traced(
+    tmp_path: Path, receiver: TraceReceiver
+) -> AsyncIterator[tuple[Sidecar, SidecarDriver]]:
+    path = traced_policy(tmp_path, receiver.endpoint, service_name="slogate-test")
+    sidecar = Sidecar(path, grpc_port=0, metrics_port=None, admin_address=None)
+    address = await sidecar.start()
+    driver = SidecarDriver(f"127.0.0.1:{address.grpc_port}")
+    yield sidecar, driver
+    await driver.close()
+    await sidecar.stop(grace_s=0.5)
+
+
+def by_request(spans: list[ReceivedSpan], request_id: str) -> ReceivedSpan:
+    found = [s for s in spans if s.attributes.get("slogate.request_id") == request_id]
+    assert len(found) == 1, [s.attributes for s in spans]
+    return found[0]
+
+
+async def test_a_decision_is_a_span_in_the_clients_trace_and_its_id_goes_upstream(
+    traced: tuple[Sidecar, SidecarDriver], receiver: TraceReceiver
+) -> None:
+    _sidecar, driver = traced
+    routed = await driver.decide(
+        "sk-demo-standard",
+        chat_body("hello there", max_tokens=64),
+        headers={"traceparent": TRACEPARENT, "tracestate": "vendor=7", "x-request-id": "r-1"},
+    )
+    assert routed.status == 200
+    span = by_request(receiver.wait_for(1), "r-1")
+    assert span.name == "slogate.decision" and span.service == "slogate-test"
+    assert (span.trace_id, span.parent_span_id) == (CLIENT_TRACE, CLIENT_SPAN)
+    assert span.start_ns < span.end_ns
+    attributes = span.attributes
+    assert attributes["slogate.outcome"] == "routed"
+    assert attributes["slogate.tenant"] == "demo-standard"
+    assert attributes["slogate.tier"] == "standard"
+    assert attributes["slogate.pool"] == "default"
+    assert attributes["slogate.bucket"] == routed.headers["x-slogate-bucket"]
+    assert 0 < attributes["slogate.prompt_tokens"] < 64
+    assert attributes["slogate.max_tokens"] == 64
+    assert "slogate.reason" not in attributes
+    # The engine's spans nest under the decision: its traceparent names the sidecar's span.
+    assert routed.headers["traceparent"] == f"00-{CLIENT_TRACE}-{span.span_id}-01"
+    assert routed.headers["tracestate"] == "vendor=7"
+
+
+async def test_refusals_are_spans_with_their_outcome_and_reason(
+    traced: tuple[Sidecar, SidecarDriver], receiver: TraceReceiver
+) -> None:
+    _sidecar, driver = traced
+    unknown = await driver.decide(
+        "sk-nobody", chat_body(), headers={"traceparent": TRACEPARENT, "x-request-id": "r-401"}
+    )
+    assert unknown.status == 401
+    # sk-demo-small may reserve 2000 tokens a minute: the second 1500 is refused.
+    small = chat_body("hi", max_tokens=1500)
+    assert (await driver.decide("sk-demo-small", small)).status == 200
+    limited = await driver.decide("sk-demo-small", small, headers={"x-request-id": "r-429"})
+    assert limited.status == 429
+    assert "traceparent" not in unknown.headers | limited.headers  # nothing goes upstream
+    spans = receiver.wait_for(3)
+    refused = by_request(spans, "r-401")
+    assert refused.trace_id == CLIENT_TRACE and refused.parent_span_id == CLIENT_SPAN
+    assert refused.attributes["slogate.outcome"] == "refused"
+    assert refused.attributes["slogate.reason"] == "unknown_api_key"
+    assert refused.attributes["http.response.status_code"] == 401
+    assert "slogate.tenant" not in refused.attributes  # no caller was known
+    over = by_request(spans, "r-429")
+    assert over.parent_span_id == ""  # no client trace: a trace of its own
+    assert over.attributes["slogate.outcome"] == "refused"
+    assert over.attributes["slogate.reason"] == limited.headers["x-slogate-reason"]
+    # What was decided before the refusal is on the span: who asked, where it would go.
+    assert over.attributes["slogate.tenant"] == "demo-small"
+    assert over.attributes["slogate.pool"] == "default"
+    assert over.attributes["slogate.max_tokens"] == 1500
+
+
+async def test_a_sample_ratio_of_zero_keeps_only_sampled_client_traces(
+    tmp_path: Path, receiver: TraceReceiver
+) -> None:
+    path = traced_policy(tmp_path, receiver.endpoint, sample_ratio=0.0)
+    sidecar = Sidecar(path, grpc_port=0, metrics_port=None, admin_address=None)
+    address = await sidecar.start()
+    driver = SidecarDriver(f"127.0.0.1:{address.grpc_port}")
+    try:
+        alone = await driver.decide("sk-demo-standard", chat_body(), headers={"x-request-id": "a"})
+        sampled = await driver.decide(
+            "sk-demo-standard",
+            chat_body(),
+            headers={"x-request-id": "b", "traceparent": TRACEPARENT},
+        )
+    finally:
+        await driver.close()
+        await sidecar.stop(grace_s=0.5)  # sends whatever is batched
+    assert "traceparent" not in alone.headers  # not sampled: nothing set upstream
+    assert sampled.headers["traceparent"].startswith(f"00-{CLIENT_TRACE}-")
+    assert [s.attributes["slogate.request_id"] for s in receiver.spans()] == ["b"]
+
+
+_IMPORTS_SCRIPT = """
+import asyncio, json, sys
+from pathlib import Path
+
+class NotInstalled:  # as if the tracing extra were not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "opentelemetry":
+            raise ImportError(f"No module named {name!r}", name=name)
+
+if sys.argv[3] == "without":
+    sys.meta_path.insert(0, NotInstalled())
+from extproc.runtime.sidecar import Sidecar
+from tooling.benchmarks.driver import SidecarDriver
+
+async def main():
+    sidecar = Sidecar(Path(sys.argv[1]), grpc_port=0, metrics_port=None, admin_address=None,
+                      exact_tokenizer=False)
+    address = await sidecar.start()
+    driver = SidecarDriver(f"127.0.0.1:{address.grpc_port}")
+    body = {"model": "deepseek-v4", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 8}
+    reply = await driver.decide("sk-demo-standard", body, headers={"traceparent": sys.argv[2]})
+    await driver.close()
+    await sidecar.stop(grace_s=0.5)
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry")
+    print(json.dumps({"status": reply.status, "opentelemetry": loaded,
+                      "traceparent": reply.headers.get("traceparent")}))
+
+asyncio.run(main())
+"""
+
+
+# What slogate's tracer loads. (redis-py loads opentelemetry's metrics SDK by itself when
+# it is installed; without it installed, redis-py and slogate both run.)
+TRACER_MODULES = {
+    "opentelemetry.sdk.trace",
+    "opentelemetry.sdk.trace.export",
+    "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+    "opentelemetry.trace.propagation.tracecontext",
+}
+
+
+def sidecar_imports(policy: Path, opentelemetry: str = "installed") -> dict[str, Any]:
+    """A fresh interpreter decides one request; which opentelemetry modules it loaded."""
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORTS_SCRIPT, str(policy), TRACEPARENT, opentelemetry],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_without_a_tracing_section_opentelemetry_is_never_imported(
+    tmp_path: Path, receiver: TraceReceiver
+) -> None:
+    off = sidecar_imports(traced_policy(tmp_path, None))
+    assert off["status"] == 200
+    assert TRACER_MODULES.isdisjoint(off["opentelemetry"]), off["opentelemetry"]
+    assert off["traceparent"] is None  # the client's goes upstream untouched
+    # The same script with the section does load them (the check above can fail).
+    on = sidecar_imports(traced_policy(tmp_path, receiver.endpoint))
+    assert on["status"] == 200 and set(on["opentelemetry"]) >= TRACER_MODULES
+    assert on["traceparent"].startswith(f"00-{CLIENT_TRACE}-")
+    # Without OpenTelemetry installed at all, the sidecar decides as before.
+    without = sidecar_imports(traced_policy(tmp_path, None), opentelemetry="without")
+    assert without["status"] == 200 and without["opentelemetry"] == []
+
+
+def test_json_lines_name_the_request_and_keep_a_traceback_on_one_line() -> None:
+    formatter = JsonLines()
+    try:
+        raise ValueError("broken\nacross lines")
+    except ValueError:
+        record = logging.LogRecord(
+            "slogate.extproc", logging.ERROR, __file__, 1, "failed %s", ("x",), sys.exc_info()
+        )
+    token = REQUEST_ID.set("req-9")
+    try:
+        line = formatter.format(record)
+    finally:
+        REQUEST_ID.reset(token)
+    assert "\n" not in line
+    parsed = json.loads(line)
+    assert parsed["level"] == "ERROR" and parsed["logger"] == "slogate.extproc"
+    assert parsed["message"] == "failed x" and parsed["request_id"] == "req-9"
+    assert "ValueError: broken" in parsed["exception"] and parsed["ts"].endswith("+00:00")
+    assert "request_id" not in json.loads(formatter.format(record))  # outside a request
+
+
+@pytest.mark.e2e
+def test_through_envoy_the_engine_gets_the_decisions_span_as_its_parent(
+    tmp_path: Path, receiver: TraceReceiver
+) -> None:
+    raw = example_policy()
+    raw["telemetry"] = {"tracing": {"otlp_endpoint": receiver.endpoint}}
+    stack = start_stack(tmp_path, write_policy(tmp_path / "policy.yaml", raw))
+    try:
+        served = post(stack.url, CHAT, chat_body(), headers={"traceparent": TRACEPARENT})
+        refused = post(stack.url, CHAT, chat_body(), key="sk-nobody")
+        spans = receiver.wait_for(2)
+    finally:
+        stack.stop()
+    assert served.status == 200 and refused.status == 401
+    routed = next(s for s in spans if s.attributes["slogate.outcome"] == "routed")
+    assert (routed.trace_id, routed.parent_span_id) == (CLIENT_TRACE, CLIENT_SPAN)
+    assert routed.attributes["slogate.tenant"] == "demo-standard"
+    assert routed.attributes["slogate.request_id"]  # Envoy's x-request-id
+    saw = json.loads(served.headers["x-sim-saw-headers"])
+    assert saw["traceparent"] == f"00-{CLIENT_TRACE}-{routed.span_id}-01"
+    assert saw["x-slogate-pool"] == routed.attributes["slogate.pool"]
+    failed = next(s for s in spans if s.attributes["slogate.outcome"] == "refused")
+    assert failed.attributes["slogate.reason"] == "unknown_api_key"
+    assert failed.parent_span_id == "" and failed.attributes["slogate.request_id"]
+
+
+@pytest.mark.e2e
+async def test_serve_with_json_logs_writes_only_json_lines_naming_requests(
+    tmp_path: Path,
+) -> None:
+    policy = traced_policy(tmp_path, None)
+    argv = python_module(
+        "tooling.cli", "serve", "--policy", str(policy), "--host", "127.0.0.1",
+        "--grpc-port", "0", "--metrics-port", "0", "--admin-address", "none",
+        "--no-exact-tokenizer", "--log-format", "json", "--log-level", "debug",
+    )  # fmt: skip
+    sidecar = ManagedProcess("sidecar-json", argv, tmp_path).start()
+    try:
+        ready = sidecar.wait_for_line(r"sidecar ready: grpc 127\.0\.0\.1:(\d+)")
+        driver = SidecarDriver(f"127.0.0.1:{ready.group(1)}")
+        routed = await driver.decide("sk-demo-standard", chat_body(), headers={"x-request-id": "j"})
+        refused = await driver.decide("sk-nobody", chat_body(), headers={"x-request-id": "k"})
+        await driver.close()
+    finally:
+        sidecar.stop()  # SIGTERM: its stopping lines are checked too
+    assert (routed.status, refused.status) == (200, 401)
+    # stdout and stderr both land in the process's log: every line of either is JSON.
+    lines = [json.loads(line) for line in sidecar.log_text().splitlines() if line.strip()]
+    assert all({"ts", "level", "logger", "message"} <= line.keys() for line in lines)
+    assert any("sidecar ready" in line["message"] for line in lines)
+    about = {rid: [x for x in lines if x.get("request_id") == rid] for rid in ("j", "k")}
+    assert any(x["message"].startswith("routed") for x in about["j"]), lines
+    assert any("unknown_api_key" in x["message"] for x in about["k"]), lines
