@@ -63,6 +63,7 @@ from extproc.service.decision_log import DecisionLog
 from extproc.service.engine_metrics import EngineCollector
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.prompt_feedback import PromptFeedback
+from extproc.service.tracing import start_tracing
 from extproc.service.traffic_record import TrafficRecorder, dropped_counter
 from policy import BudgetStoreKind, Tier
 
@@ -195,6 +196,7 @@ class Sidecar:
             picker=self.picker,
             candidate=self.judge,
         )
+        self.tracer = start_tracing(initial.telemetry.tracing)  # None: off, not imported
         self.decision_log = (
             DecisionLog(
                 Path(initial.decision_log.directory),
@@ -297,6 +299,7 @@ class Sidecar:
             self.recorder,
             self.siblings,
             self._health,
+            self.tracer,
         )
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._server = server
@@ -371,6 +374,8 @@ class Sidecar:
         await self.store.close()
         if self.decision_log is not None:
             self.decision_log.close()
+        if self.tracer is not None:
+            self.tracer.close()
         if self.traffic is not None:
             self.traffic.close()
         if self._metrics_server is not None:
