@@ -152,9 +152,10 @@ class ApiKey:
 
     @property
     def tenant_label(self) -> str:
-        """The tenant as a metric label: policy tenants are few and known; JWT tenants are
-        whatever a claim says, so they share one label to keep cardinality bounded."""
-        return "jwt" if self.from_jwt else self.tenant
+        """The tenant as a metric label, a JWT caller's as its claim names it: the metrics
+        bound how many there are (`telemetry.tenant_series_max`, the rest `other`:
+        extproc.service.tenant_series)."""
+        return self.tenant
 
     @property
     def key_id(self) -> str:

@@ -25,6 +25,7 @@ from tooling.stack import LocalStack
 pytestmark = pytest.mark.e2e
 ISSUER = "https://issuer.slogate.test"
 CHAT = "/v1/chat/completions"
+TENANT_SERIES_MAX = 6
 
 
 def rsa_key() -> rsa.RSAPrivateKey:
@@ -98,6 +99,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalSta
         "tenant_claim": "org",
         "tier_claim": "plan",
     }
+    # The example's 4 tenants and 2 more have tenant labels of their own; the rest "other".
+    raw["telemetry"] = {"tenant_series_max": TENANT_SERIES_MAX}
     policy = work / "policy.yaml"
     write_policy(policy, raw)
     stack = start_stack(work, policy, exact_tokenizer=False)
@@ -129,10 +132,30 @@ def test_valid_token_names_tenant_and_tier_over_https(
     assert int(again.headers["x-ratelimit-remaining-requests"]) < int(
         reply.headers["x-ratelimit-remaining-requests"]
     )
-    # Claim values are unbounded: in metrics every JWT tenant is tenant="jwt".
+    # A JWT tenant has its own tenant label (up to the cap: the next test).
     samples = scrape(stack.metrics_url)
-    assert metric(samples, "slogate_budget_decisions_total", tenant="jwt") >= 2
-    assert metric(samples, "slogate_budget_decisions_total", tenant="acme") == 0
+    assert metric(samples, "slogate_budget_decisions_total", tenant="acme") >= 2
+    assert metric(samples, "slogate_budget_decisions_total", tenant="jwt") == 0
+
+
+def test_jwt_tenants_past_the_cap_share_tenant_other(secured: tuple[LocalStack, Identity]) -> None:
+    stack, identity = secured
+    orgs = [f"org-{i}" for i in range(5)]
+    for org in orgs:
+        reply = call(stack, identity, identity.token(org=org, sub=f"user-of-{org}"))
+        assert reply.status == 200, reply.body
+        saw = json.loads(reply.headers["x-sim-saw-headers"])
+        assert saw["x-slogate-tenant"] == org  # folded in the metrics only
+    samples = scrape(stack.metrics_url)
+    tenants = {
+        dict(labels)["tenant"]
+        for name, labels in samples
+        if name == "slogate_budget_decisions_total"
+    }
+    assert len(tenants) <= TENANT_SERIES_MAX + 1 and "org-0" in tenants
+    # Two places beyond the example's 4 tenants: org-0 took one, acme (the test above) or
+    # org-1 the other; at least three of the five share "other".
+    assert metric(samples, "slogate_budget_decisions_total", tenant="other") >= 3
 
 
 @pytest.mark.parametrize(

@@ -157,10 +157,12 @@ class QuotaLoop:
                 if measured is None or key.budget_id in counted:
                     continue  # a tenant's shared budget counts once, not once per key
                 counted.add(key.budget_id)
-                actual, forecast = demand.get(key.tenant_label, (0.0, None))
+                # Summed under its label: the tenants without one of their own add up in "other".
+                tenant = self._metrics.tenants.place(key.tenant_label)
+                actual, forecast = demand.get(tenant, (0.0, None))
                 if measured[1] is not None:
                     forecast = (forecast or 0.0) + measured[1]
-                demand[key.tenant_label] = (actual + measured[0], forecast)
+                demand[tenant] = (actual + measured[0], forecast)
         for tenant, (actual, forecast) in demand.items():
             self._metrics.tenant_demand(tenant, "actual").set(actual)
             if forecast is not None:

@@ -5,8 +5,9 @@ failures), `housekeeping` (policy and candidate file reloads, the expiry of requ
 whose access log never came, the KV holds' safety net) and `start_loops`, which starts
 them all with their intervals read from the live policy: the waiting room's tick, the
 breaker's evaluation, the quota controller, the engine scrapes, probes and discovery, the
-key store's sync. Split from the composition root (extproc.runtime.sidecar), which starts
-these loops once its servers listen and cancels them on stop.
+key store's sync, the re-rank of the tenants that keep metric labels of their own. Split
+from the composition root (extproc.runtime.sidecar), which starts these loops once its
+servers listen and cancels them on stop.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from extproc.runtime.key_store import KeyStore
 from extproc.runtime.loops import BreakerLoop, QuotaLoop
 from extproc.runtime.policy_holder import PolicyHolder
 from extproc.service.access_log import OutcomeRecorder
+from extproc.service.metrics import SidecarMetrics
+from extproc.service.tenant_series import RERANK_INTERVAL_S
 
 # The sidecar's logger: these loops' messages read as they did when they lived there.
 log = logging.getLogger("slogate.sidecar")
@@ -71,6 +74,7 @@ def start_loops(
     quota_loop: QuotaLoop,
     keys: KeyStore | None,
     engine_watch: EngineWatch,
+    metrics: SidecarMetrics,
 ) -> list[asyncio.Task[None]]:
     """Every periodic task of a sidecar, started; the caller cancels them on stop."""
 
@@ -84,11 +88,15 @@ def start_loops(
         if policy().breaker.controller_enabled:
             await quota_loop.step()
 
+    def rerank_tenants() -> None:  # the policy's cap and tenants as they are now
+        metrics.rerank_tenants(policy())
+
     tasks = [
         asyncio.create_task(housekeeping(watch_interval_s, policy, admission, candidate, recorder)),
         asyncio.create_task(every(lambda: ROOM_TICK_S, admission.kv.tick)),
         asyncio.create_task(every(breaker_interval, breaker_loop.tick)),
         asyncio.create_task(every(controller_interval, control)),
+        asyncio.create_task(every(lambda: RERANK_INTERVAL_S, rerank_tenants)),
     ]
     if engine_watch.scraper is not None:
         tasks.append(asyncio.create_task(engine_watch.scraper.run()))

@@ -104,6 +104,7 @@ class Sidecar:
         self.metrics = SidecarMetrics()
         self.policy = PolicyHolder(policy_path, self.metrics)
         initial = self.policy()  # what is read only at start (policy.START_ONLY_SETTINGS)
+        self.metrics.rerank_tenants(initial)  # the cap holds from the first request
         breaker = initial.breaker
         ttl_s = expiry_s(initial)
         # Slots fine enough that the breaker's window forgets a spike within ~1/6 of it.
@@ -173,7 +174,7 @@ class Sidecar:
         self.counter = PromptCounter(None, initial.counting, self._exact_executor)
         self.corrections = PromptCorrections()
         # A candidate policy judged beside the enforced one, never enforced (policy.candidate).
-        candidate_metrics = CandidateMetrics(self.metrics.registry)
+        candidate_metrics = CandidateMetrics(self.metrics.registry, self.metrics.tenants)
         self.candidate = CandidateHolder(self.policy, candidate_metrics)
         self.judge = CandidateJudge(
             self.candidate,
@@ -321,6 +322,7 @@ class Sidecar:
             self.quota_loop,
             self.keys,
             self.engine_watch,
+            self.metrics,
         )
         members = self.stores.members
         if members is not None:

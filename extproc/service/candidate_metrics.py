@@ -8,7 +8,8 @@ What lives here: `CandidateMetrics`, on the sidecar's registry (the README's cat
 - `slogate_candidate_would_route_total{from_pool,to_pool}`;
 - `slogate_candidate_active`: 1 while a candidate is loaded and judged;
 - `slogate_candidate_loads_total{result}`: candidate loads, ok or refused.
-`tenant` is a policy tenant, or `jwt` for every JWT caller, as on the other tenant series.
+`tenant` is folded as on the other tenant series (extproc.service.tenant_series): the
+busiest `telemetry.tenant_series_max` tenants have their own, the rest `tenant="other"`.
 """
 
 from __future__ import annotations
@@ -16,25 +17,32 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from extproc.service.metrics import Family
+from extproc.service.tenant_family import TenantFamily
+from extproc.service.tenant_series import TenantSeries
 
 
 class CandidateMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.decisions = Family(
+    def __init__(self, registry: CollectorRegistry, tenants: TenantSeries | None = None) -> None:
+        # The sidecar's metrics' TenantSeries (SidecarMetrics.tenants), so one re-rank and
+        # one cap hold for every tenant family.
+        tenants = tenants or TenantSeries()
+        self.decisions = TenantFamily(
             Counter(
                 "slogate_candidate_decisions",
                 "Requests judged under the candidate policy, by what it would have done",
                 ["tenant", "verdict"],
                 registry=registry,
-            )
+            ),
+            tenants,
         )
-        self.would_refuse = Family(
+        self.would_refuse = TenantFamily(
             Counter(
                 "slogate_candidate_would_refuse",
                 "Requests the policy admitted and the candidate would refuse, by reason",
                 ["tenant", "reason"],
                 registry=registry,
-            )
+            ),
+            tenants,
         )
         self.would_route = Family(
             Counter(

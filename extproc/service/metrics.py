@@ -1,7 +1,9 @@
 """Prometheus metrics of one sidecar, in a registry of its own.
 
-Labels are bounded: pool, bucket, tier, tenant-free request labels, reason, phase, status.
-Never an API key, a request id or prompt text. The README's metrics catalogue lists these.
+Labels are bounded: pool, bucket, tier, tenant-free request labels, reason, phase, status,
+and tenant, capped at the policy's `telemetry.tenant_series_max` tenants with the rest in
+`tenant="other"` (extproc.service.tenant_series). Never an API key, a request id or prompt
+text. The README's metrics catalogue lists these.
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ from typing import Generic, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from extproc.service.tenant_family import TenantFamily
+from extproc.service.tenant_series import TenantSeries, declared_tenants
+from policy import Policy
 
 M = TypeVar("M", Counter, Histogram, Gauge)
 
@@ -113,6 +119,12 @@ class SidecarMetrics:
         def gauge(name: str, doc: str, labels: list[str]) -> Family[Gauge]:
             return Family(Gauge(name, doc, labels, registry=r))
 
+        # Who keeps a tenant label of their own (rerank_tenants applies the policy's cap).
+        self.tenants = tenants = TenantSeries()
+
+        def tenant_counter(name: str, doc: str, labels: list[str]) -> TenantFamily[Counter]:
+            return TenantFamily(Counter(name, doc, labels, registry=r), tenants)
+
         self.decisions = counter(
             "slogate_decisions_total",
             "Requests admitted and routed, by pool, context bucket, tier and API.",
@@ -136,17 +148,21 @@ class SidecarMetrics:
             "(the counter was busy: one token per byte).",
             ["kind"],
         )
-        self.prompt_undercounts = counter(
+        self.prompt_undercounts = tenant_counter(
             "slogate_prompt_undercounts_total",
             "Settled requests whose engine-reported prompt exceeded slogate's count by more "
             "than 10%, by tenant.",
             ["tenant"],
         )
-        self.prompt_correction = gauge(
-            "slogate_prompt_correction",
-            "Factor on the prompt counts of a key whose settled prompts keep exceeding them "
-            "(1.0: none), the latest one set for a key of this tenant.",
-            ["tenant"],
+        self.prompt_correction = TenantFamily(
+            Gauge(
+                "slogate_prompt_correction",
+                "Factor on the prompt counts of a key whose settled prompts keep exceeding "
+                "them (1.0: none), the latest one set for a key of this tenant.",
+                ["tenant"],
+                registry=r,
+            ),
+            tenants,
         )
         self.context_tokens = histogram(
             "slogate_request_context_tokens",
@@ -160,11 +176,15 @@ class SidecarMetrics:
             ["pool", "bucket", "tier"],
             _LATENCY_BUCKETS_S,
         )
-        self.tenant_ttft_seconds = histogram(
-            "slogate_tenant_ttft_seconds",
-            'TTFT per tenant (policy tenants; every JWT tenant shares tenant="jwt").',
-            ["tenant"],
-            _LATENCY_BUCKETS_S,
+        self.tenant_ttft_seconds = TenantFamily(
+            Histogram(
+                "slogate_tenant_ttft_seconds",
+                'TTFT per tenant (the busiest tenant_series_max tenants; the rest tenant="other").',
+                ["tenant"],
+                buckets=_LATENCY_BUCKETS_S,
+                registry=r,
+            ),
+            tenants,
         )
         self.duration_seconds = histogram(
             "slogate_upstream_duration_seconds",
@@ -220,13 +240,20 @@ class SidecarMetrics:
             "Errors Envoy answered itself (e.g. body over the buffer limit, sidecar down).",
             ["status"],
         )
-        self.budget_decisions = counter(
-            "slogate_budget_decisions_total",
-            "Budget reservations by tenant and result (ok, or the limit that refused: "
-            "requests, tokens, hour, concurrency).",
-            ["tenant", "result"],
+        # The one tenant family touched once per request: its calls are the traffic that
+        # decides which tenants keep their own series.
+        self.budget_decisions = TenantFamily(
+            Counter(
+                "slogate_budget_decisions_total",
+                "Budget reservations by tenant and result (ok, or the limit that refused: "
+                "requests, tokens, hour, concurrency).",
+                ["tenant", "result"],
+                registry=r,
+            ),
+            tenants,
+            counts=True,
         )
-        self.tenant_tokens = counter(
+        self.tenant_tokens = tenant_counter(
             "slogate_tenant_tokens_total",
             "Raw tokens (prompt + completion) settled per tenant; rate() gives the "
             "sliding-window usage.",
@@ -298,7 +325,7 @@ class SidecarMetrics:
                 registry=r,
             )
         )
-        self.tenant_demand = Family(
+        self.tenant_demand = TenantFamily(
             Gauge(
                 "slogate_tenant_demand_tokens_per_minute",
                 "Weighted tokens per minute a tenant's keys settled in the last controller "
@@ -306,7 +333,8 @@ class SidecarMetrics:
                 "keys with a tokens-per-minute limit.",
                 ["tenant", "kind"],
                 registry=r,
-            )
+            ),
+            tenants,
         )
         self.kv_footprint_ratio = Family(
             Gauge(
@@ -383,3 +411,9 @@ class SidecarMetrics:
         self.policy_keys = Gauge(
             "slogate_policy_keys", "API keys in the active policy.", registry=r
         )
+
+    def rerank_tenants(self, policy: Policy) -> list[str]:
+        """Re-rank who keeps a tenant label under the policy's cap (every RERANK_INTERVAL_S,
+        and once at start so the cap holds from the first request); the evicted tenants'
+        series are removed. Returns those tenants."""
+        return self.tenants.rerank(policy.telemetry.tenant_series_max, declared_tenants(policy))
