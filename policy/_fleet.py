@@ -102,6 +102,7 @@ def parse_pools(raw: object, path: str) -> dict[str, Pool]:
         priority_scheduling = sec.get("priority_scheduling", bool, False)
         engine_name = one_of(sec, "engine", EngineKind, EngineKind.VLLM)
         picker = one_of(sec, "picker", Picker, Picker.SLOGATE)
+        zones_raw = sec.get("zones", dict, {})
         sec.close()
         if not endpoints_raw:
             raise PolicyError(f"{sec.child('endpoints')}: needs at least one endpoint")
@@ -118,9 +119,25 @@ def parse_pools(raw: object, path: str) -> dict[str, Pool]:
             priority_scheduling=priority_scheduling,
             engine=EngineKind(engine_name),
             picker=Picker(picker),
+            zones=_parse_zones(zones_raw, endpoints_raw, sec.child("zones")),
             **capacities,
         )
     return pools
+
+
+def _parse_zones(
+    raw: dict[object, object], endpoints: list[str], path: str
+) -> tuple[tuple[str, str], ...]:
+    """`zones: {"host:port": zone}`: each key one of the pool's endpoints as written (a key
+    naming no engine would silently leave that engine zoneless), each zone a non-empty name."""
+    zones = []
+    for endpoint, zone in raw.items():
+        if endpoint not in endpoints:
+            raise PolicyError(f"{path}[{endpoint!r}]: not one of the pool's endpoints")
+        if not isinstance(zone, str) or not zone:
+            raise PolicyError(f"{path}[{endpoint!r}]: expected a zone name, got {zone!r}")
+        zones.append((str(endpoint), zone))
+    return tuple(sorted(zones))
 
 
 def parse_rules(raw: object, path: str, pools: Mapping[str, Pool]) -> tuple[RouteRule, ...]:

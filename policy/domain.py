@@ -108,6 +108,14 @@ class Pool:
     # Who picks the engine of each request among `endpoints` (every address a hostname
     # resolves to is an engine: a Kubernetes headless Service names all of them).
     picker: Picker = Picker.SLOGATE
+    # Each engine's availability zone ("host:port" -> zone), for `slogate preflight`'s
+    # cross-zone latency check; the sidecar does not read it. A tuple of pairs, not a dict:
+    # the pool stays hashable.
+    zones: tuple[tuple[str, str], ...] = ()
+
+    def zone_of(self, endpoint: str) -> str | None:
+        """The zone the policy gives the engine at "host:port", or None."""
+        return dict(self.zones).get(endpoint)
 
 
 @dataclass(frozen=True, slots=True)

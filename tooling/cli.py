@@ -15,6 +15,7 @@ from tooling import (
     loadtest_cli,
     offline_commands,
     policy_cli,
+    preflight_cli,
     replay_cli,
     stack_cli,
     tenants_cli,
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay_cli.add_replay_command(sub)  # replay: a traffic record under a policy
     workload_cli.add_workload_command(sub)  # workload fit: a workload from a record
     loadtest_cli.add_loadtest_command(sub)  # loadtest: a workload against a live stack
+    preflight_cli.add_preflight_command(sub)  # preflight: the field's checklists, live
     bench_cli.add_calibrate_command(sub)  # calibrate: endpoints' latency model
     bench_cli.add_bench_command(sub)  # bench overhead / decision-cost / ...
     return parser
@@ -87,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         "workload": workload_cli.cmd_workload,
         "calibrate": offline_commands.cmd_calibrate,
         "bench": offline_commands.cmd_bench,
+        "preflight": preflight_cli.cmd_preflight,
     }
     try:
         return handlers[args.command](args)

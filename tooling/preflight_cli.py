@@ -1,0 +1,60 @@
+"""`slogate preflight`: its arguments and its exit status (tooling.preflight runs it)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from policy import Tier
+from tooling.cli_common import DEFAULT_ADMIN
+
+
+def add_preflight_command(sub: argparse._SubParsersAction) -> None:
+    command = sub.add_parser(
+        "preflight",
+        help="the field's checklists against a running deployment (exit 1 on a failure)",
+    )
+    command.add_argument("--url", required=True, help="the gateway, e.g. http://host:10000")
+    command.add_argument("--prometheus", required=True, help="the Prometheus scraping slogate")
+    command.add_argument("--admin", default=DEFAULT_ADMIN, help="the sidecar's admin API")
+    command.add_argument("--policy", type=Path, help="policy file: zones, model, demo keys")
+    command.add_argument(
+        "--zones", type=Path, help="engine -> zone YAML, or `kubectl get pods,nodes -o json`"
+    )
+    command.add_argument("--probes", type=int, default=5, help="probe requests per engine")
+    command.add_argument(
+        "--drills", action="store_true", help="drill a pool to L3 and back (changes it live)"
+    )
+    command.add_argument("--drill-pool", help="the pool drilled (default: the routing default)")
+    command.add_argument("--model", help="the model the drills' requests name")
+    command.add_argument(
+        "--key", action="append", default=[], metavar="TIER=KEY", help="a key per tier"
+    )
+    command.add_argument("--strict", action="store_true", help="cannot-check fails too")
+    command.add_argument("--json", action="store_true", help="print JSON, not lines")
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from tooling.preflight import PreflightOptions, clear_keys, report, run
+    from tooling.preflight_checks import exit_code
+
+    keys = clear_keys(args.policy) if args.policy else {}
+    for pair in args.key:
+        tier, _, key = pair.partition("=")
+        keys[Tier(tier)] = key
+    options = PreflightOptions(
+        url=args.url,
+        prometheus=args.prometheus,
+        admin=args.admin,
+        policy_path=args.policy,
+        zones_path=args.zones,
+        probe_rounds=args.probes,
+        drills=args.drills,
+        drill_pool=args.drill_pool,
+        model=args.model,
+        keys=keys,
+        strict=args.strict,
+    )
+    results = run(options)
+    print(report(results, args.json))
+    return exit_code(results, args.strict)
