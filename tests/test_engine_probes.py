@@ -117,3 +117,21 @@ def test_the_lag_is_what_the_ticker_overslept_and_a_stall_under_way_counts() -> 
     assert lag.worst_since(101.5) == pytest.approx(0.0)  # nothing recorded since
     now[0] = 103.0  # no wake for 2 s: a stall under way
     assert lag.worst_since(102.9) == pytest.approx(1.95)
+
+
+def _blocking_work_of_the_sidecar() -> None:
+    time.sleep(1.6)  # stands for code that holds the loop
+
+
+async def test_a_stalled_loop_is_logged_with_where_its_thread_is(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lag = LoopLag(time.monotonic)
+    ticker = asyncio.create_task(lag.run())
+    await asyncio.sleep(0.2)
+    with caplog.at_level("WARNING", logger="slogate.loop"):
+        _blocking_work_of_the_sidecar()
+        await asyncio.sleep(0.1)
+    ticker.cancel()
+    stalls = [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]
+    assert len(stalls) == 1 and "_blocking_work_of_the_sidecar" in stalls[0], stalls

@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
+import sys
+import threading
+import traceback
 from collections.abc import Callable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+log = logging.getLogger("slogate.loop")
 
 TICK_S = 0.05
 _KEPT_S = 60.0  # the longest a probe round or a scrape window looks back
@@ -43,16 +49,66 @@ class LoopLag:
     def worst_since(self, since_s: float) -> float:
         """The worst lag seen by a wake at or after `since_s`, and the lag under way now
         (the ticker's sleep overdue: a stall that has not ended yet)."""
-        now = self._clock()
-        overdue = max(0.0, now - self._last_wake_s - self.tick_s)
-        recorded = (lag for at_s, lag in reversed(self._lags) if at_s >= since_s)
+        overdue = self.overdue_s()
+        # A copy first: the metrics thread asks while the loop appends (list() of a deque
+        # is one step under the GIL; iterating it live raised "deque mutated").
+        recorded = (lag for at_s, lag in tuple(self._lags) if at_s >= since_s)
         return max(overdue, max(recorded, default=0.0))
 
+    @property
+    def last_wake_s(self) -> float:
+        return self._last_wake_s
+
+    def overdue_s(self) -> float:
+        """How long past its wake-up the ticker is now (0: the loop is running)."""
+        return max(0.0, self._clock() - self._last_wake_s - self.tick_s)
+
     async def run(self) -> None:
+        watchdog = StallWatchdog(self, threading.get_ident())
+        watchdog.start()
+        try:
+            await self._tick()
+        finally:
+            watchdog.stop()
+
+    async def _tick(self) -> None:
         while True:
             began = self._clock()
             await asyncio.sleep(self.tick_s)
             self.woke(began)
+
+
+class StallWatchdog:
+    """A thread that logs, once per stall, where the loop's thread is when the loop has
+    not woken for `STALL_S`: a loop blocked by the sidecar's own code shows that code; a
+    starved process shows the loop waiting in its selector (and this thread late too)."""
+
+    STALL_S = 1.0
+
+    def __init__(self, lag: LoopLag, loop_thread: int) -> None:
+        self._lag = lag
+        self._loop_thread = loop_thread
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="loop-stall", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _watch(self) -> None:
+        reported = -1.0
+        while not self._stopped.wait(0.25):
+            last, stalled_s = self._lag.last_wake_s, self._lag.overdue_s()
+            if stalled_s < self.STALL_S or last == reported:
+                continue
+            reported = last
+            frame = sys._current_frames().get(self._loop_thread)
+            where = "".join(traceback.format_stack(frame, limit=12)) if frame else "?"
+            log.warning(
+                "event loop stalled %.0f ms so far; its thread is at:\n%s", stalled_s * 1000, where
+            )
 
 
 class LoopLagCollector(Collector):
