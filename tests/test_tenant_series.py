@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -13,8 +14,8 @@ from extproc.request.identity import caller_from_claims
 from extproc.service.candidate_metrics import CandidateMetrics
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.tenant_series import OTHER, TABLE_FACTOR, TenantSeries, declared_tenants
-from policy import Policy, load_policy
-from tests.support.stack import example_policy, write_policy
+from policy import Policy, load_policy, parse_policy
+from tests.support.stack import EXAMPLE_POLICY, example_policy, write_policy
 
 
 def send(series: TenantSeries, tenant: str, times: int = 1) -> str:
@@ -218,3 +219,13 @@ def test_ten_thousand_jwt_tenants_make_at_most_cap_plus_one_label_values(
         assert set(heavy) | {"demo-batch", OTHER} <= values
         assert not any(v.startswith(("org-1-", "org-2-")) for v in values)
     assert declared_tenants(policy) <= metrics.tenants.kept
+
+
+def test_the_example_policy_documents_the_cap_and_its_example_loads() -> None:
+    text = EXAMPLE_POLICY.read_text()
+    block = text[text.index("# telemetry:") :].split("\n\n")[0]
+    uncommented = "\n".join(line.removeprefix("# ") for line in block.splitlines())
+    raw = example_policy()
+    raw["telemetry"] = yaml.safe_load(uncommented)["telemetry"]
+    assert raw["telemetry"]["tenant_series_max"] == 1000
+    assert parse_policy(raw).telemetry.tenant_series_max == 1000

@@ -174,6 +174,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from tooling.benchmarks.prefix_index import run as run_prefix_index
 
         run_prefix_index(args.out_dir, args.prompts)
+    elif args.bench == "tenant-series":
+        from tooling.benchmarks.tenant_series import run as run_tenant_series
+
+        run_tenant_series(args.out_dir, args.calls, args.rounds)
     elif args.bench == "decisions":
         from tooling.benchmarks.decisions import run as run_decisions
 
