@@ -41,6 +41,10 @@ class EngineSnapshot:
     ttft_buckets: tuple[tuple[float, float], ...] = ()
     # The engine's KV cache in tokens, as it reports it; None: not reported.
     kv_capacity_tokens: float | None = None
+    # The prefix-cache counters behind the ratio (vLLM), exported as they are: only their
+    # rates over a window give a hit rate that moves with the cache (the dashboard's).
+    prefix_cache_hits: float | None = None
+    prefix_cache_queries: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +128,7 @@ def parse_engine_metrics(text: str, kind: EngineKind = EngineKind.VLLM) -> Engin
     if caches:
         capacity = add(capacity, sum(caches.values()))
     return EngineSnapshot(
-        kv, running, waiting, hit_rate, tuple(sorted(ttft.items())), capacity or None
+        kv, running, waiting, hit_rate, tuple(sorted(ttft.items())), capacity or None, hits, queries
     )
 
 

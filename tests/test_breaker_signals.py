@@ -46,7 +46,9 @@ vllm:prefix_cache_hits_total{model_name="m"} 250
 
 def test_vllm_exposition_is_read_worst_kv_and_summed_counts() -> None:
     snapshot = parse_vllm_metrics(VLLM_TEXT)
-    assert snapshot == EngineSnapshot(0.91, 7.0, 2.0, 0.25)
+    assert snapshot == EngineSnapshot(
+        0.91, 7.0, 2.0, 0.25, prefix_cache_hits=250.0, prefix_cache_queries=1000.0
+    )
     assert parse_vllm_metrics("") == EngineSnapshot(None, None, None, None)
 
 

@@ -68,6 +68,16 @@ class EngineCollector(Collector):
             "prefix_cache_hit_rate (NaN: not reported or stale).",
             labels=[*labels, "signal"],
         )
+        prefix_hits = CounterMetricFamily(
+            "slogate_engine_prefix_cache_hits",
+            "The engine's prefix-cache hits in tokens since it started, as scraped (vLLM).",
+            labels=labels,
+        )
+        prefix_queries = CounterMetricFamily(
+            "slogate_engine_prefix_cache_queries",
+            "The engine's prefix-cache queries in tokens since it started, as scraped (vLLM).",
+            labels=labels,
+        )
         index = GaugeMetricFamily(
             "slogate_prefix_index_entries",
             "Prefix hashes the engine picker remembers for the pool (bounded by "
@@ -94,6 +104,20 @@ class EngineCollector(Collector):
                 for signal in ("kv_cache_usage", "running", "waiting", "prefix_cache_hit_rate"):
                     value = None if fresh is None else getattr(fresh, signal)
                     scraped.add_metric([*names, signal], math.nan if value is None else value)
+                if fresh is not None and fresh.prefix_cache_queries is not None:
+                    prefix_queries.add_metric(names, fresh.prefix_cache_queries)
+                    prefix_hits.add_metric(names, fresh.prefix_cache_hits or 0.0)
         for pool, prefix_index in self._picker.indexes.items():
             index.add_metric([pool], len(prefix_index))
-        return (state, capacity, held_tokens, held_requests, picked, answers, scraped, index)
+        return (
+            state,
+            capacity,
+            held_tokens,
+            held_requests,
+            picked,
+            answers,
+            scraped,
+            prefix_hits,
+            prefix_queries,
+            index,
+        )
