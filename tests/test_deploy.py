@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from engines import EngineFleet, EnginePicker
-from extproc.runtime.loop_lag import LoopLag, LoopLagCollector
 from extproc.runtime.key_store import KeyStore
+from extproc.runtime.loop_lag import LoopLag, LoopLagCollector
 from extproc.runtime.spend_metrics import SpendMetrics
 from extproc.service.candidate_metrics import CandidateMetrics
 from extproc.service.engine_metrics import EngineCollector
@@ -24,6 +24,8 @@ from policy._keystore import KeyStoreConfig
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "slogate-rules.yaml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "slogate-rules.test.yaml"
+# The monthly L3 reminder's tests, evaluated hourly: 40 days at a minute take too long.
+MONTHLY_TESTS = ROOT / "deploy" / "prometheus" / "slogate-rules.monthly.test.yaml"
 
 
 def promtool() -> str:
@@ -40,7 +42,7 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_alert_rules_are_valid_and_their_unit_tests_pass() -> None:
     check = run("check", "rules", RULES.name, cwd=RULES.parent)
     assert check.returncode == 0, check.stdout + check.stderr
-    tested = run("test", "rules", RULE_TESTS.name, cwd=RULES.parent)
+    tested = run("test", "rules", RULE_TESTS.name, MONTHLY_TESTS.name, cwd=RULES.parent)
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
 
@@ -52,14 +54,20 @@ def test_alert_rules_are_valid_and_their_unit_tests_pass() -> None:
         ("for: 2m", "for: 20m"),  # KV cache hold time
         ("slogate_redis_up == 0", "slogate_redis_up == 2"),
         ("> 0.10\n", "> 0.30\n"),  # pool-full refusal share
+        ("correlation:30m < 0.7", "correlation:30m < -1.5"),  # KV hit rate decoupled
+        (">= 0.02)", ">= 0)"),  # the variance guard: a flat pool would get a correlation
+        ("[31d])) < 3", "[3d])) < 3"),  # the monthly L3 reminder
+        ("[1d] offset 30d", "[1d] offset 1d"),  # ... quiet in a deployment's first month
     ],
 )
 def test_rule_tests_catch_a_weakened_rule(tmp_path: Path, original: str, weakened: str) -> None:
     text = RULES.read_text()
     assert original in text
     (tmp_path / RULES.name).write_text(text.replace(original, weakened, 1))
-    shutil.copy(RULE_TESTS, tmp_path / RULE_TESTS.name)
-    assert run("test", "rules", RULE_TESTS.name, cwd=tmp_path).returncode != 0
+    for tests in (RULE_TESTS, MONTHLY_TESTS):
+        shutil.copy(tests, tmp_path / tests.name)
+    tested = run("test", "rules", RULE_TESTS.name, MONTHLY_TESTS.name, cwd=tmp_path)
+    assert tested.returncode != 0
 
 
 def exported_metrics() -> set[str]:
@@ -113,7 +121,9 @@ def test_dashboard_queries_only_use_exported_metrics() -> None:
         "Breaker level",
         "Redis",
         "Quota multipliers",
-        "safety factor",
+        "Safety factor",
+        "KV-cache hit rate against KV memory",
+        "Waiting room",
     ):
         assert topic in titles
 
