@@ -178,6 +178,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from tooling.benchmarks.tenant_series import run as run_tenant_series
 
         run_tenant_series(args.out_dir, args.calls, args.rounds)
+    elif args.bench == "tracing":
+        from tooling.benchmarks.tracing_cost import run as run_tracing
+
+        run_tracing(args.out_dir, args.requests, args.rounds)
     elif args.bench == "decisions":
         from tooling.benchmarks.decisions import run as run_decisions
 

@@ -1,0 +1,204 @@
+"""`slogate bench tracing`: what a span per decision costs the sidecar.
+
+The same `slogate serve` with `telemetry.tracing` off and on (every request carrying a
+sampled client `traceparent`, so every decision gets a span: the worst case), in
+interleaved rounds. Each round drives the sidecar over real gRPC as Envoy does
+(tooling.benchmarks.driver: headers, body, then the access-log entries that settle the
+requests) with a few requests in flight, and reads the sidecar process's CPU time from
+/proc before and after; with tracing on, "after" is once the receiver (a real OTLP/gRPC
+collector in this process, tooling.otlp_receiver) holds every span, so the exporter's
+thread is counted. Per-decision CPU = CPU seconds / requests. Writes
+bench/results/tracing.{md,json}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+import secrets
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tooling.benchmarks.decision_cost import quantile
+from tooling.benchmarks.driver import SidecarDriver
+from tooling.benchmarks.levers import BENCH_KEY, bench_policy
+from tooling.otlp_receiver import TraceReceiver
+from tooling.processes import proc_stat, start_sidecar
+
+VARIANTS = ("off", "on")
+WARM = 200  # requests before a round's measurement
+MEDIANS = ("cpu_us_per_decision", "latency_p50_ms", "latency_p99_ms", "decisions_per_s")
+# The SDK exports every 5 s by default; sooner here, so a round's spans are sent within it.
+BATCH_DELAY_MS = "200"
+
+
+def _body(index: int) -> dict[str, Any]:
+    """A short chat (about 100 prompt tokens), each a little different."""
+    text = f"Request {index}: summarise the following notes. " + "The fleet is healthy. " * 20
+    return {
+        "model": "deepseek-v4",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 64,
+    }
+
+
+async def _drive(target: str, requests: int, concurrency: int, first: int) -> list[float]:
+    """`requests` decisions, `concurrency` at a time, each settled; the client's ms each."""
+    driver = SidecarDriver(target)
+    latencies_ms: list[float] = []
+    tracked: list[tuple[str, int, int | None, int | None]] = []
+    queue = iter(range(first, first + requests))
+
+    async def worker() -> None:
+        for index in queue:
+            traceparent = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+            started = time.perf_counter()
+            reply = await driver.decide(
+                BENCH_KEY,
+                _body(index),
+                headers={"traceparent": traceparent, "x-request-id": f"bench-{index}"},
+            )
+            latencies_ms.append((time.perf_counter() - started) * 1000)
+            if reply.tracking_id:
+                tracked.append((reply.tracking_id, 200, 100, 64))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await driver.report(tracked)
+    await driver.close()
+    return latencies_ms
+
+
+def _round(
+    work: Path, variant: str, receiver: TraceReceiver, requests: int, concurrency: int
+) -> dict[str, Any]:
+    changes: dict[str, Any] = {"breaker": {"scrape_metrics": False}}  # no engines run here
+    if variant == "on":
+        changes["telemetry"] = {"tracing": {"otlp_endpoint": receiver.endpoint}}
+    policy = bench_policy(work, changes)
+    proc, ports = start_sidecar(
+        work,
+        policy,
+        name=f"sidecar-{variant}",
+        admin_port=0,
+        exact_tokenizer=True,
+        env={"OTEL_BSP_SCHEDULE_DELAY": BATCH_DELAY_MS},
+    )
+    target = f"127.0.0.1:{ports.grpc}"
+    try:
+        assert proc.pid is not None
+        before_spans = len(receiver.spans()) + (WARM if variant == "on" else 0)
+        asyncio.run(_drive(target, WARM, concurrency, 0))  # caches, code paths
+        receiver.wait_for(before_spans, timeout_s=30)  # the warm spans are not counted
+        before = proc_stat(proc.pid)
+        started = time.monotonic()
+        latencies = asyncio.run(_drive(target, requests, concurrency, 1_000_000))
+        driven_s = time.monotonic() - started
+        if variant == "on":
+            receiver.wait_for(before_spans + requests, timeout_s=30)
+        after = proc_stat(proc.pid)
+    finally:
+        proc.stop()
+    assert before is not None and after is not None
+    spans = len(receiver.spans()) - before_spans
+    return {
+        "variant": variant,
+        "requests": requests,
+        "cpu_s": after[1] - before[1],
+        "cpu_us_per_decision": (after[1] - before[1]) / requests * 1e6,
+        "latency_p50_ms": quantile(latencies, 0.5),
+        "latency_p99_ms": quantile(latencies, 0.99),
+        "decisions_per_s": requests / driven_s,
+        "spans": spans,
+    }
+
+
+def run(
+    out_dir: Path, requests: int = 3000, rounds: int = 5, concurrency: int = 4
+) -> dict[str, Any]:
+    receiver = TraceReceiver().start()
+    results: list[dict[str, Any]] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="slogate-bench-tracing-") as tmp:
+            for index in range(rounds):
+                # Interleaved, and the order alternated: a drift of the machine hits both.
+                order = VARIANTS if index % 2 == 0 else tuple(reversed(VARIANTS))
+                for variant in order:
+                    result = _round(Path(tmp), variant, receiver, requests, concurrency)
+                    result["round"] = index
+                    results.append(result)
+                    print(json.dumps(result))
+    finally:
+        receiver.stop()
+    summary = {
+        variant: {
+            key: statistics.median(r[key] for r in results if r["variant"] == variant)
+            for key in MEDIANS
+        }
+        for variant in VARIANTS
+    }
+    off, on = summary["off"], summary["on"]
+    report = {
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        "requests": requests,
+        "rounds": rounds,
+        "concurrency": concurrency,
+        "rounds_data": results,
+        "median": summary,
+        "cpu_ratio_on_off": on["cpu_us_per_decision"] / off["cpu_us_per_decision"],
+        "cpu_us_added": on["cpu_us_per_decision"] - off["cpu_us_per_decision"],
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "tracing.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out_dir / "tracing.md").write_text(_markdown(report))
+    print(_markdown(report))
+    return report
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# Tracing cost ({report['when']})",
+        "",
+        f"{report['cpus']} CPUs; `slogate serve` (exact prompt counter, the example policy "
+        f"with a bench key) driven over real gRPC as Envoy does: {report['requests']} "
+        f"requests a round, {report['concurrency']} in flight, ~100-token chats, each settled "
+        f"by its access-log entry; {report['rounds']} rounds, off and on interleaved. On: "
+        "`telemetry.tracing` to a real OTLP/gRPC receiver, every request with a sampled "
+        "client traceparent (a span per decision, BatchSpanProcessor). CPU = the sidecar "
+        "process's utime + stime over the round (the exporter's thread included), per request.",
+        "",
+        "| round | tracing | CPU µs / decision | client p50 ms | client p99 ms | decisions/s "
+        "| spans received |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in report["rounds_data"]:
+        lines.append(
+            f"| {r['round']} | {r['variant']} | {r['cpu_us_per_decision']:.0f} | "
+            f"{r['latency_p50_ms']:.2f} | {r['latency_p99_ms']:.2f} | "
+            f"{r['decisions_per_s']:.0f} | {r['spans']} |"
+        )
+    off, on = report["median"]["off"], report["median"]["on"]
+    lines += [
+        "",
+        "Medians over the rounds:",
+        "",
+        "| tracing | CPU µs / decision | client p50 ms | client p99 ms | decisions/s |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for name, m in (("off", off), ("on", on)):
+        lines.append(
+            f"| {name} | {m['cpu_us_per_decision']:.0f} | {m['latency_p50_ms']:.2f} | "
+            f"{m['latency_p99_ms']:.2f} | {m['decisions_per_s']:.0f} |"
+        )
+    lines += [
+        "",
+        f"Tracing on costs {report['cpu_us_added']:.0f} µs of sidecar CPU per decision "
+        f"({report['cpu_ratio_on_off']:.2f}x the CPU with it off).",
+        "",
+    ]
+    return "\n".join(lines)
