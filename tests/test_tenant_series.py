@@ -11,6 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.request.identity import caller_from_claims
+from extproc.runtime.workers import merge_expositions
 from extproc.service.candidate_metrics import CandidateMetrics
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.tenant_series import OTHER, TABLE_FACTOR, TenantSeries, declared_tenants
@@ -219,6 +220,27 @@ def test_ten_thousand_jwt_tenants_make_at_most_cap_plus_one_label_values(
         assert set(heavy) | {"demo-batch", OTHER} <= values
         assert not any(v.startswith(("org-1-", "org-2-")) for v in values)
     assert declared_tenants(policy) <= metrics.tenants.kept
+
+
+def test_workers_merged_metrics_hold_at_most_workers_times_cap_plus_one(tmp_path: Path) -> None:
+    cap, workers = 100, 3
+    policy = jwt_policy(cap, tmp_path)
+    each = [SidecarMetrics() for _ in range(workers)]
+    for index, metrics in enumerate(each):
+        metrics.rerank_tenants(policy)
+        # The worst case: each worker's first-come places go to different one-off orgs.
+        orgs = [f"org-{index}-{i}" for i in range(2_000)]
+        serve(policy, metrics, CandidateMetrics(metrics.registry, metrics.tenants), orgs)
+    merged = merge_expositions(generate_latest(m.registry).decode() for m in each)
+    values: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(merged):
+        for sample in family.samples:
+            if "tenant" in sample.labels:
+                values.setdefault(family.name, set()).add(sample.labels["tenant"])
+    assert values.keys() >= {"slogate_budget_decisions", "slogate_tenant_ttft_seconds"}
+    for family, seen in values.items():
+        assert len(seen) <= workers * cap + 1, (family, len(seen))
+        assert len(seen) > cap + 1  # the bound is the workers' union, not one cap
 
 
 def test_the_example_policy_documents_the_cap_and_its_example_loads() -> None:

@@ -40,8 +40,12 @@ The rules:
 Workers (`serve --workers N`): each worker folds on its own, on the traffic it sees, and
 the supervisor's merged /metrics is the union of the workers' labels, so the bound is N x
 cap + 1 tenant values per family. The kernel spreads connections, not tenants, over the
-workers, so each sees about the same mix and the same top tenants: in practice the union
-stays near the cap.
+workers, so each sees about the same mix and ranks the same tenants first; but the places
+first come took differ (a flood of one-off subjects gives each worker a different
+thousand), so past the cap the union approaches N x cap. Folding again in the supervisor
+would make `other` a sum over a changing set of tenants, a counter that goes down (a
+reset to `rate()`) whenever one left it; an operator who needs a fleet total sets the cap
+to that total over N.
 """
 
 from __future__ import annotations
