@@ -61,11 +61,12 @@ from extproc.service.admin import AdminService
 from extproc.service.candidate_metrics import CandidateMetrics
 from extproc.service.decision_log import DecisionLog
 from extproc.service.engine_metrics import EngineCollector
+from extproc.service.known_series import held_by_pool, policy_series, start_series, waiting_by_pool
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.prompt_feedback import PromptFeedback
 from extproc.service.tracing import start_tracing
 from extproc.service.traffic_record import TrafficRecorder, dropped_counter
-from policy import BudgetStoreKind, Tier
+from policy import BudgetStoreKind, Policy, Tier
 
 # Imported from here by the CLI (a taken port is reported, not a traceback).
 __all__ = ["PortTaken", "Sidecar", "SidecarAddress"]
@@ -121,9 +122,7 @@ class Sidecar:
         self.picker = self.engine_watch.picker
         self.scraper = self.engine_watch.scraper
         self.metrics.registry.register(EngineCollector(self.picker, self.policy))
-        self.metrics.registry.register(
-            LoopLagCollector(self.engine_watch.loop_lag, self.clock)
-        )
+        self.metrics.registry.register(LoopLagCollector(self.engine_watch.loop_lag, self.clock))
         self.board = BreakerBoard(
             self.policy,
             self.windows,
@@ -163,8 +162,13 @@ class Sidecar:
             else (self.stores.spend, SpendMetrics(self.metrics.registry)),
             wall_clock=self._wall_clock,
         )
-        self.metrics.admission.source = self.admission.kv.book.held_by_pool
-        self.metrics.admission.waiting = self._waiting_counts
+        # Every known pool's, tier's and store's series exist from the start, at 0.
+        self.metrics.admission.source = held_by_pool(
+            self.admission.kv.book.held_by_pool, self.policy
+        )
+        self.metrics.admission.waiting = waiting_by_pool(self.admission.kv.room.counts, self.policy)
+        start_series(self.metrics, initial, initial.budget.store is BudgetStoreKind.REDIS)
+        self.policy.on_reload.append(self._known_series)
         self.metrics.wait_alert_bound(Tier.CRITICAL.value).set(
             initial.waiting_room.alert_critical_p99_wait_s
         )
@@ -270,10 +274,8 @@ class Sidecar:
         self._tasks: list[asyncio.Task[None]] = []
         self._health = health.aio.HealthServicer()
 
-    def _waiting_counts(self) -> dict[tuple[str, str], int]:
-        return {
-            (pool, tier.value): n for (pool, tier), n in self.admission.kv.room.counts().items()
-        }
+    async def _known_series(self, policy: Policy) -> None:
+        policy_series(self.metrics, policy)  # a reload's new pools get their series
 
     def _grpc_options(self) -> list[tuple[str, int]]:
         return grpc_options(self.policy, self.worker)
