@@ -40,6 +40,8 @@ class PreflightOptions:
     drill_pool: str | None = None
     model: str | None = None
     keys: dict[Tier, str] = field(default_factory=dict)
+    drill_streams: int = 4  # streamed requests held through the drill
+    drill_stream_tokens: int = 256  # each one's max_tokens: long enough to outlive it
     strict: bool = False
 
 
@@ -66,10 +68,14 @@ def _status(admin: str) -> pb.StatusReply:
     return asyncio.run(call())
 
 
-def _prometheus_checks(api: PrometheusApi, o: PreflightOptions) -> list[CheckResult]:
-    results = []
+def _prometheus_checks(
+    api: PrometheusApi, o: PreflightOptions
+) -> tuple[list[CheckResult], dict[str, float]]:
+    """The scrape interval and alert rules checks, and the intervals found."""
+    results, intervals = [], {}
     try:
-        results.append(checks.scrape_interval(probes.slogate_scrape_intervals(api)))
+        intervals = probes.slogate_scrape_intervals(api)
+        results.append(checks.scrape_interval(intervals))
     except PrometheusError as error:
         results.append(CheckResult("scrape_interval", "prometheus", Verdict.CANNOT, str(error)))
     try:
@@ -77,7 +83,7 @@ def _prometheus_checks(api: PrometheusApi, o: PreflightOptions) -> list[CheckRes
         results.append(checks.alert_rules(shipped, probes.loaded_alert_names(api)))
     except PrometheusError as error:
         results.append(CheckResult("alert_rules", "prometheus", Verdict.CANNOT, str(error)))
-    return results
+    return results, intervals
 
 
 def _zone_checks(
@@ -108,7 +114,9 @@ def _last_l3_checks(api: PrometheusApi, pools: set[str]) -> list[CheckResult]:
     ]
 
 
-def _drill_checks(o: PreflightOptions, policy: Policy | None) -> list[CheckResult]:
+def _drill_checks(
+    o: PreflightOptions, policy: Policy | None, scrape_interval_s: float
+) -> list[CheckResult]:
     from tooling.preflight_drills import DrillSettings, drill
 
     model = o.model or (policy.model_name if policy else None)
@@ -127,6 +135,9 @@ def _drill_checks(o: PreflightOptions, policy: Policy | None) -> list[CheckResul
         fallback_pool=policy.fallback_pool if policy else "fallback",
         model=model,
         keys=o.keys,
+        streams=o.drill_streams,
+        stream_tokens=o.drill_stream_tokens,
+        l3_hold_s=min(30.0, 1.5 * scrape_interval_s),
     )
     try:
         return asyncio.run(drill(settings))
@@ -140,7 +151,7 @@ def run(o: PreflightOptions) -> list[CheckResult]:
     if o.zones_path is not None:
         zones = probes.zones_from_document(yaml.safe_load(o.zones_path.read_text("utf-8")))
     api = PrometheusApi(o.prometheus)
-    results = _prometheus_checks(api, o)
+    results, intervals = _prometheus_checks(api, o)
     # The engines as the sidecar sees them (a DNS name resolved to every engine); the
     # policy's when its admin API cannot be reached.
     try:
@@ -158,7 +169,7 @@ def run(o: PreflightOptions) -> list[CheckResult]:
     pools = {pool for pool, _ in endpoints} or set(policy.pools if policy else ())
     results += _last_l3_checks(api, pools)
     if o.drills:
-        results += _drill_checks(o, policy)
+        results += _drill_checks(o, policy, max(intervals.values(), default=15.0))
     return results
 
 

@@ -28,6 +28,12 @@ def add_preflight_command(sub: argparse._SubParsersAction) -> None:
     command.add_argument("--drill-pool", help="the pool drilled (default: the routing default)")
     command.add_argument("--model", help="the model the drills' requests name")
     command.add_argument(
+        "--drill-streams", type=int, default=4, help="streamed requests held through the drill"
+    )
+    command.add_argument(
+        "--drill-stream-tokens", type=int, default=256, help="each held stream's max_tokens"
+    )
+    command.add_argument(
         "--key", action="append", default=[], metavar="TIER=KEY", help="a key per tier"
     )
     command.add_argument("--strict", action="store_true", help="cannot-check fails too")
@@ -53,6 +59,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         drill_pool=args.drill_pool,
         model=args.model,
         keys=keys,
+        drill_streams=args.drill_streams,
+        drill_stream_tokens=args.drill_stream_tokens,
         strict=args.strict,
     )
     results = run(options)

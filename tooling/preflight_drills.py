@@ -54,6 +54,9 @@ class DrillSettings:
     streams: int = 4  # streamed requests held through the drill
     stream_tokens: int = 256  # each one's max_tokens: long enough to outlive the drill
     recovery_timeout_s: float = 30.0
+    # L3 is held this long at least, so that Prometheus records it (one and a half of its
+    # scrape intervals): the monthly check (last_l3) and its alert see the drill.
+    l3_hold_s: float = 0.0
 
 
 def expected_action(level: int, tier: Tier, long_context: bool) -> str:
@@ -148,12 +151,15 @@ async def _presets(
     results = []
     for level in (3, 2, 1):
         await _drill(stub, s.pool, level)
+        entered = time.monotonic()
         probes = [
             (await _ask(session, s, tier, long_context), expected_action(level, tier, long_context))
             for tier, long_context in PRESET_PROBES[level]
             if tier in s.keys
         ]
         results.append(preset(level, s.pool, probes, s.fallback_pool))
+        if level == 3:
+            await asyncio.sleep(max(0.0, s.l3_hold_s - (time.monotonic() - entered)))
     return results
 
 
