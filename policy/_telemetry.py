@@ -26,7 +26,8 @@ class TracingConfig:
 @dataclass(frozen=True, slots=True)
 class TelemetryConfig:
     # Tenant-labelled series per metric: the tenants with the most traffic keep their own,
-    # the rest are folded into tenant="other" (llm-d's endpoint picker folds past 1,000).
+    # the rest are folded into tenant="other" (llm-d's endpoint picker folds past 1,000);
+    # the policy's own tenants first. The fold: extproc.service.tenant_series.
     tenant_series_max: int = 1000
     tracing: TracingConfig | None = field(default=None)
 
