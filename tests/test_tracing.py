@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from extproc.runtime.sidecar import Sidecar
 from extproc.service.log_records import REQUEST_ID, JsonLines
+from policy import parse_policy
 from tests.support.http import CHAT, chat_body, post
-from tests.support.stack import ROOT, example_policy, start_stack, write_policy
+from tests.support.stack import EXAMPLE_POLICY, ROOT, example_policy, start_stack, write_policy
 from tooling.benchmarks.driver import SidecarDriver
 from tooling.otlp_receiver import ReceivedSpan, TraceReceiver
 from tooling.processes import ManagedProcess, python_module
@@ -293,3 +295,14 @@ async def test_serve_with_json_logs_writes_only_json_lines_naming_requests(
     about = {rid: [x for x in lines if x.get("request_id") == rid] for rid in ("j", "k")}
     assert any(x["message"].startswith("routed") for x in about["j"]), lines
     assert any("unknown_api_key" in x["message"] for x in about["k"]), lines
+
+
+def test_the_example_policys_tracing_block_loads() -> None:
+    text = EXAMPLE_POLICY.read_text()
+    block = text[text.index("# telemetry:") :].split("\n\n")[0]
+    uncommented = "\n".join(line.removeprefix("# ") for line in block.splitlines())
+    raw = example_policy()
+    raw["telemetry"] = yaml.safe_load(uncommented)["telemetry"]
+    tracing = parse_policy(raw).telemetry.tracing
+    assert tracing is not None and tracing.otlp_endpoint == "otel-collector:4317"
+    assert (tracing.service_name, tracing.sample_ratio) == ("slogate", 1.0)
