@@ -1,7 +1,8 @@
 """A tenant-labelled metric whose tenant label is folded (extproc.service.tenant_series).
 
-What lives here: `TenantFamily`, the one way the sidecar's tenant-labelled series are
-touched: it asks the `TenantSeries` for the label, caches the child per label set (as
+What lives here: `TenantFamily`, the way every capped tenant-labelled series is touched
+(all of them but the spend series, whose tenants are the policy's few with a spend
+budget): it asks the `TenantSeries` for the label, caches the child per label set (as
 extproc.service.metrics.Family does, for the same ~2 us of prometheus_client's `labels()`),
 and removes the children of the tenants a re-rank evicts.
 """
