@@ -148,7 +148,15 @@ def test_the_drills_hold_running_and_waiting_streams_and_each_preset_takes_effec
     d: Deployment,
 ) -> None:
     code, rows = preflight(
-        d, d.fast.url, "--drills", "--policy", str(d.policy), "--drill-streams", "6"
+        d,
+        d.fast.url,
+        "--drills",
+        "--policy",
+        str(d.policy),
+        "--drill-streams",
+        "6",
+        "--drill-stream-tokens",
+        "256",
     )
     held = verdicts(rows, "drill_held")["default"]
     assert held["verdict"] == "pass", held

@@ -35,13 +35,13 @@ class PreflightOptions:
     policy_path: Path | None = None
     zones_path: Path | None = None
     rules_path: Path = probes.RULES_FILE
-    probe_rounds: int = 5
+    probe_rounds: int = 10
     drills: bool = False
     drill_pool: str | None = None
     model: str | None = None
     keys: dict[Tier, str] = field(default_factory=dict)
     drill_streams: int = 4  # streamed requests held through the drill
-    drill_stream_tokens: int = 256  # each one's max_tokens: long enough to outlive it
+    drill_stream_tokens: int = 1024  # each one's max_tokens: long enough to outlive it
     strict: bool = False
 
 

@@ -21,7 +21,7 @@ def add_preflight_command(sub: argparse._SubParsersAction) -> None:
     command.add_argument(
         "--zones", type=Path, help="engine -> zone YAML, or `kubectl get pods,nodes -o json`"
     )
-    command.add_argument("--probes", type=int, default=5, help="probe requests per engine")
+    command.add_argument("--probes", type=int, default=10, help="probe requests per engine")
     command.add_argument(
         "--drills", action="store_true", help="drill a pool to L3 and back (changes it live)"
     )
@@ -31,7 +31,7 @@ def add_preflight_command(sub: argparse._SubParsersAction) -> None:
         "--drill-streams", type=int, default=4, help="streamed requests held through the drill"
     )
     command.add_argument(
-        "--drill-stream-tokens", type=int, default=256, help="each held stream's max_tokens"
+        "--drill-stream-tokens", type=int, default=1024, help="each held stream's max_tokens"
     )
     command.add_argument(
         "--key", action="append", default=[], metavar="TIER=KEY", help="a key per tier"

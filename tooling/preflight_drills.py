@@ -52,7 +52,7 @@ class DrillSettings:
     model: str
     keys: Mapping[Tier, str]  # one key per tier
     streams: int = 4  # streamed requests held through the drill
-    stream_tokens: int = 256  # each one's max_tokens: long enough to outlive the drill
+    stream_tokens: int = 1024  # each one's max_tokens: long enough to outlive the drill
     recovery_timeout_s: float = 30.0
     # L3 is held this long at least, so that Prometheus records it (one and a half of its
     # scrape intervals): the monthly check (last_l3) and its alert see the drill.
