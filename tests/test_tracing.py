@@ -7,6 +7,7 @@ proto's TraceService on a grpcio server on 127.0.0.1:0). The sidecar runs in thi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import subprocess
@@ -15,15 +16,18 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc.runtime.sidecar import Sidecar
 from extproc.service.log_records import REQUEST_ID, JsonLines
 from policy import parse_policy
 from tests.support.http import CHAT, chat_body, post
 from tests.support.stack import EXAMPLE_POLICY, ROOT, example_policy, start_stack, write_policy
-from tooling.benchmarks.driver import SidecarDriver
+from tooling.benchmarks.driver import SidecarDriver, _headers_message
 from tooling.otlp_receiver import ReceivedSpan, TraceReceiver
 from tooling.processes import ManagedProcess, python_module
 
@@ -62,6 +66,12 @@ async def traced(
     await sidecar.stop(grace_s=0.5)
 
 
+async def arrived(receiver: TraceReceiver, count: int) -> list[ReceivedSpan]:
+    """The receiver's spans once `count` came, waited for off the loop: the sidecar in this
+    process runs on it (a client's reset, the exporter's callbacks)."""
+    return await asyncio.to_thread(receiver.wait_for, count)
+
+
 def by_request(spans: list[ReceivedSpan], request_id: str) -> ReceivedSpan:
     found = [s for s in spans if s.attributes.get("slogate.request_id") == request_id]
     assert len(found) == 1, [s.attributes for s in spans]
@@ -78,7 +88,7 @@ async def test_a_decision_is_a_span_in_the_clients_trace_and_its_id_goes_upstrea
         headers={"traceparent": TRACEPARENT, "tracestate": "vendor=7", "x-request-id": "r-1"},
     )
     assert routed.status == 200
-    span = by_request(receiver.wait_for(1), "r-1")
+    span = by_request(await arrived(receiver, 1), "r-1")
     assert span.name == "slogate.decision" and span.service == "slogate-test"
     assert (span.trace_id, span.parent_span_id) == (CLIENT_TRACE, CLIENT_SPAN)
     assert span.start_ns < span.end_ns
@@ -110,7 +120,7 @@ async def test_refusals_are_spans_with_their_outcome_and_reason(
     limited = await driver.decide("sk-demo-small", small, headers={"x-request-id": "r-429"})
     assert limited.status == 429
     assert "traceparent" not in unknown.headers | limited.headers  # nothing goes upstream
-    spans = receiver.wait_for(3)
+    spans = await arrived(receiver, 3)
     refused = by_request(spans, "r-401")
     assert refused.trace_id == CLIENT_TRACE and refused.parent_span_id == CLIENT_SPAN
     assert refused.attributes["slogate.outcome"] == "refused"
@@ -306,3 +316,61 @@ def test_the_example_policys_tracing_block_loads() -> None:
     tracing = parse_policy(raw).telemetry.tracing
     assert tracing is not None and tracing.otlp_endpoint == "otel-collector:4317"
     assert (tracing.service_name, tracing.sample_ratio) == ("slogate", 1.0)
+
+
+async def waiting(channel: grpc.aio.Channel, request_id: str) -> Any:
+    """A sheddable request's stream, once the sidecar said it waits (a timeout override)."""
+    body = json.dumps(chat_body()).encode()
+    call = pb_grpc.ExternalProcessorStub(channel).Process()
+    await call.write(_headers_message(CHAT, "sk-demo-batch", body, {"x-request-id": request_id}))
+    await call.read()
+    await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)))
+    override = await call.read()
+    assert override.HasField("override_message_timeout")
+    return call
+
+
+async def test_a_wait_ends_as_a_shed_span_or_an_abandoned_one(
+    tmp_path: Path, receiver: TraceReceiver
+) -> None:
+    """The pool's one batch slot held: the next sheddable request waits in the room. One
+    waits out its 1 s and is shed (503 queue_timeout); one is left by its client while it
+    waits (Envoy resets the stream)."""
+    raw = example_policy()
+    raw["breaker"]["scrape_metrics"] = False
+    raw["breaker"]["kv_shares"] = {"critical": 1.0, "standard": 1.0, "sheddable": 1.0}
+    raw["pools"]["default"]["max_num_seqs"] = 1
+    raw["waiting_room"] = {"max_wait_s": {"sheddable": 1.0}}
+    raw["telemetry"] = {"tracing": {"otlp_endpoint": receiver.endpoint}}
+    sidecar = Sidecar(
+        write_policy(tmp_path / "policy.yaml", raw),
+        grpc_port=0,
+        metrics_port=None,
+        admin_address=None,
+    )
+    address = await sidecar.start()
+    target = f"127.0.0.1:{address.grpc_port}"
+    driver = SidecarDriver(target)
+    channel = grpc.aio.insecure_channel(target)
+    try:
+        holder = await driver.decide("sk-demo-batch", chat_body(), headers={"x-request-id": "h"})
+        assert holder.status == 200  # holds the slot from now on
+        shed_call = await waiting(channel, "s")
+        shed = (await shed_call.read()).immediate_response  # after its 1 s in the room
+        await shed_call.done_writing()
+        assert shed.status.code == 503
+        call = await waiting(channel, "gone")
+        call.cancel()  # the client left
+        spans = await arrived(receiver, 3)
+    finally:
+        await channel.close()
+        await driver.close()
+        await sidecar.stop(grace_s=0.5)
+    waited = by_request(spans, "s").attributes
+    assert waited["slogate.outcome"] == "shed"
+    assert waited["slogate.reason"] == "queue_timeout"
+    assert waited["http.response.status_code"] == 503
+    assert waited["slogate.tenant"] == "demo-batch" and waited["slogate.tier"] == "sheddable"
+    left = by_request(spans, "gone")
+    assert left.attributes["slogate.outcome"] == "abandoned"
+    assert left.attributes["slogate.pool"] == "default"

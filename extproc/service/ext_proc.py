@@ -121,7 +121,9 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         finally:
             # The stream is gone (the client left, Envoy reset it): the decision leaves the
             # waiting room now and gives back whatever it holds.
-            if not answer.done():
+            # (Cancelled already when grpc cancelled this task while it awaited the answer.)
+            gone = not answer.done() or answer.cancelled()
+            if gone:
                 answer.cancel()
                 if self._tracer is not None:
                     self._tracer.abandoned(flow)
