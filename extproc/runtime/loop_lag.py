@@ -19,6 +19,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -104,11 +105,28 @@ class StallWatchdog:
             if stalled_s < self.STALL_S or last == reported:
                 continue
             reported = last
-            frame = sys._current_frames().get(self._loop_thread)
-            where = "".join(traceback.format_stack(frame, limit=12)) if frame else "?"
             log.warning(
-                "event loop stalled %.0f ms so far; its thread is at:\n%s", stalled_s * 1000, where
+                "event loop stalled %.0f ms so far; the threads are at:\n%s",
+                stalled_s * 1000,
+                self._threads(),
             )
+
+    def _threads(self) -> str:
+        """Each thread's innermost frames, the loop's first: a loop whose thread sits in
+        its selector while overdue waits for the GIL, and the thread holding it is the
+        one in Python code among the others."""
+        names = {t.ident: t.name for t in threading.enumerate()}
+        frames = sys._current_frames()
+        order = sorted(frames, key=lambda ident: ident != self._loop_thread)
+        parts = []
+        for ident in order:
+            if ident == threading.get_ident():
+                continue
+            stack = traceback.extract_stack(frames[ident])[-4:]
+            where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in stack[::-1])
+            label = "loop" if ident == self._loop_thread else names.get(ident, str(ident))
+            parts.append(f"  [{label}] {where}")
+        return "\n".join(parts)
 
 
 class LoopLagCollector(Collector):
