@@ -112,6 +112,8 @@ def test_a_prometheus_scraping_every_second_with_the_rules_passes(d: Deployment)
     assert set(history) == {"default", "long", "fallback"}
     assert all(r["verdict"] == "cannot-check" for r in history.values()), history
     assert all("min of history" in r["measured"] for r in history.values()), history
+    # Prometheus's default retention: the month can never be held whole.
+    assert history["default"]["detail"] == "Prometheus keeps 15 d, less than 31 d"
     assert code == 0, rows  # cannot-check passes the gate ...
     strict, _ = preflight(d, d.fast.url, "--strict")
     assert strict == 1  # ... unless --strict

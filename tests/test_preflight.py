@@ -198,6 +198,14 @@ def test_no_l3_with_less_than_31_days_of_history_cannot_be_checked_and_says_how_
     assert checks.last_l3("default", 0.0, 120.0).measured == "highest L0; 2 min of history"
 
 
+def test_a_prometheus_keeping_less_than_31_days_can_never_check_the_month() -> None:
+    result = checks.last_l3("default", 0.0, 15 * DAY_S, retention_s=15 * DAY_S)
+    assert result.verdict is Verdict.CANNOT
+    assert result.detail == "Prometheus keeps 15 d, less than 31 d"
+    assert checks.last_l3("default", 3.0, 60.0, retention_s=15 * DAY_S).verdict is Verdict.PASS
+    assert checks.last_l3("default", 0.0, 40 * DAY_S, 90 * DAY_S).verdict is Verdict.FAIL
+
+
 def test_no_l3_over_a_whole_31_days_fails() -> None:
     assert checks.last_l3("default", 2.0, 31 * DAY_S).verdict is Verdict.FAIL
     assert checks.last_l3("long", None, 40 * DAY_S).measured == "no series in 31 d"

@@ -108,8 +108,11 @@ def _last_l3_checks(api: PrometheusApi, pools: set[str]) -> list[CheckResult]:
         history = probes.breaker_history(api, checks.L3_WINDOW_S)
     except PrometheusError as error:
         return [CheckResult("last_l3", "-", Verdict.CANNOT, str(error))]
+    retention = probes.retention_s(api)
     return [
-        checks.last_l3(pool, history.highest_level.get(pool), history.history_s.get(pool, 0.0))
+        checks.last_l3(
+            pool, history.highest_level.get(pool), history.history_s.get(pool, 0.0), retention
+        )
         for pool in sorted(pools | set(history.history_s))
     ]
 

@@ -122,19 +122,34 @@ def alert_rules(shipped: Iterable[str], loaded: Iterable[str]) -> CheckResult:
 
 
 def last_l3(
-    pool: str, highest_level: float | None, history_s: float, window_s: float = L3_WINDOW_S
+    pool: str,
+    highest_level: float | None,
+    history_s: float,
+    retention_s: float | None = None,
+    window_s: float = L3_WINDOW_S,
 ) -> CheckResult:
     """One pool: the highest breaker level (drills included) Prometheus saw over the window,
-    and how much of the window its series cover. An L3 seen passes whatever the history."""
+    how much of the window its series cover, and how long Prometheus keeps data (None: not
+    known). An L3 seen passes whatever the history."""
     days = window_s / 86400
     held = (
         f"{history_s / 86400:.2f} d of history"
         if history_s >= 3600
-        else (f"{history_s / 60:.0f} min of history")
+        else f"{history_s / 60:.0f} min of history"
     )
     if highest_level is not None and highest_level >= 3:
         return CheckResult("last_l3", pool, Verdict.PASS, f"L3 within {days:g} d ({held})")
     seen = "no series" if highest_level is None else f"highest L{highest_level:.0f}"
+    if retention_s is not None and retention_s < window_s:
+        # Prometheus's default keeps 15 d: the month can never be seen whole, here or by
+        # the SlogateL3DrillDue alert reading the same window.
+        return CheckResult(
+            "last_l3",
+            pool,
+            Verdict.CANNOT,
+            f"{seen}; {held}",
+            f"Prometheus keeps {retention_s / 86400:g} d, less than {days:g} d",
+        )
     if history_s < window_s:
         return CheckResult("last_l3", pool, Verdict.CANNOT, f"{seen}; {held}", f"needs {days:g} d")
     return CheckResult(

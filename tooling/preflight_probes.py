@@ -8,7 +8,9 @@ Nothing here changes the deployment: the drills are tooling.preflight_drills'.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +86,20 @@ def breaker_history(api: PrometheusApi, window_s: float) -> BreakerHistory:
     return BreakerHistory(
         {p: highest[p] for p in pools if p in highest}, {p: history.get(p, 0.0) for p in pools}
     )
+
+
+def retention_s(api: PrometheusApi) -> float | None:
+    """How long Prometheus keeps its data (its runtime info's "15d", or "31d or 10GB"), or
+    None when it says only a size or cannot say."""
+    try:
+        with urllib.request.urlopen(f"{api.url}/api/v1/status/runtimeinfo", timeout=10) as r:
+            retention = str(json.loads(r.read())["data"].get("storageRetention", ""))
+    except (OSError, ValueError, KeyError):
+        return None
+    try:
+        return duration_s(retention.split(" or ")[0].strip())
+    except ValueError:
+        return None
 
 
 def zones_from_document(document: Any) -> dict[str, str]:
