@@ -177,3 +177,27 @@ async def test_a_shared_store_s_health_and_decisions_start_known(tmp_path: Path)
     assert ("slogate_redis_up", {}) in samples
     for store in ("shared", "local"):
         assert ("slogate_budget_store_decisions_total", {"store": store}) in samples
+
+
+def test_the_commands_the_runbook_and_the_rules_give_exist_with_their_flags() -> None:
+    """An SRE pastes these while paged: each `slogate X --flag` must be a command with
+    that flag (asked of the real CLI's --help)."""
+    import subprocess
+    import sys
+
+    quoted = re.findall(r"`(slogate [^`]+)`", RUNBOOK.read_text())
+    quoted += re.findall(r"slogate [a-z-]+ --[^.\"]*", RULES.read_text())  # annotations
+    commands = {" ".join(c.split()) for c in quoted}
+    assert any("drill" in c for c in commands) and any("drain" in c for c in commands)
+    for command in sorted(commands):
+        name, *rest = command.split()[1:]
+        shown = subprocess.run(
+            [sys.executable, "-m", "tooling.cli", name, "--help"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert shown.returncode == 0, f"{command}: {shown.stderr}"
+        for flag in (w for w in rest if w.startswith("--")):
+            assert flag in shown.stdout, f"{command}: {flag} is not a flag of slogate {name}"
