@@ -201,3 +201,17 @@ def test_the_commands_the_runbook_and_the_rules_give_exist_with_their_flags() ->
         assert shown.returncode == 0, f"{command}: {shown.stderr}"
         for flag in (w for w in rest if w.startswith("--")):
             assert flag in shown.stdout, f"{command}: {flag} is not a flag of slogate {name}"
+
+
+def test_workers_merged_a_no_data_gauge_yields_to_a_value() -> None:
+    """`serve --workers N`: a worker that has not stepped yet reports NaN; the merged
+    /metrics shows the other worker's value whichever answered first."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from extproc.runtime.workers import merge_expositions
+
+    nan = "# TYPE slogate_safety_factor gauge\nslogate_safety_factor NaN\n"
+    stepped = "# TYPE slogate_safety_factor gauge\nslogate_safety_factor 1.3\n"
+    for texts in ([nan, stepped], [stepped, nan]):
+        merged = text_string_to_metric_families(merge_expositions(texts))
+        assert [s.value for f in merged for s in f.samples] == [1.3]

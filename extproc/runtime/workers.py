@@ -24,7 +24,8 @@ One admin API: worker 0 serves it, and passes drills and reloads on to the other
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable
+import math
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,6 +154,15 @@ class Siblings:
             await channel.close()
 
 
+def _known(pick: Callable[[float, float], float], a: float, b: float) -> float:
+    """The higher or lower of two workers' values, NaN ("no data yet": a breaker signal, the
+    safety factor before the first step) yielding to a number: max(nan, x) is either,
+    depending on the order the workers answered."""
+    if math.isnan(a):
+        return b
+    return a if math.isnan(b) else pick(a, b)
+
+
 def merge_expositions(texts: Iterable[str]) -> str:
     """The workers' /metrics as one exposition (text format)."""
     kinds: dict[str, tuple[str, str]] = {}  # family -> (type, help)
@@ -168,9 +178,9 @@ def merge_expositions(texts: Iterable[str]) -> str:
                 if key not in merged:
                     merged[key] = sample.value
                 elif family.name in _HIGHEST:
-                    merged[key] = max(merged[key], sample.value)
+                    merged[key] = _known(max, merged[key], sample.value)
                 elif family.name in _LOWEST:
-                    merged[key] = min(merged[key], sample.value)
+                    merged[key] = _known(min, merged[key], sample.value)
                 else:
                     merged[key] = merged[key] + sample.value
     lines = []
