@@ -61,6 +61,7 @@ from extproc.service.admin import AdminService
 from extproc.service.candidate_metrics import CandidateMetrics
 from extproc.service.decision_log import DecisionLog
 from extproc.service.engine_metrics import EngineCollector
+from extproc.service.genai_metrics import GenAiMetrics
 from extproc.service.known_series import held_by_pool, policy_series, start_series, waiting_by_pool
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.prompt_feedback import PromptFeedback
@@ -215,6 +216,7 @@ class Sidecar:
             self.admission.chain,
             PromptFeedback(self.corrections, self.metrics),
             EngineOutcomes(self.picker),
+            GenAiMetrics(self.metrics.registry, self.policy),  # OpenTelemetry's names
             self.judge,
         ]
         if self.decision_log is not None:
