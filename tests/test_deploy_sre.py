@@ -215,3 +215,12 @@ def test_workers_merged_a_no_data_gauge_yields_to_a_value() -> None:
     for texts in ([nan, stepped], [stepped, nan]):
         merged = text_string_to_metric_families(merge_expositions(texts))
         assert [s.value for f in merged for s in f.samples] == [1.3]
+
+
+def test_the_recorded_series_panels_read_are_recorded_by_the_rules() -> None:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    recorded = {rule["record"] for group in groups for rule in group["rules"] if "record" in rule}
+    exprs = " ".join(str(t["expr"]) for p in _panels() for t in p["targets"])  # type: ignore[attr-defined]
+    read = set(re.findall(r"\bslogate:[a-z0-9_:]+", exprs))
+    assert read, "the KV correlation panel reads the recording rules"
+    assert read <= recorded, read - recorded
