@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import aiohttp
 import grpc
 import yaml
 
@@ -144,8 +145,12 @@ def _drill_checks(
     )
     try:
         return asyncio.run(drill(settings))
-    except (grpc.aio.AioRpcError, OSError, TimeoutError) as error:
-        return [CheckResult("drill", settings.pool, Verdict.FAIL, f"drill broke off: {error}")]
+    except grpc.aio.AioRpcError as error:
+        why = f"admin API {o.admin}: {error.code().name}: {error.details()}"
+        return [CheckResult("drill", settings.pool, Verdict.FAIL, "drill broke off", why)]
+    except (aiohttp.ClientError, OSError, TimeoutError) as error:
+        why = f"gateway {o.url}: {error or type(error).__name__}"
+        return [CheckResult("drill", settings.pool, Verdict.FAIL, "drill broke off", why)]
 
 
 def run(o: PreflightOptions) -> list[CheckResult]:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+
+import yaml
 
 from policy import Tier
 from tooling.cli_common import DEFAULT_ADMIN
@@ -47,6 +50,9 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     keys = clear_keys(args.policy) if args.policy else {}
     for pair in args.key:
         tier, _, key = pair.partition("=")
+        if tier not in {t.value for t in Tier} or not key:
+            print(f"slogate preflight: --key {pair!r}: expected TIER=KEY", file=sys.stderr)
+            return 2
         keys[Tier(tier)] = key
     options = PreflightOptions(
         url=args.url,
@@ -63,6 +69,10 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         drill_stream_tokens=args.drill_stream_tokens,
         strict=args.strict,
     )
-    results = run(options)
+    try:
+        results = run(options)
+    except (OSError, ValueError, yaml.YAMLError) as error:  # the zones file's
+        print(f"slogate preflight: {error}", file=sys.stderr)
+        return 2
     print(report(results, args.json))
     return exit_code(results, args.strict)

@@ -80,21 +80,25 @@ async def _stream(session: aiohttp.ClientSession, s: DrillSettings, key: str) ->
     """One streamed request read to its end."""
     headers = {"authorization": f"Bearer {key}"}
     body = _body(s.model, s.stream_tokens, True)
-    events, finish, done = 0, None, False
-    async with session.post(f"{s.url}{CHAT}", json=body, headers=headers) as reply:
-        if reply.status != 200:
-            return HeldStream(reply.status, 0, None, False)
-        async for raw in reply.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: "):
-                continue
-            if line == "data: [DONE]":
-                done = True
-                continue
-            events += 1
-            for choice in json.loads(line[6:]).get("choices", []):
-                finish = choice.get("finish_reason") or finish
-    return HeldStream(200, events, finish, done)
+    status, events, finish, done = 0, 0, None, False
+    try:
+        async with session.post(f"{s.url}{CHAT}", json=body, headers=headers) as reply:
+            status = reply.status
+            if status != 200:
+                return HeldStream(status, 0, None, False)
+            async for raw in reply.content:
+                line = raw.decode().strip()
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    done = True
+                    continue
+                events += 1
+                for choice in json.loads(line[6:]).get("choices", []):
+                    finish = choice.get("finish_reason") or finish
+    except (aiohttp.ClientError, TimeoutError):
+        pass  # cut (or never answered: status 0): not whole, judged by held_requests
+    return HeldStream(status, events, finish, done)
 
 
 async def _ask(
@@ -186,7 +190,13 @@ async def drill(s: DrillSettings) -> list[CheckResult]:
             streams = [
                 asyncio.create_task(_stream(session, s, stream_key)) for _ in range(s.streams)
             ]
-            running, waiting = await _all_in(stub, s.pool, streams)
+            try:
+                running, waiting = await _all_in(stub, s.pool, streams)
+            except BaseException:
+                for task in streams:
+                    task.cancel()
+                await asyncio.gather(*streams, return_exceptions=True)
+                raise
             try:
                 results = await _presets(session, stub, s)
             finally:
