@@ -258,7 +258,11 @@ def test_through_envoy_the_engine_gets_the_decisions_span_as_its_parent(
 ) -> None:
     raw = example_policy()
     raw["telemetry"] = {"tracing": {"otlp_endpoint": receiver.endpoint}}
-    stack = start_stack(tmp_path, write_policy(tmp_path / "policy.yaml", raw))
+    stack = start_stack(
+        tmp_path,
+        write_policy(tmp_path / "policy.yaml", raw),
+        sidecar_log_args=("--log-format", "json", "--log-level", "debug"),  # slogate up's
+    )
     try:
         served = post(stack.url, CHAT, chat_body(), headers={"traceparent": TRACEPARENT})
         refused = post(stack.url, CHAT, chat_body(), key="sk-nobody")
@@ -276,6 +280,12 @@ def test_through_envoy_the_engine_gets_the_decisions_span_as_its_parent(
     failed = next(s for s in spans if s.attributes["slogate.outcome"] == "refused")
     assert failed.attributes["slogate.reason"] == "unknown_api_key"
     assert failed.parent_span_id == "" and failed.attributes["slogate.request_id"]
+    # The sidecar's JSON log names the same requests as the spans (Envoy's x-request-id).
+    assert stack.sidecar is not None
+    lines = [json.loads(line) for line in stack.sidecar.log_text().splitlines() if line.strip()]
+    named = {line["message"].split(":")[0]: line.get("request_id") for line in lines}
+    assert named["routed"] == routed.attributes["slogate.request_id"]
+    assert named["refused"] == failed.attributes["slogate.request_id"]
 
 
 @pytest.mark.e2e

@@ -306,8 +306,10 @@ def start_sidecar(
     admin_port: int = 0,
     exact_tokenizer: bool = False,
     env: dict[str, str] | None = None,
+    extra_args: Sequence[str] = (),
 ) -> tuple[ManagedProcess, SidecarPorts]:
-    """`slogate serve` as a child process on loopback; 0 ports: picked by the OS."""
+    """`slogate serve` as a child process on loopback; 0 ports: picked by the OS;
+    `extra_args`: more of serve's flags (--log-format json)."""
     argv = python_module(
         "tooling.cli",
         "serve",
@@ -319,6 +321,7 @@ def start_sidecar(
     )  # fmt: skip
     if not exact_tokenizer:
         argv.append("--no-exact-tokenizer")
+    argv.extend(extra_args)
     proc = ManagedProcess(name, argv, work_dir, env).start()
     match = proc.wait_for_line(
         r"sidecar ready: grpc [^:]+:(\d+) metrics \S+:(\d+)/metrics admin (\S+)"

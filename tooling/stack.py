@@ -96,6 +96,8 @@ class LocalStack:
     time_scale: float = 1.0
     failure_mode: FailureMode | None = None  # None: as the policy says
     exact_tokenizer: bool = True
+    # The sidecars' `--log-format` / `--log-level` (`slogate up --log-format json`).
+    sidecar_log_args: tuple[str, ...] = ()
     envoy_concurrency: int = 1
     replicas: int = 1
     budget_store: BudgetStoreKind | None = None  # None: as the policy says
@@ -244,6 +246,7 @@ class LocalStack:
             if replica.admin_address
             else _next(self._admin_api_base(), i),
             exact_tokenizer=self.exact_tokenizer,
+            extra_args=self.sidecar_log_args,
             env=env,
         )
         if replica.sidecar is not None and replica.sidecar in self.processes:

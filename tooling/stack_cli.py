@@ -72,6 +72,7 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
 def add_up_command(sub: argparse._SubParsersAction) -> None:
     up = sub.add_parser("up", help="start pools, sidecar and Envoy locally until Ctrl-C")
     policy_arg(up)
+    add_log_arguments(up)  # the sidecars'
     up.add_argument("--listen-port", type=int, default=10000)
     up.add_argument("--admin-port", type=int, default=9901)
     up.add_argument("--grpc-port", type=int, default=50051)
@@ -237,6 +238,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         record_dir=args.record,
         engine=args.engine,
         vllm=VllmSettings(kv_blocks=args.kv_blocks),
+        sidecar_log_args=("--log-format", args.log_format, "--log-level", args.log_level),
     )
     signals = Signalled()
     stack.start()
