@@ -384,3 +384,24 @@ async def test_a_wait_ends_as_a_shed_span_or_an_abandoned_one(
     left = by_request(spans, "gone")
     assert left.attributes["slogate.outcome"] == "abandoned"
     assert left.attributes["slogate.pool"] == "default"
+
+
+def test_serve_says_what_to_install_when_tracing_is_set_without_opentelemetry(
+    tmp_path: Path,
+) -> None:
+    policy = traced_policy(tmp_path, "127.0.0.1:4317")
+    script = _IMPORTS_SCRIPT.split("async def main")[0] + (
+        "from tooling.cli import main\n"
+        "sys.exit(main(['serve', '--policy', sys.argv[1], '--grpc-port', '0', "
+        "'--metrics-port', '0', '--admin-address', 'none', '--no-exact-tokenizer']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(policy), TRACEPARENT, "without"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'slogate[tracing]'" in done.stderr
+    assert "Traceback" not in done.stderr
