@@ -139,8 +139,11 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         print("slogate loadtest: faults need the local stack (no --url)", file=sys.stderr)
         return 2
     store = BudgetStoreKind(args.budget_store) if args.budget_store else None
-    if any(f.restart == "redis" for f in faults) and store is not BudgetStoreKind.REDIS:
-        print("slogate loadtest: a Redis restart needs --budget-store redis", file=sys.stderr)
+    if (
+        any("redis" in (f.restart, f.stop, f.pause) for f in faults)
+        and store is not BudgetStoreKind.REDIS
+    ):
+        print("slogate loadtest: a Redis fault needs --budget-store redis", file=sys.stderr)
         return 2
     if args.time_scale is None:
         args.time_scale = 1.0 if args.engine == "vllm" else 0.1

@@ -22,8 +22,11 @@ from tooling.stack import LocalStack
 class Fault:
     """One entry of a workload's `faults:` (workload seconds): a pool's latency or errors
     for a while (`pool` + `latency_ms` / `error_rate` / `error_status`, `for_s`), a
-    SIGKILLed sidecar (`kill: sidecar`, restarted by the stack's supervisor), or Redis
-    stopped and started again (`restart: redis`, with the Redis store)."""
+    SIGKILLed sidecar (`kill: sidecar`, restarted by the stack's supervisor), Redis
+    stopped and started again at once (`restart: redis`, with the Redis store), Redis
+    away for a while (`stop: redis` for `for_s`, then started again empty on its port: its
+    clients are refused at once), or Redis hung (`pause: redis` for `for_s`: SIGSTOP, then
+    SIGCONT; its clients wait for their timeouts)."""
 
     at_s: float
     for_s: float = 0.0
@@ -31,6 +34,8 @@ class Fault:
     settings: Mapping[str, float] = dataclasses.field(default_factory=dict)
     kill: str | None = None
     restart: str | None = None
+    stop: str | None = None
+    pause: str | None = None
 
 
 _POOL_FAULT = {"latency_ms", "error_rate", "error_status"}
@@ -46,7 +51,9 @@ def load_faults(raw: object) -> list[Fault]:
     for i, item in enumerate(raw):
         if not isinstance(item, dict):
             raise ValueError(f"faults[{i}]: expected a mapping")
-        unknown = set(item) - {"at_s", "for_s", "pool", "kill", "restart"} - _POOL_FAULT
+        unknown = (
+            set(item) - {"at_s", "for_s", "pool", "kill", "restart", "stop", "pause"} - _POOL_FAULT
+        )
         if unknown:
             raise ValueError(f"faults[{i}]: unknown field {sorted(unknown)[0]}")
         settings = {k: float(v) for k, v in item.items() if k in _POOL_FAULT}
@@ -57,16 +64,24 @@ def load_faults(raw: object) -> list[Fault]:
             settings,
             item.get("kill"),
             item.get("restart"),
+            item.get("stop"),
+            item.get("pause"),
         )
-        kinds = [fault.pool is not None, fault.kill is not None, fault.restart is not None]
+        kinds = [fault.pool, fault.kill, fault.restart, fault.stop, fault.pause]
         if (
-            sum(kinds) != 1
+            sum(kind is not None for kind in kinds) != 1
             or (fault.kill not in (None, "sidecar"))
             or (fault.restart not in (None, "redis"))
+            or (fault.stop not in (None, "redis"))
+            or (fault.pause not in (None, "redis"))
         ):
-            raise ValueError(f"faults[{i}]: one of pool, kill: sidecar, restart: redis")
+            raise ValueError(
+                f"faults[{i}]: one of pool, kill: sidecar, restart / stop / pause: redis"
+            )
         if fault.pool is not None and (not settings or fault.for_s <= 0):
             raise ValueError(f"faults[{i}]: a pool fault needs for_s and what to inject")
+        if (fault.stop or fault.pause) and fault.for_s <= 0:
+            raise ValueError(f"faults[{i}]: stop / pause: redis needs for_s (how long)")
         faults.append(fault)
     return sorted(faults, key=lambda f: f.at_s)
 
@@ -117,6 +132,23 @@ class StackFaults:
                     break
                 await asyncio.sleep(0.1)
             return time.monotonic() + 1.0  # and a second for Envoy to reconnect
+        if fault.stop == "redis":
+            assert self.stack.redis is not None
+            await asyncio.to_thread(self.stack.redis.stop)
+            # Started again when its time is up, while later faults wait their turn (the
+            # schedule is sorted; one that falls inside this window starts after it).
+            await asyncio.sleep(fault.for_s * self.time_scale)
+            await asyncio.to_thread(self.stack.restart_redis)  # its stop is a no-op now
+            return time.monotonic()
+        if fault.pause == "redis":
+            assert self.stack.redis is not None and self.stack.redis.pid is not None
+            pid = self.stack.redis.pid
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(fault.for_s * self.time_scale)
+            finally:  # never leave it hung (stopping the stack would wait for it)
+                os.kill(pid, signal.SIGCONT)
+            return time.monotonic()
         await asyncio.to_thread(self.stack.restart_redis)
         return time.monotonic() + 1.0
 
@@ -132,6 +164,10 @@ def _describe(fault: Fault) -> str:
         return f"pool {fault.pool}: {what} for {fault.for_s:g} s at {fault.at_s:g} s"
     if fault.kill is not None:
         return f"SIGKILL {fault.kill} at {fault.at_s:g} s"
+    if fault.stop is not None:
+        return f"{fault.stop} stopped for {fault.for_s:g} s at {fault.at_s:g} s"
+    if fault.pause is not None:
+        return f"{fault.pause} hung for {fault.for_s:g} s at {fault.at_s:g} s"
     return f"restart {fault.restart} at {fault.at_s:g} s"
 
 
