@@ -50,6 +50,12 @@ def test_scrape_interval_passes_at_15_s_and_fails_above_naming_the_target() -> N
     assert "slogate/b:9464 30 s" in result.measured
 
 
+def test_a_target_whose_interval_prometheus_does_not_report_cannot_be_checked() -> None:
+    result = checks.scrape_interval({"slogate/a:9464": 5.0, "slogate/b:9464": None})
+    assert result.verdict is Verdict.CANNOT
+    assert result.measured == "no interval for slogate/b:9464"
+
+
 def test_no_target_exporting_slogate_is_a_failure_not_a_pass() -> None:
     result = checks.scrape_interval({})
     assert result.verdict is Verdict.FAIL

@@ -43,7 +43,6 @@ class PreflightOptions:
     keys: dict[Tier, str] = field(default_factory=dict)
     drill_streams: int = 4  # streamed requests held through the drill
     drill_stream_tokens: int = 1024  # each one's max_tokens: long enough to outlive it
-    strict: bool = False
 
 
 def clear_keys(policy_path: Path) -> dict[Tier, str]:
@@ -75,8 +74,9 @@ def _prometheus_checks(
     """The scrape interval and alert rules checks, and the intervals found."""
     results, intervals = [], {}
     try:
-        intervals = probes.slogate_scrape_intervals(api)
-        results.append(checks.scrape_interval(intervals))
+        found = probes.slogate_scrape_intervals(api)
+        results.append(checks.scrape_interval(found))
+        intervals = {target: s for target, s in found.items() if s is not None}
     except PrometheusError as error:
         results.append(CheckResult("scrape_interval", "prometheus", Verdict.CANNOT, str(error)))
     try:

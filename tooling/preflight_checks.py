@@ -51,10 +51,11 @@ def exit_code(results: Iterable[CheckResult], strict: bool = False) -> int:
 
 
 def scrape_interval(
-    intervals_s: Mapping[str, float], limit_s: float = MAX_SCRAPE_INTERVAL_S
+    found_s: Mapping[str, float | None], limit_s: float = MAX_SCRAPE_INTERVAL_S
 ) -> CheckResult:
-    """Every target exporting slogate's series ("job/instance" -> its scrape interval)."""
-    if not intervals_s:
+    """Every target exporting slogate's series ("job/instance" -> its scrape interval; None:
+    Prometheus did not say)."""
+    if not found_s:
         return CheckResult(
             "scrape_interval",
             "prometheus",
@@ -62,6 +63,16 @@ def scrape_interval(
             "no target exports slogate_breaker_level",
             "Prometheus does not scrape a slogate sidecar",
         )
+    unknown = sorted(target for target, interval in found_s.items() if interval is None)
+    if unknown:
+        return CheckResult(
+            "scrape_interval",
+            "prometheus",
+            Verdict.CANNOT,
+            f"no interval for {', '.join(unknown)}",
+            "Prometheus before 2.29 does not report it",
+        )
+    intervals_s = {target: interval or 0.0 for target, interval in found_s.items()}
     worst = max(intervals_s, key=lambda target: intervals_s[target])
     measured = ", ".join(f"{t} {s:g} s" for t, s in sorted(intervals_s.items()))
     verdict = Verdict.PASS if intervals_s[worst] <= limit_s else Verdict.FAIL

@@ -67,7 +67,6 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         keys=keys,
         drill_streams=args.drill_streams,
         drill_stream_tokens=args.drill_stream_tokens,
-        strict=args.strict,
     )
     try:
         results = run(options)

@@ -27,19 +27,21 @@ ZONE_LABEL = "topology.kubernetes.io/zone"
 SLOGATE_SERIES = "slogate_breaker_level"  # every sidecar exports it, one per pool and global
 
 
-def slogate_scrape_intervals(api: PrometheusApi) -> dict[str, float]:
+def slogate_scrape_intervals(api: PrometheusApi) -> dict[str, float | None]:
     """Each target whose series include slogate's ("job/instance") -> its scrape interval
-    in seconds. Found by what they export, not by a job name the operator chose."""
+    in seconds (None: Prometheus before 2.29 does not say). Found by what they export, not
+    by a job name the operator chose."""
     exporting = {
         (s.labels.get("job", ""), s.labels.get("instance", ""))
         for s in api.query(f"count by (job, instance) ({SLOGATE_SERIES})")
     }
-    intervals = {}
+    intervals: dict[str, float | None] = {}
     for target in api.targets():
         labels = target.get("labels", {})
         key = (labels.get("job", ""), labels.get("instance", ""))
-        if key in exporting and target.get("scrapeInterval"):
-            intervals[f"{key[0]}/{key[1]}"] = duration_s(target["scrapeInterval"])
+        if key in exporting:
+            interval = target.get("scrapeInterval")
+            intervals[f"{key[0]}/{key[1]}"] = duration_s(interval) if interval else None
     return intervals
 
 
