@@ -28,7 +28,10 @@ def add_preflight_command(sub: argparse._SubParsersAction) -> None:
     command.add_argument(
         "--drills", action="store_true", help="drill a pool to L3 and back (changes it live)"
     )
-    command.add_argument("--drill-pool", help="the pool drilled (default: the routing default)")
+    command.add_argument(
+        "--drill-pool",
+        help="the pool drilled (default: the routing default, where its short requests go)",
+    )
     command.add_argument("--model", help="the model the drills' requests name")
     command.add_argument(
         "--drill-streams", type=int, default=4, help="streamed requests held through the drill"

@@ -192,18 +192,18 @@ async def drill(s: DrillSettings) -> list[CheckResult]:
             ]
             try:
                 running, waiting = await _all_in(stub, s.pool, streams)
+                try:
+                    results = await _presets(session, stub, s)
+                finally:
+                    await _drill(stub, s.pool, 0)
+                outliving = sum(1 for task in streams if not task.done())
+                served_after_s = await _recovery(session, s)
+                ended = await asyncio.gather(*streams)
             except BaseException:
-                for task in streams:
+                for task in streams:  # the drill broke off: no stream is left running
                     task.cancel()
                 await asyncio.gather(*streams, return_exceptions=True)
                 raise
-            try:
-                results = await _presets(session, stub, s)
-            finally:
-                await _drill(stub, s.pool, 0)
-            outliving = sum(1 for task in streams if not task.done())
-            served_after_s = await _recovery(session, s)
-            ended = await asyncio.gather(*streams)
             held = [h for h in ended if h.status == 200]  # those refused were never held
             return [
                 held_requests(s.pool, held, running, waiting, outliving),
