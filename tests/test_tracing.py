@@ -1,4 +1,4 @@
-"""A span per decision in the client's trace (telemetry.tracing), and JSON log lines.
+"""A span per decision in the client's trace (telemetry.tracing); JSON logs: test_json_logs.
 
 Spans go over real OTLP/gRPC to a real receiver (tooling.otlp_receiver, opentelemetry-
 proto's TraceService on a grpcio server on 127.0.0.1:0). The sidecar runs in this process
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -23,13 +22,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc.runtime.sidecar import Sidecar
-from extproc.service.log_records import REQUEST_ID, JsonLines
 from policy import parse_policy
 from tests.support.http import CHAT, chat_body, post
 from tests.support.stack import EXAMPLE_POLICY, ROOT, example_policy, start_stack, write_policy
 from tooling.benchmarks.driver import SidecarDriver, _headers_message
 from tooling.otlp_receiver import ReceivedSpan, TraceReceiver
-from tooling.processes import ManagedProcess, python_module
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -231,27 +228,6 @@ def test_without_a_tracing_section_opentelemetry_is_never_imported(
     assert without["status"] == 200 and without["opentelemetry"] == []
 
 
-def test_json_lines_name_the_request_and_keep_a_traceback_on_one_line() -> None:
-    formatter = JsonLines()
-    try:
-        raise ValueError("broken\nacross lines")
-    except ValueError:
-        record = logging.LogRecord(
-            "slogate.extproc", logging.ERROR, __file__, 1, "failed %s", ("x",), sys.exc_info()
-        )
-    token = REQUEST_ID.set("req-9")
-    try:
-        line = formatter.format(record)
-    finally:
-        REQUEST_ID.reset(token)
-    assert "\n" not in line
-    parsed = json.loads(line)
-    assert parsed["level"] == "ERROR" and parsed["logger"] == "slogate.extproc"
-    assert parsed["message"] == "failed x" and parsed["request_id"] == "req-9"
-    assert "ValueError: broken" in parsed["exception"] and parsed["ts"].endswith("+00:00")
-    assert "request_id" not in json.loads(formatter.format(record))  # outside a request
-
-
 @pytest.mark.e2e
 def test_through_envoy_the_engine_gets_the_decisions_span_as_its_parent(
     tmp_path: Path, receiver: TraceReceiver
@@ -286,35 +262,6 @@ def test_through_envoy_the_engine_gets_the_decisions_span_as_its_parent(
     named = {line["message"].split(":")[0]: line.get("request_id") for line in lines}
     assert named["routed"] == routed.attributes["slogate.request_id"]
     assert named["refused"] == failed.attributes["slogate.request_id"]
-
-
-@pytest.mark.e2e
-async def test_serve_with_json_logs_writes_only_json_lines_naming_requests(
-    tmp_path: Path,
-) -> None:
-    policy = traced_policy(tmp_path, None)
-    argv = python_module(
-        "tooling.cli", "serve", "--policy", str(policy), "--host", "127.0.0.1",
-        "--grpc-port", "0", "--metrics-port", "0", "--admin-address", "none",
-        "--no-exact-tokenizer", "--log-format", "json", "--log-level", "debug",
-    )  # fmt: skip
-    sidecar = ManagedProcess("sidecar-json", argv, tmp_path).start()
-    try:
-        ready = sidecar.wait_for_line(r"sidecar ready: grpc 127\.0\.0\.1:(\d+)")
-        driver = SidecarDriver(f"127.0.0.1:{ready.group(1)}")
-        routed = await driver.decide("sk-demo-standard", chat_body(), headers={"x-request-id": "j"})
-        refused = await driver.decide("sk-nobody", chat_body(), headers={"x-request-id": "k"})
-        await driver.close()
-    finally:
-        sidecar.stop()  # SIGTERM: its stopping lines are checked too
-    assert (routed.status, refused.status) == (200, 401)
-    # stdout and stderr both land in the process's log: every line of either is JSON.
-    lines = [json.loads(line) for line in sidecar.log_text().splitlines() if line.strip()]
-    assert all({"ts", "level", "logger", "message"} <= line.keys() for line in lines)
-    assert any("sidecar ready" in line["message"] for line in lines)
-    about = {rid: [x for x in lines if x.get("request_id") == rid] for rid in ("j", "k")}
-    assert any(x["message"].startswith("routed") for x in about["j"]), lines
-    assert any("unknown_api_key" in x["message"] for x in about["k"]), lines
 
 
 def test_the_example_policys_tracing_block_loads() -> None:
