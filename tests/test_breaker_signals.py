@@ -9,13 +9,16 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from breaker.board import GLOBAL, BreakerBoard, engine_objective_s, p99_over_slo
 from breaker.engine import (
+    ENGINE_METRICS,
     EngineSnapshot,
     histogram_quantile,
     parse_engine_metrics,
     parse_vllm_metrics,
+    read_samples,
 )
 from breaker.latency import SLO_RATIO, ResponseWindows
 from breaker.levels import BreakerLevel
@@ -322,3 +325,37 @@ def test_the_engines_ttft_drives_the_latency_signal_against_the_loosest_objectiv
     )
     assert board.signals("default").p99_over_slo == pytest.approx(1.5)  # nothing logged yet
     assert board.signals("long").p99_over_slo is None
+
+
+VLLM_PAGE = (Path(__file__).parent / "data" / "vllm_metrics.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [(VLLM_PAGE, EngineKind.VLLM), (SGLANG_TEXT, EngineKind.SGLANG)],
+    ids=["vllm", "sglang"],
+)
+def test_the_sample_reader_reads_what_prometheus_clients_parser_reads(
+    text: str, kind: EngineKind
+) -> None:
+    """slogate reads an engine's wanted lines itself (breaker.engine.read_samples, ~60x
+    faster than parsing the whole page): the same samples as the reference parser."""
+    wanted = ENGINE_METRICS[kind].sample_names
+    reference = sorted(
+        (s.name, sorted(s.labels.items()), s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name in wanted
+    )
+    ours = sorted((n, sorted(labels.items()), v) for n, labels, v in read_samples(text, wanted))
+    assert len(ours) >= 5 and ours == reference
+
+
+def test_the_sample_reader_unescapes_label_values_and_reads_special_values() -> None:
+    text = (
+        '# HELP x a gauge\nx{path="C:\\\\models\\\\m",note="a \\"quoted\\" }{ word"} NaN\n'
+        "x 2.5e3\ny 1\nx_other 3\n"
+    )
+    samples = list(read_samples(text, frozenset({"x"})))
+    assert samples[0][1] == {"path": "C:\\models\\m", "note": 'a "quoted" }{ word'}
+    assert math.isnan(samples[0][2]) and samples[1] == ("x", {}, 2500.0) and len(samples) == 2
