@@ -31,6 +31,13 @@ def _show(value: object) -> str:
         return f"per day {_show(value.per_day)}, per month {_show(value.per_month)} ({unit})"
     if isinstance(value, frozenset | set):
         return "{" + ", ".join(sorted(map(str, value))) + "}"
+    if isinstance(value, tuple) and all(isinstance(v, tuple) and len(v) == 2 for v in value):
+        # Pairs: a pool's endpoints (host, port) or its zones (endpoint, zone).
+        if not value:
+            return "none"
+        if all(isinstance(port, int) for _, port in value):
+            return ", ".join(f"{host}:{port}" for host, port in value)
+        return "{" + ", ".join(f"{k}: {v}" for k, v in value) + "}"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)

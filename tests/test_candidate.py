@@ -276,7 +276,10 @@ def test_diff_names_objectives_pools_spend_and_routing() -> None:
     new["pools"]["long"]["max_num_seqs"] = 8
     new["routing"] = {"rules": [{"pool": "long", "min_context_tokens": 16385}]}
     new["tenants"]["list"]["demo-batch"] = {"pools": ["default"], "spend": {"per_day": 1000}}
+    engine = old["pools"]["default"]["endpoints"][0]
+    new["pools"]["default"]["zones"] = {engine: "zone-a"}
     said = policy_changes(parse_policy(old), parse_policy(new))
+    assert f"Pool `default`: zones none → {{{engine}: zone-a}}." in said, said
     assert "`slo_ttft_p99_ms[critical/default]` 2000 → 900." in said
     assert "Pool `long`: max_num_seqs 256 → 8." in said
     assert "Routing rules: [32769+ tokens to `long`] → [16385+ tokens to `long`]." in said
