@@ -136,3 +136,4 @@ async def test_a_stalled_loop_is_logged_with_where_its_thread_is(
     stalls = [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]
     assert len(stalls) == 1 and "[loop] " in stalls[0], stalls
     assert "_blocking_work_of_the_sidecar" in stalls[0].split("[loop] ")[1].splitlines()[0]
+    assert "waited" in stalls[0] and "for a CPU" in stalls[0], stalls  # the kernel's account

@@ -89,6 +89,10 @@ class StallWatchdog:
     def __init__(self, lag: LoopLag, loop_thread: int) -> None:
         self._lag = lag
         self._loop_thread = loop_thread
+        # The kernel's account of the loop's thread: CPU it ran and time it sat runnable
+        # on a run queue (/proc/.../schedstat, ns). A stall with a long queue wait was the
+        # machine's (starved of CPU); one with neither ran nor waited, the GIL's.
+        self._schedstat = Path(f"/proc/self/task/{threading.get_native_id()}/schedstat")
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="loop-stall", daemon=True)
 
@@ -98,16 +102,37 @@ class StallWatchdog:
     def stop(self) -> None:
         self._stopped.set()
 
+    def _sched(self) -> tuple[float, float] | None:
+        """(ran s, waited for a CPU s) of the loop's thread so far; None: not Linux."""
+        try:
+            ran_ns, waited_ns, _ = self._schedstat.read_text().split()
+        except (OSError, ValueError):
+            return None
+        return int(ran_ns) / 1e9, int(waited_ns) / 1e9
+
     def _watch(self) -> None:
         reported = -1.0
+        at_wake: tuple[float, tuple[float, float] | None] = (-1.0, None)
         while not self._stopped.wait(0.25):
             last, stalled_s = self._lag.last_wake_s, self._lag.overdue_s()
-            if stalled_s < self.STALL_S or last == reported:
+            if stalled_s < self.STALL_S:
+                if at_wake[0] != last:  # the loop's account as of its latest wake
+                    at_wake = (last, self._sched())
+                continue
+            if last == reported:
                 continue
             reported = last
+            now, before = self._sched(), at_wake[1] if at_wake[0] == last else None
+            account = ""
+            if now is not None and before is not None:
+                account = (
+                    f"; since its last wake its thread ran {1000 * (now[0] - before[0]):.0f} ms"
+                    f" and waited {1000 * (now[1] - before[1]):.0f} ms for a CPU"
+                )
             log.warning(
-                "event loop stalled %.0f ms so far; the threads are at:\n%s",
+                "event loop stalled %.0f ms so far%s; the threads are at:\n%s",
                 stalled_s * 1000,
+                account,
                 self._threads(),
             )
 
