@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -21,7 +22,7 @@ from tooling.alert_rules import (
 from tooling.prometheus_api import duration_s
 
 
-def _rules(document: dict) -> dict[str, dict]:  # type: ignore[type-arg]
+def _rules(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {
         rule.get("alert") or rule["record"]: rule
         for group in document["groups"]
