@@ -36,9 +36,10 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# promtool (Debian's prometheus package) unit-tests the alert rules in deploy/prometheus/.
+# promtool (Debian's prometheus package) unit-tests the alert rules in deploy/prometheus/;
+# the package's prometheus server scrapes a live stack in tests/test_e2e_prometheus.py.
 promtool:
-	@command -v promtool >/dev/null || (apt-get update -qq && \
+	@(command -v promtool && command -v prometheus) >/dev/null || (apt-get update -qq && \
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
 
 # The whole suite, the tests against a real vLLM included (missing vLLM: a failure).
