@@ -112,21 +112,22 @@ class StallWatchdog:
 
     def _watch(self) -> None:
         reported = -1.0
-        at_wake: tuple[float, tuple[float, float] | None] = (-1.0, None)
+        # The account as of this thread's last look at a running loop: a stall began after
+        # it (this thread may have been starved too, and first look once it is over 1 s).
+        before = self._sched()
         while not self._stopped.wait(0.25):
             last, stalled_s = self._lag.last_wake_s, self._lag.overdue_s()
             if stalled_s < self.STALL_S:
-                if at_wake[0] != last:  # the loop's account as of its latest wake
-                    at_wake = (last, self._sched())
+                before = self._sched()
                 continue
             if last == reported:
                 continue
             reported = last
-            now, before = self._sched(), at_wake[1] if at_wake[0] == last else None
+            now = self._sched()
             account = ""
             if now is not None and before is not None:
                 account = (
-                    f"; since its last wake its thread ran {1000 * (now[0] - before[0]):.0f} ms"
+                    f"; since before it its thread ran {1000 * (now[0] - before[0]):.0f} ms"
                     f" and waited {1000 * (now[1] - before[1]):.0f} ms for a CPU"
                 )
             log.warning(
