@@ -13,6 +13,7 @@ import pytest
 
 from extproc.runtime.sidecar import Sidecar
 from tests.support.http import chat_body
+from tests.support.in_process import in_process
 from tests.support.stack import example_policy, write_policy
 from tooling.benchmarks.driver import SidecarDriver
 
@@ -23,17 +24,8 @@ CHAT = {"gen_ai_operation_name": "chat", "gen_ai_request_model": "deepseek-v4"}
 async def running(tmp_path: Path) -> AsyncIterator[tuple[Sidecar, SidecarDriver]]:
     raw = example_policy()
     raw["breaker"]["scrape_metrics"] = False  # no pools run here
-    sidecar = Sidecar(
-        write_policy(tmp_path / "policy.yaml", raw),
-        grpc_port=0,
-        metrics_port=None,
-        admin_address=None,
-    )
-    address = await sidecar.start()
-    driver = SidecarDriver(f"127.0.0.1:{address.grpc_port}")
-    yield sidecar, driver
-    await driver.close()
-    await sidecar.stop(grace_s=0.5)
+    async with in_process(write_policy(tmp_path / "policy.yaml", raw)) as (sidecar, driver, _):
+        yield sidecar, driver
 
 
 async def test_an_answered_chat_is_observed_under_the_conventions_names(

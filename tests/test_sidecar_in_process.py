@@ -19,6 +19,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc.request.contract import POOL_HEADER, REASON_HEADER
 from extproc.runtime.sidecar import Sidecar
+from tests.support.in_process import in_process
 from tests.support.stack import example_policy, write_policy
 from tooling.benchmarks.driver import SidecarDriver, _headers_message
 
@@ -29,13 +30,9 @@ async def running(tmp_path: Path) -> AsyncIterator[tuple[Sidecar, SidecarDriver]
     policy["breaker"]["scrape_metrics"] = False  # no pools run here
     path = tmp_path / "policy.yaml"
     write_policy(path, policy)
-    sidecar = Sidecar(path, grpc_port=0, metrics_port=None, admin_address=None)
-    address = await sidecar.start()
-    assert address.metrics_port is None and address.admin is None
-    driver = SidecarDriver(f"127.0.0.1:{address.grpc_port}")
-    yield sidecar, driver
-    await driver.close()
-    await sidecar.stop(grace_s=0.5)
+    async with in_process(path) as (sidecar, driver, address):
+        assert address.metrics_port is None and address.admin is None
+        yield sidecar, driver
 
 
 def chat(content: str, max_tokens: int) -> dict[str, object]:
@@ -100,34 +97,29 @@ async def test_a_wait_that_times_out_on_a_stalled_loop_is_answered_before_envoys
     raw["pools"]["default"]["max_num_seqs"] = 1
     raw["waiting_room"] = {"max_wait_s": {"sheddable": 1.0}}
     path = write_policy(tmp_path / "policy.yaml", raw)
-    sidecar = Sidecar(path, grpc_port=0, metrics_port=None, admin_address=None)
-    address = await sidecar.start()
-    target = f"127.0.0.1:{address.grpc_port}"
-    driver = SidecarDriver(target)
-    channel = grpc.aio.insecure_channel(target)
-    try:
-        holder = await driver.decide("sk-demo-batch", chat("hello", 16))
-        assert holder.status == 200  # the pool's one batch slot, held from now on
-        body = json.dumps(chat("and me", 16)).encode()
-        call = pb_grpc.ExternalProcessorStub(channel).Process()
-        await call.write(_headers_message("/v1/chat/completions", "sk-demo-batch", body))
-        await call.read()
-        await call.write(
-            pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
-        )
-        override = await call.read()
-        arrived = time.monotonic()  # Envoy's timer runs from here
-        assert override.HasField("override_message_timeout")
-        envoy_timer_s = override.override_message_timeout.ToMilliseconds() / 1000
-        # The loop stalls (on purpose) past the wait + the message timeout.
-        time.sleep(1.0 + 1.0 + 1.0)  # noqa: ASYNC251
-        reply = await call.read()
-        answered_s = time.monotonic() - arrived
-        await call.done_writing()
-    finally:
-        await channel.close()
-        await driver.close()
-        await sidecar.stop(grace_s=0.5)
+    async with in_process(path) as (_, driver, address):
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{address.grpc_port}")
+        try:
+            holder = await driver.decide("sk-demo-batch", chat("hello", 16))
+            assert holder.status == 200  # the pool's one batch slot, held from now on
+            body = json.dumps(chat("and me", 16)).encode()
+            call = pb_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(_headers_message("/v1/chat/completions", "sk-demo-batch", body))
+            await call.read()
+            await call.write(
+                pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+            )
+            override = await call.read()
+            arrived = time.monotonic()  # Envoy's timer runs from here
+            assert override.HasField("override_message_timeout")
+            envoy_timer_s = override.override_message_timeout.ToMilliseconds() / 1000
+            # The loop stalls (on purpose) past the wait + the message timeout.
+            time.sleep(1.0 + 1.0 + 1.0)  # noqa: ASYNC251
+            reply = await call.read()
+            answered_s = time.monotonic() - arrived
+            await call.done_writing()
+        finally:
+            await channel.close()
     immediate = reply.immediate_response
     headers = {h.header.key: h.header.raw_value.decode() for h in immediate.headers.set_headers}
     assert immediate.status.code == 503 and headers[REASON_HEADER] == "queue_timeout"

@@ -24,6 +24,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from extproc.runtime.sidecar import Sidecar
 from policy import parse_policy
 from tests.support.http import CHAT, chat_body, post
+from tests.support.in_process import in_process
 from tests.support.stack import EXAMPLE_POLICY, ROOT, example_policy, start_stack, write_policy
 from tooling.benchmarks.driver import SidecarDriver, _headers_message
 from tooling.otlp_receiver import ReceivedSpan, TraceReceiver
@@ -55,12 +56,8 @@ async def traced(
     tmp_path: Path, receiver: TraceReceiver
 ) -> AsyncIterator[tuple[Sidecar, SidecarDriver]]:
     path = traced_policy(tmp_path, receiver.endpoint, service_name="slogate-test")
-    sidecar = Sidecar(path, grpc_port=0, metrics_port=None, admin_address=None)
-    address = await sidecar.start()
-    driver = SidecarDriver(f"127.0.0.1:{address.grpc_port}")
-    yield sidecar, driver
-    await driver.close()
-    await sidecar.stop(grace_s=0.5)
+    async with in_process(path) as (sidecar, driver, _):
+        yield sidecar, driver
 
 
 async def arrived(receiver: TraceReceiver, count: int) -> list[ReceivedSpan]:
@@ -138,19 +135,13 @@ async def test_a_sample_ratio_of_zero_keeps_only_sampled_client_traces(
     tmp_path: Path, receiver: TraceReceiver
 ) -> None:
     path = traced_policy(tmp_path, receiver.endpoint, sample_ratio=0.0)
-    sidecar = Sidecar(path, grpc_port=0, metrics_port=None, admin_address=None)
-    address = await sidecar.start()
-    driver = SidecarDriver(f"127.0.0.1:{address.grpc_port}")
-    try:
+    async with in_process(path) as (_, driver, _):  # its stop sends whatever is batched
         alone = await driver.decide("sk-demo-standard", chat_body(), headers={"x-request-id": "a"})
         sampled = await driver.decide(
             "sk-demo-standard",
             chat_body(),
             headers={"x-request-id": "b", "traceparent": TRACEPARENT},
         )
-    finally:
-        await driver.close()
-        await sidecar.stop(grace_s=0.5)  # sends whatever is batched
     assert "traceparent" not in alone.headers  # not sampled: nothing set upstream
     assert sampled.headers["traceparent"].startswith(f"00-{CLIENT_TRACE}-")
     assert [s.attributes["slogate.request_id"] for s in receiver.spans()] == ["b"]
@@ -299,30 +290,22 @@ async def test_a_wait_ends_as_a_shed_span_or_an_abandoned_one(
     raw["pools"]["default"]["max_num_seqs"] = 1
     raw["waiting_room"] = {"max_wait_s": {"sheddable": 1.0}}
     raw["telemetry"] = {"tracing": {"otlp_endpoint": receiver.endpoint}}
-    sidecar = Sidecar(
-        write_policy(tmp_path / "policy.yaml", raw),
-        grpc_port=0,
-        metrics_port=None,
-        admin_address=None,
-    )
-    address = await sidecar.start()
-    target = f"127.0.0.1:{address.grpc_port}"
-    driver = SidecarDriver(target)
-    channel = grpc.aio.insecure_channel(target)
-    try:
-        holder = await driver.decide("sk-demo-batch", chat_body(), headers={"x-request-id": "h"})
-        assert holder.status == 200  # holds the slot from now on
-        shed_call = await waiting(channel, "s")
-        shed = (await shed_call.read()).immediate_response  # after its 1 s in the room
-        await shed_call.done_writing()
-        assert shed.status.code == 503
-        call = await waiting(channel, "gone")
-        call.cancel()  # the client left
-        spans = await arrived(receiver, 3)
-    finally:
-        await channel.close()
-        await driver.close()
-        await sidecar.stop(grace_s=0.5)
+    async with in_process(write_policy(tmp_path / "policy.yaml", raw)) as (_, driver, address):
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{address.grpc_port}")
+        try:
+            holder = await driver.decide(
+                "sk-demo-batch", chat_body(), headers={"x-request-id": "h"}
+            )
+            assert holder.status == 200  # holds the slot from now on
+            shed_call = await waiting(channel, "s")
+            shed = (await shed_call.read()).immediate_response  # after its 1 s in the room
+            await shed_call.done_writing()
+            assert shed.status.code == 503
+            call = await waiting(channel, "gone")
+            call.cancel()  # the client left
+            spans = await arrived(receiver, 3)
+        finally:
+            await channel.close()
     waited = by_request(spans, "s").attributes
     assert waited["slogate.outcome"] == "shed"
     assert waited["slogate.reason"] == "queue_timeout"
