@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from tests.support.stack import engine_fault, example_policy, start_stack, write_policy
-from tooling.preflight_probes import RULES_FILE, shipped_alert_names
+from tooling.alert_rules import SHIPPED_RULES
+from tooling.preflight_probes import shipped_alert_names
 from tooling.prometheus_server import PrometheusServer, stack_jobs
 from tooling.stack import LocalStack
 
@@ -46,7 +47,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     servers: list[PrometheusServer] = []
     try:
         jobs = stack_jobs([stack.metrics_port], [stack.admin_port])
-        fast = PrometheusServer(work / "fast", jobs, [RULES_FILE], 1.0).start()
+        fast = PrometheusServer(work / "fast", jobs, [SHIPPED_RULES], 1.0).start()
         servers.append(fast)
         # Started now: its first scrape comes up to 30 s later, while the others run.
         slow = PrometheusServer(work / "slow", jobs, [], 30.0).start()

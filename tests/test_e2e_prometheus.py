@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.support.alerts_live import (
     SCRAPE_INTERVAL_S,
@@ -32,6 +31,7 @@ from tests.support.alerts_live import (
 from tests.support.dashboards import divides_rates, has_data, panel_queries, recorded, unfold
 from tests.test_deploy_sre import NEED_TRAFFIC
 from tooling.alert_rules import SHIPPED_RULES
+from tooling.preflight_probes import shipped_alert_names
 from tooling.prometheus_server import PROMETHEUS_INSTALL_HINT, prometheus_binary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,11 +85,6 @@ def alert_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlertRun]:
         stack.stop()
 
 
-def _shipped_alerts() -> list[str]:
-    document = yaml.safe_load(SHIPPED_RULES.read_text(encoding="utf-8"))
-    return [r["alert"] for g in document["groups"] for r in g["rules"] if "alert" in r]
-
-
 def _timeline(run: AlertRun, firing: dict[str, list[tuple[float, float]]]) -> tuple[str, list[str]]:
     """The table (each alert against its fault: when it fired after the fault began, when
     it resolved after the fault ended), and what is wrong with it."""
@@ -102,7 +97,7 @@ def _timeline(run: AlertRun, firing: dict[str, list[tuple[float, float]]]) -> tu
         "|---|---|---|---|---|",
     ]
     problems = []
-    for name in _shipped_alerts():
+    for name in shipped_alert_names(SHIPPED_RULES):
         intervals = firing.get(name, [])
         spans = ", ".join(f"{a - run.start_s:.0f}-{b - run.start_s:.0f}" for a, b in intervals)
         stray = [f"{a - run.start_s:.0f}" for a, _ in intervals if not _in(a, run.faults)]
@@ -151,7 +146,7 @@ def test_prometheus_scrapes_every_sidecar_and_envoy_each_second(alert_run: Alert
     assert set(alert_run.api.scrape_intervals().values()) == {"1s"}
     # The scaled rules are what Prometheus loaded: every shipped alert, for seconds.
     loaded = {r["name"]: r for r in alert_run.api.alerting_rules()}
-    assert set(_shipped_alerts()) <= loaded.keys()
+    assert set(shipped_alert_names(SHIPPED_RULES)) <= loaded.keys()
     assert loaded["SlogatePoolFull"]["duration"] == 15
 
 
@@ -167,7 +162,7 @@ def test_every_alert_is_created_live_or_named_in_the_readme_with_why() -> None:
     section = readme.split("<!-- alerts no scenario triggers -->", 1)[-1]
     section = section.split("<!-- end -->", 1)[0] if "<!-- end -->" in section else ""
     named = set(re.findall(r"`(Slogate\w+)`", section))
-    missing = [a for a in _shipped_alerts() if a not in CAUSES and a not in named]
+    missing = [a for a in shipped_alert_names(SHIPPED_RULES) if a not in CAUSES and a not in named]
     assert not missing, f"alerts neither created by alerts-live nor named in the README: {missing}"
 
 

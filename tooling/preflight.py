@@ -24,6 +24,7 @@ from policy import Policy, Tier, load_policy
 from tooling import admin_client
 from tooling import preflight_checks as checks
 from tooling import preflight_probes as probes
+from tooling.alert_rules import SHIPPED_RULES
 from tooling.preflight_checks import CheckResult, Verdict
 from tooling.prometheus_api import PrometheusApi, PrometheusError
 
@@ -35,7 +36,7 @@ class PreflightOptions:
     admin: str
     policy_path: Path | None = None
     zones_path: Path | None = None
-    rules_path: Path = probes.RULES_FILE
+    rules_path: Path = SHIPPED_RULES
     probe_rounds: int = 10
     drills: bool = False
     drill_pool: str | None = None

@@ -8,9 +8,7 @@ Nothing here changes the deployment: the drills are tooling.preflight_drills'.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +18,9 @@ import aiohttp
 import yaml
 
 from policy import Policy
-from tooling.prometheus_api import PrometheusApi, duration_s
+from tooling.alert_rules import SHIPPED_RULES
+from tooling.prometheus_api import PrometheusApi, PrometheusError, duration_s
 
-RULES_FILE = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "slogate-rules.yaml"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 SLOGATE_SERIES = "slogate_breaker_level"  # every sidecar exports it, one per pool and global
 
@@ -45,7 +43,7 @@ def slogate_scrape_intervals(api: PrometheusApi) -> dict[str, float | None]:
     return intervals
 
 
-def shipped_alert_names(rules_file: Path = RULES_FILE) -> list[str]:
+def shipped_alert_names(rules_file: Path = SHIPPED_RULES) -> list[str]:
     """The alert names of the shipped rules file, read now (a rule added there is checked
     without a change here)."""
     document = yaml.safe_load(rules_file.read_text(encoding="utf-8")) or {}
@@ -94,9 +92,8 @@ def retention_s(api: PrometheusApi) -> float | None:
     """How long Prometheus keeps its data (its runtime info's "15d", or "31d or 10GB"), or
     None when it says only a size or cannot say."""
     try:
-        with urllib.request.urlopen(f"{api.url}/api/v1/status/runtimeinfo", timeout=10) as r:
-            retention = str(json.loads(r.read())["data"].get("storageRetention", ""))
-    except (OSError, ValueError, KeyError):
+        retention = str(api.runtime_info().get("storageRetention", ""))
+    except PrometheusError:
         return None
     try:
         return duration_s(retention.split(" or ")[0].strip())

@@ -92,6 +92,11 @@ class PrometheusApi:
         alerts: list[dict[str, Any]] = self._get("/api/v1/alerts")["alerts"]
         return alerts
 
+    def runtime_info(self) -> dict[str, Any]:
+        """The server's runtime information (storageRetention, ...)."""
+        info: dict[str, Any] = self._get("/api/v1/status/runtimeinfo")
+        return info
+
     def ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.url}/-/ready", timeout=self.timeout_s) as r:
