@@ -108,6 +108,7 @@ def measure_setup(
 ) -> dict[str, float]:
     grpc_port = free_port()
     procs: list[ManagedProcess] = []
+    policy_path = POLICY
     try:
         if setup.startswith("passthrough"):
             side = ManagedProcess(
@@ -119,9 +120,10 @@ def measure_setup(
             grpc_port = int(side.wait_for_line(r"grpc [^:]+:(\d+)").group(1))
         elif setup.startswith("slogate"):
             lever = LEVERS[setup.split("+", 1)[1]] if "+" in setup else None
+            policy_path = bench_policy(work, lever)
             side, sidecar_ports = start_sidecar(
                 work,
-                bench_policy(work, lever),
+                policy_path,
                 f"{setup}-sidecar",
                 exact_tokenizer=setup != "slogate_uncounted",
             )
@@ -139,6 +141,7 @@ def measure_setup(
             work,
             profile,
             single_message=setup == "passthrough_one_message",
+            policy_path=policy_path,
         )
         procs.append(envoy)
         timed = {"envoy": envoy.pid}
@@ -159,10 +162,13 @@ def front_envoy(
     profile: FilterProfile = FilterProfile.SLOGATE,
     concurrency: int = 1,
     single_message: bool = False,
+    policy_path: Path = POLICY,
 ) -> tuple[str, ManagedProcess]:
-    """The example policy's bootstrap with every pool at the upstream: its URL, and it;
-    `single_message`: ext_proc gets the body alone (tooling.benchmarks.one_message)."""
-    policy = load_policy(POLICY)
+    """The policy's bootstrap (the sidecar's, so that a lever changing Envoy's side, such as
+    its usage tap or message mode, reaches Envoy too) with every pool at the upstream: its
+    URL, and it; `single_message`: ext_proc gets the body alone
+    (tooling.benchmarks.one_message)."""
+    policy = load_policy(policy_path)
     pools = {
         name: dataclasses.replace(pool, endpoints=((HOST, upstream_port),))
         for name, pool in policy.pools.items()
