@@ -23,6 +23,7 @@ from policy._access import (
     parse_tiers,
     parse_tls,
 )
+from policy._data_path import parse_data_path
 from policy._engines import parse_engines
 from policy._fleet import (
     parse_breaker,
@@ -139,6 +140,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
     )
     candidate = parse_candidate(root.raw("candidate"), root.child("candidate"))
     telemetry = parse_telemetry(root.section("telemetry"))
+    data_path = parse_data_path(root.section("data_path"))
     root.close()
 
     return Policy(
@@ -178,6 +180,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         key_store=key_store,
         candidate=candidate,
         telemetry=telemetry,
+        data_path=data_path,
     )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from policy._data_path import DataPathConfig
 from policy._keystore import KeyStoreConfig
 from policy._telemetry import TelemetryConfig
 from policy._traffic import TrafficRecordConfig
@@ -300,6 +301,8 @@ class Policy:
     candidate: CandidateConfig | None = None
     # `telemetry:` tenant label bounds and OpenTelemetry tracing (policy._telemetry).
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    # `data_path:` one or two ext_proc messages, the Lua or native usage tap (policy._data_path).
+    data_path: DataPathConfig = field(default_factory=DataPathConfig)
 
     def slo_ms(self, tier: Tier, bucket: str, tenant: str | None = None) -> float | None:
         """The P99 TTFT objective of a request: its tenant's where it sets one, else its
@@ -401,6 +404,7 @@ START_ONLY_SETTINGS = (
     "shadow",
     "key_store",
     "telemetry.tracing",  # the tracer and its exporter are built once
+    "data_path",  # Envoy's bootstrap is written from it
 )
 
 
