@@ -111,7 +111,10 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
     tenants.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     estimator = bench_sub.add_parser("estimator", help="token estimate accuracy and speed")
     estimator.add_argument("--out-dir", type=Path, default=Path("bench/results"))
-    workers = bench_sub.add_parser("workers", help="serve --workers 1 vs 2 throughput")
+    workers = bench_sub.add_parser("workers", help="serve --workers N throughput (1 vs 2)")
+    workers.add_argument(
+        "--workers", default="1,2", help="worker counts, comma-separated, from 1 (e.g. 1,2,4,8)"
+    )
     workers.add_argument("--duration-s", type=float, default=10.0)
     workers.add_argument("--rounds", type=int, default=3)
     workers.add_argument("--profile", default="field_mix")

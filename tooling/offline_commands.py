@@ -161,7 +161,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     elif args.bench == "workers":
         from tooling.benchmarks.workers import run as run_workers
 
-        run_workers(args.out_dir, args.duration_s, args.rounds, args.profile)
+        counts = [int(n) for n in args.workers.split(",")]
+        run_workers(args.out_dir, args.duration_s, args.rounds, args.profile, counts)
     elif args.bench == "engines-vllm":
         from tooling.benchmarks.engines_live import run as run_engines_live
 
