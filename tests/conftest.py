@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from policy._data_path import ExtProcMessages
+from tests.support.messages import start_stack_with
 from tests.support.stack import start_stack
 from tests.support.vllm import require_vllm, start_vllm_stack
 from tooling.processes import ManagedProcess, start_redis, start_redis_cluster
@@ -19,6 +21,14 @@ from tooling.stack import LocalStack
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     running = start_stack(tmp_path_factory.mktemp("stack"))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def one_message_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """The stack with one ext_proc message per request (policy `data_path.messages: one`)."""
+    running = start_stack_with(tmp_path_factory.mktemp("stack-one"), ExtProcMessages.ONE)
     yield running
     running.stop()
 

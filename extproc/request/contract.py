@@ -56,6 +56,24 @@ SIDECAR_SET_HEADERS = (
     FAIRNESS_HEADER,
 )
 
+# One ext_proc message per request (policy `data_path.messages: one`): ext_proc skips the
+# request headers, so a header_to_metadata filter before it copies the ones the sidecar reads
+# into this namespace, which ext_proc forwards with the body (extproc.service.one_message).
+FORWARDED_NAMESPACE = "slogate.request"
+TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context: read, and sent upstream
+FORWARDED_HEADERS = (
+    ":path",
+    ":method",
+    "x-request-id",
+    "authorization",
+    "x-api-key",
+    *TRACE_HEADERS,
+)
+# ... and with the headers skipped Envoy drops the body reply's header mutations: the sidecar
+# puts what it would set into METADATA_NAMESPACE under each header's name, and the pool routes
+# render them upstream (overwriting a client's copy).
+UPSTREAM_METADATA_HEADERS = (*SIDECAR_SET_HEADERS, "content-length", *TRACE_HEADERS)
+
 # OpenAI's rate-limit response headers. The sidecar puts each into METADATA_NAMESPACE under
 # its own name; the route renders them, so no response message goes to the sidecar.
 RATE_LIMIT_HEADERS = (

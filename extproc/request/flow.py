@@ -272,6 +272,12 @@ class RequestFlow:
         return self._verdict.request_id if self._verdict is not None else ""
 
     @property
+    def headers_seen(self) -> bool:
+        """Whether the header phase ran (with one message per request it runs in the body's
+        message, on the headers forwarded as metadata)."""
+        return self._verdict is not None
+
+    @property
     def caller(self) -> ApiKey | None:
         return self._verdict.caller if self._verdict is not None else None
 

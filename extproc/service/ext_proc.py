@@ -20,10 +20,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from admission.decision import RoutingDecision
 from admission.errors import InternalError, RequestRejected
 from admission.kv_step import wait_notice
-from extproc.request.flow import Decider, RequestFlow, Routed
+from extproc.request.flow import Decider, HeaderVerdict, RequestFlow, Routed
 from extproc.service.decision_log import DecisionLog
 from extproc.service.log_records import REQUEST_ID
 from extproc.service.metrics import SidecarMetrics
+from extproc.service.one_message import forwarded_headers, headers_as_metadata
 from extproc.service.replies import (
     header_reply,
     headers_to_dict,
@@ -144,24 +145,45 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
     ) -> pb.ProcessingResponse:
         if phase == "request_headers":
             headers = request.request_headers
-            fields = headers_to_dict(headers)
-            # Log records written while this stream decides name its request (log_records).
-            REQUEST_ID.set(fields.get("x-request-id"))
-            if self._tracer is not None:
-                flow.trace_parent = self._tracer.parent(fields)
-            verdict = await flow.on_request_headers(
-                fields, headers.end_of_stream, jwt_claims(request)
+            verdict = await self._on_headers(
+                flow, headers_to_dict(headers), headers.end_of_stream, request
             )
             reply = header_reply(verdict)
             if verdict.routed is not None:
                 self._routed(flow, verdict.routed, reply)
             return reply
         if phase == "request_body":
-            routed = await flow.on_request_body(request.request_body.body)
+            # One message per request: no header message came, its headers are metadata
+            # and its header phase runs now, on them (extproc.service.one_message).
+            one_message = not flow.headers_seen
+            routed: Routed | None
+            if one_message:
+                verdict = await self._on_headers(flow, forwarded_headers(request), False, request)
+                routed = verdict.routed
+            if not one_message or verdict.inference:
+                routed = await flow.on_request_body(request.request_body.body)
+            if routed is None:  # a public path's body (its route should have sent headers)
+                return passthrough_reply(request)
             reply = routed_body_reply(routed)
             self._routed(flow, routed, reply)
+            if one_message:
+                headers_as_metadata(reply)
             return reply
         return passthrough_reply(request)
+
+    async def _on_headers(
+        self,
+        flow: RequestFlow,
+        fields: dict[str, str],
+        end_of_stream: bool,
+        request: pb.ProcessingRequest,
+    ) -> HeaderVerdict:
+        """The header phase, on the headers Envoy sent or forwarded as metadata."""
+        # Log records written while this stream decides name its request (log_records).
+        REQUEST_ID.set(fields.get("x-request-id"))
+        if self._tracer is not None:
+            flow.trace_parent = self._tracer.parent(fields)
+        return await flow.on_request_headers(fields, end_of_stream, jwt_claims(request))
 
     def _routed(self, flow: RequestFlow, routed: Routed, reply: pb.ProcessingResponse) -> None:
         """An admitted request: counted, recorded, traced (its span's id goes upstream)."""

@@ -28,9 +28,9 @@ from tooling.envoy_config.engines import engine_cluster_options
 from tooling.envoy_config.filters import (
     JWKS_CLUSTER,
     access_log,
-    ext_proc_filter,
     jwt_filter,
     max_message_timeout_ms,
+    request_processing,
     router_filter,
     slogate_filters,
 )
@@ -103,7 +103,7 @@ def http_connection_manager(
     authn = [f for f in (jwt_filter(policy),) if f is not None]
     filters = {
         FilterProfile.SLOGATE: [*slogate_filters(policy), router_filter()],
-        FilterProfile.EXT_PROC_ONLY: [*authn, ext_proc_filter(policy), router_filter()],
+        FilterProfile.EXT_PROC_ONLY: [*authn, *request_processing(policy), router_filter()],
         FilterProfile.PLAIN: [router_filter()],
     }[profile]
     logs = [access_log()] if profile is FilterProfile.SLOGATE else []

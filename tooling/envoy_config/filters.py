@@ -22,6 +22,7 @@ from extproc.request.contract import (
     ACCESS_LOG_NAME,
     ACCESS_LOG_TAGS,
     EXT_PROC_FILTER,
+    FORWARDED_NAMESPACE,
     JWT_FILTER,
     JWT_PAYLOAD_KEY,
     METADATA_NAMESPACE,
@@ -29,12 +30,18 @@ from extproc.request.contract import (
 )
 from extproc.service.replies import wait_reply_ms
 from policy import FailureMode, Policy
+from policy._data_path import ExtProcMessages
 from tooling.envoy_config._common import (
     SIDECAR_CLUSTER,
     SIDECAR_FAILURE_STATUS,
     _duration_ms,
     _http_status,
     _typed,
+)
+from tooling.envoy_config.one_message import (
+    forward_headers_filter,
+    hold_filter,
+    processing_mode,
 )
 from tooling.envoy_config.routes import _path_match
 
@@ -59,6 +66,10 @@ def ext_proc_filter(
         if failure_mode_allow is None
         else failure_mode_allow
     )
+    one = policy.data_path.messages is ExtProcMessages.ONE
+    forwarded = [JWT_FILTER] if policy.jwt is not None else []
+    if one:
+        forwarded.append(FORWARDED_NAMESPACE)
     config = ext_proc.ExternalProcessor(
         grpc_service=core.GrpcService(
             envoy_grpc=core.GrpcServiceEnvoyGrpc(
@@ -68,14 +79,8 @@ def ext_proc_filter(
             ),
         ),
         failure_mode_allow=allow,
-        processing_mode=ext_proc.ProcessingMode(
-            request_header_mode=ext_proc.ProcessingModeHeaderSendMode.SEND,
-            response_header_mode=ext_proc.ProcessingModeHeaderSendMode.SKIP,
-            request_body_mode=ext_proc.ProcessingModeBodySendMode.BUFFERED,
-            response_body_mode=ext_proc.ProcessingModeBodySendMode.NONE,
-            request_trailer_mode=ext_proc.ProcessingModeHeaderSendMode.SKIP,
-            response_trailer_mode=ext_proc.ProcessingModeHeaderSendMode.SKIP,
-        ),
+        # One message per request: the body alone (tooling.envoy_config.one_message).
+        processing_mode=processing_mode(headers=not one, body=True),
         # Non-inference paths skip the body phase through a mode override.
         allow_mode_override=True,
         message_timeout=_duration_ms(policy.message_timeout_ms),
@@ -87,9 +92,10 @@ def ext_proc_filter(
             receiving_namespaces=ext_proc.MetadataOptionsMetadataNamespaces(
                 untyped=[METADATA_NAMESPACE]
             ),
-            # Verified JWT claims reach the sidecar with the request headers.
-            forwarding_namespaces=ext_proc.MetadataOptionsMetadataNamespaces(untyped=[JWT_FILTER])
-            if policy.jwt is not None
+            # Verified JWT claims reach the sidecar with the request headers (and, with one
+            # message, the headers it reads: one_message.forward_headers_filter).
+            forwarding_namespaces=ext_proc.MetadataOptionsMetadataNamespaces(untyped=forwarded)
+            if forwarded
             else None,
         ),
         # A failed sidecar is a bad gateway, not a 500 bug; and never the breaker's 503.
@@ -106,7 +112,16 @@ def usage_tap_filter() -> hcm.HttpFilter:
 def slogate_filters(policy: Policy, cluster: str = SIDECAR_CLUSTER) -> list[hcm.HttpFilter]:
     """slogate's HTTP filters, in their order; they go just before the router."""
     authn = [f for f in (jwt_filter(policy),) if f is not None]
-    return [*authn, ext_proc_filter(policy, cluster=cluster), usage_tap_filter()]
+    return [*authn, *request_processing(policy, cluster), usage_tap_filter()]
+
+
+def request_processing(policy: Policy, cluster: str = SIDECAR_CLUSTER) -> list[hcm.HttpFilter]:
+    """ext_proc, and with one message per request the filters around it that forward the
+    headers the sidecar reads and hold the request until its reply (one_message)."""
+    processor = ext_proc_filter(policy, cluster=cluster)
+    if policy.data_path.messages is ExtProcMessages.ONE:
+        return [forward_headers_filter(), processor, hold_filter(policy)]
+    return [processor]
 
 
 def router_filter() -> hcm.HttpFilter:

@@ -32,6 +32,7 @@ import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager
 
 from extproc.request.contract import ENVOY_PIECES, EXT_PROC_FILTER
 from policy import Policy
+from policy._data_path import ExtProcMessages
 from tooling.envoy_config.bootstrap import manager_settings, pool_cluster, slogate_clusters
 from tooling.envoy_config.filters import access_log, slogate_filters
 from tooling.envoy_config.routes import ext_proc_per_route, failure_modes, pool_routes
@@ -62,6 +63,14 @@ class FragmentTarget:
 def build_fragment(policy: Policy, target: FragmentTarget | None = None) -> dict[str, Any]:
     """slogate's pieces of an Envoy configuration, camelCase like the bootstrap (keys are the
     Envoy fields each piece merges into)."""
+    if policy.data_path.messages is not ExtProcMessages.TWO:
+        # The one-message mode needs routes of its own on every inference path (the
+        # body-less ones) beside an operator's: built for slogate's own bootstrap only.
+        raise ValueError(
+            "data_path.messages: one is supported only with slogate's own Envoy bootstrap "
+            "(`slogate envoy-config`); a fragment for your Envoy or a mesh needs "
+            "data_path.messages: two"
+        )
     target = target or FragmentTarget()
     clusters = slogate_clusters(policy, target.sidecar_host, target.sidecar_port)
     clusters += [

@@ -14,11 +14,9 @@ import envoy_data_plane.envoy.config.route.v3 as route
 import envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 as ext_proc
 import envoy_data_plane.envoy.type.matcher.v3 as matcher
 import envoy_data_plane.envoy.type.v3 as envoy_type
-import envoy_data_plane.google.protobuf as pb
 
 from admission.errors import error_document
 from extproc.request.contract import (
-    EXT_PROC_FILTER,
     METADATA_NAMESPACE,
     POOL_FIELD,
     POOL_HEADER,
@@ -26,9 +24,16 @@ from extproc.request.contract import (
     RESPONSE_METADATA_HEADERS,
 )
 from policy import FailureMode, Policy
+from policy._data_path import ExtProcMessages
 from policy.apis import ErrorStyle
 from tooling.envoy_config._common import _header
 from tooling.envoy_config.engines import engine_retry
+from tooling.envoy_config.one_message import (
+    body_less_routes,
+    per_route,
+    processing_mode,
+    upstream_headers_from_metadata,
+)
 
 
 def _shadow(
@@ -75,16 +80,15 @@ _NO_TRAILING_SLASH = matcher.RegexMatchAndSubstitute(
 )
 
 
-def ext_proc_per_route(mode: FailureMode | None, disabled: bool = False) -> dict[str, Any]:
-    if disabled:
-        config = ext_proc.ExtProcPerRoute(disabled=True)
-    elif mode is None:
-        return {}
-    else:
-        config = ext_proc.ExtProcPerRoute(
-            overrides=ext_proc.ExtProcOverrides(failure_mode_allow=mode is FailureMode.OPEN)
-        )
-    return {"typed_per_filter_config": {EXT_PROC_FILTER: pb.Any.pack(config)}}
+def ext_proc_per_route(
+    mode: FailureMode | None,
+    disabled: bool = False,
+    processing: ext_proc.ProcessingMode | None = None,
+) -> dict[str, Any]:
+    """A route's ext_proc settings: its failure mode (None: the policy-wide), disabled, or
+    its own processing mode (one-message mode's body-less paths)."""
+    allow = None if mode is None else mode is FailureMode.OPEN
+    return per_route(allow, processing, disabled)
 
 
 def failure_modes(policy: Policy) -> list[tuple[str, FailureMode | None]]:
@@ -126,6 +130,9 @@ def pool_routes(policy: Policy, clusters: Mapping[str, str] | None = None) -> li
     cluster each pool's engines are behind (absent: the cluster named as the pool)."""
     clusters = clusters or {}
     timeout = dt.timedelta(seconds=policy.upstream_timeout_s)
+    # One message per request: the sidecar's upstream headers arrive as metadata.
+    one = policy.data_path.messages is ExtProcMessages.ONE
+    upstream = upstream_headers_from_metadata() if one else []
     return [
         route.Route(
             name=f"{POOL_ROUTE_PREFIX}{pool}",
@@ -146,6 +153,7 @@ def pool_routes(policy: Policy, clusters: Mapping[str, str] | None = None) -> li
                 regex_rewrite=_NO_TRAILING_SLASH,
                 retry_policy=engine_retry(),
             ),
+            request_headers_to_add=upstream,
             response_headers_to_add=[_header(POOL_HEADER, pool), *_rate_limit_headers()],
         )
         for pool in policy.pools
@@ -159,19 +167,34 @@ def route_config(policy: Policy) -> route.RouteConfiguration:
       and the first match of every API request (it carries the path's failure mode; when the
       sidecar answers, its decision re-routes the request to a pool route);
     - everything else: a 404 from Envoy itself (default deny).
+    With one ext_proc message per request (`data_path.messages: one`), each inference path
+    is preceded by its body-less routes and the other paths keep their header message
+    (tooling.envoy_config.one_message).
     """
     timeout = dt.timedelta(seconds=policy.upstream_timeout_s)
     routes = pool_routes(policy)
+    one = policy.data_path.messages is ExtProcMessages.ONE
     for path, mode in failure_modes(policy):
+        match = _path_match(path)
+        action = route.RouteAction(
+            cluster=policy.default_pool, timeout=timeout, regex_rewrite=_NO_TRAILING_SLASH
+        )
+        processing = None
+        if one:
+            _, api = policy.paths.classify(path)
+            if api is not None and api.reads_body:
+                allow = None if mode is None else mode is FailureMode.OPEN
+                routes += body_less_routes(path, match, action, allow)
+            else:
+                # Public paths and APIs whose body is not read keep their header message.
+                processing = processing_mode(headers=True, body=False)
         routes.append(
             route.Route(
                 name=f"forwarded:{path}",
-                match=_path_match(path),
-                route=route.RouteAction(
-                    cluster=policy.default_pool, timeout=timeout, regex_rewrite=_NO_TRAILING_SLASH
-                ),
+                match=match,
+                route=action,
                 response_headers_to_add=[_header(POOL_HEADER, policy.default_pool)],
-                **ext_proc_per_route(mode),
+                **ext_proc_per_route(mode, processing=processing),
             )
         )
     routes.append(_not_found("not_found:messages", "/v1/messages", ErrorStyle.ANTHROPIC))
