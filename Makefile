@@ -73,6 +73,7 @@ k8s: $(STAMP)
 bench-overhead: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python -m tooling.benchmarks.litellm_arm  # LiteLLM's proxy in .venv-litellm
 	$(BIN)/slogate bench overhead
 
 bench-decisions: $(STAMP)

@@ -98,6 +98,13 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
     )
     overhead.add_argument("--name", default="overhead", help="results file name")
     overhead.add_argument("--no-spy", action="store_true", help="skip the py-spy profile")
+    overhead.add_argument(
+        "--litellm",
+        choices=("auto", "on", "off", "redis"),
+        default="auto",
+        help="LiteLLM's proxy beside slogate (tooling/benchmarks/litellm_arm.py, its own venv "
+        ".venv-litellm): auto = when installed; redis = also both on a real Redis",
+    )
     overhead.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     cost = bench_sub.add_parser("decision-cost", help="body decision p50/p99 per body profile")
     cost.add_argument("--seconds", type=float, default=4.0, help="per profile")

@@ -144,6 +144,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             spy=not args.no_spy,
             levers=[lever for lever in args.levers.split(",") if lever],
             name=args.name,
+            litellm=args.litellm,
         )
     elif args.bench == "tenants":
         from tooling.benchmarks.tenants import run as run_tenants

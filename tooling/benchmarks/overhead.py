@@ -9,6 +9,11 @@ answers with a fixed OpenAI response, so the upstream is never the bottleneck):
 - slogate: the real generated bootstrap (ext_proc, usage tap, access log) and the real
   sidecar.
 
+With LiteLLM's environment present (tooling.benchmarks.litellm_arm), also what a user runs
+instead: `litellm`, LiteLLM's proxy (no Envoy) enforcing per-key RPM/TPM limits on the same
+key, and `upstream_direct`, wrk straight to the upstream, the zero both are measured from
+(tooling.benchmarks.vs_litellm); with `litellm="redis"`, both again on a real Redis.
+
 Load comes from wrk, per body profile: `small` (the 4 KB chat body of the first
 benchmark, with Envoy alone as the floor) and the sizes users send (tooling.benchmarks
 .bodies: the field's 70/25/5 mix of ~4k/8k/32k-token prompts, a multi-turn chat, Chinese,
@@ -33,14 +38,22 @@ from pathlib import Path
 from typing import Any
 
 from policy import load_policy
+from tooling.benchmarks import litellm_arm, vs_litellm
 from tooling.benchmarks.levers import BENCH_KEY, LEVERS, POLICY, bench_policy
 from tooling.benchmarks.one_message import one_message
+from tooling.benchmarks.overhead_report import write
 from tooling.benchmarks.profile import available as spy_available
 from tooling.benchmarks.profile import record, summarise
-from tooling.benchmarks.profile import table as profile_table
 from tooling.benchmarks.wrk import start_envoy, upstream_bootstrap, wrk
 from tooling.envoy_config import EnvoyPorts, FilterProfile, build_bootstrap
-from tooling.processes import ManagedProcess, free_port, python_module, start_sidecar, tree_usage
+from tooling.processes import (
+    ManagedProcess,
+    free_port,
+    python_module,
+    start_redis,
+    start_sidecar,
+    tree_usage,
+)
 
 HOST = "127.0.0.1"
 # Profiles where slogate's cost is split in two: the same sidecar with every prompt taken at
@@ -106,10 +119,24 @@ def measure_setup(
     script: Path,
     spy_out: Path | None = None,
 ) -> dict[str, float]:
+    if setup == "upstream_direct":
+        return load(f"http://{HOST}:{upstream_port}/v1/chat/completions", duration_s, script)
     grpc_port = free_port()
     procs: list[ManagedProcess] = []
     policy_path = POLICY
     try:
+        # The *_redis arms keep their limits in a real Redis (its CPU is timed for neither).
+        redis_port = None
+        if setup.endswith("_redis"):
+            redis, redis_port = start_redis(work, f"{setup}-redis")
+            procs.append(redis)
+        if setup.startswith("litellm"):
+            url, proxy = litellm_arm.start_litellm(
+                setup, work, upstream_port, redis_port=redis_port
+            )
+            procs.append(proxy)
+            spy = proxy.pid if spy_out is not None and setup == "litellm" else None
+            return load(url, duration_s, script, {"litellm": proxy.pid}, spy, spy_out)
         if setup.startswith("passthrough"):
             side = ManagedProcess(
                 f"{setup}-extproc",
@@ -120,6 +147,10 @@ def measure_setup(
             grpc_port = int(side.wait_for_line(r"grpc [^:]+:(\d+)").group(1))
         elif setup.startswith("slogate"):
             lever = LEVERS[setup.split("+", 1)[1]] if "+" in setup else None
+            if redis_port is not None:
+                lever = {
+                    "budget": {"store": "redis", "redis_url": f"redis://{HOST}:{redis_port}/0"}
+                }
             policy_path = bench_policy(work, lever)
             side, sidecar_ports = start_sidecar(
                 work,
@@ -145,9 +176,10 @@ def measure_setup(
         )
         procs.append(envoy)
         timed = {"envoy": envoy.pid}
-        if setup != "envoy_alone":
-            timed["sidecar"] = procs[0].pid
-        spy = procs[0].pid if spy_out is not None and setup == "slogate" else None
+        side_pid = procs[-2].pid if setup != "envoy_alone" else None
+        if side_pid is not None:
+            timed["sidecar"] = side_pid
+        spy = side_pid if spy_out is not None and setup == "slogate" else None
         return load(url, duration_s, script, timed, spy, spy_out)
     finally:
         for proc in reversed(procs):
@@ -210,6 +242,7 @@ def load(
         "p99_ms": single["p99_ms"],
         "rps_1": single["rps"],
         "rps_16": many["rps"],
+        "p50_ms_16": many["p50_ms"],
         "p99_ms_16": many["p99_ms"],
         "non_2xx": single["non_2xx"] + many["non_2xx"],
         **cpu,
@@ -222,39 +255,33 @@ def _cpu_s(pid: int) -> float:
     return used[0] if used is not None else 0.0
 
 
-def _table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
-    lines = [
-        "| body | setup | p50 ms (1 conn) | p99 ms (1 conn) | req/s (16 conn) | p99 ms (16 conn) "
-        "| throughput vs pass-through | p50 vs pass-through | sidecar CPU µs/req "
-        "| Envoy CPU µs/req | non-2xx |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for profile, setups in summary.items():
-        base = setups["passthrough"]
-        for setup, row in setups.items():
-            sidecar = row.get("cpu_us_per_request_sidecar")
-            lines.append(
-                f"| {profile} | {setup} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} "
-                f"| {row['rps_16']:.0f} | {row['p99_ms_16']:.2f} "
-                f"| {row['rps_16'] / base['rps_16']:.2f}x "
-                f"| {row['p50_ms'] - base['p50_ms']:+.3f} ms "
-                f"| {'-' if sidecar is None else f'{sidecar:.0f}'} "
-                f"| {row.get('cpu_us_per_request_envoy', 0.0):.0f} | {row['non_2xx']:.0f} |"
-            )
-    return "\n".join(lines)
-
-
-def setups_for(profile: str, levers: Sequence[str] = ()) -> tuple[str, ...]:
+def setups_for(
+    profile: str, levers: Sequence[str] = (), litellm: Sequence[str] = ()
+) -> tuple[str, ...]:
     """Envoy alone is the floor for the small body; every profile compares slogate with
     the pass-through on the same bodies; some split slogate's cost (SPLIT_PROFILES), also
     beside levers (what a lever saves is read against what is left to save); each lever is
-    one more slogate setup."""
-    setups = ["passthrough", "slogate"]
+    one more slogate setup; `litellm`'s arms (litellm_arms) come after the upstream alone."""
+    setups = ["upstream_direct"] if litellm else []
+    setups += ["passthrough", "slogate", *litellm]
     if profile == "small":
         setups.insert(0, "envoy_alone")
     if profile in SPLIT_PROFILES:
         setups += ["slogate_uncounted", "passthrough_one_message"]
     return (*setups, *(f"slogate+{lever}" for lever in levers))
+
+
+def litellm_arms(mode: str) -> tuple[str, ...]:
+    """`auto`: LiteLLM's arm when its environment is there (a message when not); `on`: it,
+    or stop; `redis`: it and slogate again, each on a real Redis; `off`: none."""
+    if mode == "off":
+        return ()
+    if litellm_arm.binary() is None:
+        if mode == "auto":
+            print(litellm_arm.missing_message(), flush=True)
+            return ()
+        raise SystemExit(litellm_arm.missing_message())
+    return ("litellm", "slogate_redis", "litellm_redis") if mode == "redis" else ("litellm",)
 
 
 def run(
@@ -265,6 +292,7 @@ def run(
     spy: bool = True,
     levers: Sequence[str] = (),
     name: str = "overhead",
+    litellm: str = "auto",
 ) -> dict[str, Any]:
     unknown = sorted(set(levers) - set(LEVERS))
     if unknown:
@@ -272,6 +300,7 @@ def run(
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk (make bench-overhead does it)")
     profiles = profiles or DEFAULT_PROFILES.split(",")
+    arms = litellm_arms(litellm)
     work = Path(tempfile.mkdtemp(prefix="slogate-bench-"))
     scripts = {profile: _wrk_script(work, profile) for profile in profiles}
     upstream_port, upstream_admin = free_port(), free_port()
@@ -279,7 +308,7 @@ def run(
         "upstream", upstream_bootstrap(upstream_port, upstream_admin), upstream_admin, work
     )
     runs: dict[str, dict[str, list[dict[str, float]]]] = {
-        p: {s: [] for s in setups_for(p, levers)} for p in profiles
+        p: {s: [] for s in setups_for(p, levers, arms)} for p in profiles
     }
     # py-spy on slogate's sidecar in the last round (its sampling costs the sidecar a
     # little CPU; the earlier rounds are unprofiled, and the medians hold).
@@ -287,9 +316,14 @@ def run(
     try:
         for round_index in range(rounds):
             for profile in profiles:
-                for setup in setups_for(profile, levers):
+                for setup in setups_for(profile, levers, arms):
                     spy_out = (
-                        work / f"spy-{profile}.txt"
+                        work
+                        / (
+                            f"spy-{profile}.txt"
+                            if setup == "slogate"
+                            else f"spy-{profile}-{setup}.txt"
+                        )
                         if spying and round_index == rounds - 1
                         else None
                     )
@@ -331,6 +365,11 @@ def run(
         for profile in profiles
         if (work / f"spy-{profile}.txt").exists()
     }
+    litellm_seen = {
+        profile: summarise(work / f"spy-{profile}-litellm.txt", parts_of=litellm_arm.PARTS)
+        for profile in profiles
+        if (work / f"spy-{profile}-litellm.txt").exists()
+    }
     report = {
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": _cpus(), "python": platform.python_version()},
@@ -340,52 +379,15 @@ def run(
         "summary_median": summary,
         "runs": runs,
         "verdicts": verdicts,
+        "vs_litellm": {profile: vs_litellm.verdicts(setups) for profile, setups in summary.items()},
+        "litellm": litellm_arm.REQUIREMENT if arms else None,
         "all_responses_2xx": all_2xx,
         "sidecar_profile": profiles_seen,
+        "litellm_profile": litellm_seen,
         "levers": {lever: LEVERS[lever] for lever in levers},
     }
     write(report, out_dir, name)
     return report
-
-
-def write(report: Mapping[str, Any], out_dir: Path, name: str = "overhead") -> None:
-    """The report's JSON and its table (also to re-render a finished run's JSON)."""
-    summary, verdicts = report["summary_median"], report["verdicts"]
-    table = _table(summary)
-    verdict_lines = "\n".join(
-        f"- {profile}: {v['throughput_ratio_vs_passthrough']:.2f}x throughput, "
-        f"{v['p50_delta_ms_vs_passthrough']:+.3f} ms p50: {'met' if v['met'] else 'not met'}"
-        for profile, v in verdicts.items()
-    )
-    seen = report.get("sidecar_profile") or {}
-    levers = report.get("levers") or {}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out_dir / f"{name}.md").write_text(
-        f"# Overhead benchmark ({report['when']})\n\n{report['machine']['cpus']} CPUs, "
-        f"{report['rounds']} interleaved rounds of {report['duration_s']:g} s per setup and "
-        "load, medians.\n"
-        "Bodies: small = the 4 KB chat body; the others from tooling/benchmarks/bodies.py, "
-        "every request's last message new. Upstream: Envoy direct_response. "
-        "slogate_uncounted: the same sidecar with every prompt at its byte bound (no "
-        "tokenizer): what the path costs without counting (its non-2xx are prompts the bound "
-        "puts over the model's window, refused 400). passthrough_one_message: the "
-        "pass-through with ext_proc getting the body alone (tooling/benchmarks/one_message.py)"
-        ". CPU µs per request: the processor's (pass-through or sidecar, all its threads and "
-        "children) and the front Envoy's CPU over the 16-connection run, divided by its "
-        "requests.\n\n"
-        + "".join(f"slogate+{k}: slogate with {json.dumps(v)}. " for k, v in levers.items())
-        + f"\n\n{table}\n\nTargets: >= 0.8x the pass-through's throughput and <= +0.3 ms p50 "
-        f"over it. All responses 2xx: {report['all_responses_2xx']}.\n\n{verdict_lines}\n"
-        + (
-            "\n## Where the sidecar's time goes (py-spy, 16 connections, last round)\n\n"
-            + profile_table(seen)
-            if seen
-            else ""
-        )
-    )
-    print(table)
-    print(verdict_lines)
 
 
 def _cpus() -> int:

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,16 +76,16 @@ def _stacks(path: Path) -> Iterator[tuple[list[str], int]]:
             yield stack.split(";"), int(count)
 
 
-def summarise(path: Path, top: int = 12) -> dict[str, object]:
+def summarise(path: Path, top: int = 12, parts_of: Sequence[Part] = PARTS) -> dict[str, object]:
     """Samples per part of the request path (shares of all samples) and the leaf functions
-    with the most samples."""
+    with the most samples; `parts_of`: another program's parts (LiteLLM's)."""
     parts: Counter[str] = Counter()
     leaves: Counter[str] = Counter()
     total = 0
     for frames, count in _stacks(path):
         total += count
         joined = ";".join(frames)
-        part = next((p.name for p in PARTS if any(m in joined for m in p.markers)), OTHER)
+        part = next((p.name for p in parts_of if any(m in joined for m in p.markers)), OTHER)
         parts[part] += count
         leaves[_short(frames[-1])] += count
     return {
