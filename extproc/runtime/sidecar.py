@@ -55,6 +55,7 @@ from extproc.runtime.periodic import every, start_loops
 from extproc.runtime.policy_holder import PolicyHolder
 from extproc.runtime.spend_metrics import SpendMetrics
 from extproc.runtime.stores import build_stores
+from extproc.runtime.warm_up import warm_up
 from extproc.runtime.workers import Siblings, WorkerSlot
 from extproc.service.access_log import OutcomeRecorder
 from extproc.service.admin import AdminService
@@ -283,6 +284,7 @@ class Sidecar:
         return grpc_options(self.policy, self.worker)
 
     async def start(self) -> SidecarAddress:
+        bpe = None
         if self._exact_tokenizer:
             # Loaded before the servers start (~1 s), off the loop: no request is ever
             # counted by its byte bound only because the tokenizer was still loading.
@@ -293,6 +295,8 @@ class Sidecar:
         await self.engine_watch.discover()  # DNS names: their engines before the first request
         if self.keys is not None:
             await self.keys.sync()  # the stored keys before the first request
+        # Before any server listens: no client pays the first counts and decision.
+        await warm_up(self.policy, bpe, self._exact_executor, self.board, self.fleet.live_pool)
         server, port = await start_ext_proc(
             f"{self._host}:{self._grpc_port}",
             self._grpc_options(),
