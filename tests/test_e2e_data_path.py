@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 
 from policy import FailureMode
+from policy._data_path import ExtProcMessages
 from tests.support.http import chat_body, metric, post, scrape
+from tests.support.messages import MODE_IDS, MODES, start_stack_with, with_messages
 from tests.support.stack import (
     charged_as_used,
     example_policy,
     random_ports,
     read_stream,
     settled,
-    start_stack,
     usage_events,
     wait_for,
     write_policy,
@@ -28,6 +29,25 @@ from tooling.stack import LocalStack
 
 CHAT = "/v1/chat/completions"
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module", params=MODES, ids=MODE_IDS)
+def messages(request: pytest.FixtureRequest) -> ExtProcMessages:
+    """Every test here runs with two ext_proc messages per request and with one
+    (policy `data_path.messages`)."""
+    mode: ExtProcMessages = request.param
+    return mode
+
+
+@pytest.fixture(scope="module")
+def stack(
+    messages: ExtProcMessages, stack: LocalStack, request: pytest.FixtureRequest
+) -> LocalStack:
+    """The shared stack of the mode (conftest's, each started once per session)."""
+    if messages is ExtProcMessages.ONE:
+        one: LocalStack = request.getfixturevalue("one_message_stack")
+        return one
+    return stack
 
 
 def test_short_request_lands_on_default_pool(stack: LocalStack) -> None:
@@ -294,8 +314,10 @@ def test_non_post_on_inference_path_is_405(stack: LocalStack) -> None:
 
 
 @pytest.mark.parametrize("mode", [FailureMode.CLOSED, FailureMode.OPEN])
-def test_sidecar_down_follows_failure_mode(tmp_path: Path, mode: FailureMode) -> None:
-    local = start_stack(tmp_path, failure_mode=mode, exact_tokenizer=False)
+def test_sidecar_down_follows_failure_mode(
+    tmp_path: Path, mode: FailureMode, messages: ExtProcMessages
+) -> None:
+    local = start_stack_with(tmp_path, messages, failure_mode=mode, exact_tokenizer=False)
     try:
         assert post(local.url, CHAT, chat_body()).status == 200
         local.stop_sidecar()
@@ -314,13 +336,11 @@ def test_sidecar_down_follows_failure_mode(tmp_path: Path, mode: FailureMode) ->
         local.stop()
 
 
-def test_failure_mode_per_path(tmp_path: Path) -> None:
+def test_failure_mode_per_path(tmp_path: Path, messages: ExtProcMessages) -> None:
     """Health checks fail open while inference stays closed, with the sidecar down."""
     raw = example_policy()
     raw["request"]["failure_mode_by_path"] = {"/health": "open"}
-    policy = tmp_path / "policy.yaml"
-    write_policy(policy, raw)
-    local = start_stack(tmp_path, policy, exact_tokenizer=False)
+    local = start_stack_with(tmp_path, messages, raw, exact_tokenizer=False)
     try:
         local.stop_sidecar()
         conn = http.client.HTTPConnection("127.0.0.1", local.listen_port, timeout=10)
@@ -339,8 +359,10 @@ def test_failure_mode_per_path(tmp_path: Path) -> None:
         local.stop()
 
 
-def test_shadow_pool_gets_mirrored_traffic_and_decisions_are_logged(tmp_path: Path) -> None:
-    raw = example_policy()
+def test_shadow_pool_gets_mirrored_traffic_and_decisions_are_logged(
+    tmp_path: Path, messages: ExtProcMessages
+) -> None:
+    raw = with_messages(example_policy(), messages)
     raw["pools"]["shadow"] = {"endpoints": ["127.0.0.1:18004"]}
     raw["shadow"] = {"pool": "shadow", "fraction": 1.0}
     raw["decision_log"] = {"dir": str(tmp_path / "decisions"), "sample_rate": 1.0}

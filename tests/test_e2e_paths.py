@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.http import Reply, chat_body, metric, scrape
+from tests.support.messages import MODE_IDS, MODES, with_messages
 from tests.support.stack import example_policy, slogate, start_stack, write_policy
 from tooling.stack import LocalStack
 
@@ -39,10 +40,14 @@ API_KEYS = {
 RPM = 500
 
 
-@pytest.fixture(scope="module")
-def paths_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+@pytest.fixture(scope="module", params=MODES, ids=MODE_IDS)
+def paths_stack(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[LocalStack]:
+    """Every test here runs with two ext_proc messages per request and with one (policy
+    `data_path.messages`)."""
     tmp = tmp_path_factory.mktemp("paths")
-    raw = example_policy()
+    raw = with_messages(example_policy(), request.param)
     raw["keys"] += [
         {
             "key": key,

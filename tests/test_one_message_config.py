@@ -51,11 +51,16 @@ def test_the_bootstrap_skips_headers_and_keeps_every_path_guarded() -> None:
     # request that declares no length, then its own route.
     chat = "/v1/chat/completions"
     order = list(routes)
-    empty, undeclared = f"empty_body:{chat}", f"undeclared_length:{chat}"
-    assert order.index(empty) < order.index(undeclared) < order.index(f"forwarded:{chat}")
+    empty, other_method, undeclared = (
+        f"{name}:{chat}" for name in ("empty_body", "empty_body_other_method", "undeclared_length")
+    )
+    own = order.index(f"forwarded:{chat}")
+    assert order.index(empty) < order.index(other_method) < own
+    assert order.index(undeclared) < own
     assert routes[empty]["directResponse"]["status"] == 400
-    per_route = routes[undeclared]["typedPerFilterConfig"][EXT_PROC_FILTER]
-    assert per_route["overrides"]["processingMode"]["requestHeaderMode"] == "SEND"
+    for headers_first in (other_method, undeclared):
+        per_route = routes[headers_first]["typedPerFilterConfig"][EXT_PROC_FILTER]
+        assert per_route["overrides"]["processingMode"]["requestHeaderMode"] == "SEND"
     # Paths whose body is not read keep their header message.
     for path in ("/v1/models", "/health"):
         mode = routes[f"forwarded:{path}"]["typedPerFilterConfig"][EXT_PROC_FILTER]

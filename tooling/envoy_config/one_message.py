@@ -10,13 +10,14 @@ configuration does not change.
 
 The two holes a skipped header phase opens, and how they are closed:
 - A request without a body never reaches the processor. On an inference path, a declared
-  empty body (`content-length: 0`) is refused by Envoy itself (400, the API's error shape);
-  a request that declares no length gets the two-message processing on its route, so the
-  sidecar sees its headers as in the default mode (no body: 401 / 405 / 400 `missing_body`
-  as there; a body: decided as there). Such a request may have a body: HTTP/1.1 chunked
-  (Envoy 1.40 removes `transfer-encoding` before routing: a chunked request matched a route
-  that requires the header absent, so routes cannot tell it from a body-less one), or
-  HTTP/2 without content-length. Clients that declare their length get one message.
+  empty body (`content-length: 0`) with the API's method is refused by Envoy itself (400,
+  the API's error shape); with another method, or with no declared length, the request gets
+  the two-message processing on its route, so the sidecar sees its headers as in the
+  default mode (no body: 401 / 405 / 400 `missing_body` as there; a body: decided as
+  there). A request without a declared length may have a body: HTTP/1.1 chunked (Envoy
+  1.40 removes `transfer-encoding` before routing: a chunked request matched a route that
+  requires the header absent, so routes cannot tell it from a body-less one), or HTTP/2
+  without content-length. Clients that declare their length get one message.
   Other forwarded paths (public, APIs whose body is not read) keep their header message
   through a per-route processing mode, so they are guarded as in the default mode.
 - The body reply's header mutations are dropped: routing goes by dynamic metadata as in both
@@ -27,6 +28,7 @@ The two holes a skipped header phase opens, and how they are closed:
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import envoy_data_plane.envoy.config.core.v3 as core
@@ -115,26 +117,41 @@ def upstream_headers_from_metadata() -> list[core.HeaderValueOption]:
     ]
 
 
-def _header_matcher(name: str, exact: str | None = None) -> route.HeaderMatcher:
+def _header_matcher(name: str, *, exact: str | None = None) -> route.HeaderMatcher:
     if exact is not None:
         return route.HeaderMatcher(name=name, string_match=matcher.StringMatcher(exact=exact))
     return route.HeaderMatcher(name=name, present_match=True, invert_match=True)
 
 
 def body_less_routes(
-    path: str, match: route.RouteMatch, action: route.RouteAction, failure_allow: bool | None
+    path: str,
+    methods: frozenset[str],
+    match: route.RouteMatch,
+    action: route.RouteAction,
+    failure_allow: bool | None,
 ) -> list[route.Route]:
     """The routes before an inference path's own (`match`, `action`: that route's): a
-    declared empty body is Envoy's 400; a request whose length is not declared is processed
-    in two messages (see the module). `failure_allow`: the path's failure mode (None: the
-    filter's)."""
+    declared empty body with one of the API's `methods` is Envoy's 400; any other
+    body-less request (an empty body with another method, or no declared length) is
+    processed in two messages, so the sidecar answers it as in the default mode (401
+    before 405). `failure_allow`: the path's failure mode (None: the filter's)."""
     document = error_document(
         error_style_for(path), 400, "The request has no body.", "invalid_request_error", None
     )
+    allowed = "|".join(re.escape(m) for m in sorted(methods))
     empty = route.Route(
         name=f"empty_body:{path}",
         match=route.RouteMatch(
-            safe_regex=match.safe_regex, headers=[_header_matcher("content-length", "0")]
+            safe_regex=match.safe_regex,
+            headers=[
+                _header_matcher("content-length", exact="0"),
+                route.HeaderMatcher(
+                    name=":method",
+                    string_match=matcher.StringMatcher(
+                        safe_regex=matcher.RegexMatcher(regex=f"^({allowed})$")
+                    ),
+                ),
+            ],
         ),
         direct_response=route.DirectResponseAction(
             status=400, body=core.DataSource(inline_string=json.dumps(document))
@@ -145,15 +162,22 @@ def body_less_routes(
         ],
         **per_route(disabled=True),
     )
-    undeclared = route.Route(
-        name=f"undeclared_length:{path}",
-        match=route.RouteMatch(
-            safe_regex=match.safe_regex, headers=[_header_matcher("content-length")]
+    headers_first = per_route(failure_allow, processing_mode(headers=True, body=True))
+    return [
+        empty,
+        *(
+            route.Route(
+                name=f"{name}:{path}",
+                match=route.RouteMatch(safe_regex=match.safe_regex, headers=[length]),
+                route=action,
+                **headers_first,
+            )
+            for name, length in (
+                ("empty_body_other_method", _header_matcher("content-length", exact="0")),
+                ("undeclared_length", _header_matcher("content-length")),
+            )
         ),
-        route=action,
-        **per_route(failure_allow, processing_mode(headers=True, body=True)),
-    )
-    return [empty, undeclared]
+    ]
 
 
 def per_route(

@@ -184,7 +184,7 @@ def route_config(policy: Policy) -> route.RouteConfiguration:
             _, api = policy.paths.classify(path)
             if api is not None and api.reads_body:
                 allow = None if mode is None else mode is FailureMode.OPEN
-                routes += body_less_routes(path, match, action, allow)
+                routes += body_less_routes(path, api.methods, match, action, allow)
             else:
                 # Public paths and APIs whose body is not read keep their header message.
                 processing = processing_mode(headers=True, body=False)
