@@ -95,9 +95,10 @@ async def _warm(
     counter = PromptCounter(bpe, config, executor)  # the tokenizer and threads, its own cache
     rng = random.Random(0)
     workers = max(1, config.workers)
-    # Past what the loop counts (and past where a text is cut); the prompt stays under the
-    # byte bound, which would leave it uncounted.
-    long_bytes = max(config.inline_max_bytes, config.split_min_bytes) + 4096
+    # Well past what the loop counts (and past where a text is cut): a 30k-token prompt's
+    # ~150 KB, whose buffers a thread first grows; under the byte bound, which would leave
+    # the prompt uncounted.
+    long_bytes = 4 * max(config.inline_max_bytes, config.split_min_bytes)
     long_bytes = min(long_bytes, config.max_bytes // (workers + 1))
     unicode_bytes = min(config.inline_unicode_max_bytes + 1024, config.max_bytes // (workers + 1))
     block_tokens = current.engines.picking.block_tokens
