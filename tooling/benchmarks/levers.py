@@ -69,6 +69,9 @@ LEVERS: dict[str, dict[str, Any]] = {
     # Every request's shape recorded (traffic_record, sample_rate 1.0): what keeping the
     # traffic record on costs. Its files go beside the lever's policy file.
     "record_all": {"traffic_record": {"dir": "traffic", "sample_rate": 1.0}},
+    # One ext_proc message per request (data_path.messages: one): the body alone, the
+    # headers as metadata; the front Envoy is built from this policy (overhead.front_envoy).
+    "one_message": {"data_path": {"messages": "one"}},
 }
 
 
