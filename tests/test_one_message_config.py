@@ -1,5 +1,6 @@
 """The one-message configuration (policy `data_path.messages: one`): what the bootstrap holds,
-that the real Envoy accepts it, and that the fragment for a foreign Envoy refuses it."""
+that the real Envoy accepts it, and that the fragment for a foreign Envoy and the mesh
+manifests refuse it."""
 
 from __future__ import annotations
 
@@ -18,11 +19,14 @@ from extproc.request.contract import (
 from policy import parse_policy
 from policy._data_path import ExtProcMessages
 from tests.support.messages import with_messages
-from tests.support.stack import example_policy
+from tests.support.stack import example_policy, write_policy
 from tests.test_envoy_config import validate
+from tests.test_mesh import ENVOY_GATEWAY, ISTIO
 from tooling.envoy_config import FilterProfile, build_bootstrap
 from tooling.envoy_config.fragment import build_fragment
 from tooling.envoy_config.one_message import FORWARD_FILTER, HOLD_FILTER
+from tooling.mesh import MeshError, render_istio
+from tooling.mesh_gateway import render_envoy_gateway
 
 
 def _manager(config: dict[str, Any]) -> dict[str, Any]:
@@ -107,3 +111,13 @@ def test_the_fragment_refuses_one_message() -> None:
     policy = parse_policy(with_messages(example_policy(), ExtProcMessages.ONE))
     with pytest.raises(ValueError, match="messages: one"):
         build_fragment(policy)
+
+
+@pytest.mark.parametrize("render", [render_istio, render_envoy_gateway])
+def test_the_mesh_manifests_refuse_one_message(tmp_path: Path, render: Any) -> None:
+    policy = write_policy(
+        tmp_path / "policy.yaml", with_messages(example_policy(), ExtProcMessages.ONE)
+    )
+    target = ISTIO if render is render_istio else ENVOY_GATEWAY
+    with pytest.raises(MeshError, match="messages: one"):
+        render(policy, target)

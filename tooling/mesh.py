@@ -47,6 +47,7 @@ from extproc.request.contract import (
     EXT_PROC_FILTER,
 )
 from policy import Policy, load_policy
+from policy._data_path import ExtProcMessages
 from tooling.envoy_config.bootstrap import manager_settings
 from tooling.envoy_config.engines import engine_cluster_options
 from tooling.envoy_config.filters import (
@@ -105,6 +106,12 @@ def _check(policy: Policy, target: MeshTarget, inference_pools: bool) -> None:
             "a policy with `jwt:` is not rendered for a mesh yet: the mesh verifies tokens "
             "its own way (Istio's RequestAuthentication, Envoy Gateway's SecurityPolicy); "
             "use API keys, or slogate's own bootstrap"
+        )
+    if policy.data_path.messages is not ExtProcMessages.TWO:
+        raise MeshError(
+            "data_path.messages: one is not rendered for a mesh: it needs routes of its own "
+            "on every inference path (tooling.envoy_config.one_message); use "
+            "data_path.messages: two, or slogate's own bootstrap"
         )
     named = set(target.pool_services) | (set(target.inference_pools) if inference_pools else set())
     missing = sorted(set(policy.pools) - named)
