@@ -45,6 +45,16 @@ def test_both_are_measured_from_the_upstream_alone_and_per_core_from_their_cpu()
     v = vs_litellm.verdicts(setups)["litellm"]
     assert (v["ahead_p50"], v["ahead_per_core"], v["met"]) == (False, False, False)
     assert "behind" in vs_litellm.lines({"small": {"litellm": v}})
+    # The Redis arms are compared with each other, not with slogate in memory.
+    setups["slogate_redis"] = _row(1.2, 7000, sidecar=200.0, envoy=50.0)
+    setups["litellm_redis"] = _row(9.2, 600, litellm=1250.0)
+    v = vs_litellm.verdicts(setups)["litellm_redis"]
+    assert (v["slogate_arm"], v["p50_overhead_ms_slogate"], v["rps_per_core_slogate"]) == (
+        "slogate_redis",
+        1.0,
+        4000.0,
+    )
+    assert "slogate_redis vs litellm_redis" in vs_litellm.lines({"small": {"litellm_redis": v}})
     # Without the zero there is nothing to compare.
     del setups["upstream_direct"]
     assert vs_litellm.verdicts(setups) == {}

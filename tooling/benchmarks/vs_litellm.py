@@ -15,8 +15,8 @@ from typing import Any
 
 Row = Mapping[str, float]
 BASELINE = "upstream_direct"
-# slogate's arm, each LiteLLM arm compared with the slogate arm run on the same store.
-PAIRS = {"litellm": "slogate", "litellm_redis": "slogate"}
+# Each LiteLLM arm against the slogate arm whose limits live in the same kind of store.
+PAIRS = {"litellm": "slogate", "litellm_redis": "slogate_redis"}
 
 
 def per_core(row: Row) -> float | None:
@@ -40,6 +40,7 @@ def verdicts(setups: Mapping[str, Row]) -> dict[str, dict[str, Any]]:
         ahead_p50 = p50_ours < p50_theirs
         ahead_core = ours_core is not None and theirs_core is not None and ours_core > theirs_core
         out[arm] = {
+            "slogate_arm": ours_name,
             "p50_overhead_ms_slogate": round(p50_ours, 3),
             "p50_overhead_ms_litellm": round(p50_theirs, 3),
             "rps_per_core_slogate": None if ours_core is None else round(ours_core, 1),
@@ -60,7 +61,8 @@ def lines(all_verdicts: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
         for arm, v in arms.items():
             cores = f"{v['rps_per_core_slogate']} vs {v['rps_per_core_litellm']} req/s per core"
             out.append(
-                f"- {profile} vs {arm}: p50 overhead {v['p50_overhead_ms_slogate']:+.3f} ms vs "
+                f"- {profile}: {v.get('slogate_arm', 'slogate')} vs {arm}: p50 overhead "
+                f"{v['p50_overhead_ms_slogate']:+.3f} ms vs "
                 f"{v['p50_overhead_ms_litellm']:+.3f} ms "
                 f"({'ahead' if v['ahead_p50'] else 'behind'}); {cores} "
                 f"({'ahead' if v['ahead_per_core'] else 'behind'}); "
