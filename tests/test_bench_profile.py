@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from policy import load_policy
-from tooling.benchmarks.one_message import IDENTITY_NAMESPACE, one_message
-from tooling.benchmarks.overhead import POLICY, setups_for
+from extproc.request.contract import FORWARDED_NAMESPACE
+from policy._data_path import ExtProcMessages
+from tooling.benchmarks.overhead import POLICY, front_policy, setups_for
 from tooling.benchmarks.profile import OTHER, summarise
 from tooling.envoy_config import EnvoyPorts, FilterProfile, build_bootstrap
+from tooling.envoy_config.one_message import FORWARD_FILTER, HOLD_FILTER
 from tooling.processes import envoy_binary
 
 SITE = "/venv/lib/python3.11/site-packages"
@@ -72,26 +73,27 @@ def test_each_profile_compares_with_the_pass_through_and_some_split_the_cost() -
     assert setups_for("1k", ["no_split"]) == ("passthrough", "slogate", "slogate+no_split")
 
 
-def test_the_one_message_bootstrap_is_one_envoy_accepts(tmp_path: Path) -> None:
-    """The benchmark's lever (tooling.benchmarks.one_message): headers skipped, identity in
-    metadata, a buffer holding the request; Envoy 1.40 validates it."""
-    policy = load_policy(POLICY)
+def test_the_one_message_arm_runs_the_products_one_message_mode(tmp_path: Path) -> None:
+    """`passthrough_one_message` is the product's `data_path.messages: one` bootstrap
+    (tooling.envoy_config.one_message): headers skipped and forwarded as metadata, a buffer
+    holding the request; Envoy 1.40 validates it."""
+    policy = front_policy(POLICY, 18083, single_message=True)
     config = build_bootstrap(
         policy, EnvoyPorts(18080, 18081, 18082, "127.0.0.1"), FilterProfile.EXT_PROC_ONLY
     )
-    one_message(config, policy.max_body_bytes)
     manager = config["staticResources"]["listeners"][0]["filterChains"][0]["filters"][0]
     names = [f["name"] for f in manager["typedConfig"]["httpFilters"]]
     assert names[-4:] == [
-        "envoy.filters.http.header_to_metadata",
+        FORWARD_FILTER,
         "slogate.ext_proc",
-        "envoy.filters.http.buffer",
+        HOLD_FILTER,
         "envoy.filters.http.router",
     ]
     processor = manager["typedConfig"]["httpFilters"][names.index("slogate.ext_proc")]
     assert processor["typedConfig"]["processingMode"]["requestHeaderMode"] == "SKIP"
     forwarded = processor["typedConfig"]["metadataOptions"]["forwardingNamespaces"]
-    assert forwarded == {"untyped": [IDENTITY_NAMESPACE]}
+    assert forwarded == {"untyped": [FORWARDED_NAMESPACE]}
+    assert front_policy(POLICY, 18083).data_path.messages is ExtProcMessages.TWO
     path = tmp_path / "one.json"
     path.write_text(json.dumps(config))
     done = subprocess.run(

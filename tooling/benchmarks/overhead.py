@@ -37,10 +37,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from policy import load_policy
+from policy import Policy, load_policy
+from policy._data_path import ExtProcMessages
 from tooling.benchmarks import litellm_arm, vs_litellm
 from tooling.benchmarks.levers import BENCH_KEY, LEVERS, POLICY, bench_policy
-from tooling.benchmarks.one_message import one_message
 from tooling.benchmarks.overhead_report import write
 from tooling.benchmarks.profile import available as spy_available
 from tooling.benchmarks.profile import record, summarise
@@ -186,6 +186,22 @@ def measure_setup(
             proc.stop()
 
 
+def front_policy(policy_path: Path, upstream_port: int, single_message: bool = False) -> Policy:
+    """The policy the front Envoy is built from: every pool at the upstream;
+    `single_message`: ext_proc gets the body alone (the product's own
+    `data_path.messages: one`, tooling.envoy_config.one_message)."""
+    policy = load_policy(policy_path)
+    pools = {
+        name: dataclasses.replace(pool, endpoints=((HOST, upstream_port),))
+        for name, pool in policy.pools.items()
+    }
+    policy = dataclasses.replace(policy, pools=pools)
+    if single_message:
+        one = dataclasses.replace(policy.data_path, messages=ExtProcMessages.ONE)
+        policy = dataclasses.replace(policy, data_path=one)
+    return policy
+
+
 def front_envoy(
     name: str,
     upstream_port: int,
@@ -198,18 +214,10 @@ def front_envoy(
 ) -> tuple[str, ManagedProcess]:
     """The policy's bootstrap (the sidecar's, so that a lever changing Envoy's side, such as
     its usage tap or message mode, reaches Envoy too) with every pool at the upstream: its
-    URL, and it; `single_message`: ext_proc gets the body alone
-    (tooling.benchmarks.one_message)."""
-    policy = load_policy(policy_path)
-    pools = {
-        name: dataclasses.replace(pool, endpoints=((HOST, upstream_port),))
-        for name, pool in policy.pools.items()
-    }
-    policy = dataclasses.replace(policy, pools=pools)
+    URL, and it (`single_message`: see front_policy)."""
+    policy = front_policy(policy_path, upstream_port, single_message)
     listen, admin = free_port(), free_port()
     config = build_bootstrap(policy, EnvoyPorts(listen, admin, grpc_port, HOST), profile)
-    if single_message:
-        one_message(config, policy.max_body_bytes)
     envoy = start_envoy(name, config, admin, work, concurrency=concurrency)
     return f"http://{HOST}:{listen}/v1/chat/completions", envoy
 
