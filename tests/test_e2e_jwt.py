@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
 from tests.support.http import chat_body, metric, post, scrape
+from tests.support.messages import MODE_IDS, MODES, with_messages
 from tests.support.stack import example_policy, start_stack, write_policy
 from tooling.stack import LocalStack
 
@@ -86,11 +87,14 @@ class Identity:
         return jwt.encode(claims, key or self.signing_key, algorithm="RS256", headers={"kid": "k1"})
 
 
-@pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack, Identity]]:
+@pytest.fixture(scope="module", params=MODES, ids=MODE_IDS)
+def secured(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[tuple[LocalStack, Identity]]:
+    """In both ext_proc message modes: with one, the claims come with the body message."""
     work = tmp_path_factory.mktemp("jwt")
     identity = Identity(work)
-    raw = example_policy()
+    raw = with_messages(example_policy(), request.param)
     raw["tls"] = {"cert_file": str(identity.cert_path), "key_file": str(identity.key_path)}
     raw["jwt"] = {
         "issuer": ISSUER,

@@ -23,8 +23,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc.runtime.sidecar import Sidecar
 from policy import parse_policy
+from policy._data_path import ExtProcMessages
 from tests.support.http import CHAT, chat_body, post
 from tests.support.in_process import in_process
+from tests.support.messages import MODE_IDS, MODES, with_messages
 from tests.support.stack import EXAMPLE_POLICY, ROOT, example_policy, start_stack, write_policy
 from tooling.benchmarks.driver import SidecarDriver, _headers_message
 from tooling.otlp_receiver import ReceivedSpan, TraceReceiver
@@ -220,10 +222,13 @@ def test_without_a_tracing_section_opentelemetry_is_never_imported(
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("messages", MODES, ids=MODE_IDS)
 def test_through_envoy_the_engine_gets_the_decisions_span_as_its_parent(
-    tmp_path: Path, receiver: TraceReceiver
+    tmp_path: Path, receiver: TraceReceiver, messages: ExtProcMessages
 ) -> None:
-    raw = example_policy()
+    """In both ext_proc message modes: with one, the client's trace context reaches the
+    sidecar as metadata and the span's goes upstream through the pool route."""
+    raw = with_messages(example_policy(), messages)
     raw["telemetry"] = {"tracing": {"otlp_endpoint": receiver.endpoint}}
     stack = start_stack(
         tmp_path,
