@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
+from policy._data_path import ExtProcMessages
 from tests.support.http import CHAT, Reply, chat_body, metric, post, scrape
+from tests.support.messages import MODE_IDS, MODES, with_messages
 from tests.support.stack import example_policy, fault, slogate, start_stack, wait_for, write_policy
 from tooling.stack import LocalStack
 
@@ -26,7 +28,7 @@ SLOTS = 4
 UNLIMITED = {"concurrent_requests": 1000, "requests_per_minute": 100_000}
 
 
-def room_policy(tmp: Path) -> Path:
+def room_policy(tmp: Path, messages: ExtProcMessages = ExtProcMessages.TWO) -> Path:
     raw = example_policy()
     raw["pools"]["default"]["max_num_seqs"] = SLOTS
     raw["pools"]["default"]["priority_scheduling"] = (
@@ -54,13 +56,17 @@ def room_policy(tmp: Path) -> Path:
             ("shed", "sheddable"),
         )
     ]
-    return write_policy(tmp / "policy.yaml", raw)
+    return write_policy(tmp / "policy.yaml", with_messages(raw, messages))
 
 
-@pytest.fixture(scope="module")
-def room_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+@pytest.fixture(scope="module", params=MODES, ids=MODE_IDS)
+def room_stack(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[LocalStack]:
+    """In both ext_proc message modes: with one, the wait's timeout override and the
+    decision come on the body message, the only one."""
     work = tmp_path_factory.mktemp("room")
-    stack = start_stack(work, room_policy(work))
+    stack = start_stack(work, room_policy(work, request.param))
     yield stack
     stack.stop()
 
