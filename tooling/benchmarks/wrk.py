@@ -13,6 +13,7 @@ import envoy_data_plane.envoy.config.bootstrap.v3 as bootstrap
 import envoy_data_plane.envoy.config.core.v3 as core
 import envoy_data_plane.envoy.config.listener.v3 as listener
 import envoy_data_plane.envoy.config.route.v3 as route
+import envoy_data_plane.envoy.extensions.filters.http.buffer.v3 as buffer
 import envoy_data_plane.envoy.extensions.filters.http.router.v3 as router
 import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 as hcm
 import envoy_data_plane.google.protobuf as pb
@@ -35,7 +36,12 @@ UPSTREAM_BODY = json.dumps(
 
 
 def upstream_bootstrap(port: int, admin_port: int) -> dict[str, Any]:
-    """A fixed-answer upstream: Envoy's direct_response, cheaper than any Python server."""
+    """A fixed-answer upstream: Envoy's direct_response, cheaper than any Python server.
+
+    A buffer filter reads each request's body before the answer: a direct response sent
+    while the body is still arriving closes the connection, so every client (the front
+    Envoys, LiteLLM) opened a new upstream connection per request — which no engine does
+    (before this, every arm's proxy CPU per request included a TCP connect)."""
     manager = hcm.HttpConnectionManager(
         stat_prefix="upstream",
         route_config=route.RouteConfiguration(
@@ -56,8 +62,12 @@ def upstream_bootstrap(port: int, admin_port: int) -> dict[str, Any]:
         ),
         http_filters=[
             hcm.HttpFilter(
+                name="envoy.filters.http.buffer",
+                typed_config=pb.Any.pack(buffer.Buffer(max_request_bytes=64 * 2**20)),
+            ),
+            hcm.HttpFilter(
                 name="envoy.filters.http.router", typed_config=pb.Any.pack(router.Router())
-            )
+            ),
         ],
     )
     config = bootstrap.Bootstrap(
