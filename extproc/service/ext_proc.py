@@ -1,6 +1,7 @@
 """The ext_proc gRPC servicer: receive, dispatch on the phase, reply. Nothing else.
 
-Per-request logic lives in `extproc.request.flow`, protobuf building in `extproc.service.replies`.
+Per-request logic lives in `extproc.request.flow`, protobuf building in `extproc.service.replies`
+(and, with one ext_proc message per request, `extproc.service.one_message`).
 This module adds timing and the metrics of decisions and rejections, and turns an
 unexpected exception into a 500 (a request is never routed on a guess).
 """
@@ -156,13 +157,19 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
             # One message per request: no header message came, its headers are metadata
             # and its header phase runs now, on them (extproc.service.one_message).
             one_message = not flow.headers_seen
+            forwarded = (
+                await self._on_headers(flow, forwarded_headers(request), False, request)
+                if one_message
+                else None
+            )
             routed: Routed | None
-            if one_message:
-                verdict = await self._on_headers(flow, forwarded_headers(request), False, request)
-                routed = verdict.routed
-            if not one_message or verdict.inference:
+            if forwarded is not None and not forwarded.inference:
+                # A path whose body is not read: its route sends the headers (routes.py), so
+                # this is an operator's own route; it is decided on the headers as there.
+                routed = forwarded.routed
+            else:
                 routed = await flow.on_request_body(request.request_body.body)
-            if routed is None:  # a public path's body (its route should have sent headers)
+            if routed is None:  # a public path's body
                 return passthrough_reply(request)
             reply = routed_body_reply(routed)
             self._routed(flow, routed, reply)
