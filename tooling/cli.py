@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+from extproc.version import VERSION
 from policy import PolicyError
 from tooling import (
     admin_cli,
@@ -45,6 +46,7 @@ __all__ = [
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="slogate", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"slogate {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
     # The subcommands in the order `slogate --help` has always listed them.
     stack_cli.add_serve_command(sub)  # serve: the sidecar alone
