@@ -25,7 +25,7 @@ ENGINE_FIELD = "engine"
 # In METADATA_NAMESPACE, true when the sidecar asked for the stream's usage itself: the Lua
 # tap then removes the usage-only event the client never asked for.
 STRIP_USAGE_FIELD = "strip_usage"
-USAGE_NAMESPACE = "slogate.usage"  # set by the Lua usage tap (usage_tap.lua spells both)
+USAGE_NAMESPACE = "slogate.usage"  # set by the usage tap (usage_tap.lua spells both)
 
 # jwt_authn writes the verified payload here; ext_proc forwards it with the headers.
 JWT_AUTHN_NAMESPACE = "envoy.filters.http.jwt_authn"
@@ -105,6 +105,13 @@ ACCESS_LOG_TAGS: dict[str, str] = {
     # Parts of the usage that spend budgets price apart (usage_tap.lua).
     "cached_tokens": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:cached_tokens)%",
     "reasoning_tokens": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:reasoning_tokens)%",
+    # The native tap (json_to_metadata) cannot add: it writes Anthropic's and the Responses
+    # API's prompt in parts, and the sidecar sums them where prompt_tokens is absent.
+    "input_tokens": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:input_tokens)%",
+    "cache_read_input_tokens": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:cache_read_input_tokens)%",
+    "cache_creation_input_tokens": (
+        f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:cache_creation_input_tokens)%"
+    ),
 }
 
 # The Envoy pieces slogate adds, by name. A filter's name is free in Envoy (the typed

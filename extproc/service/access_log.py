@@ -4,7 +4,8 @@ What lives here: `outcome_from_entry` (pure: protobuf entry -> outcome), `Outcom
 (metrics, the breaker's signals through admission.signals, and the sinks: the admission
 chain that settles the request, the decision log, the prompt feedback) and the grpc.aio
 `AccessLogService` that Envoy streams batched entries to. Python never sees response
-chunks: usage and timings were extracted inside Envoy (see usage_tap.lua).
+chunks: usage and timings were extracted inside Envoy (see usage_tap.lua and
+tooling.envoy_config.usage_tap).
 """
 
 from __future__ import annotations
@@ -46,6 +47,22 @@ def _tag_ms(tags: Mapping[str, str], name: str) -> float | None:
     return None if value is None else value / 1000.0
 
 
+def _prompt_in_parts(tags: Mapping[str, str]) -> int | None:
+    """The native tap's prompt (tooling.envoy_config.usage_tap): `input_tokens` plus the
+    prompt cache Anthropic leaves out of it (the Lua tap writes the sum as prompt_tokens)."""
+    inputs = _tag_int(tags, "input_tokens")
+    if inputs is None:
+        return None
+    cache = ("cache_read_input_tokens", "cache_creation_input_tokens")
+    return inputs + sum(_tag_int(tags, name) or 0 for name in cache)
+
+
+def _cached_prompt(tags: Mapping[str, str]) -> int | None:
+    """OpenAI's cached_tokens, or Anthropic's cache read where the native tap left it apart."""
+    cached = _tag_int(tags, "cached_tokens")
+    return cached if cached is not None else _tag_int(tags, "cache_read_input_tokens")
+
+
 def tracking_id(entry: accesslog_pb2.HTTPAccessLogEntry) -> str | None:
     """The sidecar's in-flight id of a routed request; None for any other request."""
     namespace = entry.common_properties.metadata.filter_metadata.get(METADATA_NAMESPACE)
@@ -64,6 +81,8 @@ def outcome_from_entry(
     if duration_s == 0.0 and common.HasField("time_to_last_downstream_tx_byte"):
         duration_s = common.time_to_last_downstream_tx_byte.ToNanoseconds() / 1e9
     prompt = _tag_int(tags, "prompt_tokens")
+    if prompt is None:
+        prompt = _prompt_in_parts(tags)
     completion = _tag_int(tags, "completion_tokens")
     if completion is None and prompt is not None and decision.api.kind is ApiKind.EMBED:
         completion = 0  # embeddings report only prompt_tokens: that is their whole usage
@@ -79,7 +98,7 @@ def outcome_from_entry(
         duration_s=duration_s,
         details=entry.response.response_code_details,
         stream_events=_tag_int(tags, "stream_events"),
-        cached_prompt_tokens=_tag_int(tags, "cached_tokens"),
+        cached_prompt_tokens=_cached_prompt(tags),
         reasoning_tokens=_tag_int(tags, "reasoning_tokens"),
         upstream=engine_address(upstream.address, upstream.port_value) if upstream.address else "",
         # Refused or reset before an answer, or no answer in time (a hung engine).

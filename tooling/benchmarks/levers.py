@@ -72,6 +72,9 @@ LEVERS: dict[str, dict[str, Any]] = {
     # One ext_proc message per request (data_path.messages: one): the body alone, the
     # headers as metadata; the front Envoy is built from this policy (overhead.front_envoy).
     "one_message": {"data_path": {"messages": "one"}},
+    # Non-streamed JSON usage read by Envoy's json_to_metadata instead of the Lua tap, which
+    # then runs on streams only (data_path.usage_tap: native; tooling.envoy_config.usage_tap).
+    "native_usage_tap": {"data_path": {"usage_tap": "native"}},
 }
 
 

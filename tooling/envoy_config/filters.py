@@ -1,10 +1,9 @@
-"""The HTTP filters slogate adds: jwt_authn, ext_proc, the Lua usage tap, the router, and
-the gRPC access log to the sidecar."""
+"""The HTTP filters slogate adds: jwt_authn, ext_proc, the usage tap (usage_tap), the
+router, and the gRPC access log to the sidecar."""
 
 from __future__ import annotations
 
 import datetime as dt
-from importlib import resources
 from typing import Any
 
 import envoy_data_plane.envoy.config.accesslog.v3 as accesslog
@@ -12,7 +11,6 @@ import envoy_data_plane.envoy.config.core.v3 as core
 import envoy_data_plane.envoy.extensions.access_loggers.grpc.v3 as grpc_log
 import envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 as ext_proc
 import envoy_data_plane.envoy.extensions.filters.http.jwt_authn.v3 as jwt_authn
-import envoy_data_plane.envoy.extensions.filters.http.lua.v3 as lua
 import envoy_data_plane.envoy.extensions.filters.http.router.v3 as router
 import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 as hcm
 import envoy_data_plane.envoy.type.tracing.v3 as tracing
@@ -26,7 +24,6 @@ from extproc.request.contract import (
     JWT_FILTER,
     JWT_PAYLOAD_KEY,
     METADATA_NAMESPACE,
-    USAGE_TAP_FILTER,
 )
 from extproc.service.replies import wait_reply_ms
 from policy import FailureMode, Policy
@@ -45,16 +42,24 @@ from tooling.envoy_config.one_message import (
 )
 from tooling.envoy_config.routes import _path_match
 
+# usage_tap_filter and usage_tap_lua are re-exported: the Lua tap now lives in usage_tap,
+# next to the native one.
+from tooling.envoy_config.usage_tap import (
+    usage_tap_filter as usage_tap_filter,
+)
+from tooling.envoy_config.usage_tap import (
+    usage_tap_filters,
+)
+from tooling.envoy_config.usage_tap import (
+    usage_tap_lua as usage_tap_lua,
+)
+
 
 def max_message_timeout_ms(policy: Policy) -> int:
     """The longest Envoy may wait for one sidecar reply: the override the sidecar sends for
     a request that waits the policy's longest wait (the wait, the message timeout and the
     margin that lets the waiting room's own 503 come first; extproc.service.replies)."""
     return wait_reply_ms(policy.longest_wait_s, policy.message_timeout_ms)
-
-
-def usage_tap_lua() -> str:
-    return resources.files("extproc").joinpath("usage_tap.lua").read_text(encoding="utf-8")
 
 
 def ext_proc_filter(
@@ -104,15 +109,10 @@ def ext_proc_filter(
     return hcm.HttpFilter(**_typed(EXT_PROC_FILTER, config))
 
 
-def usage_tap_filter() -> hcm.HttpFilter:
-    config = lua.Lua(default_source_code=core.DataSource(inline_string=usage_tap_lua()))
-    return hcm.HttpFilter(**_typed(USAGE_TAP_FILTER, config))
-
-
 def slogate_filters(policy: Policy, cluster: str = SIDECAR_CLUSTER) -> list[hcm.HttpFilter]:
     """slogate's HTTP filters, in their order; they go just before the router."""
     authn = [f for f in (jwt_filter(policy),) if f is not None]
-    return [*authn, *request_processing(policy, cluster), usage_tap_filter()]
+    return [*authn, *request_processing(policy, cluster), *usage_tap_filters(policy)]
 
 
 def request_processing(policy: Policy, cluster: str = SIDECAR_CLUSTER) -> list[hcm.HttpFilter]:
