@@ -25,7 +25,9 @@ class ExtProcMessages(StrEnum):
 class UsageTap(StrEnum):
     # The Lua filter (extproc/usage_tap.lua) reads usage out of every response body.
     LUA = "lua"
-    # Envoy's own parsers (sse_to_metadata, json_to_metadata) read it.
+    # Envoy's json_to_metadata reads JSON bodies under 1 MB; the Lua reads the rest (streams:
+    # sse_to_metadata cannot count events nor strip the usage event; tooling.envoy_config
+    # .usage_tap).
     NATIVE = "native"
 
 
