@@ -22,9 +22,10 @@ from typing import Any
 import yaml
 
 from tooling.prometheus_api import duration_s
+from tooling.shipped_files import alert_rules
 
-ROOT = Path(__file__).resolve().parents[1]
-SHIPPED_RULES = ROOT / "deploy" / "prometheus" / "slogate-rules.yaml"
+# deploy/prometheus/slogate-rules.yaml, through the package: an installed slogate has its copy.
+SHIPPED_RULES = alert_rules()
 
 _DURATION = r"(?:\d+(?:ms|[smhdwy]))+"
 # `[range]` or `[range:resolution]` (the resolution may be empty: `[30m:]`).

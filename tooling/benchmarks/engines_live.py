@@ -31,10 +31,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sim.prompts import WORDS
 from tooling import admin_client
+from tooling.shipped_files import example_policy
 from tooling.stack import LocalStack, StackPorts
 from tooling.vllm_engine import VllmSettings
 
-POLICY = Path(__file__).resolve().parents[2] / "deploy" / "policy.example.yaml"
+POLICY = example_policy()  # deploy/policy.example.yaml, through the package
 
 
 def _text(rng: random.Random, count: int) -> str:

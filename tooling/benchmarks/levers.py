@@ -15,7 +15,9 @@ from typing import Any
 
 import yaml
 
-POLICY = Path(__file__).resolve().parents[2] / "deploy" / "policy.example.yaml"
+from tooling.shipped_files import example_policy
+
+POLICY = example_policy()  # deploy/policy.example.yaml, through the package
 BENCH_KEY = "sk-bench"
 
 
