@@ -96,11 +96,13 @@ def test_alert_rules_only_use_exported_metrics() -> None:
     assert used and used <= exported_metrics(), used - exported_metrics()
 
 
-def test_readme_catalogue_lists_exactly_the_exported_metrics() -> None:
-    readme = (ROOT / "README.md").read_text()
-    catalogue = set(re.findall(r"^\| `(slogate_[a-z0-9_]+)` \|", readme, flags=re.M))
+def test_docs_catalogue_lists_exactly_the_exported_metrics() -> None:
+    from tests.support.docs import all_docs
+
+    catalogue = set(re.findall(r"^\| `(slogate_[a-z0-9_]+)` \|", all_docs(), flags=re.M))
     assert catalogue == exported_metrics(), (
-        f"missing from README: {exported_metrics() - catalogue}; "
+        f"missing from the docs' catalogue (docs/sre/metrics.md): "
+        f"{exported_metrics() - catalogue}; "
         f"not exported: {catalogue - exported_metrics()}"
     )
 
@@ -143,7 +145,15 @@ def test_k8s_manifests_are_current_and_their_envoy_config_is_valid(tmp_path: Pat
         "run `slogate k8s`"
     )
     kinds = {d["kind"]: d for d in committed}
-    assert set(kinds) == {"ConfigMap", "Secret", "Deployment", "Service", "PodMonitor"}
+    assert set(kinds) == {
+        "ConfigMap",
+        "Secret",
+        "Deployment",
+        "Service",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "PodMonitor",
+    }
     pod = kinds["Deployment"]["spec"]["template"]
     containers = {c["name"]: c for c in pod["spec"]["containers"]}
     sidecar = containers["slogate"]
@@ -160,16 +170,13 @@ def test_k8s_manifests_are_current_and_their_envoy_config_is_valid(tmp_path: Pat
     listener = bootstrap["staticResources"]["listeners"][0]["address"]["socketAddress"]
     assert listener["address"] == "0.0.0.0"
     (tmp_path / "envoy.json").write_text(data["envoy.json"])
+    # The Envoy container's own arguments, its config path pointed here: flags checked too.
+    args = [
+        str(tmp_path / "envoy.json") if a.endswith("envoy.json") else a
+        for a in containers["envoy"]["args"]
+    ]
     result = subprocess.run(
-        [
-            envoy_binary(),
-            "--mode",
-            "validate",
-            "-c",
-            str(tmp_path / "envoy.json"),
-            "--log-level",
-            "error",
-        ],
+        [envoy_binary(), "--mode", "validate", *args],
         capture_output=True,
         text=True,
         timeout=60,

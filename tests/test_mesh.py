@@ -53,6 +53,7 @@ SCHEMA_FILES = {
     ),
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproutes.gateway.networking.k8s.io.v1",
     ("llm-d.ai/v1alpha2", "InferenceObjective"): "inferenceobjectives.llm-d.ai.v1alpha2",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors.monitoring.coreos.com.v1",
 }
 SERVICES = {
     "default": ("vllm-default", 8000),

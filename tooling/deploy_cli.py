@@ -82,6 +82,12 @@ def add_k8s_command(sub: argparse._SubParsersAction) -> None:
         help="slogate for a mesh's Envoys (an EnvoyFilter; Envoy Gateway's policies) instead "
         "of a pod with its own Envoy",
     )
+    k8s.add_argument(
+        "--image",
+        default=None,
+        help="the sidecar's image (default ghcr.io/slogate/slogate:<this version>)",
+    )
+    k8s.add_argument("--replicas", type=int, default=2, help="the Deployment's replicas")
     k8s.add_argument("--namespace", default="llm", help="the sidecar's (and the Gateway's)")
     k8s.add_argument(
         "--pool-service",
@@ -175,17 +181,20 @@ def cmd_envoy_config(args: argparse.Namespace) -> int:
 
 
 def cmd_k8s(args: argparse.Namespace) -> int:
-    from tooling.k8s import write_documents, write_manifests
+    from tooling.k8s import DEFAULT_IMAGE, write_documents, write_manifests
     from tooling.mesh import MeshError, MeshTarget, render_istio
     from tooling.mesh_gateway import render_envoy_gateway
 
+    image = args.image or DEFAULT_IMAGE
     if args.mesh is None:
         out = args.out or Path("deploy/k8s/slogate.yaml")
-        write_manifests(args.policy, out)
+        write_manifests(args.policy, out, image=image, replicas=args.replicas)
         print(f"wrote {out}")
         return 0
     target = MeshTarget(
         namespace=args.namespace,
+        image=image,
+        replicas=args.replicas,
         pool_services=dict(args.pool_service),
         inference_pools=dict(args.inference_pool),
         gateway=args.gateway,

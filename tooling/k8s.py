@@ -2,9 +2,18 @@
 
 What lives here: `render_manifests`, which returns the documents (ConfigMap with the policy
 and the generated Envoy bootstrap, a Secret for the Redis URL, the Deployment with both
-containers, probes and resources, a Service, and a PodMonitor scraping every 15 s). The
-bootstrap inside is the one `build_bootstrap` makes, with the client listener on 0.0.0.0
-and the sidecar on loopback; tests validate it with the real Envoy binary.
+containers, probes and resources, a Service, a NetworkPolicy, a PodDisruptionBudget and a
+PodMonitor scraping every 15 s), and the pieces the mesh manifests share with it (the
+sidecar container, the pod's hardening, the disruption budget). The bootstrap inside is the
+one `build_bootstrap` makes, with the client listener on 0.0.0.0; tests validate it with the
+real Envoy binary, and every document against Kubernetes' own schemas
+(tests/test_k8s_schemas.py).
+
+The sidecar listens on 0.0.0.0 in the pod too: the kubelet's gRPC probe dials the pod's IP
+(a probe has no host field), so a sidecar on loopback could never be Ready. Envoy still calls
+it on 127.0.0.1, and the NetworkPolicy admits only Envoy's listener and /metrics from
+outside the pod, so nobody else can report usage to it (where the cluster's network plugin
+enforces NetworkPolicy; the node's own traffic, the kubelet's probes, always passes).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from extproc.version import VERSION
 from policy import Policy, load_policy
 from tooling.envoy_config import EnvoyPorts, build_bootstrap
 
@@ -22,13 +32,19 @@ LISTEN_PORT = 10000
 ADMIN_PORT = 9901
 SIDECAR_PORT = 50051
 METRICS_PORT = 9464
+# The image this version builds: the tag is the package's own version (extproc/version.py).
+DEFAULT_IMAGE = f"ghcr.io/slogate/slogate:{VERSION}"
+DEFAULT_ENVOY_IMAGE = "envoyproxy/envoy:v1.40.0"
+# The sidecar image's non-root user; Envoy's image has its own (`envoy`, 101).
+SIDECAR_UID = 10001
+ENVOY_UID = 101
 
 
 def render_manifests(
     policy_path: Path,
     name: str = "slogate",
-    image: str = "ghcr.io/slogate/slogate:0.1.0",
-    envoy_image: str = "envoyproxy/envoy:v1.40.0",
+    image: str = DEFAULT_IMAGE,
+    envoy_image: str = DEFAULT_ENVOY_IMAGE,
     replicas: int = 2,
 ) -> list[dict[str, Any]]:
     policy = load_policy(policy_path)
@@ -45,17 +61,30 @@ def render_manifests(
         },
     }
     secret = redis_secret(policy, name, labels)
-    sidecar = sidecar_container(name, image, host="127.0.0.1")
+    sidecar = sidecar_container(name, image)
     envoy = {
         "name": "envoy",
         "image": envoy_image,
-        "args": ["-c", "/etc/slogate/envoy.json", "--concurrency", "2", "--log-level", "warn"],
+        # No hot restart: in a pod a restart is a new container, with nothing to hand over.
+        "args": [
+            "-c",
+            "/etc/slogate/envoy.json",
+            "--concurrency",
+            "2",
+            "--log-level",
+            "warn",
+            "--disable-hot-restart",
+        ],
         "ports": [{"name": "http", "containerPort": LISTEN_PORT}],
+        # /health is forwarded to the default pool (failure mode open): ready when it answers.
         "readinessProbe": {
             "httpGet": {"path": "/health", "port": LISTEN_PORT},
             "periodSeconds": 5,
         },
+        # Alive while its listener accepts; an engine outage must not restart Envoy.
+        "livenessProbe": {"tcpSocket": {"port": LISTEN_PORT}, "periodSeconds": 10},
         "resources": {"requests": {"cpu": "1", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": container_security(ENVOY_UID),
         "volumeMounts": [{"name": "config", "mountPath": "/etc/slogate", "readOnly": True}],
     }
     deployment = {
@@ -75,8 +104,9 @@ def render_manifests(
                     },
                 },
                 "spec": {
+                    **pod_hardening(labels),
                     "containers": [envoy, sidecar],
-                    "volumes": [{"name": "config", "configMap": {"name": f"{name}-config"}}],
+                    "volumes": sidecar_volumes(name),
                 },
             },
         },
@@ -90,8 +120,23 @@ def render_manifests(
             "ports": [{"name": "http", "port": 80, "targetPort": LISTEN_PORT}],
         },
     }
+    network = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "podSelector": {"matchLabels": labels},
+            "policyTypes": ["Ingress"],
+            # Envoy's listener and /metrics; the sidecar's gRPC port is for Envoy beside it.
+            "ingress": [
+                {"ports": [{"port": LISTEN_PORT, "protocol": "TCP"}]},
+                {"ports": [{"port": METRICS_PORT, "protocol": "TCP"}]},
+            ],
+        },
+    }
+    budget = disruption_budget(name, labels)
     pod_monitor = monitor(name, labels)
-    return [config, secret, deployment, service, pod_monitor]
+    return [config, secret, deployment, service, network, budget, pod_monitor]
 
 
 class _NoAliases(yaml.SafeDumper):
@@ -108,13 +153,18 @@ def write_documents(documents: list[dict[str, Any]], out: Path, command: str) ->
     out.write_text(header + text, encoding="utf-8")
 
 
-def write_manifests(policy_path: Path, out: Path) -> None:
-    write_documents(render_manifests(policy_path), out, "slogate k8s")
+def write_manifests(
+    policy_path: Path, out: Path, image: str = DEFAULT_IMAGE, replicas: int = 2
+) -> None:
+    write_documents(
+        render_manifests(policy_path, image=image, replicas=replicas), out, "slogate k8s"
+    )
 
 
-def sidecar_container(name: str, image: str, host: str) -> dict[str, Any]:
-    """The `slogate serve` container: gRPC on `host` (loopback beside Envoy in one pod;
-    0.0.0.0 when a mesh's Envoys call it over the network), metrics on 0.0.0.0."""
+def sidecar_container(name: str, image: str) -> dict[str, Any]:
+    """The `slogate serve` container: gRPC and metrics on 0.0.0.0 (the kubelet probes the
+    pod's IP; a mesh's Envoys call it over the network), a read-only root filesystem with
+    the writable paths the sidecar uses as emptyDirs (`sidecar_volumes`)."""
     return {
         "name": "slogate",
         "image": image,
@@ -123,7 +173,7 @@ def sidecar_container(name: str, image: str, host: str) -> dict[str, Any]:
             "--policy",
             "/etc/slogate/policy.yaml",
             "--host",
-            host,
+            "0.0.0.0",
             "--grpc-port",
             str(SIDECAR_PORT),
             "--metrics-host",
@@ -138,11 +188,10 @@ def sidecar_container(name: str, image: str, host: str) -> dict[str, Any]:
             }
         ],
         "ports": [
-            *([{"name": "grpc", "containerPort": SIDECAR_PORT}] if host != "127.0.0.1" else []),
+            {"name": "grpc", "containerPort": SIDECAR_PORT},
             {"name": "metrics", "containerPort": METRICS_PORT},
         ],
-        # grpc.health.v1 on the sidecar port (the kubelet probes the pod's own address; on
-        # loopback inside the pod the probe runs there).
+        # grpc.health.v1 on the sidecar port (Kubernetes' own gRPC probe, GA since 1.27).
         "readinessProbe": {"grpc": {"port": SIDECAR_PORT}, "periodSeconds": 5},
         "livenessProbe": {
             "grpc": {"port": SIDECAR_PORT},
@@ -153,7 +202,86 @@ def sidecar_container(name: str, image: str, host: str) -> dict[str, Any]:
             "requests": {"cpu": "1", "memory": "1Gi"},
             "limits": {"memory": "2Gi"},
         },
-        "volumeMounts": [{"name": "config", "mountPath": "/etc/slogate", "readOnly": True}],
+        "securityContext": container_security(SIDECAR_UID),
+        "volumeMounts": [
+            {"name": "config", "mountPath": "/etc/slogate", "readOnly": True},
+            *({"name": volume, "mountPath": path} for volume, path in WRITABLE_PATHS.items()),
+        ],
+    }
+
+
+# What the sidecar writes, each an emptyDir under a read-only root filesystem: /tmp
+# (`serve --workers`' sockets, Python's temporary files) and /var/log/slogate, the decision
+# log's folder in deploy/policy.example.yaml (a traffic record's `dir` can go there too).
+WRITABLE_PATHS = {"tmp": "/tmp", "logs": "/var/log/slogate"}
+
+
+def sidecar_volumes(name: str) -> list[dict[str, Any]]:
+    return [
+        {"name": "config", "configMap": {"name": f"{name}-config"}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+        {"name": "logs", "emptyDir": {}},
+    ]
+
+
+def container_security(uid: int) -> dict[str, Any]:
+    """Non-root, no privilege escalation, no Linux capabilities, nothing written outside
+    the mounted emptyDirs: what the restricted Pod Security Standard asks, and more."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def pod_hardening(labels: dict[str, str]) -> dict[str, Any]:
+    """The pod-level half: non-root with the runtime's default seccomp profile, no API token
+    (the sidecar never calls the Kubernetes API), replicas spread over nodes and zones
+    where the scheduler can (preferred, so a small cluster still schedules them)."""
+    return {
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": SIDECAR_UID,
+            "runAsGroup": SIDECAR_UID,
+            "fsGroup": SIDECAR_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "labelSelector": {"matchLabels": labels},
+                            "topologyKey": "kubernetes.io/hostname",
+                        },
+                    }
+                ]
+            }
+        },
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": labels},
+            }
+        ],
+    }
+
+
+def disruption_budget(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """At most one replica drained at a time: with maxUnavailable (not minAvailable) a
+    single replica can still be drained, and two or more keep all but one serving."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}},
     }
 
 

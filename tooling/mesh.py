@@ -56,7 +56,17 @@ from tooling.envoy_config.filters import (
 )
 from tooling.envoy_config.fragment import HCM_TYPE
 from tooling.envoy_config.routes import ext_proc_per_route, pool_routes
-from tooling.k8s import METRICS_PORT, SIDECAR_PORT, monitor, redis_secret, sidecar_container
+from tooling.k8s import (
+    DEFAULT_IMAGE,
+    METRICS_PORT,
+    SIDECAR_PORT,
+    disruption_budget,
+    monitor,
+    pod_hardening,
+    redis_secret,
+    sidecar_container,
+    sidecar_volumes,
+)
 
 HCM_NAME = "envoy.filters.network.http_connection_manager"
 ROUTER_NAME = "envoy.filters.http.router"
@@ -72,7 +82,7 @@ class MeshError(ValueError):
 class MeshTarget:
     namespace: str = "llm"  # the sidecar's (and, for Envoy Gateway, the Gateway's)
     name: str = "slogate"
-    image: str = "ghcr.io/slogate/slogate:0.1.0"
+    image: str = DEFAULT_IMAGE
     replicas: int = 2
     # pool -> (Service, port) of its engines in `namespace` (a name with a dot: another one)
     pool_services: Mapping[str, tuple[str, int]] = field(default_factory=dict)
@@ -125,10 +135,10 @@ def _check(policy: Policy, target: MeshTarget, inference_pools: bool) -> None:
 def sidecar_workload(
     policy_path: Path, target: MeshTarget, callers: Mapping[str, str]
 ) -> list[dict[str, Any]]:
-    """The sidecar on its own: policy ConfigMap, Redis Secret, Deployment, Service (gRPC with
-    appProtocol grpc, so a mesh speaks HTTP/2 to it), a NetworkPolicy letting only the pods
-    labelled `callers` (the gateway's Envoys, in any namespace) reach its gRPC port, and a
-    PodMonitor."""
+    """The sidecar on its own: policy ConfigMap, Redis Secret, Deployment (hardened and spread
+    as tooling.k8s's pod), Service (gRPC with appProtocol grpc, so a mesh speaks HTTP/2 to
+    it), a NetworkPolicy letting only the pods labelled `callers` (the gateway's Envoys, in
+    any namespace) reach its gRPC port, a PodDisruptionBudget and a PodMonitor."""
     policy = load_policy(policy_path)
     name, labels = target.name, target.labels
     meta = {"name": name, "namespace": target.namespace, "labels": labels}
@@ -150,8 +160,9 @@ def sidecar_workload(
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "containers": [sidecar_container(name, target.image, host="0.0.0.0")],
-                    "volumes": [{"name": "config", "configMap": {"name": f"{name}-config"}}],
+                    **pod_hardening(labels),
+                    "containers": [sidecar_container(name, target.image)],
+                    "volumes": sidecar_volumes(name),
                 },
             },
         },
@@ -194,9 +205,11 @@ def sidecar_workload(
             ],
         },
     }
+    budget = disruption_budget(name, labels)
+    budget["metadata"]["namespace"] = target.namespace
     pod_monitor = monitor(name, labels)
     pod_monitor["metadata"]["namespace"] = target.namespace
-    return [config, secret, deployment, service, network, pod_monitor]
+    return [config, secret, deployment, service, network, budget, pod_monitor]
 
 
 def _sidecar_cluster(target: MeshTarget) -> str:
