@@ -41,7 +41,7 @@ pytestmark = pytest.mark.e2e
 
 # Which scheduled faults of alerts-live.yaml create each alert's condition (matched in the
 # fault's description). An alert of the shipped rules that is not here must be named in the
-# README's list of alerts no scenario triggers, with why.
+# docs' list of alerts no scenario triggers, with why (docs/sre/alerts.md).
 CAUSES = {
     "SlogateP99OverSLO": ("latency_ms",),
     "SlogateKVCacheHigh": ("latency_ms",),
@@ -157,13 +157,15 @@ def test_each_alert_fires_during_its_fault_and_resolves_after_it(alert_run: Aler
     assert not problems, "\n".join(problems) + f"\n\n{table}"
 
 
-def test_every_alert_is_created_live_or_named_in_the_readme_with_why() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("<!-- alerts no scenario triggers -->", 1)[-1]
+def test_every_alert_is_created_live_or_named_in_the_docs_with_why() -> None:
+    from tests.support.docs import page_with
+
+    marker = "<!-- alerts no scenario triggers -->"  # in docs/sre/alerts.md
+    section = page_with(marker).split(marker, 1)[-1]
     section = section.split("<!-- end -->", 1)[0] if "<!-- end -->" in section else ""
     named = set(re.findall(r"`(Slogate\w+)`", section))
     missing = [a for a in shipped_alert_names(SHIPPED_RULES) if a not in CAUSES and a not in named]
-    assert not missing, f"alerts neither created by alerts-live nor named in the README: {missing}"
+    assert not missing, f"alerts neither created by alerts-live nor named in the docs: {missing}"
 
 
 def test_every_dashboard_query_returns_data_during_the_run(alert_run: AlertRun) -> None:

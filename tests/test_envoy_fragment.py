@@ -21,7 +21,7 @@ from extproc.request.contract import (
 )
 from extproc.service.replies import WAIT_REPLY_MARGIN_MS, wait_reply_ms
 from policy import load_policy
-from tests.support.stack import EXAMPLE_POLICY, ROOT
+from tests.support.stack import EXAMPLE_POLICY
 from tooling.envoy_config import build_bootstrap
 from tooling.envoy_config.fragment import (
     FragmentTarget,
@@ -196,10 +196,13 @@ def test_the_real_envoy_accepts_the_merged_bootstrap(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_the_readme_states_the_contract() -> None:
-    """The README's table is ENVOY_PIECES, rendered (`slogate envoy-config --contract`)."""
+def test_the_docs_state_the_contract() -> None:
+    """The docs' table (docs/operators/deploy-envoy.md) is ENVOY_PIECES, rendered
+    (`slogate envoy-config --contract`)."""
+    from tests.support.docs import all_docs
     from tooling.envoy_config.fragment import contract_table
 
-    readme = (ROOT / "README.md").read_text()
-    assert contract_table() in readme, "run `slogate envoy-config --contract` into the README"
+    assert contract_table() in all_docs(), (
+        "run `slogate envoy-config --contract` into docs/operators/deploy-envoy.md"
+    )
     assert len(ENVOY_PIECES) >= 10

@@ -1,5 +1,5 @@
 """The policy review pipeline as documented: every `slogate` command in the example CI job
-(deploy/ci/policy-review.github.yaml) and in the README's "Reviewing a policy change" is one
+(deploy/ci/policy-review.github.yaml) and in the docs' "Reviewing a policy change" is one
 this slogate parses, and the job holds a tripped guard for a reviewer."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.docs import page_with
 from tooling.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,9 +44,11 @@ def _job_commands() -> list[list[str]]:
 
 
 def _readme_commands() -> list[list[str]]:
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("## Reviewing a policy change")
-    section = readme[start : readme.index("\n## ", start + 1)]
+    heading = "## Reviewing a policy change"  # docs/operators/policy-changes.md
+    readme = page_with(heading)
+    start = readme.index(heading)
+    end = readme.find("\n## ", start + 1)
+    section = readme[start : end if end != -1 else len(readme)]
     blocks = re.findall(r"```sh\n(.*?)```", section, re.S)
     inline = re.findall(r"`(slogate [^`]*)`", section.replace("\n   ", " "))
     commands = [c for b in blocks for c in _commands(b, {})]

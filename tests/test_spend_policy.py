@@ -113,10 +113,12 @@ def test_errors_name_the_tenant_and_the_field(tenants: Any, message: str) -> Non
 
 
 def test_the_documented_examples_load_and_mean_what_they_say() -> None:
+    from tests.support.docs import page_with
     from tests.test_tenants import ROOT, commented_tenants
 
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Spend budgets per tenant") :]
+    heading = "### Spend budgets per tenant"  # docs/operators/tenants.md
+    readme = page_with(heading)
+    section = readme[readme.index(heading) :]
     block = section[section.index("```yaml") + len("```yaml") : section.index("```\n\n")]
     documented = policy_with(yaml.safe_load(block)["tenants"])
     acme, globex = documented.tenants.get("acme"), documented.tenants.get("globex")

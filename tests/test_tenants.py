@@ -13,6 +13,7 @@ import yaml
 from breaker.objectives import latency_objective_s
 from extproc.request.identity import caller_from_claims
 from policy import Limits, Policy, PolicyError, Tier, hash_api_key, parse_policy
+from tests.support.docs import page_with
 
 ROOT = Path(__file__).resolve().parent.parent
 THOUSAND = ROOT / "deploy" / "policy.tenants.example.yaml"
@@ -266,8 +267,9 @@ def test_the_documented_examples_load_and_mean_what_they_say() -> None:
     assert policy.slo_ms(Tier.CRITICAL, "0-4k", "demo-critical") == 800
     assert policy.tenants.listed["demo-batch"].pools == frozenset({"default"})
     assert policy.tenants.listed["demo-unpaid"].suspended
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Tenants") :]
+    heading = "## Tenants\n"  # docs/operators/tenants.md
+    readme = page_with(heading)
+    section = readme[readme.index(heading) :]
     block = section[section.index("```yaml") + len("```yaml") : section.index("```\n\n")]
     documented = parse_policy(yaml.safe_load(block))
     acme = documented.key_for("sk-acme-prod")
