@@ -4,6 +4,10 @@ admin API, every request settled by the worker that decided it."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +23,7 @@ from extproc.runtime.workers import WorkerSlot, merge_expositions
 from tests.support.http import metric, parse, scrape
 from tooling.benchmarks.driver import DriverReply, SidecarDriver
 from tooling.processes import ManagedProcess, free_port, python_module, start_redis
+from tooling.serve_workers import _Relay
 
 KEY = "sk-workers"
 
@@ -99,7 +104,7 @@ def test_two_workers_share_one_port_and_settle_each_others_entries(
     ]  # fmt: skip
     serve = ManagedProcess("serve", argv, tmp_path).start()
     processes.append(serve)
-    match = serve.wait_for_line(r"ready: grpc \S+ metrics (\S+) admin", timeout_s=60)
+    match = serve.wait_for_line(r"(?m)^slogate sidecar ready: grpc \S+ metrics (\S+) admin", 60)
     metrics_url = match.group(1)
 
     async def scenario() -> None:
@@ -138,3 +143,55 @@ def test_two_workers_share_one_port_and_settle_each_others_entries(
     except BaseException:
         print(serve.log_text(), file=sys.stderr)
         raise
+
+
+def test_json_worker_lines_stay_one_json_object_each(capsys: pytest.CaptureFixture[str]) -> None:
+    relay = _Relay(json_lines=True)
+    relay.line(1, '{"ts": "t", "level": "INFO", "logger": "slogate.serve", "message": "hi"}')
+    relay.line(0, "Traceback (most recent call last):")  # a crash's raw stderr
+    relay.line(None, "slogate serve: worker-0 exited with status 1", level="ERROR")
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0] == {
+        "ts": "t", "level": "INFO", "logger": "slogate.serve", "message": "hi", "worker": 1
+    }  # fmt: skip
+    assert lines[1]["worker"] == 0 and lines[1]["message"].startswith("Traceback")
+    assert lines[2]["level"] == "ERROR" and "worker" not in lines[2]
+
+
+@pytest.mark.e2e
+def test_every_workers_log_and_a_workers_death_reach_standard_output(tmp_path: Path) -> None:
+    """A container's log is the supervisor's standard output: each worker's lines are there
+    (named), and so is the death of one, after which the supervisor stops the rest."""
+    redis, redis_port = start_redis(tmp_path)
+    policy = write_policy(tmp_path / "policy.yaml", redis_port)
+    argv = [
+        *python_module("tooling.cli", "serve", "--policy", str(policy)),
+        "--grpc-port", str(free_port()), "--metrics-port", "0", "--admin-address", "none",
+        "--no-exact-tokenizer", "--workers", "2",
+    ]  # fmt: skip
+    stdout_path, stderr_path = tmp_path / "stdout", tmp_path / "stderr"
+    with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
+        serve = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+    try:
+        ready = re.compile(r"(?m)^slogate sidecar ready: ")
+        while not ready.search(stdout_path.read_text()):
+            assert serve.poll() is None, stdout_path.read_text() + stderr_path.read_text()
+            time.sleep(0.1)
+        out_text = stdout_path.read_text()
+        pids = {}
+        for index in (0, 1):  # each worker's own lines, its start among them
+            found = re.search(rf"(?m)^\[worker-{index}\] .*worker up: .* pid (\d+)", out_text)
+            assert found, out_text
+            pids[index] = int(found.group(1))
+        assert re.search(r"(?m)^\[worker-1\] .*INFO slogate\.", out_text), out_text  # its logs
+        os.kill(pids[1], signal.SIGKILL)
+        assert serve.wait(timeout=60) == 1
+        out_text = stdout_path.read_text()
+        assert f"worker-1 (pid {pids[1]}) was killed by SIGKILL" in out_text, out_text
+        with pytest.raises(ProcessLookupError):  # the supervisor stopped the other one
+            os.kill(pids[0], 0)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+        redis.stop()

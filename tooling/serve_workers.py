@@ -2,16 +2,23 @@
 
 What lives here: `run_workers`, which starts the workers on one gRPC port (each a
 `slogate serve --worker ...`, extproc.runtime.workers says how they cooperate), serves
-their merged /metrics on the public port, passes SIGHUP on, and stops them all on SIGINT /
-SIGTERM or when one exits (the pod restarts as a whole).
+their merged /metrics on the public port, passes SIGHUP on, relays every line a worker
+writes to its own standard output (a container's log is the supervisor's output: files in a
+temporary folder are what `kubectl logs` never shows), and stops them all on SIGINT /
+SIGTERM or when one exits, saying so there (the pod restarts as a whole).
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import http.server
+import json
 import logging
 import os
+import re
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -21,9 +28,110 @@ from pathlib import Path
 
 from extproc.runtime.workers import merge_expositions
 from extproc.service.log_records import json_logs
-from tooling.processes import ManagedProcess, python_module
+from tooling.processes import python_module
 
 log = logging.getLogger("slogate.workers")
+_READY = re.compile(r"sidecar ready: grpc \S+ metrics http://([^/]+)/metrics")
+
+
+class _Relay:
+    """The supervisor's standard output, shared by the workers' relays: a worker's text line
+    gets `[worker-N] ` in front; with JSON logs, a JSON record gets a "worker" field and any
+    other line (a traceback from a crash) becomes a record of its own, so every line stays
+    one JSON object."""
+
+    def __init__(self, json_lines: bool) -> None:
+        self._json = json_lines
+        self._lock = threading.Lock()  # whole lines: two workers never interleave within one
+
+    def line(self, worker: int | None, text: str, level: str = "INFO") -> None:
+        if self._json:
+            try:
+                record = json.loads(text)
+            except ValueError:
+                record = None
+            if not isinstance(record, dict):
+                record = {
+                    "ts": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+                    "level": level,
+                    "logger": "slogate.workers",
+                    "message": text,
+                }
+            if worker is not None:
+                record["worker"] = worker
+            text = json.dumps(record, separators=(",", ":"))
+        elif worker is not None:
+            text = f"[worker-{worker}] {text}"
+        with self._lock, contextlib.suppress(BrokenPipeError):
+            print(text, flush=True)
+
+
+class _Worker:
+    """One `slogate serve --worker` process; a thread relays its output (stdout and stderr
+    together) line by line and notes the metrics address from its ready line."""
+
+    def __init__(self, index: int, argv: list[str], relay: _Relay) -> None:
+        self.index = index
+        self.name = f"worker-{index}"
+        self.metrics_url: str | None = None
+        self._ready = threading.Event()
+        self._relay = relay
+        self._proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,  # Ctrl-C in a terminal reaches the supervisor, not each
+        )
+        self._pump = threading.Thread(target=self._relay_lines, daemon=True)
+        self._pump.start()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def _relay_lines(self) -> None:
+        assert self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            if self.metrics_url is None and (match := _READY.search(text)):
+                self.metrics_url = f"http://{match.group(1)}/metrics"
+                self._ready.set()
+                # The supervisor's line is the one `sidecar ready` line: `slogate up`, the
+                # benchmarks and the tests wait for it and read the merged /metrics from it.
+                text = text.replace("sidecar ready:", "worker up:", 1)
+            self._relay.line(self.index, text)
+
+    def exit_code(self) -> int | None:
+        return self._proc.poll()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """True once ready; False when it exited first or took longer than `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while not self._ready.wait(0.1):
+            if self.exit_code() is not None or time.monotonic() > deadline:
+                return False
+        return True
+
+    def exited(self) -> str:
+        """Its death, said after its last lines (the relay drains the pipe first)."""
+        self._pump.join(timeout=5)
+        code = self._proc.returncode
+        if code is not None and code < 0:
+            return f"{self.name} (pid {self.pid}) was killed by {signal.Signals(-code).name}"
+        return f"{self.name} (pid {self.pid}) exited with status {code}"
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._pump.join(timeout=5)
 
 
 class _MetricsHandler(http.server.BaseHTTPRequestHandler):
@@ -67,21 +175,25 @@ def run_workers(
     if grpc_port == 0:
         print("slogate serve: --workers needs a fixed --grpc-port (they share it)", file=sys.stderr)
         return 2
-    socket_dir = Path(tempfile.mkdtemp(prefix="slogate-workers-"))
+    socket_dir = Path(tempfile.mkdtemp(prefix="slogate-workers-"))  # their private sockets
     base = os.urandom(3).hex()
-    workers: list[ManagedProcess] = []
+    relay = _Relay(json_logs())
+    workers: list[_Worker] = []
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
 
     def reload(*_: object) -> None:  # the workers reread the policy file themselves
         for worker in workers:
-            if worker.pid is not None:
-                os.kill(worker.pid, signal.SIGHUP)
+            os.kill(worker.pid, signal.SIGHUP)
+
+    def stopped_by(dead: _Worker) -> int:
+        message = f"slogate serve: {dead.exited()}; stopping the other workers"
+        relay.line(None, message, level="ERROR")
+        return 1
 
     signal.signal(signal.SIGHUP, reload)
     try:
-        metrics_urls = []
         for index in range(count):
             argv = python_module(
                 "tooling.cli",
@@ -98,11 +210,14 @@ def run_workers(
             if not exact:
                 argv.append("--no-exact-tokenizer")
             argv.extend(log_options)  # the workers log as the supervisor was told to
-            proc = ManagedProcess(f"worker-{index}", argv, socket_dir).start()
-            workers.append(proc)
-        for proc in workers:
-            match = proc.wait_for_line(r"sidecar ready: grpc \S+ metrics http://([^/]+)/metrics")
-            metrics_urls.append(f"http://{match.group(1)}/metrics")
+            workers.append(_Worker(index, argv, relay))
+        for worker in workers:
+            if not worker.wait_ready(timeout_s=60):
+                if worker.exit_code() is not None:
+                    return stopped_by(worker)
+                relay.line(None, f"slogate serve: {worker.name} not ready after 60 s", "ERROR")
+                return 1
+        metrics_urls = [w.metrics_url for w in workers if w.metrics_url]
         _MetricsHandler.worker_urls = metrics_urls
         server = None
         shown = ""
@@ -115,21 +230,17 @@ def run_workers(
         admin = f" admin {admin_address}" if admin_address else ""
         ready = (
             f"slogate sidecar ready: grpc {host}:{grpc_port}{shown}{admin} pid {os.getpid()} "
-            f"workers {count} (each: {' '.join(metrics_urls)}; logs: {socket_dir})"
+            f"workers {count} (each: {' '.join(metrics_urls)})"
         )
-        if json_logs():
-            log.info(ready)  # every line of the process is JSON
-        else:
-            print(ready, flush=True)
+        relay.line(None, ready)
         while not stopping.is_set():
-            dead = next((w for w in workers if not w.running()), None)
+            dead = next((w for w in workers if w.exit_code() is not None), None)
             if dead is not None:
-                print(f"{dead.name} exited:\n{dead.log_text()[-3000:]}", file=sys.stderr)
-                return 1
+                return stopped_by(dead)
             time.sleep(0.2)
         if server is not None:
             server.shutdown()
         return 0
     finally:
-        for proc in workers:
-            proc.stop()
+        for worker in workers:
+            worker.stop()
