@@ -85,14 +85,14 @@ def _without_optional(command: str) -> str:
 
 def slogate_argvs(script: str) -> list[list[str]]:
     """The `slogate ...` command lines of a shell block (a `$ ` prompt allowed), continuations
-    joined, cut at a pipe or `&&`, comments and optional `[...]` groups dropped."""
+    joined, cut at a pipe, `&&`, `;` or a redirection, comments and optional `[...]` groups dropped."""
     joined = re.sub(r"\\\n\s*", " ", script)
     found = []
     for line in joined.splitlines():
         line = line.strip().removeprefix("$ ")
         if not line.startswith("slogate "):
             continue
-        line = re.split(r"\s(?:\||&&|;)\s", line)[0]
+        line = re.split(r"\s(?:\||&&|;|\d?>>?)\s", line)[0]
         words = shlex.split(_without_optional(line), comments=True)
         found.append(words[1:])
     return found
