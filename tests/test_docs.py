@@ -84,8 +84,8 @@ def _without_optional(command: str) -> str:
 
 
 def slogate_argvs(script: str) -> list[list[str]]:
-    """The `slogate ...` command lines of a shell block (a `$ ` prompt allowed), continuations
-    joined, cut at a pipe, `&&`, `;` or a redirection, comments and optional `[...]` groups dropped."""
+    """The `slogate ...` command lines of a shell block (a `$ ` prompt allowed): continuations
+    joined, cut at a pipe, `&&`, `;` or a redirection, comments and `[...]` groups dropped."""
     joined = re.sub(r"\\\n\s*", " ", script)
     found = []
     for line in joined.splitlines():
