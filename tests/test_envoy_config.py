@@ -95,7 +95,7 @@ def test_envoy_lets_the_longest_wait_through_and_no_longer(
     """The sidecar's override for a waiting request (its wait + the message timeout + the
     margin that lets the room's own 503 come first) must be within max_message_timeout, or
     Envoy ignores it (it does not cap it); the stream idle timer runs during the wait, so
-    it must outlast it (ENVOY notes in README, measured on Envoy 1.40)."""
+    it must outlast it (ENVOY notes in docs/operators/deploy-envoy.md, measured on Envoy 1.40)."""
     policy = load_policy(EXAMPLE_POLICY)
     room = dataclasses.replace(
         policy.waiting_room,

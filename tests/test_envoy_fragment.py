@@ -1,5 +1,6 @@
 """The fragment (`slogate envoy-config --fragment`) and its merge into a bootstrap someone
-else wrote: the README's contract rules, one by one, and the real Envoy's verdict."""
+else wrote: the contract's rules (docs/operators/deploy-envoy.md), one by one, and the real
+Envoy's verdict."""
 
 from __future__ import annotations
 

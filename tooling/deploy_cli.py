@@ -59,7 +59,7 @@ def add_envoy_config_command(sub: argparse._SubParsersAction) -> None:
     config.add_argument(
         "--contract",
         action="store_true",
-        help="print what slogate needs from an Envoy (the README's table) and exit",
+        help="print what slogate needs from an Envoy (the docs' contract table) and exit",
     )
     config.add_argument(
         "--pool-cluster",

@@ -1,6 +1,6 @@
 """What the candidate policy would have done differently, as Prometheus metrics.
 
-What lives here: `CandidateMetrics`, on the sidecar's registry (the README's catalogue):
+What lives here: `CandidateMetrics`, on the sidecar's registry (the catalogue, docs/sre/metrics.md):
 - `slogate_candidate_decisions_total{tenant,verdict}`: every judged request, by verdict
   (same, would_refuse, would_admit, would_route, skipped);
 - `slogate_candidate_would_refuse_total{tenant,reason}`: what the candidate would refuse,

@@ -3,7 +3,7 @@
 Labels are bounded: pool, bucket, tier, tenant-free request labels, reason, phase, status,
 and tenant, capped at the policy's `telemetry.tenant_series_max` tenants with the rest in
 `tenant="other"` (extproc.service.tenant_series). Never an API key, a request id or prompt
-text. The README's metrics catalogue lists these.
+text. The metrics catalogue (docs/sre/metrics.md) lists these.
 """
 
 from __future__ import annotations

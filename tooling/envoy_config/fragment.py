@@ -4,7 +4,7 @@ static bootstrap.
 What lives here: `build_fragment` (only slogate's pieces, typed like the bootstrap: HTTP
 filters, clusters, the access log, the pool routes, the per-route ext_proc settings and the
 connection manager's and virtual hosts' settings) and `merge_fragment`, which applies it to
-a bootstrap written by someone else by the rules the README's contract states:
+a bootstrap written by someone else by the rules the contract states (docs/operators/):
 
 - slogate's filters go just before each connection manager's router, in their order;
 - its access log is appended to the manager's;
@@ -309,7 +309,7 @@ def _served_paths(match: Mapping[str, Any], forwarded: list[str]) -> list[str]:
 
 
 def contract_table() -> str:
-    """ENVOY_PIECES as the README's markdown table."""
+    """ENVOY_PIECES as the docs' markdown table (docs/operators/deploy-envoy.md)."""
     lines = [
         "| piece | where | what slogate needs | without it |",
         "|---|---|---|---|",

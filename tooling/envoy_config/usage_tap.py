@@ -3,7 +3,7 @@ access log to carry to the sidecar (extproc.service.access_log reads both forms)
 
 `data_path.usage_tap: lua` (the default) runs extproc/usage_tap.lua on every response.
 `native` hands the non-streamed JSON bodies to Envoy's own json_to_metadata and keeps the
-Lua for everything else. Why the split (README, "Usage tap"; checked on Envoy 1.40):
+Lua for everything else. Why the split (docs/operators/data-path.md; checked on Envoy 1.40):
 
 - The Lua filter costs ~250 µs of Envoy CPU per response even when it reads one small JSON
   chunk (a coroutine, the metadata lookup, the body iteration); json_to_metadata parses the
