@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VENV)/.installed-vllm
 
-.PHONY: up up-vllm vllm test test-fast lint promtool protos bench-overhead bench-decisions bench-decision-cost bench-estimator envoy-config k8s clean
+.PHONY: up up-vllm vllm test test-fast lint promtool podman image release protos bench-overhead bench-decisions bench-decision-cost bench-estimator envoy-config k8s clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,9 +44,28 @@ promtool:
 	@(command -v promtool && command -v prometheus) >/dev/null || (apt-get update -qq && \
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
 
-# The whole suite, the tests against a real vLLM included (missing vLLM: a failure).
-test: $(VLLM_STAMP) lint promtool
-	SLOGATE_REQUIRE_VLLM=1 $(BIN)/pytest
+# podman builds and runs the container image here without a registry: runc (crun cannot set
+# the rlimits on these machines) and a base made from Debian's packages by mmdebstrap.
+podman:
+	@(command -v podman && command -v mmdebstrap && command -v runc) >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq podman buildah mmdebstrap runc >/dev/null)
+
+# The sidecar's image (Containerfile) as localhost/slogate:VERSION and the manifests' name
+# ghcr.io/slogate/slogate:VERSION, built offline (tooling/image.py; docs/operators/image.md).
+image: $(STAMP) podman
+	$(BIN)/python -m tooling.image
+
+# A release: the wheel and the sdist in dist/, the image, and the manifests, all of the one
+# version in extproc/version.py (CHANGELOG.md says what it holds).
+release: $(STAMP) image k8s
+	$(BIN)/python -m pip install -q build
+	$(BIN)/python -m build --outdir dist .
+
+# The whole suite, the tests against a real vLLM included (missing vLLM: a failure); then
+# the container image's tests on their own (they build it: ~2 min the first time).
+test: $(VLLM_STAMP) lint promtool podman
+	SLOGATE_REQUIRE_VLLM=1 $(BIN)/pytest -m "not image"
+	SLOGATE_REQUIRE_IMAGE=1 $(BIN)/pytest -m image
 
 # The pure-logic and in-process tests only (no Envoy, sidecar, Valkey or promtool processes).
 test-fast: $(STAMP)
