@@ -157,7 +157,8 @@ ENVOY_PIECES: tuple[EnvoyPiece, ...] = (
         "no admission at all: no budgets, no breaker, no routing by context",
     ),
     EnvoyPiece(
-        "usage tap (Lua)",
+        "usage tap (Lua; with `data_path.usage_tap: native`, Envoy's json_to_metadata for "
+        "JSON bodies under 1 MB and the Lua for the rest)",
         f"HTTP filter `{USAGE_TAP_FILTER}`, after ext_proc, before the router",
         f"reads `usage` out of JSON and SSE responses into metadata `{USAGE_NAMESPACE}`, "
         "counts stream events, drops the usage event a client did not ask for",
