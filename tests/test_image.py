@@ -22,8 +22,9 @@ import pytest
 
 from tests.support.http import CHAT, chat_body, post
 from tests.support.stack import EXAMPLE_POLICY, charged_as_used, random_ports
+from tests.test_serve_workers import write_policy
 from tooling import image
-from tooling.processes import ManagedProcess, free_port
+from tooling.processes import ManagedProcess, free_port, start_redis
 from tooling.stack import LocalStack, Replica
 
 pytestmark = [pytest.mark.image, pytest.mark.e2e]
@@ -171,6 +172,51 @@ def test_the_image_holds_the_venv_alone(built: str) -> None:
     size_mb = image.image_size_bytes(built) / 1e6
     print(f"image size: {size_mb:.0f} MB")
     assert size_mb < MAX_SIZE_MB
+
+
+def test_every_workers_log_and_a_workers_death_are_the_containers_output(
+    built: str, tmp_path: Path, processes: list[ManagedProcess]
+) -> None:
+    """`serve --workers 2` in the image, on a real Redis (the budget scripts are in it too):
+    both workers' lines reach `podman logs`, and so does one's death, which ends the
+    container (exit 1) for its restart policy to start again."""
+    redis, redis_port = start_redis(tmp_path)
+    processes.append(redis)
+    policy = write_policy(tmp_path / "policy.yaml", redis_port)
+    policy.chmod(0o644)
+    grpc_port = free_port()
+    name = f"slogate-test-{os.getpid()}-workers"
+    started = podman(
+        "run", "-d", "--name", name, "--runtime", "runc", "--network", "host",
+        "--health-interval", "disable", "--read-only", "--tmpfs", "/tmp",
+        "-e", f"SLOGATE_HEALTH_ADDRESS=127.0.0.1:{grpc_port}",
+        "-v", f"{policy}:/etc/slogate/policy.yaml:ro", built,
+        "serve", "--policy", "/etc/slogate/policy.yaml", "--host", "127.0.0.1",
+        "--grpc-port", str(grpc_port), "--metrics-port", str(free_port()),
+        "--admin-address", "none", "--no-exact-tokenizer", "--workers", "2",
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    try:
+        deadline = time.monotonic() + 120
+        while podman("healthcheck", "run", name).returncode != 0:
+            assert time.monotonic() < deadline, podman("logs", name).stdout
+            time.sleep(0.5)
+        logs = podman("logs", name).stdout
+        while "slogate sidecar ready" not in logs:  # healthy once a worker is: wait for both
+            assert time.monotonic() < deadline, logs
+            time.sleep(0.2)
+            logs = podman("logs", name).stdout
+        pids = {}
+        for index in (0, 1):
+            found = re.search(rf"(?m)^\[worker-{index}\] .*worker up: .* pid (\d+)", logs)
+            assert found, logs
+            pids[index] = int(found.group(1))
+        assert podman("exec", name, "sh", "-c", f"kill -9 {pids[1]}").returncode == 0
+        assert podman("wait", name, timeout_s=60).stdout.strip() == "1"
+        logs = podman("logs", name).stdout
+        assert f"worker-1 (pid {pids[1]}) was killed by SIGKILL" in logs, logs
+    finally:
+        podman("rm", "-f", "--ignore", name)
 
 
 def test_the_manifests_name_the_image_this_builds() -> None:
