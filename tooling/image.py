@@ -116,6 +116,9 @@ def host_wheels(base: str) -> Path:
     stamp = WHEELS / ".requirements"
     version = podman("run", "--rm", "--runtime", "runc", "--network", "none", base, "python3",
                      "-c", "import platform; print(platform.python_version())").strip()  # fmt: skip
+    host = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if not version.startswith(f"{host}."):  # cp311 wheels do not install on another Python
+        raise ImageError(f"the base has Python {version}, this host {host}: run with {version}")
     digest = hashlib.sha256("\n".join([version, *wanted]).encode()).hexdigest()
     if stamp.exists() and stamp.read_text() == digest:
         return WHEELS
