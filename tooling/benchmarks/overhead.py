@@ -20,8 +20,8 @@ benchmark, with Envoy alone as the floor) and the sizes users send (tooling.benc
 code, the hostile corpus), every request's last message new, so each one is counted.
 p50/p99 at 1 connection, throughput at 16. Setups are interleaved over rounds and medians
 reported, since this machine is shared; slogate and the pass-through get the same bodies
-in the same run. Targets (issue 2): slogate >= 80% of pass-through throughput, <= +0.3 ms
-p50 over it.
+in the same run. Targets (issue 31, TARGETS): slogate >= 60% of pass-through throughput,
+<= +1 ms p50 over it.
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ HOST = "127.0.0.1"
 # its byte bound (no tokenizer) says what the path costs without counting; and where the
 # pass-through also runs with one ext_proc message per request (what that lever can save).
 SPLIT_PROFILES = frozenset({"small", "field_mix", "8k", "32k"})
+# slogate against the pass-through at the field mix (issue 31; issue 2's were 0.8x, +0.3 ms).
+TARGETS = {"throughput_ratio": 0.6, "p50_delta_ms": 1.0}
 DEFAULT_PROFILES = "small,field_mix,1k,8k,32k,128k,multi_turn,chinese,code,hostile"
 
 
@@ -355,8 +357,8 @@ def run(
         verdicts[profile] = {
             "throughput_ratio_vs_passthrough": round(ours["rps_16"] / base["rps_16"], 3),
             "p50_delta_ms_vs_passthrough": round(ours["p50_ms"] - base["p50_ms"], 3),
-            "met": ours["rps_16"] / base["rps_16"] >= 0.8
-            and ours["p50_ms"] - base["p50_ms"] <= 0.3,
+            "met": ours["rps_16"] / base["rps_16"] >= TARGETS["throughput_ratio"]
+            and ours["p50_ms"] - base["p50_ms"] <= TARGETS["p50_delta_ms"],
         }
     # A run where requests failed measured refusals, not routing: say so. Not the
     # uncounted arm's: its byte bound puts a 32k-token prompt (~130 KB) over the model's
@@ -383,7 +385,7 @@ def run(
         "machine": {"cpus": _cpus(), "python": platform.python_version()},
         "duration_s": duration_s,
         "rounds": rounds,
-        "targets": {"throughput_ratio": 0.8, "p50_delta_ms": 0.3},
+        "targets": TARGETS,
         "summary_median": summary,
         "runs": runs,
         "verdicts": verdicts,
