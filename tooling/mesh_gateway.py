@@ -25,7 +25,8 @@ from extproc.request.contract import (
 from policy import FailureMode, Policy, Tier, load_policy
 from tooling.envoy_config.bootstrap import manager_settings
 from tooling.envoy_config.engines import engine_cluster_options
-from tooling.envoy_config.filters import access_log, max_message_timeout_ms, usage_tap_lua
+from tooling.envoy_config.filters import access_log, max_message_timeout_ms
+from tooling.envoy_config.usage_tap import usage_tap_lua
 from tooling.k8s import SIDECAR_PORT
 from tooling.mesh import GATEWAY_GROUP, INFERENCE_GROUP, MeshTarget, _check, sidecar_workload
 

@@ -28,11 +28,10 @@ from tooling.envoy_config.filters import (
     ext_proc_filter,
     jwt_filter,
     router_filter,
-    usage_tap_filter,
-    usage_tap_lua,
 )
 from tooling.envoy_config.local_replies import local_reply_config
 from tooling.envoy_config.routes import route_config
+from tooling.envoy_config.usage_tap import usage_tap_filter, usage_tap_lua
 
 __all__ = [
     "JWKS_CLUSTER",

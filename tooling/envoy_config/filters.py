@@ -41,18 +41,7 @@ from tooling.envoy_config.one_message import (
     processing_mode,
 )
 from tooling.envoy_config.routes import _path_match
-
-# usage_tap_filter and usage_tap_lua are re-exported: the Lua tap now lives in usage_tap,
-# next to the native one.
-from tooling.envoy_config.usage_tap import (
-    usage_tap_filter as usage_tap_filter,
-)
-from tooling.envoy_config.usage_tap import (
-    usage_tap_filters,
-)
-from tooling.envoy_config.usage_tap import (
-    usage_tap_lua as usage_tap_lua,
-)
+from tooling.envoy_config.usage_tap import usage_tap_filters
 
 
 def max_message_timeout_ms(policy: Policy) -> int:

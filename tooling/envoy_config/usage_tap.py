@@ -138,9 +138,7 @@ def _small_json_response() -> Predicate:
         _response_header("content-type", JSON_CONTENT_TYPE),
         _response_header("content-length", SMALL_CONTENT_LENGTH),
     ]
-    return Predicate(
-        and_matcher=xds_matcher.MatcherMatcherListPredicatePredicateList(predicate=both)
-    )
+    return Predicate(and_matcher=Predicates(predicate=both))
 
 
 def _not(predicate: Predicate) -> Predicate:
