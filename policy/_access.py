@@ -85,12 +85,8 @@ def parse_shadow(raw: object, path: str, pools: Mapping[str, Pool]) -> ShadowCon
 
 
 def parse_decision_log(raw: object, path: str) -> DecisionLogConfig | None:
-    if raw is None:
-        return None
-    sec = Section(raw, path)
-    config = DecisionLogConfig(*recorded_files(sec, sample_rate=0.01))
-    sec.close()
-    return config
+    files = recorded_files(raw, path, sample_rate=0.01)
+    return None if files is None else DecisionLogConfig(*files)
 
 
 def parse_tls(raw: object, path: str) -> TlsConfig | None:
