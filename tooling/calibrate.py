@@ -27,6 +27,7 @@ import aiohttp
 import yaml
 
 from policy import ContextBucket, LatencyFit
+from policy.quantiles import quantile
 from sim.calibration import Sample, fit_latency, pool_spread
 
 SPREAD_FLAG = 0.15  # the field flags pools more than 15% apart
@@ -169,8 +170,7 @@ async def measure(
 
 
 def p99_ms(samples: Sequence[Sample]) -> float:
-    ordered = sorted(s.ttft_ms for s in samples)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return quantile((s.ttft_ms for s in samples), 0.99)
 
 
 def report(measurements: Sequence[Measurement], buckets: Sequence[ContextBucket]) -> str:

@@ -12,11 +12,12 @@ from typing import Any
 import yaml
 
 from policy import Tier, parse_policy
+from policy.quantiles import quantile
 from sim.config import PoolConfig
 from sim.offline import OfflineFleet
 from sim.scenarios import Workload, summarize, workload_from
 from sim.sidecar import refusal_kind
-from tooling.loadtest_report import _format, _markdown, _quantile
+from tooling.loadtest_report import _format, _markdown
 from tooling.loadtest_shots import Shot
 
 # The live stack's simulated pools as `slogate up` starts them (sim.config.PoolConfig).
@@ -62,7 +63,7 @@ def predict(workload: Workload, seed: int = 0) -> dict[str, Any]:
             tier.value: {
                 # Streams only, like with like: a JSON answer's first byte is its whole
                 # answer live, while the simulator's ttft_s is its first token.
-                "p99_stream_ttft_s": _quantile(
+                "p99_stream_ttft_s": quantile(
                     [
                         r.ttft_s
                         for r in results.values()
@@ -72,6 +73,7 @@ def predict(workload: Workload, seed: int = 0) -> dict[str, Any]:
                         and r.ttft_s is not None
                     ],
                     0.99,
+                    empty=None,
                 ),
                 "slo_attainment_of_all": summary["tiers"][tier.value]["slo_attainment"],
             }
@@ -142,7 +144,7 @@ def prediction_errors(live: Mapping[str, Any], predicted: Mapping[str, Any]) -> 
             if s.tier == tier and s.stream and s.status == 200 and s.ttft_s is not None
         ]
         errors[f"{tier} p99_stream_ttft_s"] = row(
-            _quantile(streams, 0.99), values["p99_stream_ttft_s"]
+            quantile(streams, 0.99, empty=None), values["p99_stream_ttft_s"]
         )
         errors[f"{tier} slo_attainment_of_all"] = row(
             live["tiers"][tier]["slo_attainment_of_all"], values["slo_attainment_of_all"]

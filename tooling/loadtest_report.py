@@ -3,21 +3,14 @@ latency, SLO attainment, goodput), and its markdown tables (one run; modes side 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
 from breaker.objectives import latency_objective_s
 from policy import Policy, Tier
+from policy.quantiles import quantile
 from tooling.loadtest_shots import Shot
-
-
-def _quantile(values: Sequence[float], q: float) -> float | None:
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
 def _within(policy: Policy, shot: Shot, time_scale: float) -> bool:
@@ -40,7 +33,7 @@ def _summary(
         statuses[name] = statuses.get(name, 0) + 1
 
     def scaled(values: list[float], q: float) -> float | None:
-        value = _quantile(values, q)
+        value = quantile(values, q, empty=None)
         return None if value is None else value / time_scale
 
     calm = [s for s in served if not s.during_fault]
@@ -125,7 +118,7 @@ def report(
         },
         "pools": pool_answers(shots),
         # Real seconds, unscaled: how late the generator sent.
-        "lag_p99_s": _quantile(lags, 0.99),
+        "lag_p99_s": quantile(lags, 0.99, empty=None),
         "lag_max_s": max(lags, default=None),
         "errors_without_json": sum(1 for s in shots if s.status != 200 and not s.error_json),
         "shots": [asdict(s) for s in shots],

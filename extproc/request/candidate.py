@@ -54,7 +54,7 @@ from extproc.request.bodies import InferenceRequest
 from extproc.request.flow import Routed, route
 from extproc.request.identity import StoredKeys
 from extproc.request.tokens import PromptCount
-from policy import ApiKey, Limits, Policy
+from policy import ApiKey, Policy, build_caller
 
 log = logging.getLogger("slogate.candidate")
 
@@ -100,12 +100,15 @@ def candidate_caller(
     before the policy's; a JWT caller from its tenant and tier); Unauthenticated where the
     candidate does not know the key."""
     if caller.from_jwt:
-        entry = candidate.tenants.get(caller.tenant)
-        limits = candidate.tier_limits.get(caller.tier, Limits())
-        if entry is not None:
-            limits = entry.limits_over(limits)
-        shared = entry is not None and entry.shared_limits
-        return dataclasses.replace(caller, limits=limits, shared_budget=shared)
+        return build_caller(
+            caller.key_sha256,
+            caller.tenant,
+            caller.tier,
+            {},
+            candidate.tier_limits,
+            candidate.tenants,
+            from_jwt=True,
+        )
     if keys is not None:
         stored = keys.caller(caller.key_sha256, candidate)
         if isinstance(stored, str):

@@ -29,7 +29,8 @@ import yaml
 from extproc.request.tokens import DeepSeekBpe, exact_counter
 from extproc.runtime.sidecar import Sidecar
 from policy import load_policy
-from tooling.benchmarks.decision_cost import _measure, quantile
+from policy.quantiles import quantile
+from tooling.benchmarks.decision_cost import _measure
 from tooling.benchmarks.driver import SidecarDriver
 from tooling.benchmarks.levers import BENCH_KEY, bench_policy
 from tooling.processes import ManagedProcess, free_port, proc_stat, python_module

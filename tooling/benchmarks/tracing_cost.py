@@ -25,7 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from tooling.benchmarks.decision_cost import quantile
+from policy.quantiles import quantile
 from tooling.benchmarks.driver import SidecarDriver
 from tooling.benchmarks.levers import BENCH_KEY, bench_policy
 from tooling.otlp_receiver import TraceReceiver
