@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.http import CHAT, chat_body, metric, post
 from tests.support.stack import settled
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 pytestmark = pytest.mark.e2e
 RATE_HEADERS = (

@@ -30,7 +30,7 @@ from tests.support.stack import (
     wait_for,
     write_policy,
 )
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,7 @@ import pytest
 from policy.quantiles import quantile
 from tests.support.http import CHAT, chat_body, metric, post, scrape
 from tests.support.stack import example_policy, settled, start_stack, write_policy
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,7 @@ import pytest
 from policy import BudgetStoreKind
 from tests.support.http import CHAT, Reply, chat_body, metric, post
 from tests.support.stack import example_policy, settled, slogate, start_stack, write_policy
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 pytestmark = pytest.mark.e2e
 

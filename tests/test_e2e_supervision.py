@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from extproc.runtime.processes import python_module
 from tests.support.http import CHAT, chat_body, post
 from tests.support.stack import EXAMPLE_POLICY, start_stack, wait_for
-from tooling.processes import python_module
 
 pytestmark = pytest.mark.e2e
 
@@ -49,7 +49,7 @@ def test_a_taken_port_is_one_line_naming_it(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         argv = python_module(
-            "tooling.cli",
+            "tooling.cli.main",
             "serve",
             "--policy", str(EXAMPLE_POLICY),
             "--grpc-port", "0",

@@ -22,7 +22,7 @@ from tests.support.stack import (
     write_policy,
 )
 from tests.test_e2e_paths import _sse_events, _usage_total, call, key_usage_1m
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 pytestmark = pytest.mark.e2e
 

@@ -22,8 +22,8 @@ from anthropic.types import (
 )
 from openai.types.responses import Response, ResponseOutputMessage, ResponseTextDeltaEvent
 
+from extproc.runtime.processes import ManagedProcess, python_module
 from sim._frames import filler_token
-from tooling.processes import ManagedProcess, python_module
 
 pytestmark = pytest.mark.e2e
 MODEL = "deepseek-v4"

@@ -209,7 +209,7 @@ def test_replay_reproduces_a_small_keys_refusals() -> None:
 def test_the_replay_command_names_bad_lines_and_replays_the_rest(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tooling.cli import main
+    from tooling.cli.main import main
 
     key = load_policy(EXAMPLE_POLICY).key_for("sk-demo-standard")
     assert key is not None

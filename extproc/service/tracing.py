@@ -186,7 +186,7 @@ def start_tracing(config: TracingConfig | None) -> DecisionTracer | None:
     except ImportError as missing:
         if (missing.name or "").startswith("opentelemetry.proto") and "cannot import" in str(
             missing
-        ):  # installed, but xds-protos' older copy of its files won (tooling.otel_protos)
+        ):  # installed, but xds-protos' older copy of its files won (tooling.build.otel_protos)
             raise TracingUnavailable(
                 f"the policy sets telemetry.tracing, but OpenTelemetry's protos are xds-protos'"
                 f" older copy ({missing}): pip install --force-reinstall --no-deps "

@@ -31,7 +31,7 @@ from budget.store import BudgetStore, InProcessStore
 from extproc.runtime.fleet_ledger import RedisBook
 from policy import Limits, Pool
 from policy.quantiles import quantile
-from tooling.processes import start_redis
+from tooling.stack.redis import start_redis
 
 LIMITS = Limits(
     requests_per_minute=10**9,
