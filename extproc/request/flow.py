@@ -85,12 +85,13 @@ class Decider:
         return RequestFlow(self)
 
     async def count_prompt(
-        self, request: InferenceRequest, caller: ApiKey
+        self, request: InferenceRequest, caller: ApiKey, policy: Policy
     ) -> tuple[PromptCount, float]:
         """Prompt tokens (see extproc.request.tokens.prompt for the rule and its bound),
         times the caller's correction when its settled prompts keep exceeding its counts;
-        and that correction."""
-        policy = self.policy()
+        and that correction. `policy`: the request's snapshot, the one its blocks are
+        hashed under again below (never re-read: a reload between the header and body
+        phases would count in blocks of one size and hash in blocks of another)."""
         picking = self.picker is not None and self.picker.wants_blocks(policy)
         block_tokens = policy.engines.picking.block_tokens if picking else 0
         counted = await self.counter.count(
@@ -120,7 +121,7 @@ class Decider:
                 f"or a batch of prompts); this gateway allows at most {policy.max_sequences}.",
                 reason="too_many_sequences",
             )
-        counted, correction = await self.count_prompt(request, caller)
+        counted, correction = await self.count_prompt(request, caller, policy)
         decision = route(policy, request, caller, request_id, api, counted, correction)
         if body is not None:
             decision = dataclasses.replace(decision, body_bytes=len(body))
