@@ -25,7 +25,6 @@ import dataclasses
 import math
 import uuid
 from collections.abc import Callable
-from contextvars import ContextVar
 
 from admission.decision import QUEUED_HEADER, Admitted, RequestOutcome, RoutingDecision
 from admission.errors import Overloaded
@@ -38,6 +37,7 @@ from admission.waiting_room import (
     Waiter,
     Waiting,
     WaitingRoom,
+    WaitNotice,
 )
 from breaker.kv_admission import (
     Freed,
@@ -62,10 +62,6 @@ HEAD_TTL_S = 0.25
 # fairness order sees other replicas' service at most this late.
 SERVICE_SYNC_S = 1.0
 RANK = {tier: rank for rank, tier in enumerate(TIER_ORDER)}
-
-# The transport's hook for "this request now waits up to N seconds": the sidecar's ext_proc
-# servicer sets it per stream to extend Envoy's message timeout; elsewhere nobody listens.
-wait_notice: ContextVar[Callable[[float], None] | None] = ContextVar("wait_notice", default=None)
 
 
 class KvStep:
@@ -112,7 +108,13 @@ class KvStep:
         spec = policy.pools.get(pool)
         return None if spec is None else self._live(spec)
 
-    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
+    async def admit(
+        self,
+        decision: RoutingDecision,
+        request_id: str,
+        policy: Policy,
+        on_wait: WaitNotice | None = None,
+    ) -> Admitted:
         if not decision.meters_tokens:
             return Admitted(decision)  # one cheap request: no KV, no batch slot
         spec = self._spec(policy, decision.pool)
@@ -172,9 +174,8 @@ class KvStep:
             self._events.waited(tier.value, "full", 0.0)
             raise self._queue_full(decision, full.what, now_s, policy) from None
         await self.dispatch(decision.pool)  # it may already fit in its turn
-        notice = wait_notice.get()
-        if notice is not None and not entry.waiter.done():
-            notice(max_wait_s)
+        if on_wait is not None and not entry.waiter.done():
+            on_wait(max_wait_s)
         try:
             await entry.waiter
         except BaseException as error:

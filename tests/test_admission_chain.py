@@ -43,7 +43,9 @@ class _Waiting:
     def __init__(self) -> None:
         self.entered = asyncio.Event()
 
-    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
+    async def admit(
+        self, decision: RoutingDecision, request_id: str, policy: Policy, on_wait: object = None
+    ) -> Admitted:
         self.entered.set()
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
@@ -56,12 +58,16 @@ class _Waiting:
 
 
 class _Broken(_Waiting):
-    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
+    async def admit(
+        self, decision: RoutingDecision, request_id: str, policy: Policy, on_wait: object = None
+    ) -> Admitted:
         raise KeyError("a bug in a later step")
 
 
 class _Refusing(_Waiting):
-    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
+    async def admit(
+        self, decision: RoutingDecision, request_id: str, policy: Policy, on_wait: object = None
+    ) -> Admitted:
         raise RateLimited("no", reason="budget_tokens")
 
 
@@ -113,7 +119,11 @@ async def test_the_chain_settles_every_step_even_when_one_fails() -> None:
 
     class _SettleFails(_Waiting):
         async def admit(
-            self, decision: RoutingDecision, request_id: str, policy: Policy
+            self,
+            decision: RoutingDecision,
+            request_id: str,
+            policy: Policy,
+            on_wait: object = None,
         ) -> Admitted:
             return Admitted(decision)
 

@@ -30,6 +30,7 @@ from admission.errors import (
     NotFound,
     Overloaded,
 )
+from admission.waiting_room import WaitNotice
 from breaker.kv_admission import kv_footprint
 from engines import NO_BLOCKS, EnginePicker, PromptBlocks, prompt_blocks
 from extproc.request.bodies import (
@@ -42,7 +43,14 @@ from extproc.request.contract import SLOGATE_HEADER_PREFIX
 from extproc.request.identity import IdentityResolver
 from extproc.request.inflight import InFlight
 from extproc.request.tokens import PromptCorrections, PromptCount, PromptCounter
-from extproc.request.verdicts import Admission, AdmitAll, Candidate, HeaderVerdict, Routed
+from extproc.request.verdicts import (
+    Admission,
+    AdmitAll,
+    Candidate,
+    CountedRequest,
+    HeaderVerdict,
+    Routed,
+)
 from policy import ApiKey, Policy, Tier
 from policy.apis import Api, BodyShape, ErrorStyle, PathClass, error_style_for
 
@@ -103,7 +111,7 @@ class Decider:
         corrected = math.ceil(counted.tokens * factor)
         return dataclasses.replace(counted, tokens=corrected), factor
 
-    async def decide(
+    async def count_and_route(
         self,
         request: InferenceRequest,
         caller: ApiKey,
@@ -111,10 +119,9 @@ class Decider:
         api: Api,
         policy: Policy,
         body: bytes | None = None,
-        noted: Callable[[RoutingDecision], None] | None = None,
-    ) -> Routed:
-        """A parsed request, counted, routed and admitted; `body` is rewritten when needed.
-        `noted`: given the decision before admission (the traffic record's request shape)."""
+    ) -> CountedRequest:
+        """A parsed request counted and routed, not yet admitted: its decision is the
+        request's shape, which the traffic record keeps for a refused request too."""
         if request.sequences > policy.max_sequences:
             raise InvalidRequest(
                 f"This request asks for {request.sequences} completions at once (n, best_of "
@@ -127,8 +134,6 @@ class Decider:
             decision = dataclasses.replace(decision, body_bytes=len(body))
         if self.candidate is not None:
             decision = self.candidate.attach(decision)
-        if noted is not None:
-            noted(decision)
         blocks = NO_BLOCKS
         if counted.blocks is not None and counted.lengths is not None:
             blocks = prompt_blocks(
@@ -137,10 +142,37 @@ class Decider:
                 policy.engines.picking.block_tokens,
                 request.conversation_texts,
             )
-        admitted = self.admit(decision, policy, request, body, blocks)
+        return CountedRequest(request, counted, decision, blocks, body)
+
+    async def admit_counted(
+        self, counted: CountedRequest, policy: Policy, on_wait: WaitNotice | None = None
+    ) -> Routed:
+        """A counted request admitted (`body` rewritten when needed), or refused; judged
+        beside under the candidate policy when one is loaded."""
+        decision = counted.decision
+        admitted = self.admit(
+            decision, policy, counted.request, counted.body, counted.blocks, on_wait
+        )
         if self.candidate is not None and decision.candidate is not None:
-            return await self.candidate.beside(admitted, decision, policy, request, counted)
+            return await self.candidate.beside(
+                admitted, decision, policy, counted.request, counted.counted
+            )
         return await admitted
+
+    async def decide(
+        self,
+        request: InferenceRequest,
+        caller: ApiKey,
+        request_id: str,
+        api: Api,
+        policy: Policy,
+        body: bytes | None = None,
+        on_wait: WaitNotice | None = None,
+    ) -> Routed:
+        """A parsed request, counted, routed and admitted; `body` is rewritten when needed.
+        `on_wait`: told how long the request may wait when it enters the waiting room."""
+        counted = await self.count_and_route(request, caller, request_id, api, policy, body)
+        return await self.admit_counted(counted, policy, on_wait)
 
     async def admit(
         self,
@@ -149,11 +181,12 @@ class Decider:
         request: InferenceRequest | None = None,
         body: bytes | None = None,
         blocks: PromptBlocks = NO_BLOCKS,
+        on_wait: WaitNotice | None = None,
     ) -> Routed:
         check_request(policy, decision)  # a suspended tenant, a limit of 0, a pool it may not use
         inflight = self.inflight
         tracking_id = inflight.new_id()
-        admitted = await self.admission.admit(decision, tracking_id, policy)
+        admitted = await self.admission.admit(decision, tracking_id, policy, on_wait)
         if self.picker is not None and admitted.decision.meters_tokens:
             admitted = self._pick(admitted, tracking_id, policy, blocks)
         inflight.put(tracking_id, admitted.decision)
@@ -282,9 +315,6 @@ class RequestFlow:
     def caller(self) -> ApiKey | None:
         return self._verdict.caller if self._verdict is not None else None
 
-    def note_shape(self, decision: RoutingDecision) -> None:
-        self.shape = decision
-
     @property
     def tenant(self) -> str | None:
         caller = self._verdict.caller if self._verdict is not None else None
@@ -334,7 +364,9 @@ class RequestFlow:
         self._verdict = HeaderVerdict(True, strip, caller, request_id)
         return self._verdict
 
-    async def on_request_body(self, body: bytes) -> Routed:
+    async def on_request_body(self, body: bytes, on_wait: WaitNotice | None = None) -> Routed:
+        """The body's decision; `on_wait`: told how long the request may wait, when it
+        enters the waiting room (the servicer lifts Envoy's message timeout by as much)."""
         verdict = self._verdict
         api = self._api
         if verdict is None or not verdict.inference or verdict.caller is None or api is None:
@@ -344,9 +376,12 @@ class RequestFlow:
         if len(body) > policy.max_body_bytes:
             raise _too_large(len(body), policy)
         request = parse_inference_body(api.shape, body)
-        return await self._decider.decide(
-            request, verdict.caller, verdict.request_id, api, policy, body, self.note_shape
+        decider = self._decider
+        counted = await decider.count_and_route(
+            request, verdict.caller, verdict.request_id, api, policy, body
         )
+        self.shape = counted.decision
+        return await decider.admit_counted(counted, policy, on_wait)
 
 
 def request_decision(policy: Policy, api: Api, caller: ApiKey, request_id: str) -> RoutingDecision:

@@ -9,7 +9,6 @@ unexpected exception into a 500 (a request is never routed on a guess).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -20,7 +19,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from admission.decision import RoutingDecision
 from admission.errors import InternalError, RequestRejected
-from admission.kv_step import wait_notice
+from admission.waiting_room import WaitNotice
 from extproc.request.flow import Decider, HeaderVerdict, RequestFlow, Routed
 from extproc.service.decision_log import DecisionLog
 from extproc.service.log_records import REQUEST_ID
@@ -81,11 +80,15 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
                 yield reply
 
     async def _answer(
-        self, flow: RequestFlow, phase: str, request: pb.ProcessingRequest
+        self,
+        flow: RequestFlow,
+        phase: str,
+        request: pb.ProcessingRequest,
+        on_wait: WaitNotice | None = None,
     ) -> pb.ProcessingResponse:
         """The reply to one message; every error becomes the client's answer here."""
         try:
-            return await self._reply(flow, phase, request)
+            return await self._reply(flow, phase, request, on_wait)
         except RequestRejected as error:
             return self._rejection(error, flow)
         except Exception:
@@ -111,9 +114,7 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
             if not waits.done():
                 waits.set_result(max_wait_s)
 
-        context = contextvars.copy_context()
-        context.run(wait_notice.set, notice)
-        answer = loop.create_task(self._answer(flow, "request_body", request), context=context)
+        answer = loop.create_task(self._answer(flow, "request_body", request, notice))
         try:
             await asyncio.wait((answer, waits), return_when=asyncio.FIRST_COMPLETED)
             self._metrics.decision_seconds("request_body").observe(time.perf_counter() - started)
@@ -142,7 +143,11 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         return rejection(error, flow.error_style)
 
     async def _reply(
-        self, flow: RequestFlow, phase: str, request: pb.ProcessingRequest
+        self,
+        flow: RequestFlow,
+        phase: str,
+        request: pb.ProcessingRequest,
+        on_wait: WaitNotice | None = None,
     ) -> pb.ProcessingResponse:
         if phase == "request_headers":
             headers = request.request_headers
@@ -168,7 +173,7 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
                 # this is an operator's own route; it is decided on the headers as there.
                 routed = forwarded.routed
             else:
-                routed = await flow.on_request_body(request.request_body.body)
+                routed = await flow.on_request_body(request.request_body.body, on_wait)
             if routed is None:  # a public path's body
                 return passthrough_reply(request)
             reply = routed_body_reply(routed)
