@@ -1,7 +1,7 @@
 """The admission chain as the sidecar runs it, built in one place for the sidecar and the
 simulator alike.
 
-What lives here: `Admission` (the chain and its steps, for the callers that also drive the
+What lives here: `AssembledChain` (the chain and its steps, for the callers that also drive the
 steps' own loops: the KV ratio, expiry, the waiting room) and `build_admission`. The
 order is the rule: the breaker first (a shed request spends nothing), the budget next (a
 contract: refused at once, never after a wait), the tenant's spend budget after the key's
@@ -39,7 +39,7 @@ class Events(BreakerEvents, KvEvents, BudgetEvents, Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Admission:
+class AssembledChain:
     chain: AdmissionChain
     kv: KvStep
     breaker: BreakerStep | None
@@ -74,7 +74,7 @@ def build_admission(
     live: Callable[[Pool], Pool] | None = None,
     spend: tuple[SpendStore, SpendEvents] | None = None,
     wall_clock: Callable[[], float] = time.time,
-) -> Admission:
+) -> AssembledChain:
     """`board` None: no breaker step; `store` None: no budget step (simulated runs only);
     `new_waiter` None: no waiting room (a full pool refuses at once); `book`: where the KV
     ledger lives (None: this process's own; breaker.kv_book); `live`: a pool as its serving
@@ -86,4 +86,4 @@ def build_admission(
     spending = SpendStep(*spend, ttl_s, wall_clock) if spend is not None else None
     kv = KvStep(events, clock, ttl_s, policy, new_waiter, book, wait_cap_s, live)
     steps: list[Step] = [s for s in (breaker, budget, spending, kv) if s is not None]
-    return Admission(AdmissionChain(steps), kv, breaker, budget, spending)
+    return AssembledChain(AdmissionChain(steps), kv, breaker, budget, spending)

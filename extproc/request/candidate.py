@@ -1,6 +1,6 @@
 """The candidate policy judged beside the enforced one on every request, never enforced.
 
-What lives here: `CandidateJudge` (the Decider's `Candidate`: it wraps each request's
+What lives here: `CandidateJudge` (the Decider's `CandidatePolicy`: it wraps each request's
 enforced admission, then judges the same request under the candidate in a task, off the
 request's path), `verdict_of` (the comparison, pure) and `candidate_caller` (the caller as
 the candidate knows it). What the candidate would have done is written on the request's
@@ -119,7 +119,7 @@ def candidate_caller(
 
 
 class CandidateJudge:
-    """The Decider's `Candidate`, and an OutcomeSink: a request both policies admitted is
+    """The Decider's `CandidatePolicy`, and an OutcomeSink: a request both policies admitted is
     settled in the candidate's budgets with its real usage when it ends."""
 
     def __init__(

@@ -44,9 +44,9 @@ from extproc.request.identity import IdentityResolver
 from extproc.request.inflight import InFlight
 from extproc.request.tokens import PromptCorrections, PromptCount, PromptCounter
 from extproc.request.verdicts import (
-    Admission,
     AdmitAll,
-    Candidate,
+    Admitter,
+    CandidatePolicy,
     CountedRequest,
     HeaderVerdict,
     Routed,
@@ -66,11 +66,11 @@ class Decider:
         policy: Callable[[], Policy],
         identity: IdentityResolver,
         counter: PromptCounter,
-        admission: Admission | None = None,
+        admission: Admitter | None = None,
         inflight: InFlight[RoutingDecision] | None = None,
         corrections: PromptCorrections | None = None,
         picker: EnginePicker | None = None,
-        candidate: Candidate | None = None,
+        candidate: CandidatePolicy | None = None,
     ) -> None:
         """`picker`: names the engine of each admitted request in pools where slogate
         picks (None: Envoy balances everywhere); `candidate`: a policy judged beside."""
@@ -80,7 +80,7 @@ class Decider:
         self.identity = identity
         self.counter = counter
         self.corrections = corrections or PromptCorrections()
-        self.admission: Admission = admission or AdmitAll()
+        self.admission: Admitter = admission or AdmitAll()
         # Decisions wait here for their access-log entry; expired after the upstream timeout.
         # (`is None`, not `or`: an empty InFlight is falsy, and the one given was dropped.)
         self.inflight: InFlight[RoutingDecision] = (

@@ -3,7 +3,7 @@
 
 What lives here: `Routed` (an admitted request), `HeaderVerdict` (the header phase's
 answer), `CountedRequest` (a request counted and routed, before its admission), and the
-`Admission` / `Candidate` protocols with `AdmitAll`.
+`Admitter` / `CandidatePolicy` protocols with `AdmitAll`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from extproc.request.tokens import PromptCount
 from policy import ApiKey, Policy
 
 
-class Admission(Protocol):
+class Admitter(Protocol):
     """The admission chain (admission.chain.AdmissionChain), as the request path sees it."""
 
     async def admit(
@@ -32,7 +32,7 @@ class Admission(Protocol):
     ) -> Admitted: ...
 
 
-class Candidate(Protocol):
+class CandidatePolicy(Protocol):
     """A policy judged beside the enforced one, never enforced (extproc.request.candidate):
     it notes each routed decision, and sees each admission's answer."""
 
