@@ -194,7 +194,7 @@ async def test_the_breaker_step_applies_the_shedding_table(
         assert admitted.decision.pool == request.pool
 
 
-async def test_the_assembled_chain_runs_breaker_budget_kv_in_that_order() -> None:
+async def test_the_assembled_chain_runs_access_breaker_budget_kv_in_that_order() -> None:
     """A budget is a contract: refused at once, before a request could wait for KV room."""
     clock = VirtualClock()
     store = InProcessStore(clock)
@@ -207,6 +207,7 @@ async def test_the_assembled_chain_runs_breaker_budget_kv_in_that_order() -> Non
         policy=lambda: POLICY,
     )
     assert [type(s).__name__ for s in admission.chain.steps] == [
+        "AccessStep",
         "BreakerStep",
         "BudgetStep",
         "KvStep",

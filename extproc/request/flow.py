@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from admission.access import check_request
+from admission.access import AccessStep
+from admission.chain import AdmissionChain
 from admission.decision import Admitted, CountKind, RoutingDecision
 from admission.errors import (
     BodyTooLarge,
@@ -44,7 +45,6 @@ from extproc.request.identity import IdentityResolver
 from extproc.request.inflight import InFlight
 from extproc.request.tokens import PromptCorrections, PromptCount, PromptCounter
 from extproc.request.verdicts import (
-    AdmitAll,
     Admitter,
     CandidatePolicy,
     CountedRequest,
@@ -80,7 +80,8 @@ class Decider:
         self.identity = identity
         self.counter = counter
         self.corrections = corrections or PromptCorrections()
-        self.admission: Admitter = admission or AdmitAll()
+        # Without a chain of its own: the access check alone (a chain's first step, always).
+        self.admission: Admitter = admission or AdmissionChain([AccessStep()])
         # Decisions wait here for their access-log entry; expired after the upstream timeout.
         # (`is None`, not `or`: an empty InFlight is falsy, and the one given was dropped.)
         self.inflight: InFlight[RoutingDecision] = (
@@ -183,7 +184,6 @@ class Decider:
         blocks: PromptBlocks = NO_BLOCKS,
         on_wait: WaitNotice | None = None,
     ) -> Routed:
-        check_request(policy, decision)  # a suspended tenant, a limit of 0, a pool it may not use
         inflight = self.inflight
         tracking_id = inflight.new_id()
         admitted = await self.admission.admit(decision, tracking_id, policy, on_wait)

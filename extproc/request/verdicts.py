@@ -3,7 +3,7 @@
 
 What lives here: `Routed` (an admitted request), `HeaderVerdict` (the header phase's
 answer), `CountedRequest` (a request counted and routed, before its admission), and the
-`Admitter` / `CandidatePolicy` protocols with `AdmitAll`.
+`Admitter` / `CandidatePolicy` protocols.
 """
 
 from __future__ import annotations
@@ -46,17 +46,6 @@ class CandidatePolicy(Protocol):
         request: InferenceRequest,
         counted: PromptCount,
     ) -> Routed: ...
-
-
-class AdmitAll:
-    async def admit(
-        self,
-        decision: RoutingDecision,
-        request_id: str,
-        policy: Policy,
-        on_wait: WaitNotice | None = None,
-    ) -> Admitted:
-        return Admitted(decision)
 
 
 @dataclass(frozen=True, slots=True)
