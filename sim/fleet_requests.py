@@ -17,7 +17,8 @@ from admission.decision import RequestOutcome
 from admission.errors import RequestRejected
 from admission.signals import record_signals
 from breaker.latency import ResponseWindows
-from extproc.request.flow import Routed, engine_priority
+from extproc.request.flow import Routed
+from extproc.request.routing import engine_priority
 from policy import Policy
 from sim.arrivals import Arrival, RecordedAnswer, own_draws
 from sim.clock import VirtualClock

@@ -51,8 +51,9 @@ from admission.errors import (
 from admission.events import NoEvents
 from budget.store import BudgetStore, InProcessStore
 from extproc.request.bodies import InferenceRequest
-from extproc.request.flow import Routed, route
+from extproc.request.flow import Routed
 from extproc.request.identity import StoredKeys
+from extproc.request.routing import route
 from extproc.request.tokens import PromptCount
 from policy import ApiKey, Limits, Policy
 

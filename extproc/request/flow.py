@@ -6,10 +6,13 @@ stream). The flow turns request headers into a `HeaderVerdict` and the buffered 
 elsewhere (extproc.service), so this can be unit-tested with plain dicts.
 
 `Decider.decide` is the one path from a parsed request to an admitted decision: count the
-prompt, pick bucket and pool, check the model maximum, run the admission chain, wait for
-the request's end in the in-flight table. The sidecar calls it from the body phase; the
-simulator calls it with requests built from its arrivals (sim.offline), so both decide
-alike. A flow takes one policy snapshot and uses it for every step of its request.
+prompt, pick bucket and pool and check the model maximum (`count_and_route`, with
+extproc.request.routing), run the admission chain and wait for the request's end in the
+in-flight table (`admit_counted`). The sidecar's body phase runs the two halves itself,
+keeping the request's shape between them (the traffic record's, for a refusal too); the
+simulator calls `decide` with requests built from its arrivals (sim.offline), so both
+decide alike. A flow takes one policy snapshot when its stream opens and passes it to every
+step of its request: nothing below re-reads the policy.
 """
 
 from __future__ import annotations
@@ -22,14 +25,12 @@ from typing import Any
 
 from admission.access import AccessStep
 from admission.chain import AdmissionChain
-from admission.decision import Admitted, CountKind, RoutingDecision
+from admission.decision import Admitted, RoutingDecision
 from admission.errors import (
     BodyTooLarge,
-    ContextLengthExceeded,
     InvalidRequest,
     MethodNotAllowed,
     NotFound,
-    Overloaded,
 )
 from admission.waiting_room import WaitNotice
 from breaker.kv_admission import kv_footprint
@@ -43,6 +44,7 @@ from extproc.request.bodies import (
 from extproc.request.contract import SLOGATE_HEADER_PREFIX
 from extproc.request.identity import IdentityResolver
 from extproc.request.inflight import InFlight
+from extproc.request.routing import engine_priority, request_decision, route
 from extproc.request.tokens import PromptCorrections, PromptCount, PromptCounter
 from extproc.request.verdicts import (
     Admitter,
@@ -51,11 +53,8 @@ from extproc.request.verdicts import (
     HeaderVerdict,
     Routed,
 )
-from policy import ApiKey, Policy, Tier
-from policy.apis import Api, BodyShape, ErrorStyle, PathClass, error_style_for
-
-# What vLLM (and OpenAI's legacy API) generate for a completion that names no max_tokens.
-COMPLETION_DEFAULT_MAX_TOKENS = 16
+from policy import ApiKey, Policy
+from policy.apis import Api, ErrorStyle, PathClass, error_style_for
 
 
 class Decider:
@@ -228,58 +227,6 @@ class Decider:
         return Admitted(dataclasses.replace(decided, engines=engines), admitted.response_headers)
 
 
-def route(
-    policy: Policy,
-    request: InferenceRequest,
-    caller: ApiKey,
-    request_id: str,
-    api: Api,
-    counted: PromptCount,
-    correction: float = 1.0,
-) -> RoutingDecision:
-    """The decision for a counted request: its charged limit, bucket and pool, or a refusal
-    when it cannot fit the model's window."""
-    prompt_tokens = counted.tokens
-    max_tokens = charged_max_tokens(request, policy, prompt_tokens)
-    context = prompt_tokens + max_tokens
-    if context > policy.max_context_tokens and counted.kind is CountKind.BUSY:
-        # The byte bound says it may not fit, but only a count could say it does not.
-        raise Overloaded(
-            "The gateway is too busy to count this request's prompt right now. "
-            "Please retry shortly.",
-            reason="token_count_busy",
-            retry_after_s=1,
-        )
-    if context > policy.max_context_tokens:
-        counted_how = (
-            f" (The prompt is over {policy.counting.max_bytes} bytes, which this gateway "
-            "does not count: it is taken at one token per byte, the most it can hold.)"
-            if counted.kind is CountKind.BOUND
-            else ""
-        )
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {policy.max_context_tokens} tokens. "
-            f"However, you requested {context} tokens "
-            f"({prompt_tokens} in the messages, {max_tokens} in the completion). "
-            f"Please reduce the length of the messages or completion.{counted_how}",
-            reason="context_length_exceeded",
-        )
-    return RoutingDecision(
-        request_id=request_id,
-        caller=caller,
-        pool=policy.pool_for(context),
-        bucket=policy.bucket_for(context),
-        prompt_tokens=prompt_tokens,
-        max_tokens=max_tokens,
-        estimate=counted.kind,
-        stream=request.stream,
-        api=api,
-        sequences=request.sequences,
-        runs_to_limit=request.runs_to_limit,
-        prompt_correction=correction,
-    )
-
-
 class RequestFlow:
     """One Envoy stream: headers first, then (for APIs whose body is read) the buffered body.
 
@@ -382,43 +329,6 @@ class RequestFlow:
         )
         self.shape = counted.decision
         return await decider.admit_counted(counted, policy, on_wait)
-
-
-def request_decision(policy: Policy, api: Api, caller: ApiKey, request_id: str) -> RoutingDecision:
-    """A request counted as one request and no tokens, on the default pool."""
-    return RoutingDecision(
-        request_id=request_id,
-        caller=caller,
-        pool=policy.default_pool,
-        bucket=policy.bucket_for(0),
-        prompt_tokens=0,
-        max_tokens=0,
-        estimate=CountKind.EXACT,
-        stream=False,
-        api=api,
-    )
-
-
-# vLLM's priority scheduling runs lower values first; the tier is the only authority.
-_ENGINE_PRIORITY = {Tier.CRITICAL: 0, Tier.STANDARD: 1, Tier.SHEDDABLE: 2}
-
-
-def engine_priority(tier: Tier) -> int:
-    return _ENGINE_PRIORITY[tier]
-
-
-def charged_max_tokens(request: InferenceRequest, policy: Policy, prompt_tokens: int) -> int:
-    """Each completion's output limit: the one the request names; for completions without
-    one, the 16 tokens the engine generates then; otherwise the policy's default, cut to
-    what the model's window leaves after the prompt (it is written into the forwarded body,
-    so the engine cannot generate more than was charged)."""
-    if not request.generates:
-        return 0
-    if request.max_tokens is not None:
-        return request.max_tokens
-    if request.shape is BodyShape.COMPLETION:
-        return COMPLETION_DEFAULT_MAX_TOKENS
-    return max(1, min(policy.default_max_tokens, policy.max_context_tokens - prompt_tokens))
 
 
 def _too_large(size_bytes: int, policy: Policy) -> BodyTooLarge:
