@@ -1,6 +1,6 @@
 """The candidate policy judged beside the enforced one on every request, never enforced.
 
-What lives here: `CandidateJudge` (the Decider's `Candidate`: it wraps each request's
+What lives here: `CandidateJudge` (the Decider's `CandidatePolicy`: it wraps each request's
 enforced admission, then judges the same request under the candidate in a task, off the
 request's path), `verdict_of` (the comparison, pure) and `candidate_caller` (the caller as
 the candidate knows it). What the candidate would have done is written on the request's
@@ -51,8 +51,9 @@ from admission.errors import (
 from admission.events import NoEvents
 from budget.store import BudgetStore, InProcessStore
 from extproc.request.bodies import InferenceRequest
-from extproc.request.flow import Routed, route
+from extproc.request.flow import Routed
 from extproc.request.identity import StoredKeys
+from extproc.request.routing import route
 from extproc.request.tokens import PromptCount
 from policy import ApiKey, Policy, build_caller
 
@@ -122,7 +123,7 @@ def candidate_caller(
 
 
 class CandidateJudge:
-    """The Decider's `Candidate`, and an OutcomeSink: a request both policies admitted is
+    """The Decider's `CandidatePolicy`, and an OutcomeSink: a request both policies admitted is
     settled in the candidate's budgets with its real usage when it ends."""
 
     def __init__(
