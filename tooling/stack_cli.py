@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 import tempfile
 import time
@@ -239,6 +240,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.engine == "vllm" and not vllm_ready():
+        return 2
+    from tooling import processes
+
+    if shutil.which(processes.envoy_binary()) is None:
+        print(f"slogate up: no envoy binary: {processes.ENVOY_INSTALL_HINT}", file=sys.stderr)
         return 2
     from tooling.prometheus_server import PROMETHEUS_INSTALL_HINT, prometheus_binary
     from tooling.vllm_engine import VllmSettings
