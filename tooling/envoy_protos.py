@@ -3,7 +3,7 @@
 The sources are Envoy's own .proto files, copied unchanged into protos/upstream/ (where
 each comes from: protos/README.md). slogate serves two Envoy services — ext_proc and the
 gRPC access log — so the roots below are their two files; every file they import, and
-only those, is generated with them (20 files, not the ~1,500 of a package of all Envoy's
+only those, is generated with them (20 files, not the 766 of a package of all Envoy's
 protos). protoc writes imports from the proto paths (`from envoy.config.core.v3 import
 ...`); they are rewritten under `extproc.envoypb.` so that the modules belong to slogate
 alone and overwrite no other package's files. The proto package names, which are what
