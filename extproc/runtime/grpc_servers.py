@@ -14,14 +14,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
-from envoy.service.accesslog.v3 import als_pb2_grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health_pb2_grpc
 from grpc_health.v1.health import HealthServicer
 from prometheus_client import CollectorRegistry, start_http_server
 
 from budget.spend_store import SpendStore
 from extproc.adminpb import admin_pb2_grpc, tenants_pb2_grpc
+from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2_grpc
+from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from extproc.request.flow import Decider
 from extproc.runtime.policy_holder import PolicyHolder
 from extproc.runtime.workers import Siblings, WorkerSlot

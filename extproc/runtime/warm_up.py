@@ -27,13 +27,13 @@ from concurrent.futures import Executor
 from typing import Any, cast
 
 import grpc
-from envoy.config.core.v3 import base_pb2 as core
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from admission.assembly import build_admission
 from breaker.board import BreakerBoard
 from breaker.key_quotas import KeyQuotas
 from budget.store import InProcessStore
+from extproc.envoypb.envoy.config.core.v3 import base_pb2 as core
+from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.request.flow import Decider
 from extproc.request.inflight import InFlight
 from extproc.request.tokens import PromptCounter, TokenCounter

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from envoy.data.accesslog.v3 import accesslog_pb2
-from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.adminpb import admin_pb2 as pb
 from extproc.adminpb import admin_pb2_grpc as pb_grpc
+from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
+from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
 log = logging.getLogger("slogate.workers")
 

@@ -16,12 +16,12 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from admission.decision import RoutingDecision
 from admission.errors import InternalError, RequestRejected
 from admission.waiting_room import WaitNotice
+from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from extproc.request.flow import Decider, HeaderVerdict, RequestFlow, Routed
 from extproc.service.log_records import REQUEST_ID
 from extproc.service.metrics import SidecarMetrics

@@ -10,9 +10,8 @@ runs the header phase's logic on the forwarded headers, then the body's).
 
 from __future__ import annotations
 
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
 from admission.errors import InternalError
+from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.request.contract import FORWARDED_NAMESPACE, METADATA_NAMESPACE
 
 # A header mutation Envoy can drop: without any mutation it ignores clear_route_cache

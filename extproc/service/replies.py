@@ -14,14 +14,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
-from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.type.v3 import http_status_pb2
 from google.protobuf import json_format
 
 from admission.decision import RoutingDecision
 from admission.errors import RequestRejected, error_document
+from extproc.envoypb.envoy.config.core.v3 import base_pb2
+from extproc.envoypb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from extproc.envoypb.envoy.type.v3 import http_status_pb2
 from extproc.request.contract import (
     BUCKET_HEADER,
     ENGINE_FIELD,

@@ -28,8 +28,7 @@ from extproc.service.log_records import REQUEST_ID
 from extproc.service.replies import set_headers
 
 if TYPE_CHECKING:
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
+    from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from extproc.request.verdicts import Routed
     from extproc.service.observers import RequestSeen
     from policy._telemetry import TracingConfig
@@ -191,14 +190,6 @@ def start_tracing(config: TracingConfig | None) -> DecisionTracer | None:
     try:
         return DecisionTracer(config)
     except ImportError as missing:
-        if (missing.name or "").startswith("opentelemetry.proto") and "cannot import" in str(
-            missing
-        ):  # installed, but xds-protos' older copy of its files won (tooling.build.otel_protos)
-            raise TracingUnavailable(
-                f"the policy sets telemetry.tracing, but OpenTelemetry's protos are xds-protos'"
-                f" older copy ({missing}): pip install --force-reinstall --no-deps "
-                f"opentelemetry-proto"
-            ) from missing
         raise TracingUnavailable(
             f"the policy sets telemetry.tracing, but OpenTelemetry is not installed "
             f"({missing.name}): pip install 'slogate[tracing]'"

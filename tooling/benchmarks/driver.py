@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import grpc
-from envoy.config.core.v3 import base_pb2
-from envoy.data.accesslog.v3 import accesslog_pb2
-from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from extproc.envoypb.envoy.config.core.v3 import base_pb2
+from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
+from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
+from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from extproc.request.contract import ACCESS_LOG_NAME, METADATA_NAMESPACE, TRACKING_ID_FIELD
 
 

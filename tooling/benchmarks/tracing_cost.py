@@ -124,9 +124,8 @@ def on_the_loop(receiver: TraceReceiver, calls: int = 2000) -> dict[str, float]:
     client's context read from the headers, the span made, ended and its id written into
     the reply; CPU of the calling thread only (the exporter's thread runs beside it).
     Medians of 5 runs of `calls`."""
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
     from admission.decision import CountKind, RoutingDecision
+    from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from extproc.request.verdicts import Routed
     from extproc.service.tracing import DecisionTracer
     from policy import ApiKey, Tier, load_policy

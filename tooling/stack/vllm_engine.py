@@ -52,7 +52,7 @@ def engine_home() -> Path:
     configured = os.environ.get("SLOGATE_VLLM_HOME")
     if configured:
         return Path(configured)
-    checkout = Path(__file__).resolve().parents[1]
+    checkout = Path(__file__).resolve().parents[2]
     base = checkout if (checkout / "pyproject.toml").exists() else Path.cwd()
     return base / ".cache" / "vllm"
 

