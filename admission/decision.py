@@ -5,7 +5,7 @@ admission sees it: caller, pool, bucket, tokens, and the breaker level and effec
 it was admitted under), `Admitted` (a step's answer) and `RequestOutcome` (what became of
 the request: what settlement and the signals read). Plain frozen values, no I/O; the
 sidecar builds decisions from request bodies (extproc.request), the simulator from its
-arrivals (sim.offline), and both hand them to the same chain (admission.chain).
+arrivals (sim.fleet.offline), and both hand them to the same chain (admission.chain).
 """
 
 from __future__ import annotations

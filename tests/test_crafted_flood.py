@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 
 from policy import parse_policy
-from sim.arrivals import Arrival, p99, poisson_arrivals
-from sim.offline import OfflineFleet
+from sim.fleet.arrivals import Arrival, p99, poisson_arrivals
+from sim.fleet.offline import OfflineFleet
 
 CAPACITY = 400_000  # the simulated engine's KV cache, weighted tokens
 POLICY = parse_policy(

@@ -27,7 +27,7 @@ import aiohttp
 import yaml
 
 from policy import ContextBucket, LatencyFit
-from sim.calibration import Sample, fit_latency, pool_spread
+from sim.server.calibration import Sample, fit_latency, pool_spread
 
 SPREAD_FLAG = 0.15  # the field flags pools more than 15% apart
 _FILLER = [

@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from policy import BreakerThresholds, BudgetStoreKind, Tier
-from sim.scenarios import Workload
+from sim.fleet.workload_files import Workload
 from tooling.loadtest_faults import Fault, StackFaults, load_faults, mark_faults
 from tooling.loadtest_predict import (
     LIVE_POOL,

@@ -81,7 +81,7 @@ def _add_prediction(result: dict[str, Any], workload: Any, seed: int) -> None:
 
 
 def _capacity(args: argparse.Namespace, path: Path) -> int:
-    from sim.scenarios import SIMULATION_POLICY
+    from sim.fleet.workload_files import SIMULATION_POLICY
     from tooling import loadtest
 
     try:
@@ -113,7 +113,12 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from sim.scenarios import SIMULATION_POLICY, load_workload, workload_path, workload_policy
+    from sim.fleet.workload_files import (
+        SIMULATION_POLICY,
+        load_workload,
+        workload_path,
+        workload_policy,
+    )
     from tooling import loadtest
 
     path = workload_path(args.workload)
@@ -237,7 +242,7 @@ def _write_result(document: dict[str, Any], out: Path) -> None:
 
 def _draw(runs: dict[str, Any], out: Path) -> str:
     """The runs' PNG beside their JSON; matplotlib is optional (`slogate[sim]`)."""
-    from sim.plots import draw_live
+    from sim.studies.plots import draw_live
 
     try:
         return f" and {draw_live(runs, out.with_suffix('.png'))}"

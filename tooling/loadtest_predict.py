@@ -12,10 +12,11 @@ from typing import Any
 import yaml
 
 from policy import Tier, parse_policy
-from sim.config import PoolConfig
-from sim.offline import OfflineFleet
-from sim.scenarios import Workload, summarize, workload_from
-from sim.sidecar import refusal_kind
+from sim.fleet.offline import OfflineFleet
+from sim.fleet.run_summary import summarize
+from sim.fleet.sidecar import refusal_kind
+from sim.fleet.workload_files import Workload, workload_from
+from sim.server.config import PoolConfig
 from tooling.loadtest_report import _format, _markdown, _quantile
 from tooling.loadtest_shots import Shot
 

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any
 
-from sim.scenarios import SIMULATION_POLICY
+from sim.fleet.workload_files import SIMULATION_POLICY
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -61,7 +61,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from sim.scenarios import WORKLOADS, compare, gains, load_workload, table, workload_path
+    from sim.fleet.workload_files import WORKLOADS, load_workload, workload_path
+    from sim.studies.scenarios import compare, gains, table
 
     if args.engines:
         return _engines(args)
@@ -73,7 +74,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     latency = None
     if args.latency_from is not None:
         from policy import load_policy
-        from sim.calibration import latency_config
+        from sim.server.calibration import latency_config
 
         measured = load_policy(args.latency_from)
         fit = measured.latency_models.get(measured.default_pool)
@@ -105,7 +106,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(text)
     print(f"wrote {out} and {out.with_suffix('.md')}")
     try:
-        from sim.plots import draw_comparison
+        from sim.studies.plots import draw_comparison
 
         print(f"wrote {draw_comparison(comparison, out.with_suffix('.png'))}")
     except ImportError:
@@ -114,7 +115,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _engines(args: argparse.Namespace) -> int:
-    from sim.engine_compare import compare_picking, picking_table
+    from sim.studies.engine_compare import compare_picking, picking_table
 
     report = compare_picking(
         duration_s=args.duration_s or 60.0, seed=args.seed, progress=lambda line: print(line)
@@ -209,7 +210,7 @@ def _write_report(
 
 
 def _waiting_room(args: argparse.Namespace, workload: Any, latency: Any) -> int:
-    from sim.scenarios import waiting_room_report, waiting_room_table
+    from sim.studies.room_reports import waiting_room_report, waiting_room_table
 
     seeds = (args.seed, args.seed + 4)
     report = waiting_room_report(workload, seeds, latency)
@@ -221,7 +222,7 @@ def _waiting_room(args: argparse.Namespace, workload: Any, latency: Any) -> int:
 
 
 def _sidecars(args: argparse.Namespace, workload: Any, latency: Any) -> int:
-    from sim.scenarios import sidecars_report, sidecars_table
+    from sim.studies.room_reports import sidecars_report, sidecars_table
 
     split = tuple(float(part) for part in args.sidecars.split(","))
     seeds = (args.seed, args.seed + 4)

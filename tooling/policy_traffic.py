@@ -53,9 +53,9 @@ def add_traffic_arguments(diff: argparse.ArgumentParser) -> None:
 def traffic_diff(args: argparse.Namespace) -> int:
     from policy import PolicyError, load_policy
     from policy.diff import policy_changes
-    from sim.policy_impact import Guards, check_guards, compare, impact_markdown
-    from sim.replay import replayed_requests
-    from sim.traffic import parse_time, read_traffic
+    from sim.fleet.replay import replayed_requests
+    from sim.fleet.traffic import parse_time, read_traffic
+    from sim.studies.policy_impact import Guards, check_guards, compare, impact_markdown
 
     name = "slogate policy diff"
     try:

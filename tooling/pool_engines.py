@@ -49,7 +49,7 @@ def start_sim_pool(
         first = stack.ports.pools.get(pool.name, endpoint_port)
         port = first if index == 0 else (endpoint_port if first else 0)
         argv = python_module(
-            "sim.pool",
+            "sim.server.pool",
             "--name", pool.name,
             "--host", HOST,
             "--port", str(port),

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from sim.model import LatencyConfig
+from sim.server.model import LatencyConfig
 
 
 def add_replay_command(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +42,7 @@ def _latency(path: Path | None) -> LatencyConfig | None:
     if path is None:
         return None
     from policy import load_policy
-    from sim.calibration import latency_config
+    from sim.server.calibration import latency_config
 
     measured = load_policy(path)
     fit = measured.latency_models.get(measured.default_pool)
@@ -53,8 +53,8 @@ def _latency(path: Path | None) -> LatencyConfig | None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from policy import load_policy
-    from sim.replay import replay, replay_table
-    from sim.traffic import parse_time, read_traffic
+    from sim.fleet.replay import replay, replay_table
+    from sim.fleet.traffic import parse_time, read_traffic
 
     try:
         from_s = None if args.from_t is None else parse_time(args.from_t)

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from sim.workload_fit import BURST_FACTOR
+from sim.fleet.workload_fit import BURST_FACTOR
 
 
 class _Flow(list[Any]):
@@ -55,8 +55,8 @@ def add_workload_command(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_workload(args: argparse.Namespace) -> int:
-    from sim.traffic import parse_time, read_traffic
-    from sim.workload_fit import fit_workload
+    from sim.fleet.traffic import parse_time, read_traffic
+    from sim.fleet.workload_fit import fit_workload
 
     try:
         from_s = None if args.from_t is None else parse_time(args.from_t)

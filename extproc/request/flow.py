@@ -8,7 +8,7 @@ elsewhere (extproc.service), so this can be unit-tested with plain dicts.
 `Decider.decide` is the one path from a parsed request to an admitted decision: count the
 prompt, pick bucket and pool, check the model maximum, run the admission chain, wait for
 the request's end in the in-flight table. The sidecar calls it from the body phase; the
-simulator calls it with requests built from its arrivals (sim.offline), so both decide
+simulator calls it with requests built from its arrivals (sim.fleet.offline), so both decide
 alike. A flow takes one policy snapshot and uses it for every step of its request.
 """
 

@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from sim.prompts import WORDS
+from sim.fleet.prompts import WORDS
 from tooling import admin_client
 from tooling.shipped_files import example_policy
 from tooling.stack import LocalStack, StackPorts

@@ -2,7 +2,7 @@
 
 `SimPool` owns the pool's mutable state (KV cache, prefix cache, faults, metrics, seeded RNG)
 and turns the pure model's draws into sleeps on the event loop. Routing and the CLI live in
-`sim.pool`; request shapes in `sim._openai`, response shapes in `sim._frames`.
+`sim.server.pool`; request shapes in `sim.server._openai`, response shapes in `sim.server._frames`.
 """
 
 from __future__ import annotations
@@ -15,12 +15,26 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from sim._frames import Frame, Usage, anthropic_error_body, error_body, filler_token, frame_for
-from sim._openai import Counter, Endpoint, ParsedRequest, RequestError, approx_tokens, parse_request
-from sim.config import PoolConfig
-from sim.faults import Faults, FaultState
-from sim.metrics import PoolMetrics
-from sim.model import Admission, KvCache, LatencyModel, PrefixCache, kv_tokens_for
+from sim.server._frames import (
+    Frame,
+    Usage,
+    anthropic_error_body,
+    error_body,
+    filler_token,
+    frame_for,
+)
+from sim.server._openai import (
+    Counter,
+    Endpoint,
+    ParsedRequest,
+    RequestError,
+    approx_tokens,
+    parse_request,
+)
+from sim.server.config import PoolConfig
+from sim.server.faults import Faults, FaultState
+from sim.server.metrics import PoolMetrics
+from sim.server.model import Admission, KvCache, LatencyModel, PrefixCache, kv_tokens_for
 
 # slogate's headers, and those it sets for an endpoint picker (the inference extension's).
 # traceparent/tracestate: the trace context the engine would nest its own spans under.
@@ -112,7 +126,7 @@ class SimPool:
         self.metrics = PoolMetrics(config.model, config.kv_capacity_tokens)
         self.count_tokens: Counter = approx_tokens
         if config.tokenizer == "deepseek":
-            from sim.prompts import shared_bpe  # one counter per process, not per pool
+            from sim.server.tokenizer import shared_bpe  # one counter per process, not per pool
 
             self.count_tokens = shared_bpe().count
         self._admitted: dict[str, asyncio.Future[None]] = {}

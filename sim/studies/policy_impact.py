@@ -1,5 +1,5 @@
 """What a policy change does to recorded traffic: `slogate policy diff OLD NEW --traffic`'s
-comparison, from two replays of the same record (sim.replay.replayed_requests).
+comparison, from two replays of the same record (sim.fleet.replay.replayed_requests).
 
 What lives here: `compare` (two replays -> one row per tenant and tier: requests,
 admitted, refused by reason, routed per pool, P99 TTFT, SLO attainment, goodput, and how
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sim.arrivals import p99
-from sim.replay import ReplayedRequest, ReplayedRequests
+from sim.fleet.arrivals import p99
+from sim.fleet.replay import ReplayedRequest, ReplayedRequests
 
 CRITICAL = "critical"
 

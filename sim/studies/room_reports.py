@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from policy import Tier
-from sim.fleet_runs import run_fleet, run_once, with_kv_admission
-from sim.model import LatencyConfig
-from sim.run_summary import CAPACITY_REFUSALS, summarize
-from sim.workload_files import Workload
+from sim.fleet.fleet_runs import run_fleet, run_once, with_kv_admission
+from sim.fleet.run_summary import CAPACITY_REFUSALS, summarize
+from sim.fleet.workload_files import Workload
+from sim.server.model import LatencyConfig
 
 
 def _percent(value: float | None) -> str:

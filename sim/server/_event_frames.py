@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim._wire import Usage, dumps, random_id, sse_event
+from sim.server._wire import Usage, dumps, random_id, sse_event
 
 # The Responses request's settings vLLM sends back in the response object, with what it says
 # when the request names none (temperature and top_p: the model's generation defaults).

@@ -3,7 +3,7 @@
 What lives here: `fit_latency` (samples of (prompt tokens, TTFT) on an otherwise idle
 endpoint, the network round trip, the policy's context buckets -> `LatencyFit`: base
 latency, prefill ms per 1k tokens in the first bucket, and each bucket's slope relative to
-it, the shape `sim.model.LatencyConfig` and the policy's `latency_model` section use) and
+it, the shape `sim.server.model.LatencyConfig` and the policy's `latency_model` section use) and
 `pool_spread` (how far pools' fits lie apart; the field flags more than 15%).
 
 The method is the field's: tiny requests at empty load give the base latency once the
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from policy import ContextBucket, LatencyFit
-from sim.model import ContextBucketProfile, LatencyConfig
+from sim.server.model import ContextBucketProfile, LatencyConfig
 
 
 @dataclass(frozen=True, slots=True)

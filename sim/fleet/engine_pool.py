@@ -5,8 +5,8 @@ whether it is up) and `EnginePool` (a pool's engines, their addresses, and `reac
 the generated Envoy configuration does with a request, tooling.envoy_config.engines: the
 first engine slogate named; a refused connection retried once on the second one named; no
 name: round robin over the engines Envoy's health checks still pass). The offline fleet
-(sim.offline) drives them on its virtual clock; the picking itself is the sidecar's own
-(engines.picker, through sim.sidecar).
+(sim.fleet.offline) drives them on its virtual clock; the picking itself is the sidecar's own
+(engines.picker, through sim.fleet.sidecar).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from breaker.engine import EngineSnapshot
 from engines import EngineFleet
-from sim.arrivals import Arrival
-from sim.model import KvCache, PrefixCache, PromptSegment
+from sim.fleet.arrivals import Arrival
+from sim.server.model import KvCache, PrefixCache, PromptSegment
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from sim.model import LatencyConfig
+from sim.server.model import LatencyConfig
 
 
 @dataclass(frozen=True, slots=True)

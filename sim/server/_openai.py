@@ -1,10 +1,10 @@
 """Request bodies the simulated pool accepts, as vLLM 0.32 does: parsing into one shape.
 
-The APIs: OpenAI chat completions and completions, the Responses API, Anthropic's Messages
-API, embeddings (and /invocations, routed to chat or completions by its payload). Only
-shapes live here: no sleeping, no KV accounting, no aiohttp; response bodies are in
-`sim._frames`. Token counts are a cheap approximation (ceil(utf-8 bytes / 4), +4 per chat
-message) unless the pool counts with DeepSeek's vocabulary (`sim.config.PoolConfig.tokenizer`).
+The APIs: OpenAI chat completions and completions, the Responses API, Anthropic's Messages API,
+embeddings (and /invocations, routed to chat or completions by its payload). Only shapes live
+here: no sleeping, no KV accounting, no aiohttp; response bodies are in `sim.server._frames`.
+Token counts are a cheap approximation (ceil(utf-8 bytes / 4), +4 per chat message) unless the
+pool counts with DeepSeek's vocabulary (`sim.server.config.PoolConfig.tokenizer`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim._event_frames import responses_settings
-from sim.model import PromptSegment, chain_segments
+from sim.server._event_frames import responses_settings
+from sim.server.model import PromptSegment, chain_segments
 
 DEFAULT_MAX_TOKENS = 256
 _TOKENS_PER_MESSAGE = 4

@@ -14,9 +14,9 @@ from typing import Any
 
 from breaker.objectives import latency_objective_s
 from policy import Policy, Tier
-from sim.arrivals import p99
-from sim.offline import OfflineFleet, Served
-from sim.workload_files import Workload
+from sim.fleet.arrivals import p99
+from sim.fleet.offline import OfflineFleet, Served
+from sim.fleet.workload_files import Workload
 
 
 def summarize(

@@ -1,6 +1,6 @@
 """PNG plots of a static-vs-dynamic comparison: load, P99 TTFT and breaker level over time.
 
-What lives here: `draw_comparison`, which reads the JSON that `sim.scenarios.compare`
+What lives here: `draw_comparison`, which reads the JSON that `sim.studies.scenarios.compare`
 writes (the best static run and the dynamic run carry a timeline) and draws one figure
 with both runs on shared time axes. matplotlib is an optional dependency (`slogate[sim]`);
 without it the caller gets an ImportError it can report.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sim.arrivals import p99
+from sim.fleet.arrivals import p99
 
 RUNS = (("static_best", "static (best sweep)", "tab:gray"), ("dynamic", "dynamic", "tab:blue"))
 

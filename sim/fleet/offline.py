@@ -1,8 +1,8 @@
 """A discrete-event fleet on a virtual clock that runs slogate's REAL decision code.
 
 What lives here: `OfflineFleet`, which plays a workload (arrivals of (time, key, prompt,
-max_tokens)) through one or more simulated sidecar replicas (sim.sidecar: the sidecar's own
-Decider, prompt counter and admission chain) into simulated engines (sim.model's KV cache
+max_tokens)) through one or more simulated sidecar replicas (sim.fleet.sidecar: the sidecar's own
+Decider, prompt counter and admission chain) into simulated engines (sim.server.model's KV cache
 and latency model, one per pool), and feeds what the engines did back the way the access
 log does: the same signals into the breaker (admission.signals), the same settlement in
 every admission step. Nothing is copied; only the clock, the engines and the arrivals are
@@ -10,7 +10,7 @@ the simulator's own. One simulated hour runs in seconds.
 
 The fleet's state and its event loop (arrivals, the breaker's evaluations, the controller,
 scrapes, probes, outages, the waiting room's tick) are here; what happens to a request once
-a sidecar decided it (its engine, its latencies, its end) is sim.fleet_requests'.
+a sidecar decided it (its engine, its latencies, its end) is sim.fleet.fleet_requests'.
 
 Each request draws its latencies from its own random generator seeded by (seed, its arrival
 time and prompt), so two runs that differ only in another tenant's traffic give a tenant's requests
@@ -36,14 +36,15 @@ from budget.store import InProcessStore
 from extproc.request.flow import Routed
 from extproc.request.tokens import PromptCounter
 from policy import Policy
-from sim.arrivals import Arrival, own_draws
-from sim.clock import VirtualClock
-from sim.engine_pool import EnginePool, SimEngine, engine_addresses, probe, scrape
-from sim.fleet_requests import FleetRequests
-from sim.fleet_types import EngineOutage, Sample, Served
-from sim.model import LatencyConfig
-from sim.prompts import library, shared_bpe
-from sim.sidecar import SimulatedSidecar, run_now
+from sim.fleet.arrivals import Arrival, own_draws
+from sim.fleet.clock import VirtualClock
+from sim.fleet.engine_pool import EnginePool, SimEngine, engine_addresses, probe, scrape
+from sim.fleet.fleet_requests import FleetRequests
+from sim.fleet.fleet_types import EngineOutage, Sample, Served
+from sim.fleet.prompts import library
+from sim.fleet.sidecar import SimulatedSidecar, run_now
+from sim.server.model import LatencyConfig
+from sim.server.tokenizer import shared_bpe
 
 
 class OfflineFleet(FleetRequests):

@@ -5,7 +5,7 @@ What lives here: `SimulatedSidecar` — the sidecar's `Decider` (prompt counter,
 the model maximum) in front of the admission chain built by `admission.assembly`, exactly
 as `extproc.runtime.sidecar` builds them — and `run_now`, which drives an admission
 coroutine to its end without an event loop. Only what is really different is here: the
-clock is virtual, prompts come from arrivals (their texts from sim.prompts, counted by the
+clock is virtual, prompts come from arrivals (their texts from sim.fleet.prompts, counted by the
 real counter) instead of request bodies, and the outcome of each request comes from a
 simulated engine instead of Envoy's access log.
 """

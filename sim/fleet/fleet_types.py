@@ -1,4 +1,4 @@
-"""What the offline fleet (sim.offline) reports and is told: one request's fate, the fleet
+"""What the offline fleet (sim.fleet.offline) reports and is told: one request's fate, the fleet
 sampled over time, an engine's outage."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sim.arrivals import Arrival
+from sim.fleet.arrivals import Arrival
 
 RETRIED_STATUSES = frozenset({429, 503})  # what an OpenAI SDK retries after Retry-After
 

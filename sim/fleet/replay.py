@@ -3,11 +3,11 @@
 What lives here: `replay_arrivals` (records -> the offline fleet's arrivals: their timing,
 keys, counted prompts and the output lengths that really came back), `RecordedCounter`
 (answers the sidecar's prompt counter with each record's count, so no text is needed),
-`replay` (runs sim.offline's fleet, the simulated engines or a calibrated latency model,
+`replay` (runs sim.fleet.offline's fleet, the simulated engines or a calibrated latency model,
 and reports what `slogate simulate` reports) and the agreement check: each replayed
 request's admission outcome (admitted, or refused with its reason) against the recorded
 one; `replayed_requests` (each entry's fate under a policy: what `slogate policy diff
---traffic` compares, sim.policy_impact). The fleet, the sidecars and the chain are the
+--traffic` compares, sim.studies.policy_impact). The fleet, the sidecars and the chain are the
 simulator's; nothing is copied here.
 
 What a replay cannot reproduce, by construction: engine timing (a budget's tokens are
@@ -30,13 +30,14 @@ from typing import Any
 from admission.decision import CountKind
 from extproc.request.tokens import PromptCount, PromptCounter
 from policy import ApiKey, Policy
-from sim.arrivals import Arrival, RecordedAnswer
-from sim.config import PoolConfig
-from sim.fleet_types import Served
-from sim.model import LatencyConfig
-from sim.offline import OfflineFleet
-from sim.scenarios import Workload, summarize, within_objective
-from sim.traffic import TrafficEntry
+from sim.fleet.arrivals import Arrival, RecordedAnswer
+from sim.fleet.fleet_types import Served
+from sim.fleet.offline import OfflineFleet
+from sim.fleet.run_summary import summarize, within_objective
+from sim.fleet.traffic import TrafficEntry
+from sim.fleet.workload_files import Workload
+from sim.server.config import PoolConfig
+from sim.server.model import LatencyConfig
 
 _TEXT_PREFIX = "replay:"
 _TAIL_S = 60.0  # virtual time after the last arrival for what is still running to end

@@ -1,11 +1,11 @@
 """One request's way through the offline fleet once a sidecar decided it: the engine, its
 latencies and what the access log says of it.
 
-What lives here: `FleetRequests`, the part of sim.offline's `OfflineFleet` that takes a
+What lives here: `FleetRequests`, the part of sim.fleet.offline's `OfflineFleet` that takes a
 sidecar's decision (a refusal, retried as a client would, or a route to an engine), starts
 the request on its engine with its own draws (or a replayed record's timings), finishes it
 and hands its outcome back as Envoy's access log would: the breaker's signals, then
-settlement in every admission step. The fleet's state and its event loop are sim.offline's.
+settlement in every admission step. The fleet's state and its event loop are sim.fleet.offline's.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from admission.signals import record_signals
 from breaker.latency import ResponseWindows
 from extproc.request.flow import Routed, engine_priority
 from policy import Policy
-from sim.arrivals import Arrival, RecordedAnswer, own_draws
-from sim.clock import VirtualClock
-from sim.engine_pool import EnginePool, SimEngine
-from sim.fleet_types import RETRIED_STATUSES, Served
-from sim.model import Admission, LatencyConfig, LatencyModel, chain_segments, kv_tokens_for
-from sim.sidecar import SimulatedSidecar
+from sim.fleet.arrivals import Arrival, RecordedAnswer, own_draws
+from sim.fleet.clock import VirtualClock
+from sim.fleet.engine_pool import EnginePool, SimEngine
+from sim.fleet.fleet_types import RETRIED_STATUSES, Served
+from sim.fleet.sidecar import SimulatedSidecar
+from sim.server.model import Admission, LatencyConfig, LatencyModel, chain_segments, kv_tokens_for
 
 
 class FleetRequests:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from sim.model import KvCache
+from sim.server.model import KvCache
 
 # Bucket bounds as vLLM declares them, so dashboards and recording rules line up.
 _TTFT_BUCKETS_S = (

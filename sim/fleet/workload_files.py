@@ -16,9 +16,9 @@ from typing import Any
 import yaml
 
 from policy import Policy, parse_policy
-from sim.arrivals import Arrival, poisson_arrivals
+from sim.fleet.arrivals import Arrival, poisson_arrivals
 
-WORKLOADS = Path(__file__).parent / "workloads"
+WORKLOADS = Path(__file__).parent.parent / "workloads"  # sim/workloads/: data of the package sim
 
 # The breaker timings used in the offline comparisons: seconds-scale windows, so that a
 # 5-15 minute workload sees the breaker and the controller act.
@@ -112,7 +112,7 @@ def workload_from(
         key = policy.key_for(f"sk-{tenant['tenant']}")
         assert key is not None
         for s_index, stream in enumerate(tenant["streams"]):
-            # [low, high] (uniform), or a longer quantile table (sim.arrivals).
+            # [low, high] (uniform), or a longer quantile table (sim.fleet.arrivals).
             prompt_tokens = [int(v) for v in stream["prompt_tokens"]]
             if len(prompt_tokens) < 2:
                 raise ValueError(f"{source}: prompt_tokens needs [low, high] or a quantile table")

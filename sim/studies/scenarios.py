@@ -1,11 +1,10 @@
-"""The static-vs-dynamic comparison on the offline fleet, and the names sim.scenarios has
-always offered.
+"""The static-vs-dynamic comparison on the offline fleet.
 
 What lives here: `compare`, which runs the same workload and seed with (a) the best static
 per-tier quota found by a sweep and (b) slogate's dynamic controller, `gains` and `table`
-(its report). The rest moved by what it does, and is importable from here as before:
-workload files in sim.workload_files, a run's summary in sim.run_summary, running the fleet
-in sim.fleet_runs, the waiting room's and the sidecars' comparisons in sim.room_reports.
+(its report). Workload files are sim.fleet.workload_files', a run's summary
+sim.fleet.run_summary's, running the fleet sim.fleet.fleet_runs'; the waiting room's and
+the sidecars' comparisons are sim.studies.room_reports'.
 """
 
 from __future__ import annotations
@@ -16,83 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from policy import Tier
-from sim.fleet_runs import (
-    FLEET,
-    KV_CAPACITY_TOKENS,
-    MAX_NUM_SEQS,
-    run_fleet,
-    run_many,
-    run_once,
-    with_kv_admission,
-)
-from sim.model import LatencyConfig
-from sim.offline import OfflineFleet, Served
-from sim.room_reports import (
-    CLIENT_RETRIES,
-    UNEVEN_SIDECARS,
-    WAITING_ROOM_RUNS,
-    _percent,
-    sidecars_report,
-    sidecars_table,
-    waiting_room_report,
-    waiting_room_table,
-)
-from sim.run_summary import (
-    CAPACITY_REFUSALS,
-    jain_index,
-    p99_series,
-    summarize,
-    waiting_summary,
-    within_objective,
-)
-from sim.workload_files import (
-    SIMULATION_POLICY,
-    WORKLOADS,
-    Workload,
-    load_workload,
-    policy_document,
-    workload_from,
-    workload_path,
-    workload_policy,
-)
-
-__all__ = [
-    "CAPACITY_REFUSALS",
-    "CLIENT_RETRIES",
-    "CRITICAL_ATTAINMENT",
-    "FLEET",
-    "KV_CAPACITY_TOKENS",
-    "MAX_NUM_SEQS",
-    "SIMULATION_POLICY",
-    "SWEEP",
-    "UNEVEN_SIDECARS",
-    "WAITING_ROOM_RUNS",
-    "WORKLOADS",
-    "OfflineFleet",
-    "Served",
-    "Workload",
-    "compare",
-    "gains",
-    "jain_index",
-    "load_workload",
-    "p99_series",
-    "policy_document",
-    "run_fleet",
-    "run_many",
-    "run_once",
-    "sidecars_report",
-    "sidecars_table",
-    "summarize",
-    "table",
-    "waiting_room_report",
-    "waiting_room_table",
-    "waiting_summary",
-    "with_kv_admission",
-    "within_objective",
-    "workload_from",
-    "workload_path",
-    "workload_policy",
-]
+from sim.fleet.fleet_runs import run_many, run_once, with_kv_admission
+from sim.fleet.workload_files import Workload
+from sim.server.model import LatencyConfig
+from sim.studies.room_reports import _percent
 
 SWEEP = {"standard": (0.25, 0.5, 0.75, 1.0), "sheddable": (0.1, 0.2, 0.3, 0.5, 0.75, 1.0)}
 CRITICAL_ATTAINMENT = 0.99  # what a careful operator holds the critical tier to

@@ -3,10 +3,10 @@
 What lives here: `compare_picking`, which plays each workload with shared prefixes (sim.
 conversations: multi-turn chats, RAG behind long shared system prompts, the field's mix)
 at two loads of the same per-engine load (100 requests a second on 4 engines, 1000 on 40)
-through the sidecar's own decision code (sim.offline) with the default pool's picker set to
+through the sidecar's own decision code (sim.fleet.offline) with the default pool's picker set to
 `envoy` (Envoy's round robin) or `slogate`, plus runs where one engine dies mid-run; and
 `picking_table`, its table. Each engine has its own KV cache, batch slots and prefix cache
-(an LRU of message prefixes; a hit skips their prefill: sim.engine_pool).
+(an LRU of message prefixes; a hit skips their prefill: sim.fleet.engine_pool).
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from functools import partial
 from typing import Any
 
 from policy import ApiKey, Policy, Tier, parse_policy
-from sim.arrivals import Arrival
-from sim.conversations import chat_arrivals, mix_arrivals, rag_arrivals
-from sim.engine_pool import engine_addresses
-from sim.fleet_types import EngineOutage
-from sim.offline import OfflineFleet
-from sim.scenarios import Workload, summarize
+from sim.fleet.arrivals import Arrival
+from sim.fleet.conversations import chat_arrivals, mix_arrivals, rag_arrivals
+from sim.fleet.engine_pool import engine_addresses
+from sim.fleet.fleet_types import EngineOutage
+from sim.fleet.offline import OfflineFleet
+from sim.fleet.run_summary import summarize
+from sim.fleet.workload_files import Workload
 
 TIER_SHARES = (("critical", 0.2), ("standard", 0.5), ("sheddable", 0.3))
 MODES = ("envoy", "slogate")

@@ -4,7 +4,7 @@ What lives here: `chat_arrivals` (multi-turn chats: each turn resends the system
 and the whole history, as OpenAI clients do), `rag_arrivals` (one long shared system
 prompt per application and a short question each) and `mix_arrivals` (the field's 70% 4k
 / 25% 8k / 5% 32k, nothing shared). Texts are made of pseudo-words drawn from a seeded
-generator and counted once with the sidecar's own counter (sim.prompts.shared_bpe), so the
+generator and counted once with the sidecar's own counter (sim.server.tokenizer.shared_bpe), so the
 sidecar and the simulated engines' prefix caches (by message) see what a real client
 sends. Reproducible for a seed.
 """
@@ -18,8 +18,9 @@ from functools import cache
 import numpy as np
 
 from policy import ApiKey
-from sim.arrivals import Arrival
-from sim.prompts import library, shared_bpe
+from sim.fleet.arrivals import Arrival
+from sim.fleet.prompts import library
+from sim.server.tokenizer import shared_bpe
 
 _SYLLABLES = ("ka", "lo", "mi", "ren", "tas", "vu", "po", "der", "sil", "an", "ot", "ble", "qui")
 

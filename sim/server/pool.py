@@ -1,8 +1,8 @@
 """aiohttp server of ONE simulated inference pool, and its CLI.
 
-    python -m sim.pool --name default --port 18001 [--host 127.0.0.1] [--time-scale 1.0]
-                       [--seed 0] [--kv-capacity-tokens N] [--max-num-seqs N] [--max-queue N]
-                       [--model NAME] [--base-latency-ms MS]
+    python -m sim.server.pool --name default --port 18001 [--host 127.0.0.1] [--time-scale 1.0]
+                              [--seed 0] [--kv-capacity-tokens N] [--max-num-seqs N] [--max-queue N]
+                              [--model NAME] [--base-latency-ms MS]
 
 Prints `sim pool <name> listening on http://<host>:<port>` once bound (`--port 0` picks a free
 port and prints it) and exits 0 on SIGTERM/SIGINT.
@@ -32,10 +32,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from sim._openai import Endpoint, RequestError, invocation_endpoint
-from sim._serving import SimPool, error_response
-from sim.config import PoolConfig
-from sim.faults import parse_fault_request
+from sim.server._openai import Endpoint, RequestError, invocation_endpoint
+from sim.server._serving import SimPool, error_response
+from sim.server.config import PoolConfig
+from sim.server.faults import parse_fault_request
 
 __all__ = ["POOL_KEY", "PoolConfig", "SimPool", "create_app", "main", "serve_pool"]
 
@@ -50,7 +50,7 @@ OPERATIONAL_PATHS = (
     "/pooling",
     "/generative_scoring",
 )
-_log = logging.getLogger("sim.pool")
+_log = logging.getLogger("sim.server.pool")
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error"}
 
@@ -188,7 +188,9 @@ async def serve_pool(config: PoolConfig, host: str, port: int, stop: asyncio.Eve
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     defaults = PoolConfig()
-    parser = argparse.ArgumentParser(prog="python -m sim.pool", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m sim.server.pool", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--name", default=defaults.name)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=18001)

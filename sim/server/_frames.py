@@ -2,8 +2,8 @@
 
 What lives here: `frame_for`, the `Frame` protocol, OpenAI chat and completions (chunks, the
 optional usage chunk, `[DONE]`) and embeddings (JSON only). The APIs whose streams are named
-events (the Responses API, Anthropic's Messages API) are in `sim._event_frames`; usage and the
-encodings in `sim._wire`. Only shapes: no timing, no aiohttp.
+events (the Responses API, Anthropic's Messages API) are in `sim.server._event_frames`; usage
+and the encodings in `sim.server._wire`. Only shapes: no timing, no aiohttp.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sim._event_frames import MessagesFrame, ResponsesFrame
-from sim._openai import Endpoint, ParsedRequest
-from sim._wire import Usage, dumps, random_id, sse_event
+from sim.server._event_frames import MessagesFrame, ResponsesFrame
+from sim.server._openai import Endpoint, ParsedRequest
+from sim.server._wire import Usage, dumps, random_id, sse_event
 
 __all__ = [
     "DONE_EVENT",

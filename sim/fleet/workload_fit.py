@@ -2,11 +2,12 @@
 and `slogate loadtest` play, drawn from the user's own traffic.
 
 What lives here: `fit_workload` (record entries -> a workload document, the schema
-sim.scenarios reads) and `burst_windows`. Per tenant: one stream with its mean arrival rate
-and its shape (the rate per `bin_s` bin over the mean: `shape` points at each bin's start and
-1 s before its end, a step that plays each bin at its recorded rate, bursts included), its
-prompt and output lengths as quantile tables (every 5%), its streamed share and its median
-`max_tokens`; and its burst windows. No I/O: the caller reads the record and writes the file.
+sim.fleet.workload_files reads) and `burst_windows`. Per tenant: one stream with its mean
+arrival rate and its shape (the rate per `bin_s` bin over the mean: `shape` points at each
+bin's start and 1 s before its end, a step that plays each bin at its recorded rate, bursts
+included), its prompt and output lengths as quantile tables (every 5%), its streamed share and
+its median `max_tokens`; and its burst windows. No I/O: the caller reads the record and writes
+the file.
 
 A record longer than a day is folded onto one UTC day (each bin's rate is the mean over the
 days that covered it): the workload is a day, its daily shape the record's average day.
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.traffic import TrafficEntry
+from sim.fleet.traffic import TrafficEntry
 
 DAY_S = 86_400.0
 # A bin whose rate is over BURST_FACTOR x the tenant's median bin rate is part of a burst

@@ -1,7 +1,7 @@
 """Latency and KV-cache model of one simulated inference pool.
 
 Pure arithmetic over an injected `numpy.random.Generator`: no I/O, no clocks, no asyncio. The
-aiohttp pool (`sim.pool`) and an offline discrete-event simulator (virtual clock) both drive
+aiohttp pool (`sim.server.pool`) and an offline discrete-event simulator (virtual clock) both drive
 these objects, so anything that sleeps, reads the time or touches the network must stay out.
 
 The numbers come from the field (see DESIGN.md, "Numbers from the field"):

@@ -14,9 +14,9 @@ import multiprocessing
 from collections.abc import Sequence
 from typing import Any
 
-from sim.offline import OfflineFleet, Served
-from sim.run_summary import p99_series, summarize
-from sim.workload_files import Workload
+from sim.fleet.offline import OfflineFleet, Served
+from sim.fleet.run_summary import p99_series, summarize
+from sim.fleet.workload_files import Workload
 
 # One engine per pool, vLLM-like: the KV cache (not max_num_seqs) bounds the batch, and an
 # engine configured tight admits 5% past its real capacity -- requests started there fail

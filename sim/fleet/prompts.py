@@ -17,7 +17,8 @@ import string
 from collections.abc import Callable
 from functools import cache
 
-from extproc.request.tokens import TokenCounter, exact_counter
+from extproc.request.tokens import TokenCounter
+from sim.server.tokenizer import shared_bpe
 
 SMALLEST = 64  # tokens: prompts are composed in steps of this
 LARGEST_POWER = 17  # 2**17 = 131072 tokens
@@ -117,10 +118,3 @@ class PromptLibrary:
 def library(crafted: bool) -> PromptLibrary:
     """Built once per process (a few seconds each): every simulated run shares it."""
     return PromptLibrary(shared_bpe(), crafted)
-
-
-@cache
-def shared_bpe() -> TokenCounter:
-    """The sidecar's counter (`exact_counter`: the engine the default policy counts with),
-    loaded once per process (~1.3 s)."""
-    return exact_counter()

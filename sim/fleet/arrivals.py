@@ -17,7 +17,7 @@ from policy import ApiKey
 
 @dataclass(frozen=True, slots=True)
 class RecordedAnswer:
-    """What the real engine did with a recorded request (sim.replay): seconds from its
+    """What the real engine did with a recorded request (sim.fleet.replay): seconds from its
     arrival to its first byte and to its end, and the status Envoy logged."""
 
     duration_s: float
@@ -32,12 +32,12 @@ class Arrival:
     prompt_tokens: int  # what the engine holds and reports
     max_tokens: int
     stream: bool = True  # False: a JSON answer, judged by its whole time (breaker.objectives)
-    crafted: bool = False  # random letters instead of words (sim.prompts)
+    crafted: bool = False  # random letters instead of words (sim.fleet.prompts)
     # The size of the texts the sidecar's counter is given (None: the prompt's own). Set
     # lower than prompt_tokens, it models a count that is off, e.g. the fitted estimate
     # that random letters fooled tenfold: the engine still holds prompt_tokens.
     counted_prompt_tokens: int | None = None
-    # A chat of its own texts (sim.conversations: history resent, a shared system prompt),
+    # A chat of its own texts (sim.fleet.conversations: history resent, a shared system prompt),
     # each text's token count, and how many leading texts are the conversation's head;
     # empty: texts of `counted` tokens from the prompt library, none shared.
     texts: tuple[str, ...] = ()
