@@ -20,9 +20,9 @@ import pytest
 from admission.decision import RequestOutcome
 from admission.errors import RequestRejected
 from breaker.board import BreakerBoard
-from breaker.controller import TierMultipliers
 from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel
+from budget.quotas import TierMultipliers
 from budget.store import InProcessStore
 from extproc.request.flow import Routed
 from extproc.request.tokens import PromptCounter

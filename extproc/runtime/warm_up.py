@@ -32,7 +32,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from admission.assembly import build_admission
 from breaker.board import BreakerBoard
-from breaker.key_quotas import KeyQuotas
+from budget.key_quotas import KeyQuotas
 from budget.store import InProcessStore
 from extproc.request.flow import Decider
 from extproc.request.inflight import InFlight

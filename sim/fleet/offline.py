@@ -29,9 +29,9 @@ import numpy as np
 
 from admission.kv_step import ROOM_TICK_S
 from breaker.board import BreakerBoard
-from breaker.controller import TierMultipliers
 from breaker.kv_book import LocalBook
 from breaker.latency import ResponseWindows
+from budget.quotas import TierMultipliers
 from budget.store import InProcessStore
 from extproc.request.flow import Routed
 from extproc.request.tokens import PromptCounter

@@ -1,19 +1,21 @@
-"""The dynamic quota controller: load score, forecast, per-tier multipliers, per-key budgets.
+"""The dynamic quota controller: forecast, per-tier multipliers, per-key budgets. It moves the
+budgets' limits (admission.budget_step scales them), so it lives beside them.
 
-What may live here: arithmetic over numbers the caller passes in on each step (P99/SLO, KV
-usage, per-key consumption, memory usage). No I/O and no clock: the caller decides the
-interval and feeds the values. Every step returns `Adjustment` records naming the inputs
-that moved a value, so an SRE can see why a quota moved.
+What may live here: arithmetic over numbers the caller passes in on each step (the load
+score, breaker.board.load_score; per-key consumption, memory usage). No I/O and no clock:
+the caller decides the interval and feeds the values. Every step returns `Adjustment`
+records naming the inputs that moved a value, so an SRE can see why a quota moved.
 
 - `HoltWinters`: additive level + trend (+ season once a whole season of history exists).
-- `TierMultipliers`: a load score (weights from the policy, the field's 0.7 latency /
-  0.3 KV; an engine queue or a KV cache at the breaker's line overrides both), taken at
-  max(now, now + trend x horizon), drives per-tier multipliers. Over `shrink_above`,
-  sheddable shrinks first, standard once sheddable sits at its floor, critical last; the
-  cut is deeper the higher the pressure. Under `grow_below`, critical grows back first,
-  then standard, then sheddable, by small steps. Between the two nothing moves, and a move
-  needs its condition on consecutive intervals (2 to shrink, or 1 past the emergency
-  line; 3 to grow): the dead band and the confirmations keep it from oscillating.
+- `TierMultipliers`: the load score (breaker.board.load_score: weights from the policy, the
+  field's 0.7 latency / 0.3 KV; an engine queue or a KV cache at the breaker's line
+  overrides both), taken at max(now, now + trend x horizon), drives per-tier multipliers.
+  Over `shrink_above`, sheddable shrinks first, standard once sheddable sits at its floor,
+  critical last; the cut is deeper the higher the pressure. Under `grow_below`, critical
+  grows back first, then standard, then sheddable, by small steps. Between the two nothing
+  moves, and a move needs its condition on consecutive intervals (2 to shrink, or 1 past
+  the emergency line; 3 to grow): the dead band and the confirmations keep it from
+  oscillating.
 - `KeyBudget`: a key's dynamic budget = the larger of the P95 of its recent per-interval
   consumption and its Holt-Winters demand forecast, x a safety factor (default 1.3), capped
   by the key's hard limit; the factor decays x0.9 (floor
@@ -106,36 +108,6 @@ class HoltWinters:
         if self.season is not None and self.season_length:
             value += float(self.season[(self._step + steps_ahead - 1) % self.season_length])
         return value
-
-
-def load_score(
-    p99_over_slo: float | None,
-    kv_cache_usage: float | None,
-    latency_weight: float = 0.7,
-    kv_weight: float = 0.3,
-    queue_ratio: float | None = None,
-    kv_line: float | None = None,
-) -> float | None:
-    """Weighted load; 1.0 = at the SLO / at a full cache. None without any signal.
-
-    Two saturation guards sit on top of the weighted sum, because an average hides one
-    resource at its limit behind the others' slack:
-    - a queue in the engine (`queue_ratio` = waiting / running requests > 0) means the
-      engine is at capacity: the score is at least 1 + queue_ratio. The P99 of finished
-      requests shows a queue only when the queued requests end;
-    - KV-cache usage at `kv_line` (the breaker's L1 line) scores 1.0: the controller trims
-      quotas before the breaker has to shed whole classes of traffic.
-    """
-    parts = [(latency_weight, p99_over_slo), (kv_weight, kv_cache_usage)]
-    known = [(w, v) for w, v in parts if v is not None]
-    if not known and queue_ratio is None:
-        return None
-    score = sum(w * v for w, v in known) / sum(w for w, _ in known) if known else 0.0
-    if queue_ratio is not None and queue_ratio > 0:
-        score = max(score, 1.0 + queue_ratio)
-    if kv_line and kv_cache_usage is not None:
-        score = max(score, kv_cache_usage / kv_line)
-    return score
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Per-key dynamic budgets: consumption in, a tokens-per-minute ceiling per key out.
 
 What lives here: `KeyQuotas`, which collects each key's settled weighted tokens per
-controller interval and keeps a `breaker.controller.KeyBudget` per key whose policy has a
+controller interval and keeps a `budget.quotas.KeyBudget` per key whose policy has a
 tokens-per-minute limit. A key's dynamic ceiling = P95 of its recent per-interval
 consumption (or its Holt-Winters demand forecast, when higher) x the safety factor, scaled
 to a minute, never above the policy limit and never below `floor_share` of it (an idle key
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from breaker.controller import Adjustment, KeyBudget
+from budget.quotas import Adjustment, KeyBudget
 from policy import ApiKey
 
 
