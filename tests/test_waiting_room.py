@@ -16,7 +16,7 @@ from admission.assembly import build_admission
 from admission.decision import RoutingDecision
 from admission.errors import Overloaded, RateLimited, RequestRejected
 from admission.events import NoEvents
-from admission.kv_step import KvStep, wait_notice
+from admission.kv.step import KvStep, wait_notice
 from admission.waiting_room import (
     MAX_MISSES,
     AttainedService,

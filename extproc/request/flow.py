@@ -30,7 +30,7 @@ from admission.errors import (
     NotFound,
     Overloaded,
 )
-from breaker.kv_admission import kv_footprint
+from admission.kv.capacity import kv_footprint
 from engines import NO_BLOCKS, EnginePicker, PromptBlocks, prompt_blocks
 from extproc.request.bodies import (
     InferenceRequest,

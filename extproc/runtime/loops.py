@@ -16,7 +16,7 @@ import math
 import time
 from collections.abc import Callable
 
-from admission.kv_step import KvStep
+from admission.kv.step import KvStep
 from breaker.board import BreakerBoard
 from breaker.levels import BreakerLevel, Transition
 from budget.key_quotas import KeyQuotas

@@ -17,10 +17,10 @@ from typing import Protocol
 
 import grpc
 
+from admission.kv.book import FailoverBook, KvBook
 from admission.waiting_room import WaitingRoom
 from breaker.board import BreakerBoard
 from breaker.engine import EngineReadings
-from breaker.kv_book import FailoverBook, KvBook
 from breaker.levels import BreakerLevel, Transition
 from budget.failover import FailoverStore
 from budget.key_quotas import KeyQuotas

@@ -20,7 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from admission.decision import RoutingDecision
 from admission.errors import InternalError, RequestRejected
-from admission.kv_step import wait_notice
+from admission.kv.step import wait_notice
 from extproc.request.flow import Decider, HeaderVerdict, RequestFlow, Routed
 from extproc.service.decision_log import DecisionLog
 from extproc.service.log_records import REQUEST_ID

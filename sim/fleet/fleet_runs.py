@@ -50,7 +50,7 @@ def run_once(
 
 def with_kv_admission(workload: Workload) -> Workload:
     """The workload on a policy that knows each pool's KV cache and batch slots: slogate's
-    admission (breaker.kv_admission) then holds every tier to its share of both."""
+    admission (admission.kv.capacity) then holds every tier to its share of both."""
     pools = {
         name: dataclasses.replace(
             pool, kv_capacity_tokens=KV_CAPACITY_TOKENS, max_num_seqs=MAX_NUM_SEQS

@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from admission.kv_step import ROOM_TICK_S
+from admission.kv.book import LocalBook
+from admission.kv.step import ROOM_TICK_S
 from breaker.board import BreakerBoard
-from breaker.kv_book import LocalBook
 from breaker.latency import ResponseWindows
 from budget.quotas import TierMultipliers
 from budget.store import InProcessStore

@@ -20,8 +20,8 @@ from admission.assembly import Admission, build_admission, expiry_s
 from admission.decision import RequestOutcome
 from admission.errors import RequestRejected
 from admission.events import NoEvents
+from admission.kv.book import KvBook
 from breaker.board import BreakerBoard
-from breaker.kv_book import KvBook
 from budget.store import BudgetStore
 from engines import EngineFleet, EnginePicker
 from extproc.request.bodies import InferenceRequest

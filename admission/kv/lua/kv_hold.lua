@@ -1,10 +1,10 @@
 -- slogate KV ledger: hold a request's footprint in its pool if the tier's share leaves room.
--- Mirrors breaker/kv_admission.py KvLedger.admit. (kv_common.lua comes first.)
+-- Mirrors admission/kv/capacity.py KvLedger.admit. (kv_common.lua comes first.)
 -- ARGV: now_s (< 0: Redis server time), id, tokens, sequences, fixed (0/1), ttl_s,
 -- capacity_tokens (< 0: none), capacity_sequences (< 0: none), share, owner ("" : no
 -- heads of line are left room for), rank (the tier's place: 0 critical).
 -- KEYS[4]: the replicas' blocked heads of line (owner -> "id rank expected sequences since
--- until"), mirroring breaker/kv_admission.py HeadBoard.
+-- until"), mirroring admission/kv/capacity.py HeadBoard.
 -- Reply: {limit ("" when held), tokens, fixed, sequences, ratio, freed tokens, freed
 -- sequences, ends} after the decision.
 

@@ -1,8 +1,8 @@
 """Where the KV ledger lives: in this process, or shared by every replica of the fleet.
 
-What lives here: `KvBook`, what KV admission (admission.kv_step) asks of a ledger;
-`LocalBook`, a process's own ledger (breaker.kv_admission.KvLedger) on its clock; and
-`FailoverBook`, the fleet's shared ledger (Redis: extproc.runtime.fleet_ledger) with a
+What lives here: `KvBook`, what KV admission (admission.kv.step) asks of a ledger;
+`LocalBook`, a process's own ledger (admission.kv.capacity.KvLedger) on its clock; and
+`FailoverBook`, the fleet's shared ledger (Redis: admission.kv.redis_ledger) with a
 local share behind it. Pure: no I/O here; the shared book is passed in.
 
 Why one fleet-wide ledger: with N sidecar replicas in front of a pool and a ledger each,
@@ -22,7 +22,7 @@ has waited past `backfill_s` (admission.waiting_room): nothing of its replica pa
 Other replicas would pass it, filling the room its pool frees with smaller requests, so the
 large one never fits. So a replica publishes its blocked head of line per pool (every room
 tick, forgotten 0.25 s after the last), and every other replica's admissions leave free
-what the heads ahead of them need (breaker.kv_admission.HeadBoard: the order between heads
+what the heads ahead of them need (admission.kv.capacity.HeadBoard: the order between heads
 is their tier, then since when each has been a head).
 """
 
@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from breaker.kv_admission import (
+from admission.kv.capacity import (
     Freed,
     HeadBoard,
     HeadOfLine,

@@ -1,8 +1,9 @@
 """The fleet's KV ledger in Redis, and the replicas' heartbeats.
 
-What lives here: `RedisBook`, a breaker.kv_book.SharedBook whose arithmetic runs in Lua
-(budget/lua/kv_*.lua, the same as breaker.kv_admission's, one test suite holds both), and
-`FleetMembers`, which says how many replicas are alive from their heartbeats in the store.
+What lives here: `RedisBook`, an admission.kv.book.SharedBook whose arithmetic runs in Lua
+(admission/kv/lua/kv_*.lua, the same as admission.kv.capacity's, one test suite holds both),
+and `FleetMembers`, which says how many replicas are alive from their heartbeats in the
+store. The one module of admission that does I/O (import-linter names the exception).
 
 Each pool's ledger is four keys under the pool's hash tag (`slogate:kv:{<pool>}:...`), so
 every script touches one Redis Cluster slot: the totals (tokens, fixed, batch slots, the
@@ -35,7 +36,8 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from breaker.kv_admission import (
+from admission.kv.book import Hold, HoldAsk, LedgerUnavailable
+from admission.kv.capacity import (
     Freed,
     HeadOfLine,
     KvLedger,
@@ -43,11 +45,11 @@ from breaker.kv_admission import (
     PoolView,
     pool_capacity,
 )
-from breaker.kv_book import Hold, HoldAsk, LedgerUnavailable
 from budget.redis_scripts import Scripts, script
 from budget.store import BudgetStoreError
 from policy import Pool
 
+_LUA = "admission.kv"  # the package whose lua/ folder holds the KV ledger's scripts
 _SCRIPTS = (
     "kv_hold.lua",
     "kv_release.lua",
@@ -98,9 +100,10 @@ class RedisBook:
         """`clock`: the time the scripts use (None: the Redis server's TIME; tests pass a
         virtual one). `ratio_gap_s`: the least time between two steps down of a pool's
         ratio, whoever learns them (about the controller interval)."""
-        prelude = script("time.lua") + script("kv_common.lua")
+        # time.lua is every script's prelude (one copy, budget/lua/); the rest are ours.
+        prelude = script("time.lua") + script("kv_common.lua", _LUA)
         self._scripts = Scripts(
-            client, {name: prelude + script(name) for name in _SCRIPTS}, timeout_s
+            client, {name: prelude + script(name, _LUA) for name in _SCRIPTS}, timeout_s
         )
         self._clock = clock
         self._local_clock = local_clock

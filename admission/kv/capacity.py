@@ -26,7 +26,7 @@ because requests ended between the scrape and the count. Requests that run to th
 (ignore_eos, min_tokens) are never discounted below their count. Each admission is still
 counted the moment it happens; only the conversion to real cache is learned.
 
-Where the ledger lives is breaker.kv_book's concern: this one is a process's own (one
+Where the ledger lives is admission.kv.book's concern: this one is a process's own (one
 sidecar, or a replica's local share while the fleet's shared ledger cannot be reached).
 """
 
@@ -76,7 +76,7 @@ class Freed(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class HeadOfLine:
     """A replica's blocked head of line in a pool: the request its waiting room holds the
-    pool for (breaker.kv_book explains why others hold it back too)."""
+    pool for (admission.kv.book explains why others hold it back too)."""
 
     request_id: str
     rank: int  # its tier's place in the room's order (0: critical)

@@ -2,8 +2,9 @@
 -- four keys with the pool's hash tag (one Redis Cluster slot): KEYS[1] totals (tokens,
 -- fixed, sequences, ratio, ratio_at, and what releases gave back: freed_tokens,
 -- freed_sequences, ends), KEYS[2] holds (id -> "tokens sequences fixed"), KEYS[3] each
--- hold's deadline (zset), KEYS[4] the replicas' blocked heads of line (kv_head.lua). The arithmetic mirrors breaker/kv_admission.py
--- (PoolView.expected and _over); one test suite holds both. (time.lua comes first.)
+-- hold's deadline (zset), KEYS[4] the replicas' blocked heads of line (kv_head.lua). The
+-- arithmetic mirrors admission/kv/capacity.py (PoolView.expected and _over); one test suite
+-- holds both. (time.lua, from budget/lua/, comes first.)
 
 local function totals()
   local t = redis.call('HMGET', KEYS[1], 'tokens', 'fixed', 'sequences', 'ratio',

@@ -1,7 +1,7 @@
 """KV admission as a step: hold a request's KV footprint in its pool, waiting for room.
 
 What lives here: `KvStep`. For pools with `kv_capacity_tokens` or `max_num_seqs`, it asks
-the ledger (breaker.kv_admission) whether the request's tier may still fill its pool — the
+the ledger (admission.kv.capacity) whether the request's tier may still fill its pool — the
 footprint of every completion it may generate, one batch slot each — and holds it until the
 request ends; each hold has a deadline (`ttl_s`), past which `expire` frees it if its end
 was never seen. Cheap requests (tokenize, the model list) hold nothing.
@@ -30,16 +30,8 @@ from contextvars import ContextVar
 from admission.decision import QUEUED_HEADER, Admitted, RequestOutcome, RoutingDecision
 from admission.errors import Overloaded
 from admission.events import KvEvents
-from admission.waiting_room import (
-    TIER_ORDER,
-    AttainedService,
-    QueueFull,
-    RoomBounds,
-    Waiter,
-    Waiting,
-    WaitingRoom,
-)
-from breaker.kv_admission import (
+from admission.kv.book import HoldAsk, KvBook, LocalBook
+from admission.kv.capacity import (
     Freed,
     HeadOfLine,
     KvLedger,
@@ -49,7 +41,15 @@ from breaker.kv_admission import (
     never_fits,
     pool_capacity,
 )
-from breaker.kv_book import HoldAsk, KvBook, LocalBook
+from admission.waiting_room import (
+    TIER_ORDER,
+    AttainedService,
+    QueueFull,
+    RoomBounds,
+    Waiter,
+    Waiting,
+    WaitingRoom,
+)
 from policy import Policy, Pool, Tier
 
 # How often the sidecar runs `tick` (and the simulator, on its clock): waits past their
@@ -100,7 +100,7 @@ class KvStep:
         self._dispatching = False
         self._again: set[str | None] = set()
         # This replica in the fleet's ledger: whose blocked heads of line others leave room
-        # for (breaker.kv_book), and the pools it has published one in.
+        # for (admission.kv.book), and the pools it has published one in.
         self.owner = uuid.uuid4().hex[:12]
         self._published: set[str] = set()
         # pool -> the ledger's count of what ends gave back, when last noted for the drain
