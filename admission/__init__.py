@@ -1,8 +1,16 @@
 """Admission: whether a request may run now, on which pool, at what cost.
 
-Grpc-free and I/O-free except through the budget store it is given. `admission.decision`
-holds the types, `admission.chain` the step protocol and the chain, one module per step
-(`breaker_step`, `kv_step`, `budget_step`), `admission.assembly` builds the chain the
-sidecar and the simulator both run, `admission.signals` turns an outcome into the
-breaker's signals, `admission.errors` the refusals a request can end with.
+Grpc-free and I/O-free, except through the stores it is given and admission.kv.redis_ledger
+(the KV ledger in Redis; import-linter names the exception). What lives here:
+- `decision`      the types: a routing decision, an admitted request, its outcome.
+- `chain`         the `Step` protocol and `AdmissionChain`, which runs the steps in order.
+- `assembly`      `build_admission`: the chain the sidecar and the simulator both run.
+- `breaker_step`, `budget_step`, `spend_step`  one module per step: the breaker's level, the
+                  key's budgets, the tenant's spend budget.
+- `kv/`           KV admission: capacity arithmetic, the ledgers (local, failover, Redis
+                  with its Lua scripts) and the KV step.
+- `waiting_room`  where a request refused only for capacity waits (the KV step drives it).
+- `access`        the access check (suspended tenant, zero limit, forbidden pool).
+- `events`        what each step reports to its observers; `signals` an outcome as the
+                  breaker's signals; `errors` the refusals a request can end with.
 """

@@ -27,11 +27,11 @@ from admission.breaker_step import BreakerStep
 from admission.budget_step import BudgetStep, KeyCeilings
 from admission.chain import AdmissionChain, Step
 from admission.events import BreakerEvents, BudgetEvents, KvEvents
-from admission.kv_step import KvStep
+from admission.kv.book import KvBook
+from admission.kv.step import KvStep
 from admission.spend_step import SpendEvents, SpendStep
 from admission.waiting_room import Waiter
 from breaker.board import BreakerBoard
-from breaker.kv_book import KvBook
 from budget.spend_store import SpendStore
 from budget.store import BudgetStore
 from policy import Policy, Pool
@@ -80,7 +80,7 @@ def build_admission(
 ) -> AssembledChain:
     """`board` None: no breaker step; `store` None: no budget step (simulated runs only);
     `new_waiter` None: no waiting room (a full pool refuses at once); `book`: where the KV
-    ledger lives (None: this process's own; breaker.kv_book); `live`: a pool as its serving
+    ledger lives (None: this process's own; admission.kv.book); `live`: a pool as its serving
     engines make it (engines.state.EngineFleet.live_pool; None: as the policy says);
     `spend`: the tenants' spend budgets' store and events (None: no spend step), the step
     right after the key budgets, `wall_clock` telling it the UTC day and month."""

@@ -86,7 +86,7 @@ def rate_limit_headers(verdict: Verdict) -> dict[str, str]:
 
 
 class KeyCeilings(Protocol):
-    """The quota controller's per-key tokens-per-minute ceilings (breaker.key_quotas)."""
+    """The quota controller's per-key tokens-per-minute ceilings (budget.key_quotas)."""
 
     def tokens_per_minute(self, key: ApiKey) -> float | None: ...
 
@@ -126,7 +126,7 @@ class BudgetStep:
         self._store = store
         self._events = events
         self._ttl_s = ttl_s  # a reservation outlives the longest request by this
-        # The quota controller's tier multipliers (breaker.controller.TierMultipliers.values),
+        # The quota controller's tier multipliers (budget.quotas.TierMultipliers.values),
         # read at each admission: a change applies to the next request.
         self._multipliers: Mapping[str, float] = multipliers if multipliers is not None else {}
         self._ceilings = ceilings

@@ -36,7 +36,7 @@ class Step(Protocol):
         on_wait: WaitNotice | None = None,
     ) -> Admitted:
         """Admit (maybe changing the decision) or raise a RequestRejected. `on_wait`: told
-        how long the request may wait, if it enters the waiting room (admission.kv_step)."""
+        how long the request may wait, if it enters the waiting room (admission.kv.step)."""
         ...
 
     async def release(self, decision: RoutingDecision, request_id: str) -> None:

@@ -5,7 +5,7 @@ admission sees it: caller, pool, bucket, tokens, and the breaker level and effec
 it was admitted under), `Admitted` (a step's answer) and `RequestOutcome` (what became of
 the request: what settlement and the signals read). Plain frozen values, no I/O; the
 sidecar builds decisions from request bodies (extproc.request), the simulator from its
-arrivals (sim.offline), and both hand them to the same chain (admission.chain).
+arrivals (sim.fleet.offline), and both hand them to the same chain (admission.chain).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class RoutingDecision:
     # The caller's prompt correction that prompt_tokens includes (request.tokens.corrections).
     prompt_correction: float = 1.0
     body_bytes: int = 0  # what Envoy holds for the request while it waits for room
-    waited_s: float = 0.0  # how long it waited in the waiting room (admission.kv_step)
+    waited_s: float = 0.0  # how long it waited in the waiting room (admission.kv.step)
     # Set by the steps as they admit, read back when the request is settled or refunded: the
     # breaker level it met, and the key's limits it was reserved under (scaled by that level
     # and the quota controller). Settling with these, not a fresh read, keeps a level change

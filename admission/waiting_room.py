@@ -6,7 +6,7 @@ What lives here: `Waiting` (one waiting request and the waiter its admission awa
 (the queues per pool and tier, their bounds, and the order in which `dispatch` offers the
 waiting requests to the KV ledger). Pure: the clock is passed in, and a waiter is anything
 with `set_result` / `set_exception` (an asyncio future in the sidecar, the simulator's own
-in sim.sidecar), so the sidecar and the simulator run the same room.
+in sim.fleet.sidecar), so the sidecar and the simulator run the same room.
 
 The order, per pool:
 - Strict priority between tiers: critical, then standard, then sheddable.

@@ -1,9 +1,10 @@
 """All breakers of one sidecar: one per pool and a global one on top. Pure, clock injected.
 
-What lives here: `pool_signals` (latency windows + engine + GPU readings -> `Signals`,
-with the SLO table from the policy) and `BreakerBoard`, which evaluates every breaker on
-the caller's schedule and answers the request path's one question: what level applies
-to this pool now. Metrics and timers live with the caller (admission.breaker_step).
+What lives here: `pool_signals` (latency windows + engine + GPU readings -> `Signals`, with
+the SLO table from the policy), `load_score` (a pool's signals as one number: the quota
+controller's input, budget.quotas) and `BreakerBoard`, which evaluates every breaker on the
+caller's schedule and answers the request path's one question: what level applies to this
+pool now. Metrics and timers live with the caller (admission.breaker_step).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from breaker.controller import load_score
 from breaker.latency import SLO_RATIO, ResponseWindows
 from breaker.levels import BreakerLevel, BreakerState, Signals, Transition, step
 from policy import Policy, Tier
@@ -35,6 +35,36 @@ def p99_over_slo(windows: ResponseWindows, policy: Policy, pool: str) -> float |
             if ratio is not None:
                 worst = ratio if worst is None else max(worst, ratio)
     return worst
+
+
+def load_score(
+    p99_over_slo: float | None,
+    kv_cache_usage: float | None,
+    latency_weight: float = 0.7,
+    kv_weight: float = 0.3,
+    queue_ratio: float | None = None,
+    kv_line: float | None = None,
+) -> float | None:
+    """Weighted load; 1.0 = at the SLO / at a full cache. None without any signal.
+
+    Two saturation guards sit on top of the weighted sum, because an average hides one
+    resource at its limit behind the others' slack:
+    - a queue in the engine (`queue_ratio` = waiting / running requests > 0) means the
+      engine is at capacity: the score is at least 1 + queue_ratio. The P99 of finished
+      requests shows a queue only when the queued requests end;
+    - KV-cache usage at `kv_line` (the breaker's L1 line) scores 1.0: the controller trims
+      quotas before the breaker has to shed whole classes of traffic.
+    """
+    parts = [(latency_weight, p99_over_slo), (kv_weight, kv_cache_usage)]
+    known = [(w, v) for w, v in parts if v is not None]
+    if not known and queue_ratio is None:
+        return None
+    score = sum(w * v for w, v in known) / sum(w for w, _ in known) if known else 0.0
+    if queue_ratio is not None and queue_ratio > 0:
+        score = max(score, 1.0 + queue_ratio)
+    if kv_line and kv_cache_usage is not None:
+        score = max(score, kv_cache_usage / kv_line)
+    return score
 
 
 # The tiers whose TTFT objective the engines' whole-pool TTFT is held against: the engine

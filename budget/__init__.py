@@ -1,11 +1,21 @@
-"""Per-key token budgets: reserve on the request, settle on the response.
+"""Per-key token budgets: reserve on the request, settle on the response; and the quota
+controller that moves their limits.
 
-What lives here: the pure reserve/settle arithmetic (`budget.ledger`), the store interface
-with the in-process store (`budget.store`), failover to local shares (`budget.failover`)
-and the Redis store with its Lua scripts (`budget.redis_store`, `budget/lua/`); and the
-tenants' spend budgets per day and month, the same way: the arithmetic (`budget.spend`),
-the in-process store (`budget.spend_store`), the Redis one (`budget.spend_redis`). Nothing here
-does network I/O except the Redis store. The policy that sets the limits lives in `policy`.
+What lives here:
+- `ledger`          the pure reserve/settle arithmetic (clock from the caller).
+- `store`           the store interface and the in-process store; `prefixed_store` (a store
+                    under a key prefix), `failover` (local shares while Redis is away).
+- `redis_store`     the Redis store, its Lua scripts in budget/lua/ (reserve, settle, and
+                    the `time.lua` prelude every slogate script starts with), loaded and
+                    called by `redis_scripts` (also for the KV ledger's, admission.kv).
+- `spend`, `spend_store`, `spend_redis`  the tenants' spend budgets per day and month, the
+                    same way: the arithmetic, the in-process store, the Redis one.
+- `quotas`          the dynamic quota controller: per-tier multipliers on the budgets from
+                    the load score (breaker.board.load_score), Holt-Winters forecasts.
+- `key_quotas`      per-key dynamic tokens-per-minute ceilings from each key's consumption.
+
+Nothing here does network I/O except the Redis stores. The policy that sets the limits
+lives in `policy`; the breaker's signals in `breaker` (the two are independent layers).
 """
 
 from budget.ledger import Charge, Verdict

@@ -3,7 +3,7 @@
 What lives here: `FailoverStore`, a BudgetStore over a shared store (Redis) and a local
 one (in-process). While the shared store fails or is slower than its timeout, decisions
 are made locally against 1/replicas of every limit (`replicas`: the live replicas'
-count from their heartbeats, extproc.runtime.fleet_ledger), so the replicas together stay
+count from their heartbeats, admission.kv.redis_ledger), so the replicas together stay
 near the shared limit. After `retry_interval_s` the next decision tries the shared store
 again; once it answers, new reservations go there. Each reservation is settled in the
 store that made it, so nothing made during the outage is lost or settled twice.

@@ -1,8 +1,9 @@
 """Lua scripts on Redis: loaded once, called with EVALSHA, reloaded after a restart.
 
 What lives here: `Scripts`, which every store that keeps shared state in Redis uses (the
-budgets, budget.redis_store; the fleet's KV ledger, extproc.runtime.fleet_ledger), and
-`script`, which reads a script shipped in budget/lua/. A NOSCRIPT reply (Redis restarted, or
+budgets, budget.redis_store; the fleet's KV ledger, admission.kv.redis_ledger), and
+`script`, which reads a script shipped in a package's lua/ folder (budget/lua/,
+admission/kv/lua/). A NOSCRIPT reply (Redis restarted, or
 a failover to a replica that never saw the script) reloads and retries once. Any Redis
 error or timeout becomes a `BudgetStoreError`, so the caller can degrade.
 """
@@ -18,8 +19,11 @@ from redis import exceptions as redis_errors
 from budget.store import BudgetStoreError
 
 
-def script(name: str) -> str:
-    return resources.files("budget").joinpath("lua", name).read_text(encoding="utf-8")
+def script(name: str, package: str = "budget") -> str:
+    """A Lua script shipped in `package`'s lua/ folder: budget/lua/ (the budgets' scripts and
+    `time.lua`, the prelude every script starts with) or admission/kv/lua/ (the KV ledger's).
+    """
+    return resources.files(package).joinpath("lua", name).read_text(encoding="utf-8")
 
 
 class Scripts:

@@ -1,7 +1,7 @@
 """The `traffic_record:` section: every decision's shape, recorded for replay.
 
 What lives here: `TrafficRecordConfig` and its reader. The recorder itself is
-extproc.service.traffic_record; the replay is sim.replay.
+extproc.service.traffic_record; the replay is sim.fleet.replay.
 """
 
 from __future__ import annotations

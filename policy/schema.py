@@ -113,7 +113,7 @@ class BreakerConfig:
     scrape_metrics: bool = True  # scrape vLLM /metrics of every pool endpoint
     scrape_interval_s: float = 5.0
     stale_after_s: float = 15.0  # engine metrics older than this count as saturated
-    # The dynamic quota controller (breaker/controller.py): tier multipliers on budgets.
+    # The dynamic quota controller (budget/quotas.py): tier multipliers on budgets.
     controller_enabled: bool = True
     controller_interval_s: float = 5.0
     controller_key_budgets: bool = False  # enforce per-key dynamic budgets (else: shown only)

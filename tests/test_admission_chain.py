@@ -15,7 +15,7 @@ from admission.chain import AdmissionChain
 from admission.decision import Admitted, RequestOutcome, RoutingDecision
 from admission.errors import Overloaded, RateLimited
 from admission.events import NoEvents
-from admission.kv_step import KvStep
+from admission.kv.step import KvStep
 from breaker.board import BreakerBoard
 from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel

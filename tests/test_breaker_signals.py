@@ -26,8 +26,8 @@ from breaker.objectives import latency_objective_s
 from extproc.runtime.engines import EngineScraper
 from extproc.runtime.gpu import GpuMemory
 from policy import EngineKind, PolicyError, Tier, parse_policy
-from sim.config import PoolConfig
-from sim.pool import create_app
+from sim.server.config import PoolConfig
+from sim.server.pool import create_app
 from tests.support.clock import VirtualClock
 from tests.support.http import serve_on_loopback
 

@@ -11,10 +11,10 @@ import yaml
 from aiohttp import web
 
 from policy import LatencyFit, load_policy, parse_policy
-from sim.calibration import Sample, fit_latency, latency_config, pool_spread
-from sim.config import PoolConfig
-from sim.model import LatencyConfig
-from sim.pool import create_app
+from sim.server.calibration import Sample, fit_latency, latency_config, pool_spread
+from sim.server.config import PoolConfig
+from sim.server.model import LatencyConfig
+from sim.server.pool import create_app
 from tests.support.http import serve_on_loopback
 from tooling.loadtest.calibrate import CalibrationError, measure, probe_sizes, report
 

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from breaker.controller import FLOORS, HoltWinters, KeyBudget, TierMultipliers, load_score
+from breaker.board import load_score
+from budget.quotas import FLOORS, HoltWinters, KeyBudget, TierMultipliers
 
 
 def test_holt_winters_follows_a_linear_trend() -> None:

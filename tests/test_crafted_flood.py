@@ -14,8 +14,8 @@ import dataclasses
 
 from policy import parse_policy
 from policy.quantiles import quantile
-from sim.arrivals import Arrival, poisson_arrivals
-from sim.offline import OfflineFleet
+from sim.fleet.arrivals import Arrival, poisson_arrivals
+from sim.fleet.offline import OfflineFleet
 
 CAPACITY = 400_000  # the simulated engine's KV cache, weighted tokens
 POLICY = parse_policy(

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from policy import load_policy
-from sim.replay import replay
-from sim.traffic import read_traffic
+from sim.fleet.replay import replay
+from sim.fleet.traffic import read_traffic
 from tests.support.http import CHAT, chat_body, post
 from tests.support.stack import EXAMPLE_POLICY, start_stack, wait_for
 from tooling.stack.local import LocalStack

@@ -437,7 +437,7 @@ def test_vllm_errors_reach_the_client_and_refund(
 def test_calibrating_vllm_gives_a_model_the_simulator_plays(
     vllm_stack: LocalStack, tmp_path: Path
 ) -> None:
-    from sim.calibration import latency_config
+    from sim.server.calibration import latency_config
 
     out = tmp_path / "measured.yaml"
     done = subprocess.run(

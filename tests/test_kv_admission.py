@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from breaker.kv_admission import KvLedger, PoolCapacity, kv_footprint, pool_capacity
+from admission.kv.capacity import KvLedger, PoolCapacity, kv_footprint, pool_capacity
 from policy import parse_policy
 from tests.support.http import CHAT, chat_body, metric, post, scrape
 from tests.support.stack import (

@@ -1,5 +1,5 @@
-"""ONE suite, every KV ledger: this process's (breaker.kv_book.LocalBook), the fleet's in a
-real Redis and in a 3-node Redis Cluster (extproc.runtime.fleet_ledger.RedisBook), and the
+"""ONE suite, every KV ledger: this process's (admission.kv.book.LocalBook), the fleet's in a
+real Redis and in a 3-node Redis Cluster (admission.kv.redis_ledger.RedisBook), and the
 failover between them.
 
 A virtual clock is injected where the suite moves time; production Redis books use the
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from breaker.kv_admission import HeadOfLine
-from breaker.kv_book import FailoverBook, HoldAsk, KvBook, LedgerUnavailable, LocalBook
+from admission.kv.book import FailoverBook, HoldAsk, KvBook, LedgerUnavailable, LocalBook
+from admission.kv.capacity import HeadOfLine
+from admission.kv.redis_ledger import FleetMembers, RedisBook
 from budget.redis_store import connect
-from extproc.runtime.fleet_ledger import FleetMembers, RedisBook
 from extproc.runtime.processes import ManagedProcess
 from policy import Pool, parse_policy
 from tests.support.clock import VirtualClock

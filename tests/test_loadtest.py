@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from policy import Limits, parse_policy
-from sim.scenarios import SIMULATION_POLICY, WORKLOADS, load_workload, workload_policy
+from sim.fleet.workload_files import SIMULATION_POLICY, WORKLOADS, load_workload, workload_policy
 from tooling.loadtest.predict import (
     capacity,
     capacity_limit,

@@ -134,8 +134,8 @@ def test_no_record_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_the_p99_guard_names_the_tenant_and_how_much() -> None:
-    from sim.policy_impact import Guards, check_guards, compare
-    from sim.replay import ReplayedRequest, ReplayedRequests
+    from sim.fleet.replay import ReplayedRequest, ReplayedRequests
+    from sim.studies.policy_impact import Guards, check_guards, compare
 
     def run(ttft_s: float) -> ReplayedRequests:
         slow = [
@@ -157,8 +157,8 @@ def test_the_p99_guard_names_the_tenant_and_how_much() -> None:
 
 
 def test_a_tenant_moved_to_another_tier_moves_its_requests_between_rows() -> None:
-    from sim.policy_impact import Guards, check_guards, compare
-    from sim.replay import ReplayedRequest, ReplayedRequests
+    from sim.fleet.replay import ReplayedRequest, ReplayedRequests
+    from sim.studies.policy_impact import Guards, check_guards, compare
 
     def run(tier: str) -> ReplayedRequests:
         return ReplayedRequests(

@@ -9,7 +9,7 @@ from admission.budget_step import BudgetStep
 from admission.decision import CountKind, RequestOutcome, RoutingDecision
 from admission.errors import RateLimited
 from admission.events import NoEvents
-from breaker.key_quotas import KeyQuotas
+from budget.key_quotas import KeyQuotas
 from budget.ledger import Charge
 from budget.store import InProcessStore
 from policy import ApiKey, ContextBucket, Limits, Tier, parse_policy

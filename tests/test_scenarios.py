@@ -13,21 +13,12 @@ from typing import Any
 
 import pytest
 
-from sim.model import LatencyConfig
-from sim.offline import OfflineFleet, Served
-from sim.scenarios import (
-    SIMULATION_POLICY,
-    SWEEP,
-    WORKLOADS,
-    compare,
-    gains,
-    load_workload,
-    run_many,
-    run_once,
-    summarize,
-    table,
-    with_kv_admission,
-)
+from sim.fleet.fleet_runs import run_many, run_once, with_kv_admission
+from sim.fleet.offline import OfflineFleet, Served
+from sim.fleet.run_summary import summarize
+from sim.fleet.workload_files import SIMULATION_POLICY, WORKLOADS, load_workload
+from sim.server.model import LatencyConfig
+from sim.studies.scenarios import SWEEP, compare, gains, table
 
 
 def test_every_workload_file_loads() -> None:
@@ -181,7 +172,7 @@ def test_the_comparison_prints_and_draws(burst: dict[str, Any], tmp_path: Path) 
     text = table(burst)
     assert "dynamic vs best static" in text and "static (contract, 1.0)" in text
     pytest.importorskip("matplotlib")
-    from sim.plots import draw_comparison
+    from sim.studies.plots import draw_comparison
 
     png = draw_comparison(burst, tmp_path / "burst.png")
     assert png.read_bytes().startswith(b"\x89PNG")
@@ -271,7 +262,7 @@ def test_four_sidecars_with_a_ledger_each_refuse_the_long_prompts() -> None:
 def test_a_loadtest_against_a_url_is_drawn_without_fleet_scrapes(tmp_path: Path) -> None:
     """`loadtest --url` scrapes no pool: the plot shows the streams' latency alone (it
     ended in a traceback, `max()` of no pools, after printing its report)."""
-    from sim.plots import draw_live
+    from sim.studies.plots import draw_live
 
     run = {
         "time_scale": 1.0,

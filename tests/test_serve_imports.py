@@ -94,7 +94,7 @@ def test_serve_loads_nothing_of_the_simulator_or_the_tools(tmp_path: Path) -> No
 
 
 def test_the_forbidden_set() -> None:
-    assert forbidden("sim") and forbidden("sim.scenarios")
+    assert forbidden("sim") and forbidden("sim.studies.scenarios")
     assert forbidden("tooling.benchmarks.overhead") and forbidden("tooling.loadtest.run")
     assert forbidden("tooling.stack.local") and forbidden("tooling.render.envoy_config")
     assert not forbidden("tooling.cli.simulate") and not forbidden("tooling")

@@ -1,11 +1,11 @@
-"""The simulator's engines behind the sidecar's own picker (sim.engine_pool,
-sim.engine_compare): chats keep their history's cache with slogate's picking and lose it
+"""The simulator's engines behind the sidecar's own picker (sim.fleet.engine_pool,
+sim.studies.engine_compare): chats keep their history's cache with slogate's picking and lose it
 with round robin; a killed engine loses what ran on it, and the rest is served."""
 
 from __future__ import annotations
 
-from sim.engine_compare import run_picking
-from sim.engine_pool import EnginePool
+from sim.fleet.engine_pool import EnginePool
+from sim.studies.engine_compare import run_picking
 
 
 def test_picking_keeps_chats_where_their_history_is_cached() -> None:

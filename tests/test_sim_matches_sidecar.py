@@ -20,17 +20,17 @@ import pytest
 from admission.decision import RequestOutcome
 from admission.errors import RequestRejected
 from breaker.board import BreakerBoard
-from breaker.controller import TierMultipliers
 from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel
+from budget.quotas import TierMultipliers
 from budget.store import InProcessStore
 from extproc.request.flow import Routed
 from extproc.request.tokens import PromptCounter
 from extproc.runtime.sidecar import Sidecar
 from extproc.service.access_log import finish
 from policy import ApiKey, Policy, load_policy
-from sim.prompts import shared_bpe
-from sim.sidecar import SimulatedSidecar
+from sim.fleet.sidecar import SimulatedSidecar
+from sim.server.tokenizer import shared_bpe
 from tests.support.clock import VirtualClock
 from tests.support.stack import example_policy, write_policy
 from tooling.benchmarks.driver import access_log_entry

@@ -213,7 +213,7 @@ def test_a_full_kv_cache_queues_in_both(
     sim = ManagedProcess(
         "pool-small",
         python_module(
-            "sim.pool", "--port", "0", "--kv-capacity-tokens", "10240",
+            "sim.server.pool", "--port", "0", "--kv-capacity-tokens", "10240",
             "--tokenizer", "deepseek", "--time-scale", "0.2",
         ),
         tmp_path,

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sim.model import (
+from sim.server.model import (
     DEFAULT_BUCKETS,
     EngineAdmission,
     KvCache,

@@ -17,8 +17,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from sim.model import LatencyConfig
-from sim.pool import POOL_KEY, PoolConfig, SimPool, create_app
+from sim.server.model import LatencyConfig
+from sim.server.pool import POOL_KEY, PoolConfig, SimPool, create_app
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MakeClient = Callable[..., Awaitable[TestClient[Any, Any]]]
@@ -439,7 +439,7 @@ async def test_cli_starts_serves_and_stops_on_sigterm() -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "sim.pool",
+        "sim.server.pool",
         "--name",
         "cli",
         "--port",

@@ -23,7 +23,7 @@ from anthropic.types import (
 from openai.types.responses import Response, ResponseOutputMessage, ResponseTextDeltaEvent
 
 from extproc.runtime.processes import ManagedProcess, python_module
-from sim._frames import filler_token
+from sim.server._frames import filler_token
 
 pytestmark = pytest.mark.e2e
 MODEL = "deepseek-v4"
@@ -32,8 +32,8 @@ EXACT = {"ignore_eos": True}  # vLLM's extension: exactly max_tokens come out
 
 @pytest.fixture(scope="module")
 def pool_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One `python -m sim.pool` on a free loopback port."""
-    argv = python_module("sim.pool", "--name", "sdk", "--port", "0", "--time-scale", "0.001")
+    """One `python -m sim.server.pool` on a free loopback port."""
+    argv = python_module("sim.server.pool", "--name", "sdk", "--port", "0", "--time-scale", "0.001")
     proc = ManagedProcess("pool-sdk", argv, Path(tmp_path_factory.mktemp("sdk"))).start()
     try:
         ready = proc.wait_for_line(r"listening on (http://127\.0\.0\.1:\d+)", timeout_s=30)

@@ -1,6 +1,6 @@
 """Tenant A bursting 10x must not move tenant B's P99 TTFT by more than 10%.
 
-Run in the offline fleet (sim.offline): the real policy, budget ledger, breaker board and
+Run in the offline fleet (sim.fleet.offline): the real policy, budget ledger, breaker board and
 shedding table on a virtual clock, in front of the simulated engine (KV cache, FIFO queue,
 latency model). Same seeds in every run; only tenant A's traffic differs.
 """
@@ -11,8 +11,8 @@ import pytest
 
 from policy import Policy, parse_policy
 from policy.quantiles import quantile
-from sim.arrivals import Arrival, poisson_arrivals
-from sim.offline import OfflineFleet
+from sim.fleet.arrivals import Arrival, poisson_arrivals
+from sim.fleet.offline import OfflineFleet
 
 
 def isolation_policy() -> Policy:

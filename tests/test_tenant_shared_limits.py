@@ -9,7 +9,7 @@ from admission.budget_step import BudgetStep
 from admission.decision import CountKind, RoutingDecision
 from admission.errors import RateLimited
 from admission.events import NoEvents
-from breaker.key_quotas import KeyQuotas
+from budget.key_quotas import KeyQuotas
 from budget.store import InProcessStore
 from policy import ApiKey, ContextBucket, parse_policy
 from policy.keyring import KeyRecord

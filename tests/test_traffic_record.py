@@ -18,8 +18,8 @@ from admission.decision import CandidateNote, CountKind, RequestOutcome, Routing
 from admission.errors import RateLimited
 from extproc.service.traffic_record import TrafficFiles, TrafficRecorder
 from policy import ApiKey, ContextBucket, PolicyError, Tier, load_policy, parse_policy
-from sim.replay import replay
-from sim.traffic import CandidateVerdict, TrafficEntry, read_traffic
+from sim.fleet.replay import replay
+from sim.fleet.traffic import CandidateVerdict, TrafficEntry, read_traffic
 from tests.support.clock import VirtualClock
 from tests.support.decisions import Seen
 from tests.support.stack import EXAMPLE_POLICY

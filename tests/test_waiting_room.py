@@ -1,7 +1,7 @@
 """The waiting room on a virtual clock: what waits and what is refused at once, the order
 (strict priority, fair shares, FIFO within a tenant, no starvation), the bounds, and that a
 request that leaves holds nothing. The same KvStep runs with asyncio futures (the sidecar)
-and with the simulator's waiters (sim.sidecar.drive)."""
+and with the simulator's waiters (sim.fleet.sidecar.drive)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from admission.assembly import build_admission
 from admission.decision import RoutingDecision
 from admission.errors import Overloaded, RateLimited, RequestRejected
 from admission.events import NoEvents
-from admission.kv_step import KvStep
+from admission.kv.step import KvStep
 from admission.waiting_room import (
     MAX_MISSES,
     AttainedService,
@@ -27,15 +27,10 @@ from admission.waiting_room import (
 )
 from budget.store import InProcessStore
 from policy import Limits, Policy, Tier, parse_policy
-from sim.scenarios import (
-    SIMULATION_POLICY,
-    WORKLOADS,
-    jain_index,
-    load_workload,
-    run_once,
-    with_kv_admission,
-)
-from sim.sidecar import SimWaiter, drive, run_now
+from sim.fleet.fleet_runs import run_once, with_kv_admission
+from sim.fleet.run_summary import jain_index
+from sim.fleet.sidecar import SimWaiter, drive, run_now
+from sim.fleet.workload_files import SIMULATION_POLICY, WORKLOADS, load_workload
 from tests.support.clock import VirtualClock
 from tests.support.decisions import caller, decision, outcome
 
@@ -365,7 +360,7 @@ async def test_critical_waits_derive_from_its_slo_minus_the_expected_prefill() -
 
 
 def test_the_simulators_waiters_run_the_same_room() -> None:
-    """sim.sidecar.drive suspends an admission on a SimWaiter and resumes it when the room
+    """sim.fleet.sidecar.drive suspends an admission on a SimWaiter and resumes it when the room
     dispatches it: the same order as with asyncio futures."""
     policy = room_policy(slots=1)
     clock = VirtualClock()

@@ -1,6 +1,6 @@
 """`slogate workload fit`: a workload fitted to a traffic record reproduces the recorded
 per-tenant rate (and its daily shape, and its burst) and length distributions within 10%,
-drawn by the simulator's own arrival machinery (sim.scenarios.workload_from)."""
+drawn by the simulator's own arrival machinery (sim.fleet.workload_files.workload_from)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,15 @@ import numpy as np
 import pytest
 import yaml
 
-from sim.scenarios import SIMULATION_POLICY, WORKLOADS, Workload, load_workload, workload_path
-from sim.traffic import TrafficEntry, read_traffic
-from sim.workload_fit import fit_workload
+from sim.fleet.traffic import TrafficEntry, read_traffic
+from sim.fleet.workload_files import (
+    SIMULATION_POLICY,
+    WORKLOADS,
+    Workload,
+    load_workload,
+    workload_path,
+)
+from sim.fleet.workload_fit import fit_workload
 from tooling.cli.main import main
 
 DAY0 = dt.datetime(2026, 9, 1, tzinfo=dt.UTC).timestamp()

@@ -1,5 +1,6 @@
 -- slogate: the time every script runs at, and how numbers are written back. The first
--- prelude of every script (budget/lua/common.lua and kv_common.lua come after it).
+-- prelude of every script (budget/lua/common.lua and spend_common.lua come after it, and
+-- admission/kv/lua/kv_common.lua: one copy of this file for both packages).
 
 -- ARGV[1] is the time: < 0 means the Redis server's TIME (production), else a test clock.
 local function clock(arg)

@@ -10,7 +10,7 @@ prompt, pick bucket and pool and check the model maximum (`count_and_route`, wit
 extproc.request.routing), run the admission chain and wait for the request's end in the
 in-flight table (`admit_counted`). The sidecar's body phase runs the two halves itself,
 keeping the request's shape between them (the traffic record's, for a refusal too); the
-simulator calls `decide` with requests built from its arrivals (sim.offline), so both
+simulator calls `decide` with requests built from its arrivals (sim.fleet.offline), so both
 decide alike. A flow takes one policy snapshot when its stream opens and passes it to every
 step of its request: nothing below re-reads the policy.
 """
@@ -32,8 +32,8 @@ from admission.errors import (
     MethodNotAllowed,
     NotFound,
 )
+from admission.kv.capacity import kv_footprint
 from admission.waiting_room import WaitNotice
-from breaker.kv_admission import kv_footprint
 from engines import NO_BLOCKS, EnginePicker, PromptBlocks, prompt_blocks
 from extproc.request.bodies import (
     InferenceRequest,

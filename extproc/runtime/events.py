@@ -2,13 +2,13 @@
 
 What lives here: `MetricsEvents`, which implements every step's narrow event interface
 (admission.events) on the sidecar's Prometheus metrics, and feeds settled tokens to the
-per-key dynamic quotas (breaker.key_quotas).
+per-key dynamic quotas (budget.key_quotas).
 """
 
 from __future__ import annotations
 
 from admission.decision import RoutingDecision
-from breaker.key_quotas import KeyQuotas
+from budget.key_quotas import KeyQuotas
 from budget.ledger import Charge
 from extproc.service.metrics import SidecarMetrics
 

@@ -4,7 +4,7 @@ What lives here: `BreakerLoop` (evaluates the board on an interval, exports leve
 transitions and signals to Prometheus, applies drills) and `QuotaLoop` (each controller
 interval: the fleet's load score -> tier multipliers, the KV footprint ratio learned from
 the engines, the per-key dynamic quotas; every move logged and exported). The decisions
-themselves are pure (breaker.board, breaker.controller, breaker.key_quotas); this module
+themselves are pure (breaker.board, budget.quotas, budget.key_quotas); this module
 runs them on the clock and tells Prometheus.
 """
 
@@ -16,11 +16,11 @@ import math
 import time
 from collections.abc import Callable
 
-from admission.kv_step import KvStep
+from admission.kv.step import KvStep
 from breaker.board import BreakerBoard
-from breaker.controller import TierMultipliers
-from breaker.key_quotas import KeyQuotas
 from breaker.levels import BreakerLevel, Transition
+from budget.key_quotas import KeyQuotas
+from budget.quotas import TierMultipliers
 from extproc.service.metrics import SidecarMetrics
 from policy import ApiKey, Policy
 

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from admission.assembly import AssembledChain
-from admission.kv_step import ROOM_TICK_S
+from admission.kv.step import ROOM_TICK_S
 from extproc.runtime.candidate_holder import CandidateHolder
 from extproc.runtime.engine_watch import EngineWatch
 from extproc.runtime.key_store import KeyStore

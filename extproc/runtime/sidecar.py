@@ -26,10 +26,10 @@ from grpc_health.v1 import health, health_pb2
 from admission.assembly import build_admission, expiry_s
 from admission.chain import OutcomeSink
 from breaker.board import BreakerBoard
-from breaker.controller import TierMultipliers
-from breaker.key_quotas import KeyQuotas
 from breaker.latency import ResponseWindows
+from budget.key_quotas import KeyQuotas
 from budget.prefixed_store import PrefixedStore
+from budget.quotas import TierMultipliers
 from extproc.request.candidate import CANDIDATE_BUDGETS, CandidateJudge
 from extproc.request.engine_outcomes import EngineOutcomes
 from extproc.request.flow import Decider

@@ -13,13 +13,13 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from breaker.kv_book import FailoverBook, KvBook, LocalBook
+from admission.kv.book import FailoverBook, KvBook, LocalBook
+from admission.kv.redis_ledger import FleetMembers, RedisBook
 from budget.failover import FailoverStore
 from budget.redis_store import RedisStore, connect
 from budget.spend_redis import RedisSpendStore
 from budget.spend_store import InProcessSpendStore, SpendStore
 from budget.store import BudgetStore, InProcessStore
-from extproc.runtime.fleet_ledger import FleetMembers, RedisBook
 from extproc.service.metrics import SidecarMetrics
 from policy import BudgetStoreKind, Policy
 

@@ -30,7 +30,7 @@ import grpc
 
 from admission.assembly import build_admission
 from breaker.board import BreakerBoard
-from breaker.key_quotas import KeyQuotas
+from budget.key_quotas import KeyQuotas
 from budget.store import InProcessStore
 from extproc.envoypb.envoy.config.core.v3 import base_pb2 as core
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb

@@ -17,14 +17,14 @@ from typing import Protocol
 
 import grpc
 
+from admission.kv.book import FailoverBook, KvBook
 from admission.waiting_room import WaitingRoom
 from breaker.board import BreakerBoard
-from breaker.controller import TierMultipliers
 from breaker.engine import EngineReadings
-from breaker.key_quotas import KeyQuotas
-from breaker.kv_book import FailoverBook, KvBook
 from breaker.levels import BreakerLevel, Transition
 from budget.failover import FailoverStore
+from budget.key_quotas import KeyQuotas
+from budget.quotas import TierMultipliers
 from budget.store import BudgetStore
 from engines import Engine, EngineFleet, EngineState
 from extproc.adminpb import admin_pb2 as pb

@@ -22,8 +22,8 @@ import aiohttp
 import yaml
 
 from policy import BudgetStoreKind
-from sim.prompts import library
-from sim.scenarios import WORKLOADS, load_workload, policy_document
+from sim.fleet.prompts import library
+from sim.fleet.workload_files import WORKLOADS, load_workload, policy_document
 from tests.support.stack import example_policy, random_ports
 from tooling.loadtest.faults import StackFaults, load_faults
 from tooling.loadtest.shots import CHAT, Shot, play

@@ -1,9 +1,9 @@
-"""The one virtual clock of the tests: the simulator's (sim.clock), started far from zero so
-that no store mistakes a time for "never"."""
+"""The one virtual clock of the tests: the simulator's (sim.fleet.clock), started far from
+zero so that no store mistakes a time for "never"."""
 
 from __future__ import annotations
 
-from sim import clock
+from sim.fleet import clock
 
 
 class VirtualClock(clock.VirtualClock):

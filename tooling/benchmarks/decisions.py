@@ -24,11 +24,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from breaker.kv_book import HoldAsk, KvBook, LocalBook
+from admission.kv.book import HoldAsk, KvBook, LocalBook
+from admission.kv.redis_ledger import RedisBook
 from budget.ledger import Charge
 from budget.redis_store import RedisStore, connect
 from budget.store import BudgetStore, InProcessStore
-from extproc.runtime.fleet_ledger import RedisBook
 from policy import Limits, Pool
 from policy.quantiles import quantile
 from tooling.stack.redis import start_redis

@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.service import admin_client
 from extproc.shipped import example_policy
-from sim.prompts import WORDS
+from sim.fleet.prompts import WORDS
 from tooling.stack.local import LocalStack, StackPorts
 from tooling.stack.vllm_engine import VllmSettings
 

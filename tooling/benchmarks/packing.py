@@ -25,7 +25,7 @@ from typing import Any
 
 import aiohttp
 
-from sim.prompts import WORDS
+from sim.fleet.prompts import WORDS
 from tooling.stack.vllm_engine import VllmEngine, VllmSettings
 
 

@@ -82,7 +82,7 @@ def _add_prediction(result: dict[str, Any], workload: Any, seed: int) -> None:
 
 
 def _capacity(args: argparse.Namespace, path: Path) -> int:
-    from sim.scenarios import SIMULATION_POLICY
+    from sim.fleet.workload_files import SIMULATION_POLICY
     from tooling.loadtest.predict import capacity, capacity_limit, capacity_table
 
     try:
@@ -114,7 +114,12 @@ def run_loadtest(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from sim.scenarios import SIMULATION_POLICY, load_workload, workload_path, workload_policy
+    from sim.fleet.workload_files import (
+        SIMULATION_POLICY,
+        load_workload,
+        workload_path,
+        workload_policy,
+    )
     from tooling.loadtest.faults import load_faults
     from tooling.loadtest.predict import prediction_table, under
     from tooling.loadtest.report import compare_table, table
@@ -241,7 +246,7 @@ def _write_result(document: dict[str, Any], out: Path) -> None:
 
 def _draw(runs: dict[str, Any], out: Path) -> str:
     """The runs' PNG beside their JSON; matplotlib is optional (`slogate[sim]`)."""
-    from sim.plots import draw_live
+    from sim.studies.plots import draw_live
 
     try:
         return f" and {draw_live(runs, out.with_suffix('.png'))}"

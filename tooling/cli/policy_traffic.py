@@ -1,5 +1,6 @@
 """`slogate policy diff OLD NEW --traffic DIR`: a traffic record replayed under both policies
-(sim.replay, the same entries and seed), compared per tenant and tier (sim.policy_impact),
+(sim.fleet.replay, the same entries and seed), compared per tenant and tier
+(sim.studies.policy_impact),
 with the guards a CI pipeline holds a change to.
 
 What lives here: the command's arguments and its run: read the record, replay it twice,
@@ -53,9 +54,9 @@ def add_traffic_arguments(diff: argparse.ArgumentParser) -> None:
 def traffic_diff(args: argparse.Namespace) -> int:
     from policy import PolicyError, load_policy
     from policy.diff import policy_changes
-    from sim.policy_impact import Guards, check_guards, compare, impact_markdown
-    from sim.replay import replayed_requests
-    from sim.traffic import parse_time, read_traffic
+    from sim.fleet.replay import replayed_requests
+    from sim.fleet.traffic import parse_time, read_traffic
+    from sim.studies.policy_impact import Guards, check_guards, compare, impact_markdown
 
     name = "slogate policy diff"
     try:

@@ -1,5 +1,5 @@
 """`slogate replay --traffic DIR --policy P [--from T] [--to T]`: recorded traffic replayed
-through the admission chain on a virtual clock (sim.replay), with the agreement check."""
+through the admission chain on a virtual clock (sim.fleet.replay), with the agreement check."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sim.model import LatencyConfig
+    from sim.server.model import LatencyConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,7 +45,7 @@ def _latency(path: Path | None) -> LatencyConfig | None:
     if path is None:
         return None
     from policy import load_policy
-    from sim.calibration import latency_config
+    from sim.server.calibration import latency_config
 
     measured = load_policy(path)
     fit = measured.latency_models.get(measured.default_pool)
@@ -56,8 +56,8 @@ def _latency(path: Path | None) -> LatencyConfig | None:
 
 def run_replay(args: argparse.Namespace) -> int:
     from policy import load_policy
-    from sim.replay import replay, replay_table
-    from sim.traffic import parse_time, read_traffic
+    from sim.fleet.replay import replay, replay_table
+    from sim.fleet.traffic import parse_time, read_traffic
 
     try:
         from_s = None if args.from_t is None else parse_time(args.from_t)

@@ -65,15 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    from sim.scenarios import (
-        SIMULATION_POLICY,
-        WORKLOADS,
-        compare,
-        gains,
-        load_workload,
-        table,
-        workload_path,
-    )
+    from sim.fleet.workload_files import SIMULATION_POLICY, WORKLOADS, load_workload, workload_path
+    from sim.studies.scenarios import compare, gains, table
 
     if args.engines:
         return _engines(args)
@@ -85,7 +78,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     latency = None
     if args.latency_from is not None:
         from policy import load_policy
-        from sim.calibration import latency_config
+        from sim.server.calibration import latency_config
 
         measured = load_policy(args.latency_from)
         fit = measured.latency_models.get(measured.default_pool)
@@ -117,7 +110,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     print(text)
     print(f"wrote {out} and {out.with_suffix('.md')}")
     try:
-        from sim.plots import draw_comparison
+        from sim.studies.plots import draw_comparison
 
         print(f"wrote {draw_comparison(comparison, out.with_suffix('.png'))}")
     except ImportError:
@@ -126,7 +119,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def _engines(args: argparse.Namespace) -> int:
-    from sim.engine_compare import compare_picking, picking_table
+    from sim.studies.engine_compare import compare_picking, picking_table
 
     report = compare_picking(
         duration_s=args.duration_s or 60.0, seed=args.seed, progress=lambda line: print(line)
@@ -158,7 +151,7 @@ def _write_report(
 
 
 def _waiting_room(args: argparse.Namespace, workload: Any, latency: Any) -> int:
-    from sim.scenarios import waiting_room_report, waiting_room_table
+    from sim.studies.room_reports import waiting_room_report, waiting_room_table
 
     seeds = (args.seed, args.seed + 4)
     report = waiting_room_report(workload, seeds, latency)
@@ -170,7 +163,7 @@ def _waiting_room(args: argparse.Namespace, workload: Any, latency: Any) -> int:
 
 
 def _sidecars(args: argparse.Namespace, workload: Any, latency: Any) -> int:
-    from sim.scenarios import sidecars_report, sidecars_table
+    from sim.studies.room_reports import sidecars_report, sidecars_table
 
     split = tuple(float(part) for part in args.sidecars.split(","))
     seeds = (args.seed, args.seed + 4)

@@ -1,5 +1,5 @@
 """`slogate workload fit --traffic DIR [--from T] [--to T] [--out FILE] [--bin-s S]`: a
-workload file fitted to a traffic record (sim.workload_fit), for `slogate simulate
+workload file fitted to a traffic record (sim.fleet.workload_fit), for `slogate simulate
 --workload FILE [--scale 2]` and `slogate loadtest --workload FILE`."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--burst-factor",
         type=float,
         default=None,
-        # sim.workload_fit's BURST_FACTOR, read there when the command runs: `slogate serve`
+        # sim.fleet.workload_fit's BURST_FACTOR, read there when the command runs: `slogate serve`
         # loads nothing of the simulator to build the command line.
         help="a bin over this many times the tenant's median rate is a burst (default 3)",
     )
@@ -55,8 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def fit_workload_file(args: argparse.Namespace) -> int:
-    from sim.traffic import parse_time, read_traffic
-    from sim.workload_fit import BURST_FACTOR, fit_workload
+    from sim.fleet.traffic import parse_time, read_traffic
+    from sim.fleet.workload_fit import BURST_FACTOR, fit_workload
 
     try:
         from_s = None if args.from_t is None else parse_time(args.from_t)

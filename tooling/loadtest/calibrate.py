@@ -4,7 +4,7 @@ What lives here: the measuring (network round trip from TCP connects, then seque
 streaming requests at empty load: `tiny` ones for the base latency and prompts sized into
 each context bucket for the prefill slopes) and the report (a `latency_model` section in the
 policy format, a table, the spread between pools). The fitting is pure and lives in
-`sim.calibration`; `slogate simulate --latency-from POLICY` plays the result.
+`sim.server.calibration`; `slogate simulate --latency-from POLICY` plays the result.
 
 Every prompt starts with a fresh nonce so no prefix cache can shorten a prefill. TTFT is
 the time from sending the request to the first `data:` event. Prompt sizes come from the
@@ -28,7 +28,7 @@ import yaml
 
 from policy import ContextBucket, LatencyFit
 from policy.quantiles import quantile
-from sim.calibration import Sample, fit_latency, pool_spread
+from sim.server.calibration import Sample, fit_latency, pool_spread
 
 SPREAD_FLAG = 0.15  # the field flags pools more than 15% apart
 _FILLER = [

@@ -13,14 +13,15 @@ import yaml
 
 from policy import Tier, parse_policy
 from policy.quantiles import quantile
-from sim.config import PoolConfig
-from sim.offline import OfflineFleet
-from sim.scenarios import Workload, summarize, workload_from
-from sim.sidecar import refusal_kind
+from sim.fleet.offline import OfflineFleet
+from sim.fleet.run_summary import summarize
+from sim.fleet.sidecar import refusal_kind
+from sim.fleet.workload_files import Workload, workload_from
+from sim.server.config import PoolConfig
 from tooling.loadtest.report import _format, _markdown
 from tooling.loadtest.shots import Shot
 
-# The live stack's simulated pools as `slogate up` starts them (sim.config.PoolConfig).
+# The live stack's simulated pools as `slogate up` starts them (sim.server.config.PoolConfig).
 LIVE_POOL = PoolConfig()
 
 
@@ -37,7 +38,7 @@ def under(workload: Workload, policy_raw: Mapping[str, Any]) -> Workload:
 
 def predict(workload: Workload, seed: int = 0) -> dict[str, Any]:
     """What the offline simulator says a live run of `workload` will measure: the same
-    arrivals through the sidecar's own code (sim.offline) in front of engines shaped as the
+    arrivals through the sidecar's own code (sim.fleet.offline) in front of engines shaped as the
     live stack's simulated pools (KV capacity, batch slots), on a virtual clock."""
     policy = workload.policy
     fleet = OfflineFleet(

@@ -49,7 +49,7 @@ def _summary(
         "p50_latency_s": scaled(latencies, 0.5),
         "p99_latency_s": scaled(latencies, 0.99),
         "slo_attainment": len(within) / len(served) if served else None,
-        # As the simulator counts it (sim.scenarios.summarize): a refusal is a miss.
+        # As the simulator counts it (sim.studies.scenarios.summarize): a refusal is a miss.
         "slo_attainment_of_all": len(within) / len(shots) if shots else None,
         # Completion tokens of the answers within their SLO, per workload second.
         "goodput_tokens_per_s": (

@@ -4,7 +4,7 @@ stack, measured the way its users see it.
 What lives here: `Shot` (one request as its client saw it), `play` (every arrival sent at
 its own time, whatever the stack answers: no coordinated omission), `report` and `table`
 (per tier and tenant: statuses by reason, P50/P99 TTFT and latency, SLO attainment, and how
-late the arrivals left). Prompts are the simulator's own texts (sim.prompts), so the
+late the arrivals left). Prompts are the simulator's own texts (sim.fleet.prompts), so the
 sidecar counts what the offline simulator counts; keys are the workload's `sk-<tenant>`.
 
 Time scale: the arrival times are multiplied by it, as the simulated pools' latencies are
@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from policy import BreakerThresholds, BudgetStoreKind, Tier
-from sim.scenarios import Workload
+from sim.fleet.workload_files import Workload
 from tooling.loadtest.faults import Fault, StackFaults, mark_faults
 from tooling.loadtest.report import report
 from tooling.loadtest.scrape import ProcessSampler, SignalSampler, drained

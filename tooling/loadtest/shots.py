@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from sim.arrivals import Arrival
-from sim.prompts import library
+from sim.fleet.arrivals import Arrival
+from sim.fleet.prompts import library
 
 if TYPE_CHECKING:
     from tooling.loadtest.scrape import ProcessSampler

@@ -117,7 +117,7 @@ class LocalStack:
     admin_address: str = ""
 
     tls: bool = False
-    # "sim": every pool simulated (sim.pool); "vllm": the default pool is a real vLLM.
+    # "sim": every pool simulated (sim.server.pool); "vllm": the default pool is a real vLLM.
     engine: str = "sim"
     vllm: VllmSettings = field(default_factory=VllmSettings)
     engines: dict[str, VllmEngine] = field(default_factory=dict)  # pool -> its first real one

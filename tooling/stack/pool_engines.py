@@ -1,7 +1,7 @@
 """The engines behind the local stack's pools, and the policy file the sidecar reads for them.
 
 What lives here: starting and restarting a pool's engines for `tooling.stack.local.LocalStack`
-(one simulated engine, `sim.pool`, per endpoint the pool lists; or `vllm_count` real vLLMs,
+(one simulated engine, `sim.server.pool`, per endpoint the pool lists; or `vllm_count` real vLLMs,
 tooling.stack.vllm_engine, whose reported KV capacity and batch slots become the pool's), and
 `write_runtime_policy`: the given policy with each pool's endpoints set to the engines
 actually started, plus what the stack was asked for (Redis store, replicas, traffic record).
@@ -97,7 +97,7 @@ def start_sim_pool(
         first = stack.ports.pools.get(pool.name, endpoint_port)
         port = first if index == 0 else (endpoint_port if first else 0)
         argv = python_module(
-            "sim.pool",
+            "sim.server.pool",
             "--name", pool.name,
             "--host", HOST,
             "--port", str(port),
