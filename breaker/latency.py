@@ -92,6 +92,12 @@ class ResponseWindows:
         self._slots: list[_Slot] = []
         self._max_slots = math.ceil(horizon_s / slot_s)
 
+    @classmethod
+    def covering(cls, window_s: float, clock: Callable[[], float]) -> ResponseWindows:
+        """The windows a breaker of `window_s` reads: slots fine enough that it forgets a
+        spike within ~1/6 of its window, kept for 5 minutes at least."""
+        return cls(clock, slot_s=min(10.0, window_s / 6), horizon_s=max(300.0, window_s))
+
     def _current(self) -> _Slot:
         now = self._clock()
         start = math.floor(now / self._slot_s) * self._slot_s

@@ -138,8 +138,8 @@ async def test_the_decision_log_and_traffic_record_observe_decisions_and_answers
     raw["traffic_record"] = {"dir": str(tmp_path / "traffic"), "sample_rate": 1.0}
     path = write_policy(tmp_path / "policy.yaml", raw)
     async with in_process(path) as (sidecar, driver, _):
-        observers = [sidecar.decision_log, sidecar.traffic]
-        assert sidecar.observers == observers  # tracing off: no tracer among them
+        observers = [sidecar.observers.decision_log, sidecar.observers.traffic]
+        assert sidecar.observers.watching() == observers  # tracing off: no tracer among them
         assert all(o in sidecar.recorder.sinks for o in observers)
         routed = await driver.decide("sk-demo-standard", chat("hello", 16))
         refused = await driver.decide("sk-nobody", chat("hello", 16))

@@ -90,6 +90,7 @@ class QuotaLoop:
 
     def __init__(
         self,
+        *,
         policy: Callable[[], Policy],
         board: BreakerBoard,
         quotas: TierMultipliers,

@@ -5,9 +5,9 @@ failures), `housekeeping` (policy and candidate file reloads, the expiry of requ
 whose access log never came, the KV holds' safety net) and `start_loops`, which starts
 them all with their intervals read from the live policy: the waiting room's tick, the
 breaker's evaluation, the quota controller, the engine scrapes, probes and discovery, the
-key store's sync, the re-rank of the tenants that keep metric labels of their own. Split
-from the composition root (extproc.runtime.sidecar), which starts these loops once its
-servers listen and cancels them on stop.
+key store's sync, the re-rank of the tenants that keep metric labels of their own, the
+fleet's heartbeat, and registers their cancelling on the sidecar's exit stack. Split from
+the composition root (extproc.runtime.sidecar), which starts them once its servers listen.
 """
 
 from __future__ import annotations
@@ -15,15 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 
-from admission.assembly import AssembledChain
 from admission.kv.step import ROOM_TICK_S
-from extproc.runtime.candidate_holder import CandidateHolder
 from extproc.runtime.engine_watch import EngineWatch
 from extproc.runtime.key_store import KeyStore
-from extproc.runtime.loops import BreakerLoop, QuotaLoop
+from extproc.runtime.parts import Control, RequestPath
 from extproc.runtime.policy_holder import PolicyHolder
-from extproc.service.access_log import OutcomeRecorder
+from extproc.runtime.stores import Stores
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.tenant_series import RERANK_INTERVAL_S
 
@@ -45,38 +44,35 @@ async def every(
             log.exception("periodic %r failed", work)
 
 
-async def housekeeping(
-    watch_interval_s: float,
-    policy: PolicyHolder,
-    admission: AssembledChain,
-    candidate: CandidateHolder,
-    recorder: OutcomeRecorder,
-) -> None:
+async def housekeeping(watch_interval_s: float, policy: PolicyHolder, path: RequestPath) -> None:
     """Policy file changes, and the expiry of requests whose access log never came."""
+    kv = path.admission.kv
     while True:
         await asyncio.sleep(watch_interval_s)
         if await policy.reload_if_changed():
-            await admission.kv.dispatch()  # a new capacity or share may make room
-        await candidate.reload_if_changed()
-        await recorder.expire()
+            await kv.dispatch()  # a new capacity or share may make room
+        await path.candidate.reload_if_changed()
+        await path.recorder.expire()
         # A KV hold outlives its request only if nothing ever released it: a safety net.
-        for request_id in await admission.kv.expire():
+        for request_id in await kv.expire():
             log.warning("KV hold of %s expired without its request's end", request_id)
 
 
-def start_loops(
+async def start_loops(
+    exits: AsyncExitStack,
+    *,
     watch_interval_s: float,
     policy: PolicyHolder,
-    admission: AssembledChain,
-    candidate: CandidateHolder,
-    recorder: OutcomeRecorder,
-    breaker_loop: BreakerLoop,
-    quota_loop: QuotaLoop,
+    path: RequestPath,
+    control: Control,
     keys: KeyStore | None,
     engine_watch: EngineWatch,
+    stores: Stores,
     metrics: SidecarMetrics,
-) -> list[asyncio.Task[None]]:
-    """Every periodic task of a sidecar, started; the caller cancels them on stop."""
+) -> None:
+    """Every periodic task of a sidecar, started; cancelled on the way out. With a shared
+    store, this replica's heartbeat into the fleet's count, the first beat counted before
+    this returns."""
 
     def breaker_interval() -> float:
         return policy().breaker.evaluate_interval_s
@@ -84,18 +80,19 @@ def start_loops(
     def controller_interval() -> float:
         return policy().breaker.controller_interval_s
 
-    async def control() -> None:
+    async def control_step() -> None:
         if policy().breaker.controller_enabled:
-            await quota_loop.step()
+            await control.quota_loop.step()
 
     def rerank_tenants() -> None:  # the policy's cap and tenants as they are now
         metrics.rerank_tenants(policy())
 
+    kv = path.admission.kv
     tasks = [
-        asyncio.create_task(housekeeping(watch_interval_s, policy, admission, candidate, recorder)),
-        asyncio.create_task(every(lambda: ROOM_TICK_S, admission.kv.tick)),
-        asyncio.create_task(every(breaker_interval, breaker_loop.tick)),
-        asyncio.create_task(every(controller_interval, control)),
+        asyncio.create_task(housekeeping(watch_interval_s, policy, path)),
+        asyncio.create_task(every(lambda: ROOM_TICK_S, kv.tick)),
+        asyncio.create_task(every(breaker_interval, control.breaker_loop.tick)),
+        asyncio.create_task(every(controller_interval, control_step)),
         asyncio.create_task(every(lambda: RERANK_INTERVAL_S, rerank_tenants)),
     ]
     if engine_watch.scraper is not None:
@@ -106,4 +103,17 @@ def start_loops(
         asyncio.create_task(engine_watch.run_probes()),
         asyncio.create_task(engine_watch.run_discovery()),
     ]
-    return tasks
+    exits.callback(_cancel, tasks)
+    members = stores.members
+    if members is not None:
+
+        async def heartbeat() -> None:
+            metrics.fleet_replicas.set(await members.beat())
+
+        await heartbeat()
+        tasks.append(asyncio.create_task(every(lambda: members.interval_s, heartbeat)))
+
+
+def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()

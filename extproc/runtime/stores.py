@@ -4,7 +4,8 @@ What lives here: `build_stores`: with the in-process store, budgets and the KV l
 this process (each of `budget.replicas` replicas admitting against its part of each pool);
 with Redis, both are the fleet's, each behind its failover (local shares while Redis is
 unreachable, divided by the live replicas' count from their heartbeats), with the metrics
-of which one decided.
+of which one decided. `Stores.leave` takes this replica out of the fleet's count on the way
+out, `Stores.close` closes the budgets' connections.
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ class Stores:
     members: FleetMembers | None  # None: no shared store, no heartbeats
     # The tenants' spend budgets: this process's, or the fleet's in Redis (no failover).
     spend: SpendStore | None = None
+
+    async def leave(self) -> None:
+        """Out of the fleet's count: the others' local shares grow at once."""
+        if self.members is not None:
+            await self.members.leave()
+
+    async def close(self) -> None:
+        await self.budgets.close()
 
 
 def build_stores(

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from extproc.service.metrics import SidecarMetrics
-from policy import Policy, Tier
+from policy import BudgetStoreKind, Policy, Tier
 from policy.schema import GLOBAL_BREAKER
 
 # The refusals that say a pool is full (admission.kv.step): what SlogatePoolFull counts.
@@ -42,13 +42,14 @@ BREAKER_SIGNALS = (
 K = TypeVar("K")
 
 
-def start_series(metrics: SidecarMetrics, policy: Policy, shared_store: bool) -> None:
+def start_series(metrics: SidecarMetrics, policy: Policy) -> None:
     """The series of a sidecar being built, before its loops first run: the budget store's,
-    the breakers' signals (NaN: no data yet), and `policy_series`.
+    the breakers' signals (NaN: no data yet), the critical tier's wait alert bound (read
+    at start, as the alert rules are rendered) and `policy_series`.
 
     Without a shared store there is no Redis to be up or down: its gauges are dropped, as a
     0 there read "degraded" and fired SlogateRedisDegraded on every single-replica stack."""
-    if shared_store:
+    if policy.budget.store is BudgetStoreKind.REDIS:
         for store in STORES:
             metrics.budget_store_decisions(store)
             metrics.kv_ledger_decisions(store)
@@ -63,6 +64,7 @@ def start_series(metrics: SidecarMetrics, policy: Policy, shared_store: bool) ->
     for pool in (*policy.pools, GLOBAL_BREAKER):
         for signal in BREAKER_SIGNALS:
             metrics.breaker_signal(pool, signal).set(math.nan)
+    metrics.wait_alert_bound(Tier.CRITICAL.value).set(policy.waiting_room.alert_critical_p99_wait_s)
     policy_series(metrics, policy)
 
 

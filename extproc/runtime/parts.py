@@ -1,0 +1,307 @@
+"""The sidecar's named parts, each made by one small builder from the parts before it.
+
+What lives here: `Signals` (what the breakers read and decide: the response windows, the GPU,
+the engines' watch, the breaker board, the tiers' and keys' quotas), `Observers` (what
+records the decisions and outcomes beside Prometheus: the tracer, the decision log, the
+traffic record), `RequestPath` (the tokenizer's threads, the prompt counter, the admission
+chain, the candidate policy's judge, the Decider and the outcome recorder) and `Control`
+(the breaker and quota loops and the admin API's servicer), with `build_signals`,
+`build_observers`, `build_request_path` and `build_control`. The stores are built in
+extproc.runtime.stores, the servers in extproc.runtime.grpc_servers, the loops in
+extproc.runtime.periodic; extproc.runtime.sidecar puts them together and runs them.
+
+What must not happen here: a business rule. A builder connects what the owning modules
+made; a formula or a choice of the policy's lives with the concept it belongs to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from admission.assembly import AssembledChain, build_admission, expiry_s
+from admission.chain import OutcomeSink
+from breaker.board import BreakerBoard
+from breaker.latency import ResponseWindows
+from budget.key_quotas import KeyQuotas
+from budget.prefixed_store import PrefixedStore
+from budget.quotas import TierMultipliers
+from extproc.request.candidate import CANDIDATE_BUDGETS, CandidateJudge
+from extproc.request.engine_outcomes import EngineOutcomes
+from extproc.request.flow import Decider
+from extproc.request.identity import ApiKeyResolver
+from extproc.request.inflight import InFlight
+from extproc.request.tokens import PromptCorrections, PromptCounter
+from extproc.runtime.candidate_holder import CandidateHolder
+from extproc.runtime.engine_watch import EngineWatch, watch_engines
+from extproc.runtime.events import MetricsEvents
+from extproc.runtime.gpu import GpuMemory
+from extproc.runtime.key_store import KeyStore
+from extproc.runtime.loop_lag import LoopLagCollector
+from extproc.runtime.loops import BreakerLoop, QuotaLoop
+from extproc.runtime.policy_holder import PolicyHolder
+from extproc.runtime.spend_metrics import SpendMetrics
+from extproc.runtime.stores import Stores
+from extproc.runtime.workers import Siblings, WorkerSlot
+from extproc.service.access_log import OutcomeRecorder
+from extproc.service.admin import AdminService
+from extproc.service.candidate_metrics import CandidateMetrics
+from extproc.service.decision_log import DecisionLog
+from extproc.service.engine_metrics import EngineCollector
+from extproc.service.genai_metrics import GenAiMetrics
+from extproc.service.known_series import held_by_pool, policy_series, start_series, waiting_by_pool
+from extproc.service.metrics import SidecarMetrics
+from extproc.service.observers import RequestObserver
+from extproc.service.prompt_feedback import PromptFeedback
+from extproc.service.tracing import DecisionTracer, start_tracing
+from extproc.service.traffic_record import TrafficRecorder, dropped_counter
+from policy import BudgetStoreKind, Policy
+
+
+@dataclass(frozen=True, slots=True)
+class Signals:
+    """What the breakers read and what they and the quota controller decide."""
+
+    windows: ResponseWindows
+    gpu: GpuMemory
+    engine_watch: EngineWatch  # the engines of every pool: their state, the picker, scrapes
+    board: BreakerBoard
+    quotas: TierMultipliers
+    key_quotas: KeyQuotas
+
+
+def build_signals(
+    policy: PolicyHolder, metrics: SidecarMetrics, clock: Callable[[], float]
+) -> Signals:
+    initial = policy()
+    windows = ResponseWindows.covering(initial.breaker.window_s, clock)
+    gpu = GpuMemory()
+    metrics.gpu_available.set(1 if gpu.available else 0)
+    watch = watch_engines(policy, clock)
+    fleet, scraper = watch.fleet, watch.scraper
+    metrics.registry.register(EngineCollector(watch.picker, policy))
+    metrics.registry.register(LoopLagCollector(watch.loop_lag, clock))
+    board = BreakerBoard(
+        policy,
+        windows,
+        # Over the serving engines only: a dead one is the engine's problem.
+        kv_cache_usage=fleet.kv_usage if scraper else _no_reading,
+        gpu_memory_usage=gpu.usage,
+        clock=clock,
+        engine_queue=scraper.queue_ratio if scraper else _no_reading,
+        engine_ttft=scraper.ttft_quantile_s if scraper else _no_quantile,
+        engines_out=fleet.out,
+        engines_up=fleet.up_fraction,
+    )
+    key_quotas = KeyQuotas(initial.breaker.controller_interval_s)
+    return Signals(windows, gpu, watch, board, TierMultipliers(), key_quotas)
+
+
+@dataclass(frozen=True, slots=True)
+class Observers:
+    """What records decisions and outcomes beside Prometheus; None: not configured."""
+
+    tracer: DecisionTracer | None
+    decision_log: DecisionLog | None
+    traffic: TrafficRecorder | None
+
+    def watching(self) -> list[RequestObserver]:
+        """The ones that watch each request's life, its decision and its answer alike."""
+        observed = (self.tracer, self.decision_log, self.traffic)
+        return [observer for observer in observed if observer is not None]
+
+    def close(self) -> None:
+        for observer in (self.decision_log, self.tracer, self.traffic):
+            if observer is not None:
+                observer.close()
+
+
+def build_observers(policy: Policy, metrics: SidecarMetrics) -> Observers:
+    """From the policy the sidecar started with: these settings take effect at start."""
+    decision_log = None
+    if policy.decision_log is not None:
+        config = policy.decision_log
+        decision_log = DecisionLog(Path(config.directory), config.sample_rate, config.keep_days)
+    traffic = None
+    if policy.traffic_record is not None:
+        traffic = TrafficRecorder.from_config(
+            policy.traffic_record,
+            dropped_counter(metrics.registry),
+            Path(policy.source).parent,
+        )
+    # None: tracing off, OpenTelemetry not even imported.
+    return Observers(start_tracing(policy.telemetry.tracing), decision_log, traffic)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPath:
+    """What a request goes through, from its headers to its access-log entry."""
+
+    executor: ThreadPoolExecutor  # the tokenizer's threads
+    counter: PromptCounter
+    corrections: PromptCorrections
+    admission: AssembledChain
+    candidate: CandidateHolder  # a candidate policy judged beside the enforced one
+    judge: CandidateJudge
+    decider: Decider
+    recorder: OutcomeRecorder
+
+
+def build_request_path(
+    *,
+    policy: PolicyHolder,
+    metrics: SidecarMetrics,
+    signals: Signals,
+    stores: Stores,
+    keys: KeyStore | None,
+    observers: Observers,
+    executor: ThreadPoolExecutor,
+    clock: Callable[[], float],
+    wall_clock: Callable[[], float],
+    rng: random.Random,
+    worker: WorkerSlot | None,
+    injected_clock: Callable[[], float] | None,
+) -> RequestPath:
+    """`executor`: the tokenizer's threads. `injected_clock`: the clock a test passed in
+    (None: each part's own default), which the candidate's budgets keep as the budget
+    stores do."""
+    initial = policy()
+    ttl_s = expiry_s(initial)
+    watch = signals.engine_watch
+    admission = build_admission(
+        board=signals.board,
+        store=stores.budgets,
+        events=MetricsEvents(metrics, signals.key_quotas),
+        clock=clock,
+        ttl_s=ttl_s,
+        multipliers=signals.quotas.values,
+        ceilings=signals.key_quotas,
+        rng=rng,
+        policy=policy,
+        new_waiter=_new_future,
+        book=stores.kv,
+        # Envoy's max_message_timeout is written from the policy it started with.
+        wait_cap_s=initial.longest_wait_s,
+        live=watch.fleet.live_pool,
+        spend=None if stores.spend is None else (stores.spend, SpendMetrics(metrics.registry)),
+        wall_clock=wall_clock,
+    )
+    _known_series(metrics, policy, admission)
+    counter = PromptCounter(None, initial.counting, executor)
+    corrections = PromptCorrections()
+    candidate_metrics = CandidateMetrics(metrics.registry, metrics.tenants)
+    candidate = CandidateHolder(policy, candidate_metrics)
+    judge = CandidateJudge(
+        candidate,
+        candidate_metrics,
+        ttl_s,
+        keys,
+        injected_clock,
+        # A fleet sharing Redis judges the candidate's budgets on the fleet's traffic.
+        store=PrefixedStore(stores.budgets, CANDIDATE_BUDGETS)
+        if initial.budget.store is BudgetStoreKind.REDIS
+        else None,
+    )
+    decider = Decider(
+        policy=policy,
+        identity=ApiKeyResolver(policy, keys),
+        counter=counter,
+        corrections=corrections,
+        admission=admission.chain,
+        inflight=InFlight(clock, ttl_s, worker.prefix if worker else None),
+        picker=watch.picker,
+        candidate=judge,
+    )
+    sinks: list[OutcomeSink] = [
+        admission.chain,
+        PromptFeedback(corrections, metrics),
+        EngineOutcomes(watch.picker),
+        GenAiMetrics(metrics.registry, policy),  # OpenTelemetry's names
+        judge,
+        *observers.watching(),
+    ]
+    recorder = OutcomeRecorder(metrics, signals.windows, decider.inflight, policy, sinks)
+    return RequestPath(
+        executor, counter, corrections, admission, candidate, judge, decider, recorder
+    )
+
+
+def _known_series(metrics: SidecarMetrics, policy: PolicyHolder, admission: AssembledChain) -> None:
+    """Every known pool's, tier's and store's series exist from the start, at 0, and a
+    reload's new pools get theirs."""
+    metrics.admission.source = held_by_pool(admission.kv.book.held_by_pool, policy)
+    metrics.admission.waiting = waiting_by_pool(admission.kv.room.counts, policy)
+    start_series(metrics, policy())
+
+    async def reloaded(new: Policy) -> None:
+        policy_series(metrics, new)
+
+    policy.on_reload.append(reloaded)
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    """What runs beside the requests: the breakers' and the quota controller's loops, and
+    the admin API's servicer (the operator's view and levers)."""
+
+    breaker_loop: BreakerLoop
+    quota_loop: QuotaLoop
+    admin: AdminService
+
+
+def build_control(
+    *,
+    policy: PolicyHolder,
+    metrics: SidecarMetrics,
+    signals: Signals,
+    stores: Stores,
+    path: RequestPath,
+    clock: Callable[[], float],
+    siblings: Siblings | None,
+) -> Control:
+    watch = signals.engine_watch
+    breaker_loop = BreakerLoop(signals.board, metrics)
+    quota_loop = QuotaLoop(
+        policy=policy,
+        board=signals.board,
+        quotas=signals.quotas,
+        key_quotas=signals.key_quotas,
+        kv=path.admission.kv,
+        # The footprint ratio is learned from the engines' KV usage, when it is scraped.
+        kv_cache_usage=watch.fleet.fresh_kv_usage if watch.scraper else None,
+        metrics=metrics,
+    )
+    admin = AdminService(
+        policy=policy,
+        board=signals.board,
+        store=stores.budgets,
+        inflight=path.decider.inflight,
+        gpu=signals.gpu,
+        quotas=signals.quotas,
+        key_quotas=signals.key_quotas,
+        book=path.admission.kv.book,
+        room=path.admission.kv.room,
+        clock=clock,
+        on_drill=breaker_loop.export,
+        siblings=siblings,
+        engines=watch.scraper,
+        fleet=watch.fleet,
+    )
+    breaker_loop.on_transition = admin.note_transition
+    return Control(breaker_loop, quota_loop, admin)
+
+
+def _new_future() -> asyncio.Future[None]:
+    return asyncio.get_running_loop().create_future()
+
+
+def _no_reading(pool: str) -> float | None:
+    return None  # engine metrics are not scraped: no signal
+
+
+def _no_quantile(pool: str, q: float, window_s: float, min_samples: int) -> float | None:
+    return None
