@@ -24,7 +24,6 @@ from grpc_health.v1 import health
 
 from extproc.request.tokens import exact_counter
 from extproc.runtime.grpc_servers import (
-    PortTaken,
     grpc_options,
     start_admin,
     start_ext_proc,
@@ -40,8 +39,7 @@ from extproc.runtime.warm_up import warm_up
 from extproc.runtime.workers import Siblings, WorkerSlot
 from extproc.service.metrics import SidecarMetrics
 
-# Imported from here by the CLI (a taken port is reported, not a traceback).
-__all__ = ["PortTaken", "Sidecar", "SidecarAddress"]
+__all__ = ["Sidecar", "SidecarAddress"]
 
 
 @dataclass(frozen=True, slots=True)
