@@ -102,8 +102,8 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def serve_sidecar(args: argparse.Namespace) -> int:
-    from extproc.runtime.serve import run_sidecar
     from extproc.runtime.grpc_servers import PortTaken
+    from extproc.runtime.serve import run_sidecar
     from extproc.runtime.workers import WorkerSlot
     from extproc.service.admin_auth import AdminTokenError
     from extproc.service.log_records import configure_logs
