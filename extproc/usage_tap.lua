@@ -4,7 +4,7 @@
 -- dynamic metadata ("slogate.usage"); the gRPC access log carries it to the sidecar once per
 -- request. With `data_path.usage_tap: native` Envoy's json_to_metadata reads small JSON
 -- bodies instead and this script runs on the other responses only (streams, chunked or
--- large JSON): tooling/envoy_config/usage_tap.py says why.
+-- large JSON): tooling/render/envoy_config/usage_tap.py says why.
 --
 -- Every API's usage shape is read: OpenAI's prompt_tokens / completion_tokens (chat,
 -- completions, embeddings) and input_tokens / output_tokens (the Responses API's
