@@ -1,0 +1,1 @@
+"""Tests of sim/fleet/: the offline fleet decides as the sidecar does; isolation under load."""

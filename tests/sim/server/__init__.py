@@ -1,0 +1,1 @@
+"""Tests of sim/server/: the simulated engines' model, HTTP pool and engine pool."""

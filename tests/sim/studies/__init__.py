@@ -1,0 +1,1 @@
+"""Tests of sim/studies/: scenarios and workload fitting."""
