@@ -15,8 +15,6 @@ from tests.support.http import chat_body, post
 from tests.support.stack import ROOT, slogate
 from tooling.stack import LocalStack
 
-pytestmark = pytest.mark.e2e
-
 
 def test_status_shows_every_breaker_with_signals(stack: LocalStack) -> None:
     post(stack.url, "/v1/chat/completions", chat_body("hi"))

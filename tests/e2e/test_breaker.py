@@ -23,8 +23,6 @@ from tests.support.stack import (
 )
 from tooling.stack import LocalStack
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.fixture(scope="module")
 def breaker_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:

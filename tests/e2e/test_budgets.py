@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from tests.support.http import CHAT, chat_body, metric, post
 from tests.support.stack import settled
 from tooling.stack import LocalStack
 
-pytestmark = pytest.mark.e2e
 RATE_HEADERS = (
     "x-ratelimit-limit-requests",
     "x-ratelimit-remaining-requests",

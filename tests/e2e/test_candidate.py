@@ -7,12 +7,8 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import pytest
-
 from tests.support.http import CHAT, chat_body, metric, post, scrape
 from tests.support.stack import example_policy, start_stack, wait_for, write_policy
-
-pytestmark = pytest.mark.e2e
 
 
 def test_a_candidate_counts_would_refuse_for_one_tenant_and_refuses_nothing(

@@ -28,7 +28,6 @@ from tests.support.stack import (
 from tooling.stack import LocalStack
 
 CHAT = "/v1/chat/completions"
-pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module", params=MODES, ids=MODE_IDS)

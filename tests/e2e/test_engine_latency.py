@@ -17,12 +17,8 @@ import json
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.support.http import CHAT, chat_body, metric, scrape
 from tests.support.stack import example_policy, fault, level, start_stack, wait_for, write_policy
-
-pytestmark = pytest.mark.e2e
 
 BOUND_S = 8.0
 

@@ -32,8 +32,6 @@ from tests.support.stack import (
 )
 from tooling.stack import LocalStack
 
-pytestmark = pytest.mark.e2e
-
 FAST_BREAKER = {
     "window_s": 20.0,
     "min_samples": 10,

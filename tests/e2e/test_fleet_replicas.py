@@ -28,8 +28,6 @@ from tooling import stack
 from tooling.benchmarks.driver import DriverReply, SidecarDriver
 from tooling.processes import ManagedProcess, start_redis
 
-pytestmark = pytest.mark.e2e
-
 CAPACITY = 10_000  # the pool's KV cache, in tokens
 KEY = "sk-fleet"
 UPSTREAM_TIMEOUT_S = 2.0  # a hold lives 2 s + a 5 s slack: a dead replica's frees in 7 s

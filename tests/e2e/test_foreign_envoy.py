@@ -25,7 +25,6 @@ from tooling.stack import LocalStack
 
 FOREIGN = Path(__file__).parents[1] / "data" / "foreign-envoy.yaml"
 POOL_CLUSTERS = {"default": "vllm_main", "long": "vllm_long_context", "fallback": "vllm_spare"}
-pytestmark = pytest.mark.e2e
 
 
 def merged_bootstrap(work: Path, notes: list[str]) -> Any:

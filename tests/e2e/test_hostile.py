@@ -20,8 +20,6 @@ from tests.support.http import CHAT, chat_body, metric, post, scrape
 from tests.support.stack import example_policy, settled, start_stack, write_policy
 from tooling.stack import LocalStack
 
-pytestmark = pytest.mark.e2e
-
 
 def letters(size: int, seed: int) -> str:
     rng = random.Random(seed)

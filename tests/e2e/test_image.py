@@ -27,7 +27,7 @@ from tooling import image
 from tooling.processes import ManagedProcess, free_port, start_redis
 from tooling.stack import LocalStack, Replica
 
-pytestmark = [pytest.mark.image, pytest.mark.e2e]
+pytestmark = pytest.mark.image
 IMAGE_USER = 10001  # the Containerfile's USER
 MAX_SIZE_MB = 450  # measured 407 MB on the Debian base; Envoy's binary back would add ~107 MB
 

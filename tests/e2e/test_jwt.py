@@ -23,7 +23,6 @@ from tests.support.messages import MODE_IDS, MODES, with_messages
 from tests.support.stack import example_policy, start_stack, write_policy
 from tooling.stack import LocalStack
 
-pytestmark = pytest.mark.e2e
 ISSUER = "https://issuer.slogate.test"
 CHAT = "/v1/chat/completions"
 TENANT_SERIES_MAX = 6

@@ -81,7 +81,6 @@ def reasons(replies: list[DriverReply]) -> list[str]:
     return [r.headers.get("x-slogate-reason", "?") if r.status == 401 else "ok" for r in replies]
 
 
-@pytest.mark.e2e
 def test_add_revoke_rotate_expire_through_three_replicas_sharing_redis(
     tmp_path: Path, processes: list[ManagedProcess]
 ) -> None:
@@ -196,7 +195,6 @@ def test_add_revoke_rotate_expire_through_three_replicas_sharing_redis(
     assert 0 <= metric(text, "slogate_key_store_sync_age_seconds", source="redis") < 2
 
 
-@pytest.mark.e2e
 def test_every_worker_of_serve_workers_applies_a_change(
     tmp_path: Path, processes: list[ManagedProcess]
 ) -> None:
@@ -245,7 +243,6 @@ def test_every_worker_of_serve_workers_applies_a_change(
     asyncio.run(scenario())
 
 
-@pytest.mark.e2e
 def test_the_key_file_is_hot_reloaded(tmp_path: Path, processes: list[ManagedProcess]) -> None:
     """A key file edited by `slogate keys --file`, then replaced as a Kubernetes Secret is
     (a `..data` symlink swapped to a new directory)."""

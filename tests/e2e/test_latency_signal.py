@@ -21,8 +21,6 @@ from tests.support.stack import (
 )
 from tooling.stack import LocalStack
 
-pytestmark = pytest.mark.e2e
-
 PROMPT = (Path(__file__).parents[1] / "data" / "en_prose.txt").read_text() * 6  # ~4k tokens
 
 

@@ -15,8 +15,6 @@ import pytest
 from tests.support.http import chat_body, metric, post, scrape
 from tooling.stack import LocalStack
 
-pytestmark = pytest.mark.e2e
-
 CHAT = "/v1/chat/completions"
 INFERENCE_PATHS = [
     "/v1/chat/completions",

@@ -16,8 +16,6 @@ import pytest
 from tests.support.vllm import words
 from tooling.stack import LocalStack
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.fixture(params=["sim", pytest.param("vllm", marks=pytest.mark.vllm)])
 def served(request: pytest.FixtureRequest) -> LocalStack:

@@ -17,8 +17,6 @@ from tests.support.messages import MODE_IDS, MODES, with_messages
 from tests.support.stack import example_policy, slogate, start_stack, write_policy
 from tooling.stack import LocalStack
 
-pytestmark = pytest.mark.e2e
-
 CHAT = "/v1/chat/completions"
 # One key per API under test, so each key's settled usage is that API's alone.
 API_KEYS = {

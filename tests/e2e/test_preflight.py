@@ -23,8 +23,6 @@ from tooling.preflight_probes import shipped_alert_names
 from tooling.prometheus_server import PrometheusServer, stack_jobs
 from tooling.stack import LocalStack
 
-pytestmark = pytest.mark.e2e
-
 
 @dataclass
 class Deployment:

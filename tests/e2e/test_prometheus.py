@@ -37,8 +37,6 @@ from tooling.prometheus_server import PROMETHEUS_INSTALL_HINT, prometheus_binary
 ROOT = Path(__file__).resolve().parents[2]
 
 # No prometheus is a failure, as no promtool is (`make test` installs Debian's package).
-pytestmark = pytest.mark.e2e
-
 # Which scheduled faults of alerts-live.yaml create each alert's condition (matched in the
 # fault's description). An alert of the shipped rules that is not here must be named in the
 # docs' list of alerts no scenario triggers, with why (docs/sre/alerts.md).

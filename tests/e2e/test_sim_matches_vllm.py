@@ -26,7 +26,7 @@ from tests.support.vllm import Stream, words
 from tooling.processes import ManagedProcess, python_module
 from tooling.stack import LocalStack
 
-pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+pytestmark = pytest.mark.vllm
 COMPLETIONS = "/v1/completions"
 
 

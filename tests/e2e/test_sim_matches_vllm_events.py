@@ -21,7 +21,7 @@ from tests.support.stack import settled, wait_for
 from tests.support.vllm import words
 from tooling.stack import LocalStack
 
-pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+pytestmark = pytest.mark.vllm
 MESSAGES, RESPONSES = "/v1/messages", "/v1/responses"
 CASES = [
     (

@@ -25,7 +25,6 @@ from openai.types.responses import Response, ResponseOutputMessage, ResponseText
 from sim._frames import filler_token
 from tooling.processes import ManagedProcess, python_module
 
-pytestmark = pytest.mark.e2e
 MODEL = "deepseek-v4"
 EXACT = {"ignore_eos": True}  # vLLM's extension: exactly max_tokens come out
 

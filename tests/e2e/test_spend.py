@@ -22,8 +22,6 @@ from tests.support.http import CHAT, Reply, chat_body, metric, post
 from tests.support.stack import example_policy, settled, slogate, start_stack, write_policy
 from tooling.stack import LocalStack
 
-pytestmark = pytest.mark.e2e
-
 MONTH = 2000.0  # token-equivalents: prompt x 1, cached prompt x 0, completion x 2
 PROMPT = "hi " * 200  # long enough for the engine's prefix cache to serve it again
 WIDE_OPEN = {"requests_per_minute": 10_000, "tokens_per_minute": 10**9, "tokens_per_hour": 10**9}

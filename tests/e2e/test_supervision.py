@@ -9,13 +9,9 @@ import socket
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.support.http import CHAT, chat_body, post
 from tests.support.stack import EXAMPLE_POLICY, start_stack, wait_for
 from tooling.processes import python_module
-
-pytestmark = pytest.mark.e2e
 
 
 def test_a_killed_sidecar_is_restarted_on_its_ports_while_envoy_stays_up(

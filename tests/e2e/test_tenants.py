@@ -26,8 +26,6 @@ from tests.support.stack import (
 )
 from tooling.stack import LocalStack
 
-pytestmark = pytest.mark.e2e
-
 TENANTS: dict[str, Any] = {
     "defaults": {},  # the demo keys' tenants: as before
     "list": {

@@ -17,7 +17,6 @@ from tests.support.http import CHAT, chat_body, post
 from tests.support.stack import EXAMPLE_POLICY, start_stack, wait_for
 from tooling.stack import LocalStack
 
-pytestmark = pytest.mark.e2e
 PROMPT = "a secret prompt about the quarterly numbers"
 KEYS = ("sk-demo-critical", "sk-demo-standard", "sk-demo-batch", "sk-demo-small")
 

@@ -24,8 +24,6 @@ from tests.support.stack import (
 )
 from tooling.stack import LocalStack
 
-pytestmark = pytest.mark.e2e
-
 CHAT = "/v1/chat/completions"
 ANTHROPIC = {"system": "s", "messages": [{"role": "user", "content": "meter me"}]}
 # name: (path, body, streamed)

@@ -30,7 +30,7 @@ from tests.support.vllm import Stream, words
 from tooling import admin_client
 from tooling.stack import LocalStack
 
-pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+pytestmark = pytest.mark.vllm
 
 
 def engine_metrics(stack: LocalStack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

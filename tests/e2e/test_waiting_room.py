@@ -22,8 +22,6 @@ from tests.support.messages import MODE_IDS, MODES, with_messages
 from tests.support.stack import example_policy, fault, slogate, start_stack, wait_for, write_policy
 from tooling.stack import LocalStack
 
-pytestmark = pytest.mark.e2e
-
 SLOTS = 4
 UNLIMITED = {"concurrent_requests": 1000, "requests_per_minute": 100_000}
 
