@@ -102,7 +102,7 @@ class Sidecar:
         self.worker = worker
         self.siblings = Siblings(worker) if worker is not None else None
         # Injected for tests that run this object graph on a virtual clock beside the
-        # simulator's (tests/test_sim_matches_sidecar.py); a process uses the real ones.
+        # simulator's (tests/sim/fleet/test_sidecar.py); a process uses the real ones.
         self.clock = clock or time.monotonic
         self.metrics = SidecarMetrics()
         self.policy = PolicyHolder(policy_path, self.metrics)

@@ -2,7 +2,7 @@
 and sidecar: inference requests are decided on their body alone, and the two holes a skipped
 header phase opens stay closed — a body-less request never passes unguarded, and the
 upstream headers only slogate sets cannot be spoofed. (The data-path and every-path suites
-run in this mode too: tests/test_e2e_data_path.py, tests/test_e2e_paths.py.)"""
+run in this mode too: tests/e2e/test_data_path.py, tests/e2e/test_paths.py.)"""
 
 from __future__ import annotations
 

@@ -184,7 +184,7 @@ def test_a_quiet_stack_shows_every_panel_that_is_not_a_ratio_of_rates(
     there at zero. Two kinds of query may rightly have no value there: a ratio of rates (a
     share, a quantile, a correlation: 0/0), told by its form with recorded series unfolded
     into the rules that record them; and one that reads only families born with traffic,
-    the list tests/test_deploy_sre.py keeps with each one's reason (per-tenant series,
+    the list tests/deploy/test_sre.py keeps with each one's reason (per-tenant series,
     histograms by pool x bucket x tier)."""
     records = recorded(SHIPPED_RULES)
     queries = panel_queries()

@@ -1,6 +1,6 @@
 """The simulated pool's Responses API and Anthropic Messages API held to a real vLLM.
 
-As tests/test_sim_matches_vllm.py does for chat and completions: the same request goes to
+As tests/e2e/test_sim_matches_vllm.py does for chat and completions: the same request goes to
 vLLM (the stack's default pool) and to a simulated pool, and the JSON answers and each kind
 of stream event are compared by their keys, in order (vLLM's null fields included), with
 the events' names in the order they come. And what vLLM's Messages usage means for

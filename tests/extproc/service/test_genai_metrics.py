@@ -1,6 +1,6 @@
 """OpenTelemetry's GenAI metric names beside slogate's own, from the same access-log entries.
 
-The sidecar runs in this process over real gRPC (as in test_sidecar_in_process); the
+The sidecar runs in this process over real gRPC (as in tests/extproc/runtime/test_sidecar.py); the
 driver sends the access-log entries Envoy would, and the sidecar's registry is read.
 """
 

@@ -2,7 +2,7 @@
 
 The formatter alone, and a real `slogate serve` driven over gRPC as Envoy does: every line
 it writes parses, and a request's lines carry its x-request-id. (Through Envoy, with
-`slogate up`'s sidecars: tests/test_tracing.py's stack test.)
+`slogate up`'s sidecars: tests/extproc/service/test_tracing.py's stack test.)
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""A span per decision in the client's trace (telemetry.tracing); JSON logs: test_json_logs.
+"""A span per decision in the client's trace (telemetry.tracing); JSON logs:
+tests/extproc/service/test_log_records.py.
 
 Spans go over real OTLP/gRPC to a real receiver (tooling.otlp_receiver, opentelemetry-
 proto's TraceService on a grpcio server on 127.0.0.1:0). The sidecar runs in this process
-(real gRPC, as in test_sidecar_in_process), behind Envoy (the stack), or as `slogate serve`.
+(real gRPC, as in tests/extproc/runtime/test_sidecar.py), behind Envoy (the stack), or as
+`slogate serve`.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def differential_policy(tmp_path: Path) -> Path:
     policy = example_policy()
     policy["breaker"]["scrape_metrics"] = False
     # Decisions made at once, one by one: the waiting room's order is tested on its own
-    # (tests/test_waiting_room.py, both drivers).
+    # (tests/admission/test_waiting_room.py, both drivers).
     policy["waiting_room"] = {"enabled": False}
     policy["breaker"]["controller_enabled"] = False
     # A long pool two or three long requests fill: KV refusals come early and often.

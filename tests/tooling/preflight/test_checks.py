@@ -1,5 +1,5 @@
 """`slogate preflight`'s verdicts from measured values, its zones and keys, and the policy's
-per-engine zones. No process: the live runs are tests/test_e2e_preflight.py."""
+per-engine zones. No process: the live runs are tests/e2e/test_preflight.py."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ Core kinds (ConfigMap, Deployment, PodDisruptionBudget, ...) are checked with
 kubernetes-validate, which bundles the upstream OpenAPI schemas, in its strict mode (an
 unknown field is an error, as `kubectl apply --validate=strict` makes it). Custom resources
 are checked against the projects' vendored schemas (deploy/k8s/schemas), through the same
-lookup tests/test_mesh.py uses. A document of a kind neither knows fails the test: nothing
-is skipped unseen.
+lookup tests/tooling/render/test_mesh.py uses. A document of a kind neither knows fails the
+test: nothing is skipped unseen.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The fitted byte-class estimate against the real DeepSeek tokenizer on natural text.
 
-No decision is taken on it any more (tests/test_tokens.py shows why); the accuracy
-benchmark still reports it, so its definition stays tested."""
+No decision is taken on it any more (tests/extproc/request/tokens/test_tokens.py shows
+why); the accuracy benchmark still reports it, so its definition stays tested."""
 
 from __future__ import annotations
 
