@@ -1,1 +1,1 @@
-"""Tests of sim/fleet/: the offline fleet decides as the sidecar does; isolation under load."""
+"""Tests of sim/fleet/: decided as the sidecar decides, tenants held apart, engines, fitting."""

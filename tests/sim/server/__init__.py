@@ -1,1 +1,1 @@
-"""Tests of sim/server/: the simulated engines' model, HTTP pool and engine pool."""
+"""Tests of sim/server/: the simulated engine server's latency model and its HTTP pool."""

@@ -1,1 +1,1 @@
-"""Tests of sim/studies/: scenarios and workload fitting."""
+"""Tests of sim/studies/: the scenarios and their sweeps."""
