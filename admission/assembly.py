@@ -1,9 +1,11 @@
 """The admission chain as the sidecar runs it, built in one place for the sidecar and the
 simulator alike.
 
-What lives here: `Admission` (the chain and its steps, for the callers that also drive the
+What lives here: `AssembledChain` (the chain and its steps, for the callers that also drive the
 steps' own loops: the KV ratio, expiry, the waiting room) and `build_admission`. The
-order is the rule: the breaker first (a shed request spends nothing), the budget next (a
+order is the rule: the access check first (a tenant suspended, a limit of 0, a pool its
+tenant may not use: a 403 before anything is shed or spent; admission.access), the breaker
+(a shed request spends nothing), the budget next (a
 contract: refused at once, never after a wait), the tenant's spend budget after the key's
 (refused at once too), KV admission last, where a request may
 wait for room (admission.waiting_room) holding its budget reservation, which is given back
@@ -20,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from admission.access import AccessStep
 from admission.breaker_step import BreakerStep
 from admission.budget_step import BudgetStep, KeyCeilings
 from admission.chain import AdmissionChain, Step
@@ -39,7 +42,7 @@ class Events(BreakerEvents, KvEvents, BudgetEvents, Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Admission:
+class AssembledChain:
     chain: AdmissionChain
     kv: KvStep
     breaker: BreakerStep | None
@@ -74,7 +77,7 @@ def build_admission(
     live: Callable[[Pool], Pool] | None = None,
     spend: tuple[SpendStore, SpendEvents] | None = None,
     wall_clock: Callable[[], float] = time.time,
-) -> Admission:
+) -> AssembledChain:
     """`board` None: no breaker step; `store` None: no budget step (simulated runs only);
     `new_waiter` None: no waiting room (a full pool refuses at once); `book`: where the KV
     ledger lives (None: this process's own; breaker.kv_book); `live`: a pool as its serving
@@ -85,5 +88,6 @@ def build_admission(
     budget = BudgetStep(store, events, ttl_s, multipliers, ceilings) if store is not None else None
     spending = SpendStep(*spend, ttl_s, wall_clock) if spend is not None else None
     kv = KvStep(events, clock, ttl_s, policy, new_waiter, book, wait_cap_s, live)
-    steps: list[Step] = [s for s in (breaker, budget, spending, kv) if s is not None]
-    return Admission(AdmissionChain(steps), kv, breaker, budget, spending)
+    chosen = (AccessStep(), breaker, budget, spending, kv)
+    steps: list[Step] = [s for s in chosen if s is not None]
+    return AssembledChain(AdmissionChain(steps), kv, breaker, budget, spending)

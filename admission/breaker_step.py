@@ -19,6 +19,7 @@ import random
 from admission.decision import DEGRADED_HEADER, Admitted, RequestOutcome, RoutingDecision
 from admission.errors import Overloaded
 from admission.events import BreakerEvents
+from admission.waiting_room import WaitNotice
 from breaker.board import BreakerBoard
 from breaker.shedding import Action, shed
 from policy import Policy
@@ -40,7 +41,13 @@ class BreakerStep:
         self._events = events
         self._rng = rng or random.Random()
 
-    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
+    async def admit(
+        self,
+        decision: RoutingDecision,
+        request_id: str,
+        policy: Policy,
+        on_wait: WaitNotice | None = None,
+    ) -> Admitted:
         if not decision.meters_tokens:
             return Admitted(decision)  # tokenize, the model list: nothing to shed
         level = self._board.level(decision.pool)

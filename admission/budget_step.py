@@ -24,6 +24,7 @@ from typing import Protocol
 from admission.decision import Admitted, RequestOutcome, RoutingDecision
 from admission.errors import ContextLengthExceeded, RateLimited
 from admission.events import BudgetEvents
+from admission.waiting_room import WaitNotice
 from breaker.shedding import budget_multiplier
 from budget.ledger import Charge, Verdict, scale_limits
 from budget.store import BudgetStore
@@ -130,7 +131,13 @@ class BudgetStep:
         self._multipliers: Mapping[str, float] = multipliers if multipliers is not None else {}
         self._ceilings = ceilings
 
-    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
+    async def admit(
+        self,
+        decision: RoutingDecision,
+        request_id: str,
+        policy: Policy,
+        on_wait: WaitNotice | None = None,
+    ) -> Admitted:
         caller = decision.caller
         limits = effective_limits(decision, policy, self._multipliers, self._ceilings)
         if limits.max_context_tokens is not None and decision.context_tokens > (

@@ -21,14 +21,22 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from admission.decision import Admitted, RequestOutcome, RoutingDecision
+from admission.waiting_room import WaitNotice
 from policy import Policy
 
 log = logging.getLogger("slogate.admission")
 
 
 class Step(Protocol):
-    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
-        """Admit (maybe changing the decision) or raise a RequestRejected."""
+    async def admit(
+        self,
+        decision: RoutingDecision,
+        request_id: str,
+        policy: Policy,
+        on_wait: WaitNotice | None = None,
+    ) -> Admitted:
+        """Admit (maybe changing the decision) or raise a RequestRejected. `on_wait`: told
+        how long the request may wait, if it enters the waiting room (admission.kv_step)."""
         ...
 
     async def release(self, decision: RoutingDecision, request_id: str) -> None:
@@ -50,12 +58,18 @@ class AdmissionChain:
     def __init__(self, steps: Sequence[Step]) -> None:
         self.steps = tuple(steps)
 
-    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
+    async def admit(
+        self,
+        decision: RoutingDecision,
+        request_id: str,
+        policy: Policy,
+        on_wait: WaitNotice | None = None,
+    ) -> Admitted:
         headers: dict[str, str] = {}
         held: list[tuple[Step, RoutingDecision]] = []
         try:
             for step in self.steps:
-                admitted = await step.admit(decision, request_id, policy)
+                admitted = await step.admit(decision, request_id, policy, on_wait)
                 decision = admitted.decision
                 headers.update(admitted.response_headers)
                 held.append((step, decision))

@@ -25,7 +25,6 @@ import dataclasses
 import math
 import uuid
 from collections.abc import Callable
-from contextvars import ContextVar
 
 from admission.decision import QUEUED_HEADER, Admitted, RequestOutcome, RoutingDecision
 from admission.errors import Overloaded
@@ -38,6 +37,7 @@ from admission.waiting_room import (
     Waiter,
     Waiting,
     WaitingRoom,
+    WaitNotice,
 )
 from breaker.kv_admission import (
     Freed,
@@ -62,10 +62,6 @@ HEAD_TTL_S = 0.25
 # fairness order sees other replicas' service at most this late.
 SERVICE_SYNC_S = 1.0
 RANK = {tier: rank for rank, tier in enumerate(TIER_ORDER)}
-
-# The transport's hook for "this request now waits up to N seconds": the sidecar's ext_proc
-# servicer sets it per stream to extend Envoy's message timeout; elsewhere nobody listens.
-wait_notice: ContextVar[Callable[[float], None] | None] = ContextVar("wait_notice", default=None)
 
 
 class KvStep:
@@ -112,7 +108,13 @@ class KvStep:
         spec = policy.pools.get(pool)
         return None if spec is None else self._live(spec)
 
-    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
+    async def admit(
+        self,
+        decision: RoutingDecision,
+        request_id: str,
+        policy: Policy,
+        on_wait: WaitNotice | None = None,
+    ) -> Admitted:
         if not decision.meters_tokens:
             return Admitted(decision)  # one cheap request: no KV, no batch slot
         spec = self._spec(policy, decision.pool)
@@ -133,6 +135,7 @@ class KvStep:
                 tokens,
                 decision.sequences,
                 decision.runs_to_limit,
+                share=share,
             )
             if decision.pool not in self._drained:  # the count the drain is noted from
                 view = self.book.view(decision.pool)
@@ -169,11 +172,10 @@ class KvStep:
             self.room.enter(entry, RoomBounds(room.max_waiting, room.max_waiting_bytes))
         except QueueFull as full:
             self._events.waited(tier.value, "full", 0.0)
-            raise self._queue_full(decision, full.what, now_s) from None
+            raise self._queue_full(decision, full.what, now_s, policy) from None
         await self.dispatch(decision.pool)  # it may already fit in its turn
-        notice = wait_notice.get()
-        if notice is not None and not entry.waiter.done():
-            notice(max_wait_s)
+        if on_wait is not None and not entry.waiter.done():
+            on_wait(max_wait_s)
         try:
             await entry.waiter
         except BaseException as error:
@@ -194,17 +196,20 @@ class KvStep:
         tokens: int,
         sequences: int,
         fixed: bool,
+        share: float,
         offer: bool = False,
     ) -> str:
         """Hold the footprint in `spec`'s pool now if it fits: "" when held, else what is
         full. The one way a request is put in the ledger, on arrival or offered from the
-        room (`offer`: a shared ledger may answer "full" from what it read a moment ago)."""
+        room (`offer`: a shared ledger may answer "full" from what it read a moment ago).
+        `share`: the tier's KV share under the policy the caller holds (the request's own
+        snapshot on arrival; the current one when the room dispatches)."""
         ask = HoldAsk(
             request_id,
             spec.name,
             spec,
             tokens,
-            self._policy().breaker.kv_shares[tier],
+            share,
             self._ttl_s,
             sequences,
             fixed,
@@ -220,7 +225,9 @@ class KvStep:
         output = decision.sequences * decision.max_tokens
         return decision.prompt_tokens + output * policy.waiting_room.output_weight
 
-    def _queue_full(self, decision: RoutingDecision, what: str, now_s: float) -> Overloaded:
+    def _queue_full(
+        self, decision: RoutingDecision, what: str, now_s: float, policy: Policy
+    ) -> Overloaded:
         tier = decision.caller.tier
         detail = (
             "too many requests are waiting"
@@ -231,11 +238,10 @@ class KvStep:
             f"The {decision.pool!r} pool is full at the {tier.value} tier and {detail}. "
             "Please retry later.",
             reason="queue_full",
-            retry_after_s=self._retry_after(decision.pool, tier, now_s),
+            retry_after_s=self._retry_after(decision.pool, tier, now_s, policy),
         )
 
-    def _retry_after(self, pool: str, tier: Tier, now_s: float) -> int:
-        policy = self._policy()
+    def _retry_after(self, pool: str, tier: Tier, now_s: float, policy: Policy) -> int:
         longest = policy.waiting_room.max_wait_s.get(tier) or policy.longest_wait_s
         return self.room.retry_after_s(pool, tier, now_s, min(longest, self._wait_cap_s))
 
@@ -276,6 +282,7 @@ class KvStep:
                     entry.tokens,
                     entry.sequences,
                     entry.fixed,
+                    shares[entry.tier],
                     offer=True,
                 )
                 if not held and entry.request_id not in self.room:
@@ -349,7 +356,7 @@ class KvStep:
             f"longest this request may wait ({now_s - entry.entered_s:.1f} s). "
             "Please retry later.",
             reason="queue_timeout",
-            retry_after_s=self._retry_after(entry.pool, entry.tier, now_s),
+            retry_after_s=self._retry_after(entry.pool, entry.tier, now_s, self._policy()),
         )
 
     async def release(self, decision: RoutingDecision, request_id: str) -> None:

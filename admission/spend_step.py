@@ -25,6 +25,7 @@ from typing import Protocol
 
 from admission.decision import SPEND_WARNING_HEADER, Admitted, RequestOutcome, RoutingDecision
 from admission.errors import SpendExhausted
+from admission.waiting_room import WaitNotice
 from budget.spend import (
     WARNING_SHARES,
     SpendHold,
@@ -107,7 +108,13 @@ class SpendStep:
         self._ttl_s = ttl_s  # a reservation outlives the longest request by this
         self._wall_clock = wall_clock  # UTC time: which day and month a request falls in
 
-    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
+    async def admit(
+        self,
+        decision: RoutingDecision,
+        request_id: str,
+        policy: Policy,
+        on_wait: WaitNotice | None = None,
+    ) -> Admitted:
         caller = decision.caller
         tenant = policy.tenants.get(caller.tenant)
         if tenant is None or tenant.spend is None or not decision.meters_tokens:

@@ -1,6 +1,7 @@
 """The waiting room: requests refused only for capacity wait here, in order, for room.
 
 What lives here: `Waiting` (one waiting request and the waiter its admission awaits),
+`WaitNotice` (what a request's admission is told when it enters the room),
 `AttainedService` (each tenant's recently attained service, decaying) and `WaitingRoom`
 (the queues per pool and tier, their bounds, and the order in which `dispatch` offers the
 waiting requests to the KV ledger). Pure: the clock is passed in, and a waiter is anything
@@ -51,6 +52,11 @@ TIER_ORDER = (Tier.CRITICAL, Tier.STANDARD, Tier.SHEDDABLE)
 # ledger checks per end. Backfill looks this far past the head.
 MAX_MISSES = 64
 _RANK = {tier: rank for rank, tier in enumerate(TIER_ORDER)}
+
+
+# Told "this request now waits up to N seconds" when it enters the room: the sidecar's
+# ext_proc servicer passes one per stream to lift Envoy's message timeout by as much.
+WaitNotice = Callable[[float], None]
 
 
 class Waiter(Protocol):

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from policy.quantiles import nearest_rank
+
 # Bins grow by 5% from 0.5 ms to ~20 min: quantiles are exact to within ~2.5%.
 _MIN_S = 0.0005
 _GROWTH = 1.05
@@ -51,12 +53,12 @@ class LogHistogram:
         return int(self.counts.sum())
 
     def quantile(self, q: float) -> float | None:
-        """Upper edge of the bin holding the q-quantile (conservative: never under-reports)."""
+        """Upper edge of the bin holding the q-quantile by the project's rank rule
+        (policy.quantiles: nearest rank; conservative, never under-reports)."""
         total = self.total
         if total == 0:
             return None
-        rank = max(1, math.ceil(q * total))
-        index = int(np.searchsorted(np.cumsum(self.counts), rank))
+        index = int(np.searchsorted(np.cumsum(self.counts), nearest_rank(q, total)))
         return _bin_upper_s(index)
 
 

@@ -9,13 +9,13 @@ extproc.runtime; nothing here reads a socket or a clock of its own.
 
 from engines.picker import EnginePicker
 from engines.prefix import NO_BLOCKS, PrefixIndex, PromptBlocks, prompt_blocks, text_blocks
-from engines.scoring import Candidate, Scores, pick, rendezvous, score
+from engines.scoring import EngineCandidate, Scores, pick, rendezvous, score
 from engines.state import Engine, EngineFleet, EngineState, HeldOn, engine_address
 
 __all__ = [
     "NO_BLOCKS",
-    "Candidate",
     "Engine",
+    "EngineCandidate",
     "EngineFleet",
     "EnginePicker",
     "EngineState",

@@ -13,7 +13,7 @@ import hashlib
 from collections.abc import Callable
 
 from engines.prefix import PrefixIndex, PromptBlocks
-from engines.scoring import Candidate, pick
+from engines.scoring import EngineCandidate, pick
 from engines.state import EngineFleet
 from policy import Picker, Policy, Pool
 
@@ -53,7 +53,7 @@ class EnginePicker:
         index.entries = entries
         return index
 
-    def candidates(self, spec: Pool, blocks: PromptBlocks) -> list[Candidate]:
+    def candidates(self, spec: Pool, blocks: PromptBlocks) -> list[EngineCandidate]:
         """The pool's serving engines, each with what the scorers read."""
         fleet = self.fleet
         engines = fleet.serving(spec.name)
@@ -71,7 +71,7 @@ class EnginePicker:
         for engine, tokens in zip(engines, matched, strict=True):
             fresh = engine.fresh(now_s, stale_s)
             candidates.append(
-                Candidate(
+                EngineCandidate(
                     address=engine.address,
                     slot=engine.slot,
                     held_tokens=engine.held_tokens,

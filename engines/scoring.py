@@ -1,6 +1,6 @@
 """Which engine of a pool gets a request: scorers, each in [0, 1], and one picker. Pure.
 
-What lives here: `Candidate` (what a scorer may read of one engine), the four scorers and
+What lives here: `EngineCandidate` (what a scorer may read of one engine), the four scorers and
 `pick`, which weights them (`PickingConfig`) and returns the engines best first. The same
 code picks in the sidecar (extproc.request.flow) and in the simulator (sim.engines).
 
@@ -40,7 +40,7 @@ _MASK = (1 << 64) - 1
 
 
 @dataclass(frozen=True, slots=True)
-class Candidate:
+class EngineCandidate:
     """One serving engine as the picker sees it."""
 
     address: str
@@ -91,7 +91,7 @@ def _rank_scores(weights: Sequence[int]) -> list[float]:
 
 
 def load_of(
-    candidate: Candidate, pool_held_sequences: int, count: int, most_held: int = 0
+    candidate: EngineCandidate, pool_held_sequences: int, count: int, most_held: int = 0
 ) -> float:
     """How full the engine is, 0..1: what slogate holds on it against its capacity (against
     an even share of the pool's requests where its capacity is unknown), or what it reports
@@ -112,14 +112,16 @@ def load_of(
     return min(1.0, max(parts))
 
 
-def over_bound(candidate: Candidate, pool_held_sequences: int, count: int, bound: float) -> bool:
+def over_bound(
+    candidate: EngineCandidate, pool_held_sequences: int, count: int, bound: float
+) -> bool:
     """Consistent hashing with bounded loads: more requests in flight than `bound` x the
     fair share (one more request counted, so an idle pool binds nobody)."""
     fair = bound * (pool_held_sequences + 1) / count
     return candidate.held_sequences >= math.ceil(fair)
 
 
-def saturated(candidate: Candidate) -> bool:
+def saturated(candidate: EngineCandidate) -> bool:
     """Its batch slots or its KV cache full with what this sidecar alone holds on it."""
     return bool(
         (candidate.sequences and candidate.held_sequences >= candidate.sequences)
@@ -128,7 +130,7 @@ def saturated(candidate: Candidate) -> bool:
 
 
 def score(
-    candidates: Sequence[Candidate],
+    candidates: Sequence[EngineCandidate],
     blocks: PromptBlocks,
     bucket: str,
     config: PickingConfig,
@@ -163,7 +165,7 @@ def score(
 
 
 def pick(
-    candidates: Sequence[Candidate],
+    candidates: Sequence[EngineCandidate],
     blocks: PromptBlocks,
     bucket: str,
     config: PickingConfig,

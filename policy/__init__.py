@@ -1,8 +1,9 @@
 """slogate's configuration and domain types: the bottom layer, importing nothing of ours.
 
-`policy.domain` holds the small value types (tier, key, limits, bucket, pool, tenant), `policy.apis`
-the catalogue of engine APIs slogate guards, `policy.schema` the frozen `Policy`, and
-`policy.loader` the strict YAML reader. Everything public is re-exported here.
+`policy.domain` holds the small value types (tier, key, limits, bucket, pool, tenant) and the
+one rule that makes a caller (`build_caller`), `policy.apis` the catalogue of engine APIs
+slogate guards, `policy.schema` the frozen `Policy`, and `policy.loader` the strict YAML
+reader. Everything public is re-exported here.
 """
 
 from policy._reader import PolicyError
@@ -25,6 +26,7 @@ from policy.domain import (
     TenantBook,
     TenantWeights,
     Tier,
+    build_caller,
     hash_api_key,
 )
 from policy.loader import load_policy, parse_policy
@@ -80,6 +82,7 @@ __all__ = [
     "TlsConfig",
     "TrafficRecordConfig",
     "WaitingRoomConfig",
+    "build_caller",
     "hash_api_key",
     "load_policy",
     "parse_policy",

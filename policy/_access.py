@@ -15,6 +15,7 @@ from policy.domain import (
     Pool,
     TenantBook,
     Tier,
+    build_caller,
     hash_api_key,
 )
 from policy.schema import (
@@ -84,12 +85,8 @@ def parse_shadow(raw: object, path: str, pools: Mapping[str, Pool]) -> ShadowCon
 
 
 def parse_decision_log(raw: object, path: str) -> DecisionLogConfig | None:
-    if raw is None:
-        return None
-    sec = Section(raw, path)
-    config = DecisionLogConfig(*recorded_files(sec, sample_rate=0.01))
-    sec.close()
-    return config
+    files = recorded_files(raw, path, sample_rate=0.01)
+    return None if files is None else DecisionLogConfig(*files)
 
 
 def parse_tls(raw: object, path: str) -> TlsConfig | None:
@@ -158,7 +155,7 @@ def parse_keys(
 ) -> dict[str, ApiKey]:
     """The keys. With a `tenants:` section (`tenants`), a key's tenant must be one it names
     (or any, with `tenants.defaults`), and the key inherits from it: its own tier, else its
-    tenant's; its own limits, else its tenant's, else its tier's (policy._tenants)."""
+    tenant's; its own limits, else its tenant's, else its tier's (policy.domain.build_caller)."""
     if raw is None:
         return {}
     if not isinstance(raw, list):
@@ -184,18 +181,12 @@ def parse_keys(
                 "tenants.list, or set tenants.defaults for tenants not listed)"
             )
         tier_raw = sec.raw("tier")
-        if tier_raw is not None:
-            tier = parse_tier(tier_raw, sec.child("tier"))
-        else:
-            tier = Tier.STANDARD if entry is None else entry.tier
-        base = tier_limits[tier] if entry is None else entry.limits_over(tier_limits[tier])
-        own_limits = sec.raw("limits") is not None
-        limits = parse_limits(sec.section("limits"), base)
+        tier = None if tier_raw is None else parse_tier(tier_raw, sec.child("tier"))
+        own_limits = limit_overrides(sec.section("limits"))
         sec.close()
         if digest in keys:
             raise PolicyError(f"{path}[{i}]: duplicate API key")
-        shared = entry is not None and entry.shared_limits and not own_limits
-        keys[digest] = ApiKey(digest, tenant, tier, limits, shared_budget=shared)
+        keys[digest] = build_caller(digest, tenant, tier, own_limits, tier_limits, tenants)
     return keys
 
 

@@ -2,7 +2,7 @@
 response (the per-request work on the hot path, not what is decided).
 
 What lives here: `DataPathConfig`, its two switches and their reader. The bootstrap that
-acts on them is tooling.envoy_config; the sidecar's side is extproc.
+acts on them is tooling.render.envoy_config; the sidecar's side is extproc.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class UsageTap(StrEnum):
     # The Lua filter (extproc/usage_tap.lua) reads usage out of every response body.
     LUA = "lua"
     # Envoy's json_to_metadata reads JSON bodies under 1 MB; the Lua reads the rest (streams:
-    # sse_to_metadata cannot count events nor strip the usage event; tooling.envoy_config
+    # sse_to_metadata cannot count events nor strip the usage event; tooling.render.envoy_config
     # .usage_tap).
     NATIVE = "native"
 

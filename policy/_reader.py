@@ -83,13 +83,18 @@ def one_of(section: Section, name: str, kinds: type[StrEnum], default: StrEnum) 
     return value
 
 
-def recorded_files(sec: Section, sample_rate: float) -> tuple[str, float, int]:
+def recorded_files(raw: object, path: str, sample_rate: float) -> tuple[str, float, int] | None:
     """A section that writes files of records (`dir`, `sample_rate` in [0, 1], `keep_days`
-    > 0): the decision log's and the traffic record's, which differ in their default rate."""
+    > 0): the decision log's and the traffic record's, which differ in their default rate.
+    None: the section is absent, nothing is recorded."""
+    if raw is None:
+        return None
+    sec = Section(raw, path)
     directory = sec.require("dir", str)
     rate = sec.get("sample_rate", float, sample_rate)
     if not 0.0 <= rate <= 1.0:
         raise PolicyError(f"{sec.child('sample_rate')}: must be in [0, 1]")
     keep_days = sec.get("keep_days", int, 7)
     positive(keep_days, sec.child("keep_days"))
+    sec.close()
     return directory, rate, keep_days

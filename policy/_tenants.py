@@ -3,7 +3,7 @@
 What lives here: the reader of `tenants:` — `classes` (named bundles a tenant can name:
 gold, silver), `list` (the tenants, each an exception to its class) and `defaults` (the
 entry of every tenant `list` does not name) — and the waiting room's weights merged with
-the tenants'. Keys inherit from their tenant in `policy._access.parse_keys`.
+the tenants'. Keys inherit from their tenant by `policy.domain.build_caller`.
 
 Most specific wins, field by field: a key's own tier and limits, then its tenant's entry,
 then the entry's class (an entry naming no class builds on `defaults`), then the tier's.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policy._reader import Section, recorded_files
+from policy._reader import recorded_files
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,9 +20,5 @@ class TrafficRecordConfig:
 
 
 def parse_traffic_record(raw: object, path: str) -> TrafficRecordConfig | None:
-    if raw is None:
-        return None
-    sec = Section(raw, path)
-    config = TrafficRecordConfig(*recorded_files(sec, sample_rate=1.0))
-    sec.close()
-    return config
+    files = recorded_files(raw, path, sample_rate=1.0)
+    return None if files is None else TrafficRecordConfig(*files)

@@ -1,9 +1,10 @@
 """The small domain types every part of slogate speaks: tiers, keys, limits, buckets, pools,
 tenants.
 
-What lives here: frozen value types and the one hash that names an API key. Nothing here
-imports any other slogate module, reads a file or knows about Envoy, Redis or gRPC: this is
-the bottom layer (see the import contracts in pyproject.toml).
+What lives here: frozen value types, the one hash that names an API key and the one rule
+that makes a caller (`build_caller`: its tier, limits and budget, whoever vouched for it).
+Nothing here imports any other slogate module, reads a file or knows about Envoy, Redis or
+gRPC: this is the bottom layer (see the import contracts in pyproject.toml).
 """
 
 from __future__ import annotations
@@ -270,6 +271,35 @@ class TenantBook:
 
     def get(self, name: str) -> Tenant | None:
         return self.listed.get(name, self.default)
+
+
+def build_caller(
+    key_sha256: str,
+    tenant: str,
+    tier: Tier | None,
+    own_limits: Mapping[str, int],
+    tier_limits: Mapping[Tier, Limits],
+    tenants: TenantBook | None,
+    from_jwt: bool = False,
+) -> ApiKey:
+    """The one rule that makes a caller, for a policy key, a stored key and a JWT's claims.
+
+    Most specific wins: the tier given (a key's own, a token's tier claim), else its tenant's
+    (`tenants:`), else standard. Limits field by field: `own_limits` (the fields the key
+    sets) over its tenant's over its tier's; a tier the policy sets no limits for is
+    unlimited, as a `tiers:` section that leaves it out reads (every field None), never an
+    error. A caller draws on its tenant's one budget when the tenant says `shared_limits`
+    and the caller sets no limit of its own (`limits: {}` sets none)."""
+    entry = tenants.get(tenant) if tenants is not None else None
+    if tier is None:
+        tier = entry.tier if entry is not None else Tier.STANDARD
+    limits = tier_limits.get(tier, Limits())
+    if entry is not None:
+        limits = entry.limits_over(limits)
+    if own_limits:
+        limits = dataclasses.replace(limits, **own_limits)
+    shared = entry is not None and entry.shared_limits and not own_limits
+    return ApiKey(key_sha256, tenant, tier, limits, from_jwt=from_jwt, shared_budget=shared)
 
 
 class TenantWeights(Mapping[str, float]):

@@ -24,7 +24,7 @@ from typing import Any
 
 from policy._access import limit_overrides
 from policy._reader import PolicyError, Section, expect
-from policy.domain import ApiKey, Limits, TenantBook, Tier, hash_api_key
+from policy.domain import ApiKey, Limits, TenantBook, Tier, build_caller, hash_api_key
 
 KEY_ID_CHARS = 12  # what `slogate keys list` and the admin API show (ApiKey.key_id)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -79,16 +79,11 @@ class KeyRecord:
     def caller(
         self, tier_limits: Mapping[Tier, Limits], tenants: TenantBook | None = None
     ) -> ApiKey:
-        """The caller this key makes: its own tier, else its tenant's (policy `tenants:`),
-        else standard; its limit overrides over its tenant's, over its tier's."""
-        entry = tenants.get(self.tenant) if tenants is not None else None
-        tier = self.tier or (entry.tier if entry is not None else Tier.STANDARD)
-        base = tier_limits.get(tier, Limits())
-        if entry is not None:
-            base = entry.limits_over(base)
-        limits = dataclasses.replace(base, **self.limits) if self.limits else base
-        shared = entry is not None and entry.shared_limits and not self.limits
-        return ApiKey(self.key_sha256, self.tenant, tier, limits, shared_budget=shared)
+        """The caller this key makes, by the rule every caller is made by
+        (policy.domain.build_caller)."""
+        return build_caller(
+            self.key_sha256, self.tenant, self.tier, self.limits, tier_limits, tenants
+        )
 
     def to_json(self, unix_times: bool = False) -> dict[str, Any]:
         """The record as the key file (ISO 8601 times) or Redis (`unix_times`) holds it."""

@@ -33,8 +33,8 @@ from sim.config import PoolConfig
 from sim.faults import Faults, FaultState
 from sim.model import (
     DEFAULT_BUCKETS,
-    Admission,
     ContextBucketProfile,
+    EngineAdmission,
     KvCache,
     LatencyConfig,
     LatencyModel,
@@ -47,8 +47,8 @@ from sim.model import (
 
 __all__ = [
     "DEFAULT_BUCKETS",
-    "Admission",
     "ContextBucketProfile",
+    "EngineAdmission",
     "FaultState",
     "Faults",
     "KvCache",

@@ -20,7 +20,7 @@ from sim._openai import Counter, Endpoint, ParsedRequest, RequestError, approx_t
 from sim.config import PoolConfig
 from sim.faults import Faults, FaultState
 from sim.metrics import PoolMetrics
-from sim.model import Admission, KvCache, LatencyModel, PrefixCache, kv_tokens_for
+from sim.model import EngineAdmission, KvCache, LatencyModel, PrefixCache, kv_tokens_for
 
 # slogate's headers, and those it sets for an endpoint picker (the inference extension's).
 # traceparent/tracestate: the trace context the engine would nest its own spans under.
@@ -178,12 +178,12 @@ class SimPool:
         # vLLM's FCFS scheduler accepts an integer priority and ignores it.
         priority = parsed.priority if self.config.scheduling_policy == "priority" else 0
         admission = self.kv.submit(request_id, kv_tokens, priority)
-        if admission is Admission.REJECTED_TOO_LARGE:
+        if admission is EngineAdmission.REJECTED_TOO_LARGE:
             message = f"request needs {kv_tokens} KV tokens, the pool has {self.kv.capacity_tokens}"
             return error_response(
                 400, message, "invalid_request_error", "context_length_exceeded", headers
             )
-        if admission is Admission.REJECTED_QUEUE_FULL:
+        if admission is EngineAdmission.REJECTED_QUEUE_FULL:
             return error_response(
                 503,
                 "the engine is overloaded: KV cache full and waiting queue at its limit",
@@ -192,7 +192,7 @@ class SimPool:
                 {**headers, "Retry-After": "1"},
             )
         try:
-            if admission is Admission.QUEUED:
+            if admission is EngineAdmission.QUEUED:
                 admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 self._admitted[request_id] = admitted
                 await admitted

@@ -1,13 +1,12 @@
 """Simulated arrivals: who sends what, when, and how fast, reproducible for a seed.
 
 What lives here: `Arrival` (one request as a workload describes it), `poisson_arrivals`
-(a stream of them, with a rate curve), `quantile_draw` and `p99`.
+(a stream of them, with a rate curve), `quantile_draw`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -125,10 +124,3 @@ def own_draws(seed: int, arrival: Arrival, *stream: int) -> np.random.Generator:
     draws), so the same request draws the same in runs that differ only in other tenants'
     traffic."""
     return np.random.default_rng([seed, round(arrival.at_s * 1e6), arrival.prompt_tokens, *stream])
-
-
-def p99(values: Iterable[float]) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]

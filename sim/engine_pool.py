@@ -2,7 +2,7 @@
 
 What lives here: `SimEngine` (one engine: its KV cache and batch slots, its prefix cache,
 whether it is up) and `EnginePool` (a pool's engines, their addresses, and `reach`: what
-the generated Envoy configuration does with a request, tooling.envoy_config.engines: the
+the generated Envoy configuration does with a request, tooling.render.envoy_config.engines: the
 first engine slogate named; a refused connection retried once on the second one named; no
 name: round robin over the engines Envoy's health checks still pass). The offline fleet
 (sim.offline) drives them on its virtual clock; the picking itself is the sidecar's own

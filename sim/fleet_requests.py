@@ -17,13 +17,14 @@ from admission.decision import RequestOutcome
 from admission.errors import RequestRejected
 from admission.signals import record_signals
 from breaker.latency import ResponseWindows
-from extproc.request.flow import Routed, engine_priority
+from extproc.request.flow import Routed
+from extproc.request.routing import engine_priority
 from policy import Policy
 from sim.arrivals import Arrival, RecordedAnswer, own_draws
 from sim.clock import VirtualClock
 from sim.engine_pool import EnginePool, SimEngine
 from sim.fleet_types import RETRIED_STATUSES, Served
-from sim.model import Admission, LatencyConfig, LatencyModel, chain_segments, kv_tokens_for
+from sim.model import EngineAdmission, LatencyConfig, LatencyModel, chain_segments, kv_tokens_for
 from sim.sidecar import SimulatedSidecar
 
 
@@ -98,9 +99,9 @@ class FleetRequests:
         # What the sidecar wrote into the body for an engine that schedules by priority.
         priority = engine_priority(arrival.key.tier) if spec.priority_scheduling else 0
         admission = engine.kv.submit(request_id, kv_tokens, priority)
-        if admission is Admission.ADMITTED:
+        if admission is EngineAdmission.ADMITTED:
             self._start(request_id, engine)
-        elif admission is Admission.QUEUED:
+        elif admission is EngineAdmission.QUEUED:
             engine.waiting[request_id] = (kv_tokens, arrival)
         else:
             self.results[request_id].outcome = "engine_full"

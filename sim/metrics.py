@@ -69,7 +69,7 @@ class PoolMetrics:
         self.preemptions = Counter(
             "vllm:num_preemptions", "Preemptions (never, here).", _LABELS, registry=reg
         ).labels(_ENGINE, m)
-        # What `slogate up` and tooling.vllm_engine read a pool's KV size from.
+        # What `slogate up` and tooling.stack.vllm_engine read a pool's KV size from.
         Gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",

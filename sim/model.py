@@ -162,7 +162,7 @@ def kv_tokens_for(
     return math.ceil(context_tokens * bucket_for(context_tokens, buckets).kv_factor)
 
 
-class Admission(enum.Enum):
+class EngineAdmission(enum.Enum):
     ADMITTED = "admitted"
     QUEUED = "queued"
     REJECTED_QUEUE_FULL = "rejected_queue_full"
@@ -234,18 +234,18 @@ class KvCache:
         self.used_tokens += kv_tokens
         return True
 
-    def submit(self, request_id: str, kv_tokens: int, priority: int = 0) -> Admission:
+    def submit(self, request_id: str, kv_tokens: int, priority: int = 0) -> EngineAdmission:
         """Admit, queue, or refuse a new request."""
         if kv_tokens > self.capacity_tokens * self.overcommit_ratio:
-            return Admission.REJECTED_TOO_LARGE  # would block the FIFO head forever
+            return EngineAdmission.REJECTED_TOO_LARGE  # would block the FIFO head forever
         if self.try_admit(request_id, kv_tokens):
-            return Admission.ADMITTED
+            return EngineAdmission.ADMITTED
         if len(self._waiting) >= self.max_queue:
-            return Admission.REJECTED_QUEUE_FULL
+            return EngineAdmission.REJECTED_QUEUE_FULL
         self._waiting[request_id] = kv_tokens
         self._arrivals += 1
         heapq.heappush(self._order, (priority, self._arrivals, request_id))
-        return Admission.QUEUED
+        return EngineAdmission.QUEUED
 
     def release(self, request_id: str) -> list[str]:
         """Forget a running or waiting request; returns the waiting ids admitted as a result."""

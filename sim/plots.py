@@ -8,10 +8,11 @@ without it the caller gets an ImportError it can report.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
-from sim.arrivals import p99
+from policy.quantiles import quantile
 
 RUNS = (("static_best", "static (best sweep)", "tab:gray"), ("dynamic", "dynamic", "tab:blue"))
 
@@ -128,7 +129,7 @@ def draw_live(runs: dict[str, dict[str, Any]], out: Path, bin_s: float = 10.0) -
                 at = int(shot["scheduled_s"] / scale // bin_s)
                 bins.setdefault(at, []).append(shot["ttft_s"] / scale)
         ordered = sorted(bins)
-        p99s = [p99(bins[b]) for b in ordered]
+        p99s = [quantile(bins[b], 0.99, empty=math.nan) for b in ordered]
         latency.plot([b * bin_s for b in ordered], p99s, color=colour, label=f"{mode}: streams")
         if busiest is not None:
             levels = [r["breakers"].get(busiest, 0.0) for r in timeline]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sim.arrivals import p99
+from policy.quantiles import quantile
 from sim.replay import ReplayedRequest, ReplayedRequests
 
 CRITICAL = "critical"
@@ -32,7 +32,7 @@ def _side(rows: Sequence[ReplayedRequest], duration_s: float) -> dict[str, Any]:
         "admitted": len(admitted),
         "refused": dict(sorted(Counter(r.reason for r in rows if r.outcome != "admitted").items())),
         "routed": dict(sorted(Counter(r.pool for r in admitted).items())),
-        "p99_ttft_s": round(p99(ttfts), 3) if ttfts else None,
+        "p99_ttft_s": round(quantile(ttfts, 0.99), 3) if ttfts else None,
         "slo_attainment": round(len(met) / len(rows), 4) if rows else None,
         "goodput_tokens_per_s": round(sum(r.output_tokens for r in met) / duration_s, 1),
     }

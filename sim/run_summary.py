@@ -14,7 +14,7 @@ from typing import Any
 
 from breaker.objectives import latency_objective_s
 from policy import Policy, Tier
-from sim.arrivals import p99
+from policy.quantiles import quantile
 from sim.offline import OfflineFleet, Served
 from sim.workload_files import Workload
 
@@ -37,12 +37,17 @@ def summarize(
             "requests": len(rows),
             "served": len(served),
             "refused": len(rows) - len(served),
-            "p99_ttft_s": round(p99(r.ttft_s for r in served if r.ttft_s is not None), 3)
+            "p99_ttft_s": round(
+                quantile((r.ttft_s for r in served if r.ttft_s is not None), 0.99, empty=math.nan),
+                3,
+            )
             if served
             else None,
             # Like with like (breaker.objectives): a stream's TTFT against the TTFT SLO, a
             # JSON answer's whole time against TTFT SLO + output x the per-token SLO.
-            "p99_over_objective": round(p99(ratios.values()), 3) if served else None,
+            "p99_over_objective": round(quantile(ratios.values(), 0.99, empty=math.nan), 3)
+            if served
+            else None,
             "slo_attainment": round(len(within) / len(rows), 4) if rows else None,
             "streamed_share": round(sum(r.arrival.stream for r in rows) / len(rows), 3)
             if rows
@@ -91,17 +96,12 @@ def waiting_summary(results: dict[str, Served], policy: Policy) -> dict[str, Any
         members = {t: v for t, v in tenants.items() if v["tier"] == tier.value}
         tiers[tier.value] = {
             "refused_for_capacity": sum(r.outcome in CAPACITY_REFUSALS for r in rows),
-            "wait_p50_s": round(_quantile(waits, 0.5), 3) if waits else None,
-            "wait_p99_s": round(p99(waits), 3) if waits else None,
+            "wait_p50_s": round(quantile(waits, 0.5), 3) if waits else None,
+            "wait_p99_s": round(quantile(waits, 0.99), 3) if waits else None,
             "retried": sum(r.attempts > 1 for r in rows),
             "jain_fairness": jain_index(members) if len(members) > 1 else None,
         }
     return {"tiers": tiers, "tenants": tenants}
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def jain_index(tenants: Mapping[str, Mapping[str, Any]]) -> float:
@@ -181,8 +181,8 @@ def p99_series(
     return [
         {
             "at_s": i * bin_s,
-            "all": p99(every) if every else None,
-            "critical": p99(critical) if critical else None,
+            "all": quantile(every, 0.99) if every else None,
+            "critical": quantile(critical, 0.99) if critical else None,
         }
         for i, (every, critical) in enumerate(bins)
     ]

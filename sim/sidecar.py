@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from admission.assembly import Admission, build_admission, expiry_s
+from admission.assembly import AssembledChain, build_admission, expiry_s
 from admission.decision import RequestOutcome
 from admission.errors import RequestRejected
 from admission.events import NoEvents
@@ -158,7 +158,7 @@ class SimulatedSidecar:
         )
         self._engine_outcomes = EngineOutcomes(self.picker)
         new_waiter = None if schedule is None else (lambda: SimWaiter(schedule))
-        self.admission: Admission = build_admission(
+        self.admission: AssembledChain = build_admission(
             board=board,
             store=store,
             events=NoEvents(),

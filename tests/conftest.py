@@ -10,12 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from extproc.runtime.processes import ManagedProcess
 from policy._data_path import ExtProcMessages
 from tests.support.messages import start_stack_with
 from tests.support.stack import start_stack
 from tests.support.vllm import require_vllm, start_vllm_stack
-from tooling.processes import ManagedProcess, start_redis, start_redis_cluster
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
+from tooling.stack.redis import start_redis, start_redis_cluster
 
 
 @pytest.fixture(scope="session")

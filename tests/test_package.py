@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from extproc.runtime.processes import ManagedProcess
 from extproc.version import VERSION
-from tooling.processes import ManagedProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 # The top-level packages, as pyproject's find section includes them ("policy*" -> policy).
@@ -42,11 +42,11 @@ PACKAGES = sorted(
         "packages"
     ]["find"]["include"]
 )
-# tooling/shipped/ holds links into deploy/ (one copy); the artifacts must carry content.
+# extproc/shipped/ holds links into deploy/ (one copy); the artifacts must carry content.
 SHIPPED = {
-    "tooling/shipped/policy.example.yaml": "deploy/policy.example.yaml",
-    "tooling/shipped/policy.tenants.example.yaml": "deploy/policy.tenants.example.yaml",
-    "tooling/shipped/slogate-rules.yaml": "deploy/prometheus/slogate-rules.yaml",
+    "extproc/shipped/policy.example.yaml": "deploy/policy.example.yaml",
+    "extproc/shipped/policy.tenants.example.yaml": "deploy/policy.tenants.example.yaml",
+    "extproc/shipped/slogate-rules.yaml": "deploy/prometheus/slogate-rules.yaml",
 }
 
 
@@ -143,6 +143,8 @@ def test_the_wheel_carries_every_data_file_and_no_tests(installed: Install) -> N
         top_level = wheel.read(f"slogate-{VERSION}.dist-info/top_level.txt").decode().split()
     assert sorted(top_level) == PACKAGES
     assert not [n for n in names if n.startswith(("tests/", "bench/", "deploy/"))]
+    # The build (image, vLLM's install, protos) runs from a checkout only.
+    assert not [n for n in names if n.startswith("tooling/build/")]
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 
 
@@ -157,7 +159,7 @@ def test_the_sdist_carries_the_sources_and_deploy_and_no_tests_or_caches(
     for shipped, source in SHIPPED.items():  # content, so a wheel can be built from it
         assert members[shipped].isfile(), f"{shipped} is a link in the sdist"
         assert source in names
-    assert {"pyproject.toml", "README.md", "MANIFEST.in", "tooling/cli.py"} <= names
+    assert {"pyproject.toml", "README.md", "MANIFEST.in", "tooling/cli/main.py"} <= names
     assert "deploy/grafana/slogate-dashboard.json" in names
     assert "protos/extproc/adminpb/admin.proto" in names
     unwanted = ("tests/", "bench/", ".cache/", ".mypy_cache/", ".venv", "deploy/k8s/schemas/")
@@ -168,7 +170,7 @@ def test_the_sdist_carries_the_sources_and_deploy_and_no_tests_or_caches(
 @pytest.mark.e2e
 def test_every_slogate_module_and_file_comes_from_the_new_venv(installed: Install) -> None:
     probe = (
-        "import importlib, json; from tooling.shipped_files import example_policy, alert_rules;"
+        "import importlib, json; from extproc.shipped import example_policy, alert_rules;"
         f"mods = {{n: importlib.import_module(n).__file__ for n in {PACKAGES!r}}};"
         "print(json.dumps({'mods': mods, 'files': [str(example_policy()), str(alert_rules())]}))"
     )
@@ -205,7 +207,7 @@ def started(install: Install, name: str, *args: str) -> ManagedProcess:
 
 
 def said_the_packaged_policy(proc: ManagedProcess, install: Install) -> None:
-    policy = install.site / "tooling" / "shipped" / "policy.example.yaml"
+    policy = install.site / "extproc" / "shipped" / "policy.example.yaml"
     assert f"using the example policy shipped with slogate, {policy}" in proc.log_text()
 
 

@@ -1,6 +1,6 @@
 """The candidate policy judged beside the enforced one on every request, never enforced.
 
-What lives here: `CandidateJudge` (the Decider's `Candidate`: it wraps each request's
+What lives here: `CandidateJudge` (the Decider's `CandidatePolicy`: it wraps each request's
 enforced admission, then judges the same request under the candidate in a task, off the
 request's path), `verdict_of` (the comparison, pure) and `candidate_caller` (the caller as
 the candidate knows it). What the candidate would have done is written on the request's
@@ -51,10 +51,11 @@ from admission.errors import (
 from admission.events import NoEvents
 from budget.store import BudgetStore, InProcessStore
 from extproc.request.bodies import InferenceRequest
-from extproc.request.flow import Routed, route
+from extproc.request.flow import Routed
 from extproc.request.identity import StoredKeys
+from extproc.request.routing import route
 from extproc.request.tokens import PromptCount
-from policy import ApiKey, Limits, Policy
+from policy import ApiKey, Policy, build_caller
 
 log = logging.getLogger("slogate.candidate")
 
@@ -100,12 +101,15 @@ def candidate_caller(
     before the policy's; a JWT caller from its tenant and tier); Unauthenticated where the
     candidate does not know the key."""
     if caller.from_jwt:
-        entry = candidate.tenants.get(caller.tenant)
-        limits = candidate.tier_limits.get(caller.tier, Limits())
-        if entry is not None:
-            limits = entry.limits_over(limits)
-        shared = entry is not None and entry.shared_limits
-        return dataclasses.replace(caller, limits=limits, shared_budget=shared)
+        return build_caller(
+            caller.key_sha256,
+            caller.tenant,
+            caller.tier,
+            {},
+            candidate.tier_limits,
+            candidate.tenants,
+            from_jwt=True,
+        )
     if keys is not None:
         stored = keys.caller(caller.key_sha256, candidate)
         if isinstance(stored, str):
@@ -119,7 +123,7 @@ def candidate_caller(
 
 
 class CandidateJudge:
-    """The Decider's `Candidate`, and an OutcomeSink: a request both policies admitted is
+    """The Decider's `CandidatePolicy`, and an OutcomeSink: a request both policies admitted is
     settled in the candidate's budgets with its real usage when it ends."""
 
     def __init__(

@@ -3,8 +3,8 @@
 What lives here: metadata namespaces, header names, access-log tag names, the names of the
 Envoy pieces slogate adds, and `ENVOY_PIECES`, what slogate needs from an Envoy and what
 breaks without each piece (docs/operators/deploy-envoy.md's contract table is rendered from
-it). The bootstrap, the fragment and the mesh manifests (tooling.envoy_config, tooling.k8s)
-all take their names from here. No logic.
+it). The bootstrap, the fragment and the mesh manifests (tooling.render.envoy_config,
+tooling.render.k8s) all take their names from here. No logic.
 """
 
 from __future__ import annotations

@@ -6,10 +6,13 @@ stream). The flow turns request headers into a `HeaderVerdict` and the buffered 
 elsewhere (extproc.service), so this can be unit-tested with plain dicts.
 
 `Decider.decide` is the one path from a parsed request to an admitted decision: count the
-prompt, pick bucket and pool, check the model maximum, run the admission chain, wait for
-the request's end in the in-flight table. The sidecar calls it from the body phase; the
-simulator calls it with requests built from its arrivals (sim.offline), so both decide
-alike. A flow takes one policy snapshot and uses it for every step of its request.
+prompt, pick bucket and pool and check the model maximum (`count_and_route`, with
+extproc.request.routing), run the admission chain and wait for the request's end in the
+in-flight table (`admit_counted`). The sidecar's body phase runs the two halves itself,
+keeping the request's shape between them (the traffic record's, for a refusal too); the
+simulator calls `decide` with requests built from its arrivals (sim.offline), so both
+decide alike. A flow takes one policy snapshot when its stream opens and passes it to every
+step of its request: nothing below re-reads the policy.
 """
 
 from __future__ import annotations
@@ -20,16 +23,16 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from admission.access import check_request
-from admission.decision import Admitted, CountKind, RoutingDecision
+from admission.access import AccessStep
+from admission.chain import AdmissionChain
+from admission.decision import Admitted, RoutingDecision
 from admission.errors import (
     BodyTooLarge,
-    ContextLengthExceeded,
     InvalidRequest,
     MethodNotAllowed,
     NotFound,
-    Overloaded,
 )
+from admission.waiting_room import WaitNotice
 from breaker.kv_admission import kv_footprint
 from engines import NO_BLOCKS, EnginePicker, PromptBlocks, prompt_blocks
 from extproc.request.bodies import (
@@ -41,13 +44,17 @@ from extproc.request.bodies import (
 from extproc.request.contract import SLOGATE_HEADER_PREFIX
 from extproc.request.identity import IdentityResolver
 from extproc.request.inflight import InFlight
+from extproc.request.routing import engine_priority, request_decision, route
 from extproc.request.tokens import PromptCorrections, PromptCount, PromptCounter
-from extproc.request.verdicts import Admission, AdmitAll, Candidate, HeaderVerdict, Routed
-from policy import ApiKey, Policy, Tier
-from policy.apis import Api, BodyShape, ErrorStyle, PathClass, error_style_for
-
-# What vLLM (and OpenAI's legacy API) generate for a completion that names no max_tokens.
-COMPLETION_DEFAULT_MAX_TOKENS = 16
+from extproc.request.verdicts import (
+    Admitter,
+    CandidatePolicy,
+    CountedRequest,
+    HeaderVerdict,
+    Routed,
+)
+from policy import ApiKey, Policy
+from policy.apis import Api, ErrorStyle, PathClass, error_style_for
 
 
 class Decider:
@@ -58,11 +65,11 @@ class Decider:
         policy: Callable[[], Policy],
         identity: IdentityResolver,
         counter: PromptCounter,
-        admission: Admission | None = None,
+        admission: Admitter | None = None,
         inflight: InFlight[RoutingDecision] | None = None,
         corrections: PromptCorrections | None = None,
         picker: EnginePicker | None = None,
-        candidate: Candidate | None = None,
+        candidate: CandidatePolicy | None = None,
     ) -> None:
         """`picker`: names the engine of each admitted request in pools where slogate
         picks (None: Envoy balances everywhere); `candidate`: a policy judged beside."""
@@ -72,7 +79,8 @@ class Decider:
         self.identity = identity
         self.counter = counter
         self.corrections = corrections or PromptCorrections()
-        self.admission: Admission = admission or AdmitAll()
+        # Without a chain of its own: the access check alone (a chain's first step, always).
+        self.admission: Admitter = admission or AdmissionChain([AccessStep()])
         # Decisions wait here for their access-log entry; expired after the upstream timeout.
         # (`is None`, not `or`: an empty InFlight is falsy, and the one given was dropped.)
         self.inflight: InFlight[RoutingDecision] = (
@@ -85,12 +93,13 @@ class Decider:
         return RequestFlow(self)
 
     async def count_prompt(
-        self, request: InferenceRequest, caller: ApiKey
+        self, request: InferenceRequest, caller: ApiKey, policy: Policy
     ) -> tuple[PromptCount, float]:
         """Prompt tokens (see extproc.request.tokens.prompt for the rule and its bound),
         times the caller's correction when its settled prompts keep exceeding its counts;
-        and that correction."""
-        policy = self.policy()
+        and that correction. `policy`: the request's snapshot, the one its blocks are
+        hashed under again below (never re-read: a reload between the header and body
+        phases would count in blocks of one size and hash in blocks of another)."""
         picking = self.picker is not None and self.picker.wants_blocks(policy)
         block_tokens = policy.engines.picking.block_tokens if picking else 0
         counted = await self.counter.count(
@@ -102,7 +111,7 @@ class Decider:
         corrected = math.ceil(counted.tokens * factor)
         return dataclasses.replace(counted, tokens=corrected), factor
 
-    async def decide(
+    async def count_and_route(
         self,
         request: InferenceRequest,
         caller: ApiKey,
@@ -110,24 +119,21 @@ class Decider:
         api: Api,
         policy: Policy,
         body: bytes | None = None,
-        noted: Callable[[RoutingDecision], None] | None = None,
-    ) -> Routed:
-        """A parsed request, counted, routed and admitted; `body` is rewritten when needed.
-        `noted`: given the decision before admission (the traffic record's request shape)."""
+    ) -> CountedRequest:
+        """A parsed request counted and routed, not yet admitted: its decision is the
+        request's shape, which the traffic record keeps for a refused request too."""
         if request.sequences > policy.max_sequences:
             raise InvalidRequest(
                 f"This request asks for {request.sequences} completions at once (n, best_of "
                 f"or a batch of prompts); this gateway allows at most {policy.max_sequences}.",
                 reason="too_many_sequences",
             )
-        counted, correction = await self.count_prompt(request, caller)
+        counted, correction = await self.count_prompt(request, caller, policy)
         decision = route(policy, request, caller, request_id, api, counted, correction)
         if body is not None:
             decision = dataclasses.replace(decision, body_bytes=len(body))
         if self.candidate is not None:
             decision = self.candidate.attach(decision)
-        if noted is not None:
-            noted(decision)
         blocks = NO_BLOCKS
         if counted.blocks is not None and counted.lengths is not None:
             blocks = prompt_blocks(
@@ -136,10 +142,37 @@ class Decider:
                 policy.engines.picking.block_tokens,
                 request.conversation_texts,
             )
-        admitted = self.admit(decision, policy, request, body, blocks)
+        return CountedRequest(request, counted, decision, blocks, body)
+
+    async def admit_counted(
+        self, counted: CountedRequest, policy: Policy, on_wait: WaitNotice | None = None
+    ) -> Routed:
+        """A counted request admitted (`body` rewritten when needed), or refused; judged
+        beside under the candidate policy when one is loaded."""
+        decision = counted.decision
+        admitted = self.admit(
+            decision, policy, counted.request, counted.body, counted.blocks, on_wait
+        )
         if self.candidate is not None and decision.candidate is not None:
-            return await self.candidate.beside(admitted, decision, policy, request, counted)
+            return await self.candidate.beside(
+                admitted, decision, policy, counted.request, counted.counted
+            )
         return await admitted
+
+    async def decide(
+        self,
+        request: InferenceRequest,
+        caller: ApiKey,
+        request_id: str,
+        api: Api,
+        policy: Policy,
+        body: bytes | None = None,
+        on_wait: WaitNotice | None = None,
+    ) -> Routed:
+        """A parsed request, counted, routed and admitted; `body` is rewritten when needed.
+        `on_wait`: told how long the request may wait when it enters the waiting room."""
+        counted = await self.count_and_route(request, caller, request_id, api, policy, body)
+        return await self.admit_counted(counted, policy, on_wait)
 
     async def admit(
         self,
@@ -148,11 +181,11 @@ class Decider:
         request: InferenceRequest | None = None,
         body: bytes | None = None,
         blocks: PromptBlocks = NO_BLOCKS,
+        on_wait: WaitNotice | None = None,
     ) -> Routed:
-        check_request(policy, decision)  # a suspended tenant, a limit of 0, a pool it may not use
         inflight = self.inflight
         tracking_id = inflight.new_id()
-        admitted = await self.admission.admit(decision, tracking_id, policy)
+        admitted = await self.admission.admit(decision, tracking_id, policy, on_wait)
         if self.picker is not None and admitted.decision.meters_tokens:
             admitted = self._pick(admitted, tracking_id, policy, blocks)
         inflight.put(tracking_id, admitted.decision)
@@ -194,58 +227,6 @@ class Decider:
         return Admitted(dataclasses.replace(decided, engines=engines), admitted.response_headers)
 
 
-def route(
-    policy: Policy,
-    request: InferenceRequest,
-    caller: ApiKey,
-    request_id: str,
-    api: Api,
-    counted: PromptCount,
-    correction: float = 1.0,
-) -> RoutingDecision:
-    """The decision for a counted request: its charged limit, bucket and pool, or a refusal
-    when it cannot fit the model's window."""
-    prompt_tokens = counted.tokens
-    max_tokens = charged_max_tokens(request, policy, prompt_tokens)
-    context = prompt_tokens + max_tokens
-    if context > policy.max_context_tokens and counted.kind is CountKind.BUSY:
-        # The byte bound says it may not fit, but only a count could say it does not.
-        raise Overloaded(
-            "The gateway is too busy to count this request's prompt right now. "
-            "Please retry shortly.",
-            reason="token_count_busy",
-            retry_after_s=1,
-        )
-    if context > policy.max_context_tokens:
-        counted_how = (
-            f" (The prompt is over {policy.counting.max_bytes} bytes, which this gateway "
-            "does not count: it is taken at one token per byte, the most it can hold.)"
-            if counted.kind is CountKind.BOUND
-            else ""
-        )
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {policy.max_context_tokens} tokens. "
-            f"However, you requested {context} tokens "
-            f"({prompt_tokens} in the messages, {max_tokens} in the completion). "
-            f"Please reduce the length of the messages or completion.{counted_how}",
-            reason="context_length_exceeded",
-        )
-    return RoutingDecision(
-        request_id=request_id,
-        caller=caller,
-        pool=policy.pool_for(context),
-        bucket=policy.bucket_for(context),
-        prompt_tokens=prompt_tokens,
-        max_tokens=max_tokens,
-        estimate=counted.kind,
-        stream=request.stream,
-        api=api,
-        sequences=request.sequences,
-        runs_to_limit=request.runs_to_limit,
-        prompt_correction=correction,
-    )
-
-
 class RequestFlow:
     """One Envoy stream: headers first, then (for APIs whose body is read) the buffered body.
 
@@ -280,9 +261,6 @@ class RequestFlow:
     @property
     def caller(self) -> ApiKey | None:
         return self._verdict.caller if self._verdict is not None else None
-
-    def note_shape(self, decision: RoutingDecision) -> None:
-        self.shape = decision
 
     @property
     def tenant(self) -> str | None:
@@ -333,7 +311,9 @@ class RequestFlow:
         self._verdict = HeaderVerdict(True, strip, caller, request_id)
         return self._verdict
 
-    async def on_request_body(self, body: bytes) -> Routed:
+    async def on_request_body(self, body: bytes, on_wait: WaitNotice | None = None) -> Routed:
+        """The body's decision; `on_wait`: told how long the request may wait, when it
+        enters the waiting room (the servicer lifts Envoy's message timeout by as much)."""
         verdict = self._verdict
         api = self._api
         if verdict is None or not verdict.inference or verdict.caller is None or api is None:
@@ -343,46 +323,12 @@ class RequestFlow:
         if len(body) > policy.max_body_bytes:
             raise _too_large(len(body), policy)
         request = parse_inference_body(api.shape, body)
-        return await self._decider.decide(
-            request, verdict.caller, verdict.request_id, api, policy, body, self.note_shape
+        decider = self._decider
+        counted = await decider.count_and_route(
+            request, verdict.caller, verdict.request_id, api, policy, body
         )
-
-
-def request_decision(policy: Policy, api: Api, caller: ApiKey, request_id: str) -> RoutingDecision:
-    """A request counted as one request and no tokens, on the default pool."""
-    return RoutingDecision(
-        request_id=request_id,
-        caller=caller,
-        pool=policy.default_pool,
-        bucket=policy.bucket_for(0),
-        prompt_tokens=0,
-        max_tokens=0,
-        estimate=CountKind.EXACT,
-        stream=False,
-        api=api,
-    )
-
-
-# vLLM's priority scheduling runs lower values first; the tier is the only authority.
-_ENGINE_PRIORITY = {Tier.CRITICAL: 0, Tier.STANDARD: 1, Tier.SHEDDABLE: 2}
-
-
-def engine_priority(tier: Tier) -> int:
-    return _ENGINE_PRIORITY[tier]
-
-
-def charged_max_tokens(request: InferenceRequest, policy: Policy, prompt_tokens: int) -> int:
-    """Each completion's output limit: the one the request names; for completions without
-    one, the 16 tokens the engine generates then; otherwise the policy's default, cut to
-    what the model's window leaves after the prompt (it is written into the forwarded body,
-    so the engine cannot generate more than was charged)."""
-    if not request.generates:
-        return 0
-    if request.max_tokens is not None:
-        return request.max_tokens
-    if request.shape is BodyShape.COMPLETION:
-        return COMPLETION_DEFAULT_MAX_TOKENS
-    return max(1, min(policy.default_max_tokens, policy.max_context_tokens - prompt_tokens))
+        self.shape = counted.decision
+        return await decider.admit_counted(counted, policy, on_wait)
 
 
 def _too_large(size_bytes: int, policy: Policy) -> BodyTooLarge:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from admission.access import check_caller
 from admission.errors import Unauthenticated
-from policy import ApiKey, Limits, Policy, Tier, hash_api_key
+from policy import ApiKey, Policy, Tier, build_caller, hash_api_key
 
 
 class IdentityResolver(Protocol):
@@ -116,18 +116,15 @@ def caller_from_claims(policy: Policy, claims: Mapping[str, Any]) -> ApiKey:
             f"The token has no '{config.tenant_claim}' claim naming a tenant.",
             reason="jwt_missing_tenant",
         )
-    entry = policy.tenants.get(tenant)
     tier_raw = claims.get(config.tier_claim)
     try:
-        tier = Tier(tier_raw) if tier_raw is not None else entry.tier if entry else Tier.STANDARD
+        tier = Tier(tier_raw) if tier_raw is not None else None
     except ValueError:
         raise Unauthenticated(
             f"The token's '{config.tier_claim}' claim is not a known tier.",
             reason="jwt_bad_tier",
         ) from None
-    limits = policy.tier_limits.get(tier, Limits())
-    if entry is not None:
-        limits = entry.limits_over(limits)
     subject = f"jwt:{claims.get('iss', '')}:{claims.get('sub', tenant)}"
-    shared = entry is not None and entry.shared_limits
-    return ApiKey(hash_api_key(subject), tenant, tier, limits, from_jwt=True, shared_budget=shared)
+    return build_caller(
+        hash_api_key(subject), tenant, tier, {}, policy.tier_limits, policy.tenants, from_jwt=True
+    )

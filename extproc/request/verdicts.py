@@ -2,7 +2,8 @@
 (extproc.request.flow), which imports and re-exports them.
 
 What lives here: `Routed` (an admitted request), `HeaderVerdict` (the header phase's
-answer), and the `Admission` / `Candidate` protocols with `AdmitAll`.
+answer), `CountedRequest` (a request counted and routed, before its admission), and the
+`Admitter` / `CandidatePolicy` protocols.
 """
 
 from __future__ import annotations
@@ -12,20 +13,26 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from admission.decision import Admitted, RoutingDecision
+from admission.waiting_room import WaitNotice
+from engines import PromptBlocks
 from extproc.request.bodies import InferenceRequest
 from extproc.request.tokens import PromptCount
 from policy import ApiKey, Policy
 
 
-class Admission(Protocol):
+class Admitter(Protocol):
     """The admission chain (admission.chain.AdmissionChain), as the request path sees it."""
 
     async def admit(
-        self, decision: RoutingDecision, request_id: str, policy: Policy
+        self,
+        decision: RoutingDecision,
+        request_id: str,
+        policy: Policy,
+        on_wait: WaitNotice | None = None,
     ) -> Admitted: ...
 
 
-class Candidate(Protocol):
+class CandidatePolicy(Protocol):
     """A policy judged beside the enforced one, never enforced (extproc.request.candidate):
     it notes each routed decision, and sees each admission's answer."""
 
@@ -41,11 +48,6 @@ class Candidate(Protocol):
     ) -> Routed: ...
 
 
-class AdmitAll:
-    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
-        return Admitted(decision)
-
-
 @dataclass(frozen=True, slots=True)
 class Routed:
     """An admitted request: the decision, its in-flight id and the new body, if any."""
@@ -57,6 +59,18 @@ class Routed:
     response_headers: Mapping[str, str] = field(default_factory=dict)
     # slogate asked the stream for its usage itself: the Lua tap hides it from the client.
     hide_usage: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CountedRequest:
+    """A parsed request counted and routed under its policy snapshot, not yet admitted.
+    `decision` is its shape (the traffic record keeps it for a refusal too)."""
+
+    request: InferenceRequest
+    counted: PromptCount
+    decision: RoutingDecision
+    blocks: PromptBlocks  # its prompt's prefix hashes, for the engine picker
+    body: bytes | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

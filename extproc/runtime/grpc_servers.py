@@ -10,7 +10,7 @@ servicers go on which server, and how a port is taken, are told here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -28,13 +28,11 @@ from extproc.runtime.workers import Siblings, WorkerSlot
 from extproc.service.access_log import AccessLogService, OutcomeRecorder
 from extproc.service.admin import AdminService
 from extproc.service.admin_auth import AdminAuth, admin_token
-from extproc.service.decision_log import DecisionLog
 from extproc.service.ext_proc import ExternalProcessorService
 from extproc.service.key_admin import KeyAdminService, KeyWrites
 from extproc.service.metrics import SidecarMetrics
+from extproc.service.observers import RequestObserver
 from extproc.service.tenant_admin import TenantAdminService
-from extproc.service.tracing import DecisionTracer
-from extproc.service.traffic_record import TrafficRecorder
 
 # grpcio limits its messages to 4 MiB by default; a buffered body is one message.
 GRPC_MESSAGE_SLACK_BYTES = 1 << 20
@@ -76,25 +74,18 @@ async def start_ext_proc(
     options: list[tuple[str, int]],
     decider: Decider,
     metrics: SidecarMetrics,
-    decision_log: DecisionLog | None,
+    observers: Sequence[RequestObserver],
     message_timeout_ms: int,
-    traffic: TrafficRecorder | None,
     recorder: OutcomeRecorder,
     siblings: Siblings | None,
     health: HealthServicer,
-    tracer: DecisionTracer | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """The server Envoy calls: ext_proc, the access log and grpc.health.v1, started on
     `address`. Returns it and the port it bound."""
     server = grpc.aio.server(options=options)
     external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
         ExternalProcessorService(
-            decider,
-            metrics,
-            decision_log,
-            message_timeout_ms=message_timeout_ms,
-            traffic=traffic,
-            tracer=tracer,
+            decider, metrics, observers, message_timeout_ms=message_timeout_ms
         ),
         server,
     )

@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from admission.assembly import Admission
+from admission.assembly import AssembledChain
 from admission.kv_step import ROOM_TICK_S
 from extproc.runtime.candidate_holder import CandidateHolder
 from extproc.runtime.engine_watch import EngineWatch
@@ -48,7 +48,7 @@ async def every(
 async def housekeeping(
     watch_interval_s: float,
     policy: PolicyHolder,
-    admission: Admission,
+    admission: AssembledChain,
     candidate: CandidateHolder,
     recorder: OutcomeRecorder,
 ) -> None:
@@ -67,7 +67,7 @@ async def housekeeping(
 def start_loops(
     watch_interval_s: float,
     policy: PolicyHolder,
-    admission: Admission,
+    admission: AssembledChain,
     candidate: CandidateHolder,
     recorder: OutcomeRecorder,
     breaker_loop: BreakerLoop,

@@ -65,6 +65,7 @@ from extproc.service.engine_metrics import EngineCollector
 from extproc.service.genai_metrics import GenAiMetrics
 from extproc.service.known_series import held_by_pool, policy_series, start_series, waiting_by_pool
 from extproc.service.metrics import SidecarMetrics
+from extproc.service.observers import RequestObserver
 from extproc.service.prompt_feedback import PromptFeedback
 from extproc.service.tracing import start_tracing
 from extproc.service.traffic_record import TrafficRecorder, dropped_counter
@@ -213,15 +214,6 @@ class Sidecar:
             if initial.decision_log is not None
             else None
         )
-        sinks: list[OutcomeSink] = [
-            self.admission.chain,
-            PromptFeedback(self.corrections, self.metrics),
-            EngineOutcomes(self.picker),
-            GenAiMetrics(self.metrics.registry, self.policy),  # OpenTelemetry's names
-            self.judge,
-        ]
-        if self.decision_log is not None:
-            sinks.append(self.decision_log)
         self.traffic = (
             TrafficRecorder.from_config(
                 initial.traffic_record,
@@ -231,8 +223,17 @@ class Sidecar:
             if initial.traffic_record is not None
             else None
         )
-        if self.traffic is not None:
-            sinks.append(self.traffic)
+        # What watches each request's life, its decision and its answer alike.
+        observed = (self.tracer, self.decision_log, self.traffic)
+        self.observers: list[RequestObserver] = [o for o in observed if o is not None]
+        sinks: list[OutcomeSink] = [
+            self.admission.chain,
+            PromptFeedback(self.corrections, self.metrics),
+            EngineOutcomes(self.picker),
+            GenAiMetrics(self.metrics.registry, self.policy),  # OpenTelemetry's names
+            self.judge,
+            *self.observers,
+        ]
         self.recorder = OutcomeRecorder(
             self.metrics, self.windows, self.decider.inflight, self.policy, sinks
         )
@@ -302,13 +303,11 @@ class Sidecar:
             self._grpc_options(),
             self.decider,
             self.metrics,
-            self.decision_log,
+            self.observers,
             self.policy().message_timeout_ms,
-            self.traffic,
             self.recorder,
             self.siblings,
             self._health,
-            self.tracer,
         )
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._server = server

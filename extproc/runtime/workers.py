@@ -3,7 +3,7 @@
 What lives here: `WorkerSlot` (what one worker knows of the others), `Siblings` (the
 worker's calls to the others: access-log entries of their requests, drills and reloads),
 and `merge_expositions` (the workers' /metrics as one); the supervisor that starts them is
-tooling.serve_workers.
+extproc.runtime.supervisor.
 
 Why processes: the request path is Python, and one process uses one core. The workers
 bind the same port with SO_REUSEPORT, so the kernel spreads Envoy's connections over them;

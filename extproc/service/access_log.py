@@ -5,7 +5,7 @@ What lives here: `outcome_from_entry` (pure: protobuf entry -> outcome), `Outcom
 chain that settles the request, the decision log, the prompt feedback) and the grpc.aio
 `AccessLogService` that Envoy streams batched entries to. Python never sees response
 chunks: usage and timings were extracted inside Envoy (see usage_tap.lua and
-tooling.envoy_config.usage_tap).
+tooling.render.envoy_config.usage_tap).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _tag_ms(tags: Mapping[str, str], name: str) -> float | None:
 
 
 def _prompt_in_parts(tags: Mapping[str, str]) -> int | None:
-    """The native tap's prompt (tooling.envoy_config.usage_tap): `input_tokens` plus the
+    """The native tap's prompt (tooling.render.envoy_config.usage_tap): `input_tokens` plus the
     prompt cache Anthropic leaves out of it (the Lua tap writes the sum as prompt_tokens)."""
     inputs = _tag_int(tags, "input_tokens")
     if inputs is None:

@@ -6,7 +6,7 @@ ledger — never from the whole sidecar. The server binds to loopback or a Unix 
 default: it changes a live gateway (drills, reloads); who may call it is
 extproc.service.admin_auth's rule (a bearer token, or a Unix socket's permissions). Keys are
 changed by extproc.service.key_admin on the same server. The CLI's side (client, tables) is
-tooling.admin_client.
+extproc.service.admin_client.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """A sampled log of decisions for incident review: JSON lines, one file per UTC day.
 
-What lives here: `DecisionLog`, an OutcomeSink (routed requests, with usage and latency)
-that also takes refusals from the servicer. Each line: time, request id, key id (never the
-key), tenant, tier, bucket, prompt estimate and how it was counted, decision, pool, status,
-usage, TTFT, duration. No prompt text, ever. Files are `decisions-YYYY-MM-DD.jsonl`;
-files older than `keep_days` are deleted when the day turns. The clock is injected.
+What lives here: `DecisionLog`, a RequestObserver (extproc.service.observers): a line per
+answered request (routed, with usage and latency, or expired) and per refusal. Each line:
+time, request id, key id (never the key), tenant, tier, bucket, prompt estimate and how it
+was counted, decision, pool, status, usage, TTFT, duration. No prompt text, ever. Files are
+`decisions-YYYY-MM-DD.jsonl`; files older than `keep_days` are deleted when the day turns.
+The clock is injected.
 """
 
 from __future__ import annotations
@@ -12,14 +13,20 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import msgspec
 
 from admission.decision import RequestOutcome
 from admission.errors import RequestRejected
+
+if TYPE_CHECKING:
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+    from extproc.request.verdicts import Routed
+    from extproc.service.observers import RequestSeen
 
 log = logging.getLogger("slogate.decisions")
 _PREFIX = "decisions-"
@@ -69,8 +76,17 @@ class DecisionLog:
                 path.unlink(missing_ok=True)
                 log.info("decision log %s deleted (older than %d days)", path, self.keep_days)
 
+    def arrived(self, request: RequestSeen, headers: Mapping[str, str]) -> None:
+        pass
+
+    def routed(self, request: RequestSeen, routed: Routed, reply: pb.ProcessingResponse) -> None:
+        pass  # written when it is answered, with its usage
+
+    def abandoned(self, request: RequestSeen) -> None:
+        pass
+
     async def record(self, outcome: RequestOutcome) -> None:
-        """OutcomeSink: a routed request, once its access-log entry (or expiry) came."""
+        """A routed request, once its access-log entry (or expiry) came."""
         if not self._sampled():
             return
         d = outcome.decision
@@ -95,13 +111,14 @@ class DecisionLog:
             }
         )
 
-    def refused(self, error: RequestRejected, request_id: str, tenant: str | None) -> None:
+    def refused(self, request: RequestSeen, error: RequestRejected) -> None:
         if not self._sampled():
             return
+        caller = request.caller
         self._write(
             {
-                "request_id": request_id,
-                "tenant": tenant,
+                "request_id": request.request_id,
+                "tenant": caller.tenant if caller is not None else None,
                 "decision": "refused",
                 "reason": error.reason,
                 "status": error.status,

@@ -2,17 +2,18 @@
 
 Per-request logic lives in `extproc.request.flow`, protobuf building in `extproc.service.replies`
 (and, with one ext_proc message per request, `extproc.service.one_message`).
-This module adds timing and the metrics of decisions and rejections, and turns an
-unexpected exception into a 500 (a request is never routed on a guess).
+This module adds timing and the metrics of decisions and rejections, tells the request's
+observers (extproc.service.observers: the tracer, the decision log, the traffic record) each
+moment of its decision, and turns an unexpected exception into a 500 (a request is never
+routed on a guess).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -20,11 +21,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from admission.decision import RoutingDecision
 from admission.errors import InternalError, RequestRejected
-from admission.kv_step import wait_notice
+from admission.waiting_room import WaitNotice
 from extproc.request.flow import Decider, HeaderVerdict, RequestFlow, Routed
-from extproc.service.decision_log import DecisionLog
 from extproc.service.log_records import REQUEST_ID
 from extproc.service.metrics import SidecarMetrics
+from extproc.service.observers import RequestObserver
 from extproc.service.one_message import forwarded_headers, headers_as_metadata
 from extproc.service.replies import (
     header_reply,
@@ -36,8 +37,6 @@ from extproc.service.replies import (
     timeout_override,
     wait_reply_ms,
 )
-from extproc.service.tracing import DecisionTracer
-from extproc.service.traffic_record import TrafficRecorder
 
 log = logging.getLogger("slogate.extproc")
 
@@ -47,20 +46,17 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         self,
         decider: Decider,
         metrics: SidecarMetrics,
-        decision_log: DecisionLog | None = None,
+        observers: Sequence[RequestObserver] = (),
         message_timeout_ms: int = 1000,
-        traffic: TrafficRecorder | None = None,
-        tracer: DecisionTracer | None = None,
     ) -> None:
-        """`message_timeout_ms`: Envoy's (what a decision may take once its wait is over),
-        part of a waiting request's timeout override (replies.wait_reply_ms); `tracer`: a
-        span per decision (None: tracing off, and nothing of it runs)."""
-        self._tracer = tracer
+        """`observers`: told each moment of every decision, in this order (the same ones
+        are the access log's sinks: they see its answer too); `message_timeout_ms`:
+        Envoy's (what a decision may take once its wait is over), part of a waiting
+        request's timeout override (replies.wait_reply_ms)."""
+        self._observers = tuple(observers)
         self._message_timeout_ms = message_timeout_ms
         self._decider = decider
         self._metrics = metrics
-        self._decision_log = decision_log
-        self._traffic = traffic
 
     async def Process(
         self,
@@ -81,11 +77,15 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
                 yield reply
 
     async def _answer(
-        self, flow: RequestFlow, phase: str, request: pb.ProcessingRequest
+        self,
+        flow: RequestFlow,
+        phase: str,
+        request: pb.ProcessingRequest,
+        on_wait: WaitNotice | None = None,
     ) -> pb.ProcessingResponse:
         """The reply to one message; every error becomes the client's answer here."""
         try:
-            return await self._reply(flow, phase, request)
+            return await self._reply(flow, phase, request, on_wait)
         except RequestRejected as error:
             return self._rejection(error, flow)
         except Exception:
@@ -111,9 +111,7 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
             if not waits.done():
                 waits.set_result(max_wait_s)
 
-        context = contextvars.copy_context()
-        context.run(wait_notice.set, notice)
-        answer = loop.create_task(self._answer(flow, "request_body", request), context=context)
+        answer = loop.create_task(self._answer(flow, "request_body", request, notice))
         try:
             await asyncio.wait((answer, waits), return_when=asyncio.FIRST_COMPLETED)
             self._metrics.decision_seconds("request_body").observe(time.perf_counter() - started)
@@ -127,22 +125,22 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
             gone = not answer.done() or answer.cancelled()
             if gone:
                 answer.cancel()
-                if self._tracer is not None:
-                    self._tracer.abandoned(flow)
+                for observer in self._observers:
+                    observer.abandoned(flow)
 
     def _rejection(self, error: RequestRejected, flow: RequestFlow) -> pb.ProcessingResponse:
         self._metrics.rejections(error.reason, str(error.status)).inc()
         log.debug("refused: %s (%d)", error.reason, error.status)
-        if self._tracer is not None:
-            self._tracer.refused(flow, error)
-        if self._decision_log is not None:
-            self._decision_log.refused(error, flow.request_id, flow.tenant)
-        if self._traffic is not None:
-            self._traffic.refused(error, flow.request_id, flow.caller, flow.shape, flow.arrived_s)
+        for observer in self._observers:
+            observer.refused(flow, error)
         return rejection(error, flow.error_style)
 
     async def _reply(
-        self, flow: RequestFlow, phase: str, request: pb.ProcessingRequest
+        self,
+        flow: RequestFlow,
+        phase: str,
+        request: pb.ProcessingRequest,
+        on_wait: WaitNotice | None = None,
     ) -> pb.ProcessingResponse:
         if phase == "request_headers":
             headers = request.request_headers
@@ -168,7 +166,7 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
                 # this is an operator's own route; it is decided on the headers as there.
                 routed = forwarded.routed
             else:
-                routed = await flow.on_request_body(request.request_body.body)
+                routed = await flow.on_request_body(request.request_body.body, on_wait)
             if routed is None:  # a public path's body
                 return passthrough_reply(request)
             reply = routed_body_reply(routed)
@@ -188,19 +186,18 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         """The header phase, on the headers Envoy sent or forwarded as metadata."""
         # Log records written while this stream decides name its request (log_records).
         REQUEST_ID.set(fields.get("x-request-id"))
-        if self._tracer is not None:
-            flow.trace_parent = self._tracer.parent(fields)
+        for observer in self._observers:
+            observer.arrived(flow, fields)
         return await flow.on_request_headers(fields, end_of_stream, jwt_claims(request))
 
     def _routed(self, flow: RequestFlow, routed: Routed, reply: pb.ProcessingResponse) -> None:
-        """An admitted request: counted, recorded, traced (its span's id goes upstream)."""
+        """An admitted request: counted, and told to the observers (the tracer's span id
+        goes upstream in the reply)."""
         decision = routed.decision
         self._count(decision)
         log.debug("routed: pool %s, bucket %s", decision.pool, decision.bucket.name)
-        if self._traffic is not None:
-            self._traffic.admitted(routed.tracking_id, flow.arrived_s)
-        if self._tracer is not None:
-            self._tracer.routed(flow, routed, reply)
+        for observer in self._observers:
+            observer.routed(flow, routed, reply)
 
     def _count(self, decision: RoutingDecision) -> None:
         self._metrics.decisions(

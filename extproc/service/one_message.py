@@ -1,6 +1,6 @@
 """One ext_proc message per request (policy `data_path.messages: one`): the sidecar's side.
 
-Envoy skips the request headers and sends only the buffered body (tooling.envoy_config.
+Envoy skips the request headers and sends only the buffered body (tooling.render.envoy_config.
 one_message). What lives here: reading the request headers the sidecar decides on out of
 the metadata forwarded with the body, and turning a body reply's header mutations into
 metadata the pool route renders upstream (Envoy drops header mutations when it skipped the

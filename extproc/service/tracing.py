@@ -1,10 +1,10 @@
 """A span per decision in the request's own trace, exported over OTLP/gRPC.
 
 What lives here: `DecisionTracer` (built from the policy's `telemetry.tracing`, once, at
-start) and `start_tracing`, which returns None when the section is absent. The servicer
-(extproc.service.ext_proc) holds `DecisionTracer | None` and calls it only behind one
-`is not None`: with tracing off nothing here runs and OpenTelemetry is never imported —
-every OpenTelemetry import in this module happens inside `DecisionTracer.__init__`.
+start; a RequestObserver, extproc.service.observers) and `start_tracing`, which returns
+None when the section is absent. With tracing off the tracer is not among the request's
+observers: nothing here runs and OpenTelemetry is never imported — every OpenTelemetry
+import in this module happens inside `DecisionTracer.__init__`.
 
 The parent is the client's W3C `traceparent` / `tracestate`, which Envoy passes on in the
 request headers message. The span starts when the ext_proc stream opened and ends when the
@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from admission.decision import RoutingDecision
+from admission.decision import RequestOutcome, RoutingDecision
 from admission.errors import InternalError, Overloaded, RequestRejected
 from extproc.service.log_records import REQUEST_ID
 from extproc.service.replies import set_headers
@@ -30,8 +30,8 @@ from extproc.service.replies import set_headers
 if TYPE_CHECKING:
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-    from extproc.request.flow import RequestFlow
     from extproc.request.verdicts import Routed
+    from extproc.service.observers import RequestSeen
     from policy._telemetry import TracingConfig
 
 log = logging.getLogger("slogate.tracing")
@@ -114,7 +114,11 @@ class DecisionTracer:
             return None
         return self._propagator.extract(headers)
 
-    def routed(self, flow: RequestFlow, routed: Routed, reply: pb.ProcessingResponse) -> None:
+    def arrived(self, flow: RequestSeen, headers: Mapping[str, str]) -> None:
+        """The request's span will sit in the client's trace."""
+        flow.trace_parent = self.parent(headers)
+
+    def routed(self, flow: RequestSeen, routed: Routed, reply: pb.ProcessingResponse) -> None:
         """The span of an admitted request; its id goes upstream in `traceparent`."""
         attributes = decision_attributes(routed.decision)
         attributes["slogate.outcome"] = "routed"
@@ -129,7 +133,7 @@ class DecisionTracer:
             headers[TRACESTATE] = context.trace_state.to_header()
         set_headers(common.header_mutation, headers)
 
-    def refused(self, flow: RequestFlow, error: RequestRejected) -> None:
+    def refused(self, flow: RequestSeen, error: RequestRejected) -> None:
         """The span of a refusal: what was known of the request when it was refused."""
         attributes = decision_attributes(flow.shape) if flow.shape is not None else {}
         caller = flow.caller
@@ -143,14 +147,14 @@ class DecisionTracer:
         attributes["http.response.status_code"] = error.status
         self._span(flow, attributes, failed=isinstance(error, InternalError))
 
-    def abandoned(self, flow: RequestFlow) -> None:
+    def abandoned(self, flow: RequestSeen) -> None:
         """The stream went away while its decision waited (the client left)."""
         attributes = decision_attributes(flow.shape) if flow.shape is not None else {}
         attributes["slogate.request_id"] = flow.request_id or REQUEST_ID.get() or ""
         attributes["slogate.outcome"] = "abandoned"
         self._span(flow, attributes)
 
-    def _span(self, flow: RequestFlow, attributes: dict[str, Any], failed: bool = False) -> Any:
+    def _span(self, flow: RequestSeen, attributes: dict[str, Any], failed: bool = False) -> Any:
         """One ended span from the stream's start until now."""
         span = self._tracer.start_span(
             SPAN_NAME,
@@ -163,6 +167,9 @@ class DecisionTracer:
             span.set_status(self._failed)
         span.end(end_time=time.time_ns())
         return span
+
+    async def record(self, outcome: RequestOutcome) -> None:
+        """Its answer: nothing to add, the span ended with the decision."""
 
     def close(self) -> None:
         """Send what is batched, waiting at most CLOSE_WAIT_S for the collector."""
@@ -186,7 +193,7 @@ def start_tracing(config: TracingConfig | None) -> DecisionTracer | None:
     except ImportError as missing:
         if (missing.name or "").startswith("opentelemetry.proto") and "cannot import" in str(
             missing
-        ):  # installed, but xds-protos' older copy of its files won (tooling.otel_protos)
+        ):  # installed, but xds-protos' older copy of its files won (tooling.build.otel_protos)
             raise TracingUnavailable(
                 f"the policy sets telemetry.tracing, but OpenTelemetry's protos are xds-protos'"
                 f" older copy ({missing}): pip install --force-reinstall --no-deps "

@@ -1,13 +1,13 @@
 """The traffic record: every decision's shape, cheap enough to keep on, for `slogate replay`.
 
-What lives here: `TrafficRecorder` (an OutcomeSink for routed requests, plus the refusals
-the servicer hands it) and `TrafficFiles`, the thread that writes. The event loop only
-builds a small dict and puts it on a bounded queue (full: the record is dropped and
-counted, never waited for); the thread encodes, compresses and writes. Files are
+What lives here: `TrafficRecorder` (a RequestObserver, extproc.service.observers: a record
+per answered or expired request and per refusal) and `TrafficFiles`, the thread that writes.
+The event loop only builds a small dict and puts it on a bounded queue (full: the record is
+dropped and counted, never waited for); the thread encodes, compresses and writes. Files are
 `traffic-YYYY-MM-DD-<host>-<pid>.jsonl.gz`, one per process per UTC day (`serve --workers`
-and replicas each write their own; the reader merges them), each flush a gzip member of
-its own so that a crash leaves a readable prefix. Files older than `keep_days` are deleted
-when the day turns. Never prompt text, never a key: the key's id (a hash prefix) only.
+and replicas each write their own; the reader merges them), each flush a gzip member of its
+own so that a crash leaves a readable prefix. Files older than `keep_days` are deleted when
+the day turns. Never prompt text, never a key: the key's id (a hash prefix) only.
 
 The record's fields (version 1): `v`, `t` (arrival, Unix seconds), `id` (request id),
 `key`, `tenant`, `tier`, `api`, `prompt` and `count` (how it was counted), `max_tokens`,
@@ -29,9 +29,9 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 from prometheus_client import CollectorRegistry, Counter
@@ -39,6 +39,12 @@ from prometheus_client import CollectorRegistry, Counter
 from admission.decision import RequestOutcome, RoutingDecision
 from admission.errors import RequestRejected
 from policy import ApiKey, TrafficRecordConfig
+
+if TYPE_CHECKING:
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+    from extproc.request.verdicts import Routed
+    from extproc.service.observers import RequestSeen
 
 log = logging.getLogger("slogate.traffic")
 
@@ -245,12 +251,21 @@ class TrafficRecorder:
         except queue.Full:
             self._dropped.inc()
 
+    def arrived(self, request: RequestSeen, headers: Mapping[str, str]) -> None:
+        pass
+
+    def routed(self, request: RequestSeen, routed: Routed, reply: pb.ProcessingResponse) -> None:
+        self.admitted(routed.tracking_id, request.arrived_s)
+
     def admitted(self, tracking_id: str, arrived_s: float) -> None:
         """A routed request's arrival and decision, kept until its outcome is recorded."""
         self._arrived[tracking_id] = (arrived_s, self._clock())
 
+    def abandoned(self, request: RequestSeen) -> None:
+        pass
+
     async def record(self, outcome: RequestOutcome) -> None:
-        """OutcomeSink: a routed request, once its access-log entry (or expiry) came."""
+        """A routed request, once its access-log entry (or expiry) came."""
         now_s = self._clock()
         arrived_s, decided_s = self._arrived.pop(outcome.tracking_id, (0.0, 0.0))
         if not arrived_s:
@@ -258,17 +273,11 @@ class TrafficRecorder:
         if self._sampled():
             self._put(outcome_record(outcome, arrived_s, decided_s, now_s))
 
-    def refused(
-        self,
-        error: RequestRejected,
-        request_id: str,
-        caller: ApiKey | None,
-        shape: RoutingDecision | None,
-        arrived_s: float,
-    ) -> None:
+    def refused(self, request: RequestSeen, error: RequestRejected) -> None:
         if self._sampled():
             now_s = self._clock()
-            self._put(refusal_record(error, request_id, caller, shape, arrived_s, now_s))
+            caller, shape, arrived_s = request.caller, request.shape, request.arrived_s
+            self._put(refusal_record(error, request.request_id, caller, shape, arrived_s, now_s))
 
     def close(self) -> None:
         self.files.close()

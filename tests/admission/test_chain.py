@@ -43,7 +43,9 @@ class _Waiting:
     def __init__(self) -> None:
         self.entered = asyncio.Event()
 
-    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
+    async def admit(
+        self, decision: RoutingDecision, request_id: str, policy: Policy, on_wait: object = None
+    ) -> Admitted:
         self.entered.set()
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
@@ -56,12 +58,16 @@ class _Waiting:
 
 
 class _Broken(_Waiting):
-    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
+    async def admit(
+        self, decision: RoutingDecision, request_id: str, policy: Policy, on_wait: object = None
+    ) -> Admitted:
         raise KeyError("a bug in a later step")
 
 
 class _Refusing(_Waiting):
-    async def admit(self, decision: RoutingDecision, request_id: str, policy: Policy) -> Admitted:
+    async def admit(
+        self, decision: RoutingDecision, request_id: str, policy: Policy, on_wait: object = None
+    ) -> Admitted:
         raise RateLimited("no", reason="budget_tokens")
 
 
@@ -113,7 +119,11 @@ async def test_the_chain_settles_every_step_even_when_one_fails() -> None:
 
     class _SettleFails(_Waiting):
         async def admit(
-            self, decision: RoutingDecision, request_id: str, policy: Policy
+            self,
+            decision: RoutingDecision,
+            request_id: str,
+            policy: Policy,
+            on_wait: object = None,
         ) -> Admitted:
             return Admitted(decision)
 
@@ -184,7 +194,7 @@ async def test_the_breaker_step_applies_the_shedding_table(
         assert admitted.decision.pool == request.pool
 
 
-async def test_the_assembled_chain_runs_breaker_budget_kv_in_that_order() -> None:
+async def test_the_assembled_chain_runs_access_breaker_budget_kv_in_that_order() -> None:
     """A budget is a contract: refused at once, before a request could wait for KV room."""
     clock = VirtualClock()
     store = InProcessStore(clock)
@@ -197,6 +207,7 @@ async def test_the_assembled_chain_runs_breaker_budget_kv_in_that_order() -> Non
         policy=lambda: POLICY,
     )
     assert [type(s).__name__ for s in admission.chain.steps] == [
+        "AccessStep",
         "BreakerStep",
         "BudgetStep",
         "KvStep",

@@ -16,13 +16,14 @@ from admission.assembly import build_admission
 from admission.decision import RoutingDecision
 from admission.errors import Overloaded, RateLimited, RequestRejected
 from admission.events import NoEvents
-from admission.kv_step import KvStep, wait_notice
+from admission.kv_step import KvStep
 from admission.waiting_room import (
     MAX_MISSES,
     AttainedService,
     RoomBounds,
     Waiting,
     WaitingRoom,
+    WaitNotice,
 )
 from budget.store import InProcessStore
 from policy import Limits, Policy, Tier, parse_policy
@@ -82,7 +83,12 @@ class Room:
         self.decisions: dict[str, RoutingDecision] = {}
 
     async def send(
-        self, rid: str, tier: Tier = Tier.STANDARD, tenant: str = "t", **kw: Any
+        self,
+        rid: str,
+        tier: Tier = Tier.STANDARD,
+        tenant: str = "t",
+        on_wait: WaitNotice | None = None,
+        **kw: Any,
     ) -> None:
         d = dataclasses.replace(
             decision(kw.pop("context", 1000), tier=tier, policy=self.policy, **kw),
@@ -91,7 +97,7 @@ class Room:
         self.decisions[rid] = d
 
         async def admit() -> None:
-            await self.kv.admit(d, rid, self.policy)
+            await self.kv.admit(d, rid, self.policy, on_wait)
             self.order.append(rid)
 
         self.tasks[rid] = asyncio.create_task(admit())
@@ -337,11 +343,7 @@ async def test_the_transport_is_told_how_long_a_request_may_wait() -> None:
     room = Room(room_policy(slots=1))
     await room.send("busy", Tier.CRITICAL)
     told: list[float] = []
-    token = wait_notice.set(told.append)
-    try:
-        await room.send("w", Tier.CRITICAL)
-    finally:
-        wait_notice.reset(token)
+    await room.send("w", Tier.CRITICAL, on_wait=told.append)
     assert told == [2.0]
 
 

@@ -14,11 +14,12 @@ import pytest
 import yaml
 
 from budget.redis_store import RedisStore, connect
+from extproc.runtime.processes import ManagedProcess
 from policy import Limits, hash_api_key
 from tests.support.http import metric, scrape
-from tooling import stack
 from tooling.benchmarks.driver import SidecarDriver
-from tooling.processes import ManagedProcess, start_redis
+from tooling.stack import processes
+from tooling.stack.redis import start_redis
 
 TOKENS_PER_MINUTE = 20_000
 KEY = "sk-hammer"
@@ -47,7 +48,7 @@ def write_policy(path: Path, redis_port: int, replicas: int, timeout_ms: float =
 
 
 def start_sidecar(work: Path, name: str, policy: Path) -> tuple[ManagedProcess, int, int]:
-    proc, ports = stack.start_sidecar(work, policy, name)
+    proc, ports = processes.start_sidecar(work, policy, name)
     return proc, ports.grpc, ports.metrics
 
 

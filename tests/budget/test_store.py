@@ -19,9 +19,10 @@ from budget.ledger import Charge
 from budget.prefixed_store import PrefixedStore
 from budget.redis_store import RedisStore, connect
 from budget.store import BudgetStore, InProcessStore
+from extproc.runtime.processes import ManagedProcess
 from policy import Limits
 from tests.support.clock import VirtualClock
-from tooling.processes import ManagedProcess, start_redis
+from tooling.stack.redis import start_redis
 
 # The real servers are e2e; the in-process store runs in the fast suite too.
 STORES = [

@@ -137,8 +137,8 @@ def test_k8s_manifests_are_current_and_their_envoy_config_is_valid(tmp_path: Pat
     import yaml
 
     from policy import parse_policy
-    from tooling.k8s import render_manifests
-    from tooling.processes import envoy_binary
+    from tooling.render.k8s import render_manifests
+    from tooling.stack.processes import envoy_binary
 
     committed = list(yaml.safe_load_all((ROOT / "deploy" / "k8s" / "slogate.yaml").read_text()))
     assert committed == render_manifests(ROOT / "deploy" / "policy.example.yaml"), (
@@ -191,7 +191,7 @@ def test_sidecar_answers_grpc_health_checks(tmp_path: Path) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from tooling.processes import start_sidecar
+    from tooling.stack.processes import start_sidecar
 
     proc, ports = start_sidecar(tmp_path, ROOT / "deploy" / "policy.example.yaml")
     try:

@@ -192,7 +192,7 @@ def test_the_commands_the_runbook_and_the_rules_give_exist_with_their_flags() ->
     for command in sorted(commands):
         name, *rest = command.split()[1:]
         shown = subprocess.run(
-            [sys.executable, "-m", "tooling.cli", name, "--help"],
+            [sys.executable, "-m", "tooling.cli.main", name, "--help"],
             cwd=ROOT,
             capture_output=True,
             text=True,

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tooling.cli import build_parser
-from tooling.stack import LocalStack
+from tooling.cli.main import build_parser
+from tooling.stack.local import LocalStack
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.http import chat_body, post
 from tests.support.stack import ROOT, slogate
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 
 def test_status_shows_every_breaker_with_signals(stack: LocalStack) -> None:
@@ -97,7 +97,7 @@ def test_a_reader_that_leaves_early_gets_no_traceback(
     os.close(read_end)
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "tooling.cli", *command, "--admin", stack.admin_address],
+            [sys.executable, "-m", "tooling.cli.main", *command, "--admin", stack.admin_address],
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,

@@ -21,7 +21,7 @@ from tests.support.stack import (
     start_stack,
     write_policy,
 )
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 
 @pytest.fixture(scope="module")

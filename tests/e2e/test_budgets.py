@@ -6,7 +6,7 @@ import time
 
 from tests.support.http import CHAT, chat_body, metric, post
 from tests.support.stack import settled
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 RATE_HEADERS = (
     "x-ratelimit-limit-requests",

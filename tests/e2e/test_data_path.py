@@ -25,7 +25,7 @@ from tests.support.stack import (
     wait_for,
     write_policy,
 )
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 CHAT = "/v1/chat/completions"
 

@@ -30,7 +30,7 @@ from tests.support.stack import (
     wait_for,
     write_policy,
 )
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 FAST_BREAKER = {
     "window_s": 20.0,

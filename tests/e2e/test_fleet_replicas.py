@@ -19,14 +19,15 @@ import pytest
 import yaml
 
 from budget.redis_store import connect
+from extproc.runtime.processes import ManagedProcess
 from policy import BudgetStoreKind
 from tests.support.http import CHAT, Reply, chat_body, metric, post, scrape
 from tests.support.proxy import CuttableProxy
 from tests.support.stack import example_policy, start_stack
 from tests.support.stack import write_policy as write_stack_policy
-from tooling import stack
 from tooling.benchmarks.driver import DriverReply, SidecarDriver
-from tooling.processes import ManagedProcess, start_redis
+from tooling.stack.processes import start_sidecar
+from tooling.stack.redis import start_redis
 
 CAPACITY = 10_000  # the pool's KV cache, in tokens
 KEY = "sk-fleet"
@@ -84,7 +85,7 @@ class Fleet:
 
     def start(self, count: int, env: dict[int, dict[str, str]] | None = None) -> None:
         for i in range(count):
-            proc, ports = stack.start_sidecar(
+            proc, ports = start_sidecar(
                 self.work, self.policy, f"sidecar{i}", env=(env or {}).get(i)
             )
             self.procs.append(proc)

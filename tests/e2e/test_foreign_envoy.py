@@ -20,8 +20,8 @@ from extproc.request.contract import FAIRNESS_HEADER, OBJECTIVE_HEADER
 from policy import Policy
 from tests.support.http import CHAT, chat_body, post
 from tests.support.stack import EXAMPLE_POLICY, charged_as_used, random_ports, slogate
-from tooling.envoy_config import EnvoyPorts
-from tooling.stack import LocalStack
+from tooling.render.envoy_config import EnvoyPorts
+from tooling.stack.local import LocalStack
 
 FOREIGN = Path(__file__).parents[1] / "data" / "foreign-envoy.yaml"
 POOL_CLUSTERS = {"default": "vllm_main", "long": "vllm_long_context", "fallback": "vllm_spare"}
@@ -45,7 +45,7 @@ def merged_bootstrap(work: Path, notes: list[str]) -> Any:
         out = work / "merged-envoy.json"
         done = subprocess.run(
             [
-                sys.executable, "-m", "tooling.cli", "envoy-config",
+                sys.executable, "-m", "tooling.cli.main", "envoy-config",
                 "--policy", str(EXAMPLE_POLICY), "--merge-into", str(theirs),
                 "--sidecar-port", str(ports.sidecar_port), "--out", str(out),
                 *[f"--pool-cluster={pool}={cluster}" for pool, cluster in POOL_CLUSTERS.items()],

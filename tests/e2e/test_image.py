@@ -1,4 +1,4 @@
-"""The sidecar's container image (Containerfile, tooling/image.py), built here without a
+"""The sidecar's container image (Containerfile, tooling/build/image.py), built here without a
 registry: it starts with a mounted policy, reports healthy by its own HEALTHCHECK, and decides
 for a real Envoy outside it, in front of the simulated pools, as the sidecar process does.
 
@@ -20,12 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from extproc.runtime.processes import ManagedProcess
 from tests.extproc.runtime.test_supervisor import write_policy
 from tests.support.http import CHAT, chat_body, post
 from tests.support.stack import EXAMPLE_POLICY, charged_as_used, random_ports
-from tooling import image
-from tooling.processes import ManagedProcess, free_port, start_redis
-from tooling.stack import LocalStack, Replica
+from tooling.build import image
+from tooling.stack.local import LocalStack, Replica
+from tooling.stack.processes import free_port
+from tooling.stack.redis import start_redis
 
 pytestmark = pytest.mark.image
 IMAGE_USER = 10001  # the Containerfile's USER
@@ -161,7 +163,7 @@ def test_the_image_holds_the_venv_alone(built: str) -> None:
         "cd /opt/slogate/lib/python3*/site-packages && "
         "for gone in /src /dist /opt/slogate/bin/pip /opt/slogate/bin/envoy pip setuptools "
         "tests envoy/_bin pytest; do test -e $gone && echo present: $gone; done; "
-        "command -v gcc cc make; python -c 'import tooling.cli, extproc.runtime.serve' && "
+        "command -v gcc cc make; python -c 'import tooling.cli.main, extproc.runtime.serve' && "
         "echo imports"
     )
     done = podman(

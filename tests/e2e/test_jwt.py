@@ -21,7 +21,7 @@ from cryptography.x509.oid import NameOID
 from tests.support.http import chat_body, metric, post, scrape
 from tests.support.messages import MODE_IDS, MODES, with_messages
 from tests.support.stack import example_policy, start_stack, write_policy
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 ISSUER = "https://issuer.slogate.test"
 CHAT = "/v1/chat/completions"

@@ -23,15 +23,11 @@ import yaml
 
 from extproc.adminpb import admin_pb2 as pb
 from extproc.adminpb import admin_pb2_grpc as pb_grpc
+from extproc.runtime.processes import ManagedProcess, python_module
 from tests.support.http import metric, scrape
 from tooling.benchmarks.driver import DriverReply, SidecarDriver
-from tooling.processes import (
-    ManagedProcess,
-    free_port,
-    python_module,
-    start_redis,
-    start_sidecar,
-)
+from tooling.stack.processes import free_port, start_sidecar
+from tooling.stack.redis import start_redis
 
 TOKEN = "test-admin-token-0123456789"
 POLL_S = 0.5
@@ -61,7 +57,7 @@ def write_policy(path: Path, key_store: dict[str, object], redis_port: int | Non
 
 def slogate(*args: str, token_file: Path | None = None) -> dict[str, object]:
     """The real CLI; its JSON answer."""
-    argv = [sys.executable, "-m", "tooling.cli", "keys", *args, "--json"]
+    argv = [sys.executable, "-m", "tooling.cli.main", "keys", *args, "--json"]
     if token_file is not None:
         argv += ["--token-file", str(token_file)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
@@ -206,7 +202,7 @@ def test_every_worker_of_serve_workers_applies_a_change(
     policy = write_policy(tmp_path / "policy.yaml", {"redis": True}, redis_port)
     grpc_port, admin_port = free_port(), free_port()
     argv = [
-        *python_module("tooling.cli", "serve", "--policy", str(policy)),
+        *python_module("tooling.cli.main", "serve", "--policy", str(policy)),
         "--grpc-port", str(grpc_port), "--metrics-port", "0",
         "--admin-address", f"127.0.0.1:{admin_port}", "--no-exact-tokenizer", "--workers", "2",
     ]  # fmt: skip

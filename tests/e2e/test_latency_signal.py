@@ -19,7 +19,7 @@ from tests.support.stack import (
     start_stack,
     write_policy,
 )
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 PROMPT = (Path(__file__).parents[1] / "data" / "en_prose.txt").read_text() * 6  # ~4k tokens
 

@@ -13,7 +13,7 @@ import socket
 import pytest
 
 from tests.support.http import chat_body, metric, post, scrape
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 CHAT = "/v1/chat/completions"
 INFERENCE_PATHS = [

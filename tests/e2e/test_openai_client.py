@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.support.vllm import words
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 
 @pytest.fixture(params=["sim", pytest.param("vllm", marks=pytest.mark.vllm)])

@@ -15,7 +15,7 @@ import pytest
 from tests.support.http import Reply, chat_body, metric, scrape
 from tests.support.messages import MODE_IDS, MODES, with_messages
 from tests.support.stack import example_policy, slogate, start_stack, write_policy
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 CHAT = "/v1/chat/completions"
 # One key per API under test, so each key's settled usage is that API's alone.

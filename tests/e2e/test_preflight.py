@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from tests.support.stack import engine_fault, example_policy, start_stack, write_policy
-from tooling.alert_rules import SHIPPED_RULES
-from tooling.preflight_probes import shipped_alert_names
-from tooling.prometheus_server import PrometheusServer, stack_jobs
-from tooling.stack import LocalStack
+from tooling.preflight.probes import shipped_alert_names
+from tooling.render.alert_rules import SHIPPED_RULES
+from tooling.stack.local import LocalStack
+from tooling.stack.prometheus_server import PrometheusServer, stack_jobs
 
 
 @dataclass
@@ -63,7 +63,7 @@ def preflight(d: Deployment, prometheus: str, *args: str) -> tuple[int, list[dic
         [
             sys.executable,
             "-m",
-            "tooling.cli",
+            "tooling.cli.main",
             "preflight",
             "--url",
             d.stack.url,

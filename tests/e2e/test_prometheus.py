@@ -1,6 +1,6 @@
 """A real Prometheus against the live stack (issue 30, items 1 and 2): Debian's
 `prometheus` scrapes the sidecar and Envoy of a local stack on the Redis store every second,
-with the shipped alert rules' time scaled down (tooling.alert_rules), while the
+with the shipped alert rules' time scaled down (tooling.render.alert_rules), while the
 `alerts-live` workload plays with its scheduled faults (tests/support/alerts_live.py).
 
 Each alert the scenario causes must fire during its fault and resolve after it, with the
@@ -30,9 +30,9 @@ from tests.support.alerts_live import (
     wait_until_quiet,
 )
 from tests.support.dashboards import divides_rates, has_data, panel_queries, recorded, unfold
-from tooling.alert_rules import SHIPPED_RULES
-from tooling.preflight_probes import shipped_alert_names
-from tooling.prometheus_server import PROMETHEUS_INSTALL_HINT, prometheus_binary
+from tooling.preflight.probes import shipped_alert_names
+from tooling.render.alert_rules import SHIPPED_RULES
+from tooling.stack.prometheus_server import PROMETHEUS_INSTALL_HINT, prometheus_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ import pytest
 from tests.support.http import metric, post, scrape
 from tests.support.stack import settled, wait_for
 from tests.support.vllm import words
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 pytestmark = pytest.mark.vllm
 MESSAGES, RESPONSES = "/v1/messages", "/v1/responses"

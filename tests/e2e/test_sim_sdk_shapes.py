@@ -22,8 +22,8 @@ from anthropic.types import (
 )
 from openai.types.responses import Response, ResponseOutputMessage, ResponseTextDeltaEvent
 
+from extproc.runtime.processes import ManagedProcess, python_module
 from sim._frames import filler_token
-from tooling.processes import ManagedProcess, python_module
 
 MODEL = "deepseek-v4"
 EXACT = {"ignore_eos": True}  # vLLM's extension: exactly max_tokens come out

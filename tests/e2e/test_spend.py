@@ -20,7 +20,7 @@ import pytest
 from policy import BudgetStoreKind
 from tests.support.http import CHAT, Reply, chat_body, metric, post
 from tests.support.stack import example_policy, settled, slogate, start_stack, write_policy
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 MONTH = 2000.0  # token-equivalents: prompt x 1, cached prompt x 0, completion x 2
 PROMPT = "hi " * 200  # long enough for the engine's prefix cache to serve it again

@@ -9,9 +9,9 @@ import socket
 import subprocess
 from pathlib import Path
 
+from extproc.runtime.processes import python_module
 from tests.support.http import CHAT, chat_body, post
 from tests.support.stack import EXAMPLE_POLICY, start_stack, wait_for
-from tooling.processes import python_module
 
 
 def test_a_killed_sidecar_is_restarted_on_its_ports_while_envoy_stays_up(
@@ -45,7 +45,7 @@ def test_a_taken_port_is_one_line_naming_it(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         argv = python_module(
-            "tooling.cli",
+            "tooling.cli.main",
             "serve",
             "--policy", str(EXAMPLE_POLICY),
             "--grpc-port", "0",

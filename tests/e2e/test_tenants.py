@@ -24,7 +24,7 @@ from tests.support.stack import (
     start_stack,
     write_policy,
 )
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 TENANTS: dict[str, Any] = {
     "defaults": {},  # the demo keys' tenants: as before

@@ -15,7 +15,7 @@ from sim.replay import replay
 from sim.traffic import read_traffic
 from tests.support.http import CHAT, chat_body, post
 from tests.support.stack import EXAMPLE_POLICY, start_stack, wait_for
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 PROMPT = "a secret prompt about the quarterly numbers"
 KEYS = ("sk-demo-critical", "sk-demo-standard", "sk-demo-batch", "sk-demo-small")

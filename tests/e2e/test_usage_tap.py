@@ -22,7 +22,7 @@ from tests.support.stack import (
     usage_events,
     write_policy,
 )
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 CHAT = "/v1/chat/completions"
 ANTHROPIC = {"system": "s", "messages": [{"role": "user", "content": "meter me"}]}

@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 
 from extproc.adminpb import admin_pb2
+from extproc.service import admin_client
 from policy import load_policy
 from tests.support.http import CHAT, chat_body, metric, post, scrape
 from tests.support.stack import settled, slogate, wait_for
 from tests.support.vllm import Stream, words
-from tooling import admin_client
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 pytestmark = pytest.mark.vllm
 
@@ -442,7 +442,7 @@ def test_calibrating_vllm_gives_a_model_the_simulator_plays(
     out = tmp_path / "measured.yaml"
     done = subprocess.run(
         [
-            sys.executable, "-m", "tooling.cli", "calibrate",
+            sys.executable, "-m", "tooling.cli.main", "calibrate",
             "--url", f"default={vllm_stack.pool_url('default')}",
             "--model", "deepseek-v4", "--requests", "5", "--per-size", "2",
             "--max-context", "4096", "--out", str(out),
@@ -457,7 +457,7 @@ def test_calibrating_vllm_gives_a_model_the_simulator_plays(
     assert played.base_latency_ms == fit.base_latency_ms
     sim = subprocess.run(
         [
-            sys.executable, "-m", "tooling.cli", "simulate", "--workload", "burst-10x",
+            sys.executable, "-m", "tooling.cli.main", "simulate", "--workload", "burst-10x",
             "--latency-from", str(out), "--duration-s", "10", "--out-dir", str(tmp_path),
         ],
         capture_output=True, text=True, timeout=600,

@@ -20,7 +20,7 @@ from policy._data_path import ExtProcMessages
 from tests.support.http import CHAT, Reply, chat_body, metric, post, scrape
 from tests.support.messages import MODE_IDS, MODES, with_messages
 from tests.support.stack import example_policy, fault, slogate, start_stack, wait_for, write_policy
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 SLOTS = 4
 UNLIMITED = {"concurrent_requests": 1000, "requests_per_minute": 100_000}

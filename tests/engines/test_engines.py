@@ -14,7 +14,7 @@ from breaker.engine import EngineSnapshot
 from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel, BreakerState, Signals, step
 from engines import (
-    Candidate,
+    EngineCandidate,
     EngineFleet,
     EnginePicker,
     EngineState,
@@ -199,8 +199,8 @@ def test_the_prefix_index_is_bounded_and_measures_shared_prefixes() -> None:
     assert len(small) == 10
 
 
-def candidate(address: str, slot: int, **fields: object) -> Candidate:
-    base = Candidate(address, slot, 0, 0, 1000.0, 10.0)
+def candidate(address: str, slot: int, **fields: object) -> EngineCandidate:
+    base = EngineCandidate(address, slot, 0, 0, 1000.0, 10.0)
     return dataclasses.replace(base, **fields)  # type: ignore[arg-type]
 
 

@@ -16,7 +16,7 @@ def test_the_package_metadata_reads_the_one_version() -> None:
 
 def test_slogate_version_prints_it() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "tooling.cli", "--version"],
+        [sys.executable, "-m", "tooling.cli.main", "--version"],
         capture_output=True,
         text=True,
         check=True,

@@ -1,5 +1,5 @@
 """The alerts, live: a local stack on the Redis store, a real Prometheus scraping it every
-second with the shipped rules' time scaled down (tooling.alert_rules), and the
+second with the shipped rules' time scaled down (tooling.render.alert_rules), and the
 `alerts-live` workload played against it with its faults (tests/e2e/test_prometheus.py).
 
 What lives here: the run's policy (what makes the faults reachable on a small machine),
@@ -25,12 +25,12 @@ from policy import BudgetStoreKind
 from sim.prompts import library
 from sim.scenarios import WORKLOADS, load_workload, policy_document
 from tests.support.stack import example_policy, random_ports
-from tooling.alert_rules import write_scaled_rules
-from tooling.loadtest_faults import StackFaults, load_faults
-from tooling.loadtest_shots import CHAT, Shot, play
-from tooling.prometheus_api import PrometheusApi
-from tooling.prometheus_server import PrometheusServer, stack_jobs
-from tooling.stack import LocalStack
+from tooling.loadtest.faults import StackFaults, load_faults
+from tooling.loadtest.shots import CHAT, Shot, play
+from tooling.render.alert_rules import write_scaled_rules
+from tooling.stack.local import LocalStack
+from tooling.stack.prometheus_api import PrometheusApi
+from tooling.stack.prometheus_server import PrometheusServer, stack_jobs
 
 ALERT_WORKLOAD = WORKLOADS / "alerts-live.yaml"
 TIME_SCALE = 0.05  # the simulated pools' and the workload's (its file says so)
@@ -176,7 +176,7 @@ def play_alert_workload(run: AlertRun) -> None:
 
 
 # The workload's prompts share no prefix (each starts with its own ticket line: see
-# tooling.loadtest_shots.messages), so the engines' prefix cache never hits and the hit
+# tooling.loadtest.shots.messages), so the engines' prefix cache never hits and the hit
 # rate's correlation with KV memory has nothing to correlate. Beside them, a chat whose
 # first message is the same long one every time, as an application's system prompt is.
 REUSED_PREFIX_TOKENS = 2048

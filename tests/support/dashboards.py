@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tooling.prometheus_api import PrometheusApi
+from tooling.stack.prometheus_api import PrometheusApi
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana").glob("*.json"))

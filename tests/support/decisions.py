@@ -1,7 +1,9 @@
-"""Decisions and outcomes for tests of the admission steps, settlement and the sinks."""
+"""Decisions and outcomes for tests of the admission steps, settlement, the sinks and the
+request's observers."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from admission.decision import CountKind, RequestOutcome, RoutingDecision
@@ -59,3 +61,15 @@ def outcome(
     }
     values.update(fields)
     return RequestOutcome(**values)
+
+
+@dataclass
+class Seen:
+    """A request as an observer sees it (extproc.service.observers.RequestSeen), without a
+    request flow: its id, caller, shape and arrival."""
+
+    request_id: str
+    caller: ApiKey | None = None
+    shape: RoutingDecision | None = None
+    arrived_s: float = 0.0
+    trace_parent: Any = None

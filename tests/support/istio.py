@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tooling.envoy_config.fragment import HCM_TYPE, ROUTER_TYPE
+from tooling.render.envoy_config.fragment import HCM_TYPE, ROUTER_TYPE
 
 
 def cluster(name: str, port: int, http2: bool = False) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from policy._data_path import ExtProcMessages
 from tests.support.stack import EXAMPLE_POLICY, example_policy, start_stack, write_policy
-from tooling.stack import LocalStack
+from tooling.stack.local import LocalStack
 
 MODES = [ExtProcMessages.TWO, ExtProcMessages.ONE]
 MODE_IDS = [f"{mode.value}-message" for mode in MODES]

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import threading
 
-from tooling.processes import free_port
+from tooling.stack.processes import free_port
 
 
 class CuttableProxy:

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from tests.support.http import CHAT, chat_body, metric, post, scrape
-from tooling.stack import LocalStack, StackPorts
+from tooling.stack.local import LocalStack, StackPorts
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_POLICY = ROOT / "deploy" / "policy.example.yaml"
@@ -127,7 +127,7 @@ def drive_until(
 
 def slogate(stack: LocalStack, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tooling.cli", *args, "--admin", stack.admin_address],
+        [sys.executable, "-m", "tooling.cli.main", *args, "--admin", stack.admin_address],
         capture_output=True,
         text=True,
         timeout=30,

@@ -19,8 +19,8 @@ import pytest
 
 from tests.support.http import CHAT
 from tests.support.stack import example_policy, random_ports, write_policy
-from tooling.stack import LocalStack
-from tooling.vllm_engine import vllm_available
+from tooling.stack.local import LocalStack
+from tooling.stack.vllm_engine import vllm_available
 
 # Words both tokenizers keep whole (the tiny model's was trained on them): a prompt of N
 # of them is about N tokens to slogate's DeepSeek counter and to vLLM alike.

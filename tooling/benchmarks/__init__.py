@@ -1,4 +1,5 @@
-"""Offline measurements of slogate components; run as `python -m tooling.benchmarks.<name>`.
+"""Offline and live measurements of slogate components (`slogate bench`, or
+`python -m tooling.benchmarks.<name>`); results under bench/results/.
 
-Nothing here is imported by the request path.
+Nothing here is imported by the request path, nor by `slogate serve`.
 """

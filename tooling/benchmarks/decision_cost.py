@@ -32,6 +32,7 @@ from extproc.request.tokens import (
 )
 from extproc.runtime.sidecar import Sidecar
 from extproc.service.access_log import finish
+from policy.quantiles import quantile
 from tooling.benchmarks.bodies import PROFILES, profile_bodies
 from tooling.benchmarks.levers import BENCH_KEY, LEVERS, bench_policy
 
@@ -40,11 +41,6 @@ HEADERS = {
     ":method": "POST",
     "authorization": f"Bearer {BENCH_KEY}",
 }
-
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def _measure(

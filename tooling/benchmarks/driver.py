@@ -58,7 +58,7 @@ def access_log_entry(
     ttft_ms: int = 20,
 ) -> accesslog_pb2.HTTPAccessLogEntry:
     """An entry as Envoy's access logger sends it for a routed request (see
-    tooling.envoy_config for the tags it is configured with)."""
+    tooling.render.envoy_config for the tags it is configured with)."""
     entry = accesslog_pb2.HTTPAccessLogEntry()
     entry.response.response_code.value = status
     entry.response.response_code_details = "via_upstream"

@@ -29,11 +29,11 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from extproc.service import admin_client
+from extproc.shipped import example_policy
 from sim.prompts import WORDS
-from tooling import admin_client
-from tooling.shipped_files import example_policy
-from tooling.stack import LocalStack, StackPorts
-from tooling.vllm_engine import VllmSettings
+from tooling.stack.local import LocalStack, StackPorts
+from tooling.stack.vllm_engine import VllmSettings
 
 POLICY = example_policy()  # deploy/policy.example.yaml, through the package
 

@@ -53,6 +53,7 @@ from extproc.request.tokens import (
     text_features,
 )
 from extproc.request.tokens import fitted as tokens
+from policy.quantiles import quantile
 from tooling.benchmarks.corpus import (
     TEST_DATA_DIR,
     Sample,
@@ -135,7 +136,7 @@ def _error_stats(errors_pct: Sequence[float]) -> dict[str, Any]:
         "samples": len(errors_pct),
         "mean_signed_error_pct": round(statistics.fmean(errors_pct), 2),
         "mean_abs_error_pct": round(statistics.fmean(absolute), 2),
-        "p95_abs_error_pct": round(float(np.percentile(absolute, 95)), 2),
+        "p95_abs_error_pct": round(quantile(absolute, 0.95), 2),
         "max_abs_error_pct": round(max(absolute), 2),
         # Samples whose estimate is off by more than each margin.
         "share_beyond_margin": {

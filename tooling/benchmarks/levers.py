@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tooling.shipped_files import example_policy
+from extproc.shipped import example_policy
 
 POLICY = example_policy()  # deploy/policy.example.yaml, through the package
 BENCH_KEY = "sk-bench"
@@ -75,7 +75,8 @@ LEVERS: dict[str, dict[str, Any]] = {
     # headers as metadata; the front Envoy is built from this policy (overhead.front_envoy).
     "one_message": {"data_path": {"messages": "one"}},
     # Non-streamed JSON usage read by Envoy's json_to_metadata instead of the Lua tap, which
-    # then runs on streams only (data_path.usage_tap: native; tooling.envoy_config.usage_tap).
+    # then runs on streams only (data_path.usage_tap: native;
+    # tooling.render.envoy_config.usage_tap).
     "native_usage_tap": {"data_path": {"usage_tap": "native"}},
 }
 

@@ -25,9 +25,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from extproc.runtime.processes import ManagedProcess
 from tooling.benchmarks.levers import BENCH_KEY
 from tooling.benchmarks.profile import Part
-from tooling.processes import ManagedProcess, free_port
+from tooling.stack.processes import free_port
 
 HOST = "127.0.0.1"
 REQUIREMENT = "litellm[proxy]==1.108.7"  # the newest on PyPI when the arm was written

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from extproc.runtime.processes import ManagedProcess, python_module
 from policy import Policy, load_policy
 from policy._data_path import ExtProcMessages
 from tooling.benchmarks import litellm_arm, vs_litellm
@@ -45,15 +46,9 @@ from tooling.benchmarks.overhead_report import write
 from tooling.benchmarks.profile import available as spy_available
 from tooling.benchmarks.profile import record, summarise
 from tooling.benchmarks.wrk import start_envoy, upstream_bootstrap, wrk
-from tooling.envoy_config import EnvoyPorts, FilterProfile, build_bootstrap
-from tooling.processes import (
-    ManagedProcess,
-    free_port,
-    python_module,
-    start_redis,
-    start_sidecar,
-    tree_usage,
-)
+from tooling.render.envoy_config import EnvoyPorts, FilterProfile, build_bootstrap
+from tooling.stack.processes import free_port, start_sidecar, tree_usage
+from tooling.stack.redis import start_redis
 
 HOST = "127.0.0.1"
 # Profiles where slogate's cost is split in two: the same sidecar with every prompt taken at
@@ -191,7 +186,7 @@ def measure_setup(
 def front_policy(policy_path: Path, upstream_port: int, single_message: bool = False) -> Policy:
     """The policy the front Envoy is built from: every pool at the upstream;
     `single_message`: ext_proc gets the body alone (the product's own
-    `data_path.messages: one`, tooling.envoy_config.one_message)."""
+    `data_path.messages: one`, tooling.render.envoy_config.one_message)."""
     policy = load_policy(policy_path)
     pools = {
         name: dataclasses.replace(pool, endpoints=((HOST, upstream_port),))

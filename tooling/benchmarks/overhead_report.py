@@ -82,7 +82,7 @@ def write(report: Mapping[str, Any], out_dir: Path, name: str = "overhead") -> N
         "tokenizer): what the path costs without counting (its non-2xx are prompts the bound "
         "puts over the model's window, refused 400). passthrough_one_message: the "
         "pass-through with ext_proc getting the body alone (data_path.messages: one, "
-        "tooling/envoy_config/one_message.py)"
+        "tooling/render/envoy_config/one_message.py)"
         ". CPU µs per request: the processor's (pass-through or sidecar, all its threads and "
         "children) and the front Envoy's CPU over the 16-connection run, divided by its "
         "requests.\n\n"

@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 
 from sim.prompts import WORDS
-from tooling.vllm_engine import VllmEngine, VllmSettings
+from tooling.stack.vllm_engine import VllmEngine, VllmSettings
 
 
 def _arrivals(seed: int, seconds: float, rate: float) -> list[tuple[float, str, str]]:

@@ -27,12 +27,14 @@ from typing import Any
 import yaml
 
 from extproc.request.tokens import DeepSeekBpe, exact_counter
+from extproc.runtime.processes import ManagedProcess, python_module
 from extproc.runtime.sidecar import Sidecar
 from policy import load_policy
-from tooling.benchmarks.decision_cost import _measure, quantile
+from policy.quantiles import quantile
+from tooling.benchmarks.decision_cost import _measure
 from tooling.benchmarks.driver import SidecarDriver
 from tooling.benchmarks.levers import BENCH_KEY, bench_policy
-from tooling.processes import ManagedProcess, free_port, proc_stat, python_module
+from tooling.stack.processes import free_port, proc_stat
 
 HOST = "127.0.0.1"
 
@@ -119,7 +121,7 @@ async def _bad_bodies(target: str, key: str, seconds: float, reload_pid: int | N
 def _serve_phase(name: str, policy: Path, key: str, seconds: float, work: Path) -> dict[str, Any]:
     port = free_port()
     argv = [
-        *python_module("tooling.cli", "serve", "--policy", str(policy)),
+        *python_module("tooling.cli.main", "serve", "--policy", str(policy)),
         "--grpc-port", str(port), "--metrics-port", "0", "--admin-address", "none",
     ]  # fmt: skip
     t0 = time.perf_counter()

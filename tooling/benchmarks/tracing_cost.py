@@ -6,7 +6,7 @@ interleaved rounds. Each round drives the sidecar over real gRPC as Envoy does
 (tooling.benchmarks.driver: headers, body, then the access-log entries that settle the
 requests) with a few requests in flight, and reads the sidecar process's CPU time from
 /proc before and after; with tracing on, "after" is once the receiver (a real OTLP/gRPC
-collector in this process, tooling.otlp_receiver) holds every span, so the exporter's
+collector in this process, tooling.stack.otlp_receiver) holds every span, so the exporter's
 thread is counted. Per-decision CPU = CPU seconds / requests. Writes
 bench/results/tracing.{md,json}.
 """
@@ -25,11 +25,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from tooling.benchmarks.decision_cost import quantile
+from policy.quantiles import quantile
 from tooling.benchmarks.driver import SidecarDriver
 from tooling.benchmarks.levers import BENCH_KEY, bench_policy
-from tooling.otlp_receiver import TraceReceiver
-from tooling.processes import proc_stat, start_sidecar
+from tooling.stack.otlp_receiver import TraceReceiver
+from tooling.stack.processes import proc_stat, start_sidecar
 
 VARIANTS = ("off", "on")
 WARM = 200  # requests before a round's measurement

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from extproc.runtime.processes import ManagedProcess, python_module
 from tooling.benchmarks.levers import bench_policy
 from tooling.benchmarks.overhead import (
     HOST,
@@ -35,7 +36,8 @@ from tooling.benchmarks.overhead import (
     load,
 )
 from tooling.benchmarks.wrk import start_envoy, upstream_bootstrap
-from tooling.processes import ManagedProcess, free_port, python_module, start_redis
+from tooling.stack.processes import free_port
+from tooling.stack.redis import start_redis
 
 ENVOY_THREADS = 4
 # Scaling is judged against N times one worker's throughput (issue 31's target: within 80%).
@@ -74,7 +76,7 @@ def measure(
         procs.append(redis)
         policy_path = _redis_policy(work, redis_port)
         argv = [
-            *python_module("tooling.cli", "serve", "--policy", str(policy_path)),
+            *python_module("tooling.cli.main", "serve", "--policy", str(policy_path)),
             "--grpc-port", str(grpc_port), "--metrics-port", "0", "--admin-address", "none",
             "--workers", str(workers),
         ]  # fmt: skip

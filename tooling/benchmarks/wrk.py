@@ -18,7 +18,8 @@ import envoy_data_plane.envoy.extensions.filters.http.router.v3 as router
 import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 as hcm
 import envoy_data_plane.google.protobuf as pb
 
-from tooling.processes import ManagedProcess, envoy_binary
+from extproc.runtime.processes import ManagedProcess
+from tooling.stack.processes import envoy_binary
 
 HOST = "127.0.0.1"
 

@@ -21,9 +21,11 @@ from breaker.kv_admission import HeadOfLine
 from breaker.kv_book import FailoverBook, HoldAsk, KvBook, LedgerUnavailable, LocalBook
 from budget.redis_store import connect
 from extproc.runtime.fleet_ledger import FleetMembers, RedisBook
+from extproc.runtime.processes import ManagedProcess
 from policy import Pool, parse_policy
 from tests.support.clock import VirtualClock
-from tooling.processes import ManagedProcess, free_port, start_redis
+from tooling.stack.processes import free_port
+from tooling.stack.redis import start_redis
 
 BASE = parse_policy({}).pools["default"]
 

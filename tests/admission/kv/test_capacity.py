@@ -177,7 +177,7 @@ def test_kv_admission_through_the_stack(tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-m",
-                "tooling.cli",
+                "tooling.cli.main",
                 "status",
                 "--json",
                 "--admin",

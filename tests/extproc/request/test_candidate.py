@@ -27,7 +27,7 @@ from extproc.service.metrics import SidecarMetrics
 from policy import Policy, PolicyError, load_policy, parse_policy
 from policy.candidate import load_candidate
 from policy.diff import policy_changes
-from tooling.policy_cli import promote
+from tooling.cli.policy import promote
 
 RAW: dict[str, Any] = {
     "tenants": {
@@ -190,7 +190,7 @@ async def test_a_bad_candidate_is_refused_alone_and_promote_goes_through_reload(
 def test_policy_diff_prints_markdown_and_refuses_a_missing_traffic_record(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tooling.cli import main
+    from tooling.cli.main import main
 
     old, new = write(tmp_path / "old.yaml", RAW), write(tmp_path / "new.yaml", halved(RAW))
     assert main(["policy", "diff", str(old), str(new)]) == 0

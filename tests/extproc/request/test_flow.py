@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import string
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -21,11 +22,12 @@ from admission.errors import (
     RequestRejected,
     Unauthenticated,
 )
+from engines import EnginePicker, PromptBlocks, prompt_blocks
 from extproc.request.flow import Decider, Routed
 from extproc.request.identity import ApiKeyResolver
-from extproc.request.tokens import DeepSeekBpe, PromptCounter
+from extproc.request.tokens import DeepSeekBpe, PromptCount, PromptCounter
 from extproc.service.replies import upstream_headers
-from policy import Policy, parse_policy
+from policy import Policy, Pool, parse_policy
 
 POLICY = parse_policy(
     {
@@ -255,3 +257,61 @@ async def test_routed_requests_wait_in_flight_by_their_own_id() -> None:
     second = await route(body("b"), d=d)  # same x-request-id from the client: no collision
     assert first.tracking_id != second.tracking_id and len(d.inflight) == 2
     assert d.inflight.pop(first.tracking_id) is first.decision
+
+
+class _BlocksAsked(PromptCounter):
+    """The exact counter, noting the block size each count hashed in."""
+
+    def __init__(self) -> None:
+        super().__init__(_BPE, POLICY.counting, ThreadPoolExecutor(1))
+        self.block_tokens: list[int] = []
+
+    async def count(self, texts: Any, token_ids: int = 0, block_tokens: int = 0) -> PromptCount:
+        self.block_tokens.append(block_tokens)
+        return await super().count(texts, token_ids, block_tokens)
+
+
+class _PickerSeen:
+    """A picker that wants blocks and notes those of each request (Envoy balances)."""
+
+    def __init__(self) -> None:
+        self.blocks: list[PromptBlocks] = []
+
+    def wants_blocks(self, policy: Policy) -> bool:
+        return True
+
+    def pick(
+        self, request_id: str, spec: Pool, blocks: PromptBlocks, *rest: object
+    ) -> tuple[str, ...]:
+        self.blocks.append(blocks)
+        return ()
+
+
+def _with_block_tokens(policy: Policy, block_tokens: int) -> Policy:
+    picking = dataclasses.replace(policy.engines.picking, block_tokens=block_tokens)
+    return dataclasses.replace(policy, engines=dataclasses.replace(policy.engines, picking=picking))
+
+
+async def test_a_reload_between_the_phases_leaves_the_request_on_its_snapshot() -> None:
+    """The policy taken with the headers counts and hashes the body's prompt: a reload
+    between the two phases (here, a new block size) applies to the next request only."""
+    before, after = _with_block_tokens(POLICY, 16), _with_block_tokens(POLICY, 32)
+    current = [before]
+    counter, picker = _BlocksAsked(), _PickerSeen()
+    d = Decider(
+        policy=lambda: current[0],
+        identity=ApiKeyResolver(lambda: current[0]),
+        counter=counter,
+        picker=cast(EnginePicker, picker),
+    )
+    prompt = "The quick brown fox jumps over the lazy dog near the river bank. " * 40
+    flow = d.new_flow()
+    await flow.on_request_headers(HEADERS, end_of_stream=False)
+    current[0] = after  # reloaded while the body is on its way
+    await flow.on_request_body(body(prompt, max_tokens=16))
+    assert counter.block_tokens == [16]
+    fresh = await PromptCounter(_BPE, POLICY.counting, ThreadPoolExecutor(1)).count([prompt], 0, 16)
+    assert fresh.blocks is not None and fresh.lengths is not None
+    assert picker.blocks == [prompt_blocks(fresh.blocks, fresh.lengths, 16)]
+    await route(body(prompt, max_tokens=16), d=d)  # the next request reads the new one
+    assert counter.block_tokens == [16, 32]

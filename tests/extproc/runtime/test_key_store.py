@@ -17,7 +17,7 @@ from extproc.service.key_admin import KeyStoreError
 from policy import Tier, hash_api_key, parse_policy
 from policy._keystore import KeyStoreConfig
 from policy.keyring import KeyRecord, revoked, rotated
-from tooling.processes import start_redis
+from tooling.stack.redis import start_redis
 
 POLICY = parse_policy({"keys": [{"key": "sk-policy", "tenant": "p"}]})
 

@@ -14,7 +14,7 @@ from extproc.runtime.policy_holder import PolicyHolder
 from extproc.service.metrics import SidecarMetrics
 from tests.support.http import metric, scrape
 from tooling.benchmarks.driver import SidecarDriver
-from tooling.processes import start_sidecar
+from tooling.stack.processes import start_sidecar
 
 KEYS_A = "keys:\n  - {key: sk-a, tenant: a}\n"
 KEYS_B = "keys:\n  - {key: sk-b, tenant: b}\n"

@@ -19,6 +19,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc.request.contract import POOL_HEADER, REASON_HEADER
 from extproc.runtime.sidecar import Sidecar
+from sim.traffic import read_traffic
 from tests.support.in_process import in_process
 from tests.support.stack import example_policy, write_policy
 from tooling.benchmarks.driver import SidecarDriver, _headers_message
@@ -124,3 +125,28 @@ async def test_a_wait_that_times_out_on_a_stalled_loop_is_answered_before_envoys
     headers = {h.header.key: h.header.raw_value.decode() for h in immediate.headers.set_headers}
     assert immediate.status.code == 503 and headers[REASON_HEADER] == "queue_timeout"
     assert answered_s < envoy_timer_s - 5.0, (answered_s, envoy_timer_s)
+
+
+async def test_the_decision_log_and_traffic_record_observe_decisions_and_answers(
+    tmp_path: Path,
+) -> None:
+    """One observer list (extproc.service.observers): each observer sees a request's
+    decision from the ext_proc side and its answer from the access-log side."""
+    raw = example_policy()
+    raw["breaker"]["scrape_metrics"] = False
+    raw["decision_log"] = {"dir": str(tmp_path / "decisions"), "sample_rate": 1.0}
+    raw["traffic_record"] = {"dir": str(tmp_path / "traffic"), "sample_rate": 1.0}
+    path = write_policy(tmp_path / "policy.yaml", raw)
+    async with in_process(path) as (sidecar, driver, _):
+        observers = [sidecar.decision_log, sidecar.traffic]
+        assert sidecar.observers == observers  # tracing off: no tracer among them
+        assert all(o in sidecar.recorder.sinks for o in observers)
+        routed = await driver.decide("sk-demo-standard", chat("hello", 16))
+        refused = await driver.decide("sk-nobody", chat("hello", 16))
+        assert (routed.status, refused.status) == (200, 401)
+        await driver.report([(routed.tracking_id, 200, 8, 12)])
+    (log,) = (tmp_path / "decisions").glob("decisions-*.jsonl")
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sorted(line["decision"] for line in lines) == ["refused", "routed"]
+    entries = read_traffic([tmp_path / "traffic"]).entries
+    assert sorted(e.verdict for e in entries) == ["admitted", "refused:unknown_api_key"]

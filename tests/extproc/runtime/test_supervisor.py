@@ -19,11 +19,13 @@ import yaml
 
 from budget.redis_store import connect
 from extproc.adminpb import admin_pb2, admin_pb2_grpc
+from extproc.runtime.processes import ManagedProcess, python_module
+from extproc.runtime.supervisor import _Relay
 from extproc.runtime.workers import WorkerSlot, merge_expositions
 from tests.support.http import metric, parse, scrape
 from tooling.benchmarks.driver import DriverReply, SidecarDriver
-from tooling.processes import ManagedProcess, free_port, python_module, start_redis
-from tooling.serve_workers import _Relay
+from tooling.stack.processes import free_port
+from tooling.stack.redis import start_redis
 
 KEY = "sk-workers"
 
@@ -81,7 +83,7 @@ def test_a_tracking_id_names_the_worker_that_decided_it() -> None:
 def test_more_workers_refuse_the_in_process_store(tmp_path: Path) -> None:
     policy = write_policy(tmp_path / "policy.yaml", None)
     done = subprocess.run(
-        [*python_module("tooling.cli", "serve", "--policy", str(policy), "--workers", "2")],
+        [*python_module("tooling.cli.main", "serve", "--policy", str(policy), "--workers", "2")],
         capture_output=True,
         text=True,
         timeout=60,
@@ -98,7 +100,7 @@ def test_two_workers_share_one_port_and_settle_each_others_entries(
     policy = write_policy(tmp_path / "policy.yaml", redis_port)
     grpc_port, admin_port = free_port(), free_port()
     argv = [
-        *python_module("tooling.cli", "serve", "--policy", str(policy)),
+        *python_module("tooling.cli.main", "serve", "--policy", str(policy)),
         "--grpc-port", str(grpc_port), "--metrics-port", "0",
         "--admin-address", f"127.0.0.1:{admin_port}", "--no-exact-tokenizer", "--workers", "2",
     ]  # fmt: skip
@@ -165,7 +167,7 @@ def test_every_workers_log_and_a_workers_death_reach_standard_output(tmp_path: P
     redis, redis_port = start_redis(tmp_path)
     policy = write_policy(tmp_path / "policy.yaml", redis_port)
     argv = [
-        *python_module("tooling.cli", "serve", "--policy", str(policy)),
+        *python_module("tooling.cli.main", "serve", "--policy", str(policy)),
         "--grpc-port", str(free_port()), "--metrics-port", "0", "--admin-address", "none",
         "--no-exact-tokenizer", "--workers", "2",
     ]  # fmt: skip

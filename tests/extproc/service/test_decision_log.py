@@ -11,6 +11,7 @@ from admission.errors import RateLimited
 from extproc.service.decision_log import DecisionLog
 from policy import ApiKey, ContextBucket, Tier
 from tests.support.clock import VirtualClock
+from tests.support.decisions import Seen
 
 DAY_S = 86_400.0
 SECRET = "sk-very-secret"
@@ -38,7 +39,8 @@ def test_lines_carry_the_decision_and_usage_never_secrets(tmp_path: Path) -> Non
     clock = VirtualClock(1_790_000_000.0)
     log = DecisionLog(tmp_path, sample_rate=1.0, clock=clock)
     record(log)
-    log.refused(RateLimited(f"limit for {SECRET}", reason="budget_tokens"), "req-2", "acme")
+    refusal = RateLimited(f"limit for {SECRET}", reason="budget_tokens")
+    log.refused(Seen("req-2", ApiKey("ef" * 32, "acme", Tier.STANDARD)), refusal)
     log.close()
     (path,) = tmp_path.glob("decisions-*.jsonl")
     lines = [json.loads(line) for line in path.read_text().splitlines()]

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from extproc.runtime.processes import ManagedProcess, python_module
 from extproc.service.log_records import REQUEST_ID, JsonLines
 from tests.support.http import chat_body
 from tests.support.stack import example_policy, write_policy
 from tooling.benchmarks.driver import SidecarDriver
-from tooling.processes import ManagedProcess, python_module
 
 
 def test_json_lines_name_the_request_and_keep_a_traceback_on_one_line() -> None:
@@ -50,7 +50,7 @@ async def test_serve_with_json_logs_writes_only_json_lines_naming_requests(
     raw["breaker"]["scrape_metrics"] = False  # no pools run here
     policy = write_policy(tmp_path / "policy.yaml", raw)
     argv = python_module(
-        "tooling.cli", "serve", "--policy", str(policy), "--host", "127.0.0.1",
+        "tooling.cli.main", "serve", "--policy", str(policy), "--host", "127.0.0.1",
         "--grpc-port", "0", "--metrics-port", "0", "--admin-address", "none",
         "--no-exact-tokenizer", "--log-format", "json", "--log-level", "debug",
     )  # fmt: skip

@@ -14,7 +14,7 @@ from budget.spend_store import InProcessSpendStore
 from extproc.adminpb import tenants_pb2 as pb
 from extproc.service.tenant_admin import tenant_usage
 from policy import parse_policy
-from tooling.tenants_cli import tenants_table
+from tooling.cli.tenants import tenants_table
 
 ROOT = Path(__file__).resolve().parents[3]
 NOW_S = dt.datetime(2026, 12, 2, 6, 0, tzinfo=dt.UTC).timestamp()

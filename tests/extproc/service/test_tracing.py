@@ -1,7 +1,7 @@
 """A span per decision in the client's trace (telemetry.tracing); JSON logs:
 tests/extproc/service/test_log_records.py.
 
-Spans go over real OTLP/gRPC to a real receiver (tooling.otlp_receiver, opentelemetry-
+Spans go over real OTLP/gRPC to a real receiver (tooling.stack.otlp_receiver, opentelemetry-
 proto's TraceService on a grpcio server on 127.0.0.1:0). The sidecar runs in this process
 (real gRPC, as in tests/extproc/runtime/test_sidecar.py), behind Envoy (the stack), or as
 `slogate serve`.
@@ -31,7 +31,7 @@ from tests.support.in_process import in_process
 from tests.support.messages import MODE_IDS, MODES, with_messages
 from tests.support.stack import EXAMPLE_POLICY, ROOT, example_policy, start_stack, write_policy
 from tooling.benchmarks.driver import SidecarDriver, _headers_message
-from tooling.otlp_receiver import ReceivedSpan, TraceReceiver
+from tooling.stack.otlp_receiver import ReceivedSpan, TraceReceiver
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -328,7 +328,7 @@ def test_serve_says_what_to_install_when_tracing_is_set_without_opentelemetry(
 ) -> None:
     policy = traced_policy(tmp_path, "127.0.0.1:4317")
     script = _IMPORTS_SCRIPT.split("async def main")[0] + (
-        "from tooling.cli import main\n"
+        "from tooling.cli.main import main\n"
         "sys.exit(main(['serve', '--policy', sys.argv[1], '--grpc-port', '0', "
         "'--metrics-port', '0', '--admin-address', 'none', '--no-exact-tokenizer']))\n"
     )

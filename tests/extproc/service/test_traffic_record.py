@@ -21,6 +21,7 @@ from policy import ApiKey, ContextBucket, PolicyError, Tier, load_policy, parse_
 from sim.replay import replay
 from sim.traffic import CandidateVerdict, TrafficEntry, read_traffic
 from tests.support.clock import VirtualClock
+from tests.support.decisions import Seen
 from tests.support.stack import EXAMPLE_POLICY
 
 SECRET = "sk-very-secret"
@@ -55,8 +56,8 @@ def test_records_carry_shapes_and_outcomes_never_secrets(tmp_path: Path) -> None
         recorder.record(RequestOutcome(decision(), "t1", 200, 110, 40, 0.25, 1.5, "via_upstream"))
     )
     refusal = RateLimited(f"limit for {SECRET}", reason="budget_tokens")
-    recorder.refused(refusal, "req-2", decision().caller, decision("req-2"), 1_790_000_001.0)
-    recorder.refused(refusal, "req-3", None, None, 1_790_000_002.0)
+    recorder.refused(Seen("req-2", decision().caller, decision("req-2"), 1_790_000_001.0), refusal)
+    recorder.refused(Seen("req-3", arrived_s=1_790_000_002.0), refusal)
     recorder.close()
     (path,) = tmp_path.glob("traffic-*.jsonl.gz")
     text = gzip.decompress(path.read_bytes()).decode()
@@ -87,8 +88,9 @@ def test_a_candidate_s_verdict_is_recorded_beside_the_outcome(tmp_path: Path) ->
     recorder.admitted("t1", 1_790_000_000.0)
     asyncio.run(recorder.record(RequestOutcome(judged, "t1", 200, 110, 40, 0.2, 1.0, "ok")))
     shape = dataclasses.replace(decision("r2"), candidate=CandidateNote("would_admit", "", "long"))
-    recorder.refused(RateLimited("no", reason="budget_tokens"), "r2", None, shape, 1_790_000_001.0)
-    recorder.refused(RateLimited("no", reason="budget_tokens"), "r3", None, decision("r3"), 2e9)
+    refusal = RateLimited("no", reason="budget_tokens")
+    recorder.refused(Seen("r2", None, shape, 1_790_000_001.0), refusal)
+    recorder.refused(Seen("r3", None, decision("r3"), 2e9), refusal)
     recorder.close()
     admitted, refused, plain = read_traffic([tmp_path]).entries
     assert admitted.candidate == CandidateVerdict("would_refuse", "budget_requests", "default")
@@ -133,11 +135,11 @@ def test_a_full_queue_drops_and_counts_and_never_blocks(tmp_path: Path) -> None:
     drops = Drops()
     recorder = TrafficRecorder(files, 1.0, drops)
     refusal = RateLimited("no", reason="budget_requests")
-    recorder.refused(refusal, "r0", None, None, 1.0)
+    recorder.refused(Seen("r0", arrived_s=1.0), refusal)
     assert files.writing.wait(5)  # the thread holds r0, stuck on its disk
     started = time.perf_counter()
     for i in range(1, 6):
-        recorder.refused(refusal, f"r{i}", None, None, 1.0 + i)
+        recorder.refused(Seen(f"r{i}", arrived_s=1.0 + i), refusal)
     assert time.perf_counter() - started < 0.05
     assert drops.count == 3  # two fit the queue
     files.release.set()
@@ -209,7 +211,7 @@ def test_replay_reproduces_a_small_keys_refusals() -> None:
 def test_the_replay_command_names_bad_lines_and_replays_the_rest(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tooling.cli import main
+    from tooling.cli.main import main
 
     key = load_policy(EXAMPLE_POLICY).key_for("sk-demo-standard")
     assert key is not None

@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 
 from policy import parse_policy
-from sim.arrivals import Arrival, p99, poisson_arrivals
+from policy.quantiles import quantile
+from sim.arrivals import Arrival, poisson_arrivals
 from sim.offline import OfflineFleet
 
 CAPACITY = 400_000  # the simulated engine's KV cache, weighted tokens
@@ -48,7 +49,7 @@ def support_p99(flood: list[Arrival]) -> float:
     results = fleet.run(sorted(SUPPORT + flood, key=lambda a: a.at_s), until_s=330)
     ttfts = [r.ttft_s for r in results.values() if r.arrival.key is CRITICAL]
     assert len(ttfts) == len(SUPPORT) and all(t is not None for t in ttfts)
-    return p99([t for t in ttfts if t is not None])
+    return quantile([t for t in ttfts if t is not None], 0.99)
 
 
 def test_a_counted_flood_does_not_move_the_critical_p99() -> None:

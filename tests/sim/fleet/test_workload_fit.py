@@ -19,7 +19,7 @@ import yaml
 from sim.scenarios import SIMULATION_POLICY, WORKLOADS, Workload, load_workload, workload_path
 from sim.traffic import TrafficEntry, read_traffic
 from sim.workload_fit import fit_workload
-from tooling.cli import main
+from tooling.cli.main import main
 
 DAY0 = dt.datetime(2026, 9, 1, tzinfo=dt.UTC).timestamp()
 DAY_S = 86_400.0

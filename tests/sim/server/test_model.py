@@ -9,7 +9,7 @@ import pytest
 
 from sim.model import (
     DEFAULT_BUCKETS,
-    Admission,
+    EngineAdmission,
     KvCache,
     LatencyConfig,
     LatencyModel,
@@ -141,12 +141,12 @@ def test_kv_tokens_weight_the_whole_context_by_bucket() -> None:
 
 def test_kv_admits_until_full_then_queues_fifo_then_rejects() -> None:
     kv = KvCache(1_000, max_queue=2)
-    assert kv.submit("a", 600) is Admission.ADMITTED
+    assert kv.submit("a", 600) is EngineAdmission.ADMITTED
     assert kv.usage_perc == pytest.approx(0.6)
-    assert kv.submit("b", 500) is Admission.QUEUED
+    assert kv.submit("b", 500) is EngineAdmission.QUEUED
     # Strict FIFO: "c" would fit right now but must wait behind "b".
-    assert kv.submit("c", 100) is Admission.QUEUED
-    assert kv.submit("d", 100) is Admission.REJECTED_QUEUE_FULL
+    assert kv.submit("c", 100) is EngineAdmission.QUEUED
+    assert kv.submit("d", 100) is EngineAdmission.REJECTED_QUEUE_FULL
     assert (kv.num_running, kv.num_waiting) == (1, 2)
     assert kv.release("a") == ["b", "c"]
     assert (kv.num_running, kv.num_waiting, kv.used_tokens) == (2, 0, 600)
@@ -156,20 +156,20 @@ def test_kv_admits_until_full_then_queues_fifo_then_rejects() -> None:
 
 def test_kv_release_of_a_waiting_request_unblocks_the_line() -> None:
     kv = KvCache(1_000)
-    assert kv.submit("a", 500) is Admission.ADMITTED
-    assert kv.submit("big", 900) is Admission.QUEUED
-    assert kv.submit("small", 400) is Admission.QUEUED
+    assert kv.submit("a", 500) is EngineAdmission.ADMITTED
+    assert kv.submit("big", 900) is EngineAdmission.QUEUED
+    assert kv.submit("small", 400) is EngineAdmission.QUEUED
     assert kv.release("big") == ["small"]  # the waiting head gave up
     assert kv.release("unknown") == []
 
 
 def test_kv_refuses_requests_that_can_never_fit_and_caps_running() -> None:
     kv = KvCache(1_000, max_running=2)
-    assert kv.submit("huge", 1_001) is Admission.REJECTED_TOO_LARGE
+    assert kv.submit("huge", 1_001) is EngineAdmission.REJECTED_TOO_LARGE
     assert kv.num_waiting == 0
-    assert kv.submit("a", 10) is Admission.ADMITTED
-    assert kv.submit("b", 10) is Admission.ADMITTED
-    assert kv.submit("c", 10) is Admission.QUEUED
+    assert kv.submit("a", 10) is EngineAdmission.ADMITTED
+    assert kv.submit("b", 10) is EngineAdmission.ADMITTED
+    assert kv.submit("c", 10) is EngineAdmission.QUEUED
     assert not kv.try_admit("d", 10)
     with pytest.raises(ValueError):
         kv.submit("a", 10)
@@ -177,9 +177,9 @@ def test_kv_refuses_requests_that_can_never_fit_and_caps_running() -> None:
 
 def test_kv_overcommit_admits_past_capacity_and_says_so() -> None:
     kv = KvCache(1_000, overcommit_ratio=1.5)
-    assert kv.submit("a", 900) is Admission.ADMITTED
+    assert kv.submit("a", 900) is EngineAdmission.ADMITTED
     assert not kv.is_overcommitted
-    assert kv.submit("b", 500) is Admission.ADMITTED
+    assert kv.submit("b", 500) is EngineAdmission.ADMITTED
     assert kv.is_overcommitted and kv.usage_perc == 1.0
 
 

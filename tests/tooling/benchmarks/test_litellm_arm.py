@@ -17,7 +17,8 @@ from tooling.benchmarks import litellm_arm, vs_litellm
 from tooling.benchmarks.levers import BENCH_KEY
 from tooling.benchmarks.overhead import litellm_arms, setups_for
 from tooling.benchmarks.wrk import start_envoy, upstream_bootstrap
-from tooling.processes import free_port, start_redis
+from tooling.stack.processes import free_port
+from tooling.stack.redis import start_redis
 
 needs_litellm = pytest.mark.skipif(
     litellm_arm.binary() is None, reason=litellm_arm.missing_message()

@@ -12,9 +12,9 @@ from extproc.request.contract import FORWARDED_NAMESPACE
 from policy._data_path import ExtProcMessages
 from tooling.benchmarks.overhead import POLICY, front_policy, setups_for
 from tooling.benchmarks.profile import OTHER, summarise
-from tooling.envoy_config import EnvoyPorts, FilterProfile, build_bootstrap
-from tooling.envoy_config.one_message import FORWARD_FILTER, HOLD_FILTER
-from tooling.processes import envoy_binary
+from tooling.render.envoy_config import EnvoyPorts, FilterProfile, build_bootstrap
+from tooling.render.envoy_config.one_message import FORWARD_FILTER, HOLD_FILTER
+from tooling.stack.processes import envoy_binary
 
 SITE = "/venv/lib/python3.11/site-packages"
 REPO = "/src/slogate"
@@ -75,7 +75,7 @@ def test_each_profile_compares_with_the_pass_through_and_some_split_the_cost() -
 
 def test_the_one_message_arm_runs_the_products_one_message_mode(tmp_path: Path) -> None:
     """`passthrough_one_message` is the product's `data_path.messages: one` bootstrap
-    (tooling.envoy_config.one_message): headers skipped and forwarded as metadata, a buffer
+    (tooling.render.envoy_config.one_message): headers skipped and forwarded as metadata, a buffer
     holding the request; Envoy 1.40 validates it."""
     policy = front_policy(POLICY, 18083, single_message=True)
     config = build_bootstrap(

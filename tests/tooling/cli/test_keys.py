@@ -10,7 +10,7 @@ import pytest
 
 from extproc.runtime.key_store import read_key_file
 from policy import Tier, hash_api_key
-from tooling.cli import build_parser, main
+from tooling.cli.main import build_parser, main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> object:

@@ -14,7 +14,7 @@ import yaml
 
 from policy import parse_policy
 from tests.support.stack import EXAMPLE_POLICY
-from tooling.cli import main
+from tooling.cli.main import main
 
 START_S = 1_790_000_000.0
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.support.docs import page_with
-from tooling.cli import build_parser
+from tooling.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[3]
 JOB = ROOT / "deploy" / "ci" / "policy-review.github.yaml"

@@ -16,7 +16,7 @@ from sim.config import PoolConfig
 from sim.model import LatencyConfig
 from sim.pool import create_app
 from tests.support.http import serve_on_loopback
-from tooling.calibrate import CalibrationError, measure, probe_sizes, report
+from tooling.loadtest.calibrate import CalibrationError, measure, probe_sizes, report
 
 POLICY = parse_policy({})
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tooling.loadtest_faults import load_faults
+from tooling.loadtest.faults import load_faults
 
 
 def test_every_kind_of_fault_is_read_in_time_order() -> None:

@@ -15,19 +15,18 @@ import pytest
 
 from policy import Limits, parse_policy
 from sim.scenarios import SIMULATION_POLICY, WORKLOADS, load_workload, workload_policy
-from tooling.loadtest import (
-    Shot,
+from tooling.loadtest.predict import (
     capacity,
     capacity_limit,
     capacity_table,
-    compare_table,
     predict,
     prediction_errors,
-    report,
     under,
-    unprotected_policy,
 )
-from tooling.processes import process_table, tree_usage
+from tooling.loadtest.report import compare_table, report
+from tooling.loadtest.run import unprotected_policy
+from tooling.loadtest.shots import Shot
+from tooling.stack.processes import process_table, tree_usage
 
 
 def test_a_process_is_measured_with_its_children_but_not_with_other_measured_ones() -> None:
@@ -169,7 +168,7 @@ def test_the_smoke_scenario_keeps_its_invariants(tmp_path: Path) -> None:
     sidecar SIGKILLed and restarted. Invariants, not timings."""
     done = subprocess.run(
         [
-            sys.executable, "-m", "tooling.cli", "loadtest", "--workload", "smoke",
+            sys.executable, "-m", "tooling.cli.main", "loadtest", "--workload", "smoke",
             "--time-scale", "0.2", "--out-dir", str(tmp_path),
         ],
         capture_output=True, text=True, timeout=300,

@@ -10,18 +10,18 @@ import yaml
 
 from policy import PolicyError, Tier, load_policy
 from tests.support.stack import EXAMPLE_POLICY, example_policy, write_policy
-from tooling import preflight_checks as checks
-from tooling.preflight import clear_keys
-from tooling.preflight_checks import CheckResult, HeldStream, PresetProbe, Verdict
-from tooling.preflight_drills import PRESET_PROBES, expected_action
-from tooling.preflight_probes import (
+from tooling.preflight import checks
+from tooling.preflight.checks import CheckResult, HeldStream, PresetProbe, Verdict
+from tooling.preflight.drills import PRESET_PROBES, expected_action
+from tooling.preflight.probes import (
     Engine,
     by_zone,
     engines_with_zones,
     shipped_alert_names,
     zones_from_document,
 )
-from tooling.prometheus_api import duration_s
+from tooling.preflight.run import clear_keys
+from tooling.render.alert_rules import duration_s
 
 DAY_S = 86400.0
 

@@ -1,4 +1,4 @@
-"""The shipped rules with their time scaled (tooling.alert_rules), for the live alert run:
+"""The shipped rules with their time scaled (tooling.render.alert_rules), for the live alert run:
 the same rules, only shorter."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 import yaml
 
-from tooling.alert_rules import (
+from tooling.render.alert_rules import (
     SHIPPED_RULES,
+    duration_s,
     promql_duration,
     scale_expr,
     scaled_rules,
     write_scaled_rules,
 )
-from tooling.prometheus_api import duration_s
 
 
 def _rules(document: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -28,7 +28,7 @@ import yaml
 from extproc.version import VERSION
 from tests.support.stack import EXAMPLE_POLICY, ROOT
 from tests.tooling.render.test_mesh import COMMITTED, SCHEMA_FILES, schema
-from tooling.k8s import SIDECAR_UID, render_manifests
+from tooling.render.k8s import SIDECAR_UID, render_manifests
 
 # The three newest minor versions kubernetes-validate 1.37 bundles (pyproject pins it).
 SUPPORTED_VERSIONS = ("1.35", "1.36", "1.37")
@@ -170,7 +170,7 @@ def test_the_image_flag_names_another_image(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "tooling.cli",
+            "tooling.cli.main",
             "k8s",
             "--policy",
             str(EXAMPLE_POLICY),

@@ -31,13 +31,17 @@ from policy import Policy, load_policy
 from tests.support import istio
 from tests.support.http import CHAT, chat_body, post
 from tests.support.stack import EXAMPLE_POLICY, ROOT, random_ports
-from tooling.envoy_config import EnvoyPorts
-from tooling.envoy_config.filters import ext_proc_filter, max_message_timeout_ms, router_filter
-from tooling.k8s import SIDECAR_PORT, write_documents
-from tooling.mesh import MeshError, MeshTarget, render_istio
-from tooling.mesh_gateway import _snake, eg_names, render_envoy_gateway
-from tooling.processes import envoy_binary
-from tooling.stack import LocalStack
+from tooling.render.envoy_config import EnvoyPorts
+from tooling.render.envoy_config.filters import (
+    ext_proc_filter,
+    max_message_timeout_ms,
+    router_filter,
+)
+from tooling.render.k8s import SIDECAR_PORT, write_documents
+from tooling.render.mesh import MeshError, MeshTarget, render_istio
+from tooling.render.mesh_gateway import _snake, eg_names, render_envoy_gateway
+from tooling.stack.local import LocalStack
+from tooling.stack.processes import envoy_binary
 
 SCHEMAS = ROOT / "deploy" / "k8s" / "schemas"
 SCHEMA_FILES = {

@@ -14,8 +14,8 @@ from extproc.request.contract import ACCESS_LOG_TAGS, EXT_PROC_FILTER, USAGE_TAP
 from extproc.service.replies import WAIT_REPLY_MARGIN_MS, wait_reply_ms
 from policy import FailureMode, Tier, load_policy
 from tests.support.stack import EXAMPLE_POLICY
-from tooling.envoy_config import FilterProfile, build_bootstrap
-from tooling.processes import envoy_binary
+from tooling.render.envoy_config import FilterProfile, build_bootstrap
+from tooling.stack.processes import envoy_binary
 
 
 def validate(config: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:

@@ -23,14 +23,14 @@ from extproc.request.contract import (
 from extproc.service.replies import WAIT_REPLY_MARGIN_MS, wait_reply_ms
 from policy import load_policy
 from tests.support.stack import EXAMPLE_POLICY
-from tooling.envoy_config import build_bootstrap
-from tooling.envoy_config.fragment import (
+from tooling.render.envoy_config import build_bootstrap
+from tooling.render.envoy_config.fragment import (
     FragmentTarget,
     MergeError,
     build_fragment,
     merge_fragment,
 )
-from tooling.processes import envoy_binary
+from tooling.stack.processes import envoy_binary
 
 FOREIGN = Path(__file__).parents[3] / "data" / "foreign-envoy.yaml"
 POOLS = {"default": "vllm_main", "long": "vllm_long_context", "fallback": "vllm_spare"}
@@ -201,7 +201,7 @@ def test_the_docs_state_the_contract() -> None:
     """The docs' table (docs/operators/deploy-envoy.md) is ENVOY_PIECES, rendered
     (`slogate envoy-config --contract`)."""
     from tests.support.docs import all_docs
-    from tooling.envoy_config.fragment import contract_table
+    from tooling.render.envoy_config.fragment import contract_table
 
     assert contract_table() in all_docs(), (
         "run `slogate envoy-config --contract` into docs/operators/deploy-envoy.md"

@@ -22,11 +22,11 @@ from tests.support.messages import with_messages
 from tests.support.stack import example_policy, write_policy
 from tests.tooling.render.envoy_config.test_bootstrap import validate
 from tests.tooling.render.test_mesh import ENVOY_GATEWAY, ISTIO
-from tooling.envoy_config import FilterProfile, build_bootstrap
-from tooling.envoy_config.fragment import build_fragment
-from tooling.envoy_config.one_message import FORWARD_FILTER, HOLD_FILTER
-from tooling.mesh import MeshError, render_istio
-from tooling.mesh_gateway import render_envoy_gateway
+from tooling.render.envoy_config import FilterProfile, build_bootstrap
+from tooling.render.envoy_config.fragment import build_fragment
+from tooling.render.envoy_config.one_message import FORWARD_FILTER, HOLD_FILTER
+from tooling.render.mesh import MeshError, render_istio
+from tooling.render.mesh_gateway import render_envoy_gateway
 
 
 def _manager(config: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,142 @@
+"""`slogate bench`: the benchmarks (tooling.benchmarks), results under bench/results/.
+Each benchmark is imported inside the handler, only when it runs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="benchmarks (results under bench/results/)")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    overhead = bench_sub.add_parser("overhead", help="Envoy vs pass-through ext_proc vs slogate")
+    overhead.add_argument("--duration-s", type=float, default=10.0)
+    overhead.add_argument("--rounds", type=int, default=3)
+    overhead.add_argument(
+        "--profiles",
+        default="small,field_mix,1k,8k,32k,128k,multi_turn,chinese,code,hostile",
+        help="request bodies, comma-separated (small: the 4 KB body; others: bench/bodies.py)",
+    )
+    overhead.add_argument(
+        "--levers",
+        default="",
+        help="slogate variants to run beside it, comma-separated (tooling/benchmarks/overhead.py"
+        " LEVERS: no_split, count_on_loop, count_in_threads, no_count_cache, tiktoken)",
+    )
+    overhead.add_argument("--name", default="overhead", help="results file name")
+    overhead.add_argument("--no-spy", action="store_true", help="skip the py-spy profile")
+    overhead.add_argument(
+        "--litellm",
+        choices=("auto", "on", "off", "redis"),
+        default="auto",
+        help="LiteLLM's proxy beside slogate (tooling/benchmarks/litellm_arm.py, its own venv "
+        ".venv-litellm): auto = when installed; redis = also both on a real Redis",
+    )
+    overhead.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    cost = bench_sub.add_parser("decision-cost", help="body decision p50/p99 per body profile")
+    cost.add_argument("--seconds", type=float, default=4.0, help="per profile")
+    cost.add_argument("--profiles", default="", help="comma-separated; default: all")
+    cost.add_argument("--levers", default="", help="policy variants beside it (as bench overhead)")
+    cost.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    tenants = bench_sub.add_parser("tenants", help="1,000 tenants / 10,000 keys vs the demo policy")
+    tenants.add_argument("--seconds", type=float, default=20.0, help="per phase")
+    tenants.add_argument("--tenants", type=int, default=1000)
+    tenants.add_argument("--keys", type=int, default=10_000)
+    tenants.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    estimator = bench_sub.add_parser("estimator", help="token estimate accuracy and speed")
+    estimator.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    workers = bench_sub.add_parser("workers", help="serve --workers N throughput (1 vs 2)")
+    workers.add_argument(
+        "--workers", default="1,2", help="worker counts, comma-separated, from 1 (e.g. 1,2,4,8)"
+    )
+    workers.add_argument("--duration-s", type=float, default=10.0)
+    workers.add_argument("--rounds", type=int, default=3)
+    workers.add_argument("--profile", default="field_mix")
+    workers.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    live = bench_sub.add_parser("engines-vllm", help="two real vLLMs: picking vs round robin")
+    live.add_argument("--chats", type=int, default=24, help="per phase")
+    live.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    packing = bench_sub.add_parser("packing-vllm", help="a packing window before one real vLLM")
+    packing.add_argument("--window-ms", type=float, default=75.0)
+    packing.add_argument("--rate", type=float, default=3.0, help="requests a second")
+    packing.add_argument("--seconds", type=float, default=30.0, help="per run")
+    packing.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    prefix = bench_sub.add_parser("prefix-index", help="the picker's prefix index under a flood")
+    prefix.add_argument("--prompts", type=int, default=40_000)
+    prefix.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    series = bench_sub.add_parser("tenant-series", help="tenant label cap: ns per request")
+    series.add_argument("--calls", type=int, default=200_000, help="per round")
+    series.add_argument("--rounds", type=int, default=5)
+    series.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    tracing = bench_sub.add_parser("tracing", help="sidecar CPU per decision, tracing off vs on")
+    tracing.add_argument("--requests", type=int, default=3000, help="per round")
+    tracing.add_argument("--rounds", type=int, default=5)
+    tracing.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    decisions = bench_sub.add_parser("decisions", help="budget decision cost per store")
+    decisions.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    decisions.add_argument("--calls", type=int, default=5000)
+    bench.set_defaults(handler=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    if args.bench == "overhead":
+        from tooling.benchmarks.overhead import run as run_overhead
+
+        run_overhead(
+            args.out_dir,
+            args.duration_s,
+            args.rounds,
+            args.profiles.split(","),
+            spy=not args.no_spy,
+            levers=[lever for lever in args.levers.split(",") if lever],
+            name=args.name,
+            litellm=args.litellm,
+        )
+    elif args.bench == "tenants":
+        from tooling.benchmarks.tenants import run as run_tenants
+
+        run_tenants(args.out_dir, args.seconds, args.tenants, args.keys)
+    elif args.bench == "decision-cost":
+        from tooling.benchmarks.decision_cost import run as run_decision_cost
+
+        run_decision_cost(
+            args.out_dir,
+            args.seconds,
+            args.profiles.split(",") if args.profiles else None,
+            [lever for lever in args.levers.split(",") if lever],
+        )
+    elif args.bench == "workers":
+        from tooling.benchmarks.workers import run as run_workers
+
+        counts = [int(n) for n in args.workers.split(",")]
+        run_workers(args.out_dir, args.duration_s, args.rounds, args.profile, counts)
+    elif args.bench == "engines-vllm":
+        from tooling.benchmarks.engines_live import run as run_engines_live
+
+        run_engines_live(args.out_dir, args.chats)
+    elif args.bench == "packing-vllm":
+        from tooling.benchmarks.packing import run as run_packing
+
+        run_packing(args.out_dir, args.seconds, args.rate, args.window_ms)
+    elif args.bench == "prefix-index":
+        from tooling.benchmarks.prefix_index import run as run_prefix_index
+
+        run_prefix_index(args.out_dir, args.prompts)
+    elif args.bench == "tenant-series":
+        from tooling.benchmarks.tenant_series import run as run_tenant_series
+
+        run_tenant_series(args.out_dir, args.calls, args.rounds)
+    elif args.bench == "tracing":
+        from tooling.benchmarks.tracing_cost import run as run_tracing
+
+        run_tracing(args.out_dir, args.requests, args.rounds)
+    elif args.bench == "decisions":
+        from tooling.benchmarks.decisions import run as run_decisions
+
+        run_decisions(args.out_dir, args.calls)
+    else:
+        from tooling.benchmarks.estimator import run as run_estimator
+
+        run_estimator(args.out_dir)
+    return 0

