@@ -37,7 +37,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 # promtool (Debian's prometheus package) unit-tests the alert rules in deploy/prometheus/;
-# the package's prometheus server scrapes a live stack in tests/test_e2e_prometheus.py.
+# the package's prometheus server scrapes a live stack in tests/e2e/test_prometheus.py.
 promtool:
 	@(command -v promtool && command -v prometheus) >/dev/null || (apt-get update -qq && \
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
@@ -79,7 +79,8 @@ protos: $(STAMP)
 envoy-config: $(STAMP)
 	$(BIN)/slogate envoy-config --policy deploy/policy.example.yaml --out envoy/bootstrap.json
 
-# The committed manifests (tests/test_mesh.py and test_deploy.py hold them to the code).
+# The committed manifests (tests/tooling/render/test_mesh.py and tests/deploy/test_deploy.py
+# hold them to the code).
 k8s: $(STAMP)
 	$(BIN)/slogate k8s
 	$(BIN)/slogate k8s --mesh istio --pool-service default=vllm-default:8000 \

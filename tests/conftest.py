@@ -1,7 +1,7 @@
 """Shared fixtures: the real stack (simulated pools, sidecar, Envoy) on random ports.
 
 Helpers live in tests/support/; process logs are attached to a test's report only when the
-test fails.
+test fails. These fixtures serve every folder below; tests/e2e/conftest.py marks its tests e2e.
 """
 
 from __future__ import annotations

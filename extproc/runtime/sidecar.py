@@ -69,7 +69,7 @@ class Sidecar:
         (extproc.runtime.workers)."""
         self.worker = worker
         # Injected for tests that run this object graph on a virtual clock beside the
-        # simulator's (tests/test_sim_matches_sidecar.py); a process uses the real ones.
+        # simulator's (tests/sim/fleet/test_sidecar.py); a process uses the real ones.
         self.clock = clock or time.monotonic
         self._wall_clock = clock or time.time  # UTC: the spend budgets' day and month
         self.metrics = SidecarMetrics()

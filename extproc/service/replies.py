@@ -146,7 +146,7 @@ def _route(reply: pb.ProcessingResponse, common: pb.CommonResponse, routed: Rout
 # can get no CPU for seconds: on 2 cores, while a vLLM CPU engine prefilled two 2.5k-token
 # prompts, its runnable threads waited 1.5-1.8 s at a time in the run queue and its loop
 # stalled 2-5 s, and with no margin beyond the message timeout Envoy's timer fired first:
-# the client got Envoy's 504 instead of slogate's 503 queue_timeout (tests/test_e2e_vllm).
+# the client got Envoy's 504 instead of slogate's 503 queue_timeout (tests/e2e/test_vllm).
 # Twice the longest stall seen; only a sidecar that hangs with requests in its room is
 # noticed this much later.
 WAIT_REPLY_MARGIN_MS = 10_000

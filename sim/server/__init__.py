@@ -15,7 +15,7 @@ load tests.
 
 Only `pool` and `_serving` import aiohttp: the offline fleet imports `model` without it.
 
-Held to a real vLLM 0.32 (tests/test_sim_matches_vllm.py): metric names, types and labels,
+Held to a real vLLM 0.32 (tests/e2e/test_sim_matches_vllm.py): metric names, types and labels,
 the JSON of answers and stream events (vLLM-only fields as null, `finish_reason` on the last
 token's chunk, no `usage: null` chunks), vLLM's error documents (`type` from the status,
 `code` the status; what the simulator meant rides in `x-sim-error`), FCFS ignoring an

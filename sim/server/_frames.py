@@ -81,7 +81,7 @@ FINGERPRINT = "sim-slogate"  # vLLM's reads vllm-<version>-<hash>
 @dataclass(frozen=True, slots=True)
 class OpenAiFrame:
     """Chat completions and completions, in vLLM's shapes (held to a real vLLM by
-    tests/test_sim_matches_vllm.py): its vLLM-only fields (`prompt_token_ids`,
+    tests/e2e/test_sim_matches_vllm.py): its vLLM-only fields (`prompt_token_ids`,
     `kv_transfer_params`, ...) as null, `finish_reason` on the last token's chunk, the usage
     chunk (`choices: []`) only when asked for, and no `usage: null` on the other chunks
     (OpenAI's API adds those; vLLM does not)."""

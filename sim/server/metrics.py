@@ -4,7 +4,7 @@ A private registry (never the global one) lets several pools live in one test pr
 histograms record REAL elapsed seconds, i.e. what a client or Envoy measured, time scaling and
 fault latency included. `request_time_per_output_token_seconds` is observed once per request
 (its mean inter-token time), as vLLM does. Names, types and labels (`engine`, `model_name`)
-are vLLM 0.32's, held to a real vLLM by tests/test_sim_matches_vllm.py; the simulator
+are vLLM 0.32's, held to a real vLLM by tests/e2e/test_sim_matches_vllm.py; the simulator
 exports a subset. `num_preemptions_total` stays 0: the simulated engine reserves a
 request's whole footprint when it starts it, so it never has to preempt one (vLLM grows
 each request block by block and preempts when the cache runs out).

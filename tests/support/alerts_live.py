@@ -1,6 +1,6 @@
 """The alerts, live: a local stack on the Redis store, a real Prometheus scraping it every
 second with the shipped rules' time scaled down (tooling.render.alert_rules), and the
-`alerts-live` workload played against it with its faults (tests/test_e2e_prometheus.py).
+`alerts-live` workload played against it with its faults (tests/e2e/test_prometheus.py).
 
 What lives here: the run's policy (what makes the faults reachable on a small machine),
 starting the pair, playing the workload, and reading back from Prometheus when each alert

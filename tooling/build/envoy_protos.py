@@ -9,7 +9,7 @@ protos). protoc writes imports from the proto paths (`from envoy.config.core.v3 
 alone and overwrite no other package's files. The proto package names, which are what
 goes on the wire (`/envoy.service.ext_proc.v3.ExternalProcessor/Process`), are unchanged.
 
-`make protos` runs `main()`; tests/test_envoy_protos.py regenerates into a temporary
+`make protos` runs `main()`; tests/tooling/build/test_envoy_protos.py regenerates into a temporary
 folder and fails when the checked-in modules differ (grpcio-tools is pinned in the test
 extra for that).
 """

@@ -7,7 +7,7 @@ PodMonitor scraping every 15 s), and the pieces the mesh manifests share with it
 sidecar container, the pod's hardening, the disruption budget). The bootstrap inside is the
 one `build_bootstrap` makes, with the client listener on 0.0.0.0; tests validate it with the
 real Envoy binary, and every document against Kubernetes' own schemas
-(tests/test_k8s_schemas.py).
+(tests/tooling/render/test_k8s.py).
 
 The sidecar listens on 0.0.0.0 in the pod too: the kubelet's gRPC probe dials the pod's IP
 (a probe has no host field), so a sidecar on loopback could never be Ready. Envoy still calls

@@ -15,8 +15,8 @@ the earlier splits cut: letters and punctuation exclude the CJK range, whitespac
 would end a piece (`\\s+(?!\\S)`) also ends before a digit or a CJK character, and what no
 alternative matches (unassigned or private-use code points) forms one piece, as a `Split`
 gap does, except for the character a following letter run takes as its prefix.
-tests/test_tokens.py checks the ids against the reference on every corpus and on tens of
-thousands of random strings drawn from every Unicode plane.
+tests/extproc/request/tokens/test_tokens.py checks the ids against the reference on every
+corpus and on tens of thousands of random strings drawn from every Unicode plane.
 
 BPE: tiktoken merges the adjacent pair whose concatenation has the lowest rank; giving each
 token the rank of the merge that created it (single bytes first) reproduces the file's

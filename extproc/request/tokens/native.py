@@ -7,9 +7,10 @@ send (bench/results/overhead-profile: BPE 61-63% of its samples on tiktoken), so
 is the lever that moves it.
 
 Why it can be trusted to count what the model sees: it reads the very file the reference
-loads (pre-tokenizer regexes, merges, added tokens), and tests/test_tokens.py checks its
-ids against the reference on every corpus, on tens of thousands of random strings from
-every Unicode plane, and on every code point in several contexts. The last check is the one
+loads (pre-tokenizer regexes, merges, added tokens), and
+tests/extproc/request/tokens/test_tokens.py checks its ids against the reference on every
+corpus, on tens of thousands of random strings from every Unicode plane,
+and on every code point in several contexts. The last check is the one
 that matters for an upgrade: tokenizers built on another regex engine (gigatok 0.2.0 was
 tried) disagree with the reference on the ~4,800 code points newer Unicode versions
 assigned, and an attacker can fill a prompt with them. fastokens is pinned for that reason.

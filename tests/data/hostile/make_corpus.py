@@ -4,8 +4,9 @@
 
 Each file is ~8 KB of one kind of text without natural word structure, seeded so the files
 never change unless this script does. The tests count every file with the real tokenizer
-and check the request path's count against it (tests/test_tokens.py); the estimator
-benchmark reports the fitted estimate's error on each (bench/results/estimator_accuracy.md).
+and check the request path's count against it
+(tests/extproc/request/tokens/test_tokens.py); the estimator benchmark reports the
+fitted estimate's error on each (bench/results/estimator_accuracy.md).
 """
 
 from __future__ import annotations

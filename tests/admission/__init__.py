@@ -1,0 +1,1 @@
+"""Tests of admission/: the chain and its steps (access, budget, spend, waiting room)."""

@@ -1,0 +1,1 @@
+"""Tests of budget/: the stores (one suite, every store), failover, spend, the quota controller."""

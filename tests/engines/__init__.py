@@ -1,0 +1,1 @@
+"""Tests of engines/: engine state, prefix hashes and index, scoring and the picker."""

@@ -1,0 +1,1 @@
+"""Tests of extproc/: the request path, the runtime and the gRPC service."""

@@ -1,0 +1,1 @@
+"""Tests of extproc/request/: bodies, the per-request flow, shadow candidates."""

@@ -1,0 +1,1 @@
+"""Tests of extproc/request/tokens/: counting prompts, the fitted estimate, block hashes."""

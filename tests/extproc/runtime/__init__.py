@@ -1,0 +1,1 @@
+"""Tests of extproc/runtime/: the sidecar, its supervisor, key store, policy reloads, probes."""

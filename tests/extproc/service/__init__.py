@@ -1,0 +1,1 @@
+"""Tests of extproc/service/: access log, admin, logs, metrics, replies, tracing, records."""

@@ -1,0 +1,1 @@
+"""Tests of policy/: the loader, tenants, spend prices, the keyring."""

@@ -1,0 +1,1 @@
+"""Tests of sim/: the simulated engine server, the offline fleet, the studies."""

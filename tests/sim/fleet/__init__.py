@@ -1,0 +1,1 @@
+"""Tests of sim/fleet/: decided as the sidecar decides, tenants held apart, engines, fitting."""

@@ -1,0 +1,1 @@
+"""Tests of sim/server/: the simulated engine server's latency model and its HTTP pool."""

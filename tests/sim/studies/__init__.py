@@ -1,0 +1,1 @@
+"""Tests of sim/studies/: the scenarios and their sweeps."""

@@ -1,0 +1,1 @@
+"""Tests of tooling/: the CLI, load test, preflight, renderers and benchmarks."""

@@ -1,0 +1,1 @@
+"""Tests of tooling/benchmarks/: the LiteLLM arm and the profile summary."""

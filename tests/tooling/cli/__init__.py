@@ -1,0 +1,1 @@
+"""Tests of tooling/cli/: subcommands tested as a user types them (keys, policy)."""

@@ -1,0 +1,1 @@
+"""Tests of tooling/loadtest/: the run, its faults, calibration."""

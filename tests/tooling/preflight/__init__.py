@@ -1,0 +1,1 @@
+"""Tests of tooling/preflight/: the checks' verdicts, zones and drills' expectations."""

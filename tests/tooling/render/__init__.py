@@ -1,0 +1,1 @@
+"""Tests of tooling/render/: alert rules, Kubernetes, Istio and Envoy Gateway manifests."""

@@ -1,0 +1,217 @@
+"""Every manifest `slogate k8s` renders (the plain pod, Istio, Envoy Gateway; rendered now and
+as committed) against Kubernetes' own schemas for each version supported, and the pod's
+hardening: what the kubelet and the scheduler are told, not how a cluster enforces it.
+
+Core kinds (ConfigMap, Deployment, PodDisruptionBudget, ...) are checked with
+kubernetes-validate, which bundles the upstream OpenAPI schemas, in its strict mode (an
+unknown field is an error, as `kubectl apply --validate=strict` makes it). Custom resources
+are checked against the projects' vendored schemas (deploy/k8s/schemas), through the same
+lookup tests/tooling/render/test_mesh.py uses. A document of a kind neither knows fails the
+test: nothing is skipped unseen.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from extproc.version import VERSION
+from tests.support.stack import EXAMPLE_POLICY, ROOT
+from tests.tooling.render.test_mesh import COMMITTED, SCHEMA_FILES, schema
+from tooling.render.k8s import SIDECAR_UID, render_manifests
+
+# The three newest minor versions kubernetes-validate 1.37 bundles (pyproject pins it).
+SUPPORTED_VERSIONS = ("1.35", "1.36", "1.37")
+K8S = ROOT / "deploy" / "k8s"
+MANIFESTS = ("slogate.yaml", *sorted(COMMITTED))
+
+
+def rendered(name: str) -> list[dict[str, Any]]:
+    if name == "slogate.yaml":
+        return render_manifests(EXAMPLE_POLICY)
+    render, target, _ = COMMITTED[name]
+    return render(EXAMPLE_POLICY, target)
+
+
+def committed(name: str) -> list[dict[str, Any]]:
+    return load(K8S / name)
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def validate(document: dict[str, Any], version: str) -> None:
+    """Raises when the document does not meet its kind's schema at `version`."""
+    if (document["apiVersion"], document["kind"]) in SCHEMA_FILES:
+        jsonschema.validate(document, schema(document))
+    else:
+        kubernetes_validate.validate(document, version, strict=True)
+
+
+SOURCES: dict[str, Callable[[str], list[dict[str, Any]]]] = {
+    "rendered": rendered,
+    "committed": committed,
+}
+
+
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
+@pytest.mark.parametrize("source", sorted(SOURCES))
+@pytest.mark.parametrize("name", MANIFESTS)
+def test_every_document_meets_its_schema(name: str, source: str, version: str) -> None:
+    documents = SOURCES[source](name)
+    assert {d["kind"] for d in documents} >= {"Deployment", "PodDisruptionBudget", "Service"}
+    failures = []
+    for document in documents:
+        try:
+            validate(document, version)
+        except (kubernetes_validate.ValidationError, jsonschema.ValidationError) as error:
+            where = ".".join(str(p) for p in error.path)
+            name = f"{document['kind']} {document['metadata']['name']}"
+            failures.append(f"{name}: {where}: {error.message}")
+    assert not failures, "\n".join(failures)
+
+
+def _deployment(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(d for d in documents if d["kind"] == "Deployment")
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        # A misspelled field: only strict mode sees it (an API server only warns by default).
+        (
+            lambda d: d["spec"]["template"]["spec"]["containers"][0].update(
+                {"readinesProbe": {"grpc": {"port": 1}}}
+            )
+        ),
+        # Wrong types (the upstream schemas have no enums: a seccomp type they cannot check).
+        (lambda d: d["spec"].update({"replicas": "two"})),
+        (
+            lambda d: d["spec"]["template"]["spec"]["securityContext"].update(
+                {"runAsNonRoot": "yes"}
+            )
+        ),
+    ],
+)
+def test_the_schemas_catch_a_broken_deployment(mutate: Callable[[dict[str, Any]], None]) -> None:
+    deployment = copy.deepcopy(_deployment(render_manifests(EXAMPLE_POLICY)))
+    validate(deployment, SUPPORTED_VERSIONS[0])
+    mutate(deployment)
+    for version in SUPPORTED_VERSIONS:
+        with pytest.raises(kubernetes_validate.ValidationError):
+            validate(deployment, version)
+
+
+def test_a_kind_no_schema_knows_fails() -> None:
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        validate({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {}}, "1.37")
+
+
+@pytest.mark.parametrize("name", MANIFESTS)
+def test_the_sidecar_pod_is_hardened_spread_and_budgeted(name: str) -> None:
+    documents = rendered(name)
+    deployment = _deployment(documents)
+    labels = deployment["spec"]["selector"]["matchLabels"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    security = pod["securityContext"]
+    assert security["runAsNonRoot"] is True and security["runAsUser"] == SIDECAR_UID
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    writable = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
+    for container in pod["containers"]:
+        context = container["securityContext"]
+        assert context["runAsNonRoot"] is True and context["runAsUser"] > 0
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["readOnlyRootFilesystem"] is True
+        assert context["capabilities"] == {"drop": ["ALL"]}
+        assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+        assert "readinessProbe" in container and "livenessProbe" in container
+    sidecar = next(c for c in pod["containers"] if c["name"] == "slogate")
+    assert sidecar["image"] == f"ghcr.io/slogate/slogate:{VERSION}"
+    # The kubelet's gRPC probe dials the pod's IP: the sidecar must listen beyond loopback.
+    assert sidecar["readinessProbe"]["grpc"]["port"] == sidecar["livenessProbe"]["grpc"]["port"]
+    assert sidecar["args"][sidecar["args"].index("--host") + 1] == "0.0.0.0"
+    mounts = {m["mountPath"]: m["name"] for m in sidecar["volumeMounts"]}
+    assert mounts["/tmp"] in writable and mounts["/var/log/slogate"] in writable
+    term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term[0]["podAffinityTerm"] == {
+        "labelSelector": {"matchLabels": labels},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    assert pod["topologySpreadConstraints"][0]["labelSelector"] == {"matchLabels": labels}
+    budget = next(d for d in documents if d["kind"] == "PodDisruptionBudget")
+    assert budget["spec"]["selector"] == {"matchLabels": labels}
+    assert budget["metadata"].get("namespace") == deployment["metadata"].get("namespace")
+    assert budget["spec"]["maxUnavailable"] == 1 < deployment["spec"]["replicas"]
+
+
+def test_the_plain_pod_admits_only_envoy_and_metrics_from_outside() -> None:
+    documents = render_manifests(EXAMPLE_POLICY)
+    policy = next(d for d in documents if d["kind"] == "NetworkPolicy")["spec"]
+    ports = sorted(p["port"] for rule in policy["ingress"] for p in rule["ports"])
+    assert ports == [9464, 10000]  # not the sidecar's gRPC port
+    assert all("from" not in rule for rule in policy["ingress"])
+
+
+def test_the_image_flag_names_another_image(tmp_path: Path) -> None:
+    out = tmp_path / "k8s.yaml"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tooling.cli.main",
+            "k8s",
+            "--policy",
+            str(EXAMPLE_POLICY),
+            "--out",
+            str(out),
+            "--image",
+            "registry.example/slogate:test",
+            "--replicas",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    deployment = _deployment(load(out))
+    assert deployment["spec"]["replicas"] == 3
+    images = [c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]]
+    assert "registry.example/slogate:test" in images
+
+
+# --- kustomize: the plain manifest as a base ------------------------------------------------
+
+
+def test_the_kustomization_lists_the_plain_manifest() -> None:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
+    assert kustomization["kind"] == "Kustomization"
+    assert kustomization["resources"] == ["slogate.yaml"]
+    assert set(kustomization) == {"apiVersion", "kind", "resources"}
+    # A base leaves the namespace to the overlay: no document names one.
+    assert all("namespace" not in d["metadata"] for d in committed("slogate.yaml"))
+
+
+def test_kubectl_kustomize_builds_the_base() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (Debian: kubernetes-client)")
+    done = subprocess.run(
+        [kubectl, "kustomize", str(K8S)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    built = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(done.stdout) if d}
+    assert built == {(d["kind"], d["metadata"]["name"]) for d in committed("slogate.yaml")}
