@@ -14,7 +14,9 @@ How an engine's state moves, and what "no data" means for each signal:
   and the one retry cover the seconds until slogate knows better.
 - Dead by answers: `eject_after_errors` 5xx or failed connections in a row take it out
   for `eject_s`, doubled for each ejection in a row (at most 10x): an engine that answers
-  its health check but fails its requests. Envoy's outlier detection ejects alike, and
+  its health check but fails its requests. Only answers while it serves count: the
+  failures of requests that met it dead (late access-log entries included) do not carry
+  over to when it is back. Envoy's outlier detection ejects alike, and
   like it never more than half the pool: when most engines fail, the pool is failing, and
   that is its breaker's to see (a one-engine pool never ejects on answers).
 - Draining: an operator's word (admin API); it gets nothing new, its requests finish.
@@ -184,6 +186,9 @@ class EngineFleet:
             if engine.probe_dead and engine.probes_answered >= health.healthy_after:
                 engine.probe_dead = False
                 engine.returns += 1
+                # Back (often a new process): judged on its answers from now on, not on
+                # the failures of the requests that met it dead.
+                engine.errors_in_row = 0
                 if self._clock() >= engine.ejected_until_s:
                     engine.dead_reason = ""
         else:
@@ -208,9 +213,11 @@ class EngineFleet:
                 engine.ejections_in_row = 0
             return False
         engine.failed += 1
+        if engine.state(now_s) is EngineState.DEAD:
+            return False  # already out: its failures while out prove nothing new
         engine.errors_in_row += 1
         health = self._health()
-        if engine.errors_in_row < health.eject_after_errors or now_s < engine.ejected_until_s:
+        if engine.errors_in_row < health.eject_after_errors:
             return False
         engines = self.engines(pool)
         out = sum(1 for e in engines if e.state(now_s) is EngineState.DEAD)
