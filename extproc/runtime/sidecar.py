@@ -234,7 +234,12 @@ class Sidecar:
         if self.traffic is not None:
             sinks.append(self.traffic)
         self.recorder = OutcomeRecorder(
-            self.metrics, self.windows, self.decider.inflight, self.policy, sinks
+            self.metrics,
+            self.windows,
+            self.decider.inflight,
+            self.policy,
+            sinks,
+            engines_out=self.fleet.out,
         )
         self.breaker_loop = BreakerLoop(self.board, self.metrics)
         self.quota_loop = QuotaLoop(
