@@ -72,6 +72,7 @@ class Engine:
     answered: int = 0  # answers seen from it (access log)
     failed: int = 0  # of those, 5xx or failed connections
     dead_reason: str = ""
+    returned_at_s: float = -math.inf  # when its probes last brought it back
     # Times it came back after its probes failed: its prefix cache is empty again.
     returns: int = 0
 
@@ -113,10 +114,14 @@ class EngineFleet:
         health: Callable[[], EngineHealthConfig],
         clock: Callable[[], float],
         stale_after_s: Callable[[], float] = lambda: 15.0,
+        window_s: Callable[[], float] = lambda: 0.0,
     ) -> None:
+        """`window_s`: the breaker's window; an engine that was out within it is still
+        left out of the pool's signals (`out`)."""
         self._health = health
         self._clock = clock
         self._stale_after_s = stale_after_s
+        self._window_s = window_s
         self._pools: dict[str, _PoolEngines] = {}
         self._held: dict[str, HeldOn] = {}  # request id -> what it holds
 
@@ -186,6 +191,7 @@ class EngineFleet:
             if engine.probe_dead and engine.probes_answered >= health.healthy_after:
                 engine.probe_dead = False
                 engine.returns += 1
+                engine.returned_at_s = self._clock()
                 # Back (often a new process): judged on its answers from now on, not on
                 # the failures of the requests that met it dead.
                 engine.errors_in_row = 0
@@ -245,12 +251,21 @@ class EngineFleet:
         return [e for e in self.engines(pool) if e.state(now_s) is EngineState.SERVING]
 
     def out(self, pool: str) -> frozenset[str]:
-        """The pool's engines that take no new requests, whose answers the breaker leaves
-        out of the pool's signals — none while no engine serves: then the pool itself is
-        failing, and its breaker must see it."""
+        """The pool's engines that take no new requests, or took none within the breaker's
+        window, whose answers the breaker leaves out of the pool's signals (the failures
+        that took an engine out stay in the window after it is back, and must not trip the
+        pool then) — none while no engine serves: then the pool itself is failing, and its
+        breaker must see it."""
         engines = self.engines(pool)
         now_s = self._clock()
-        out = frozenset(e.address for e in engines if e.state(now_s) is not EngineState.SERVING)
+        since_s = now_s - self._window_s()
+        out = frozenset(
+            e.address
+            for e in engines
+            if e.state(now_s) is not EngineState.SERVING
+            or e.ejected_until_s > since_s
+            or e.returned_at_s > since_s
+        )
         return out if len(out) < len(engines) else frozenset()
 
     def up_fraction(self, pool: str) -> float | None:
