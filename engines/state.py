@@ -258,15 +258,15 @@ class EngineFleet:
         breaker must see it."""
         engines = self.engines(pool)
         now_s = self._clock()
+        out = frozenset(e.address for e in engines if e.state(now_s) is not EngineState.SERVING)
+        if len(out) == len(engines):
+            return frozenset()
         since_s = now_s - self._window_s()
-        out = frozenset(
-            e.address
-            for e in engines
-            if e.state(now_s) is not EngineState.SERVING
-            or e.ejected_until_s > since_s
-            or e.returned_at_s > since_s
+        back = frozenset(
+            e.address for e in engines if e.ejected_until_s > since_s or e.returned_at_s > since_s
         )
-        return out if len(out) < len(engines) else frozenset()
+        # Every engine out now or lately: the ones out now, so that some answers still count.
+        return out | back if len(out | back) < len(engines) else out
 
     def up_fraction(self, pool: str) -> float | None:
         """Serving engines / known engines; None: the pool has none known."""

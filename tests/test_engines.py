@@ -107,7 +107,9 @@ def test_an_engine_back_in_its_pool_stays_out_of_its_signals_for_a_window() -> N
     for _ in range(HEALTH.healthy_after):
         fleet.probed("p", "10.0.0.2:8000", True)
     assert fleet.out("p") == {"10.0.0.2:8000"}
-    clock.now_s += 20.1
+    assert [fleet.answered("p", ejected, True) for _ in range(3)][-1]
+    assert fleet.out("p") == {ejected}  # both out lately: the one out now, some still count
+    clock.now_s += HEALTH.eject_s * 2 + 20.1
     assert fleet.out("p") == frozenset()
 
 
