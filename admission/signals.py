@@ -10,6 +10,11 @@ latency samples (Envoy's times start when the request arrived): the wait is the 
 room's doing, watched by its own metric and alert. Left in, a full and healthy pool — the
 waiting room's normal state under load — would look slow, trip the breaker and shed what
 the pool could serve.
+
+Alike, the answer of an engine taken out of its pool (dead: killed, hung, ejected; or
+draining) counts for its status only, not its latency: the requests stuck on a hung engine
+end late, once it answers again, and they are that engine's problem, not the pool's (the
+error rate leaves the same engines out, breaker.board.error_rate).
 """
 
 from __future__ import annotations
@@ -20,15 +25,21 @@ from breaker.objectives import latency_objective_s
 from policy import Policy
 
 
-def record_signals(windows: ResponseWindows, policy: Policy, outcome: RequestOutcome) -> None:
+def record_signals(
+    windows: ResponseWindows,
+    policy: Policy,
+    outcome: RequestOutcome,
+    engines_out: frozenset[str] = frozenset(),
+) -> None:
     """Every response counts for the error rate; a successful inference request also gives
     its total time, its first-byte time and, like with like, observed / objective: a
     stream's TTFT against its TTFT SLO, a JSON answer's whole time against the objective
-    for its output (breaker.objectives)."""
+    for its output (breaker.objectives) — unless its engine is one of `engines_out`, the
+    pool's engines taken out of it when the answer came (engines.state.EngineFleet.out)."""
     d = outcome.decision
     pool, tier, bucket = d.pool, d.caller.tier.value, d.bucket.name
     windows.record_response(pool, outcome.status, outcome.upstream)
-    if outcome.status >= 400 or not d.meters_tokens:
+    if outcome.status >= 400 or not d.meters_tokens or outcome.upstream in engines_out:
         return
     duration_s = max(0.0, outcome.duration_s - d.waited_s)
     ttft_s = None if outcome.ttft_s is None else max(0.0, outcome.ttft_s - d.waited_s)

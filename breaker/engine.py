@@ -244,6 +244,15 @@ class EngineReadings:
             while history and history[0][0] < now_s - self.history_s:
                 history.popleft()
 
+    def forget_out(self) -> None:
+        """Drop the TTFT history of every endpoint that is not one of `endpoints` now (out
+        of its pool: dead, hung, draining). Its first tokens while out are its own business
+        — a hung engine's stuck requests get theirs when it answers again, seconds late —
+        and once back it counts from its return, as a restarted one does."""
+        serving = {(pool, h, p) for pool, eps in self.endpoints().items() for h, p in eps}
+        for key in [k for k in self._ttft if k not in serving]:
+            del self._ttft[key]
+
     def ttft_quantile_s(
         self, pool: str, q: float, window_s: float, min_samples: int
     ) -> float | None:

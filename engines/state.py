@@ -14,7 +14,9 @@ How an engine's state moves, and what "no data" means for each signal:
   and the one retry cover the seconds until slogate knows better.
 - Dead by answers: `eject_after_errors` 5xx or failed connections in a row take it out
   for `eject_s`, doubled for each ejection in a row (at most 10x): an engine that answers
-  its health check but fails its requests. Envoy's outlier detection ejects alike, and
+  its health check but fails its requests. Only answers while it serves count: the
+  failures of requests that met it dead (late access-log entries included) do not carry
+  over to when it is back. Envoy's outlier detection ejects alike, and
   like it never more than half the pool: when most engines fail, the pool is failing, and
   that is its breaker's to see (a one-engine pool never ejects on answers).
 - Draining: an operator's word (admin API); it gets nothing new, its requests finish.
@@ -70,6 +72,7 @@ class Engine:
     answered: int = 0  # answers seen from it (access log)
     failed: int = 0  # of those, 5xx or failed connections
     dead_reason: str = ""
+    returned_at_s: float = -math.inf  # when its probes last brought it back
     # Times it came back after its probes failed: its prefix cache is empty again.
     returns: int = 0
 
@@ -111,10 +114,14 @@ class EngineFleet:
         health: Callable[[], EngineHealthConfig],
         clock: Callable[[], float],
         stale_after_s: Callable[[], float] = lambda: 15.0,
+        window_s: Callable[[], float] = lambda: 0.0,
     ) -> None:
+        """`window_s`: the breaker's window; an engine that was out within it is still
+        left out of the pool's signals (`out`)."""
         self._health = health
         self._clock = clock
         self._stale_after_s = stale_after_s
+        self._window_s = window_s
         self._pools: dict[str, _PoolEngines] = {}
         self._held: dict[str, HeldOn] = {}  # request id -> what it holds
 
@@ -184,6 +191,10 @@ class EngineFleet:
             if engine.probe_dead and engine.probes_answered >= health.healthy_after:
                 engine.probe_dead = False
                 engine.returns += 1
+                engine.returned_at_s = self._clock()
+                # Back (often a new process): judged on its answers from now on, not on
+                # the failures of the requests that met it dead.
+                engine.errors_in_row = 0
                 if self._clock() >= engine.ejected_until_s:
                     engine.dead_reason = ""
         else:
@@ -208,9 +219,11 @@ class EngineFleet:
                 engine.ejections_in_row = 0
             return False
         engine.failed += 1
+        if engine.state(now_s) is EngineState.DEAD:
+            return False  # already out: its failures while out prove nothing new
         engine.errors_in_row += 1
         health = self._health()
-        if engine.errors_in_row < health.eject_after_errors or now_s < engine.ejected_until_s:
+        if engine.errors_in_row < health.eject_after_errors:
             return False
         engines = self.engines(pool)
         out = sum(1 for e in engines if e.state(now_s) is EngineState.DEAD)
@@ -238,13 +251,22 @@ class EngineFleet:
         return [e for e in self.engines(pool) if e.state(now_s) is EngineState.SERVING]
 
     def out(self, pool: str) -> frozenset[str]:
-        """The pool's engines that take no new requests, whose answers the breaker leaves
-        out of the pool's signals — none while no engine serves: then the pool itself is
-        failing, and its breaker must see it."""
+        """The pool's engines that take no new requests, or took none within the breaker's
+        window, whose answers the breaker leaves out of the pool's signals (the failures
+        that took an engine out stay in the window after it is back, and must not trip the
+        pool then) — none while no engine serves: then the pool itself is failing, and its
+        breaker must see it."""
         engines = self.engines(pool)
         now_s = self._clock()
         out = frozenset(e.address for e in engines if e.state(now_s) is not EngineState.SERVING)
-        return out if len(out) < len(engines) else frozenset()
+        if len(out) == len(engines):
+            return frozenset()
+        since_s = now_s - self._window_s()
+        back = frozenset(
+            e.address for e in engines if e.ejected_until_s > since_s or e.returned_at_s > since_s
+        )
+        # Every engine out now or lately: the ones out now, so that some answers still count.
+        return out | back if len(out | back) < len(engines) else out
 
     def up_fraction(self, pool: str) -> float | None:
         """Serving engines / known engines; None: the pool has none known."""

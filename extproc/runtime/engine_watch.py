@@ -187,7 +187,8 @@ def watch_engines(policy: Callable[[], Policy], clock: Callable[[], float]) -> E
     breaker's readings (over the serving engines) and each engine's state (all of them)."""
     initial = policy()
     stale_after_s = lambda: policy().breaker.stale_after_s  # noqa: E731
-    fleet = EngineFleet(lambda: policy().engines.health, clock, stale_after_s)
+    window_s = lambda: policy().breaker.window_s  # noqa: E731
+    fleet = EngineFleet(lambda: policy().engines.health, clock, stale_after_s, window_s)
     picker = EnginePicker(fleet, policy, clock, stale_after_s)
     watch = EngineWatch(fleet, policy, picker=picker)
     if initial.breaker.scrape_metrics:

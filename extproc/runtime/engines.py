@@ -61,6 +61,7 @@ class EngineScraper(EngineReadings):
         await asyncio.gather(
             *(one(pool, h, p) for pool, eps in self.targets().items() for h, p in eps)
         )
+        self.forget_out()
 
     async def run(self) -> None:
         # A busy engine answers /metrics late (vLLM's CPU build took ~4.5 s while it

@@ -224,7 +224,14 @@ def build_request_path(
         judge,
         *observers.watching(),
     ]
-    recorder = OutcomeRecorder(metrics, signals.windows, decider.inflight, policy, sinks)
+    recorder = OutcomeRecorder(
+        metrics,
+        signals.windows,
+        decider.inflight,
+        policy,
+        sinks,
+        engines_out=watch.fleet.out,  # an engine out of its pool gives the pool no signals
+    )
     return RequestPath(
         executor, counter, corrections, admission, candidate, judge, decider, recorder
     )

@@ -140,12 +140,16 @@ class OutcomeRecorder:
         inflight: InFlight[RoutingDecision],
         policy: Callable[[], Policy],
         sinks: Sequence[OutcomeSink] = (),
+        engines_out: Callable[[str], frozenset[str]] = lambda pool: frozenset(),
     ) -> None:
+        """`engines_out(pool)`: the pool's engines taken out of it, whose answers give the
+        breaker no latency samples (admission.signals)."""
         self.metrics = metrics
         self.windows = windows
         self.inflight = inflight
         self._policy = policy
         self.sinks = list(sinks)
+        self._engines_out = engines_out
 
     def record_entry(self, entry: accesslog_pb2.HTTPAccessLogEntry) -> list[Awaitable[None]]:
         """Record one entry; returns the sinks' work, for the caller to await (batched)."""
@@ -182,7 +186,7 @@ class OutcomeRecorder:
         d = outcome.decision
         pool, bucket, tier = d.pool, d.bucket.name, d.caller.tier.value
         m.responses(pool, _code_class(outcome.status)).inc()
-        record_signals(self.windows, self._policy(), outcome)
+        record_signals(self.windows, self._policy(), outcome, self._engines_out(pool))
         if outcome.status < 400 and d.meters_tokens:
             m.duration_seconds(pool, bucket, tier).observe(outcome.duration_s)
             if outcome.ttft_s is not None:

@@ -203,5 +203,7 @@ class FleetRequests:
             upstream=engine.address if engine is not None else "",
             upstream_failed=status == 503 and engine is not None and not engine.up,
         )
-        record_signals(self.windows, self.policy, outcome)
+        # The engines out as the sidecar's access log sees them (admission.signals).
+        out = self.sidecars[0].fleet.out(routed.decision.pool)
+        record_signals(self.windows, self.policy, outcome, out)
         self.sidecars[self._sidecar_of.get(request_id, 0)].finish(outcome)

@@ -149,7 +149,10 @@ class SimulatedSidecar:
         self.policy = policy
         ttl_s = expiry_s(policy)
         self.fleet = EngineFleet(
-            lambda: policy.engines.health, clock, lambda: policy.breaker.stale_after_s
+            lambda: policy.engines.health,
+            clock,
+            lambda: policy.breaker.stale_after_s,
+            lambda: policy.breaker.window_s,
         )
         for pool, addresses in (engines or {}).items():
             self.fleet.sync(pool, [_host_port(a) for a in addresses])

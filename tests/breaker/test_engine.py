@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from admission.signals import record_signals
 from breaker.board import GLOBAL, BreakerBoard, engine_objective_s, p99_over_slo
 from breaker.engine import (
     ENGINE_METRICS,
@@ -29,6 +30,7 @@ from policy import EngineKind, PolicyError, Tier, parse_policy
 from sim.server.config import PoolConfig
 from sim.server.pool import create_app
 from tests.support.clock import VirtualClock
+from tests.support.decisions import decision, outcome
 from tests.support.http import serve_on_loopback
 
 VLLM_TEXT = """\
@@ -359,3 +361,39 @@ def test_the_sample_reader_unescapes_label_values_and_reads_special_values() -> 
     samples = list(read_samples(text, frozenset({"x"})))
     assert samples[0][1] == {"path": "C:\\models\\m", "note": 'a "quoted" }{ word'}
     assert math.isnan(samples[0][2]) and samples[1] == ("x", {}, 2500.0) and len(samples) == 2
+
+
+def test_an_engine_out_of_its_pool_gives_its_status_but_no_latency() -> None:
+    """A hung engine's stuck requests end seconds late, once it answers again: they count
+    for the error rate (left out while it is out), never for the pool's latency."""
+    windows = ResponseWindows(VirtualClock(100.0), slot_s=1.0, horizon_s=60.0)
+    routed = decision()
+    slow = outcome(routed, ttft_s=9.0, duration_s=9.0, upstream="10.0.0.1:8000")
+    record_signals(windows, POLICY, slow, engines_out=frozenset({"10.0.0.1:8000"}))
+    assert windows.response_counts(routed.pool, 60) == (1, 0)
+    assert windows.quantile("total", 0.99, 60, routed.pool) is None
+    record_signals(windows, POLICY, slow, engines_out=frozenset({"10.0.0.2:8000"}))
+    assert windows.quantile("total", 0.99, 60, routed.pool) == pytest.approx(9.0, rel=0.05)
+
+
+def test_an_engine_back_in_its_pool_counts_first_tokens_from_its_return() -> None:
+    clock = VirtualClock(1000.0)
+    serving = {"p": [("h", 1), ("h", 2)]}
+    readings = EngineScraper(lambda: serving, clock=clock)
+
+    def scrape(port: int, fast: int, slow: int) -> None:
+        buckets = ((0.5, float(fast)), (4.0, float(fast + slow)), (math.inf, float(fast + slow)))
+        readings.record("p", "h", port, EngineSnapshot(0.1, 1, 0, None, buckets))
+        readings.forget_out()
+
+    for port in (1, 2):
+        scrape(port, 100, 0)
+    serving = {"p": [("h", 1)]}  # the second one hung: taken out on its probes
+    clock.now_s += 5
+    scrape(1, 200, 0)
+    scrape(2, 100, 40)  # it answers again: its stuck requests' first tokens come late
+    serving = {"p": [("h", 1), ("h", 2)]}  # and it is back
+    clock.now_s += 5
+    scrape(1, 300, 0)
+    scrape(2, 120, 40)
+    assert readings.ttft_quantile_s("p", 0.99, 60, 5) == 0.5  # the 40 stayed its own

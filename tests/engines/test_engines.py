@@ -67,6 +67,52 @@ def test_failed_answers_eject_an_engine_for_longer_each_time() -> None:
     assert engine.ejected_until_s == pytest.approx(clock() + 2 * HEALTH.eject_s)
 
 
+def test_an_engine_back_from_the_dead_is_judged_on_its_answers_from_then_on() -> None:
+    """Killed and started again on its port: the requests that met it dead failed (some
+    logged after it was back), and none of that may eject the new process (issue 37: the
+    restarted engine was ejected 3 s after its return and later tests got a pool of one)."""
+    clock = FakeClock()
+    fleet = fleet_of(clock, A, B)
+    address = "10.0.0.1:8000"
+    engine = fleet.get("p", address)
+    assert engine is not None
+    assert not any(fleet.answered("p", address, failed=True) for _ in range(2))
+    for _ in range(HEALTH.unhealthy_after):
+        fleet.probed("p", address, False)
+    assert not any(fleet.answered("p", address, failed=True) for _ in range(10))  # while dead
+    for _ in range(HEALTH.healthy_after):
+        fleet.probed("p", address, True)
+    assert fleet.state(engine) is EngineState.SERVING
+    late = [fleet.answered("p", address, failed=True) for _ in range(HEALTH.eject_after_errors)]
+    assert late[:-1] == [False] * (HEALTH.eject_after_errors - 1)  # counted from its return
+    assert engine.failed == 2 + 10 + HEALTH.eject_after_errors  # all still in its totals
+
+
+def test_an_engine_back_in_its_pool_stays_out_of_its_signals_for_a_window() -> None:
+    """The failures that ejected it (or met it dead) are still in the breaker's window when
+    it is back: counted then, they tripped the pool's error breaker after the engine was
+    fine again (issue 37, test_e2e_engines under load)."""
+    clock = FakeClock()
+    fleet = EngineFleet(lambda: HEALTH, clock, window_s=lambda: 20.0)
+    fleet.sync("p", [A, B])
+    ejected = "10.0.0.1:8000"
+    assert [fleet.answered("p", ejected, True) for _ in range(3)][-1]
+    clock.now_s += HEALTH.eject_s + 0.1
+    assert [e.address for e in fleet.serving("p")] == [ejected, "10.0.0.2:8000"]  # picked again
+    assert fleet.out("p") == {ejected}  # but its failures are still in the window
+    clock.now_s += 20.0
+    assert fleet.out("p") == frozenset()
+    for _ in range(HEALTH.unhealthy_after):
+        fleet.probed("p", "10.0.0.2:8000", False)
+    for _ in range(HEALTH.healthy_after):
+        fleet.probed("p", "10.0.0.2:8000", True)
+    assert fleet.out("p") == {"10.0.0.2:8000"}
+    assert [fleet.answered("p", ejected, True) for _ in range(3)][-1]
+    assert fleet.out("p") == {ejected}  # both out lately: the one out now, some still count
+    clock.now_s += HEALTH.eject_s * 2 + 20.1
+    assert fleet.out("p") == frozenset()
+
+
 def test_a_draining_engine_takes_nothing_new_but_its_requests_keep_their_room() -> None:
     clock = FakeClock()
     fleet = fleet_of(clock, A, B)

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -32,10 +31,15 @@ from tooling.stack.processes import process_table, tree_usage
 def test_a_process_is_measured_with_its_children_but_not_with_other_measured_ones() -> None:
     """A real vLLM does its model's work in a child (the engine core): a parent's CPU and
     RSS include its children's, except children that are measured under their own name."""
-    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\n"
+    # The child says when it has spun its 0.6 s of CPU (on the parent's stdout, which it
+    # inherits): on a loaded machine that takes longer than any fixed sleep one would pick.
+    spin = (
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\n"
+        "print('spun', flush=True)\ntime.sleep(30)\n"
+    )
     parent_code = (
         "import subprocess, sys, time\n"
-        f"child = subprocess.Popen([sys.executable, '-c', {spin!r} + 'time.sleep(30)'])\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {spin!r}])\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(30)\n"
     )
@@ -45,7 +49,7 @@ def test_a_process_is_measured_with_its_children_but_not_with_other_measured_one
     try:
         assert parent.stdout is not None
         child_pid = int(parent.stdout.readline())
-        time.sleep(1.2)  # the child has spun its 0.6 s of CPU
+        assert parent.stdout.readline() == b"spun\n"
         table = process_table()
         alone = table[parent.pid][1]
         whole = tree_usage(parent.pid, table)
