@@ -14,7 +14,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tooling.cli import main
+from tooling.cli.main import main
 from tooling.stack import processes
 
 ROOT = Path(__file__).resolve().parent.parent
