@@ -86,8 +86,10 @@ _CONTEXTS = ("a{c}b", "a {c}{c}b", "a1{c}\nb", "a\u4e00{c}!b")
 _RUN = 1 << 16
 
 
+# One test per context, so that `make test-fast`'s two workers share the ~20 s of it.
+@pytest.mark.parametrize("context", _CONTEXTS)
 def test_every_code_point_tokenizes_as_the_reference_tokenizes_it(
-    reference: ReferenceTokenizer,
+    reference: ReferenceTokenizer, context: str
 ) -> None:
     """The check that catches an engine's Unicode tables drifting from the reference's:
     gigatok 0.2.0 disagreed on the ~4,800 code points recent Unicode versions assigned,
@@ -95,19 +97,18 @@ def test_every_code_point_tokenizes_as_the_reference_tokenizes_it(
     (tiktoken passed it too when it was written: 79 s, too long to run every time)."""
     fast = exact_counter("fastokens")
     points = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
-    for context in _CONTEXTS:
-        runs = [
-            " ".join(context.format(c=c) for c in points[start : start + _RUN])
-            for start in range(0, len(points), _RUN)
-        ]
-        wanted = reference.tokenizer().encode_batch_fast(runs, add_special_tokens=False)
-        for run, want in zip(runs, wanted, strict=True):
-            got = fast.ids(run)
-            if got != want.ids:
-                pairs = enumerate(zip(got, want.ids, strict=False))
-                at = next((i for i, (g, w) in pairs if g != w), min(len(got), len(want.ids)))
-                near = reference.tokenizer().decode(want.ids[max(0, at - 3) : at + 3])
-                pytest.fail(f"{context!r}: first difference at token {at}, near {near!r}")
+    runs = [
+        " ".join(context.format(c=c) for c in points[start : start + _RUN])
+        for start in range(0, len(points), _RUN)
+    ]
+    wanted = reference.tokenizer().encode_batch_fast(runs, add_special_tokens=False)
+    for run, want in zip(runs, wanted, strict=True):
+        got = fast.ids(run)
+        if got != want.ids:
+            pairs = enumerate(zip(got, want.ids, strict=False))
+            at = next((i for i, (g, w) in pairs if g != w), min(len(got), len(want.ids)))
+            near = reference.tokenizer().decode(want.ids[max(0, at - 3) : at + 3])
+            pytest.fail(f"{context!r}: first difference at token {at}, near {near!r}")
 
 
 def test_bpe_gives_the_reference_tokens_on_random_unicode(
