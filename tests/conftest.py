@@ -16,6 +16,7 @@ from tests.support.messages import start_stack_with
 from tests.support.stack import start_stack
 from tests.support.vllm import require_vllm, start_vllm_stack
 from tooling.stack.local import LocalStack
+from tooling.stack.otlp_receiver import TraceReceiver
 from tooling.stack.redis import start_redis, start_redis_cluster
 
 
@@ -59,6 +60,16 @@ def cluster_ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int
     yield ports
     for proc in procs:
         proc.stop()
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[TraceReceiver]:
+    """A real OTLP/gRPC receiver on a random port, for the sidecars a test starts."""
+    # The SDK's batch delay (5 s by default), shortened for the sidecars started here.
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    running = TraceReceiver().start()
+    yield running
+    running.stop()
 
 
 @pytest.fixture
