@@ -80,7 +80,7 @@ protos: $(STAMP)
 envoy-config: $(STAMP)
 	$(BIN)/slogate envoy-config --policy deploy/policy.example.yaml --out envoy/bootstrap.json
 
-# The committed manifests (tests/tooling/render/test_mesh.py and tests/deploy/test_deploy.py
+# The committed manifests (tests/tooling/render/test_mesh.py and tests/e2e/deploy/test_deploy.py
 # hold them to the code).
 k8s: $(STAMP)
 	$(BIN)/slogate k8s

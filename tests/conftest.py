@@ -1,12 +1,14 @@
 """Shared fixtures: the real stack (simulated pools, sidecar, Envoy) on random ports.
 
 Helpers live in tests/support/; process logs are attached to a test's report only when the
-test fails. These fixtures serve every folder below; tests/e2e/conftest.py marks its tests e2e.
+test fails. These fixtures serve every folder below; tests/e2e/conftest.py marks its tests e2e,
+and the collection hook here refuses the marker anywhere else.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +18,11 @@ from tests.support.messages import start_stack_with
 from tests.support.stack import start_stack
 from tests.support.vllm import require_vllm, start_vllm_stack
 from tooling.stack.local import LocalStack
+from tooling.stack.otlp_receiver import TraceReceiver
 from tooling.stack.redis import start_redis, start_redis_cluster
+
+TESTS = Path(__file__).parent
+E2E = TESTS / "e2e"
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +68,16 @@ def cluster_ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int
 
 
 @pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[TraceReceiver]:
+    """A real OTLP/gRPC receiver on a random port, for the sidecars a test starts."""
+    # The SDK's batch delay (5 s by default), shortened for the sidecars started here.
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    running = TraceReceiver().start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
 def processes() -> Iterator[list[ManagedProcess]]:
     """Processes a test starts, stopped (last first) when it ends."""
     started: list[ManagedProcess] = []
@@ -70,9 +86,27 @@ def processes() -> Iterator[list[ManagedProcess]]:
         proc.stop()
 
 
+# tryfirst: the check must see every item before `-m` deselects by the marker (the mark
+# plugin's own pytest_collection_modifyitems), or `-m "not e2e"` would never see a misplaced one.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests against a real vLLM run last, together: the engine they share starts once
-    and its idle worker (~10% of a core here) does not run beside the rest of the suite."""
+    """The `e2e` marker is given by the folder alone: a test outside tests/e2e/ that carries
+    it itself stops the collection, naming its file. Then the tests against a real vLLM run
+    last, together: the engine they share starts once and its idle worker (~10% of a core
+    here) does not run beside the rest of the suite."""
+    misplaced = sorted(
+        {
+            str(item.path.relative_to(TESTS.parent))
+            for item in items
+            if not item.path.is_relative_to(E2E) and item.get_closest_marker("e2e") is not None
+        }
+    )
+    if misplaced:
+        raise pytest.UsageError(
+            "the e2e marker is given by the folder tests/e2e/ alone; these files mark tests e2e "
+            "themselves: move those tests to the same path under tests/e2e/ and drop the "
+            "mark: " + ", ".join(misplaced)
+        )
     items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
 
 

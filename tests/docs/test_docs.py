@@ -2,76 +2,29 @@
 
 - Every `slogate ...` command in a fenced block (and every complete one in an inline code span)
   parses with the CLI's own argparse.
-- A fenced block marked `<!-- runnable -->` on the line before its fence runs, by `bash -e
-  -o pipefail` (or Python for a `python` block), in a temporary directory with `.venv/bin`
-  first on PATH and `$SLOGATE_ROOT` the checkout; one marked `<!-- runnable: stack -->` runs
-  against the session's local stack, its `localhost:10000` and `localhost:9464` replaced by the
-  stack's ports.
 - Every relative link points to a file of the repository, and a `#fragment` to a heading of
   the Markdown file it names.
-"""
+
+The blocks marked runnable are run in tests/e2e/docs/test_docs.py."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shlex
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.support.docs import FENCE, fenced_blocks, runnable_blocks
 from tooling.cli.main import build_parser
-from tooling.stack.local import LocalStack
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # Pages whose links are checked too: the findings beside the benchmark results.
 LINKED = [*DOCS, ROOT / "bench" / "results" / "README.md"]
-RUN_TIMEOUT_S = 180
 
-_FENCE = re.compile(r"^\s*```(.*)$")
-_MARKER = re.compile(r"^<!-- (runnable(?:: stack)?) -->$")
 _LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
-
-
-@dataclass(frozen=True)
-class Block:
-    """A fenced block of a doc: where it is, its info string, its marker and its text."""
-
-    path: Path
-    line: int
-    lang: str
-    marker: str | None
-    text: str
-
-    @property
-    def where(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
-
-
-def fenced_blocks(path: Path) -> list[Block]:
-    lines = path.read_text(encoding="utf-8").split("\n")
-    found: list[Block] = []
-    start: int | None = None
-    lang, marker = "", None
-    for i, line in enumerate(lines):
-        fence = _FENCE.match(line)
-        if fence is None:
-            continue
-        if start is None:
-            start, lang = i, fence.group(1).strip()
-            before = _MARKER.match(lines[i - 1].strip()) if i else None
-            marker = before.group(1) if before else None
-        else:
-            body = "\n".join(lines[start + 1 : i]) + "\n"
-            found.append(Block(path, start + 1, lang, marker, body))
-            start = None
-    assert start is None, f"{path.relative_to(ROOT)}:{start}: a fence that never closes"
-    return found
 
 
 def _without_optional(command: str) -> str:
@@ -181,51 +134,8 @@ def test_the_documented_commands_are_found() -> None:
     assert unknown_words(["keyz", "list"]) == ["keyz"]
 
 
-def _runnable() -> list[Block]:
-    return [b for path in DOCS for b in fenced_blocks(path) if b.marker is not None]
-
-
-def _run(block: Block, tmp: Path, replace: dict[str, str]) -> None:
-    text = block.text
-    for old, new in replace.items():
-        text = text.replace(old, new)
-    env = dict(os.environ, SLOGATE_ROOT=str(ROOT))
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    if block.lang == "python":
-        argv = [sys.executable, "-c", text]
-    else:
-        assert block.lang in ("sh", "bash"), f"{block.where}: cannot run a {block.lang!r} block"
-        argv = ["bash", "-e", "-o", "pipefail", "-c", text]
-    done = subprocess.run(
-        argv, cwd=tmp, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
-    )
-    assert done.returncode == 0, f"{block.where} failed:\n{text}\n{done.stdout}\n{done.stderr}"
-
-
-@pytest.mark.e2e
-@pytest.mark.parametrize(
-    "block", [b for b in _runnable() if b.marker == "runnable"], ids=lambda b: b.where
-)
-def test_runnable_blocks_run(block: Block, tmp_path: Path) -> None:
-    _run(block, tmp_path, {})
-
-
-@pytest.mark.e2e
-@pytest.mark.parametrize(
-    "block", [b for b in _runnable() if b.marker == "runnable: stack"], ids=lambda b: b.where
-)
-def test_runnable_blocks_run_against_the_stack(
-    block: Block, stack: LocalStack, tmp_path: Path
-) -> None:
-    ports = {
-        "localhost:10000": f"127.0.0.1:{stack.listen_port}",
-        "localhost:9464": f"127.0.0.1:{stack.metrics_port}",
-    }
-    _run(block, tmp_path, ports)
-
-
 def test_some_blocks_are_runnable() -> None:
-    markers = {b.marker for b in _runnable()}
+    markers = {b.marker for b in runnable_blocks()}
     assert markers == {"runnable", "runnable: stack"}, markers
 
 
@@ -235,7 +145,7 @@ def github_anchors(path: Path) -> set[str]:
     seen: dict[str, int] = {}
     inside = False
     for line in path.read_text(encoding="utf-8").split("\n"):
-        if _FENCE.match(line):
+        if FENCE.match(line):
             inside = not inside
             continue
         heading = re.match(r"^#{1,6} (.+)$", line)

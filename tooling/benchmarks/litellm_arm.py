@@ -13,7 +13,7 @@ forty packages (boto3, azure, polars, granian, psycopg...) the sidecar never nee
 Per-key limits without Postgres: LiteLLM keeps virtual keys in its database, but
 `general_settings.custom_auth` may return a UserAPIKeyAuth carrying rpm_limit and
 tpm_limit, and its parallel-request limiter (v3) enforces those on every request (LiteLLM
-says so at start; tests/tooling/benchmarks/test_litellm_arm.py sees a limit of 3 refuse the
+says so at start; tests/e2e/tooling/benchmarks/test_litellm_arm.py sees a limit of 3 refuse the
 fourth request). Its tokens are charged as it ships (the usage the upstream reports). Given a Redis,
 `general_settings.coordination_redis` puts the limiter's counters there: LiteLLM's
 multi-instance limiter, as slogate's `budget.store: redis`.

@@ -3,9 +3,8 @@ tests/extproc/service/test_log_records.py.
 
 Spans go over real OTLP/gRPC to a real receiver (tooling.stack.otlp_receiver, opentelemetry-
 proto's TraceService on a grpcio server on 127.0.0.1:0). The sidecar runs in this process
-(real gRPC, as in tests/extproc/runtime/test_sidecar.py), behind Envoy (the stack), or as
-`slogate serve`.
-"""
+(real gRPC, as in tests/extproc/runtime/test_sidecar.py) or as `slogate serve`; behind
+Envoy (the stack): tests/e2e/extproc/service/test_tracing.py."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,26 +24,12 @@ from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as 
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from extproc.runtime.sidecar import Sidecar
 from policy import parse_policy
-from policy._data_path import ExtProcMessages
-from tests.support.http import CHAT, chat_body, post
+from tests.support.http import CHAT, chat_body
 from tests.support.in_process import in_process
-from tests.support.messages import MODE_IDS, MODES, with_messages
-from tests.support.stack import EXAMPLE_POLICY, ROOT, example_policy, start_stack, write_policy
+from tests.support.stack import EXAMPLE_POLICY, ROOT, example_policy, write_policy
+from tests.support.tracing import CLIENT_SPAN, CLIENT_TRACE, TRACEPARENT
 from tooling.benchmarks.driver import SidecarDriver, _headers_message
 from tooling.stack.otlp_receiver import ReceivedSpan, TraceReceiver
-
-CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
-CLIENT_SPAN = "00f067aa0ba902b7"
-TRACEPARENT = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
-
-
-@pytest.fixture
-def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[TraceReceiver]:
-    # The SDK's batch delay (5 s by default), shortened for the sidecars started here.
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-    running = TraceReceiver().start()
-    yield running
-    running.stop()
 
 
 def traced_policy(tmp_path: Path, endpoint: str | None, **tracing: Any) -> Path:
@@ -221,45 +206,6 @@ def test_without_a_tracing_section_opentelemetry_is_never_imported(
     # Without OpenTelemetry installed at all, the sidecar decides as before.
     without = sidecar_imports(traced_policy(tmp_path, None), opentelemetry="without")
     assert without["status"] == 200 and without["opentelemetry"] == []
-
-
-@pytest.mark.e2e
-@pytest.mark.parametrize("messages", MODES, ids=MODE_IDS)
-def test_through_envoy_the_engine_gets_the_decisions_span_as_its_parent(
-    tmp_path: Path, receiver: TraceReceiver, messages: ExtProcMessages
-) -> None:
-    """In both ext_proc message modes: with one, the client's trace context reaches the
-    sidecar as metadata and the span's goes upstream through the pool route."""
-    raw = with_messages(example_policy(), messages)
-    raw["telemetry"] = {"tracing": {"otlp_endpoint": receiver.endpoint}}
-    stack = start_stack(
-        tmp_path,
-        write_policy(tmp_path / "policy.yaml", raw),
-        sidecar_log_args=("--log-format", "json", "--log-level", "debug"),  # slogate up's
-    )
-    try:
-        served = post(stack.url, CHAT, chat_body(), headers={"traceparent": TRACEPARENT})
-        refused = post(stack.url, CHAT, chat_body(), key="sk-nobody")
-        spans = receiver.wait_for(2)
-    finally:
-        stack.stop()
-    assert served.status == 200 and refused.status == 401
-    routed = next(s for s in spans if s.attributes["slogate.outcome"] == "routed")
-    assert (routed.trace_id, routed.parent_span_id) == (CLIENT_TRACE, CLIENT_SPAN)
-    assert routed.attributes["slogate.tenant"] == "demo-standard"
-    assert routed.attributes["slogate.request_id"]  # Envoy's x-request-id
-    saw = json.loads(served.headers["x-sim-saw-headers"])
-    assert saw["traceparent"] == f"00-{CLIENT_TRACE}-{routed.span_id}-01"
-    assert saw["x-slogate-pool"] == routed.attributes["slogate.pool"]
-    failed = next(s for s in spans if s.attributes["slogate.outcome"] == "refused")
-    assert failed.attributes["slogate.reason"] == "unknown_api_key"
-    assert failed.parent_span_id == "" and failed.attributes["slogate.request_id"]
-    # The sidecar's JSON log names the same requests as the spans (Envoy's x-request-id).
-    assert stack.sidecar is not None
-    lines = [json.loads(line) for line in stack.sidecar.log_text().splitlines() if line.strip()]
-    named = {line["message"].split(":")[0]: line.get("request_id") for line in lines}
-    assert named["routed"] == routed.attributes["slogate.request_id"]
-    assert named["refused"] == failed.attributes["slogate.request_id"]
 
 
 def test_the_example_policys_tracing_block_loads() -> None:

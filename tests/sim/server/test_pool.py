@@ -1,15 +1,13 @@
-"""The simulated pool over real HTTP: OpenAI shapes, SSE, faults, KV overload, metrics, CLI."""
+"""The simulated pool over real HTTP: OpenAI shapes, SSE, faults, KV overload, metrics.
+
+Its command line as a process: tests/e2e/sim/server/test_pool.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
-import signal
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -20,7 +18,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from sim.server.model import LatencyConfig
 from sim.server.pool import POOL_KEY, PoolConfig, SimPool, create_app
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 MakeClient = Callable[..., Awaitable[TestClient[Any, Any]]]
 CHAT = "/v1/chat/completions"
 
@@ -432,41 +429,3 @@ async def test_two_pools_in_one_process_keep_separate_metrics(make_client: MakeC
     await first.post(CHAT, json=_chat(max_tokens=3, ignore_eos=True))
     assert (await _metrics(first))["vllm:generation_tokens_total"] == 3
     assert (await _metrics(second))["vllm:generation_tokens_total"] == 0
-
-
-@pytest.mark.e2e
-async def test_cli_starts_serves_and_stops_on_sigterm() -> None:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "sim.server.pool",
-        "--name",
-        "cli",
-        "--port",
-        "0",
-        "--time-scale",
-        "0.001",
-        cwd=REPO_ROOT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert process.stdout is not None
-        line = (await asyncio.wait_for(process.stdout.readline(), timeout=15)).decode()
-        match = re.fullmatch(r"sim pool cli listening on http://127\.0\.0\.1:(\d+)\n", line)
-        assert match, line
-        url = f"http://127.0.0.1:{match.group(1)}"
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(url + CHAT, json=_chat(max_tokens=2)) as response,
-        ):
-            assert response.status == 200
-            assert response.headers["x-sim-pool"] == "cli"
-        process.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(process.wait(), timeout=10) == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert process.stderr is not None
-    assert b"Traceback" not in await process.stderr.read()

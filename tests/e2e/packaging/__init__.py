@@ -1,0 +1,1 @@
+"""End-to-end tests of the distribution: the sdist and the wheel built, installed and run."""

@@ -1,0 +1,1 @@
+"""End-to-end tests of sim/server/: each starts real processes."""

@@ -1,0 +1,1 @@
+"""End-to-end tests of tooling/benchmarks/: each starts real processes."""

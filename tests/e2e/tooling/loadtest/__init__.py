@@ -1,0 +1,1 @@
+"""End-to-end tests of tooling/loadtest/: each starts real processes."""

@@ -1,0 +1,1 @@
+"""End-to-end tests of tooling/render/envoy_config/: each starts real processes."""

@@ -1,0 +1,1 @@
+"""Tests of the distribution (pyproject.toml): what pip installs for slogate."""
