@@ -41,7 +41,7 @@ from typing import Protocol
 
 from admission.access import check_request
 from admission.budget_step import BudgetStep, reserved_charge
-from admission.decision import CandidateNote, RequestOutcome, RoutingDecision
+from admission.decision import Applicant, CandidateNote, RequestOutcome, RoutingDecision
 from admission.errors import (
     Forbidden,
     InvalidRequest,
@@ -270,7 +270,7 @@ class CandidateJudge:
         if routed is not None:  # the breaker level it met scales the candidate's limits too
             judged = dataclasses.replace(judged, level=routed.decision.level)
         check_request(candidate, judged)
-        admitted = await self._budget.admit(judged, key, candidate)
+        admitted = await self._budget.admit(Applicant(judged, key, candidate))
         if routed is not None:
             self._held[key] = admitted.decision
         return admitted.decision

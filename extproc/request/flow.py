@@ -25,7 +25,7 @@ from typing import Any
 
 from admission.access import AccessStep
 from admission.chain import AdmissionChain
-from admission.decision import Admitted, RoutingDecision
+from admission.decision import Admitted, Applicant, RoutingDecision
 from admission.errors import (
     BodyTooLarge,
     InvalidRequest,
@@ -185,7 +185,7 @@ class Decider:
     ) -> Routed:
         inflight = self.inflight
         tracking_id = inflight.new_id()
-        admitted = await self.admission.admit(decision, tracking_id, policy, on_wait)
+        admitted = await self.admission.admit(Applicant(decision, tracking_id, policy, on_wait))
         if self.picker is not None and admitted.decision.meters_tokens:
             admitted = self._pick(admitted, tracking_id, policy, blocks)
         inflight.put(tracking_id, admitted.decision)
