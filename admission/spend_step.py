@@ -124,10 +124,9 @@ class SpendStep:
         amount = reserved_cost(
             decision.prompt_tokens, decision.sequences * decision.max_tokens, per_token
         )
+        hold = SpendHold(caller.tenant, spans, per_token, amount)
         try:
-            verdict = await self._store.reserve(
-                caller.tenant, spans, amount, applicant.request_id, self._ttl_s
-            )
+            verdict = await self._store.reserve(hold, applicant.request_id, self._ttl_s)
         except BudgetStoreError as error:
             log.warning("spend store unavailable, admitted unchecked: %s", error)
             self._events.spend_unchecked(caller.tenant_label)
@@ -149,7 +148,6 @@ class SpendStep:
                 retry_after_s=max(1, math.ceil(span.ends_s - now_s)),
                 headers={SPEND_WARNING_HEADER: f"{span.name}=100%"},
             )
-        hold = SpendHold(caller.tenant, spans, per_token, amount)
         return Admitted(dataclasses.replace(decision, spend=hold), warning_header(shares))
 
     async def release(self, decision: RoutingDecision, request_id: str) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from budget.redis_scripts import LuaStore
-from budget.spend import DAY_S, SpendVerdict, SpendWindow
+from budget.spend import DAY_S, SpendHold, SpendVerdict
 from budget.store import BudgetStoreError
 
 
@@ -32,23 +32,21 @@ class RedisSpendStore(LuaStore):
             keys += [hash_key, f"{hash_key}:exp"]
         return keys
 
-    async def reserve(
-        self,
-        tenant: str,
-        spans: Sequence[SpendWindow],
-        amount: float,
-        reservation_id: str,
-        ttl_s: float,
-    ) -> SpendVerdict:
-        args: list[Any] = [self._now_arg(), repr(float(amount)), reservation_id, repr(float(ttl_s))]
-        for span in spans:
+    async def reserve(self, hold: SpendHold, reservation_id: str, ttl_s: float) -> SpendVerdict:
+        args: list[Any] = [
+            self._now_arg(),
+            repr(float(hold.amount)),
+            reservation_id,
+            repr(float(ttl_s)),
+        ]
+        for span in hold.spans:
             args += [repr(float(span.limit)), repr(span.ends_s + DAY_S)]
         reply = await self._scripts.run(
-            "spend_reserve.lua", self._keys(tenant, [s.id for s in spans]), args
+            "spend_reserve.lua", self._keys(hold.tenant, hold.window_ids), args
         )
         admitted, refused = int(reply[0]), int(reply[1])
-        used = {s.id: _float(v) for s, v in zip(spans, reply[2:], strict=True)}
-        return SpendVerdict(admitted == 1, used, spans[refused - 1] if refused else None)
+        used = {s.id: _float(v) for s, v in zip(hold.spans, reply[2:], strict=True)}
+        return SpendVerdict(admitted == 1, used, hold.spans[refused - 1] if refused else None)
 
     async def settle(
         self, tenant: str, window_ids: Sequence[str], reservation_id: str, actual: float | None
