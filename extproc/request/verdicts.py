@@ -32,12 +32,7 @@ class CandidatePolicy(Protocol):
     def attach(self, decision: RoutingDecision) -> RoutingDecision: ...
 
     async def beside(
-        self,
-        enforced: Awaitable[Routed],
-        decision: RoutingDecision,
-        policy: Policy,
-        request: InferenceRequest,
-        counted: PromptCount,
+        self, enforced: Awaitable[Routed], counted: CountedRequest, policy: Policy
     ) -> Routed: ...
 
 
