@@ -123,7 +123,7 @@ def drive(
 class _NoIdentity:
     """Simulated arrivals carry their key; nothing is resolved from headers."""
 
-    def resolve(self, headers: Any, claims: Any = None, policy: Any = None) -> ApiKey:
+    def resolve(self, headers: Any, claims: Any, policy: Any) -> ApiKey:
         raise NotImplementedError
 
 
