@@ -12,9 +12,8 @@ requests are judged: a tenant suspended while its requests run lets them finish.
 
 from __future__ import annotations
 
-from admission.decision import Admitted, RequestOutcome, RoutingDecision
+from admission.decision import Admitted, Applicant, RequestOutcome, RoutingDecision
 from admission.errors import LimitZero, PoolNotAllowed, TenantSuspended
-from admission.waiting_room import WaitNotice
 from policy import ApiKey, Limits, Policy
 
 # A limit of 0 on these bars every request; on the token limits, every one that meters tokens.
@@ -68,15 +67,9 @@ class AccessStep:
     """The chain's first step (admission.assembly): a request its caller may not send is
     refused before any other step takes or sheds anything. It holds nothing."""
 
-    async def admit(
-        self,
-        decision: RoutingDecision,
-        request_id: str,
-        policy: Policy,
-        on_wait: WaitNotice | None = None,
-    ) -> Admitted:
-        check_request(policy, decision)
-        return Admitted(decision)
+    async def admit(self, applicant: Applicant) -> Admitted:
+        check_request(applicant.policy, applicant.decision)
+        return Admitted(applicant.decision)
 
     async def release(self, decision: RoutingDecision, request_id: str) -> None:
         pass

@@ -16,13 +16,11 @@ import dataclasses
 import math
 import random
 
-from admission.decision import DEGRADED_HEADER, Admitted, RequestOutcome, RoutingDecision
+from admission.decision import DEGRADED_HEADER, Admitted, Applicant, RequestOutcome, RoutingDecision
 from admission.errors import Overloaded
 from admission.events import BreakerEvents
-from admission.waiting_room import WaitNotice
 from breaker.board import BreakerBoard
 from breaker.shedding import Action, shed
-from policy import Policy
 
 _MESSAGES = {
     "long_context_shed": "Long-context requests of this priority are paused while the "
@@ -41,13 +39,8 @@ class BreakerStep:
         self._events = events
         self._rng = rng or random.Random()
 
-    async def admit(
-        self,
-        decision: RoutingDecision,
-        request_id: str,
-        policy: Policy,
-        on_wait: WaitNotice | None = None,
-    ) -> Admitted:
+    async def admit(self, applicant: Applicant) -> Admitted:
+        decision, policy = applicant.decision, applicant.policy
         if not decision.meters_tokens:
             return Admitted(decision)  # tokenize, the model list: nothing to shed
         level = self._board.level(decision.pool)

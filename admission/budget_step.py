@@ -21,10 +21,9 @@ import math
 from collections.abc import Mapping
 from typing import Protocol
 
-from admission.decision import Admitted, RequestOutcome, RoutingDecision
+from admission.decision import Admitted, Applicant, RequestOutcome, RoutingDecision
 from admission.errors import ContextLengthExceeded, RateLimited
 from admission.events import BudgetEvents
-from admission.waiting_room import WaitNotice
 from breaker.shedding import budget_multiplier
 from budget.ledger import Charge, Verdict, scale_limits
 from budget.store import BudgetStore
@@ -131,15 +130,10 @@ class BudgetStep:
         self._multipliers: Mapping[str, float] = multipliers if multipliers is not None else {}
         self._ceilings = ceilings
 
-    async def admit(
-        self,
-        decision: RoutingDecision,
-        request_id: str,
-        policy: Policy,
-        on_wait: WaitNotice | None = None,
-    ) -> Admitted:
+    async def admit(self, applicant: Applicant) -> Admitted:
+        decision = applicant.decision
         caller = decision.caller
-        limits = effective_limits(decision, policy, self._multipliers, self._ceilings)
+        limits = effective_limits(decision, applicant.policy, self._multipliers, self._ceilings)
         if limits.max_context_tokens is not None and decision.context_tokens > (
             limits.max_context_tokens
         ):
@@ -149,7 +143,7 @@ class BudgetStep:
                 reason="key_context_limit",
             )
         verdict = await self._store.reserve(
-            caller.budget_id, limits, reserved_charge(decision), request_id, self._ttl_s
+            caller.budget_id, limits, reserved_charge(decision), applicant.request_id, self._ttl_s
         )
         headers = rate_limit_headers(verdict)
         self._events.budget_decision(caller.tenant_label, verdict.reason)

@@ -1,9 +1,10 @@
 """The admission chain: every step a request must pass before it reaches a pool.
 
-What lives here: the `Step` protocol (admit, release, settle) and `AdmissionChain`, which
-runs the steps in order and is itself the outcome sink that settles them when a request
-ends. The sidecar and the simulator run the same chain (admission.assembly builds it);
-neither knows a step's kind, and nothing is looked up with hasattr.
+What lives here: the `Step` protocol (admit an `Applicant`, release, settle) and
+`AdmissionChain`, which runs the steps in order and is itself the outcome sink that settles
+them when a request ends. The sidecar and the simulator run the same chain
+(admission.assembly builds it); neither knows a step's kind, and nothing is looked up with
+hasattr.
 
 Rules the chain keeps:
 - A step admits (maybe re-routing or annotating the decision: the level it met, the limits
@@ -16,27 +17,19 @@ Rules the chain keeps:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Protocol
 
-from admission.decision import Admitted, RequestOutcome, RoutingDecision
-from admission.waiting_room import WaitNotice
-from policy import Policy
+from admission.decision import Admitted, Applicant, RequestOutcome, RoutingDecision
 
 log = logging.getLogger("slogate.admission")
 
 
 class Step(Protocol):
-    async def admit(
-        self,
-        decision: RoutingDecision,
-        request_id: str,
-        policy: Policy,
-        on_wait: WaitNotice | None = None,
-    ) -> Admitted:
-        """Admit (maybe changing the decision) or raise a RequestRejected. `on_wait`: told
-        how long the request may wait, if it enters the waiting room (admission.kv.step)."""
+    async def admit(self, applicant: Applicant) -> Admitted:
+        """Admit (maybe changing the decision) or raise a RequestRejected."""
         ...
 
     async def release(self, decision: RoutingDecision, request_id: str) -> None:
@@ -58,25 +51,21 @@ class AdmissionChain:
     def __init__(self, steps: Sequence[Step]) -> None:
         self.steps = tuple(steps)
 
-    async def admit(
-        self,
-        decision: RoutingDecision,
-        request_id: str,
-        policy: Policy,
-        on_wait: WaitNotice | None = None,
-    ) -> Admitted:
+    async def admit(self, applicant: Applicant) -> Admitted:
+        """Each step in turn is handed the applicant with the decision as the steps before
+        it left it."""
         headers: dict[str, str] = {}
         held: list[tuple[Step, RoutingDecision]] = []
         try:
             for step in self.steps:
-                admitted = await step.admit(decision, request_id, policy, on_wait)
-                decision = admitted.decision
+                admitted = await step.admit(applicant)
+                applicant = dataclasses.replace(applicant, decision=admitted.decision)
                 headers.update(admitted.response_headers)
-                held.append((step, decision))
+                held.append((step, admitted.decision))
         except BaseException:
-            await self._give_back(held, request_id)
+            await self._give_back(held, applicant.request_id)
             raise
-        return Admitted(decision, headers)
+        return Admitted(applicant.decision, headers)
 
     async def _give_back(self, held: list[tuple[Step, RoutingDecision]], request_id: str) -> None:
         for step, decision in reversed(held):

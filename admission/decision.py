@@ -2,10 +2,11 @@
 
 What lives here: `CountKind` (how a prompt was counted), `RoutingDecision` (one request as
 admission sees it: caller, pool, bucket, tokens, and the breaker level and effective limits
-it was admitted under), `Admitted` (a step's answer) and `RequestOutcome` (what became of
-the request: what settlement and the signals read). Plain frozen values, no I/O; the
-sidecar builds decisions from request bodies (extproc.request), the simulator from its
-arrivals (sim.fleet.offline), and both hand them to the same chain (admission.chain).
+it was admitted under), `Applicant` (one request as the chain hands it to each step),
+`Admitted` (a step's answer) and `RequestOutcome` (what became of the request: what
+settlement and the signals read). Plain frozen values, no I/O; the sidecar builds
+decisions from request bodies (extproc.request), the simulator from its arrivals
+(sim.fleet.offline), and both hand them to the same chain (admission.chain).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from admission.waiting_room import WaitNotice
 from breaker.levels import BreakerLevel
 from budget.spend import SpendHold
-from policy import ApiKey, ContextBucket, Limits
+from policy import ApiKey, ContextBucket, Limits, Policy
 from policy.apis import KNOWN_APIS, Api, ApiKind
 
 _CHAT_API = KNOWN_APIS[0]
@@ -105,6 +107,21 @@ class RoutingDecision:
     def meters_tokens(self) -> bool:
         """False for the cheap APIs (tokenize, model list): one request, no tokens, no KV."""
         return self.api.kind is not ApiKind.REQUEST
+
+
+@dataclass(frozen=True, slots=True)
+class Applicant:
+    """One request asking to be admitted, as the chain hands it to each step: taken once
+    and passed down, so no step re-reads the policy or is told of a wait sideways.
+
+    `decision`: as the steps before this one left it. `request_id`: what the steps hold
+    their reservations under. `policy`: the request's snapshot. `on_wait`: told how long
+    the request may wait, if it enters the waiting room (admission.kv.step)."""
+
+    decision: RoutingDecision
+    request_id: str
+    policy: Policy
+    on_wait: WaitNotice | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,9 +23,14 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from admission.decision import SPEND_WARNING_HEADER, Admitted, RequestOutcome, RoutingDecision
+from admission.decision import (
+    SPEND_WARNING_HEADER,
+    Admitted,
+    Applicant,
+    RequestOutcome,
+    RoutingDecision,
+)
 from admission.errors import SpendExhausted
-from admission.waiting_room import WaitNotice
 from budget.spend import (
     WARNING_SHARES,
     SpendHold,
@@ -36,7 +41,6 @@ from budget.spend import (
 )
 from budget.spend_store import SpendStore
 from budget.store import BudgetStoreError
-from policy import Policy
 
 log = logging.getLogger("slogate.spend")
 _ADJECTIVE = {"day": "daily", "month": "monthly"}
@@ -108,13 +112,8 @@ class SpendStep:
         self._ttl_s = ttl_s  # a reservation outlives the longest request by this
         self._wall_clock = wall_clock  # UTC time: which day and month a request falls in
 
-    async def admit(
-        self,
-        decision: RoutingDecision,
-        request_id: str,
-        policy: Policy,
-        on_wait: WaitNotice | None = None,
-    ) -> Admitted:
+    async def admit(self, applicant: Applicant) -> Admitted:
+        decision, policy = applicant.decision, applicant.policy
         caller = decision.caller
         tenant = policy.tenants.get(caller.tenant)
         if tenant is None or tenant.spend is None or not decision.meters_tokens:
@@ -125,10 +124,9 @@ class SpendStep:
         amount = reserved_cost(
             decision.prompt_tokens, decision.sequences * decision.max_tokens, per_token
         )
+        hold = SpendHold(caller.tenant, spans, per_token, amount)
         try:
-            verdict = await self._store.reserve(
-                caller.tenant, spans, amount, request_id, self._ttl_s
-            )
+            verdict = await self._store.reserve(hold, applicant.request_id, self._ttl_s)
         except BudgetStoreError as error:
             log.warning("spend store unavailable, admitted unchecked: %s", error)
             self._events.spend_unchecked(caller.tenant_label)
@@ -150,7 +148,6 @@ class SpendStep:
                 retry_after_s=max(1, math.ceil(span.ends_s - now_s)),
                 headers={SPEND_WARNING_HEADER: f"{span.name}=100%"},
             )
-        hold = SpendHold(caller.tenant, spans, per_token, amount)
         return Admitted(dataclasses.replace(decision, spend=hold), warning_header(shares))
 
     async def release(self, decision: RoutingDecision, request_id: str) -> None:

@@ -1,18 +1,21 @@
 """Lua scripts on Redis: loaded once, called with EVALSHA, reloaded after a restart.
 
 What lives here: `Scripts`, which every store that keeps shared state in Redis uses (the
-budgets, budget.redis_store; the fleet's KV ledger, admission.kv.redis_ledger), and
-`script`, which reads a script shipped in a package's lua/ folder (budget/lua/,
-admission/kv/lua/). A NOSCRIPT reply (Redis restarted, or
-a failover to a replica that never saw the script) reloads and retries once. Any Redis
-error or timeout becomes a `BudgetStoreError`, so the caller can degrade.
+budgets, budget.redis_store; the spend budgets, budget.spend_redis; the fleet's KV ledger,
+admission.kv.redis_ledger); `script`, which reads a script shipped in a package's lua/
+folder (budget/lua/, admission/kv/lua/); `family`, a store's scripts each behind the
+preludes they share; and `LuaStore`, what those stores are built from. A NOSCRIPT reply
+(Redis restarted, or a failover to a replica that never saw the script) reloads and
+retries once. Any Redis error or timeout becomes a `BudgetStoreError`, so the caller can
+degrade.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, ClassVar
 
 from redis import exceptions as redis_errors
 
@@ -24,6 +27,13 @@ def script(name: str, package: str = "budget") -> str:
     `time.lua`, the prelude every script starts with) or admission/kv/lua/ (the KV ledger's).
     """
     return resources.files(package).joinpath("lua", name).read_text(encoding="utf-8")
+
+
+def family(common: str, names: Sequence[str], package: str = "budget") -> dict[str, str]:
+    """The sources of a store's scripts `names`, each behind time.lua (the time it runs at,
+    one copy in budget/lua/) and the `common` helpers of its family (in `package`)."""
+    prelude = script("time.lua") + script(common, package)
+    return {name: prelude + script(name, package) for name in names}
 
 
 class Scripts:
@@ -63,3 +73,30 @@ class Scripts:
         if isinstance(result, dict):  # a cluster answers per node; the sha is the same
             result = next(iter(result.values()))
         return result.decode() if isinstance(result, bytes) else str(result)
+
+
+class LuaStore:
+    """A store whose shared state lives in Redis and is kept by its own family of scripts
+    (`COMMON` and `SCRIPTS`, in `PACKAGE`'s lua/ folder). `clock`: the time the scripts
+    run at (None: the Redis server's TIME; tests pass a virtual one). Every key starts with
+    `prefix`."""
+
+    COMMON: ClassVar[str]
+    SCRIPTS: ClassVar[tuple[str, ...]]
+    PACKAGE: ClassVar[str] = "budget"
+
+    def __init__(
+        self,
+        client: Any,  # redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster
+        clock: Callable[[], float] | None = None,
+        prefix: str = "slogate",
+        timeout_s: float | None = None,
+    ) -> None:
+        self._scripts = Scripts(client, family(self.COMMON, self.SCRIPTS, self.PACKAGE), timeout_s)
+        self._clock = clock
+        self._prefix = prefix
+
+    def _now_arg(self) -> str:
+        """time.lua's argument, every script's first: the injected clock's time, or -1 for
+        the Redis server's TIME."""
+        return repr(self._clock()) if self._clock is not None else "-1"

@@ -8,13 +8,13 @@ or timeout becomes a `BudgetStoreError`, so the caller can degrade to local budg
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
 
 from budget.ledger import USAGE_SLOT_S, Charge, Verdict
-from budget.redis_scripts import Scripts, script
+from budget.redis_scripts import LuaStore
 from budget.store import USAGE_WINDOWS_S, BudgetStoreError
 from policy import Limits
 
@@ -61,26 +61,12 @@ def _optional_int(raw: Any) -> int | None:
     return None if value is None else int(value)
 
 
-class RedisStore:
-    def __init__(
-        self,
-        client: Any,  # redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster
-        clock: Callable[[], float] | None = None,
-        prefix: str = "slogate",
-        timeout_s: float | None = None,
-    ) -> None:
-        self._client = client
-        self._clock = clock
-        self._prefix = prefix
-        prelude = script("time.lua") + script("common.lua")
-        sources = {name: prelude + script(name) for name in ("reserve.lua", "settle.lua")}
-        self._scripts = Scripts(client, sources, timeout_s)
+class RedisStore(LuaStore):
+    COMMON = "common.lua"
+    SCRIPTS = ("reserve.lua", "settle.lua")
 
     def _keys(self, key_id: str, *parts: str) -> list[str]:
         return [f"{self._prefix}:{{{key_id}}}:{part}" for part in parts]
-
-    def _now_arg(self) -> str:
-        return repr(self._clock()) if self._clock is not None else "-1"
 
     async def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
         return await self._scripts.run(name, keys, args)
@@ -140,7 +126,7 @@ class RedisStore:
     async def _server_now(self) -> float:
         if self._clock is not None:
             return self._clock()
-        seconds, micros = await self._client.time()
+        seconds, micros = await self._scripts.client.time()
         return float(seconds) + float(micros) / 1e6
 
     async def usage(
@@ -148,7 +134,7 @@ class RedisStore:
     ) -> dict[int, float]:
         try:
             (use_key,) = self._keys(key_id, "use")
-            slots = await self._client.hgetall(use_key)
+            slots = await self._scripts.client.hgetall(use_key)
             now_s = await self._server_now()
         except (redis_errors.RedisError, OSError) as error:
             raise BudgetStoreError(f"redis usage: {error}") from error
@@ -161,9 +147,9 @@ class RedisStore:
         try:
             (exp_key,) = self._keys(key_id, "exp")
             now_s = await self._server_now()
-            return int(await self._client.zcount(exp_key, f"({now_s!r}", "+inf"))
+            return int(await self._scripts.client.zcount(exp_key, f"({now_s!r}", "+inf"))
         except (redis_errors.RedisError, OSError) as error:
             raise BudgetStoreError(f"redis outstanding: {error}") from error
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._scripts.client.aclose()

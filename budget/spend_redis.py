@@ -9,11 +9,11 @@ error or timeout becomes a `BudgetStoreError`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from budget.redis_scripts import Scripts, script
-from budget.spend import DAY_S, SpendVerdict, SpendWindow
+from budget.redis_scripts import LuaStore
+from budget.spend import DAY_S, SpendHold, SpendVerdict
 from budget.store import BudgetStoreError
 
 
@@ -21,19 +21,9 @@ def _float(raw: Any) -> float:
     return float(raw.decode() if isinstance(raw, bytes) else raw)
 
 
-class RedisSpendStore:
-    def __init__(
-        self,
-        client: Any,  # redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster
-        clock: Callable[[], float] | None = None,
-        prefix: str = "slogate",
-        timeout_s: float | None = None,
-    ) -> None:
-        self._clock = clock
-        self._prefix = prefix
-        prelude = script("time.lua") + script("spend_common.lua")
-        sources = {n: prelude + script(n) for n in ("spend_reserve.lua", "spend_settle.lua")}
-        self._scripts = Scripts(client, sources, timeout_s)
+class RedisSpendStore(LuaStore):
+    COMMON = "spend_common.lua"
+    SCRIPTS = ("spend_reserve.lua", "spend_settle.lua")
 
     def _keys(self, tenant: str, window_ids: Sequence[str]) -> list[str]:
         keys = []
@@ -42,24 +32,21 @@ class RedisSpendStore:
             keys += [hash_key, f"{hash_key}:exp"]
         return keys
 
-    async def reserve(
-        self,
-        tenant: str,
-        spans: Sequence[SpendWindow],
-        amount: float,
-        reservation_id: str,
-        ttl_s: float,
-    ) -> SpendVerdict:
-        now_arg = repr(self._clock()) if self._clock is not None else "-1"
-        args: list[Any] = [now_arg, repr(float(amount)), reservation_id, repr(float(ttl_s))]
-        for span in spans:
+    async def reserve(self, hold: SpendHold, reservation_id: str, ttl_s: float) -> SpendVerdict:
+        args: list[Any] = [
+            self._now_arg(),
+            repr(float(hold.amount)),
+            reservation_id,
+            repr(float(ttl_s)),
+        ]
+        for span in hold.spans:
             args += [repr(float(span.limit)), repr(span.ends_s + DAY_S)]
         reply = await self._scripts.run(
-            "spend_reserve.lua", self._keys(tenant, [s.id for s in spans]), args
+            "spend_reserve.lua", self._keys(hold.tenant, hold.window_ids), args
         )
         admitted, refused = int(reply[0]), int(reply[1])
-        used = {s.id: _float(v) for s, v in zip(spans, reply[2:], strict=True)}
-        return SpendVerdict(admitted == 1, used, spans[refused - 1] if refused else None)
+        used = {s.id: _float(v) for s, v in zip(hold.spans, reply[2:], strict=True)}
+        return SpendVerdict(admitted == 1, used, hold.spans[refused - 1] if refused else None)
 
     async def settle(
         self, tenant: str, window_ids: Sequence[str], reservation_id: str, actual: float | None

@@ -12,18 +12,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from budget.spend import DAY_S, SpendVerdict, SpendWindow, WindowState, reserve, settle
+from budget.spend import DAY_S, SpendHold, SpendVerdict, WindowState, reserve, settle
 
 
 class SpendStore(Protocol):
-    async def reserve(
-        self,
-        tenant: str,
-        spans: Sequence[SpendWindow],
-        amount: float,
-        reservation_id: str,
-        ttl_s: float,
-    ) -> SpendVerdict: ...
+    async def reserve(self, hold: SpendHold, reservation_id: str, ttl_s: float) -> SpendVerdict:
+        """Reserve `hold.amount` in each of the hold's windows, or in none."""
+        ...
 
     async def settle(
         self, tenant: str, window_ids: Sequence[str], reservation_id: str, actual: float | None
@@ -53,21 +48,14 @@ class InProcessSpendStore:
             self._windows.pop(ended, None)
             del self._ends_s[ended]
 
-    async def reserve(
-        self,
-        tenant: str,
-        spans: Sequence[SpendWindow],
-        amount: float,
-        reservation_id: str,
-        ttl_s: float,
-    ) -> SpendVerdict:
+    async def reserve(self, hold: SpendHold, reservation_id: str, ttl_s: float) -> SpendVerdict:
         now_s = self._clock()
-        for span in spans:
-            if (tenant, span.id) not in self._ends_s:
+        for span in hold.spans:
+            if (hold.tenant, span.id) not in self._ends_s:
                 self._forget_ended(now_s)  # once per new window: cheap enough
-                self._ends_s[(tenant, span.id)] = span.ends_s
-        states = self._states(tenant, [s.id for s in spans])
-        return reserve(states, spans, amount, reservation_id, now_s, ttl_s)
+                self._ends_s[(hold.tenant, span.id)] = span.ends_s
+        states = self._states(hold.tenant, hold.window_ids)
+        return reserve(states, hold.spans, hold.amount, reservation_id, now_s, ttl_s)
 
     async def settle(
         self, tenant: str, window_ids: Sequence[str], reservation_id: str, actual: float | None

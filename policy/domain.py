@@ -1,8 +1,9 @@
 """The small domain types every part of slogate speaks: tiers, keys, limits, buckets, pools,
 tenants.
 
-What lives here: frozen value types, the one hash that names an API key and the one rule
-that makes a caller (`build_caller`: its tier, limits and budget, whoever vouched for it).
+What lives here: frozen value types, the one hash that names an API key, the one rule
+that makes a caller (`build_caller`: its tier, limits and budget, whoever vouched for it)
+and the one range of context lengths that buckets and route rules cover (`within`).
 Nothing here imports any other slogate module, reads a file or knows about Envoy, Redis or
 gRPC: this is the bottom layer (see the import contracts in pyproject.toml).
 """
@@ -72,6 +73,12 @@ LIMIT_FIELDS = (
 )
 
 
+def within(context_tokens: int, min_tokens: int, max_tokens: int | None) -> bool:
+    """In [min_tokens, max_tokens], both inclusive; `max_tokens` None: no upper bound (the
+    range a context bucket or a route rule covers)."""
+    return context_tokens >= min_tokens and (max_tokens is None or context_tokens <= max_tokens)
+
+
 @dataclass(frozen=True, slots=True)
 class ContextBucket:
     """A context-length range; `max_tokens` is inclusive, None means unbounded."""
@@ -85,9 +92,7 @@ class ContextBucket:
     kv_weight: float = 1.0
 
     def contains(self, context_tokens: int) -> bool:
-        return context_tokens >= self.min_tokens and (
-            self.max_tokens is None or context_tokens <= self.max_tokens
-        )
+        return within(context_tokens, self.min_tokens, self.max_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,9 +147,7 @@ class RouteRule:
     max_context_tokens: int | None
 
     def matches(self, context_tokens: int) -> bool:
-        return context_tokens >= self.min_context_tokens and (
-            self.max_context_tokens is None or context_tokens <= self.max_context_tokens
-        )
+        return within(context_tokens, self.min_context_tokens, self.max_context_tokens)
 
 
 @dataclass(frozen=True, slots=True)

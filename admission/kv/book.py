@@ -44,6 +44,7 @@ from admission.kv.capacity import (
     PoolView,
     pool_capacity,
 )
+from budget.failover import Outage
 from policy import Pool
 
 log = logging.getLogger("slogate.kv")
@@ -298,11 +299,10 @@ class FailoverBook:
     ) -> None:
         self._shared = shared
         self._local = local
-        self._clock = clock
-        self._retry_interval_s = retry_interval_s
         self._on_decision = on_decision
-        self.healthy = True
-        self._retry_at = -math.inf
+        self._outage = Outage(
+            clock, retry_interval_s, log, "shared KV ledger unavailable, admitting on local shares"
+        )
         # id -> pool: holds the shared ledger may have (a hold whose reply was lost) or still
         # has (a release that could not reach it); released there once it answers.
         self._unsettled: dict[str, str] = {}
@@ -313,14 +313,9 @@ class FailoverBook:
     def view(self, pool: str) -> PoolView:
         return (self._shared if self.healthy else self._local).view(pool)
 
-    def _failed(self, error: LedgerUnavailable) -> None:
-        if self.healthy:
-            log.warning("shared KV ledger unavailable, admitting on local shares: %s", error)
-        self.healthy = False
-        self._retry_at = self._clock() + self._retry_interval_s
-
-    def _try_shared(self) -> bool:
-        return self.healthy or self._clock() >= self._retry_at
+    @property
+    def healthy(self) -> bool:
+        return self._outage.up
 
     async def _recovered(self) -> None:
         """The shared ledger answered after an outage: make its count whole again."""
@@ -333,17 +328,17 @@ class FailoverBook:
             for hold in holds:
                 self._local.drop(hold.request_id)
         log.warning("shared KV ledger is back; %d local holds handed to it", len(holds))
-        self.healthy = True
+        self._outage.up = True
 
     async def hold(self, ask: HoldAsk) -> str:
-        if self._try_shared():
+        if self._outage.worth_trying():
             try:
                 if not self.healthy:
                     await self._recovered()
                 limit = await self._shared.hold(ask)
             except LedgerUnavailable as error:
                 self._unsettled[ask.request_id] = ask.pool
-                self._failed(error)
+                self._outage.failed(error)
             else:
                 self._note(True)
                 return limit
@@ -359,7 +354,7 @@ class FailoverBook:
             try:
                 await self._shared.publish_head(pool, owner, head, ttl_s)
             except LedgerUnavailable as error:
-                self._failed(error)
+                self._outage.failed(error)
 
     @property
     def fleet_wide(self) -> bool:
@@ -372,7 +367,7 @@ class FailoverBook:
             try:
                 return await self._shared.share_service(added, half_life_s, now_s)
             except LedgerUnavailable as error:
-                self._failed(error)
+                self._outage.failed(error)
         return {}  # alone: this replica's own values stand
 
     def _note(self, shared: bool) -> None:
@@ -389,19 +384,19 @@ class FailoverBook:
             freed = self._shared.forget(request_id)
             if freed is not None:
                 self._unsettled[request_id] = freed.pool
-            self._failed(error)
+            self._outage.failed(error)
             return freed
 
     async def expire(self, pools: Iterable[str]) -> list[tuple[str, Freed]]:
         pools = list(pools)
         expired = await self._local.expire(pools)
-        if self._try_shared():
+        if self._outage.worth_trying():
             try:
                 if not self.healthy:
                     await self._recovered()
                 expired += await self._shared.expire(pools)
             except LedgerUnavailable as error:
-                self._failed(error)
+                self._outage.failed(error)
         return expired
 
     async def refresh(self, pools: Iterable[str]) -> None:
@@ -409,7 +404,7 @@ class FailoverBook:
             try:
                 await self._shared.refresh(pools)
             except LedgerUnavailable as error:
-                self._failed(error)
+                self._outage.failed(error)
 
     async def observe(
         self, pools: Mapping[str, Pool], kv_cache_usage: Callable[[str], float | None]
@@ -418,7 +413,7 @@ class FailoverBook:
             try:
                 return await self._shared.observe(pools, kv_cache_usage)
             except LedgerUnavailable as error:
-                self._failed(error)
+                self._outage.failed(error)
         return await self._local.observe(pools, kv_cache_usage)
 
     def held_by_pool(self) -> tuple[Mapping[str, int], Mapping[str, int]]:

@@ -45,20 +45,9 @@ from admission.kv.capacity import (
     PoolView,
     pool_capacity,
 )
-from budget.redis_scripts import Scripts, script
+from budget.redis_scripts import LuaStore, Scripts
 from budget.store import BudgetStoreError
 from policy import Pool
-
-_LUA = "admission.kv"  # the package whose lua/ folder holds the KV ledger's scripts
-_SCRIPTS = (
-    "kv_hold.lua",
-    "kv_release.lua",
-    "kv_expire.lua",
-    "kv_adopt.lua",
-    "kv_ratio.lua",
-    "kv_head.lua",
-    "kv_service.lua",
-)
 
 
 def _text(raw: Any) -> str:
@@ -83,7 +72,18 @@ def _view(values: list[Any]) -> PoolView:
     )
 
 
-class RedisBook:
+class RedisBook(LuaStore):
+    COMMON = "kv_common.lua"
+    SCRIPTS = (
+        "kv_hold.lua",
+        "kv_release.lua",
+        "kv_expire.lua",
+        "kv_adopt.lua",
+        "kv_ratio.lua",
+        "kv_head.lua",
+        "kv_service.lua",
+    )
+    PACKAGE = "admission.kv"  # whose lua/ folder holds them (time.lua stays in budget/lua/)
     # A view older than this never refuses a hold without asking: the waiting room's tick,
     # so a request is refused on a stale count at most as late as the tick would see it.
     trust_full_s = 0.05
@@ -97,17 +97,11 @@ class RedisBook:
         local_clock: Callable[[], float] = time.monotonic,
         ratio_gap_s: float = 4.0,
     ) -> None:
-        """`clock`: the time the scripts use (None: the Redis server's TIME; tests pass a
-        virtual one). `ratio_gap_s`: the least time between two steps down of a pool's
-        ratio, whoever learns them (about the controller interval)."""
-        # time.lua is every script's prelude (one copy, budget/lua/); the rest are ours.
-        prelude = script("time.lua") + script("kv_common.lua", _LUA)
-        self._scripts = Scripts(
-            client, {name: prelude + script(name, _LUA) for name in _SCRIPTS}, timeout_s
-        )
-        self._clock = clock
+        """`client`, `clock`, `prefix`, `timeout_s`: as every LuaStore's. `local_clock`: when
+        this replica read a view. `ratio_gap_s`: the least time between two steps down of a
+        pool's ratio, whoever learns them (about the controller interval)."""
+        super().__init__(client, clock, prefix, timeout_s)
         self._local_clock = local_clock
-        self._prefix = prefix
         self._ratio_gap_s = ratio_gap_s
         self._views: dict[str, tuple[PoolView, float]] = {}  # pool -> (view, read at)
         self._mine: dict[str, Freed] = {}  # this replica's holds: id -> what it holds
@@ -118,9 +112,6 @@ class RedisBook:
     def _keys(self, pool: str) -> list[str]:
         parts = ("totals", "holds", "due", "heads")
         return [f"{self._prefix}:kv:{{{pool}}}:{part}" for part in parts]
-
-    def _now_arg(self) -> str:
-        return repr(self._clock()) if self._clock is not None else "-1"
 
     async def _run(self, name: str, pool: str, args: list[Any]) -> list[Any]:
         try:

@@ -26,7 +26,7 @@ import math
 import uuid
 from collections.abc import Callable
 
-from admission.decision import QUEUED_HEADER, Admitted, RequestOutcome, RoutingDecision
+from admission.decision import QUEUED_HEADER, Admitted, Applicant, RequestOutcome, RoutingDecision
 from admission.errors import Overloaded
 from admission.events import KvEvents
 from admission.kv.book import HoldAsk, KvBook, LocalBook
@@ -48,7 +48,6 @@ from admission.waiting_room import (
     Waiter,
     Waiting,
     WaitingRoom,
-    WaitNotice,
 )
 from policy import Policy, Pool, Tier
 
@@ -108,13 +107,8 @@ class KvStep:
         spec = policy.pools.get(pool)
         return None if spec is None else self._live(spec)
 
-    async def admit(
-        self,
-        decision: RoutingDecision,
-        request_id: str,
-        policy: Policy,
-        on_wait: WaitNotice | None = None,
-    ) -> Admitted:
+    async def admit(self, applicant: Applicant) -> Admitted:
+        decision, policy, request_id = applicant.decision, applicant.policy, applicant.request_id
         if not decision.meters_tokens:
             return Admitted(decision)  # one cheap request: no KV, no batch slot
         spec = self._spec(policy, decision.pool)
@@ -174,8 +168,8 @@ class KvStep:
             self._events.waited(tier.value, "full", 0.0)
             raise self._queue_full(decision, full.what, now_s, policy) from None
         await self.dispatch(decision.pool)  # it may already fit in its turn
-        if on_wait is not None and not entry.waiter.done():
-            on_wait(max_wait_s)
+        if applicant.on_wait is not None and not entry.waiter.done():
+            applicant.on_wait(max_wait_s)
         try:
             await entry.waiter
         except BaseException as error:

@@ -36,12 +36,13 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
 from admission.access import check_request
 from admission.budget_step import BudgetStep, reserved_charge
-from admission.decision import CandidateNote, RequestOutcome, RoutingDecision
+from admission.decision import Applicant, CandidateNote, RequestOutcome, RoutingDecision
 from admission.errors import (
     Forbidden,
     InvalidRequest,
@@ -50,11 +51,10 @@ from admission.errors import (
 )
 from admission.events import NoEvents
 from budget.store import BudgetStore, InProcessStore
-from extproc.request.bodies import InferenceRequest
 from extproc.request.flow import Routed
 from extproc.request.identity import StoredKeys
 from extproc.request.routing import route
-from extproc.request.tokens import PromptCount
+from extproc.request.verdicts import CountedRequest
 from policy import ApiKey, Policy, build_caller
 
 log = logging.getLogger("slogate.candidate")
@@ -122,6 +122,22 @@ def candidate_caller(
     return known
 
 
+@dataclass(frozen=True, slots=True)
+class _Judging:
+    """One request to judge under the candidate, as the enforced policy saw it. `key`: what
+    the candidate reserves under (the tracking id; a refused request gets its own).
+    `routed`: the enforced admission's answer; None when it refused."""
+
+    key: str
+    counted: CountedRequest
+    policy: Policy  # the enforced one: the request's snapshot
+    routed: Routed | None
+
+    @property
+    def decision(self) -> RoutingDecision:
+        return self.counted.decision
+
+
 class CandidateJudge:
     """The Decider's `CandidatePolicy`, and an OutcomeSink: a request both policies admitted is
     settled in the candidate's budgets with its real usage when it ends."""
@@ -162,12 +178,7 @@ class CandidateJudge:
         return dataclasses.replace(decision, candidate=CandidateNote())
 
     async def beside(
-        self,
-        enforced: Awaitable[Routed],
-        decision: RoutingDecision,
-        policy: Policy,
-        request: InferenceRequest,
-        counted: PromptCount,
+        self, enforced: Awaitable[Routed], counted: CountedRequest, policy: Policy
     ) -> Routed:
         """The enforced admission's answer, unchanged. The candidate judges an admitted
         request in a task, after the answer; a refused one before the refusal goes out
@@ -177,14 +188,14 @@ class CandidateJudge:
             routed = await enforced
         except RequestRejected as refused:
             key = f"candidate-{self._id_prefix}-{next(self._ids):x}"
-            judging = self._judgement(key, decision, policy, request, counted, None, refused)
+            judging = self._judgement(_Judging(key, counted, policy, None), refused)
             if judging is not None and self._local:
                 await judging
             elif judging is not None:
                 self._in_task(key, judging)
             raise
         key = routed.tracking_id
-        judging = self._judgement(key, decision, policy, request, counted, routed, None)
+        judging = self._judgement(_Judging(key, counted, policy, routed), None)
         if judging is not None:
             self._in_task(key, judging)
         return routed
@@ -195,45 +206,30 @@ class CandidateJudge:
         task.add_done_callback(lambda _: self._pending.pop(key, None))
 
     def _judgement(
-        self,
-        key: str,
-        decision: RoutingDecision,
-        policy: Policy,
-        request: InferenceRequest,
-        counted: PromptCount,
-        routed: Routed | None,
-        refused: RequestRejected | None,
+        self, judging: _Judging, refused: RequestRejected | None
     ) -> Coroutine[None, None, None] | None:
         """The candidate's judgement to run; None when there is nothing to judge (the note
         says why)."""
         candidate = self._candidate()
-        note = decision.candidate
+        note = judging.decision.candidate
         if candidate is None or note is None:
             return None
-        tenant = decision.caller.tenant_label
+        tenant = judging.decision.caller.tenant_label
         if refused is not None and not judged_refusal(refused):
             note.verdict = Verdict.SAME
             self._events.candidate_verdict(tenant, note.verdict, "", "", "")
             return None
-        if (routed is not None or not self._local) and len(self._pending) >= self._max_pending:
+        admitted = judging.routed is not None
+        if (admitted or not self._local) and len(self._pending) >= self._max_pending:
             note.verdict = Verdict.SKIPPED
             self._events.candidate_verdict(tenant, note.verdict, "", "", "")
             return None
-        return self._judge(key, candidate, decision, policy, request, counted, routed, note)
+        return self._judge(judging, candidate, note)
 
-    async def _judge(
-        self,
-        key: str,
-        candidate: Policy,
-        decision: RoutingDecision,
-        policy: Policy,
-        request: InferenceRequest,
-        counted: PromptCount,
-        routed: Routed | None,
-        note: CandidateNote,
-    ) -> None:
+    async def _judge(self, judging: _Judging, candidate: Policy, note: CandidateNote) -> None:
+        decision, routed = judging.decision, judging.routed
         try:
-            judged = await self._admit(key, candidate, decision, policy, request, counted, routed)
+            judged = await self._admit(judging, candidate)
         except RequestRejected as refusal:
             note.reason = refusal.reason
             judged = None
@@ -245,34 +241,28 @@ class CandidateJudge:
         note.verdict = verdict
         if judged is not None and routed is None:  # nothing will run: keep what it reserved
             limits = judged.limits or judged.caller.limits
-            await self.store.settle(judged.caller.budget_id, limits, key, reserved_charge(judged))
+            await self.store.settle(
+                judged.caller.budget_id, limits, judging.key, reserved_charge(judged)
+            )
         self._events.candidate_verdict(
             decision.caller.tenant_label, verdict, note.reason, decision.pool, note.pool
         )
 
-    async def _admit(
-        self,
-        key: str,
-        candidate: Policy,
-        decision: RoutingDecision,
-        policy: Policy,
-        request: InferenceRequest,
-        counted: PromptCount,
-        routed: Routed | None,
-    ) -> RoutingDecision:
-        caller = candidate_caller(policy, candidate, decision.caller, self._keys)
+    async def _admit(self, judging: _Judging, candidate: Policy) -> RoutingDecision:
+        decision, request, routed = judging.decision, judging.counted.request, judging.routed
+        caller = candidate_caller(judging.policy, candidate, decision.caller, self._keys)
         if request.sequences > candidate.max_sequences:
             raise InvalidRequest("Too many sequences.", reason="too_many_sequences")
         judged = route(
-            candidate, request, caller, decision.request_id, decision.api, counted,
-            decision.prompt_correction,
+            candidate, request, caller, decision.request_id, decision.api,
+            judging.counted.counted, decision.prompt_correction,
         )  # fmt: skip
         if routed is not None:  # the breaker level it met scales the candidate's limits too
             judged = dataclasses.replace(judged, level=routed.decision.level)
         check_request(candidate, judged)
-        admitted = await self._budget.admit(judged, key, candidate)
+        admitted = await self._budget.admit(Applicant(judged, judging.key, candidate))
         if routed is not None:
-            self._held[key] = admitted.decision
+            self._held[judging.key] = admitted.decision
         return admitted.decision
 
     async def record(self, outcome: RequestOutcome) -> None:

@@ -5,13 +5,13 @@ stream). The flow turns request headers into a `HeaderVerdict` and the buffered 
 `Routed` decision, or raises a `RequestRejected`. Protobuf building and metrics live
 elsewhere (extproc.service), so this can be unit-tested with plain dicts.
 
-`Decider.decide` is the one path from a parsed request to an admitted decision: count the
-prompt, pick bucket and pool and check the model maximum (`count_and_route`, with
-extproc.request.routing), run the admission chain and wait for the request's end in the
-in-flight table (`admit_counted`). The sidecar's body phase runs the two halves itself,
-keeping the request's shape between them (the traffic record's, for a refusal too); the
-simulator calls `decide` with requests built from its arrivals (sim.fleet.offline), so both
-decide alike. A flow takes one policy snapshot when its stream opens and passes it to every
+The `Decider`'s two halves are the one path from a parsed request to an admitted
+decision: count the prompt, pick bucket and pool and check the model maximum
+(`count_and_route`, with extproc.request.routing), then run the admission chain and wait
+for the request's end in the in-flight table (`admit_counted`). The sidecar's body phase
+keeps the request's shape between them (the traffic record's, for a refusal too); the
+simulator runs the same two with requests built from its arrivals (sim.fleet.sidecar), so
+both decide alike. A flow takes one policy snapshot when its stream opens and passes it to every
 step of its request: nothing below re-reads the policy.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from admission.access import AccessStep
 from admission.chain import AdmissionChain
-from admission.decision import Admitted, RoutingDecision
+from admission.decision import Admitted, Applicant, RoutingDecision
 from admission.errors import (
     BodyTooLarge,
     InvalidRequest,
@@ -154,25 +154,8 @@ class Decider:
             decision, policy, counted.request, counted.body, counted.blocks, on_wait
         )
         if self.candidate is not None and decision.candidate is not None:
-            return await self.candidate.beside(
-                admitted, decision, policy, counted.request, counted.counted
-            )
+            return await self.candidate.beside(admitted, counted, policy)
         return await admitted
-
-    async def decide(
-        self,
-        request: InferenceRequest,
-        caller: ApiKey,
-        request_id: str,
-        api: Api,
-        policy: Policy,
-        body: bytes | None = None,
-        on_wait: WaitNotice | None = None,
-    ) -> Routed:
-        """A parsed request, counted, routed and admitted; `body` is rewritten when needed.
-        `on_wait`: told how long the request may wait when it enters the waiting room."""
-        counted = await self.count_and_route(request, caller, request_id, api, policy, body)
-        return await self.admit_counted(counted, policy, on_wait)
 
     async def admit(
         self,
@@ -185,7 +168,7 @@ class Decider:
     ) -> Routed:
         inflight = self.inflight
         tracking_id = inflight.new_id()
-        admitted = await self.admission.admit(decision, tracking_id, policy, on_wait)
+        admitted = await self.admission.admit(Applicant(decision, tracking_id, policy, on_wait))
         if self.picker is not None and admitted.decision.meters_tokens:
             admitted = self._pick(admitted, tracking_id, policy, blocks)
         inflight.put(tracking_id, admitted.decision)

@@ -9,7 +9,7 @@ suspended, a limit of 0: admission.access) is refused here, before its body is r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from admission.access import check_caller
@@ -19,16 +19,13 @@ from policy import ApiKey, Policy, Tier, build_caller, hash_api_key
 
 class IdentityResolver(Protocol):
     def resolve(
-        self,
-        headers: Mapping[str, str],
-        claims: Mapping[str, Any] | None = None,
-        policy: Policy | None = None,
+        self, headers: Mapping[str, str], claims: Mapping[str, Any] | None, policy: Policy
     ) -> ApiKey:
         """The caller of a request, or raise Unauthenticated (or Forbidden: it may send
         nothing, admission.access.check_caller).
 
         `claims` is the JWT payload Envoy's jwt_authn verified, when there is one; `policy`
-        the request's snapshot (None: the current one).
+        the request's snapshot.
         """
         ...
 
@@ -63,17 +60,12 @@ class ApiKeyResolver:
     """Verified JWT claims when present (policy `jwt`), else the API key: a stored key
     (`keys`) before the policy's, so the store can revoke or expire a key the policy lists."""
 
-    def __init__(self, policy: Callable[[], Policy], keys: StoredKeys | None = None) -> None:
-        self._policy = policy  # read per request: a reloaded policy takes effect at once
+    def __init__(self, keys: StoredKeys | None = None) -> None:
         self._keys = keys
 
     def resolve(
-        self,
-        headers: Mapping[str, str],
-        claims: Mapping[str, Any] | None = None,
-        policy: Policy | None = None,
+        self, headers: Mapping[str, str], claims: Mapping[str, Any] | None, policy: Policy
     ) -> ApiKey:
-        policy = policy or self._policy()
         caller = self._caller(headers, claims, policy)
         check_caller(policy, caller)
         return caller

@@ -12,8 +12,7 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from admission.decision import Admitted, RoutingDecision
-from admission.waiting_room import WaitNotice
+from admission.decision import Admitted, Applicant, RoutingDecision
 from engines import PromptBlocks
 from extproc.request.bodies import InferenceRequest
 from extproc.request.tokens import PromptCount
@@ -23,13 +22,7 @@ from policy import ApiKey, Policy
 class Admitter(Protocol):
     """The admission chain (admission.chain.AdmissionChain), as the request path sees it."""
 
-    async def admit(
-        self,
-        decision: RoutingDecision,
-        request_id: str,
-        policy: Policy,
-        on_wait: WaitNotice | None = None,
-    ) -> Admitted: ...
+    async def admit(self, applicant: Applicant) -> Admitted: ...
 
 
 class CandidatePolicy(Protocol):
@@ -39,12 +32,7 @@ class CandidatePolicy(Protocol):
     def attach(self, decision: RoutingDecision) -> RoutingDecision: ...
 
     async def beside(
-        self,
-        enforced: Awaitable[Routed],
-        decision: RoutingDecision,
-        policy: Policy,
-        request: InferenceRequest,
-        counted: PromptCount,
+        self, enforced: Awaitable[Routed], counted: CountedRequest, policy: Policy
     ) -> Routed: ...
 
 

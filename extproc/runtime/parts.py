@@ -208,7 +208,7 @@ def build_request_path(
     )
     decider = Decider(
         policy=policy,
-        identity=ApiKeyResolver(policy, keys),
+        identity=ApiKeyResolver(keys),
         counter=counter,
         corrections=corrections,
         admission=admission.chain,

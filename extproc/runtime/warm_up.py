@@ -212,10 +212,7 @@ class _WarmUpCaller:
     budget, spend or tenant series of a real one is touched."""
 
     def resolve(
-        self,
-        headers: Mapping[str, str],
-        claims: Mapping[str, Any] | None = None,
-        policy: Policy | None = None,
+        self, headers: Mapping[str, str], claims: Mapping[str, Any] | None, policy: Policy
     ) -> ApiKey:
         return _CALLER
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
@@ -129,25 +130,24 @@ class Siblings:
             log.warning("forwarding %d entries to worker %d failed: %s", len(entries), index, error)
 
     async def drill(self, request: pb.DrillRequest) -> None:
-        for index, channel in self._channels.items():
-            try:
-                await pb_grpc.AdminStub(channel).Drill(request, timeout=5.0)
-            except grpc.aio.AioRpcError as error:
-                log.warning("drill on worker %d failed: %s", index, error)
+        await self._each("drill", lambda admin: admin.Drill(request, timeout=5.0))
 
     async def reload(self) -> None:
-        for index, channel in self._channels.items():
-            try:
-                await pb_grpc.AdminStub(channel).ReloadPolicy(pb.ReloadPolicyRequest(), timeout=5.0)
-            except grpc.aio.AioRpcError as error:
-                log.warning("reload on worker %d failed: %s", index, error)
+        await self._each(
+            "reload", lambda admin: admin.ReloadPolicy(pb.ReloadPolicyRequest(), timeout=5.0)
+        )
 
     async def drain(self, request: pb.DrainRequest) -> None:
+        await self._each("drain", lambda admin: admin.Drain(request, timeout=5.0))
+
+    async def _each(self, what: str, call: Callable[[pb_grpc.AdminStub], Awaitable[Any]]) -> None:
+        """`call` on every worker's admin API in turn: one that fails is logged, and the
+        others still get it."""
         for index, channel in self._channels.items():
             try:
-                await pb_grpc.AdminStub(channel).Drain(request, timeout=5.0)
+                await call(pb_grpc.AdminStub(channel))
             except grpc.aio.AioRpcError as error:
-                log.warning("drain on worker %d failed: %s", index, error)
+                log.warning("%s on worker %d failed: %s", what, index, error)
 
     async def close(self) -> None:
         for channel in self._channels.values():

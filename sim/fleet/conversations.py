@@ -1,18 +1,19 @@
 """Workloads whose prompts share prefixes, as arrivals with their own texts.
 
-What lives here: `chat_arrivals` (multi-turn chats: each turn resends the system prompt
-and the whole history, as OpenAI clients do), `rag_arrivals` (one long shared system
-prompt per application and a short question each) and `mix_arrivals` (the field's 70% 4k
-/ 25% 8k / 5% 32k, nothing shared). Texts are made of pseudo-words drawn from a seeded
-generator and counted once with the sidecar's own counter (sim.server.tokenizer.shared_bpe), so the
-sidecar and the simulated engines' prefix caches (by message) see what a real client
-sends. Reproducible for a seed.
+What lives here: `Load` (who sends and how much), `chat_arrivals` (multi-turn chats: each
+turn resends the system prompt and the whole history, as OpenAI clients do),
+`rag_arrivals` (one long shared system prompt per application and a short question each)
+and `mix_arrivals` (the field's 70% 4k / 25% 8k / 5% 32k, nothing shared). Texts are made
+of pseudo-words drawn from a seeded generator and counted once with the sidecar's own
+counter (sim.server.tokenizer.shared_bpe), so the sidecar and the simulated engines'
+prefix caches (by message) see what a real client sends. Reproducible for a seed.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
@@ -37,16 +38,35 @@ def _text(rng: random.Random, tokens: int) -> tuple[str, int]:
     return text, shared_bpe().count(text)
 
 
-def _tier_key(keys: Sequence[ApiKey], shares: Sequence[float], draw: float) -> ApiKey:
-    return keys[int(np.searchsorted(np.cumsum(shares), draw * sum(shares)))]
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Who sends and how much: `keys`, each sending its share (`shares`) of about
+    `rate_per_s` requests a second, starting as a Poisson process until `duration_s`;
+    reproducible for `seed`."""
+
+    keys: Sequence[ApiKey]
+    shares: Sequence[float]
+    rate_per_s: float
+    duration_s: float
+    seed: int
+
+    def starts(self, draws: np.random.Generator, per_start: int = 1) -> Iterator[float]:
+        """The start times, each of `per_start` requests (a chat's turns)."""
+        at_s = 0.0
+        while True:
+            at_s += float(draws.exponential(per_start / self.rate_per_s))
+            if at_s >= self.duration_s:
+                return
+            yield at_s
+
+    def key(self, draws: np.random.Generator) -> ApiKey:
+        """A caller, drawn by the keys' shares."""
+        draw = float(draws.random())
+        return self.keys[int(np.searchsorted(np.cumsum(self.shares), draw * sum(self.shares)))]
 
 
 def chat_arrivals(
-    keys: Sequence[ApiKey],
-    shares: Sequence[float],
-    rate_per_s: float,
-    duration_s: float,
-    seed: int,
+    load: Load,
     turns: int = 4,
     think_s: float = 8.0,
     systems: int = 4,
@@ -55,21 +75,17 @@ def chat_arrivals(
 ) -> list[Arrival]:
     """Chats of `turns` turns starting at rate_per_s / turns (about rate_per_s requests a
     second in all), one of `systems` system prompts each, a turn every ~`think_s`."""
-    rng = random.Random(seed)
-    draws = np.random.default_rng(seed)
+    rng = random.Random(load.seed)
+    draws = np.random.default_rng(load.seed)
     prompts = [_text(rng, system_tokens) for _ in range(systems)]
     arrivals: list[Arrival] = []
-    at_s = 0.0
-    while True:
-        at_s += float(draws.exponential(turns / rate_per_s))
-        if at_s >= duration_s:
-            break
-        key = _tier_key(keys, shares, float(draws.random()))
+    for at_s in load.starts(draws, per_start=turns):
+        key = load.key(draws)
         history = [prompts[rng.randrange(systems)]]
         when = at_s
         for _ in range(turns):
             history.append(_text(rng, rng.randint(40, 200)))  # the user's next question
-            if when < duration_s:
+            if when < load.duration_s:
                 arrivals.append(
                     Arrival(
                         when,
@@ -88,32 +104,21 @@ def chat_arrivals(
 
 
 def rag_arrivals(
-    keys: Sequence[ApiKey],
-    shares: Sequence[float],
-    rate_per_s: float,
-    duration_s: float,
-    seed: int,
-    systems: int = 2,
-    system_tokens: int = 2000,
-    max_tokens: int = 256,
+    load: Load, systems: int = 2, system_tokens: int = 2000, max_tokens: int = 256
 ) -> list[Arrival]:
     """One question each, behind one of `systems` long shared system prompts (retrieved
     context an application sends with every question)."""
-    rng = random.Random(seed)
-    draws = np.random.default_rng(seed)
+    rng = random.Random(load.seed)
+    draws = np.random.default_rng(load.seed)
     prompts = [_text(rng, system_tokens) for _ in range(systems)]
     arrivals: list[Arrival] = []
-    at_s = 0.0
-    while True:
-        at_s += float(draws.exponential(1.0 / rate_per_s))
-        if at_s >= duration_s:
-            return arrivals
+    for at_s in load.starts(draws):
         system = prompts[rng.randrange(systems)]
         question = _text(rng, rng.randint(50, 300))
         arrivals.append(
             Arrival(
                 at_s,
-                _tier_key(keys, shares, float(draws.random())),
+                load.key(draws),
                 system[1] + question[1],
                 max_tokens,
                 texts=(system[0], question[0]),
@@ -121,34 +126,22 @@ def rag_arrivals(
                 conversation_texts=2,
             )
         )
+    return arrivals
 
 
-def mix_arrivals(
-    keys: Sequence[ApiKey],
-    shares: Sequence[float],
-    rate_per_s: float,
-    duration_s: float,
-    seed: int,
-    max_tokens: int = 512,
-) -> list[Arrival]:
+def mix_arrivals(load: Load, max_tokens: int = 512) -> list[Arrival]:
     """The field's mix: 70% ~4k, 25% ~8k, 5% ~32k prompts, nothing shared: the prompt
     library's texts behind a first line of the request's own (so no two prompts share a
     prefix, in the engines' caches or in the picker's index)."""
-    draws = np.random.default_rng(seed)
+    draws = np.random.default_rng(load.seed)
     arrivals: list[Arrival] = []
-    at_s = 0.0
-    count = 0
-    while True:
-        at_s += float(draws.exponential(1.0 / rate_per_s))
-        if at_s >= duration_s:
-            return arrivals
+    for count, at_s in enumerate(load.starts(draws), start=1):
         size = float(draws.random())
         low, high = (2048, 4000) if size < 0.70 else (4097, 7900) if size < 0.95 else (8193, 31000)
         chunks = library(False).messages(int(draws.integers(low, high)))
-        count += 1
         texts = (f"request {count} of the field mix.", *chunks)
         tokens = tuple(_count(text) for text in texts)
-        key = _tier_key(keys, shares, float(draws.random()))
+        key = load.key(draws)
         arrivals.append(
             Arrival(
                 at_s,
@@ -159,6 +152,7 @@ def mix_arrivals(
                 text_tokens=tokens,
             )
         )
+    return arrivals
 
 
 @cache

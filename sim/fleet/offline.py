@@ -42,7 +42,7 @@ from sim.fleet.engine_pool import EnginePool, SimEngine, engine_addresses, probe
 from sim.fleet.fleet_requests import FleetRequests
 from sim.fleet.fleet_types import EngineOutage, Sample, Served
 from sim.fleet.prompts import library
-from sim.fleet.sidecar import SimulatedSidecar, run_now
+from sim.fleet.sidecar import SimulatedSidecar, chat, run_now
 from sim.server.model import LatencyConfig
 from sim.server.tokenizer import shared_bpe
 
@@ -268,14 +268,9 @@ class OfflineFleet(FleetRequests):
         texts = arrival.texts or library(arrival.crafted).messages(arrival.counted)
         self._attempts[request_id] = self._attempts.get(request_id, 0) + 1
         self._attempt_at[request_id] = self.clock.now_s
+        request = chat(texts, arrival.max_tokens, arrival.stream, arrival.conversation_texts)
         sidecar.submit(
-            arrival.key,
-            texts,
-            arrival.max_tokens,
-            arrival.stream,
-            request_id,
-            lambda decided: self._decided(request_id, decided),
-            arrival.conversation_texts,
+            arrival.key, request, request_id, lambda decided: self._decided(request_id, decided)
         )
         self._tick_room()
 

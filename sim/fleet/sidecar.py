@@ -123,7 +123,7 @@ def drive(
 class _NoIdentity:
     """Simulated arrivals carry their key; nothing is resolved from headers."""
 
-    def resolve(self, headers: Any, claims: Any = None, policy: Any = None) -> ApiKey:
+    def resolve(self, headers: Any, claims: Any, policy: Any) -> ApiKey:
         raise NotImplementedError
 
 
@@ -184,62 +184,36 @@ class SimulatedSidecar:
             picker=self.picker if engines else None,
         )
 
-    def _decide(
-        self,
-        key: ApiKey,
-        texts: tuple[str, ...],
-        max_tokens: int,
-        stream: bool,
-        request_id: str,
-        head: int = 1,
-    ) -> Coroutine[Any, Any, Routed]:
-        request = InferenceRequest(
-            shape=BodyShape.CHAT,
-            model=None,
-            prompt_texts=texts,
-            prompt_token_ids=0,
-            max_tokens=max_tokens,
-            stream=stream,
-            conversation_texts=head,
-        )
-        return self.decider.decide(request, key, request_id, _CHAT, self.policy)
+    async def _decide(self, key: ApiKey, request: InferenceRequest, request_id: str) -> Routed:
+        counted = await self.decider.count_and_route(request, key, request_id, _CHAT, self.policy)
+        return await self.decider.admit_counted(counted, self.policy)
 
     def attempt(
-        self, key: ApiKey, texts: tuple[str, ...], max_tokens: int, stream: bool, request_id: str
+        self, key: ApiKey, request: InferenceRequest, request_id: str
     ) -> Routed | RequestRejected:
-        """The request (a chat of `texts`) as the sidecar decides it, at once: admitted, or
-        the refusal the client would get (a sidecar without a waiting room)."""
+        """The request (a `chat`) as the sidecar decides it, at once: admitted, or the
+        refusal the client would get (a sidecar without a waiting room)."""
         try:
-            return run_now(self._decide(key, texts, max_tokens, stream, request_id))
+            return run_now(self._decide(key, request, request_id))
         except RequestRejected as refusal:
             return refusal
 
     def submit(
         self,
         key: ApiKey,
-        texts: tuple[str, ...],
-        max_tokens: int,
-        stream: bool,
+        request: InferenceRequest,
         request_id: str,
         on_done: Callable[[Routed | RequestRejected], None],
-        head: int = 1,
     ) -> None:
-        """The request as the sidecar decides it, waiting in the waiting room if it must:
-        `on_done` gets the decision when it is made (now, or when the room dispatches or
-        times it out). `head`: the leading texts that are its conversation's head."""
-        drive(self._decide(key, texts, max_tokens, stream, request_id, head), on_done)
+        """The request (a `chat`) as the sidecar decides it, waiting in the waiting room if
+        it must: `on_done` gets the decision when it is made (now, or when the room
+        dispatches or times it out)."""
+        drive(self._decide(key, request, request_id), on_done)
 
     @staticmethod
     def kind(refusal: RequestRejected) -> str:
         """A refusal told by its kind (shed, kv_full, queue_full, budget, refused)."""
         return refusal_kind(refusal.reason)
-
-    def decide(
-        self, key: ApiKey, texts: tuple[str, ...], max_tokens: int, stream: bool, request_id: str
-    ) -> Routed | str:
-        """`attempt`, with a refusal told by its kind (shed, kv_full, budget, refused)."""
-        decided = self.attempt(key, texts, max_tokens, stream, request_id)
-        return decided if isinstance(decided, Routed) else self.kind(decided)
 
     def finish(self, outcome: RequestOutcome) -> None:
         """The request ended: out of the in-flight table, settled by every step, its engine's
@@ -247,6 +221,20 @@ class SimulatedSidecar:
         self.decider.inflight.pop(outcome.tracking_id)
         run_now(self.admission.chain.record(outcome))
         run_now(self._engine_outcomes.record(outcome))
+
+
+def chat(texts: tuple[str, ...], max_tokens: int, stream: bool, head: int = 1) -> InferenceRequest:
+    """A chat of `texts` as the sidecar parses one. `head`: the leading texts that are its
+    conversation's head."""
+    return InferenceRequest(
+        shape=BodyShape.CHAT,
+        model=None,
+        prompt_texts=texts,
+        prompt_token_ids=0,
+        max_tokens=max_tokens,
+        stream=stream,
+        conversation_texts=head,
+    )
 
 
 def _host_port(address: str) -> tuple[str, int]:

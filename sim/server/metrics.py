@@ -38,27 +38,28 @@ class PoolMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
         m = model_name
-        self._kv_usage = Gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage, 1 = full.", _LABELS, registry=reg
-        ).labels(_ENGINE, m)
-        self._running = Gauge(
-            "vllm:num_requests_running", "Requests in the running batch.", _LABELS, registry=reg
-        ).labels(_ENGINE, m)
-        self._waiting = Gauge(
-            "vllm:num_requests_waiting", "Requests waiting for KV cache.", _LABELS, registry=reg
-        ).labels(_ENGINE, m)
-        self.prefix_queries = Counter(
-            "vllm:prefix_cache_queries", "Prompt tokens looked up.", _LABELS, registry=reg
-        ).labels(_ENGINE, m)
-        self.prefix_hits = Counter(
-            "vllm:prefix_cache_hits", "Prompt tokens found cached.", _LABELS, registry=reg
-        ).labels(_ENGINE, m)
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Prefill tokens processed.", _LABELS, registry=reg
-        ).labels(_ENGINE, m)
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Generation tokens produced.", _LABELS, registry=reg
-        ).labels(_ENGINE, m)
+
+        def engine_gauge(name: str, text: str) -> Gauge:
+            """A gauge of this engine core and model (vLLM's labels)."""
+            return Gauge(name, text, _LABELS, registry=reg).labels(_ENGINE, m)
+
+        def engine_counter(name: str, text: str) -> Counter:
+            return Counter(name, text, _LABELS, registry=reg).labels(_ENGINE, m)
+
+        def engine_histogram(name: str, text: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, text, _LABELS, buckets=buckets, registry=reg).labels(_ENGINE, m)
+
+        self._kv_usage = engine_gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = full.")
+        self._running = engine_gauge("vllm:num_requests_running", "Requests in the running batch.")
+        self._waiting = engine_gauge("vllm:num_requests_waiting", "Requests waiting for KV cache.")
+        self.prefix_queries = engine_counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up."
+        )
+        self.prefix_hits = engine_counter("vllm:prefix_cache_hits", "Prompt tokens found cached.")
+        self.prompt_tokens = engine_counter("vllm:prompt_tokens", "Prefill tokens processed.")
+        self.generation_tokens = engine_counter(
+            "vllm:generation_tokens", "Generation tokens produced."
+        )
         self._request_success = Counter(
             "vllm:request_success",
             "Finished requests by finish reason.",
@@ -66,9 +67,7 @@ class PoolMetrics:
             registry=reg,
         )
         self._model_name = m
-        self.preemptions = Counter(
-            "vllm:num_preemptions", "Preemptions (never, here).", _LABELS, registry=reg
-        ).labels(_ENGINE, m)
+        self.preemptions = engine_counter("vllm:num_preemptions", "Preemptions (never, here).")
         # What `slogate up` and tooling.stack.vllm_engine read a pool's KV size from.
         Gauge(
             "vllm:cache_config_info",
@@ -76,27 +75,19 @@ class PoolMetrics:
             ("engine", "block_size", "num_gpu_blocks", "kv_cache_size_tokens"),
             registry=reg,
         ).labels(_ENGINE, "1", str(kv_capacity_tokens), str(kv_capacity_tokens)).set(1)
-        self.ttft_s = Histogram(
+        self.ttft_s = engine_histogram(
             "vllm:time_to_first_token_seconds",
             "Time to first token, queueing included.",
-            _LABELS,
-            buckets=_TTFT_BUCKETS_S,
-            registry=reg,
-        ).labels(_ENGINE, m)
-        self.e2e_s = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Arrival to last token.",
-            _LABELS,
-            buckets=_E2E_BUCKETS_S,
-            registry=reg,
-        ).labels(_ENGINE, m)
-        self.tpot_s = Histogram(
+            _TTFT_BUCKETS_S,
+        )
+        self.e2e_s = engine_histogram(
+            "vllm:e2e_request_latency_seconds", "Arrival to last token.", _E2E_BUCKETS_S
+        )
+        self.tpot_s = engine_histogram(
             "vllm:request_time_per_output_token_seconds",
             "Mean inter-token time of a request.",
-            _LABELS,
-            buckets=_TPOT_BUCKETS_S,
-            registry=reg,
-        ).labels(_ENGINE, m)
+            _TPOT_BUCKETS_S,
+        )
 
     def request_finished(self, finished_reason: str) -> None:
         self._request_success.labels(_ENGINE, self._model_name, finished_reason).inc()

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from policy import ApiKey, Policy, Tier, parse_policy
+from policy import Policy, Tier, parse_policy
 from sim.fleet.arrivals import Arrival
-from sim.fleet.conversations import chat_arrivals, mix_arrivals, rag_arrivals
+from sim.fleet.conversations import Load, chat_arrivals, mix_arrivals, rag_arrivals
 from sim.fleet.engine_pool import engine_addresses
 from sim.fleet.fleet_types import EngineOutage
 from sim.fleet.offline import OfflineFleet
@@ -41,7 +41,7 @@ class Sizing:
     per_engine_qps: float = 25.0
 
 
-Generator = Callable[[Sequence[ApiKey], Sequence[float], float, float, int], list[Arrival]]
+Generator = Callable[[Load], list[Arrival]]
 WORKLOADS: dict[str, tuple[Generator, Sizing]] = {
     "chat": (chat_arrivals, Sizing()),
     # Longer chats behind a short system prompt: most of each prompt is its own history.
@@ -95,7 +95,7 @@ def run_picking(
     engines = max(2, round(qps / sizing.per_engine_qps))
     policy = picking_policy(engines, picker, sizing)
     keys = [k for tier, _ in TIER_SHARES if (k := policy.key_for(f"sk-{tier}")) is not None]
-    arrivals = generate(keys, [share for _, share in TIER_SHARES], qps, duration_s, seed)
+    arrivals = generate(Load(keys, [share for _, share in TIER_SHARES], qps, duration_s, seed))
     outages = [EngineOutage("default", 0, outage_at_s)] if outage_at_s is not None else []
     fleet = OfflineFleet(
         policy,

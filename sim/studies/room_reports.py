@@ -71,6 +71,28 @@ def _row(columns: list[tuple[str, Any]]) -> Callable[[str, Any], str]:
     return row
 
 
+def _tier_rows(row: Callable[[str, Any], str], tier: str, waits: bool) -> list[str]:
+    """A tier's rows in either table; `waits`: with all its refusals and its waits too."""
+
+    def room(r: dict[str, Any]) -> dict[str, Any]:
+        tiers: dict[str, Any] = r[_ROOM]["tiers"]
+        return tiers[tier]
+
+    rows = [
+        row(f"{tier} SLO attainment", lambda r: r["tiers"][tier]["slo_attainment"]),
+        row(f"{tier} refused for capacity", lambda r: room(r)["refused_for_capacity"]),
+    ]
+    if waits:
+        rows += [
+            row(f"{tier} refused (all)", lambda r: r["tiers"][tier]["refused"]),
+            row(
+                f"{tier} wait P50 / P99 s",
+                lambda r: "{wait_p50_s} / {wait_p99_s}".format(**room(r)),
+            ),
+        ]
+    return [*rows, row(f"{tier} Jain's index", lambda r: room(r)["jain_fairness"])]
+
+
 def waiting_room_table(report: dict[str, Any]) -> str:
     lines = []
     for seed, runs in report["runs"].items():
@@ -84,21 +106,7 @@ def waiting_room_table(report: dict[str, Any]) -> str:
             row("burst handling", lambda r: r["burst_handling"]),
         ]
         for tier in ("critical", "standard", "sheddable"):
-            lines += [
-                row(f"{tier} SLO attainment", lambda r, t=tier: r["tiers"][t]["slo_attainment"]),
-                row(
-                    f"{tier} refused for capacity",
-                    lambda r, t=tier: r[_ROOM]["tiers"][t]["refused_for_capacity"],
-                ),
-                row(f"{tier} refused (all)", lambda r, t=tier: r["tiers"][t]["refused"]),
-                row(
-                    f"{tier} wait P50 / P99 s",
-                    lambda r, t=tier: "{wait_p50_s} / {wait_p99_s}".format(**r[_ROOM]["tiers"][t]),
-                ),
-                row(
-                    f"{tier} Jain's index", lambda r, t=tier: r[_ROOM]["tiers"][t]["jain_fairness"]
-                ),
-            ]
+            lines += _tier_rows(row, tier, waits=True)
         tenants = sorted(columns[0][1][_ROOM]["tenants"])
         for tenant in tenants:
             lines.append(
@@ -192,15 +200,6 @@ def sidecars_table(report: dict[str, Any]) -> str:
             ),
         ]
         for tier in ("critical", "standard", "sheddable"):
-            lines += [
-                row(f"{tier} SLO attainment", lambda r, t=tier: r["tiers"][t]["slo_attainment"]),
-                row(
-                    f"{tier} refused for capacity",
-                    lambda r, t=tier: r[_ROOM]["tiers"][t]["refused_for_capacity"],
-                ),
-                row(
-                    f"{tier} Jain's index", lambda r, t=tier: r[_ROOM]["tiers"][t]["jain_fairness"]
-                ),
-            ]
+            lines += _tier_rows(row, tier, waits=False)
         lines.append("")
     return "\n".join(lines)

@@ -47,7 +47,7 @@ POLICY = parse_policy(
 
 def decider(policy: Policy = POLICY) -> Decider:
     counter = PromptCounter(_BPE, policy.counting, ThreadPoolExecutor(1))
-    return Decider(policy=lambda: policy, identity=ApiKeyResolver(lambda: policy), counter=counter)
+    return Decider(policy=lambda: policy, identity=ApiKeyResolver(), counter=counter)
 
 
 def headers(key: str, path: str = "/v1/chat/completions") -> dict[str, str]:

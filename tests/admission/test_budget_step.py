@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from admission.budget_step import BudgetStep, rate_limit_headers, reserved_charge, settled_charge
-from admission.decision import CountKind, RequestOutcome, RoutingDecision
+from admission.decision import Applicant, CountKind, RequestOutcome, RoutingDecision
 from admission.errors import ContextLengthExceeded, RateLimited
 from admission.events import NoEvents
 from breaker.levels import BreakerLevel
@@ -90,10 +90,10 @@ async def test_gate_admits_refuses_and_settles() -> None:
     gate = BudgetStep(store, NoEvents(), ttl_s=60)
     limits = Limits(tokens_per_minute=3000)
     first = decision(limits)
-    admitted = await gate.admit(first, "a", POLICY)
+    admitted = await gate.admit(Applicant(first, "a", POLICY))
     assert admitted.response_headers["x-ratelimit-remaining-tokens"] == str(3000 - 1950)
     with pytest.raises(RateLimited) as info:
-        await gate.admit(decision(limits), "b", POLICY)
+        await gate.admit(Applicant(decision(limits), "b", POLICY))
     refused = info.value
     assert refused.status == 429 and refused.retry_after_s is not None
     assert refused.retry_after_s == 18  # (1950 - 1050) tokens at 3000 per minute
@@ -101,17 +101,17 @@ async def test_gate_admits_refuses_and_settles() -> None:
     await gate.settle(
         outcome(admitted.decision, 200, 100, 100, tracking_id="a")
     )  # 200 raw, 260 weighted
-    assert (await gate.admit(decision(limits), "c", POLICY)).decision.pool == "default"
+    assert (await gate.admit(Applicant(decision(limits), "c", POLICY))).decision.pool == "default"
     assert await store.outstanding("cd" * 6) == 1
 
 
 async def test_gate_refuses_what_can_never_fit_and_key_context_limits() -> None:
     gate = BudgetStep(InProcessStore(), NoEvents(), ttl_s=60)
     with pytest.raises(RateLimited) as info:
-        await gate.admit(decision(Limits(tokens_per_minute=100)), "a", POLICY)
+        await gate.admit(Applicant(decision(Limits(tokens_per_minute=100)), "a", POLICY))
     assert info.value.retry_after_s is None and "too large" in info.value.message
     with pytest.raises(ContextLengthExceeded) as context:
-        await gate.admit(decision(Limits(max_context_tokens=1024)), "b", POLICY)
+        await gate.admit(Applicant(decision(Limits(max_context_tokens=1024)), "b", POLICY))
     assert context.value.reason == "key_context_limit"
 
 
@@ -123,7 +123,7 @@ async def test_the_limits_a_request_was_reserved_under_are_the_ones_it_settles_a
     limits = Limits(tokens_per_minute=4000)
     sheddable = ApiKey("ef" * 32, "batch", Tier.SHEDDABLE, limits)
     at_l1 = dataclasses.replace(decision(limits), caller=sheddable, level=BreakerLevel.L1)
-    admitted = await gate.admit(at_l1, "a", POLICY)
+    admitted = await gate.admit(Applicant(at_l1, "a", POLICY))
     assert admitted.decision.limits is not None
     assert admitted.decision.limits.tokens_per_minute == 2000  # L1 halves sheddable budgets
     assert admitted.response_headers["x-ratelimit-limit-tokens"] == "2000"
@@ -135,7 +135,7 @@ async def test_a_refused_later_step_refunds_the_whole_reservation() -> None:
     store = InProcessStore()
     gate = BudgetStep(store, NoEvents(), ttl_s=60)
     limits = Limits(tokens_per_minute=3000)
-    admitted = await gate.admit(decision(limits), "a", POLICY)
+    admitted = await gate.admit(Applicant(decision(limits), "a", POLICY))
     await gate.release(admitted.decision, "a")
-    again = await gate.admit(decision(limits), "b", POLICY)  # the whole budget is back
+    again = await gate.admit(Applicant(decision(limits), "b", POLICY))  # the whole budget is back
     assert again.response_headers["x-ratelimit-remaining-tokens"] == str(3000 - 1950)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from admission.budget_step import BudgetStep
-from admission.decision import CountKind, RoutingDecision
+from admission.decision import Applicant, CountKind, RoutingDecision
 from admission.errors import RateLimited
 from admission.events import NoEvents
 from budget.key_quotas import KeyQuotas
@@ -72,16 +72,16 @@ def _decision(caller: ApiKey, request_id: str) -> RoutingDecision:
 async def test_a_sharing_tenant_s_keys_draw_on_one_budget() -> None:
     gate = BudgetStep(InProcessStore(), NoEvents(), ttl_s=60)
     for i in range(3):
-        await gate.admit(_decision(key("sk-team-a"), f"a{i}"), f"a{i}", POLICY)
+        await gate.admit(Applicant(_decision(key("sk-team-a"), f"a{i}"), f"a{i}", POLICY))
     with pytest.raises(RateLimited) as refused:
-        await gate.admit(_decision(key("sk-team-b"), "b"), "b", POLICY)
+        await gate.admit(Applicant(_decision(key("sk-team-b"), "b"), "b", POLICY))
     assert "tenant 'team'" in str(refused.value), str(refused.value)
     # The key with limits of its own still has its own room.
-    await gate.admit(_decision(key("sk-team-own"), "own"), "own", POLICY)
+    await gate.admit(Applicant(_decision(key("sk-team-own"), "own"), "own", POLICY))
     # A tenant that does not share: each key its own three a minute.
     for i in range(3):
-        await gate.admit(_decision(key("sk-solo-a"), f"s{i}"), f"s{i}", POLICY)
-    await gate.admit(_decision(key("sk-solo-b"), "sb"), "sb", POLICY)
+        await gate.admit(Applicant(_decision(key("sk-solo-a"), f"s{i}"), f"s{i}", POLICY))
+    await gate.admit(Applicant(_decision(key("sk-solo-b"), "sb"), "sb", POLICY))
 
 
 def test_the_controller_steps_a_shared_budget_once_an_interval() -> None:

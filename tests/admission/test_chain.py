@@ -12,7 +12,7 @@ import pytest
 from admission.assembly import build_admission
 from admission.breaker_step import BreakerStep
 from admission.chain import AdmissionChain
-from admission.decision import Admitted, RequestOutcome, RoutingDecision
+from admission.decision import Admitted, Applicant, RequestOutcome, RoutingDecision
 from admission.errors import Overloaded, RateLimited
 from admission.events import NoEvents
 from admission.kv.step import KvStep
@@ -20,7 +20,7 @@ from breaker.board import BreakerBoard
 from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel
 from budget.store import InProcessStore
-from policy import Limits, Policy, Tier, parse_policy
+from policy import Limits, Tier, parse_policy
 from tests.support.clock import VirtualClock
 from tests.support.decisions import caller, decision, outcome
 
@@ -43,9 +43,7 @@ class _Waiting:
     def __init__(self) -> None:
         self.entered = asyncio.Event()
 
-    async def admit(
-        self, decision: RoutingDecision, request_id: str, policy: Policy, on_wait: object = None
-    ) -> Admitted:
+    async def admit(self, applicant: Applicant) -> Admitted:
         self.entered.set()
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
@@ -58,16 +56,12 @@ class _Waiting:
 
 
 class _Broken(_Waiting):
-    async def admit(
-        self, decision: RoutingDecision, request_id: str, policy: Policy, on_wait: object = None
-    ) -> Admitted:
+    async def admit(self, applicant: Applicant) -> Admitted:
         raise KeyError("a bug in a later step")
 
 
 class _Refusing(_Waiting):
-    async def admit(
-        self, decision: RoutingDecision, request_id: str, policy: Policy, on_wait: object = None
-    ) -> Admitted:
+    async def admit(self, applicant: Applicant) -> Admitted:
         raise RateLimited("no", reason="budget_tokens")
 
 
@@ -84,7 +78,9 @@ async def test_whatever_ends_admission_gives_back_what_earlier_steps_hold(later:
     kv = kv_step()
     chain = AdmissionChain([kv, later()])
     with pytest.raises((RateLimited, KeyError)):
-        await chain.admit(decision(2000, tier=Tier.CRITICAL, policy=POLICY), "r1", POLICY)
+        await chain.admit(
+            Applicant(decision(2000, tier=Tier.CRITICAL, policy=POLICY), "r1", POLICY)
+        )
     assert held(kv) == 0 and kv.book.holds == 0
 
 
@@ -94,7 +90,7 @@ async def test_a_request_cancelled_while_a_step_waits_holds_nothing() -> None:
     waiting = _Waiting()
     chain = AdmissionChain([kv, waiting])
     task = asyncio.create_task(
-        chain.admit(decision(2000, tier=Tier.CRITICAL, policy=POLICY), "r1", POLICY)
+        chain.admit(Applicant(decision(2000, tier=Tier.CRITICAL, policy=POLICY), "r1", POLICY))
     )
     await waiting.entered.wait()
     assert held(kv) == 2000  # the KV step admitted before the wait began
@@ -107,7 +103,7 @@ async def test_a_request_cancelled_while_a_step_waits_holds_nothing() -> None:
 async def test_a_hold_whose_end_never_comes_expires() -> None:
     clock = VirtualClock()
     kv = KvStep(NoEvents(), clock, ttl_s=60, policy=lambda: POLICY)
-    await kv.admit(decision(2000, tier=Tier.CRITICAL, policy=POLICY), "r1", POLICY)
+    await kv.admit(Applicant(decision(2000, tier=Tier.CRITICAL, policy=POLICY), "r1", POLICY))
     clock.advance(59)
     assert await kv.expire() == [] and held(kv) == 2000
     clock.advance(2)
@@ -118,20 +114,16 @@ async def test_the_chain_settles_every_step_even_when_one_fails() -> None:
     kv = kv_step()
 
     class _SettleFails(_Waiting):
-        async def admit(
-            self,
-            decision: RoutingDecision,
-            request_id: str,
-            policy: Policy,
-            on_wait: object = None,
-        ) -> Admitted:
-            return Admitted(decision)
+        async def admit(self, applicant: Applicant) -> Admitted:
+            return Admitted(applicant.decision)
 
         async def settle(self, outcome: RequestOutcome) -> None:
             raise RuntimeError("broken sink")
 
     chain = AdmissionChain([_SettleFails(), kv])
-    admitted = await chain.admit(decision(2000, tier=Tier.CRITICAL, policy=POLICY), "r1", POLICY)
+    admitted = await chain.admit(
+        Applicant(decision(2000, tier=Tier.CRITICAL, policy=POLICY), "r1", POLICY)
+    )
     await chain.record(outcome(admitted.decision, tracking_id="r1"))
     assert held(kv) == 0
 
@@ -139,18 +131,20 @@ async def test_the_chain_settles_every_step_even_when_one_fails() -> None:
 async def test_the_kv_step_refuses_past_the_tiers_share_and_skips_cheap_requests() -> None:
     kv = kv_step()
     standard = decision(4000, policy=POLICY)  # standard: 95% of 10,000
-    await kv.admit(standard, "a", POLICY)
-    await kv.admit(standard, "b", POLICY)
+    await kv.admit(Applicant(standard, "a", POLICY))
+    await kv.admit(Applicant(standard, "b", POLICY))
     with pytest.raises(Overloaded) as info:
-        await kv.admit(decision(2000, policy=POLICY), "c", POLICY)  # 10,000 > 9,500
+        await kv.admit(Applicant(decision(2000, policy=POLICY), "c", POLICY))  # 10,000 > 9,500
     assert info.value.reason == "kv_cache_full" and info.value.retry_after_s == 1
-    await kv.admit(decision(1500, tier=Tier.CRITICAL, policy=POLICY), "d", POLICY)  # 9,500
+    await kv.admit(
+        Applicant(decision(1500, tier=Tier.CRITICAL, policy=POLICY), "d", POLICY)
+    )  # 9,500
     from policy.apis import api_named
 
     models = api_named("models")
     assert models is not None
     cheap = dataclasses.replace(decision(0, 0, policy=POLICY), api=models)
-    assert (await kv.admit(cheap, "e", POLICY)).decision is cheap and kv.book.holds == 3
+    assert (await kv.admit(Applicant(cheap, "e", POLICY))).decision is cheap and kv.book.holds == 3
 
 
 def board_at(level: BreakerLevel, clock: VirtualClock) -> BreakerBoard:
@@ -181,10 +175,10 @@ async def test_the_breaker_step_applies_the_shedding_table(
     request = decision(context, tier=tier, policy=POLICY)
     if expected.startswith("shed_"):
         with pytest.raises(Overloaded) as info:
-            await step.admit(request, "r", POLICY)
+            await step.admit(Applicant(request, "r", POLICY))
         assert info.value.reason == expected and (info.value.retry_after_s or 0) >= 1
         return
-    admitted = await step.admit(request, "r", POLICY)
+    admitted = await step.admit(Applicant(request, "r", POLICY))
     assert admitted.decision.level is level  # carried to the budget step and settlement
     if expected == "fallback":
         assert admitted.decision.pool == "fallback"
@@ -217,5 +211,5 @@ async def test_the_assembled_chain_runs_access_breaker_budget_kv_in_that_order()
         caller=caller(Tier.SHEDDABLE, limits=Limits(tokens_per_minute=1000)),
     )
     with pytest.raises(RateLimited):  # L1 halves sheddable budgets: 2000 > 500
-        await admission.chain.admit(sheddable, "r1", POLICY)
+        await admission.chain.admit(Applicant(sheddable, "r1", POLICY))
     assert admission.kv.book.holds == 0  # the budget refusal gave the KV room back

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from admission.decision import CountKind, RequestOutcome, RoutingDecision
+from admission.decision import Applicant, CountKind, RequestOutcome, RoutingDecision
 from admission.errors import SpendExhausted
 from admission.spend_step import SpendStep, spend_usage, warning_header
 from budget.spend import TokenUsage
@@ -84,7 +84,7 @@ def test_usage_read_from_the_outcome() -> None:
 
 async def test_keys_of_one_tenant_share_it_and_usage_is_priced_by_kind(step: Any) -> None:
     spending, store, events = step
-    first = await spending.admit(decision("ab"), "r1", POLICY)
+    first = await spending.admit(Applicant(decision("ab"), "r1", POLICY))
     hold = first.decision.spend
     assert hold is not None and hold.amount == 1000 + 500 * 8  # reasoning is the dearer
     assert first.response_headers == {}
@@ -96,23 +96,23 @@ async def test_keys_of_one_tenant_share_it_and_usage_is_priced_by_kind(step: Any
     cost = 200 + 800 * 0.1 + 200 * 4 + 100 * 8
     assert await store.used("acme", hold.window_ids) == dict.fromkeys(hold.window_ids, cost)
     # Another key of the same tenant is charged in the same windows; 80% of the day passed.
-    other = await spending.admit(decision("cd", max_tokens=800), "r2", POLICY)
+    other = await spending.admit(Applicant(decision("cd", max_tokens=800), "r2", POLICY))
     assert other.response_headers == {"x-slogate-spend-warning": "day=80%"}
     assert events.used[-2][:2] == ("acme", "day") and events.used[-2][2] >= 0.8
     # A later step refused: the whole reservation comes back.
     await spending.release(other.decision, "r2")
     assert (await store.used("acme", hold.window_ids))[hold.window_ids[0]] == cost
     # A tenant without a budget is not charged at all.
-    free = await spending.admit(decision("ef", tenant="free"), "r3", POLICY)
+    free = await spending.admit(Applicant(decision("ef", tenant="free"), "r3", POLICY))
     assert free.decision.spend is None
 
 
 async def test_a_used_up_day_refuses_until_midnight_utc(step: Any) -> None:
     spending, _, _ = step
-    big = await spending.admit(decision("ab", prompt=9000, max_tokens=10), "r1", POLICY)
+    big = await spending.admit(Applicant(decision("ab", prompt=9000, max_tokens=10), "r1", POLICY))
     await spending.settle(outcome(big.decision, "r1", prompt_tokens=9000, completion_tokens=400))
     with pytest.raises(SpendExhausted) as refused:
-        await spending.admit(decision("cd"), "r2", POLICY)
+        await spending.admit(Applicant(decision("cd"), "r2", POLICY))
     error = refused.value
     assert (error.status, error.code, error.reason) == (
         429,
@@ -146,6 +146,6 @@ async def test_a_store_that_does_not_answer_admits_unchecked_and_counts_it() -> 
             unchecked.append(tenant)
 
     spending = SpendStep(Unreachable(), Counting(), 600, lambda: NOW_S)
-    admitted = await spending.admit(decision("ab"), "r1", POLICY)
+    admitted = await spending.admit(Applicant(decision("ab"), "r1", POLICY))
     assert admitted.decision.spend is None and unchecked == ["acme"]
     await spending.settle(outcome(admitted.decision, "r1", prompt_tokens=1, completion_tokens=1))

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from admission.assembly import build_admission
-from admission.decision import RoutingDecision
+from admission.decision import Applicant, RoutingDecision
 from admission.errors import Overloaded, RateLimited, RequestRejected
 from admission.events import NoEvents
 from admission.kv.step import KvStep
@@ -92,7 +92,7 @@ class Room:
         self.decisions[rid] = d
 
         async def admit() -> None:
-            await self.kv.admit(d, rid, self.policy, on_wait)
+            await self.kv.admit(Applicant(d, rid, self.policy, on_wait))
             self.order.append(rid)
 
         self.tasks[rid] = asyncio.create_task(admit())
@@ -235,11 +235,11 @@ async def test_budget_and_breaker_refusals_never_wait() -> None:
     rich = caller(Tier.CRITICAL, tenant="rich", key="r")
     poor = caller(Tier.CRITICAL, tenant="poor", key="p", limits=Limits(tokens_per_minute=10))
     await admission.chain.admit(
-        dataclasses.replace(decision(1000, policy=policy), caller=rich), "a", policy
+        Applicant(dataclasses.replace(decision(1000, policy=policy), caller=rich), "a", policy)
     )
     with pytest.raises(RateLimited):  # the pool is full, but the budget says no first
         await admission.chain.admit(
-            dataclasses.replace(decision(1000, policy=policy), caller=poor), "b", policy
+            Applicant(dataclasses.replace(decision(1000, policy=policy), caller=poor), "b", policy)
         )
     assert len(admission.kv.room) == 0
 
@@ -247,7 +247,9 @@ async def test_budget_and_breaker_refusals_never_wait() -> None:
 async def test_a_request_that_could_never_fit_is_refused_at_once() -> None:
     room = Room(room_policy(slots=2))
     with pytest.raises(Overloaded) as refused:
-        await room.kv.admit(decision(1000, policy=room.policy, sequences=3), "n3", room.policy)
+        await room.kv.admit(
+            Applicant(decision(1000, policy=room.policy, sequences=3), "n3", room.policy)
+        )
     assert refused.value.reason == "sequences_full" and len(room.kv.room) == 0
 
 
@@ -374,7 +376,7 @@ def test_the_simulators_waiters_run_the_same_room() -> None:
         def done(result: object, rid: str = rid) -> None:
             got.append(rid if not isinstance(result, RequestRejected) else f"{rid}:{result.reason}")
 
-        drive(kv.admit(d, rid, policy), done)
+        drive(kv.admit(Applicant(d, rid, policy)), done)
 
     send("busy", Tier.STANDARD)
     send("shed", Tier.SHEDDABLE)

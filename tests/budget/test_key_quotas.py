@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from admission.budget_step import BudgetStep
-from admission.decision import CountKind, RequestOutcome, RoutingDecision
+from admission.decision import Applicant, CountKind, RequestOutcome, RoutingDecision
 from admission.errors import RateLimited
 from admission.events import NoEvents
 from budget.key_quotas import KeyQuotas
@@ -76,13 +76,15 @@ async def test_the_budget_step_enforces_the_ceiling_when_the_policy_says_so(
         estimate=CountKind.EXACT,
         stream=False,
     )
-    admitted = await gate.admit(decision, "a", policy)  # 2000 of the 3000 ceiling
+    admitted = await gate.admit(Applicant(decision, "a", policy))  # 2000 of the 3000 ceiling
     if not enforced:  # shown, not enforced: the policy's 60,000 applies
         assert admitted.response_headers["x-ratelimit-limit-tokens"] == "60000"
         return
     assert admitted.response_headers["x-ratelimit-limit-tokens"] == "3000"
     with pytest.raises(RateLimited):
-        await gate.admit(decision, "b", policy)  # the policy's 60,000 would have allowed it
+        await gate.admit(
+            Applicant(decision, "b", policy)
+        )  # the policy's 60,000 would have allowed it
     await gate.settle(RequestOutcome(admitted.decision, "a", 200, 900, 100, 0.1, 1.0, "x"))
     assert events.seen == [1000.0]
 

@@ -14,10 +14,18 @@ import uuid
 import pytest
 
 from budget.redis_store import connect
-from budget.spend import windows
+from budget.spend import SpendHold, SpendWindow, windows
 from budget.spend_redis import RedisSpendStore
 from budget.spend_store import InProcessSpendStore, SpendStore
 from tests.support.clock import VirtualClock
+
+# What a tenant's tokens cost (the suites' reservations carry them).
+PRICES = {"prompt": 1.0, "cached_prompt": 0.1, "completion": 4.0, "reasoning": 6.0}
+
+
+def hold(who: str, spans: tuple[SpendWindow, ...], amount: float) -> SpendHold:
+    return SpendHold(who, spans, PRICES, amount)
+
 
 __all__ = [
     "clock",
@@ -59,15 +67,15 @@ async def test_admits_while_under_then_refuses_naming_the_window(
 ) -> None:
     who, spans = tenant(), windows({"day": 1000.0, "month": 5000.0}, clock())
     ids = [s.id for s in spans]
-    first = await store.reserve(who, spans, 900, "a", 600)
+    first = await store.reserve(hold(who, spans, 900), "a", 600)
     assert first.admitted and first.used == {ids[0]: 900, ids[1]: 900}
     assert await store.settle(who, ids, "a", 700) == {ids[0]: 700, ids[1]: 700}
     # 700 < 1000: admitted although it may cost more than is left (it is not cut)...
-    second = await store.reserve(who, spans, 900, "b", 600)
+    second = await store.reserve(hold(who, spans, 900), "b", 600)
     assert second.admitted and second.used[ids[0]] == 1600
     assert await store.settle(who, ids, "b", 450) == {ids[0]: 1150, ids[1]: 1150}
     # ... and the next is refused by the day, until it ends.
-    refused = await store.reserve(who, spans, 1, "c", 600)
+    refused = await store.reserve(hold(who, spans, 1), "c", 600)
     assert not refused.admitted and refused.refused is not None
     assert refused.refused.name == "day" and refused.used[ids[0]] == 1150
     assert await store.used(who, ids) == {ids[0]: 1150, ids[1]: 1150}
@@ -76,7 +84,7 @@ async def test_admits_while_under_then_refuses_naming_the_window(
 async def test_refund_and_unknown_reservation(store: SpendStore, clock: VirtualClock) -> None:
     who, spans = tenant(), windows({"month": 100.0}, clock())
     ids = [s.id for s in spans]
-    assert (await store.reserve(who, spans, 99.5, "a", 600)).admitted
+    assert (await store.reserve(hold(who, spans, 99.5), "a", 600)).admitted
     assert await store.settle(who, ids, "a", None) == {ids[0]: 0}
     assert await store.settle(who, ids, "a", 10) is None  # settled once only
     assert await store.used(who, ids) == {ids[0]: 0}
@@ -86,11 +94,11 @@ async def test_a_held_reservation_counts_until_it_settles(
     store: SpendStore, clock: VirtualClock
 ) -> None:
     who, spans = tenant(), windows({"month": 100.0}, clock())
-    assert (await store.reserve(who, spans, 100, "a", 600)).admitted
-    assert not (await store.reserve(who, spans, 1, "b", 600)).admitted
+    assert (await store.reserve(hold(who, spans, 100), "a", 600)).admitted
+    assert not (await store.reserve(hold(who, spans, 1), "b", 600)).admitted
     # Never settled: after its ttl the charge stays spent (the work may have been done).
     clock.advance(601)
-    assert not (await store.reserve(who, spans, 1, "c", 600)).admitted
+    assert not (await store.reserve(hold(who, spans, 1), "c", 600)).admitted
     assert await store.settle(who, [spans[0].id], "a", 5) is None
 
 
@@ -99,14 +107,14 @@ async def test_the_day_rolls_over_at_midnight_utc_the_month_keeps_counting(
 ) -> None:
     who, limits = tenant(), {"day": 100.0, "month": 150.0}
     spans = windows(limits, clock())
-    assert (await store.reserve(who, spans, 100, "a", 600)).admitted
+    assert (await store.reserve(hold(who, spans, 100), "a", 600)).admitted
     await store.settle(who, [s.id for s in spans], "a", 100)
-    assert not (await store.reserve(who, windows(limits, clock()), 1, "b", 600)).admitted
+    assert not (await store.reserve(hold(who, windows(limits, clock()), 1), "b", 600)).admitted
     clock.advance(3600)  # 2027-01-01 00:00: a new day AND a new month
     fresh = windows(limits, clock())
-    assert (await store.reserve(who, fresh, 120, "c", 600)).admitted
+    assert (await store.reserve(hold(who, fresh, 120), "c", 600)).admitted
     await store.settle(who, [s.id for s in fresh], "c", 120)
     clock.advance(86400)  # the next day: the day reopens, the month (120 of 150) not yet full
-    assert (await store.reserve(who, windows(limits, clock()), 1, "d", 600)).admitted
+    assert (await store.reserve(hold(who, windows(limits, clock()), 1), "d", 600)).admitted
     # A reservation made before midnight settles in the windows it was made in.
     assert await store.settle(who, [s.id for s in spans], "d", 1) is None

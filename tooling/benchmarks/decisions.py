@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import os
 import statistics
 import tempfile
@@ -31,6 +30,7 @@ from budget.redis_store import RedisStore, connect
 from budget.store import BudgetStore, InProcessStore
 from policy import Limits, Pool
 from policy.quantiles import quantile
+from tooling.benchmarks.reports import write_report
 from tooling.stack.redis import start_redis
 
 LIMITS = Limits(
@@ -195,16 +195,18 @@ def run(out_dir: Path, calls: int = 5000) -> dict[str, Any]:
     report["calls"] = calls
     report["cpus"] = os.cpu_count()
     table = _table(report) + "\n\n" + _admission_table(report)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "decisions.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out_dir / "decisions.md").write_text(
+    write_report(
+        out_dir,
+        "decisions",
+        report,
         f"# Admission store cost ({report['when']})\n\n{report['cpus']} CPUs, {calls} calls "
         "per measurement; one at a time for latency, 64 in flight for throughput. Redis: "
         "a local valkey/redis server over loopback, one EVALSHA per operation. The second "
         "table is the KV ledger, and the whole decision's store work as the chain does it "
         "(budget reserve, then KV hold: two round trips, since a budget's keys and a pool's "
         "sit in different Redis Cluster slots). Target: the whole decision p99 <= 1 ms.\n\n"
-        f"{table}\n"
+        f"{table}\n",
+        indent=2,
     )
     print(table)
     return report

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import math
 import os
 import platform
@@ -61,6 +60,7 @@ from tooling.benchmarks.corpus import (
     build_samples,
     load_documents,
 )
+from tooling.benchmarks.reports import write_report
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT_DIR = REPO_ROOT / "bench" / "results"
@@ -412,9 +412,7 @@ def run(out_dir: Path, refit: bool = False) -> dict[str, Any]:
     }
     if refit:
         report["refitted_coefficients"] = fit_coefficients([s for s in samples if s.half == "fit"])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "estimator_accuracy.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out_dir / "estimator_accuracy.md").write_text(markdown(report))
+    write_report(out_dir, "estimator_accuracy", report, markdown(report), indent=2)
     return report
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from tooling.benchmarks import vs_litellm
 from tooling.benchmarks.profile import table as profile_table
+from tooling.benchmarks.reports import write_report
 
 LITELLM_NOTE = (
     "litellm: LiteLLM's proxy ({}, one worker process, no Envoy in front: what a user runs "
@@ -70,9 +71,10 @@ def write(report: Mapping[str, Any], out_dir: Path, name: str = "overhead") -> N
     seen = report.get("sidecar_profile") or {}
     litellm_seen = report.get("litellm_profile") or {}
     levers = report.get("levers") or {}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out_dir / f"{name}.md").write_text(
+    write_report(
+        out_dir,
+        name,
+        report,
         f"# Overhead benchmark ({report['when']})\n\n{report['machine']['cpus']} CPUs, "
         f"{report['rounds']} interleaved rounds of {report['duration_s']:g} s per setup and "
         "load, medians.\n"
@@ -103,7 +105,8 @@ def write(report: Mapping[str, Any], out_dir: Path, name: str = "overhead") -> N
             + profile_table(litellm_seen)
             if litellm_seen
             else ""
-        )
+        ),
+        indent=2,
     )
     print(table)
     print(verdict_lines)

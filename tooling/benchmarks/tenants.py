@@ -34,6 +34,7 @@ from policy.quantiles import quantile
 from tooling.benchmarks.decision_cost import _measure
 from tooling.benchmarks.driver import SidecarDriver
 from tooling.benchmarks.levers import BENCH_KEY, bench_policy
+from tooling.benchmarks.reports import write_report
 from tooling.stack.processes import free_port, proc_stat
 
 HOST = "127.0.0.1"
@@ -234,16 +235,18 @@ def run(
     when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     report = {"when": when, "cpus": os.cpu_count(), "seconds": seconds, "rows": rows}
     table = _table(report)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "tenants.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out_dir / "tenants.md").write_text(
+    write_report(
+        out_dir,
+        "tenants",
+        report,
         f"# A thousand tenants against the demo policy ({when})\n\n{os.cpu_count()} CPUs. "
         "load: `load_policy`, median of 3. start: `slogate serve` spawned to its ready line. "
         "decision: the body decision at the field mix, in process (as bench decision-cost), "
         "median p50 and worst p99 of two interleaved rounds. 400: a body the sidecar refuses "
         f"itself, one at a time for {seconds:.0f} s over gRPC, timed by the client; then the "
         "same while five SIGHUP reloads run (each reload's time from the sidecar's log).\n\n"
-        f"{table}\n"
+        f"{table}\n",
+        indent=2,
     )
     print(table)
     return report

@@ -28,6 +28,7 @@ from typing import Any
 from policy.quantiles import quantile
 from tooling.benchmarks.driver import SidecarDriver
 from tooling.benchmarks.levers import BENCH_KEY, bench_policy
+from tooling.benchmarks.reports import write_report
 from tooling.stack.otlp_receiver import TraceReceiver
 from tooling.stack.processes import proc_stat, start_sidecar
 
@@ -194,9 +195,7 @@ def run(
         "cpu_us_added": on["cpu_us_per_decision"] - off["cpu_us_per_decision"],
         "on_the_loop": loop_cost,
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "tracing.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out_dir / "tracing.md").write_text(_markdown(report))
+    write_report(out_dir, "tracing", report, _markdown(report))
     print(_markdown(report))
     return report
 

@@ -14,7 +14,6 @@ with the CPU count printed beside it.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 import statistics
 import tempfile
@@ -35,6 +34,7 @@ from tooling.benchmarks.overhead import (
     front_envoy,
     load,
 )
+from tooling.benchmarks.reports import write_report
 from tooling.benchmarks.wrk import start_envoy, upstream_bootstrap
 from tooling.stack.processes import free_port
 from tooling.stack.redis import start_redis
@@ -173,15 +173,17 @@ def run(
             f"| {row.get('cpu_us_per_request_envoy', 0.0):.0f} | {row['non_2xx']:.0f} |"
         )
     table = "\n".join(lines)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "workers.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out_dir / "workers.md").write_text(
+    write_report(
+        out_dir,
+        "workers",
+        report,
         f"# slogate serve --workers N ({report['when']})\n\n{report['cpus']} CPUs, body "
         f"profile {profile}, Redis store, Envoy with max(4, 2N) worker threads, "
         f"{rounds} interleaved rounds of {duration_s:g} s, medians. 'vs N x 1 worker': "
         f"throughput over N times one worker's (target >= {SCALING_TARGET} while cores "
         "last; wrk, both Envoys, Redis and the workers share the machine's cores)."
-        f"\n\n{table}\n"
+        f"\n\n{table}\n",
+        indent=2,
     )
     print(table)
     return report

@@ -4,11 +4,11 @@ admin API (keys' add / revoke / rotate / list are tooling.cli.keys's)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
-import sys
+from typing import Any
 
 from extproc.runtime.serve_command import DEFAULT_ADMIN
 from tooling.cli import keys as key_commands
+from tooling.cli.common import on_admin_api
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,56 +38,49 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def call_admin(args: argparse.Namespace) -> int:
     """status / keys / reload / drill / drain: one call to the running sidecar's admin API."""
-    import grpc
-
     from extproc.adminpb import admin_pb2 as pb
+    from extproc.adminpb import admin_pb2_grpc as pb_grpc
     from extproc.service import admin_client as admin
 
-    async def call() -> int:
-        channel, stub = admin.stub(args.admin)
-        try:
-            if args.command == "status":
-                status = await stub.Status(pb.StatusRequest(), timeout=5)
-                print(admin.as_json(status) if args.json else admin.status_table(status))
-            elif args.command == "keys":
-                keys = await stub.Keys(pb.KeysRequest(tenant=args.tenant), timeout=10)
-                print(admin.as_json(keys) if args.json else admin.keys_table(keys))
-            elif args.command == "reload":
-                reloaded = await stub.ReloadPolicy(pb.ReloadPolicyRequest(), timeout=10)
-                print(
-                    admin.as_json(reloaded)
-                    if args.json
-                    else f"reloaded: {reloaded.keys} keys"
-                    + (f"\n{reloaded.error}" if reloaded.error else "")
-                    if reloaded.ok
-                    else f"refused, the old policy stays: {reloaded.error}"
-                )
-                return 0 if reloaded.ok else 1
-            elif args.command == "drain":
-                drained = await stub.Drain(
-                    pb.DrainRequest(engine=args.engine, pool=args.pool, undo=args.undo), timeout=5
-                )
-                print(
-                    admin.as_json(drained)
-                    if args.json
-                    else "\n".join(f"{e.pool} {e.endpoint}: {e.state}" for e in drained.engines)
-                )
-            else:
-                drilled = await stub.Drill(
-                    pb.DrillRequest(pool=args.pool, level=args.level, minutes=args.minutes),
-                    timeout=5,
-                )
-                print(
-                    admin.as_json(drilled)
-                    if args.json
-                    else f"drill: {drilled.pool} at least L{drilled.level} for "
-                    f"{drilled.remaining_s:.0f} s"
-                )
-            return 0
-        except grpc.aio.AioRpcError as error:
-            print(f"slogate: {args.admin}: {error.code().name}: {error.details()}", file=sys.stderr)
-            return 2
-        finally:
-            await channel.close()
+    async def call(channel: Any) -> int:
+        stub = pb_grpc.AdminStub(channel)
+        if args.command == "status":
+            status = await stub.Status(pb.StatusRequest(), timeout=5)
+            print(admin.as_json(status) if args.json else admin.status_table(status))
+        elif args.command == "keys":
+            keys = await stub.Keys(pb.KeysRequest(tenant=args.tenant), timeout=10)
+            print(admin.as_json(keys) if args.json else admin.keys_table(keys))
+        elif args.command == "reload":
+            reloaded = await stub.ReloadPolicy(pb.ReloadPolicyRequest(), timeout=10)
+            print(
+                admin.as_json(reloaded)
+                if args.json
+                else f"reloaded: {reloaded.keys} keys"
+                + (f"\n{reloaded.error}" if reloaded.error else "")
+                if reloaded.ok
+                else f"refused, the old policy stays: {reloaded.error}"
+            )
+            return 0 if reloaded.ok else 1
+        elif args.command == "drain":
+            drained = await stub.Drain(
+                pb.DrainRequest(engine=args.engine, pool=args.pool, undo=args.undo), timeout=5
+            )
+            print(
+                admin.as_json(drained)
+                if args.json
+                else "\n".join(f"{e.pool} {e.endpoint}: {e.state}" for e in drained.engines)
+            )
+        else:
+            drilled = await stub.Drill(
+                pb.DrillRequest(pool=args.pool, level=args.level, minutes=args.minutes),
+                timeout=5,
+            )
+            print(
+                admin.as_json(drilled)
+                if args.json
+                else f"drill: {drilled.pool} at least L{drilled.level} for "
+                f"{drilled.remaining_s:.0f} s"
+            )
+        return 0
 
-    return asyncio.run(call())
+    return on_admin_api(args.admin, call)

@@ -1,12 +1,20 @@
 """What several `slogate` subcommands share: a foreground command's stop signal, the vLLM
-check and the POOL=NAME argument. The --policy and --admin arguments, which `serve` has too,
-are extproc.runtime.serve_command's."""
+check, the POOL=NAME and --workload arguments, a call to a running sidecar's admin API, and
+the window of a traffic record a command reads (--from, --to) and its reading. The --policy
+and --admin arguments, which `serve` has too, are extproc.runtime.serve_command's."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
 import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sim.fleet.traffic import TrafficRead
 
 
 class Signalled:
@@ -41,3 +49,60 @@ def vllm_ready() -> bool:
         )
         return False
     return True
+
+
+def on_admin_api(address: str, call: Callable[[Any], Awaitable[int]]) -> int:
+    """`call`'s exit code, run on a channel (a grpc.aio.Channel) to the sidecar's admin API
+    at `address`, closed after; a call the sidecar failed is printed, and exits 2."""
+    import grpc
+
+    async def run() -> int:
+        channel = grpc.aio.insecure_channel(address)
+        try:
+            return await call(channel)
+        except grpc.aio.AioRpcError as error:
+            print(f"slogate: {address}: {error.code().name}: {error.details()}", file=sys.stderr)
+            return 2
+        finally:
+            await channel.close()
+
+    return asyncio.run(run())
+
+
+def add_workload(parser: argparse.ArgumentParser, default: str) -> None:
+    """--workload: the workload a command plays, by name or file."""
+    parser.add_argument(
+        "--workload",
+        default=default,
+        help="a name in sim/workloads/, or a workload file (e.g. slogate workload fit's)",
+    )
+
+
+def add_time_window(parser: argparse.ArgumentParser) -> None:
+    """--from and --to: the part of a traffic record a command reads."""
+    parser.add_argument("--from", dest="from_t", default=None, help="Unix seconds or ISO time")
+    parser.add_argument("--to", dest="to_t", default=None, help="Unix seconds or ISO time")
+
+
+def time_window(args: argparse.Namespace) -> tuple[float | None, float | None]:
+    """--from and --to in Unix seconds (None: open); ValueError when one is not a time."""
+    from sim.fleet.traffic import parse_time
+
+    from_s = None if args.from_t is None else parse_time(args.from_t)
+    return from_s, None if args.to_t is None else parse_time(args.to_t)
+
+
+def read_record(
+    paths: list[Path], from_s: float | None, to_s: float | None, name: str
+) -> TrafficRead | None:
+    """The traffic record in `paths` between the two times, each problem in it printed;
+    None (printed why) when no record file was found."""
+    from sim.fleet.traffic import read_traffic
+
+    read = read_traffic(paths, from_s, to_s)
+    for problem in read.problems:
+        print(f"{name}: {problem}", file=sys.stderr)
+    if not read.files:
+        print(f"{name}: no traffic record files found", file=sys.stderr)
+        return None
+    return read

@@ -10,7 +10,6 @@ without a subcommand still prints the policy's keys with their usage (tooling.cl
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -36,6 +35,7 @@ from policy.keyring import (
     revoked,
     rotated,
 )
+from tooling.cli.common import on_admin_api
 
 _SUPPRESS = argparse.SUPPRESS  # an option the parent `keys` also has keeps its value
 
@@ -80,7 +80,7 @@ def manage_keys(args: argparse.Namespace) -> int:
     try:
         if args.file is not None:
             return _on_file(args, args.file)
-        return asyncio.run(_on_admin(args))
+        return on_admin_api(args.admin, lambda channel: _on_admin(args, channel))
     except (ValueError, KeyError, PolicyError, AdminTokenError) as error:
         message = error.args[0] if isinstance(error, KeyError) else error
         print(f"slogate keys {args.keys_action}: {message}", file=sys.stderr)
@@ -203,48 +203,39 @@ def _on_file(args: argparse.Namespace, path: Path) -> int:
 # -- against a sidecar's admin API --------------------------------------------------------
 
 
-async def _on_admin(args: argparse.Namespace) -> int:
+async def _on_admin(args: argparse.Namespace, channel: grpc.aio.Channel) -> int:
     environ = {TOKEN_FILE_ENV: str(args.token_file)} if args.token_file else None
     token = admin_token(environ)
     metadata = (("authorization", f"Bearer {token}"),) if token else None
-    channel = grpc.aio.insecure_channel(args.admin)
     keys = pb_grpc.KeyAdminStub(channel)
     clear = None
-    try:
-        if args.keys_action == "list":
-            reply = await keys.ListKeys(
-                pb.ListKeysRequest(tenant=getattr(args, "tenant", "")), metadata=metadata
-            )
-            _print_keys(reply.keys, args.json)
-            return 0
-        if args.keys_action == "add":
-            clear, digest = new_clear_key()
-            request = pb.AddKeyRequest(
-                key_sha256=digest,
-                tenant=args.tenant,
-                tier=args.tier,
-                limits=pb.Limits(**_limits(args.limit)),
-                expires_in_s=parse_duration_s(args.expires_in) if args.expires_in else 0.0,
-            )
-            change = await keys.AddKey(request, metadata=metadata)
-        elif args.keys_action == "revoke":
-            change = await keys.RevokeKey(
-                pb.RevokeKeyRequest(key_id=args.key_id), metadata=metadata
-            )
-        else:
-            clear, digest = new_clear_key()
-            change = await keys.RotateKey(
-                pb.RotateKeyRequest(
-                    key_id=args.key_id,
-                    new_key_sha256=digest,
-                    grace_s=parse_duration_s(args.grace),
-                ),
-                metadata=metadata,
-            )
-        _print_change(args, change, clear)
+    if args.keys_action == "list":
+        reply = await keys.ListKeys(
+            pb.ListKeysRequest(tenant=getattr(args, "tenant", "")), metadata=metadata
+        )
+        _print_keys(reply.keys, args.json)
         return 0
-    except grpc.aio.AioRpcError as error:
-        print(f"slogate: {args.admin}: {error.code().name}: {error.details()}", file=sys.stderr)
-        return 2
-    finally:
-        await channel.close()
+    if args.keys_action == "add":
+        clear, digest = new_clear_key()
+        request = pb.AddKeyRequest(
+            key_sha256=digest,
+            tenant=args.tenant,
+            tier=args.tier,
+            limits=pb.Limits(**_limits(args.limit)),
+            expires_in_s=parse_duration_s(args.expires_in) if args.expires_in else 0.0,
+        )
+        change = await keys.AddKey(request, metadata=metadata)
+    elif args.keys_action == "revoke":
+        change = await keys.RevokeKey(pb.RevokeKeyRequest(key_id=args.key_id), metadata=metadata)
+    else:
+        clear, digest = new_clear_key()
+        change = await keys.RotateKey(
+            pb.RotateKeyRequest(
+                key_id=args.key_id,
+                new_key_sha256=digest,
+                grace_s=parse_duration_s(args.grace),
+            ),
+            metadata=metadata,
+        )
+    _print_change(args, change, clear)
+    return 0

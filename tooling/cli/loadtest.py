@@ -11,18 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from policy import BudgetStoreKind
-from tooling.cli.common import vllm_ready
+from tooling.cli.common import add_workload, vllm_ready
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     loadtest = sub.add_parser(
         "loadtest", help="play a workload as open-loop arrivals against a live stack"
     )
-    loadtest.add_argument(
-        "--workload",
-        default="field-mix",
-        help="a name in sim/workloads/, or a workload file (e.g. slogate workload fit's)",
-    )
+    add_workload(loadtest, "field-mix")
     loadtest.add_argument("--seed", type=int, default=1)
     loadtest.add_argument(
         "--time-scale",

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tooling.cli.common import add_time_window, read_record, time_window
+
 
 def add_traffic_arguments(diff: argparse.ArgumentParser) -> None:
     diff.add_argument(
@@ -26,8 +28,7 @@ def add_traffic_arguments(diff: argparse.ArgumentParser) -> None:
         default=None,
         help="a traffic record dir or file (repeatable), replayed under both policies",
     )
-    diff.add_argument("--from", dest="from_t", default=None, help="Unix seconds or ISO time")
-    diff.add_argument("--to", dest="to_t", default=None, help="Unix seconds or ISO time")
+    add_time_window(diff)
     diff.add_argument("--seed", type=int, default=1, help="the same for both replays")
     diff.add_argument("--out", type=Path, default=None, help="also write OUT.md and OUT.json")
     diff.add_argument(
@@ -55,22 +56,17 @@ def traffic_diff(args: argparse.Namespace) -> int:
     from policy import PolicyError, load_policy
     from policy.diff import policy_changes
     from sim.fleet.replay import replayed_requests
-    from sim.fleet.traffic import parse_time, read_traffic
     from sim.studies.policy_impact import Guards, check_guards, compare, impact_markdown
 
     name = "slogate policy diff"
     try:
-        from_s = None if args.from_t is None else parse_time(args.from_t)
-        to_s = None if args.to_t is None else parse_time(args.to_t)
+        from_s, to_s = time_window(args)
         old, new = load_policy(args.old), load_policy(args.new)
     except (PolicyError, OSError, ValueError) as error:
         print(f"{name}: {error}", file=sys.stderr)
         return 2
-    read = read_traffic(args.traffic, from_s, to_s)
-    for problem in read.problems:
-        print(f"{name}: {problem}", file=sys.stderr)
-    if not read.files:
-        print(f"{name}: no traffic record files found", file=sys.stderr)
+    read = read_record(args.traffic, from_s, to_s, name)
+    if read is None:
         return 2
     guards = Guards(args.max_critical_loss, args.max_p99_growth)
     timing = not args.simulated_timing

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tooling.cli.common import add_time_window, read_record, time_window
+
 if TYPE_CHECKING:
     from sim.server.model import LatencyConfig
 
@@ -22,8 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--traffic", type=Path, action="append", required=True, help="a record dir or file"
     )
     command.add_argument("--policy", type=Path, required=True, help="the policy to replay under")
-    command.add_argument("--from", dest="from_t", default=None, help="Unix seconds or ISO time")
-    command.add_argument("--to", dest="to_t", default=None, help="Unix seconds or ISO time")
+    add_time_window(command)
     command.add_argument("--seed", type=int, default=1)
     command.add_argument(
         "--latency-from",
@@ -57,21 +58,16 @@ def _latency(path: Path | None) -> LatencyConfig | None:
 def run_replay(args: argparse.Namespace) -> int:
     from policy import load_policy
     from sim.fleet.replay import replay, replay_table
-    from sim.fleet.traffic import parse_time, read_traffic
 
     try:
-        from_s = None if args.from_t is None else parse_time(args.from_t)
-        to_s = None if args.to_t is None else parse_time(args.to_t)
+        from_s, to_s = time_window(args)
         latency = _latency(args.latency_from)
     except ValueError as error:
         print(f"slogate replay: {error}", file=sys.stderr)
         return 2
     policy = load_policy(args.policy)
-    read = read_traffic(args.traffic, from_s, to_s)
-    for problem in read.problems:
-        print(f"slogate replay: {problem}", file=sys.stderr)
-    if not read.files:
-        print("slogate replay: no traffic record files found", file=sys.stderr)
+    read = read_record(args.traffic, from_s, to_s, "slogate replay")
+    if read is None:
         return 2
     report = replay(read.entries, policy, seed=args.seed, latency=latency)
     report["files"] = [str(path) for path in read.files]

@@ -11,16 +11,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tooling.cli.common import add_workload
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     simulate = sub.add_parser(
         "simulate", help="offline fleet: best static quota (sweep) vs the dynamic controller"
     )
-    simulate.add_argument(
-        "--workload",
-        default="burst-10x",
-        help="a name in sim/workloads/, or a workload file (e.g. slogate workload fit's)",
-    )
+    add_workload(simulate, "burst-10x")
     simulate.add_argument(
         "--scale",
         type=float,

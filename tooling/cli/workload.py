@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from tooling.cli.common import add_time_window, read_record, time_window
+
 
 class _Flow(list[Any]):
     """A list written in YAML's flow style: a shape's hundreds of points on a few lines."""
@@ -36,8 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     fit.add_argument(
         "--traffic", type=Path, action="append", required=True, help="a record dir or file"
     )
-    fit.add_argument("--from", dest="from_t", default=None, help="Unix seconds or ISO time")
-    fit.add_argument("--to", dest="to_t", default=None, help="Unix seconds or ISO time")
+    add_time_window(fit)
     fit.add_argument("--out", type=Path, default=Path("fitted.yaml"), help="the workload file")
     fit.add_argument("--name", default=None, help="the workload's name (default: --out's stem)")
     fit.add_argument(
@@ -55,12 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def fit_workload_file(args: argparse.Namespace) -> int:
-    from sim.fleet.traffic import parse_time, read_traffic
     from sim.fleet.workload_fit import BURST_FACTOR, fit_workload
 
     try:
-        from_s = None if args.from_t is None else parse_time(args.from_t)
-        to_s = None if args.to_t is None else parse_time(args.to_t)
+        from_s, to_s = time_window(args)
     except ValueError as error:
         print(f"slogate workload fit: {error}", file=sys.stderr)
         return 2
@@ -68,11 +67,8 @@ def fit_workload_file(args: argparse.Namespace) -> int:
         print("slogate workload fit: --bin-s must be positive", file=sys.stderr)
         return 2
     burst_factor = BURST_FACTOR if args.burst_factor is None else args.burst_factor
-    read = read_traffic(args.traffic, from_s, to_s)
-    for problem in read.problems:
-        print(f"slogate workload fit: {problem}", file=sys.stderr)
-    if not read.files:
-        print("slogate workload fit: no traffic record files found", file=sys.stderr)
+    read = read_record(args.traffic, from_s, to_s, "slogate workload fit")
+    if read is None:
         return 2
     try:
         workload = fit_workload(

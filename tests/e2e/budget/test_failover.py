@@ -101,9 +101,10 @@ def test_replicas_share_one_budget_exactly(tmp_path: Path, processes: list[Manag
             samples = scrape(f"http://127.0.0.1:{metrics_port}/metrics")
             assert metric(samples, "slogate_budget_store_decisions_total", store="local") == 0
 
-        store = RedisStore(connect(f"redis://127.0.0.1:{redis_port}/0"))
+        client = connect(f"redis://127.0.0.1:{redis_port}/0")
+        store = RedisStore(client)
         key_id = hash_api_key(KEY)[:12]
-        state = await store._client.hgetall(f"slogate:{{{key_id}}}:state")
+        state = await client.hgetall(f"slogate:{{{key_id}}}:state")
         assert float(state[b"tokens"]) >= 0.0  # never a negative balance
         assert await store.outstanding(key_id) == len(admitted)
 

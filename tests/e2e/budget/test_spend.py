@@ -13,7 +13,7 @@ from budget.spend import windows
 from budget.spend_store import SpendStore
 from tests.support.clock import VirtualClock
 from tests.support.spend_store_suite import *  # noqa: F403  (the suite's tests, collected here)
-from tests.support.spend_store_suite import open_store, tenant
+from tests.support.spend_store_suite import hold, open_store, tenant
 
 
 @pytest.fixture(params=["redis", "cluster"])
@@ -34,7 +34,7 @@ async def test_two_replicas_never_pass_the_limit_by_more_than_one_reservation(
     async def client(store: SpendStore, name: str) -> int:
         admitted = 0
         for i in range(60):
-            verdict = await store.reserve(who, spans, cost, f"{name}-{i}", 600)
+            verdict = await store.reserve(hold(who, spans, cost), f"{name}-{i}", 600)
             if verdict.admitted:
                 admitted += 1
                 await store.settle(who, [spans[0].id], f"{name}-{i}", cost)

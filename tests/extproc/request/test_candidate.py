@@ -93,7 +93,7 @@ def shadowed(
     counter = PromptCounter(None, policy.counting, ThreadPoolExecutor(1))
     decider = Decider(
         policy=lambda: policy,
-        identity=ApiKeyResolver(lambda: policy),
+        identity=ApiKeyResolver(),
         counter=counter,
         admission=admission.chain,
         candidate=judge,
@@ -245,7 +245,7 @@ async def test_in_a_shared_store_the_candidates_windows_stand_apart_from_the_rea
     )
     decider = Decider(
         policy=lambda: policy,
-        identity=ApiKeyResolver(lambda: policy),
+        identity=ApiKeyResolver(),
         counter=PromptCounter(None, policy.counting, ThreadPoolExecutor(1)),
         admission=admission.chain,
         candidate=judge,

@@ -52,7 +52,7 @@ _BPE = DeepSeekBpe()
 
 def decider(policy: Policy = POLICY, exact: bool = True) -> Decider:
     counter = PromptCounter(_BPE if exact else None, policy.counting, ThreadPoolExecutor(1))
-    return Decider(policy=lambda: policy, identity=ApiKeyResolver(lambda: policy), counter=counter)
+    return Decider(policy=lambda: policy, identity=ApiKeyResolver(), counter=counter)
 
 
 def body(content: str = "hello", **fields: Any) -> bytes:
@@ -300,7 +300,7 @@ async def test_a_reload_between_the_phases_leaves_the_request_on_its_snapshot() 
     counter, picker = _BlocksAsked(), _PickerSeen()
     d = Decider(
         policy=lambda: current[0],
-        identity=ApiKeyResolver(lambda: current[0]),
+        identity=ApiKeyResolver(),
         counter=counter,
         picker=cast(EnginePicker, picker),
     )

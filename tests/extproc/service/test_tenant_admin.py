@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from budget.spend import windows
+from budget.spend import SpendHold, windows
 from budget.spend_store import InProcessSpendStore
 from extproc.adminpb import tenants_pb2 as pb
 from extproc.service.tenant_admin import tenant_usage
@@ -55,7 +55,7 @@ async def test_the_table_shows_spend_per_window() -> None:
     acme = policy.tenants.listed["acme"]
     assert acme.spend is not None
     spans = windows(acme.spend.windows(), NOW_S)
-    await store.reserve("acme", spans, 1_200_000, "r", 600)
+    await store.reserve(SpendHold("acme", spans, {}, 1_200_000), "r", 600)
     await store.settle("acme", [s.id for s in spans], "r", 1_250_000)
     reply = pb.TenantsReply(spend_store_up=True)
     for name in ("acme", "globex", "plain"):

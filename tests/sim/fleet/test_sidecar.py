@@ -29,7 +29,7 @@ from extproc.request.tokens import PromptCounter
 from extproc.runtime.sidecar import Sidecar
 from extproc.service.access_log import finish
 from policy import ApiKey, Policy, load_policy
-from sim.fleet.sidecar import SimulatedSidecar
+from sim.fleet.sidecar import SimulatedSidecar, chat
 from sim.server.tokenizer import shared_bpe
 from tests.support.clock import VirtualClock
 from tests.support.stack import example_policy, write_policy
@@ -139,7 +139,8 @@ class SimulatorSide:
     def decide(self, step: Step, request_id: str) -> Routed | RequestRejected:
         key = self.policy.key_for(step.key)
         assert isinstance(key, ApiKey)
-        return self.sidecar.attempt(key, (step.text,), step.max_tokens, step.stream, request_id)
+        request = chat((step.text,), step.max_tokens, step.stream)
+        return self.sidecar.attempt(key, request, request_id)
 
     def finish(self, routed: Routed, completion: int) -> None:
         decision = routed.decision
