@@ -51,10 +51,9 @@ from admission.errors import (
 )
 from admission.events import NoEvents
 from budget.store import BudgetStore, InProcessStore
-from extproc.request.flow import Routed
 from extproc.request.identity import StoredKeys
 from extproc.request.routing import route
-from extproc.request.verdicts import CountedRequest
+from extproc.request.verdicts import CountedRequest, Routed
 from policy import ApiKey, Policy, build_caller
 
 log = logging.getLogger("slogate.candidate")

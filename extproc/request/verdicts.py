@@ -1,5 +1,5 @@
 """What the request path answers, and the hooks it is given: kept apart from the flow
-(extproc.request.flow), which imports and re-exports them.
+(extproc.request.flow), which imports them; so do the flow's callers.
 
 What lives here: `Routed` (an admitted request), `HeaderVerdict` (the header phase's
 answer), `CountedRequest` (a request counted and routed, before its admission), and the

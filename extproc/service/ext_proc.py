@@ -22,7 +22,8 @@ from admission.errors import InternalError, RequestRejected
 from admission.waiting_room import WaitNotice
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from extproc.request.flow import Decider, HeaderVerdict, RequestFlow, Routed
+from extproc.request.flow import Decider, RequestFlow
+from extproc.request.verdicts import HeaderVerdict, Routed
 from extproc.service.log_records import REQUEST_ID
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.observers import RequestObserver

@@ -40,7 +40,7 @@ from extproc.request.contract import (
     TIER_HEADER,
     TRACKING_ID_FIELD,
 )
-from extproc.request.flow import HeaderVerdict, Routed
+from extproc.request.verdicts import HeaderVerdict, Routed
 from policy.apis import ErrorStyle
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD

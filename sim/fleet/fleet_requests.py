@@ -17,8 +17,8 @@ from admission.decision import RequestOutcome
 from admission.errors import RequestRejected
 from admission.signals import record_signals
 from breaker.latency import ResponseWindows
-from extproc.request.flow import Routed
 from extproc.request.routing import engine_priority
+from extproc.request.verdicts import Routed
 from policy import Policy
 from sim.fleet.arrivals import Arrival, RecordedAnswer, own_draws
 from sim.fleet.clock import VirtualClock

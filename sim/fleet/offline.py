@@ -33,8 +33,8 @@ from breaker.board import BreakerBoard
 from breaker.latency import ResponseWindows
 from budget.quotas import TierMultipliers
 from budget.store import InProcessStore
-from extproc.request.flow import Routed
 from extproc.request.tokens import PromptCounter
+from extproc.request.verdicts import Routed
 from policy import Policy
 from sim.fleet.arrivals import Arrival, own_draws
 from sim.fleet.clock import VirtualClock

@@ -26,9 +26,10 @@ from budget.store import BudgetStore
 from engines import EngineFleet, EnginePicker
 from extproc.request.bodies import InferenceRequest
 from extproc.request.engine_outcomes import EngineOutcomes
-from extproc.request.flow import Decider, Routed
+from extproc.request.flow import Decider
 from extproc.request.inflight import InFlight
 from extproc.request.tokens import PromptCounter
+from extproc.request.verdicts import Routed
 from policy import ApiKey, Policy
 from policy.apis import KNOWN_APIS, BodyShape
 

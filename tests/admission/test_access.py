@@ -16,9 +16,10 @@ from admission.signals import record_signals
 from breaker.board import BreakerBoard, p99_over_slo
 from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel
-from extproc.request.flow import Decider, Routed
+from extproc.request.flow import Decider
 from extproc.request.identity import ApiKeyResolver
 from extproc.request.tokens import DeepSeekBpe, PromptCounter
+from extproc.request.verdicts import Routed
 from extproc.service.replies import rejection
 from policy import Policy, parse_policy
 from policy.apis import ErrorStyle

@@ -23,9 +23,10 @@ from admission.errors import (
     Unauthenticated,
 )
 from engines import EnginePicker, PromptBlocks, prompt_blocks
-from extproc.request.flow import Decider, Routed
+from extproc.request.flow import Decider
 from extproc.request.identity import ApiKeyResolver
 from extproc.request.tokens import DeepSeekBpe, PromptCount, PromptCounter
+from extproc.request.verdicts import Routed
 from extproc.service.replies import upstream_headers
 from policy import Policy, Pool, parse_policy
 

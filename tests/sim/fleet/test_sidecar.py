@@ -24,8 +24,8 @@ from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel
 from budget.quotas import TierMultipliers
 from budget.store import InProcessStore
-from extproc.request.flow import Routed
 from extproc.request.tokens import PromptCounter
+from extproc.request.verdicts import Routed
 from extproc.runtime.sidecar import Sidecar
 from extproc.service.access_log import finish
 from policy import ApiKey, Policy, load_policy

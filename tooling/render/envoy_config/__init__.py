@@ -14,12 +14,7 @@ The shape, and why:
   the response, so clients see which pool served them without an extra round trip.
 """
 
-from tooling.render.envoy_config._common import (
-    SIDECAR_CLUSTER,
-    SIDECAR_FAILURE_STATUS,
-    EnvoyPorts,
-    FilterProfile,
-)
+from tooling.render.envoy_config._common import EnvoyPorts, FilterProfile
 from tooling.render.envoy_config.bootstrap import build_bootstrap, http_connection_manager
 from tooling.render.envoy_config.filters import (
     JWKS_CLUSTER,
@@ -36,8 +31,6 @@ from tooling.render.envoy_config.usage_tap import usage_tap_filter, usage_tap_lu
 __all__ = [
     "JWKS_CLUSTER",
     "JWT_FAILURE_KEY",
-    "SIDECAR_CLUSTER",
-    "SIDECAR_FAILURE_STATUS",
     "EnvoyPorts",
     "FilterProfile",
     "access_log",

@@ -11,10 +11,6 @@ import envoy_data_plane.envoy.config.core.v3 as core
 import envoy_data_plane.envoy.type.v3 as envoy_type
 import envoy_data_plane.google.protobuf as pb
 
-from extproc.request.contract import SIDECAR_CLUSTER, SIDECAR_FAILURE_STATUS
-
-__all__ = ["SIDECAR_CLUSTER", "SIDECAR_FAILURE_STATUS"]  # re-exported: the contract's names
-
 
 class FilterProfile(StrEnum):
     """Which filters the listener runs; only benchmarks use anything but SLOGATE."""

@@ -24,17 +24,13 @@ from extproc.request.contract import (
     JWT_FILTER,
     JWT_PAYLOAD_KEY,
     METADATA_NAMESPACE,
+    SIDECAR_CLUSTER,
+    SIDECAR_FAILURE_STATUS,
 )
 from extproc.service.replies import wait_reply_ms
 from policy import FailureMode, Policy
 from policy._data_path import ExtProcMessages
-from tooling.render.envoy_config._common import (
-    SIDECAR_CLUSTER,
-    SIDECAR_FAILURE_STATUS,
-    _duration_ms,
-    _http_status,
-    _typed,
-)
+from tooling.render.envoy_config._common import _duration_ms, _http_status, _typed
 from tooling.render.envoy_config.one_message import (
     forward_headers_filter,
     hold_filter,

@@ -12,9 +12,9 @@ import envoy_data_plane.google.protobuf as pb
 from admission.errors import error_document
 from extproc.request.contract import (
     JWT_AUTHN_NAMESPACE,
+    SIDECAR_FAILURE_STATUS,
 )
 from policy.apis import ErrorStyle
-from tooling.render.envoy_config._common import SIDECAR_FAILURE_STATUS
 from tooling.render.envoy_config.filters import JWT_FAILURE_KEY
 
 
