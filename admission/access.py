@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from admission.decision import Admitted, Applicant, RequestOutcome, RoutingDecision
 from admission.errors import LimitZero, PoolNotAllowed, TenantSuspended
-from policy import ApiKey, Limits, Policy
+from policy.domain import ApiKey, Limits
+from policy.schema import Policy
 
 # A limit of 0 on these bars every request; on the token limits, every one that meters tokens.
 _EVERY_REQUEST = ("requests_per_minute", "concurrent_requests")

@@ -34,7 +34,8 @@ from admission.waiting_room import Waiter
 from breaker.board import BreakerBoard
 from budget.spend_store import SpendStore
 from budget.store import BudgetStore
-from policy import Policy, Pool
+from policy.domain import Pool
+from policy.schema import Policy
 
 
 class Events(BreakerEvents, KvEvents, BudgetEvents, Protocol):

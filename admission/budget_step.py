@@ -27,7 +27,8 @@ from admission.events import BudgetEvents
 from breaker.shedding import budget_multiplier
 from budget.ledger import Charge, Verdict, scale_limits
 from budget.store import BudgetStore
-from policy import ApiKey, Limits, Policy
+from policy.domain import ApiKey, Limits
+from policy.schema import Policy
 
 log = logging.getLogger("slogate.budget")
 

@@ -18,8 +18,9 @@ from enum import StrEnum
 from admission.waiting_room import WaitNotice
 from breaker.levels import BreakerLevel
 from budget.spend import SpendHold
-from policy import ApiKey, ContextBucket, Limits, Policy
 from policy.apis import KNOWN_APIS, Api, ApiKind
+from policy.domain import ApiKey, ContextBucket, Limits
+from policy.schema import Policy
 
 _CHAT_API = KNOWN_APIS[0]
 # Response headers the steps set (Envoy renders them from the sidecar's metadata): the level

@@ -22,7 +22,7 @@ from __future__ import annotations
 from admission.decision import RequestOutcome
 from breaker.latency import SLO_RATIO, ResponseWindows
 from breaker.objectives import latency_objective_s
-from policy import Policy
+from policy.schema import Policy
 
 
 def record_signals(

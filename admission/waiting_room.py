@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from policy import Tier
+from policy.domain import Tier
 
 TIER_ORDER = (Tier.CRITICAL, Tier.STANDARD, Tier.SHEDDABLE)
 # A dispatch pass stops after offering this many requests that did not fit: every end of a

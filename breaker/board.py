@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from breaker.latency import SLO_RATIO, ResponseWindows
 from breaker.levels import BreakerLevel, BreakerState, Signals, Transition, step
-from policy import Policy, Tier
-from policy.schema import GLOBAL_BREAKER
+from policy.domain import Tier
+from policy.schema import GLOBAL_BREAKER, Policy
 
 GLOBAL = GLOBAL_BREAKER
 

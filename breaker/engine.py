@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from policy import EngineKind
+from policy.domain import EngineKind
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from policy import BreakerThresholds
+from policy.schema import BreakerThresholds
 
 
 class BreakerLevel(IntEnum):

@@ -17,7 +17,8 @@ against per-tier SLOs; it would say "slow" without saying for whom.
 
 from __future__ import annotations
 
-from policy import Policy, Tier
+from policy.domain import Tier
+from policy.schema import Policy
 
 
 def latency_objective_s(

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from breaker.levels import BreakerLevel
-from policy import Tier
+from policy.domain import Tier
 
 LONG_CONTEXT_TOKENS = 8192  # the cap standard requests get at L2
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 from budget.ledger import Charge, Verdict, scale_limits
 from budget.store import USAGE_WINDOWS_S, BudgetStore, BudgetStoreError
-from policy import Limits
+from policy.domain import Limits
 
 log = logging.getLogger("slogate.budget")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from budget.quotas import Adjustment, KeyBudget
-from policy import ApiKey
+from policy.domain import ApiKey
 
 
 class KeyQuotas:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from policy import Limits
+from policy.domain import Limits
 
 USAGE_SLOT_S = 10
 USAGE_HORIZON_S = 3600

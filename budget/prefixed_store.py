@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from budget.ledger import Charge, Verdict
 from budget.store import USAGE_WINDOWS_S, BudgetStore
-from policy import Limits
+from policy.domain import Limits
 
 
 class PrefixedStore:

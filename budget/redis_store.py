@@ -16,7 +16,7 @@ from redis import exceptions as redis_errors
 from budget.ledger import USAGE_SLOT_S, Charge, Verdict
 from budget.redis_scripts import LuaStore
 from budget.store import USAGE_WINDOWS_S, BudgetStoreError
-from policy import Limits
+from policy.domain import Limits
 
 # An idle key's state expires after two hours: longer than any window or reservation.
 KEY_TTL_S = 7200

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from budget.ledger import Charge, KeyState, Verdict, reserve, settle, usage
-from policy import Limits
+from policy.domain import Limits
 
 USAGE_WINDOWS_S = (60, 300, 3600)
 

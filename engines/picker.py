@@ -15,7 +15,8 @@ from collections.abc import Callable
 from engines.prefix import PrefixIndex, PromptBlocks
 from engines.scoring import EngineCandidate, pick
 from engines.state import EngineFleet
-from policy import Picker, Policy, Pool
+from policy.domain import Picker, Pool
+from policy.schema import Policy
 
 
 class EnginePicker:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from engines.prefix import PromptBlocks
-from policy import PickingConfig
+from policy.schema import PickingConfig
 
 _HRW_MIX = 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from breaker.engine import EngineSnapshot
-from policy import EngineHealthConfig, Pool
+from policy.domain import Pool
+from policy.schema import EngineHealthConfig
 
 MAX_EJECTION_FACTOR = 10
 

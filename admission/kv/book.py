@@ -45,7 +45,7 @@ from admission.kv.capacity import (
     pool_capacity,
 )
 from budget.failover import Outage
-from policy import Pool
+from policy.domain import Pool
 
 log = logging.getLogger("slogate.kv")
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from policy import ContextBucket, Pool
+from policy.domain import ContextBucket, Pool
 
 
 def kv_footprint(context_tokens: int, bucket: ContextBucket) -> int:

@@ -47,7 +47,7 @@ from admission.kv.capacity import (
 )
 from budget.redis_scripts import LuaStore, Scripts
 from budget.store import BudgetStoreError
-from policy import Pool
+from policy.domain import Pool
 
 
 def _text(raw: Any) -> str:

@@ -49,7 +49,8 @@ from admission.waiting_room import (
     Waiting,
     WaitingRoom,
 )
-from policy import Policy, Pool, Tier
+from policy.domain import Pool, Tier
+from policy.schema import Policy
 
 # How often the sidecar runs `tick` (and the simulator, on its clock): waits past their
 # deadline leave the room within this; dispatch itself runs on every event that frees room.

@@ -54,7 +54,8 @@ from budget.store import BudgetStore, InProcessStore
 from extproc.request.identity import StoredKeys
 from extproc.request.routing import route
 from extproc.request.verdicts import CountedRequest, Routed
-from policy import ApiKey, Policy, build_caller
+from policy.domain import ApiKey, build_caller
+from policy.schema import Policy
 
 log = logging.getLogger("slogate.candidate")
 

@@ -53,8 +53,9 @@ from extproc.request.verdicts import (
     HeaderVerdict,
     Routed,
 )
-from policy import ApiKey, Policy
 from policy.apis import Api, ErrorStyle, PathClass, error_style_for
+from policy.domain import ApiKey
+from policy.schema import Policy
 
 
 class Decider:

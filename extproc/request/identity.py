@@ -14,7 +14,8 @@ from typing import Any, Protocol
 
 from admission.access import check_caller
 from admission.errors import Unauthenticated
-from policy import ApiKey, Policy, Tier, build_caller, hash_api_key
+from policy.domain import ApiKey, Tier, build_caller, hash_api_key
+from policy.schema import Policy
 
 
 class IdentityResolver(Protocol):

@@ -13,8 +13,9 @@ from admission.decision import CountKind, RoutingDecision
 from admission.errors import ContextLengthExceeded, Overloaded
 from extproc.request.bodies import InferenceRequest
 from extproc.request.tokens import PromptCount
-from policy import ApiKey, Policy, Tier
 from policy.apis import Api, BodyShape
+from policy.domain import ApiKey, Tier
+from policy.schema import Policy
 
 # What vLLM (and OpenAI's legacy API) generate for a completion that names no max_tokens.
 COMPLETION_DEFAULT_MAX_TOKENS = 16

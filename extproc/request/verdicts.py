@@ -16,7 +16,8 @@ from admission.decision import Admitted, Applicant, RoutingDecision
 from engines import PromptBlocks
 from extproc.request.bodies import InferenceRequest
 from extproc.request.tokens import PromptCount
-from policy import ApiKey, Policy
+from policy.domain import ApiKey
+from policy.schema import Policy
 
 
 class Admitter(Protocol):

@@ -17,8 +17,9 @@ from typing import Protocol
 
 from extproc.runtime.heap import off_loop
 from extproc.runtime.policy_holder import PolicyHolder
-from policy import Policy, PolicyError
+from policy._reader import PolicyError
 from policy.candidate import candidate_path, load_candidate
+from policy.schema import Policy
 
 log = logging.getLogger("slogate.candidate")
 

@@ -25,7 +25,7 @@ from breaker.engine import EngineSnapshot
 from engines import EngineFleet, EnginePicker, EngineState, engine_address
 from extproc.runtime.engines import EngineScraper
 from extproc.runtime.loop_lag import LoopLag
-from policy import Policy
+from policy.schema import Policy
 
 log = logging.getLogger("slogate.engines")
 

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from breaker.engine import EngineReadings, EngineSnapshot, parse_engine_metrics
-from policy import EngineKind
+from policy.domain import EngineKind
 
 log = logging.getLogger("slogate.engine")
 

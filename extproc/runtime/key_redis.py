@@ -17,7 +17,7 @@ from typing import Any
 from budget.redis_scripts import Scripts
 from budget.store import BudgetStoreError
 from extproc.service.key_admin import KeyStoreError
-from policy import PolicyError
+from policy._reader import PolicyError
 from policy.keyring import KeyRecord, parse_key_record
 
 log = logging.getLogger("slogate.keys")

@@ -40,8 +40,9 @@ from budget.redis_store import connect
 from extproc.runtime.heap import off_loop
 from extproc.runtime.key_redis import RedisKeys, parse_records
 from extproc.service.key_admin import KeyStoreError, Propagation
-from policy import LIMIT_FIELDS, ApiKey, Policy, PolicyError
 from policy._keystore import KeyStoreConfig
+from policy._reader import PolicyError
+from policy.domain import LIMIT_FIELDS, ApiKey
 from policy.keyring import (
     KeyRecord,
     KeyTable,
@@ -49,6 +50,7 @@ from policy.keyring import (
     merged,
     parse_key_records,
 )
+from policy.schema import Policy
 
 log = logging.getLogger("slogate.keys")
 

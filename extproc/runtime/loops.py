@@ -22,7 +22,8 @@ from breaker.levels import BreakerLevel, Transition
 from budget.key_quotas import KeyQuotas
 from budget.quotas import TierMultipliers
 from extproc.service.metrics import SidecarMetrics
-from policy import ApiKey, Policy
+from policy.domain import ApiKey
+from policy.schema import Policy
 
 log = logging.getLogger("slogate.loops")
 

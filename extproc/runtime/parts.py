@@ -59,7 +59,7 @@ from extproc.service.observers import RequestObserver
 from extproc.service.prompt_feedback import PromptFeedback
 from extproc.service.tracing import DecisionTracer, start_tracing
 from extproc.service.traffic_record import TrafficRecorder, dropped_counter
-from policy import BudgetStoreKind, Policy
+from policy.schema import BudgetStoreKind, Policy
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,9 @@ from pathlib import Path
 
 from extproc.runtime.heap import off_loop
 from extproc.service.metrics import SidecarMetrics
-from policy import Policy, PolicyError, load_policy, start_only_changes
+from policy._reader import PolicyError
+from policy.loader import load_policy
+from policy.schema import Policy, start_only_changes
 
 log = logging.getLogger("slogate.policy")
 

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from extproc.service.log_records import LOG_FORMATS
 from extproc.shipped import example_policy
-from policy import BudgetStoreKind, PolicyError, load_policy
+from policy._reader import PolicyError
+from policy.loader import load_policy
+from policy.schema import BudgetStoreKind
 
 # The example policy inside the package, not a path relative to the working directory:
 # `slogate up` run from anywhere finds it (an installed slogate its own copy, a checkout

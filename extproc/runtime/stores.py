@@ -22,7 +22,7 @@ from budget.spend_redis import RedisSpendStore
 from budget.spend_store import InProcessSpendStore, SpendStore
 from budget.store import BudgetStore, InProcessStore
 from extproc.service.metrics import SidecarMetrics
-from policy import BudgetStoreKind, Policy
+from policy.schema import BudgetStoreKind, Policy
 
 
 @dataclass(frozen=True, slots=True)

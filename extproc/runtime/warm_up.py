@@ -40,7 +40,8 @@ from extproc.request.tokens import PromptCounter, TokenCounter
 from extproc.runtime.events import MetricsEvents
 from extproc.service.ext_proc import ExternalProcessorService
 from extproc.service.metrics import SidecarMetrics
-from policy import ApiKey, Limits, Policy, Pool, Tier
+from policy.domain import ApiKey, Limits, Pool, Tier
+from policy.schema import Policy
 
 log = logging.getLogger("slogate.warm_up")
 

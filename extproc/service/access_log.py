@@ -27,8 +27,8 @@ from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from extproc.request.contract import METADATA_NAMESPACE, TRACKING_ID_FIELD
 from extproc.request.inflight import InFlight
 from extproc.service.metrics import SidecarMetrics
-from policy import Policy
 from policy.apis import ApiKind
+from policy.schema import Policy
 
 log = logging.getLogger("slogate.accesslog")
 

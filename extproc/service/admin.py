@@ -29,7 +29,8 @@ from budget.store import BudgetStore
 from engines import Engine, EngineFleet, EngineState
 from extproc.adminpb import admin_pb2 as pb
 from extproc.adminpb import admin_pb2_grpc as pb_grpc
-from policy import LIMIT_FIELDS, Limits, Policy, Tier
+from policy.domain import LIMIT_FIELDS, Limits, Tier
+from policy.schema import Policy
 
 
 class ReloadablePolicy(Protocol):

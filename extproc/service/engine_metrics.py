@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from engines import EnginePicker, EngineState
-from policy import Policy
+from policy.schema import Policy
 
 
 class EngineCollector(Collector):

@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from admission.decision import RequestOutcome
 from extproc.service.metrics import Family
-from policy import Policy
 from policy.apis import BodyShape
+from policy.schema import Policy
 
 # fmt: off
 _TTFT_BUCKETS_S = (

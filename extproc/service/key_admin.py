@@ -18,7 +18,7 @@ import grpc
 
 from extproc.adminpb import admin_pb2 as pb
 from extproc.adminpb import admin_pb2_grpc as pb_grpc
-from policy import LIMIT_FIELDS, Tier
+from policy.domain import LIMIT_FIELDS, Tier
 from policy.keyring import KeyRecord, revoked, rotated
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")

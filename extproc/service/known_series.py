@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from extproc.service.metrics import SidecarMetrics
-from policy import BudgetStoreKind, Policy, Tier
-from policy.schema import GLOBAL_BREAKER
+from policy.domain import Tier
+from policy.schema import GLOBAL_BREAKER, BudgetStoreKind, Policy
 
 # The refusals that say a pool is full (admission.kv.step): what SlogatePoolFull counts.
 CAPACITY_REASONS = ("kv_cache_full", "sequences_full", "queue_full", "queue_timeout")

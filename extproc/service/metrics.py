@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from extproc.service.tenant_family import TenantFamily
 from extproc.service.tenant_series import TenantSeries, declared_tenants
-from policy import Policy
+from policy.schema import Policy
 
 M = TypeVar("M", Counter, Histogram, Gauge)
 

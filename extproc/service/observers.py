@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from admission.decision import RequestOutcome, RoutingDecision
 from admission.errors import RequestRejected
-from policy import ApiKey
+from policy.domain import ApiKey
 
 if TYPE_CHECKING:
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb

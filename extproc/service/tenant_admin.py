@@ -20,7 +20,8 @@ from budget.spend_store import SpendStore
 from budget.store import BudgetStoreError
 from extproc.adminpb import tenants_pb2 as pb
 from extproc.adminpb import tenants_pb2_grpc as pb_grpc
-from policy import Policy, Tenant
+from policy.domain import Tenant
+from policy.schema import Policy
 
 log = logging.getLogger("slogate.admin")
 

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from policy import Policy
+from policy.schema import Policy
 
 OTHER = "other"
 RERANK_INTERVAL_S = 60.0

@@ -38,7 +38,8 @@ from prometheus_client import CollectorRegistry, Counter
 
 from admission.decision import RequestOutcome, RoutingDecision
 from admission.errors import RequestRejected
-from policy import ApiKey, TrafficRecordConfig
+from policy._traffic import TrafficRecordConfig
+from policy.domain import ApiKey
 
 if TYPE_CHECKING:
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policy import ApiKey
+from policy.domain import ApiKey
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from functools import cache
 
 import numpy as np
 
-from policy import ApiKey
+from policy.domain import ApiKey
 from sim.fleet.arrivals import Arrival
 from sim.fleet.prompts import library
 from sim.server.tokenizer import shared_bpe

@@ -19,7 +19,7 @@ from admission.signals import record_signals
 from breaker.latency import ResponseWindows
 from extproc.request.routing import engine_priority
 from extproc.request.verdicts import Routed
-from policy import Policy
+from policy.schema import Policy
 from sim.fleet.arrivals import Arrival, RecordedAnswer, own_draws
 from sim.fleet.clock import VirtualClock
 from sim.fleet.engine_pool import EnginePool, SimEngine

@@ -35,7 +35,7 @@ from budget.quotas import TierMultipliers
 from budget.store import InProcessStore
 from extproc.request.tokens import PromptCounter
 from extproc.request.verdicts import Routed
-from policy import Policy
+from policy.schema import Policy
 from sim.fleet.arrivals import Arrival, own_draws
 from sim.fleet.clock import VirtualClock
 from sim.fleet.engine_pool import EnginePool, SimEngine, engine_addresses, probe, scrape

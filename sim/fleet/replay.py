@@ -29,7 +29,8 @@ from typing import Any
 
 from admission.decision import CountKind
 from extproc.request.tokens import PromptCount, PromptCounter
-from policy import ApiKey, Policy
+from policy.domain import ApiKey
+from policy.schema import Policy
 from sim.fleet.arrivals import Arrival, RecordedAnswer
 from sim.fleet.fleet_types import Served
 from sim.fleet.offline import OfflineFleet

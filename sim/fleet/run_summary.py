@@ -13,8 +13,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from breaker.objectives import latency_objective_s
-from policy import Policy, Tier
+from policy.domain import Tier
 from policy.quantiles import quantile
+from policy.schema import Policy
 from sim.fleet.offline import OfflineFleet, Served
 from sim.fleet.workload_files import Workload
 

@@ -30,8 +30,9 @@ from extproc.request.flow import Decider
 from extproc.request.inflight import InFlight
 from extproc.request.tokens import PromptCounter
 from extproc.request.verdicts import Routed
-from policy import ApiKey, Policy
 from policy.apis import KNOWN_APIS, BodyShape
+from policy.domain import ApiKey
+from policy.schema import Policy
 
 T = TypeVar("T")
 _CHAT = KNOWN_APIS[0]

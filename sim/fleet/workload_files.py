@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from policy import Policy, parse_policy
+from policy.loader import parse_policy
+from policy.schema import Policy
 from sim.fleet.arrivals import Arrival, poisson_arrivals
 
 WORKLOADS = Path(__file__).parent.parent / "workloads"  # sim/workloads/: data of the package sim

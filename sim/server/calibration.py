@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policy import ContextBucket, LatencyFit
+from policy.domain import ContextBucket, LatencyFit
 from sim.server.model import ContextBucketProfile, LatencyConfig
 
 

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from policy import Policy, Tier, parse_policy
+from policy.domain import Tier
+from policy.loader import parse_policy
+from policy.schema import Policy
 from sim.fleet.arrivals import Arrival
 from sim.fleet.conversations import Load, chat_arrivals, mix_arrivals, rag_arrivals
 from sim.fleet.engine_pool import engine_addresses

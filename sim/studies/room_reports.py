@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from policy import Tier
+from policy.domain import Tier
 from sim.fleet.fleet_runs import run_fleet, run_once, with_kv_admission
 from sim.fleet.run_summary import CAPACITY_REFUSALS, summarize
 from sim.fleet.workload_files import Workload

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from policy import Tier
+from policy.domain import Tier
 from sim.fleet.fleet_runs import run_many, run_once, with_kv_admission
 from sim.fleet.workload_files import Workload
 from sim.server.model import LatencyConfig

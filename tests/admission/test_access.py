@@ -21,8 +21,9 @@ from extproc.request.identity import ApiKeyResolver
 from extproc.request.tokens import DeepSeekBpe, PromptCounter
 from extproc.request.verdicts import Routed
 from extproc.service.replies import rejection
-from policy import Policy, parse_policy
 from policy.apis import ErrorStyle
+from policy.loader import parse_policy
+from policy.schema import Policy
 from tests.support.clock import VirtualClock
 from tests.support.decisions import decision, outcome
 

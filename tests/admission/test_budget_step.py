@@ -13,7 +13,8 @@ from admission.events import NoEvents
 from breaker.levels import BreakerLevel
 from budget.ledger import Charge, Verdict
 from budget.store import InProcessStore
-from policy import ApiKey, ContextBucket, Limits, Tier, parse_policy
+from policy.domain import ApiKey, ContextBucket, Limits, Tier
+from policy.loader import parse_policy
 
 POLICY = parse_policy({})
 

@@ -11,8 +11,9 @@ from admission.errors import RateLimited
 from admission.events import NoEvents
 from budget.key_quotas import KeyQuotas
 from budget.store import InProcessStore
-from policy import ApiKey, ContextBucket, parse_policy
+from policy.domain import ApiKey, ContextBucket
 from policy.keyring import KeyRecord
+from policy.loader import parse_policy
 
 POLICY = parse_policy(
     {

@@ -20,7 +20,8 @@ from breaker.board import BreakerBoard
 from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel
 from budget.store import InProcessStore
-from policy import Limits, Tier, parse_policy
+from policy.domain import Limits, Tier
+from policy.loader import parse_policy
 from tests.support.clock import VirtualClock
 from tests.support.decisions import caller, decision, outcome
 

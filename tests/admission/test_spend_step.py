@@ -16,7 +16,8 @@ from admission.spend_step import SpendStep, spend_usage, warning_header
 from budget.spend import TokenUsage
 from budget.spend_store import InProcessSpendStore
 from budget.store import BudgetStoreError
-from policy import ApiKey, ContextBucket, Tier, parse_policy
+from policy.domain import ApiKey, ContextBucket, Tier
+from policy.loader import parse_policy
 
 NOW_S = dt.datetime(2026, 12, 31, 12, 0, tzinfo=dt.UTC).timestamp()
 POLICY = parse_policy(

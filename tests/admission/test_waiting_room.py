@@ -26,7 +26,9 @@ from admission.waiting_room import (
     WaitNotice,
 )
 from budget.store import InProcessStore
-from policy import Limits, Policy, Tier, parse_policy
+from policy.domain import Limits, Tier
+from policy.loader import parse_policy
+from policy.schema import Policy
 from sim.fleet.fleet_runs import run_once, with_kv_admission
 from sim.fleet.run_summary import jain_index
 from sim.fleet.sidecar import SimWaiter, drive, run_now

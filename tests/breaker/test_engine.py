@@ -26,7 +26,9 @@ from breaker.levels import BreakerLevel
 from breaker.objectives import latency_objective_s
 from extproc.runtime.engines import EngineScraper
 from extproc.runtime.gpu import GpuMemory
-from policy import EngineKind, PolicyError, Tier, parse_policy
+from policy._reader import PolicyError
+from policy.domain import EngineKind, Tier
+from policy.loader import parse_policy
 from sim.server.config import PoolConfig
 from sim.server.pool import create_app
 from tests.support.clock import VirtualClock

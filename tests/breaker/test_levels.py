@@ -16,7 +16,7 @@ from breaker.levels import (
     step,
 )
 from breaker.shedding import Action, budget_multiplier, shed
-from policy import Tier
+from policy.domain import Tier
 
 L0, L1, L2, L3 = BreakerLevel
 FAST = BreakerThresholds(

@@ -4,7 +4,7 @@ Real sidecars sharing one real Redis, and its outages: tests/e2e/budget/test_fai
 
 from __future__ import annotations
 
-from policy import Limits
+from policy.domain import Limits
 
 
 def test_local_share_splits_every_limit() -> None:

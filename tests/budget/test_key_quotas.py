@@ -12,7 +12,8 @@ from admission.events import NoEvents
 from budget.key_quotas import KeyQuotas
 from budget.ledger import Charge
 from budget.store import InProcessStore
-from policy import ApiKey, ContextBucket, Limits, Tier, parse_policy
+from policy.domain import ApiKey, ContextBucket, Limits, Tier
+from policy.loader import parse_policy
 
 KEY = ApiKey("aa" * 32, "acme", Tier.STANDARD, Limits(tokens_per_minute=60_000))
 FREE = ApiKey("bb" * 32, "free", Tier.STANDARD, Limits())

@@ -18,8 +18,8 @@ from extproc.service.candidate_metrics import CandidateMetrics
 from extproc.service.engine_metrics import EngineCollector
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.traffic_record import dropped_counter
-from policy import parse_policy
 from policy._keystore import KeyStoreConfig
+from policy.loader import parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "slogate-rules.yaml"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from policy import FailureMode
 from policy._data_path import ExtProcMessages
+from policy.domain import FailureMode
 from tests.support.http import chat_body, metric, post, scrape
 from tests.support.messages import MODE_IDS, MODES, start_stack_with, with_messages
 from tests.support.stack import (

@@ -20,7 +20,7 @@ import yaml
 
 from budget.redis_store import connect
 from extproc.runtime.processes import ManagedProcess
-from policy import BudgetStoreKind
+from policy.schema import BudgetStoreKind
 from tests.support.http import CHAT, Reply, chat_body, metric, post, scrape
 from tests.support.proxy import CuttableProxy
 from tests.support.stack import example_policy, start_stack

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from extproc.request.contract import FAIRNESS_HEADER, OBJECTIVE_HEADER
-from policy import Policy
+from policy.schema import Policy
 from tests.support.http import CHAT, chat_body, post
 from tests.support.stack import EXAMPLE_POLICY, charged_as_used, random_ports, slogate
 from tooling.render.envoy_config import EnvoyPorts

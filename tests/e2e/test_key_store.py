@@ -292,6 +292,6 @@ async def until(driver: SidecarDriver, key: str, reason: str) -> float:
 
 
 def _digest(key: str) -> str:
-    from policy import hash_api_key
+    from policy.domain import hash_api_key
 
     return hash_api_key(key)

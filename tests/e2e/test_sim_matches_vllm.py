@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from breaker.engine import ENGINE_METRICS
 from extproc.runtime.processes import ManagedProcess, python_module
-from policy import EngineKind
+from policy.domain import EngineKind
 from tests.support.http import CHAT, chat_body, metric, post, scrape
 from tests.support.vllm import Stream, words
 from tooling.stack.local import LocalStack

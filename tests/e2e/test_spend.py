@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from policy import BudgetStoreKind
+from policy.schema import BudgetStoreKind
 from tests.support.http import CHAT, Reply, chat_body, metric, post
 from tests.support.stack import example_policy, settled, slogate, start_stack, write_policy
 from tooling.stack.local import LocalStack

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from policy import load_policy
+from policy.loader import load_policy
 from sim.fleet.replay import replay
 from sim.fleet.traffic import read_traffic
 from tests.support.http import CHAT, chat_body, post

@@ -24,7 +24,7 @@ import pytest
 
 from extproc.adminpb import admin_pb2
 from extproc.service import admin_client
-from policy import load_policy
+from policy.loader import load_policy
 from tests.support.http import CHAT, chat_body, metric, post, scrape
 from tests.support.stack import settled, slogate, wait_for
 from tests.support.vllm import Stream, words

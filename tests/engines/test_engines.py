@@ -26,7 +26,9 @@ from engines import (
     text_blocks,
 )
 from engines.prefix import ladder
-from policy import EngineHealthConfig, Picker, PickingConfig, Pool, parse_policy
+from policy.domain import Picker, Pool
+from policy.loader import parse_policy
+from policy.schema import EngineHealthConfig, PickingConfig
 from tests.support.clock import VirtualClock as FakeClock
 
 HEALTH = EngineHealthConfig()

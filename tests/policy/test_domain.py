@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from extproc.request.identity import caller_from_claims
-from policy import ApiKey, Limits, Tier, hash_api_key, parse_policy
 from policy._access import parse_keys
+from policy.domain import ApiKey, Limits, Tier, hash_api_key
 from policy.keyring import KeyRecord
+from policy.loader import parse_policy
 
 JWT = {"issuer": "https://auth.example.com/", "jwks_file": "/dev/null"}
 RAW: dict[str, Any] = {

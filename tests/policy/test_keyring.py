@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from policy import Limits, PolicyError, Tier, hash_api_key, parse_policy
+from policy._reader import PolicyError
+from policy.domain import Limits, Tier, hash_api_key
 from policy.keyring import (
     KeyRecord,
     KeyState,
@@ -17,6 +18,7 @@ from policy.keyring import (
     revoked,
     rotated,
 )
+from policy.loader import parse_policy
 
 DIGEST = hash_api_key("sk-one")
 OTHER = hash_api_key("sk-two")

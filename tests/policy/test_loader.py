@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from policy import PolicyError, Tier, hash_api_key, load_policy, parse_policy
+from policy._reader import PolicyError
+from policy.domain import Tier, hash_api_key
+from policy.loader import load_policy, parse_policy
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "policy.example.yaml"
 

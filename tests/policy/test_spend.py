@@ -9,7 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from policy import Policy, PolicyError, SpendUnit, parse_policy
+from policy._reader import PolicyError
+from policy.domain import SpendUnit
+from policy.loader import parse_policy
+from policy.schema import Policy
 
 
 def policy_with(tenants: Any) -> Policy:

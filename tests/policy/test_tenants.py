@@ -12,7 +12,10 @@ import yaml
 
 from breaker.objectives import latency_objective_s
 from extproc.request.identity import caller_from_claims
-from policy import Limits, Policy, PolicyError, Tier, hash_api_key, parse_policy
+from policy._reader import PolicyError
+from policy.domain import Limits, Tier, hash_api_key
+from policy.loader import parse_policy
+from policy.schema import Policy
 from tests.support.docs import page_with
 
 ROOT = Path(__file__).resolve().parents[2]

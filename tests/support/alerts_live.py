@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from policy import BudgetStoreKind
+from policy.schema import BudgetStoreKind
 from sim.fleet.prompts import library
 from sim.fleet.workload_files import WORKLOADS, load_workload, policy_document
 from tests.support.stack import example_policy, random_ports

@@ -22,7 +22,7 @@ from budget.ledger import Charge
 from budget.prefixed_store import PrefixedStore
 from budget.redis_store import RedisStore, connect
 from budget.store import BudgetStore, InProcessStore
-from policy import Limits
+from policy.domain import Limits
 from tests.support.clock import VirtualClock
 
 __all__ = [

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from admission.decision import CountKind, RequestOutcome, RoutingDecision
-from policy import ApiKey, Limits, Policy, Tier, parse_policy
+from policy.domain import ApiKey, Limits, Tier
+from policy.loader import parse_policy
+from policy.schema import Policy
 
 POLICY = parse_policy({})
 

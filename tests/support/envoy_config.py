@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from policy import load_policy, parse_policy
 from policy._data_path import ExtProcMessages
+from policy.loader import load_policy, parse_policy
 from tests.support.messages import with_messages
 from tests.support.stack import EXAMPLE_POLICY, example_policy
 from tooling.render.envoy_config import build_bootstrap

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 
-from policy import hash_api_key, parse_policy
+from policy.domain import hash_api_key
 from policy.keyring import KeyRecord
+from policy.loader import parse_policy
 
 KEYS_A = "keys:\n  - {key: sk-a, tenant: a}\n"
 KEYS_B = "keys:\n  - {key: sk-b, tenant: b}\n"

@@ -18,7 +18,8 @@ from admission.kv.book import HoldAsk, KvBook, LocalBook
 from admission.kv.capacity import HeadOfLine
 from admission.kv.redis_ledger import RedisBook
 from budget.redis_store import connect
-from policy import Pool, parse_policy
+from policy.domain import Pool
+from policy.loader import parse_policy
 from tests.support.clock import VirtualClock
 
 __all__ = [

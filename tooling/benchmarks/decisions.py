@@ -28,7 +28,7 @@ from admission.kv.redis_ledger import RedisBook
 from budget.ledger import Charge
 from budget.redis_store import RedisStore, connect
 from budget.store import BudgetStore, InProcessStore
-from policy import Limits, Pool
+from policy.domain import Limits, Pool
 from policy.quantiles import quantile
 from tooling.benchmarks.reports import write_report
 from tooling.stack.redis import start_redis

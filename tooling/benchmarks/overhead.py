@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from extproc.runtime.processes import ManagedProcess, python_module
-from policy import Policy, load_policy
 from policy._data_path import ExtProcMessages
+from policy.loader import load_policy
+from policy.schema import Policy
 from tooling.benchmarks import litellm_arm, vs_litellm
 from tooling.benchmarks.levers import BENCH_KEY, LEVERS, POLICY, bench_policy
 from tooling.benchmarks.overhead_report import write

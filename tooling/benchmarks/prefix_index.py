@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from engines import PrefixIndex, prompt_blocks, text_blocks
-from policy import PickingConfig
 from policy.quantiles import quantile
+from policy.schema import PickingConfig
 from tooling.benchmarks.reports import write_report
 
 SIZES = (1_000, 4_000, 32_000)

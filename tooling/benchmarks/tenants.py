@@ -29,7 +29,7 @@ import yaml
 from extproc.request.tokens import DeepSeekBpe, exact_counter
 from extproc.runtime.processes import ManagedProcess, python_module
 from extproc.runtime.sidecar import Sidecar
-from policy import load_policy
+from policy.loader import load_policy
 from policy.quantiles import quantile
 from tooling.benchmarks.decision_cost import _measure
 from tooling.benchmarks.driver import SidecarDriver

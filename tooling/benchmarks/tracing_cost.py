@@ -129,8 +129,9 @@ def on_the_loop(receiver: TraceReceiver, calls: int = 2000) -> dict[str, float]:
     from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from extproc.request.verdicts import Routed
     from extproc.service.tracing import DecisionTracer
-    from policy import ApiKey, Tier, load_policy
     from policy._telemetry import TracingConfig
+    from policy.domain import ApiKey, Tier
+    from policy.loader import load_policy
     from tooling.benchmarks.levers import POLICY
 
     os.environ["OTEL_BSP_SCHEDULE_DELAY"] = BATCH_DELAY_MS

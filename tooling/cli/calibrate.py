@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_calibrate(args: argparse.Namespace) -> int:
     import aiohttp
 
-    from policy import load_policy
+    from policy.loader import load_policy
     from tooling.loadtest.calibrate import CalibrationError, Measurement, measure, report
 
     if args.requests < 1 or args.per_size < 1 or args.max_context < 512:

@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def write_config(args: argparse.Namespace) -> int:
     import yaml
 
-    from policy import load_policy
+    from policy.loader import load_policy
     from tooling.render.envoy_config import EnvoyPorts, build_bootstrap
     from tooling.render.envoy_config.fragment import (
         FragmentTarget,

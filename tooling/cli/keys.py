@@ -25,7 +25,8 @@ from extproc.adminpb import admin_pb2_grpc as pb_grpc
 from extproc.runtime.key_store import read_key_file, write_key_file
 from extproc.service.admin_auth import TOKEN_FILE_ENV, AdminTokenError, admin_token
 from extproc.service.key_admin import stored_key
-from policy import LIMIT_FIELDS, PolicyError, Tier
+from policy._reader import PolicyError
+from policy.domain import LIMIT_FIELDS, Tier
 from policy.keyring import (
     KeyRecord,
     KeyTable,

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from policy import BudgetStoreKind
+from policy.schema import BudgetStoreKind
 from tooling.cli.common import add_workload, vllm_ready
 
 

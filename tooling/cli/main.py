@@ -18,7 +18,7 @@ import sys
 
 from extproc.runtime import serve_command
 from extproc.version import VERSION
-from policy import PolicyError
+from policy._reader import PolicyError
 from tooling.cli import (
     admin,
     bench,

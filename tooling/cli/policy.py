@@ -26,9 +26,10 @@ from pathlib import Path
 from extproc.adminpb import admin_pb2 as pb
 from extproc.runtime.serve_command import DEFAULT_ADMIN
 from extproc.service import admin_client
-from policy import PolicyError, load_policy
+from policy._reader import PolicyError
 from policy.candidate import candidate_path, checked_candidate
 from policy.diff import policy_changes
+from policy.loader import load_policy
 from tooling.cli import policy_traffic
 
 

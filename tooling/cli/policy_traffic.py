@@ -53,8 +53,9 @@ def add_traffic_arguments(diff: argparse.ArgumentParser) -> None:
 
 
 def traffic_diff(args: argparse.Namespace) -> int:
-    from policy import PolicyError, load_policy
+    from policy._reader import PolicyError
     from policy.diff import policy_changes
+    from policy.loader import load_policy
     from sim.fleet.replay import replayed_requests
     from sim.studies.policy_impact import Guards, check_guards, compare, impact_markdown
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from extproc.runtime.serve_command import DEFAULT_ADMIN
-from policy import Tier
+from policy.domain import Tier
 
 
 def register(sub: argparse._SubParsersAction) -> None:

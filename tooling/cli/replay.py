@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _latency(path: Path | None) -> LatencyConfig | None:
     if path is None:
         return None
-    from policy import load_policy
+    from policy.loader import load_policy
     from sim.server.calibration import latency_config
 
     measured = load_policy(path)
@@ -56,7 +56,7 @@ def _latency(path: Path | None) -> LatencyConfig | None:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from policy import load_policy
+    from policy.loader import load_policy
     from sim.fleet.replay import replay, replay_table
 
     try:

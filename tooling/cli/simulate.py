@@ -75,7 +75,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         return 2
     latency = None
     if args.latency_from is not None:
-        from policy import load_policy
+        from policy.loader import load_policy
         from sim.server.calibration import latency_config
 
         measured = load_policy(args.latency_from)

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from extproc.runtime.serve_command import add_log_arguments, policy_arg
-from policy import BudgetStoreKind, FailureMode, load_policy
+from policy.domain import FailureMode
+from policy.loader import load_policy
+from policy.schema import BudgetStoreKind
 from tooling.cli.common import Signalled, vllm_ready
 
 if TYPE_CHECKING:

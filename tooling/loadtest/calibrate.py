@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import yaml
 
-from policy import ContextBucket, LatencyFit
+from policy.domain import ContextBucket, LatencyFit
 from policy.quantiles import quantile
 from sim.server.calibration import Sample, fit_latency, pool_spread
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import yaml
 
-from policy import Tier, parse_policy
+from policy.domain import Tier
+from policy.loader import parse_policy
 from policy.quantiles import quantile
 from sim.fleet.offline import OfflineFleet
 from sim.fleet.run_summary import summarize

@@ -8,8 +8,9 @@ from dataclasses import asdict
 from typing import Any
 
 from breaker.objectives import latency_objective_s
-from policy import Policy, Tier
+from policy.domain import Tier
 from policy.quantiles import quantile
+from policy.schema import Policy
 from tooling.loadtest.shots import Shot
 
 

@@ -35,7 +35,8 @@ from typing import Any
 
 import yaml
 
-from policy import BreakerThresholds, BudgetStoreKind, Tier
+from policy.domain import Tier
+from policy.schema import BreakerThresholds, BudgetStoreKind
 from sim.fleet.workload_files import Workload
 from tooling.loadtest.faults import Fault, StackFaults, mark_faults
 from tooling.loadtest.report import report

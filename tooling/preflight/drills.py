@@ -22,7 +22,7 @@ from breaker.shedding import LONG_CONTEXT_TOKENS, Action, shed
 from extproc.adminpb import admin_pb2 as pb
 from extproc.adminpb import admin_pb2_grpc as pb_grpc
 from extproc.service import admin_client
-from policy import Tier
+from policy.domain import Tier
 from tooling.preflight.checks import (
     CheckResult,
     HeldStream,

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from policy import Policy
+from policy.schema import Policy
 from tooling.render.alert_rules import SHIPPED_RULES, duration_s
 from tooling.stack.prometheus_api import PrometheusApi, PrometheusError
 

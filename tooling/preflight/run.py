@@ -21,7 +21,9 @@ import yaml
 
 from extproc.adminpb import admin_pb2 as pb
 from extproc.service import admin_client
-from policy import Policy, Tier, load_policy
+from policy.domain import Tier
+from policy.loader import load_policy
+from policy.schema import Policy
 from tooling.preflight import checks, probes
 from tooling.preflight.checks import CheckResult, Verdict
 from tooling.render.alert_rules import SHIPPED_RULES

@@ -25,7 +25,8 @@ from typing import Any
 import yaml
 
 from extproc.version import VERSION
-from policy import Policy, load_policy
+from policy.loader import load_policy
+from policy.schema import Policy
 from tooling.render.envoy_config import EnvoyPorts, build_bootstrap
 
 LISTEN_PORT = 10000

@@ -46,8 +46,9 @@ import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager
 from extproc.request.contract import (
     EXT_PROC_FILTER,
 )
-from policy import Policy, load_policy
 from policy._data_path import ExtProcMessages
+from policy.loader import load_policy
+from policy.schema import Policy
 from tooling.render.envoy_config.bootstrap import manager_settings
 from tooling.render.envoy_config.engines import engine_cluster_options
 from tooling.render.envoy_config.filters import (

@@ -22,7 +22,9 @@ from extproc.request.contract import (
     SIDECAR_FAILURE_STATUS,
     SIDECAR_SET_HEADERS,
 )
-from policy import FailureMode, Policy, Tier, load_policy
+from policy.domain import FailureMode, Tier
+from policy.loader import load_policy
+from policy.schema import Policy
 from tooling.render.envoy_config.bootstrap import manager_settings
 from tooling.render.envoy_config.engines import engine_cluster_options
 from tooling.render.envoy_config.filters import access_log, max_message_timeout_ms

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from extproc.runtime.processes import ManagedProcess
-from policy import BudgetStoreKind, FailureMode, Policy, Pool, load_policy
+from policy.domain import FailureMode, Pool
+from policy.loader import load_policy
+from policy.schema import BudgetStoreKind, Policy
 from tooling.render.envoy_config import EnvoyPorts, build_bootstrap
 from tooling.stack.pool_engines import (
     HOST,

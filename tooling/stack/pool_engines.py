@@ -19,7 +19,8 @@ from typing import Protocol
 import yaml
 
 from extproc.runtime.processes import ManagedProcess, python_module
-from policy import BudgetStoreKind, Policy, Pool
+from policy.domain import Pool
+from policy.schema import BudgetStoreKind, Policy
 from tooling.stack.vllm_engine import EngineFacts, VllmEngine, VllmSettings
 
 HOST = "127.0.0.1"

@@ -39,7 +39,7 @@ import numpy as np
 
 from admission.decision import CountKind
 from engines import text_blocks
-from policy import CountingConfig
+from policy.schema import CountingConfig
 
 
 class TokenCounter(Protocol):

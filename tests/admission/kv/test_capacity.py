@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from admission.kv.capacity import KvLedger, PoolCapacity, kv_footprint, pool_capacity
-from policy import parse_policy
+from policy.loader import parse_policy
 
 
 def test_footprint_weights_the_context_by_its_bucket() -> None:

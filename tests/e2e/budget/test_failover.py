@@ -14,7 +14,7 @@ import yaml
 
 from budget.redis_store import RedisStore, connect
 from extproc.runtime.processes import ManagedProcess
-from policy import hash_api_key
+from policy.domain import hash_api_key
 from tests.support.http import metric, scrape
 from tooling.benchmarks.driver import SidecarDriver
 from tooling.stack import processes

@@ -16,7 +16,7 @@ from budget.ledger import Charge
 from budget.redis_store import RedisStore
 from budget.store import BudgetStore
 from extproc.runtime.processes import ManagedProcess
-from policy import Limits
+from policy.domain import Limits
 from tests.support.budget_store_suite import *  # noqa: F403  (the suite's tests, collected here)
 from tests.support.budget_store_suite import open_store, rid
 from tests.support.clock import VirtualClock

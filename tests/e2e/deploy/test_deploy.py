@@ -67,7 +67,7 @@ def test_k8s_manifests_are_current_and_their_envoy_config_is_valid(tmp_path: Pat
 
     import yaml
 
-    from policy import parse_policy
+    from policy.loader import parse_policy
     from tooling.render.k8s import render_manifests
     from tooling.stack.processes import envoy_binary
 

@@ -24,9 +24,11 @@ from extproc.runtime.candidate_holder import CandidateHolder
 from extproc.runtime.policy_holder import PolicyHolder
 from extproc.service.candidate_metrics import CandidateMetrics
 from extproc.service.metrics import SidecarMetrics
-from policy import Policy, PolicyError, load_policy, parse_policy
+from policy._reader import PolicyError
 from policy.candidate import load_candidate
 from policy.diff import policy_changes
+from policy.loader import load_policy, parse_policy
+from policy.schema import Policy
 from tooling.cli.policy import promote
 
 RAW: dict[str, Any] = {

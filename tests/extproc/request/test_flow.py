@@ -28,7 +28,9 @@ from extproc.request.identity import ApiKeyResolver
 from extproc.request.tokens import DeepSeekBpe, PromptCount, PromptCounter
 from extproc.request.verdicts import Routed
 from extproc.service.replies import upstream_headers
-from policy import Policy, Pool, parse_policy
+from policy.domain import Pool
+from policy.loader import parse_policy
+from policy.schema import Policy
 
 POLICY = parse_policy(
     {

@@ -16,7 +16,8 @@ from aiohttp import web
 from engines import EngineFleet, EngineState
 from extproc.runtime.engine_watch import EngineWatch
 from extproc.runtime.loop_lag import LoopLag
-from policy import EngineHealthConfig, Policy, parse_policy
+from policy.loader import parse_policy
+from policy.schema import EngineHealthConfig, Policy
 from tests.support.stack import example_policy
 
 TIMEOUT_S = 0.3

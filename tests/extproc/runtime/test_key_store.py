@@ -13,9 +13,10 @@ import pytest
 
 from extproc.runtime.key_store import KeyStore, read_key_file
 from extproc.service.key_admin import KeyStoreError
-from policy import Tier, hash_api_key, parse_policy
 from policy._keystore import KeyStoreConfig
+from policy.domain import Tier, hash_api_key
 from policy.keyring import revoked, rotated
+from policy.loader import parse_policy
 from tests.support.keys import POLICY, record
 
 

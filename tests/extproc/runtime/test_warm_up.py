@@ -15,7 +15,7 @@ from prometheus_client import generate_latest
 from extproc.request.tokens import exact_counter
 from extproc.runtime.sidecar import Sidecar
 from extproc.runtime.warm_up import warm_up
-from policy import Policy
+from policy.schema import Policy
 from tests.support.http import CHAT, chat_body
 from tests.support.stack import EXAMPLE_POLICY
 

@@ -8,7 +8,8 @@ from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
 from extproc.request.inflight import InFlight
 from extproc.service.access_log import OutcomeRecorder, finish, outcome_from_entry
 from extproc.service.metrics import SidecarMetrics
-from policy import ApiKey, ContextBucket, Tier, parse_policy
+from policy.domain import ApiKey, ContextBucket, Tier
+from policy.loader import parse_policy
 from tests.support.clock import VirtualClock
 
 POLICY = parse_policy({})

@@ -15,7 +15,7 @@ from extproc.adminpb import admin_pb2 as pb
 from extproc.adminpb import admin_pb2_grpc as pb_grpc
 from extproc.service.admin_auth import AdminAuth, AdminTokenError, admin_token
 from extproc.service.key_admin import KeyAdminService
-from policy import hash_api_key
+from policy.domain import hash_api_key
 
 TOKEN = "a-long-enough-admin-token"
 

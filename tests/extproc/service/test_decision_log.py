@@ -9,7 +9,7 @@ from pathlib import Path
 from admission.decision import CountKind, RequestOutcome, RoutingDecision
 from admission.errors import RateLimited
 from extproc.service.decision_log import DecisionLog
-from policy import ApiKey, ContextBucket, Tier
+from policy.domain import ApiKey, ContextBucket, Tier
 from tests.support.clock import VirtualClock
 from tests.support.decisions import Seen
 

@@ -13,7 +13,7 @@ from budget.spend import SpendHold, windows
 from budget.spend_store import InProcessSpendStore
 from extproc.adminpb import tenants_pb2 as pb
 from extproc.service.tenant_admin import tenant_usage
-from policy import parse_policy
+from policy.loader import parse_policy
 from tooling.cli.tenants import tenants_table
 
 ROOT = Path(__file__).resolve().parents[3]

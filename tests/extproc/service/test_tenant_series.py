@@ -15,7 +15,8 @@ from extproc.runtime.workers import merge_expositions
 from extproc.service.candidate_metrics import CandidateMetrics
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.tenant_series import OTHER, TABLE_FACTOR, TenantSeries, declared_tenants
-from policy import Policy, load_policy, parse_policy
+from policy.loader import load_policy, parse_policy
+from policy.schema import Policy
 from tests.support.stack import EXAMPLE_POLICY, example_policy, write_policy
 
 

@@ -23,7 +23,7 @@ import yaml
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from extproc.runtime.sidecar import Sidecar
-from policy import parse_policy
+from policy.loader import parse_policy
 from tests.support.http import CHAT, chat_body
 from tests.support.in_process import in_process
 from tests.support.stack import EXAMPLE_POLICY, ROOT, example_policy, write_policy

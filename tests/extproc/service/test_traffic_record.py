@@ -17,7 +17,9 @@ import pytest
 from admission.decision import CandidateNote, CountKind, RequestOutcome, RoutingDecision
 from admission.errors import RateLimited
 from extproc.service.traffic_record import TrafficFiles, TrafficRecorder
-from policy import ApiKey, ContextBucket, PolicyError, Tier, load_policy, parse_policy
+from policy._reader import PolicyError
+from policy.domain import ApiKey, ContextBucket, Tier
+from policy.loader import load_policy, parse_policy
 from sim.fleet.replay import replay
 from sim.fleet.traffic import CandidateVerdict, TrafficEntry, read_traffic
 from tests.support.clock import VirtualClock

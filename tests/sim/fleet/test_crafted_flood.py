@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from policy import parse_policy
+from policy.loader import parse_policy
 from policy.quantiles import quantile
 from sim.fleet.arrivals import Arrival, poisson_arrivals
 from sim.fleet.offline import OfflineFleet

@@ -28,7 +28,9 @@ from extproc.request.tokens import PromptCounter
 from extproc.request.verdicts import Routed
 from extproc.runtime.sidecar import Sidecar
 from extproc.service.access_log import finish
-from policy import ApiKey, Policy, load_policy
+from policy.domain import ApiKey
+from policy.loader import load_policy
+from policy.schema import Policy
 from sim.fleet.sidecar import SimulatedSidecar, chat
 from sim.server.tokenizer import shared_bpe
 from tests.support.clock import VirtualClock

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from policy import Policy, parse_policy
+from policy.loader import parse_policy
 from policy.quantiles import quantile
+from policy.schema import Policy
 from sim.fleet.arrivals import Arrival, poisson_arrivals
 from sim.fleet.offline import OfflineFleet
 

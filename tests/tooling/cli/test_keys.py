@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from extproc.runtime.key_store import read_key_file
-from policy import Tier, hash_api_key
+from policy.domain import Tier, hash_api_key
 from tooling.cli.main import build_parser, main
 
 

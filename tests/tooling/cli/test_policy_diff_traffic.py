@@ -12,7 +12,7 @@ import msgspec
 import pytest
 import yaml
 
-from policy import parse_policy
+from policy.loader import parse_policy
 from tests.support.stack import EXAMPLE_POLICY
 from tooling.cli.main import main
 

@@ -10,7 +10,8 @@ import pytest
 import yaml
 from aiohttp import web
 
-from policy import LatencyFit, load_policy, parse_policy
+from policy.domain import LatencyFit
+from policy.loader import load_policy, parse_policy
 from sim.server.calibration import Sample, fit_latency, latency_config, pool_spread
 from sim.server.config import PoolConfig
 from sim.server.model import LatencyConfig

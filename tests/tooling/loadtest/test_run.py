@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from policy import Limits, parse_policy
+from policy.domain import Limits
+from policy.loader import parse_policy
 from sim.fleet.workload_files import SIMULATION_POLICY, WORKLOADS, load_workload, workload_policy
 from tooling.loadtest.predict import (
     capacity,

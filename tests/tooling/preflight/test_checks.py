@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from policy import PolicyError, Tier, load_policy
+from policy._reader import PolicyError
+from policy.domain import Tier
+from policy.loader import load_policy
 from tests.support.stack import EXAMPLE_POLICY, example_policy, write_policy
 from tooling.preflight import checks
 from tooling.preflight.checks import CheckResult, HeldStream, PresetProbe, Verdict

@@ -19,7 +19,7 @@ from extproc.request.contract import (
     SIDECAR_SET_HEADERS,
 )
 from extproc.service.replies import WAIT_REPLY_MARGIN_MS, wait_reply_ms
-from policy import load_policy
+from policy.loader import load_policy
 from tests.support.mesh import ENVOY_GATEWAY, ISTIO, by_kind, ms
 from tests.support.stack import EXAMPLE_POLICY, ROOT
 from tooling.render.k8s import SIDECAR_PORT, write_documents

@@ -17,7 +17,8 @@ import envoy_data_plane.envoy.extensions.upstreams.http.v3 as upstream_http
 import envoy_data_plane.google.protobuf as pb
 
 from extproc.request.contract import SIDECAR_CLUSTER
-from policy import Policy, Pool
+from policy.domain import Pool
+from policy.schema import Policy
 from tooling.render.envoy_config._common import EnvoyPorts, FilterProfile, _address, _typed
 from tooling.render.envoy_config.engines import engine_cluster_options
 from tooling.render.envoy_config.filters import (

@@ -38,7 +38,7 @@ import envoy_data_plane.envoy.type.metadata.v3 as metadata
 import envoy_data_plane.google.protobuf as pb
 
 from extproc.request.contract import ENGINE_FIELD, METADATA_NAMESPACE
-from policy import EngineHealthConfig, Policy
+from policy.schema import EngineHealthConfig, Policy
 
 # What a retry may be for: nothing reached the engine (envoy's retry_on names).
 RETRY_ON = "connect-failure,refused-stream,reset-before-request"

@@ -28,8 +28,9 @@ from extproc.request.contract import (
     SIDECAR_FAILURE_STATUS,
 )
 from extproc.service.replies import wait_reply_ms
-from policy import FailureMode, Policy
 from policy._data_path import ExtProcMessages
+from policy.domain import FailureMode
+from policy.schema import Policy
 from tooling.render.envoy_config._common import _duration_ms, _http_status, _typed
 from tooling.render.envoy_config.one_message import (
     forward_headers_filter,

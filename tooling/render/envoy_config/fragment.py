@@ -31,8 +31,8 @@ import envoy_data_plane.envoy.config.route.v3 as route
 import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 as hcm
 
 from extproc.request.contract import ENVOY_PIECES, EXT_PROC_FILTER
-from policy import Policy
 from policy._data_path import ExtProcMessages
+from policy.schema import Policy
 from tooling.render.envoy_config.bootstrap import manager_settings, pool_cluster, slogate_clusters
 from tooling.render.envoy_config.filters import access_log, slogate_filters
 from tooling.render.envoy_config.routes import ext_proc_per_route, failure_modes, pool_routes

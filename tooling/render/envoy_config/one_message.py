@@ -49,8 +49,8 @@ from extproc.request.contract import (
     REASON_HEADER,
     UPSTREAM_METADATA_HEADERS,
 )
-from policy import Policy
 from policy.apis import error_style_for
+from policy.schema import Policy
 from tooling.render.envoy_config._common import _header, _typed
 
 FORWARD_FILTER = "slogate.forward_headers"

@@ -23,9 +23,10 @@ from extproc.request.contract import (
     POOL_ROUTE_PREFIX,
     RESPONSE_METADATA_HEADERS,
 )
-from policy import FailureMode, Policy
 from policy._data_path import ExtProcMessages
 from policy.apis import ErrorStyle
+from policy.domain import FailureMode
+from policy.schema import Policy
 from tooling.render.envoy_config._common import _header
 from tooling.render.envoy_config.engines import engine_retry
 from tooling.render.envoy_config.one_message import (

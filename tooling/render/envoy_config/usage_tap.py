@@ -37,8 +37,8 @@ import envoy_data_plane.xds.core.v3 as xds_core
 import envoy_data_plane.xds.type.matcher.v3 as xds_matcher
 
 from extproc.request.contract import USAGE_NAMESPACE, USAGE_TAP_FILTER
-from policy import Policy
 from policy._data_path import UsageTap
+from policy.schema import Policy
 
 # json_to_metadata's own name: a second filter next to the Lua one.
 NATIVE_JSON_FILTER = "slogate.usage_json"

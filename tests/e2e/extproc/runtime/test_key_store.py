@@ -12,8 +12,8 @@ import pytest
 
 from budget.redis_store import connect
 from extproc.runtime.key_store import KeyStore, RedisKeys
-from policy import hash_api_key
 from policy._keystore import KeyStoreConfig
+from policy.domain import hash_api_key
 from policy.keyring import revoked, rotated
 from tests.support.keys import POLICY, record
 from tooling.stack.redis import start_redis

@@ -21,7 +21,8 @@ from extproc.request.contract import (
     FAIRNESS_HEADER,
     OBJECTIVE_HEADER,
 )
-from policy import Policy, load_policy
+from policy.loader import load_policy
+from policy.schema import Policy
 from tests.support import istio
 from tests.support.http import CHAT, chat_body, post
 from tests.support.mesh import ENVOY_GATEWAY, ISTIO, SERVICES, by_kind, ms

@@ -10,7 +10,7 @@ import pytest
 
 from engines import prompt_blocks, text_blocks
 from extproc.request.tokens import CountKind, PromptCounter, exact_counter
-from policy import CountingConfig
+from policy.schema import CountingConfig
 
 TEXTS = (
     "You are a careful assistant. " * 40,

@@ -24,7 +24,7 @@ from extproc.request.tokens import (
 )
 from extproc.request.tokens.bpe import cut
 from extproc.request.tokens.prompt import SplittingCounter
-from policy import CountingConfig
+from policy.schema import CountingConfig
 
 DATA_DIR = Path(__file__).parents[3] / "data"
 Counter = DeepSeekBpe | FastokensBpe

@@ -11,7 +11,8 @@ import pytest
 
 from extproc.request.contract import ACCESS_LOG_TAGS, EXT_PROC_FILTER, USAGE_TAP_FILTER
 from extproc.service.replies import WAIT_REPLY_MARGIN_MS, wait_reply_ms
-from policy import Tier, load_policy
+from policy.domain import Tier
+from policy.loader import load_policy
 from tests.support.envoy_config import bootstrap_manager
 from tests.support.stack import EXAMPLE_POLICY
 from tooling.render.envoy_config import build_bootstrap

@@ -17,7 +17,7 @@ from extproc.request.contract import (
     USAGE_TAP_FILTER,
 )
 from extproc.service.replies import WAIT_REPLY_MARGIN_MS, wait_reply_ms
-from policy import load_policy
+from policy.loader import load_policy
 from tests.support.envoy_config import POOLS, fragment, theirs
 from tests.support.stack import EXAMPLE_POLICY
 from tooling.render.envoy_config import build_bootstrap

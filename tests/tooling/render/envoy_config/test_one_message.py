@@ -15,8 +15,8 @@ from extproc.request.contract import (
     POOL_ROUTE_PREFIX,
     SIDECAR_SET_HEADERS,
 )
-from policy import parse_policy
 from policy._data_path import ExtProcMessages
+from policy.loader import parse_policy
 from tests.support.envoy_config import bootstrap_manager, one_message_bootstrap
 from tests.support.mesh import ENVOY_GATEWAY, ISTIO
 from tests.support.messages import with_messages

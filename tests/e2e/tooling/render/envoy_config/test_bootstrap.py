@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from extproc.request.contract import EXT_PROC_FILTER
-from policy import FailureMode, load_policy
+from policy.domain import FailureMode
+from policy.loader import load_policy
 from tests.support.envoy_config import bootstrap_manager, validate
 from tests.support.stack import EXAMPLE_POLICY
 from tooling.render.envoy_config import FilterProfile, build_bootstrap
@@ -34,7 +35,7 @@ def test_envoy_rejects_a_broken_bootstrap(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("required", [True, False])
 def test_tls_and_remote_jwks_bootstrap_is_valid(tmp_path: Path, required: bool) -> None:
-    from policy import parse_policy
+    from policy.loader import parse_policy
 
     policy = parse_policy(
         {

@@ -13,8 +13,8 @@ from extproc.request.contract import (
     FORWARDED_NAMESPACE,
     JWT_FILTER,
 )
-from policy import parse_policy
 from policy._data_path import ExtProcMessages
+from policy.loader import parse_policy
 from tests.support.envoy_config import bootstrap_manager, one_message_bootstrap, validate
 from tests.support.messages import with_messages
 from tests.support.stack import example_policy
