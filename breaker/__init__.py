@@ -14,7 +14,3 @@ What lives here:
 Not here: the quota controller (budget.quotas, budget.key_quotas: it moves budgets) and KV
 admission (admission.kv).
 """
-
-from breaker.latency import LogHistogram, ResponseWindows
-
-__all__ = ["LogHistogram", "ResponseWindows"]

@@ -17,7 +17,3 @@ What lives here:
 Nothing here does network I/O except the Redis stores. The policy that sets the limits
 lives in `policy`; the breaker's signals in `breaker` (the two are independent layers).
 """
-
-from budget.ledger import Charge, Verdict
-
-__all__ = ["Charge", "Verdict"]
