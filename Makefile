@@ -62,7 +62,7 @@ release: $(STAMP) image k8s
 # The whole suite, the tests against a real vLLM included (missing vLLM: a failure); then
 # the container image's tests on their own (they build it: ~2 min the first time).
 test: $(VLLM_STAMP) lint promtool podman
-	SLOGATE_REQUIRE_VLLM=1 $(BIN)/pytest -m "not image"
+	SLOGATE_REQUIRE_VLLM=1 $(BIN)/pytest -m "not image" -n 2 --dist loadgroup
 	SLOGATE_REQUIRE_IMAGE=1 $(BIN)/pytest -m image
 
 # The pure-logic and in-process tests only (no Envoy, sidecar, Valkey or promtool processes),

@@ -17,12 +17,15 @@ from policy._data_path import ExtProcMessages
 from tests.support.messages import start_stack_with
 from tests.support.stack import start_stack
 from tests.support.vllm import require_vllm, start_vllm_stack
+from tests.support.xdist_scopes import VLLM_UNIT, UnitScheduling, order, unit_of
 from tooling.stack.local import LocalStack
 from tooling.stack.otlp_receiver import TraceReceiver
 from tooling.stack.redis import start_redis, start_redis_cluster
 
 TESTS = Path(__file__).parent
 E2E = TESTS / "e2e"
+# The session's vLLM stack, for the hook that stops it after its last test.
+_VLLM_STACKS: list[LocalStack] = []
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +49,7 @@ def vllm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]
     tests marked vllm."""
     require_vllm()
     running = start_vllm_stack(tmp_path_factory.mktemp("vllm-stack"))
+    _VLLM_STACKS.append(running)
     yield running
     running.stop()
 
@@ -91,9 +95,9 @@ def processes() -> Iterator[list[ManagedProcess]]:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The `e2e` marker is given by the folder alone: a test outside tests/e2e/ that carries
-    it itself stops the collection, naming its file. Then the tests against a real vLLM run
-    last, together: the engine they share starts once and its idle worker (~10% of a core
-    here) does not run beside the rest of the suite."""
+    it itself stops the collection, naming its file. The tests against a real vLLM must be
+    named so that the xdist units (tests/support/xdist_scopes.py) find them; then the units
+    are put in the order they should start in."""
     misplaced = sorted(
         {
             str(item.path.relative_to(TESTS.parent))
@@ -107,7 +111,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             "themselves: move those tests to the same path under tests/e2e/ and drop the "
             "mark: " + ", ".join(misplaced)
         )
-    items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
+    astray = sorted(
+        item.nodeid
+        for item in items
+        if (item.get_closest_marker("vllm") is not None) != (unit_of(item.nodeid) == VLLM_UNIT)
+    )
+    if astray:
+        raise pytest.UsageError(
+            "a test against vLLM carries the vllm marker and has vllm in its file's name or "
+            "its parameter id (tests/support/xdist_scopes.py puts them on one worker by that "
+            "name); these break the rule: " + ", ".join(astray[:10])
+        )
+    items.sort(key=lambda item: order(item.nodeid))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadgroup` (make test): the units of tests/support/xdist_scopes.py."""
+    if config.getoption("dist") == "loadgroup":
+        return UnitScheduling(config, log)
+    return None
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The vLLM stack stops after the last test against it (they run together, see
+    `order`), so that its engine's idle loop (~10% of a core) does not run beside the rest."""
+    if item.get_closest_marker("vllm") and (
+        nextitem is None or not nextitem.get_closest_marker("vllm")
+    ):
+        for running in _VLLM_STACKS:
+            running.stop()
 
 
 @pytest.hookimpl(hookwrapper=True)
