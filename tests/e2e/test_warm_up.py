@@ -5,7 +5,8 @@ reports ready (extproc.runtime.warm_up). Through real Envoy and a real `slogate 
 each request's decision time is read as the bucket of slogate_decision_seconds it landed
 in (scraped before and after it): the first request of a kind after a start lands no
 higher than the typical one, give or take one bucket (all under 1 ms count as one: see
-`landed`). Without the warm-up (checked by taking it out) all three kinds failed here: the
+`landed`), or than the run's own 90th percentile (a busy machine slows both), or under
+10 ms. Without the warm-up (checked by taking it out) all three kinds failed here: the
 first short decision landed in 25-50 ms, the first long one in 100-500 ms, the first
 non-ASCII one in 10-25 ms, against under 1 ms to 2 ms for the median and the hundredth.
 And the warm-up leaves nothing behind: no decision, hold, in-flight entry or counted
@@ -25,6 +26,9 @@ from tests.support.stack import example_policy, start_stack, write_policy
 
 KEY = "sk-warm-up-test"
 REQUESTS = 100
+# 5-10 ms, counted from the 1 ms bound (see `landed`): the bucket under the cheapest cost
+# the warm-up saves (the first non-ASCII count, 10-25 ms).
+WARM_ENOUGH = 3
 
 _SENTENCE = (
     "the gateway counts every prompt before it routes it and charges the budget of "
@@ -126,10 +130,19 @@ def test_first_decisions_no_slower_than_the_hundredth(kind: str, tmp_path: Path)
     finally:
         stack.stop()
     for phase, landed_in in per_phase.items():
-        typical = sorted(landed_in)[len(landed_in) // 2]
+        ranked = sorted(landed_in)
+        typical, tail = ranked[len(ranked) // 2], ranked[int(len(ranked) * 0.9)]
         first = landed_in[:3]
         hundredth = landed_in[-1]
-        shown = f"{kind} {phase}: buckets of the first {first}, median {typical}, 100th {hundredth}"
+        shown = (
+            f"{kind} {phase}: buckets of the first {first}, median {typical}, "
+            f"90th percentile {tail}, 100th {hundredth}"
+        )
         print(shown)
         # One bucket of resolution: a decision near a bound lands on either side of it.
-        assert max(first) <= max(typical, hundredth) + 1, shown
+        # The run's own 90th percentile: a machine busy with other work slows some of the
+        # run's decisions, the first ones among them (two xdist workers: the first three
+        # long ones landed in [3, 2, 3] against a median of 1 while the other worker
+        # started a stack). And 5-10 ms (bucket 3) passes whatever the run: the warm-up is
+        # about 10-250 ms, and what it saves never lands under 10 ms (see the docstring).
+        assert max(first) <= max(typical + 1, hundredth + 1, tail, WARM_ENOUGH), shown
