@@ -171,18 +171,25 @@ def test_32_concurrent_crafted_prompts_do_not_move_the_critical_p99(
         for outcome in ("dispatched", "timed_out", "full", "cancelled")
     ) + metric(samples, "slogate_rejections_total", reason="kv_cache_full")
     quiet_p99, flooded_p99 = quantile(quiet, 0.99), quantile(flooded, 0.99)
+    # 10%, or 50 ms on a quick p99: the second-slowest of 150 moves that much with the
+    # machine's noise on 2 cores (0.238 -> 0.279 s seen, medians equal).
+    bound = max(1.10 * quiet_p99, quiet_p99 + 0.05)
+    past = sum(ttft > bound for ttft in flooded)
     report = (
         f"quiet p99 {quiet_p99:.3f} s median {statistics.median(quiet):.3f} s ({len(quiet)}); "
         f"flooded p99 {flooded_p99:.3f} s median {statistics.median(flooded):.3f} s "
-        f"({len(flooded)}); crafted requests held back by KV admission {held:.0f}"
+        f"({len(flooded)}), {past} past {bound:.3f} s; crafted requests held back by KV "
+        f"admission {held:.0f}"
     )
     print(report)
     assert len(quiet) >= 145 and len(flooded) >= 145, report
     assert held >= 20, report  # admission held most of the flood back: it was counted
-    # 10%, or 50 ms on a quick p99: the second-slowest of 150 moves that much with the
-    # machine's noise on 2 cores (0.238 -> 0.279 s seen, medians equal); an unprotected
-    # flood's prefill moves it by seconds.
-    assert flooded_p99 <= max(1.10 * quiet_p99, quiet_p99 + 0.05), report
+    # How many flooded requests end past the quiet run's p99 (with its margin), not the
+    # flooded p99 itself: two runs of one distribution put ~1.5 of 150 past the other's
+    # p99, and a burst of other work on the 2 shared cores a few more (beside another xdist
+    # worker: flooded p99 0.99 s against 0.24 s quiet, medians 0.164 and 0.159 s); an
+    # unprotected flood's prefill holds every critical request of its seconds (5 a second).
+    assert past <= 5, report
 
 
 def test_300_cut_streams_leave_the_key_able_to_work(cut_stack: LocalStack) -> None:
