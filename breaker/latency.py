@@ -147,17 +147,6 @@ class ResponseWindows:
                     merged.merge(histogram)
         return merged
 
-    def quantile(
-        self,
-        metric: str,
-        q: float,
-        window_s: float,
-        pool: str | None = None,
-        tier: str | None = None,
-        bucket: str | None = None,
-    ) -> float | None:
-        return self.merged(metric, window_s, pool, tier, bucket).quantile(q)
-
     def response_counts(
         self, pool: str | None, window_s: float, leave_out: frozenset[str] = frozenset()
     ) -> tuple[int, int]:

@@ -60,8 +60,9 @@ local function count(haystack, needle)
   end
 end
 
-local function last_number(data, pattern, current)
-  for value in string.gmatch(data, pattern) do
+-- The last value of the JSON member `name` in `data` (`"name": 123`); `current` when none.
+local function last_count(data, name, current)
+  for value in string.gmatch(data, "\"" .. name .. "\"%s*:%s*(%d+)") do
     current = tonumber(value)
   end
   return current
@@ -73,6 +74,15 @@ local function publish(response_handle, key, value)
   response_handle:streamInfo():dynamicMetadata():set("slogate.usage", key, value)
 end
 
+-- Writes a count when it differs from the one written last under its key (`written`):
+-- once per change, as soon as it changes (a cut stream never reaches the loop's end).
+local function publish_changed(response_handle, written, key, value)
+  if value ~= written[key] then
+    written[key] = value
+    publish(response_handle, key, value)
+  end
+end
+
 function envoy_on_response(response_handle)
   local decided = response_handle:streamInfo():dynamicMetadata():get("slogate")
   if decided == nil then
@@ -81,14 +91,11 @@ function envoy_on_response(response_handle)
   local strip = decided["strip_usage"] == true
   -- An event starts at a line start; the leading newline lets the first one match too.
   local tail = "\n"
-  local prompt = nil
-  local completion = nil
+  local written = {}
   local input = nil
   local cache_read = nil
   local cache_written = nil
   local events = 0
-  local cached = nil
-  local reasoning = nil
   for chunk in response_handle:bodyChunks() do
     local bytes = chunk:getBytes(0, chunk:length())
     local data = tail .. bytes
@@ -99,35 +106,21 @@ function envoy_on_response(response_handle)
       publish(response_handle, "stream_events", events)
     end
     if string.find(data, "_tokens\"", 1, true) ~= nil then
-      input = last_number(data, "\"prompt_tokens\"%s*:%s*(%d+)", input)
-      input = last_number(data, "\"input_tokens\"%s*:%s*(%d+)", input)
-      cache_read = last_number(data, "\"cache_read_input_tokens\"%s*:%s*(%d+)", cache_read)
-      cache_written = last_number(data, "\"cache_creation_input_tokens\"%s*:%s*(%d+)", cache_written)
-      local p = input
-      if p ~= nil then
-        p = p + (cache_read or 0) + (cache_written or 0)
+      input = last_count(data, "prompt_tokens", input)
+      input = last_count(data, "input_tokens", input)
+      cache_read = last_count(data, "cache_read_input_tokens", cache_read)
+      cache_written = last_count(data, "cache_creation_input_tokens", cache_written)
+      if input ~= nil then
+        publish_changed(response_handle, written, "prompt_tokens", input + (cache_read or 0) + (cache_written or 0))
       end
-      local c = last_number(data, "\"completion_tokens\"%s*:%s*(%d+)", completion)
-      c = last_number(data, "\"output_tokens\"%s*:%s*(%d+)", c)
-      if p ~= prompt then
-        prompt = p
-        publish(response_handle, "prompt_tokens", prompt)
-      end
-      if c ~= completion then
-        completion = c
-        publish(response_handle, "completion_tokens", completion)
-      end
-      local k = last_number(data, "\"cached_tokens\"%s*:%s*(%d+)", cached)
-      k = last_number(data, "\"cache_read_input_tokens\"%s*:%s*(%d+)", k)
-      if k ~= cached then
-        cached = k
-        publish(response_handle, "cached_tokens", cached)
-      end
-      local r = last_number(data, "\"reasoning_tokens\"%s*:%s*(%d+)", reasoning)
-      if r ~= reasoning then
-        reasoning = r
-        publish(response_handle, "reasoning_tokens", reasoning)
-      end
+      local completion = last_count(data, "completion_tokens", written.completion_tokens)
+      completion = last_count(data, "output_tokens", completion)
+      publish_changed(response_handle, written, "completion_tokens", completion)
+      local cached = last_count(data, "cached_tokens", written.cached_tokens)
+      cached = last_count(data, "cache_read_input_tokens", cached)
+      publish_changed(response_handle, written, "cached_tokens", cached)
+      local reasoning = last_count(data, "reasoning_tokens", written.reasoning_tokens)
+      publish_changed(response_handle, written, "reasoning_tokens", reasoning)
       if strip then
         local kept, removed = without_usage_events(bytes)
         if removed > 0 then

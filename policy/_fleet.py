@@ -194,19 +194,9 @@ def parse_breaker(sec: Section) -> BreakerConfig:
     th.close()
     if not 0.0 <= values["probe_fraction"] <= 1.0:
         raise PolicyError(f"{th.child('probe_fraction')}: must be in [0, 1]")
-    config = BreakerConfig(
+    config = sec.config(
+        BreakerConfig,
         thresholds=BreakerThresholds(enter_hold_s=hold, **values),
-        window_s=sec.get("window_s", float, 60.0),
-        min_samples=sec.get("min_samples", int, 20),
-        evaluate_interval_s=sec.get("evaluate_interval_s", float, 1.0),
-        scrape_metrics=sec.get("scrape_metrics", bool, True),
-        scrape_interval_s=sec.get("scrape_interval_s", float, 5.0),
-        stale_after_s=sec.get("stale_after_s", float, 15.0),
-        controller_enabled=sec.get("controller_enabled", bool, True),
-        controller_key_budgets=sec.get("controller_key_budgets", bool, False),
-        controller_interval_s=sec.get("controller_interval_s", float, 5.0),
-        latency_weight=sec.get("latency_weight", float, 0.7),
-        kv_weight=sec.get("kv_weight", float, 0.3),
         kv_shares=parse_kv_shares(sec.section("kv_shares")),
     )
     for name in (
@@ -283,22 +273,7 @@ def parse_slos(sec: Section, bucket_names: set[str]) -> dict[tuple[Tier, str], f
 
 
 def parse_counting(sec: Section) -> CountingConfig:
-    defaults = CountingConfig()
-    config = CountingConfig(
-        per_message_overhead_tokens=sec.get(
-            "per_message_overhead_tokens", int, defaults.per_message_overhead_tokens
-        ),
-        engine=sec.get("engine", str, defaults.engine),
-        workers=sec.get("workers", int, defaults.workers),
-        inline_max_bytes=sec.get("inline_max_bytes", int, defaults.inline_max_bytes),
-        inline_unicode_max_bytes=sec.get(
-            "inline_unicode_max_bytes", int, defaults.inline_unicode_max_bytes
-        ),
-        split_min_bytes=sec.get("split_min_bytes", int, defaults.split_min_bytes),
-        max_bytes=sec.get("max_bytes", int, defaults.max_bytes),
-        queue_max_bytes=sec.get("queue_max_bytes", int, defaults.queue_max_bytes),
-        cache_entries=sec.get("cache_entries", int, defaults.cache_entries),
-    )
+    config = sec.config(CountingConfig)
     sec.close()
     if config.per_message_overhead_tokens < 0:
         raise PolicyError(f"{sec.child('per_message_overhead_tokens')}: must be >= 0")
@@ -347,21 +322,8 @@ def parse_waiting_room(sec: Section) -> WaitingRoomConfig:
         where = f"{sec.child('tenant_weights')}.{tenant}"
         weights[str(tenant)] = expect(value, float, where)
         positive(weights[str(tenant)], where)
-    config = WaitingRoomConfig(
-        enabled=sec.get("enabled", bool, defaults.enabled),
-        max_wait_s=waits,
-        slo_share=slo_share,
-        min_wait_s=sec.get("min_wait_s", float, defaults.min_wait_s),
-        max_waiting=sec.get("max_waiting", int, defaults.max_waiting),
-        max_waiting_bytes=sec.get("max_waiting_bytes", int, defaults.max_waiting_bytes),
-        backfill_s=sec.get("backfill_s", float, defaults.backfill_s),
-        hold_s=sec.get("hold_s", float, defaults.hold_s),
-        half_life_s=sec.get("half_life_s", float, defaults.half_life_s),
-        output_weight=sec.get("output_weight", float, defaults.output_weight),
-        tenant_weights=weights,
-        alert_critical_p99_wait_s=sec.get(
-            "alert_critical_p99_wait_s", float, defaults.alert_critical_p99_wait_s
-        ),
+    config = sec.config(
+        WaitingRoomConfig, max_wait_s=waits, slo_share=slo_share, tenant_weights=weights
     )
     sec.close()
     for name in ("max_waiting", "max_waiting_bytes", "half_life_s", "alert_critical_p99_wait_s"):

@@ -7,10 +7,18 @@ the loader's sections share. No policy knowledge.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 T = TypeVar("T")
+C = TypeVar("C", bound="DataclassInstance")
+
+# The kinds a config field can be read as by `Section.config`; any other field is given.
+_PLAIN = (bool, int, float, str)
 
 
 class PolicyError(ValueError):
@@ -41,6 +49,21 @@ class Section:
         if name not in self._raw:
             raise PolicyError(f"{self.child(name)}: required field is missing")
         return expect(self._raw[name], kind, self.child(name))
+
+    def config(self, config: type[C], **given: object) -> C:
+        """A config dataclass: every field but the `given` ones read from this section, in
+        the order the class declares them, as the type it declares (bool, int, float or
+        str); an absent field takes the class's default. One reader for a section's plain
+        fields, so that its defaults are the dataclass's own and never a second copy."""
+        kinds, defaults = get_type_hints(config), config()
+        values = dict(given)
+        for item in fields(config):
+            if item.name in given:
+                continue
+            if kinds[item.name] not in _PLAIN:
+                raise TypeError(f"{config.__name__}.{item.name}: not a plain field; give it")
+            values[item.name] = self.get(item.name, kinds[item.name], getattr(defaults, item.name))
+        return config(**values)
 
     def section(self, name: str) -> Section:
         self._seen.add(name)

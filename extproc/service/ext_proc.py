@@ -86,7 +86,11 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
     ) -> pb.ProcessingResponse:
         """The reply to one message; every error becomes the client's answer here."""
         try:
-            return await self._reply(flow, phase, request, on_wait)
+            if phase == "request_headers":
+                return await self._headers_reply(flow, request)
+            if phase == "request_body":
+                return await self._body_reply(flow, request, on_wait)
+            return passthrough_reply(request)
         except RequestRejected as error:
             return self._rejection(error, flow)
         except Exception:
@@ -136,46 +140,43 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
             observer.refused(flow, error)
         return rejection(error, flow.error_style)
 
-    async def _reply(
-        self,
-        flow: RequestFlow,
-        phase: str,
-        request: pb.ProcessingRequest,
-        on_wait: WaitNotice | None = None,
+    async def _headers_reply(
+        self, flow: RequestFlow, request: pb.ProcessingRequest
     ) -> pb.ProcessingResponse:
-        if phase == "request_headers":
-            headers = request.request_headers
-            verdict = await self._on_headers(
-                flow, headers_to_dict(headers), headers.end_of_stream, request
-            )
-            reply = header_reply(verdict)
-            if verdict.routed is not None:
-                self._routed(flow, verdict.routed, reply)
-            return reply
-        if phase == "request_body":
-            # One message per request: no header message came, its headers are metadata
-            # and its header phase runs now, on them (extproc.service.one_message).
-            one_message = not flow.headers_seen
-            forwarded = (
-                await self._on_headers(flow, forwarded_headers(request), False, request)
-                if one_message
-                else None
-            )
-            routed: Routed | None
-            if forwarded is not None and not forwarded.inference:
-                # A path whose body is not read: its route sends the headers (routes.py), so
-                # this is an operator's own route; it is decided on the headers as there.
-                routed = forwarded.routed
-            else:
-                routed = await flow.on_request_body(request.request_body.body, on_wait)
-            if routed is None:  # a public path's body
-                return passthrough_reply(request)
-            reply = routed_body_reply(routed)
-            self._routed(flow, routed, reply)
-            if one_message:
-                headers_as_metadata(reply)
-            return reply
-        return passthrough_reply(request)
+        headers = request.request_headers
+        verdict = await self._on_headers(
+            flow, headers_to_dict(headers), headers.end_of_stream, request
+        )
+        reply = header_reply(verdict)
+        if verdict.routed is not None:
+            self._routed(flow, verdict.routed, reply)
+        return reply
+
+    async def _body_reply(
+        self, flow: RequestFlow, request: pb.ProcessingRequest, on_wait: WaitNotice | None
+    ) -> pb.ProcessingResponse:
+        # One message per request: no header message came, its headers are metadata
+        # and its header phase runs now, on them (extproc.service.one_message).
+        one_message = not flow.headers_seen
+        forwarded = (
+            await self._on_headers(flow, forwarded_headers(request), False, request)
+            if one_message
+            else None
+        )
+        routed: Routed | None
+        if forwarded is not None and not forwarded.inference:
+            # A path whose body is not read: its route sends the headers (routes.py), so
+            # this is an operator's own route; it is decided on the headers as there.
+            routed = forwarded.routed
+        else:
+            routed = await flow.on_request_body(request.request_body.body, on_wait)
+        if routed is None:  # a public path's body
+            return passthrough_reply(request)
+        reply = routed_body_reply(routed)
+        self._routed(flow, routed, reply)
+        if one_message:
+            headers_as_metadata(reply)
+        return reply
 
     async def _on_headers(
         self,

@@ -301,29 +301,20 @@ class SidecarMetrics:
             "Breaker level changes (and failed probes, from == to) by pool, from, to, reason.",
             ["pool", "from_level", "to_level", "reason"],
         )
-        self.breaker_level = Family(
-            Gauge(
-                "slogate_breaker_level",
-                "Breaker level in force per pool (0-3, drills included); pool=global too.",
-                ["pool"],
-                registry=r,
-            )
+        self.breaker_level = gauge(
+            "slogate_breaker_level",
+            "Breaker level in force per pool (0-3, drills included); pool=global too.",
+            ["pool"],
         )
-        self.breaker_drill = Family(
-            Gauge(
-                "slogate_breaker_drill_level",
-                "Level forced by a running drill per pool (0: no drill).",
-                ["pool"],
-                registry=r,
-            )
+        self.breaker_drill = gauge(
+            "slogate_breaker_drill_level",
+            "Level forced by a running drill per pool (0: no drill).",
+            ["pool"],
         )
-        self.breaker_signal = Family(
-            Gauge(
-                "slogate_breaker_signal",
-                "Signal values the breaker last used (NaN: no data), by pool and signal.",
-                ["pool", "signal"],
-                registry=r,
-            )
+        self.breaker_signal = gauge(
+            "slogate_breaker_signal",
+            "Signal values the breaker last used (NaN: no data), by pool and signal.",
+            ["pool", "signal"],
         )
         self.tenant_demand = TenantFamily(
             Gauge(
@@ -336,14 +327,11 @@ class SidecarMetrics:
             ),
             tenants,
         )
-        self.kv_footprint_ratio = Family(
-            Gauge(
-                "slogate_kv_footprint_ratio",
-                "KV the engines report holding per token admission counted (prompt + "
-                "max_tokens), learned per pool; 1.0: the upper bound.",
-                ["pool"],
-                registry=r,
-            )
+        self.kv_footprint_ratio = gauge(
+            "slogate_kv_footprint_ratio",
+            "KV the engines report holding per token admission counted (prompt + "
+            "max_tokens), learned per pool; 1.0: the upper bound.",
+            ["pool"],
         )
         # Read from the admission ledger when Prometheus scrapes, not set per request.
         self.admission = AdmissionCollector()
@@ -361,31 +349,22 @@ class SidecarMetrics:
             "full, cancelled).",
             ["tier", "outcome"],
         )
-        self.wait_alert_bound = Family(
-            Gauge(
-                "slogate_wait_alert_seconds",
-                "The policy's bound on the P99 wait per tier (waiting_room."
-                "alert_critical_p99_wait_s): the wait alert compares slogate_wait_seconds to it.",
-                ["tier"],
-                registry=r,
-            )
+        self.wait_alert_bound = gauge(
+            "slogate_wait_alert_seconds",
+            "The policy's bound on the P99 wait per tier (waiting_room."
+            "alert_critical_p99_wait_s): the wait alert compares slogate_wait_seconds to it.",
+            ["tier"],
         )
-        self.quota_multiplier = Family(
-            Gauge(
-                "slogate_quota_multiplier",
-                "Dynamic quota controller's budget multiplier per tier (1.0: full budgets).",
-                ["tier"],
-                registry=r,
-            )
+        self.quota_multiplier = gauge(
+            "slogate_quota_multiplier",
+            "Dynamic quota controller's budget multiplier per tier (1.0: full budgets).",
+            ["tier"],
         )
-        self.load_score = Family(
-            Gauge(
-                "slogate_load_score",
-                "Controller load score (0.7 P99/SLO + 0.3 KV, saturation guards) as measured and "
-                "as forecast.",
-                ["kind"],
-                registry=r,
-            )
+        self.load_score = gauge(
+            "slogate_load_score",
+            "Controller load score (0.7 P99/SLO + 0.3 KV, saturation guards) as measured and "
+            "as forecast.",
+            ["kind"],
         )
         self.safety_factor = Gauge(
             "slogate_safety_factor",

@@ -373,9 +373,9 @@ def test_an_engine_out_of_its_pool_gives_its_status_but_no_latency() -> None:
     slow = outcome(routed, ttft_s=9.0, duration_s=9.0, upstream="10.0.0.1:8000")
     record_signals(windows, POLICY, slow, engines_out=frozenset({"10.0.0.1:8000"}))
     assert windows.response_counts(routed.pool, 60) == (1, 0)
-    assert windows.quantile("total", 0.99, 60, routed.pool) is None
+    assert windows.merged("total", 60, routed.pool).quantile(0.99) is None
     record_signals(windows, POLICY, slow, engines_out=frozenset({"10.0.0.2:8000"}))
-    assert windows.quantile("total", 0.99, 60, routed.pool) == pytest.approx(9.0, rel=0.05)
+    assert windows.merged("total", 60, routed.pool).quantile(0.99) == pytest.approx(9.0, rel=0.05)
 
 
 def test_an_engine_back_in_its_pool_counts_first_tokens_from_its_return() -> None:

@@ -25,7 +25,7 @@ def test_quantiles_match_numpy_within_bin_resolution() -> None:
 def test_empty_means_no_data() -> None:
     assert LogHistogram().quantile(0.99) is None
     windows = ResponseWindows(VirtualClock(1000.0))
-    assert windows.quantile("ttft", 0.99, 60) is None
+    assert windows.merged("ttft", 60).quantile(0.99) is None
     assert windows.error_rate("default", 60) is None
 
 
@@ -47,14 +47,14 @@ def test_windows_forget_old_slots_and_filter_by_label() -> None:
     for _ in range(100):
         windows.record_latency("ttft", "default", "critical", "0-4k", 0.2)
         windows.record_latency("ttft", "long", "sheddable", "32k-128k", 2.0)
-    one_min = windows.quantile("ttft", 1.0, 60, pool="default")
-    five_min = windows.quantile("ttft", 1.0, 300, pool="default")
+    one_min = windows.merged("ttft", 60, pool="default").quantile(1.0)
+    five_min = windows.merged("ttft", 300, pool="default").quantile(1.0)
     assert one_min is not None and one_min < 0.25
     assert five_min is not None and five_min >= 5.0
-    long_p50 = windows.quantile("ttft", 0.5, 60, tier="sheddable")
+    long_p50 = windows.merged("ttft", 60, tier="sheddable").quantile(0.5)
     assert long_p50 == pytest.approx(2.0, rel=0.06)
     clock.now_s += 400  # past the horizon: everything is gone
-    assert windows.quantile("ttft", 0.5, 300) is None
+    assert windows.merged("ttft", 300).quantile(0.5) is None
 
 
 def test_error_rate_per_pool() -> None:

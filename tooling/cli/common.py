@@ -1,7 +1,8 @@
 """What several `slogate` subcommands share: a foreground command's stop signal, the vLLM
-check, the POOL=NAME and --workload arguments, a call to a running sidecar's admin API, and
-the window of a traffic record a command reads (--from, --to) and its reading. The --policy
-and --admin arguments, which `serve` has too, are extproc.runtime.serve_command's."""
+check, the POOL=NAME, --workload and --engine arguments, a call to a running sidecar's
+admin API, and the window of a traffic record a command reads (--from, --to) and its
+reading. The --policy and --admin arguments, which `serve` has too, are
+extproc.runtime.serve_command's."""
 
 from __future__ import annotations
 
@@ -76,6 +77,12 @@ def add_workload(parser: argparse.ArgumentParser, default: str) -> None:
         default=default,
         help="a name in sim/workloads/, or a workload file (e.g. slogate workload fit's)",
     )
+
+
+def add_engine(parser: argparse.ArgumentParser, vllm: str) -> None:
+    """--engine: what serves the local stack's default pool (LocalStack.engine), simulated
+    engines or a real vLLM; `vllm` says what the real one means to this command."""
+    parser.add_argument("--engine", choices=("sim", "vllm"), default="sim", help=f"vllm: {vllm}")
 
 
 def add_time_window(parser: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from policy.schema import BudgetStoreKind
-from tooling.cli.common import add_workload, vllm_ready
+from tooling.cli.common import add_engine, add_workload, vllm_ready
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,12 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="redis: the local stack runs its own Redis (a fault may restart it)",
     )
     loadtest.add_argument("--out-dir", type=Path, default=Path("bench/results"))
-    loadtest.add_argument(
-        "--engine",
-        choices=("sim", "vllm"),
-        default="sim",
-        help="vllm: the local stack's default pool is a real vLLM (make vllm; time scale 1)",
-    )
+    add_engine(loadtest, "the local stack's default pool is a real vLLM (make vllm; time scale 1)")
     loadtest.add_argument(
         "--predict",
         action="store_true",

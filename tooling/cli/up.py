@@ -15,7 +15,7 @@ from extproc.runtime.serve_command import add_log_arguments, policy_arg
 from policy.domain import FailureMode
 from policy.loader import load_policy
 from policy.schema import BudgetStoreKind
-from tooling.cli.common import Signalled, vllm_ready
+from tooling.cli.common import Signalled, add_engine, vllm_ready
 
 if TYPE_CHECKING:
     from tooling.stack.local import LocalStack
@@ -56,12 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="redis: start a local Redis-compatible server shared by every replica",
     )
 
-    up.add_argument(
-        "--engine",
-        choices=["sim", "vllm"],
-        default="sim",
-        help="vllm: a real vLLM (pip install -e '.[vllm]') behind the default pool; its KV "
-        "capacity and batch slots go into the sidecar's policy",
+    add_engine(
+        up,
+        "a real vLLM (pip install -e '.[vllm]') behind the default pool; its KV capacity and "
+        "batch slots go into the sidecar's policy",
     )
     up.add_argument(
         "--kv-blocks", type=int, default=80, help="with --engine vllm: KV blocks of 128 tokens"

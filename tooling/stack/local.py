@@ -56,11 +56,10 @@ def _next(port: int, index: int) -> int:
     return port + index if port else 0
 
 
-@dataclass
-class Replica:
-    """One Envoy + sidecar pair of the stack."""
+@dataclass(kw_only=True)
+class Pair:
+    """An Envoy + sidecar pair's processes and ports (None and 0 until it is started)."""
 
-    index: int
     sidecar: ManagedProcess | None = None
     envoy: ManagedProcess | None = None
     listen_port: int = 0
@@ -68,16 +67,23 @@ class Replica:
     grpc_port: int = 0
     metrics_port: int = 0
     admin_address: str = ""
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{HOST}:{self.metrics_port}/metrics"
+
+
+@dataclass
+class Replica(Pair):
+    """One Envoy + sidecar pair of the stack."""
+
+    index: int
     redis_url: str | None = None  # None: the stack's Redis (a test may pass a proxy's)
     restarts: int = 0
 
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.listen_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{HOST}:{self.metrics_port}/metrics"
 
     def ports(self) -> str:
         return (
@@ -87,7 +93,9 @@ class Replica:
 
 
 @dataclass
-class LocalStack:
+class LocalStack(Pair):
+    """The stack; its own `Pair` fields are its first replica's, for callers that run one."""
+
     policy_path: Path
     work_dir: Path
     ports: StackPorts = field(default_factory=StackPorts)
@@ -109,15 +117,7 @@ class LocalStack:
     pool_ports: dict[str, int] = field(default_factory=dict)  # pool -> its first engine's
     engine_ports: dict[str, list[int]] = field(default_factory=dict)  # pool -> every engine's
     engine_procs: dict[str, list[ManagedProcess]] = field(default_factory=dict)  # simulated
-    sidecar: ManagedProcess | None = None
     sidecar_policy_path: Path | None = None
-    envoy: ManagedProcess | None = None
-    listen_port: int = 0
-    admin_port: int = 0
-    grpc_port: int = 0
-    metrics_port: int = 0
-    admin_address: str = ""
-
     tls: bool = False
     # "sim": every pool simulated (sim.server.pool); "vllm": the default pool is a real vLLM.
     engine: str = "sim"
@@ -136,10 +136,6 @@ class LocalStack:
     @property
     def url(self) -> str:
         return f"{'https' if self.tls else 'http'}://{HOST}:{self.listen_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{HOST}:{self.metrics_port}/metrics"
 
     def pool_url(self, pool: str) -> str:
         return f"http://{HOST}:{self.pool_ports[pool]}"
@@ -190,11 +186,8 @@ class LocalStack:
                 self.start_sidecar(replica)
             for replica in self.fleet:
                 self.start_envoy(policy, replica)
-            first = self.fleet[0]
-            self.sidecar, self.envoy = first.sidecar, first.envoy
-            self.listen_port, self.admin_port = first.listen_port, first.admin_port
-            self.grpc_port, self.metrics_port = first.grpc_port, first.metrics_port
-            self.admin_address = first.admin_address
+            for item in dataclasses.fields(Pair):
+                setattr(self, item.name, getattr(self.fleet[0], item.name))
         except BaseException:
             self.stop()
             raise

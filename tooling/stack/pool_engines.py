@@ -5,74 +5,28 @@ What lives here: starting and restarting a pool's engines for `tooling.stack.loc
 tooling.stack.vllm_engine, whose reported KV capacity and batch slots become the pool's), and
 `write_runtime_policy`: the given policy with each pool's endpoints set to the engines
 actually started, plus what the stack was asked for (Redis store, replicas, traffic record).
-Each function takes the stack as `EngineHost` (the narrow part of LocalStack it reads, and the
-tables it records what it started in), so this module does not import tooling.stack.local:
-local imports this one, never the other way round.
+Each function takes the LocalStack, reads its settings and records what it started in its
+tables; tooling.stack.local is imported for type checking only: at run time local imports
+this module, never the other way round.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import yaml
 
 from extproc.runtime.processes import ManagedProcess, python_module
 from policy.domain import Pool
-from policy.schema import BudgetStoreKind, Policy
-from tooling.stack.vllm_engine import EngineFacts, VllmEngine, VllmSettings
+from policy.schema import Policy
+from tooling.stack.vllm_engine import VllmEngine
+
+if TYPE_CHECKING:
+    from tooling.stack.local import LocalStack
 
 HOST = "127.0.0.1"
-
-
-class _PoolPorts(Protocol):
-    @property
-    def pools(self) -> dict[str, int]: ...  # pool name -> its first engine's port, if fixed
-
-
-class EngineHost(Protocol):
-    """What starting a pool's engines reads of the stack, and the tables (mutated in place)
-    where it records them: tooling.stack.local.LocalStack is one."""
-
-    @property
-    def policy_path(self) -> Path: ...
-    @property
-    def work_dir(self) -> Path: ...
-    @property
-    def ports(self) -> _PoolPorts: ...
-    @property
-    def time_scale(self) -> float: ...
-    @property
-    def vllm(self) -> VllmSettings: ...
-    @property
-    def vllm_count(self) -> int: ...
-    @property
-    def admit_engine_capacity(self) -> bool: ...
-    @property
-    def budget_store(self) -> BudgetStoreKind | None: ...
-    @property
-    def redis(self) -> ManagedProcess | None: ...
-    @property
-    def redis_port(self) -> int: ...
-    @property
-    def replicas(self) -> int: ...
-    @property
-    def record_dir(self) -> Path | None: ...
-    @property
-    def processes(self) -> list[ManagedProcess]: ...
-    @property
-    def engine_procs(self) -> dict[str, list[ManagedProcess]]: ...
-    @property
-    def engine_ports(self) -> dict[str, list[int]]: ...
-    @property
-    def pool_ports(self) -> dict[str, int]: ...
-    @property
-    def engines(self) -> dict[str, VllmEngine]: ...
-    @property
-    def real_engines(self) -> dict[str, list[VllmEngine]]: ...
-    @property
-    def engine_facts(self) -> dict[str, EngineFacts]: ...
 
 
 def served_names(policy: Policy) -> tuple[str, ...]:
@@ -82,7 +36,7 @@ def served_names(policy: Policy) -> tuple[str, ...]:
 
 
 def start_sim_pool(
-    stack: EngineHost, pool: Pool, models: tuple[str, ...]
+    stack: LocalStack, pool: Pool, models: tuple[str, ...]
 ) -> list[tuple[str, ManagedProcess]]:
     """One simulated engine per endpoint of `pool`, each with its share of the pool's
     KV cache and batch slots (what it then reports in its metrics)."""
@@ -120,7 +74,7 @@ def start_sim_pool(
     return started
 
 
-def restart_sim_engine(stack: EngineHost, pool: str, index: int) -> ManagedProcess:
+def restart_sim_engine(stack: LocalStack, pool: str, index: int) -> ManagedProcess:
     """Stop the pool's `index`th simulated engine if it runs, and start it again on its
     port (a new process: empty cache, its metrics from zero)."""
     old = stack.engine_procs[pool][index]
@@ -134,7 +88,7 @@ def restart_sim_engine(stack: EngineHost, pool: str, index: int) -> ManagedProce
     return proc
 
 
-def start_real_engines(stack: EngineHost, policy: Policy, pool: Pool) -> None:
+def start_real_engines(stack: LocalStack, policy: Policy, pool: Pool) -> None:
     """`vllm_count` real vLLMs for `pool`, started side by side, serving the policy's
     model names, scheduling by priority when the pool says its engines do; what they
     report becomes the pool's capacity."""
@@ -167,7 +121,7 @@ def start_real_engines(stack: EngineHost, policy: Policy, pool: Pool) -> None:
     )
 
 
-def restart_real_engine(stack: EngineHost, pool: str, index: int) -> VllmEngine:
+def restart_real_engine(stack: LocalStack, pool: str, index: int) -> VllmEngine:
     """Stop the pool's `index`th real engine if it runs and start it again on its port
     (~50 s: vLLM's start)."""
     old = stack.real_engines[pool][index]
@@ -180,7 +134,7 @@ def restart_real_engine(stack: EngineHost, pool: str, index: int) -> VllmEngine:
     return engine
 
 
-def write_runtime_policy(stack: EngineHost) -> Path:
+def write_runtime_policy(stack: LocalStack) -> Path:
     """The policy file the sidecar reads: the given one with each pool's endpoints set to
     the simulated engines started for it, so engine metrics are scraped from the real
     ones."""

@@ -104,7 +104,7 @@ async def test_recorder_feeds_metrics_windows_and_sinks() -> None:
     # tpot = (0.9 s - 0.1 s) / (11 - 1)
     assert value("slogate_upstream_time_per_output_token_seconds_sum", labels) == 0.08
     assert rec.windows.error_rate("long", 60) == 0.5
-    assert rec.windows.quantile("ttft", 0.5, 60, pool="long") is not None
+    assert rec.windows.merged("ttft", 60, pool="long").quantile(0.5) is not None
     assert [o.status for o in sink.seen] == [200, 503]  # the broken sink did not stop it
     assert len(inflight) == 0
 
