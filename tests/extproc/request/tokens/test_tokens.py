@@ -5,6 +5,7 @@ correction; and why the fitted estimate no longer decides anything (the hostile 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +26,7 @@ from extproc.request.tokens import (
 from extproc.request.tokens.bpe import cut
 from extproc.request.tokens.prompt import SplittingCounter
 from policy.schema import CountingConfig
+from tests.support.code_points import CONTEXTS, GOLDEN, digest, runs, tokenizer_digest
 
 DATA_DIR = Path(__file__).parents[3] / "data"
 Counter = DeepSeekBpe | FastokensBpe
@@ -78,36 +80,31 @@ def _random_text(rng: random.Random) -> str:
     return "".join(pieces)
 
 
-# Contexts a code point's class decides in: after a letter, doubled after a space (the
-# whitespace lookahead), after a digit, before a newline, beside CJK and punctuation. Each
-# starts and ends with an ASCII letter, so joined with spaces they are cut apart exactly as
-# if each were tokenized alone (see bpe._CUT), and any run of them can be compared alone.
-_CONTEXTS = ("a{c}b", "a {c}{c}b", "a1{c}\nb", "a\u4e00{c}!b")
-_RUN = 1 << 16
-
-
-# One test per context, so that `make test-fast`'s two workers share the ~20 s of it.
-@pytest.mark.parametrize("context", _CONTEXTS)
+# One test per context, so that `make test-fast`'s two workers share the ~8 s of it.
+@pytest.mark.parametrize("context", CONTEXTS)
 def test_every_code_point_tokenizes_as_the_reference_tokenizes_it(
     reference: ReferenceTokenizer, context: str
 ) -> None:
     """The check that catches an engine's Unicode tables drifting from the reference's:
     gigatok 0.2.0 disagreed on the ~4,800 code points recent Unicode versions assigned,
     enough text to fool a count. For fastokens, the default engine, which is pinned for this reason
-    (tiktoken passed it too when it was written: 79 s, too long to run every time)."""
+    (tiktoken passed it too when it was written: 79 s, too long to run every time). The
+    reference's answer is the kept one of tests/support/code_points.py, for the very
+    tokenizer.json it came from."""
+    golden = json.loads(GOLDEN.read_text(encoding="utf-8"))
+    assert golden["tokenizer_sha256"] == tokenizer_digest(), (
+        "the tokenizer package's tokenizer.json changed: write the reference's answers "
+        "again with `python -m tests.support.code_points`"
+    )
     fast = exact_counter("fastokens")
-    points = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
-    runs = [
-        " ".join(context.format(c=c) for c in points[start : start + _RUN])
-        for start in range(0, len(points), _RUN)
-    ]
-    wanted = reference.tokenizer().encode_batch_fast(runs, add_special_tokens=False)
-    for run, want in zip(runs, wanted, strict=True):
+    for run, want in zip(runs(context), golden["contexts"][context], strict=True):
         got = fast.ids(run)
-        if got != want.ids:
-            pairs = enumerate(zip(got, want.ids, strict=False))
-            at = next((i for i, (g, w) in pairs if g != w), min(len(got), len(want.ids)))
-            near = reference.tokenizer().decode(want.ids[max(0, at - 3) : at + 3])
+        if digest(got) != want:
+            wanted = reference.ids(run)
+            assert got != wanted, "the kept answer is not the reference's: write it again"
+            pairs = enumerate(zip(got, wanted, strict=False))
+            at = next((i for i, (g, w) in pairs if g != w), min(len(got), len(wanted)))
+            near = reference.tokenizer().decode(wanted[max(0, at - 3) : at + 3])
             pytest.fail(f"{context!r}: first difference at token {at}, near {near!r}")
 
 
