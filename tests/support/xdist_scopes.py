@@ -10,7 +10,7 @@ A unit of work goes whole to one worker:
 The units run in the order the collection gives (`order` below): first the two that take
 minutes (the live alerts' Prometheus run, ~3.5 min of real time; the vLLM tests), one per
 worker, so that neither ends the run alone on one worker while the other idles; then the e2e
-files; the in-process tests last.
+files; the in-process tests last, the one that waits longest first.
 
 pytest-xdist 3.8's own `loadgroup` reads the `xdist_group` mark into the node id, a field that
 pytest 9 no longer reads back: under pytest 9.2 it grouped nothing (checked here: one e2e file's
@@ -29,6 +29,10 @@ E2E_PREFIX = "tests/e2e/"
 VLLM_UNIT = "vllm"
 # The e2e unit that takes the longest: started first, beside the vLLM unit.
 LONGEST_FILE = "tests/e2e/test_prometheus.py"
+# The in-process test that waits longest: calibrating against a simulated pool that sleeps
+# its model's times (~19 s, little CPU). Started first, beside the CPU-bound rest, rather
+# than last on one worker while the other has finished (`make test-fast`).
+LONGEST_IN_PROCESS = "tests/tooling/loadtest/test_calibrate.py::test_calibrating_a_simulated_pool"
 _VLLM_ID = re.compile(r"\[(?:[^\]]*-)?vllm(?:-[^\]]*)?\]$")
 
 
@@ -43,11 +47,14 @@ def unit_of(nodeid: str) -> str:
 
 
 def order(nodeid: str) -> int:
-    """Where a test's unit goes in the run: the long units first, the in-process tests last."""
+    """Where a test's unit goes in the run: the long units first, the in-process tests last
+    (the one that waits longest first among them)."""
     unit = unit_of(nodeid)
     if unit in (LONGEST_FILE, VLLM_UNIT):
         return 0
-    return 1 if unit.startswith(E2E_PREFIX) else 2
+    if unit.startswith(E2E_PREFIX):
+        return 1
+    return 2 if nodeid.startswith(LONGEST_IN_PROCESS) else 3
 
 
 class UnitScheduling(LoadScopeScheduling):
