@@ -34,7 +34,8 @@ from admission.errors import (
 )
 from admission.kv.capacity import kv_footprint
 from admission.waiting_room import WaitNotice
-from engines import NO_BLOCKS, EnginePicker, PromptBlocks, prompt_blocks
+from engines.picker import EnginePicker
+from engines.prefix import NO_BLOCKS, PromptBlocks, prompt_blocks
 from extproc.request.bodies import (
     InferenceRequest,
     adds_usage,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from admission.decision import Admitted, Applicant, RoutingDecision
-from engines import PromptBlocks
+from engines.prefix import PromptBlocks
 from extproc.request.bodies import InferenceRequest
 from extproc.request.tokens import PromptCount
 from policy.domain import ApiKey

@@ -23,7 +23,8 @@ from admission.events import NoEvents
 from admission.kv.book import KvBook
 from breaker.board import BreakerBoard
 from budget.store import BudgetStore
-from engines import EngineFleet, EnginePicker
+from engines.picker import EnginePicker
+from engines.state import EngineFleet
 from extproc.request.bodies import InferenceRequest
 from extproc.request.engine_outcomes import EngineOutcomes
 from extproc.request.flow import Decider

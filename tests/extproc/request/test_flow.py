@@ -22,7 +22,8 @@ from admission.errors import (
     RequestRejected,
     Unauthenticated,
 )
-from engines import EnginePicker, PromptBlocks, prompt_blocks
+from engines.picker import EnginePicker
+from engines.prefix import PromptBlocks, prompt_blocks
 from extproc.request.flow import Decider
 from extproc.request.identity import ApiKeyResolver
 from extproc.request.tokens import DeepSeekBpe, PromptCount, PromptCounter

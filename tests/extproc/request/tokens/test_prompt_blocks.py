@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from engines import prompt_blocks, text_blocks
+from engines.prefix import prompt_blocks, text_blocks
 from extproc.request.tokens import CountKind, PromptCounter, exact_counter
 from policy.schema import CountingConfig
 
