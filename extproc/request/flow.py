@@ -46,7 +46,8 @@ from extproc.request.contract import SLOGATE_HEADER_PREFIX
 from extproc.request.identity import IdentityResolver
 from extproc.request.inflight import InFlight
 from extproc.request.routing import engine_priority, request_decision, route
-from extproc.request.tokens import PromptCorrections, PromptCount, PromptCounter
+from extproc.request.tokens.corrections import PromptCorrections
+from extproc.request.tokens.prompt import PromptCount, PromptCounter
 from extproc.request.verdicts import (
     Admitter,
     CandidatePolicy,

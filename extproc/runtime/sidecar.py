@@ -22,7 +22,7 @@ from pathlib import Path
 
 from grpc_health.v1 import health
 
-from extproc.request.tokens import exact_counter
+from extproc.request.tokens.native import exact_counter
 from extproc.runtime.grpc_servers import (
     grpc_options,
     start_admin,

@@ -29,7 +29,7 @@ from extproc.request.bodies import InferenceRequest
 from extproc.request.engine_outcomes import EngineOutcomes
 from extproc.request.flow import Decider
 from extproc.request.inflight import InFlight
-from extproc.request.tokens import PromptCounter
+from extproc.request.tokens.prompt import PromptCounter
 from extproc.request.verdicts import Routed
 from policy.apis import KNOWN_APIS, BodyShape
 from policy.domain import ApiKey

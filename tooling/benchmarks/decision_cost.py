@@ -23,13 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from admission.decision import RequestOutcome
-from extproc.request.tokens import (
-    DeepSeekBpe,
-    ReferenceTokenizer,
-    TokenCounter,
-    exact_counter,
-    fast_estimate,
-)
+from extproc.request.tokens.bpe import DeepSeekBpe
+from extproc.request.tokens.fitted import fast_estimate
+from extproc.request.tokens.native import exact_counter
+from extproc.request.tokens.prompt import TokenCounter
+from extproc.request.tokens.reference import ReferenceTokenizer
 from extproc.runtime.sidecar import Sidecar
 from extproc.service.access_log import finish
 from policy.quantiles import quantile

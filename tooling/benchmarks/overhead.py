@@ -82,7 +82,7 @@ def _wrk_script(work: Path, profile: str) -> Path:
             f'wrk.headers["authorization"] = "Bearer {BENCH_KEY}"\n'
         )
         return script
-    from extproc.request.tokens import DeepSeekBpe
+    from extproc.request.tokens.bpe import DeepSeekBpe
     from tooling.benchmarks.bodies import body_templates
 
     bodies = ",\n".join(json.dumps(t) for t in body_templates(profile, DeepSeekBpe()))

@@ -26,7 +26,8 @@ from typing import Any
 
 import yaml
 
-from extproc.request.tokens import DeepSeekBpe, exact_counter
+from extproc.request.tokens.bpe import DeepSeekBpe
+from extproc.request.tokens.native import exact_counter
 from extproc.runtime.processes import ManagedProcess, python_module
 from extproc.runtime.sidecar import Sidecar
 from policy.loader import load_policy

@@ -12,7 +12,7 @@ import logging
 import pytest
 from prometheus_client import generate_latest
 
-from extproc.request.tokens import exact_counter
+from extproc.request.tokens.native import exact_counter
 from extproc.runtime.sidecar import Sidecar
 from extproc.runtime.warm_up import warm_up
 from policy.schema import Policy

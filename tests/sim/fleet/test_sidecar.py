@@ -24,7 +24,7 @@ from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel
 from budget.quotas import TierMultipliers
 from budget.store import InProcessStore
-from extproc.request.tokens import PromptCounter
+from extproc.request.tokens.prompt import PromptCounter
 from extproc.request.verdicts import Routed
 from extproc.runtime.sidecar import Sidecar
 from extproc.service.access_log import finish
