@@ -36,12 +36,9 @@ from admission.kv.capacity import kv_footprint
 from admission.waiting_room import WaitNotice
 from engines.picker import EnginePicker
 from engines.prefix import NO_BLOCKS, PromptBlocks, prompt_blocks
-from extproc.request.bodies import (
-    InferenceRequest,
-    adds_usage,
-    parse_inference_body,
-    rewritten_body,
-)
+from extproc.request.bodies.parse import parse_inference_body
+from extproc.request.bodies.request import InferenceRequest
+from extproc.request.bodies.rewrite import adds_usage, rewritten_body
 from extproc.request.contract import SLOGATE_HEADER_PREFIX
 from extproc.request.identity import IdentityResolver
 from extproc.request.inflight import InFlight

@@ -25,7 +25,7 @@ from breaker.board import BreakerBoard
 from budget.store import BudgetStore
 from engines.picker import EnginePicker
 from engines.state import EngineFleet
-from extproc.request.bodies import InferenceRequest
+from extproc.request.bodies.request import InferenceRequest
 from extproc.request.engine_outcomes import EngineOutcomes
 from extproc.request.flow import Decider
 from extproc.request.inflight import InFlight
