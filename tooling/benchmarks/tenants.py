@@ -176,7 +176,7 @@ async def _decisions(policies: dict[str, Path], seconds: float) -> dict[str, dic
     for name, path in policies.items():
         sidecar = Sidecar(path, metrics_port=None, admin_address=None)
         counter = counter or exact_counter(sidecar.policy().counting.engine)
-        sidecar.counter.use(counter)
+        sidecar.path.counter.use(counter)
         sidecars[name] = sidecar
     for _ in range(2):  # interleaved: the machine is shared
         for name, sidecar in sidecars.items():
