@@ -2,7 +2,7 @@
 
 What lives here: `EngineCandidate` (what a scorer may read of one engine), the four scorers and
 `pick`, which weights them (`PickingConfig`) and returns the engines best first. The same
-code picks in the sidecar (extproc.request.flow) and in the simulator (sim.engines).
+code picks in the sidecar (extproc.request.flow) and in the simulator (sim.fleet.sidecar).
 
 The scorers, and which way each pulls:
 - prefix (affinity): the share of the prompt's tokens past its conversation's head whose

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from admission.decision import RequestOutcome
-from engines import EnginePicker
+from engines.picker import EnginePicker
 
 log = logging.getLogger("slogate.engines")
 

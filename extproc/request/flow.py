@@ -34,18 +34,17 @@ from admission.errors import (
 )
 from admission.kv.capacity import kv_footprint
 from admission.waiting_room import WaitNotice
-from engines import NO_BLOCKS, EnginePicker, PromptBlocks, prompt_blocks
-from extproc.request.bodies import (
-    InferenceRequest,
-    adds_usage,
-    parse_inference_body,
-    rewritten_body,
-)
+from engines.picker import EnginePicker
+from engines.prefix import NO_BLOCKS, PromptBlocks, prompt_blocks
+from extproc.request.bodies.parse import parse_inference_body
+from extproc.request.bodies.request import InferenceRequest
+from extproc.request.bodies.rewrite import adds_usage, rewritten_body
 from extproc.request.contract import SLOGATE_HEADER_PREFIX
 from extproc.request.identity import IdentityResolver
 from extproc.request.inflight import InFlight
 from extproc.request.routing import engine_priority, request_decision, route
-from extproc.request.tokens import PromptCorrections, PromptCount, PromptCounter
+from extproc.request.tokens.corrections import PromptCorrections
+from extproc.request.tokens.prompt import PromptCount, PromptCounter
 from extproc.request.verdicts import (
     Admitter,
     CandidatePolicy,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from admission.decision import CountKind, RoutingDecision
 from admission.errors import ContextLengthExceeded, Overloaded
-from extproc.request.bodies import InferenceRequest
-from extproc.request.tokens import PromptCount
+from extproc.request.bodies.request import InferenceRequest
+from extproc.request.tokens.prompt import PromptCount
 from policy.apis import Api, BodyShape
 from policy.domain import ApiKey, Tier
 from policy.schema import Policy

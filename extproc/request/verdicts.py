@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from admission.decision import Admitted, Applicant, RoutingDecision
-from engines import PromptBlocks
-from extproc.request.bodies import InferenceRequest
-from extproc.request.tokens import PromptCount
+from engines.prefix import PromptBlocks
+from extproc.request.bodies.request import InferenceRequest
+from extproc.request.tokens.prompt import PromptCount
 from policy.domain import ApiKey
 from policy.schema import Policy
 

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable
 import aiohttp
 
 from breaker.engine import EngineSnapshot
-from engines import EngineFleet, EnginePicker, EngineState, engine_address
+from engines.picker import EnginePicker
+from engines.state import EngineFleet, EngineState, engine_address
 from extproc.runtime.engines import EngineScraper
 from extproc.runtime.loop_lag import LoopLag
 from policy.schema import Policy

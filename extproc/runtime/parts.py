@@ -35,7 +35,8 @@ from extproc.request.engine_outcomes import EngineOutcomes
 from extproc.request.flow import Decider
 from extproc.request.identity import ApiKeyResolver
 from extproc.request.inflight import InFlight
-from extproc.request.tokens import PromptCorrections, PromptCounter
+from extproc.request.tokens.corrections import PromptCorrections
+from extproc.request.tokens.prompt import PromptCounter
 from extproc.runtime.candidate_holder import CandidateHolder
 from extproc.runtime.engine_watch import EngineWatch, watch_engines
 from extproc.runtime.events import MetricsEvents

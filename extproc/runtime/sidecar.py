@@ -22,7 +22,7 @@ from pathlib import Path
 
 from grpc_health.v1 import health
 
-from extproc.request.tokens import exact_counter
+from extproc.request.tokens.native import exact_counter
 from extproc.runtime.grpc_servers import (
     grpc_options,
     start_admin,
@@ -118,17 +118,6 @@ class Sidecar:
             clock=self.clock,
             siblings=self.siblings,
         )
-        # The parts tests, benches and the simulator's comparison reach by name.
-        self.board = self.signals.board
-        self.fleet = self.signals.engine_watch.fleet
-        self.key_quotas = self.signals.key_quotas
-        self.admission = self.path.admission
-        self.counter = self.path.counter
-        self.candidate = self.path.candidate
-        self.judge = self.path.judge
-        self.decider = self.path.decider
-        self.recorder = self.path.recorder
-        self.quota_loop = self.control.quota_loop
         self._exact_executor = executor
         self._exact_tokenizer = exact_tokenizer
         self._host = host
@@ -153,13 +142,15 @@ class Sidecar:
             bpe = await asyncio.get_running_loop().run_in_executor(
                 self._exact_executor, exact_counter, self.policy().counting.engine
             )
-            self.counter.use(bpe)
+            self.path.counter.use(bpe)
         watch = self.signals.engine_watch
         await watch.discover()  # DNS names: their engines before the first request
         if self.keys is not None:
             await self.keys.sync()  # the stored keys before the first request
         # Before any server listens: no client pays the first counts and decision.
-        await warm_up(self.policy, bpe, self._exact_executor, self.board, self.fleet.live_pool)
+        await warm_up(
+            self.policy, bpe, self._exact_executor, self.signals.board, watch.fleet.live_pool
+        )
         exits = self._exits
         options = grpc_options(self.policy, self.worker)
         metrics_port = None
@@ -173,7 +164,7 @@ class Sidecar:
         admin = self.control.admin
         if self.worker is not None:
             await start_private(
-                exits, worker=self.worker, options=options, recorder=self.recorder, admin=admin
+                exits, worker=self.worker, options=options, recorder=self.path.recorder, admin=admin
             )
         admin_at = None
         if self._admin_address is not None:  # loopback or a Unix socket, never the pod IP

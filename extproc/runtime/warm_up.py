@@ -36,7 +36,7 @@ from extproc.envoypb.envoy.config.core.v3 import base_pb2 as core
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.request.flow import Decider
 from extproc.request.inflight import InFlight
-from extproc.request.tokens import PromptCounter, TokenCounter
+from extproc.request.tokens.prompt import PromptCounter, TokenCounter
 from extproc.runtime.events import MetricsEvents
 from extproc.service.ext_proc import ExternalProcessorService
 from extproc.service.metrics import SidecarMetrics

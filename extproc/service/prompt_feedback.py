@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from admission.decision import RequestOutcome
-from extproc.request.tokens import PromptCorrections
+from extproc.request.tokens.corrections import PromptCorrections
 from extproc.service.metrics import SidecarMetrics
 
 log = logging.getLogger("slogate.counting")

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from breaker.engine import EngineSnapshot
-from engines import EngineFleet
+from engines.state import EngineFleet
 from sim.fleet.arrivals import Arrival
 from sim.server.model import KvCache, PrefixCache, PromptSegment
 

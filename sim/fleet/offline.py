@@ -33,7 +33,7 @@ from breaker.board import BreakerBoard
 from breaker.latency import ResponseWindows
 from budget.quotas import TierMultipliers
 from budget.store import InProcessStore
-from extproc.request.tokens import PromptCounter
+from extproc.request.tokens.prompt import PromptCounter
 from extproc.request.verdicts import Routed
 from policy.schema import Policy
 from sim.fleet.arrivals import Arrival, own_draws

@@ -17,7 +17,7 @@ import string
 from collections.abc import Callable
 from functools import cache
 
-from extproc.request.tokens import TokenCounter
+from extproc.request.tokens.prompt import TokenCounter
 from sim.server.tokenizer import shared_bpe
 
 SMALLEST = 64  # tokens: prompts are composed in steps of this

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from admission.decision import CountKind
-from extproc.request.tokens import PromptCount, PromptCounter
+from extproc.request.tokens.prompt import PromptCount, PromptCounter
 from policy.domain import ApiKey
 from policy.schema import Policy
 from sim.fleet.arrivals import Arrival, RecordedAnswer

@@ -23,12 +23,13 @@ from admission.events import NoEvents
 from admission.kv.book import KvBook
 from breaker.board import BreakerBoard
 from budget.store import BudgetStore
-from engines import EngineFleet, EnginePicker
-from extproc.request.bodies import InferenceRequest
+from engines.picker import EnginePicker
+from engines.state import EngineFleet
+from extproc.request.bodies.request import InferenceRequest
 from extproc.request.engine_outcomes import EngineOutcomes
 from extproc.request.flow import Decider
 from extproc.request.inflight import InFlight
-from extproc.request.tokens import PromptCounter
+from extproc.request.tokens.prompt import PromptCounter
 from extproc.request.verdicts import Routed
 from policy.apis import KNOWN_APIS, BodyShape
 from policy.domain import ApiKey

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from functools import cache
 
-from extproc.request.tokens import TokenCounter, exact_counter
+from extproc.request.tokens.native import exact_counter
+from extproc.request.tokens.prompt import TokenCounter
 
 
 @cache

@@ -18,7 +18,8 @@ from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel
 from extproc.request.flow import Decider
 from extproc.request.identity import ApiKeyResolver
-from extproc.request.tokens import DeepSeekBpe, PromptCounter
+from extproc.request.tokens.bpe import DeepSeekBpe
+from extproc.request.tokens.prompt import PromptCounter
 from extproc.request.verdicts import Routed
 from extproc.service.replies import rejection
 from policy.apis import ErrorStyle

@@ -10,7 +10,8 @@ import re
 import time
 from pathlib import Path
 
-from engines import EngineFleet, EnginePicker
+from engines.picker import EnginePicker
+from engines.state import EngineFleet
 from extproc.runtime.key_store import KeyStore
 from extproc.runtime.loop_lag import LoopLag, LoopLagCollector
 from extproc.runtime.spend_metrics import SpendMetrics

@@ -20,7 +20,7 @@ from extproc.request.contract import FAIRNESS_HEADER, OBJECTIVE_HEADER
 from policy.schema import Policy
 from tests.support.http import CHAT, chat_body, post
 from tests.support.stack import EXAMPLE_POLICY, charged_as_used, random_ports, slogate
-from tooling.render.envoy_config import EnvoyPorts
+from tooling.render.envoy_config.profile import EnvoyPorts
 from tooling.stack.local import LocalStack
 
 FOREIGN = Path(__file__).parents[1] / "data" / "foreign-envoy.yaml"

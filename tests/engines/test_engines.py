@@ -13,19 +13,10 @@ from breaker.board import error_rate
 from breaker.engine import EngineSnapshot
 from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel, BreakerState, Signals, step
-from engines import (
-    EngineCandidate,
-    EngineFleet,
-    EnginePicker,
-    EngineState,
-    PrefixIndex,
-    pick,
-    prompt_blocks,
-    rendezvous,
-    score,
-    text_blocks,
-)
-from engines.prefix import ladder
+from engines.picker import EnginePicker
+from engines.prefix import PrefixIndex, ladder, prompt_blocks, text_blocks
+from engines.scoring import EngineCandidate, pick, rendezvous, score
+from engines.state import EngineFleet, EngineState
 from policy.domain import Picker, Pool
 from policy.loader import parse_policy
 from policy.schema import EngineHealthConfig, PickingConfig

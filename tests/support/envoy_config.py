@@ -15,7 +15,7 @@ from policy._data_path import ExtProcMessages
 from policy.loader import load_policy, parse_policy
 from tests.support.messages import with_messages
 from tests.support.stack import EXAMPLE_POLICY, example_policy
-from tooling.render.envoy_config import build_bootstrap
+from tooling.render.envoy_config.bootstrap import build_bootstrap
 from tooling.render.envoy_config.fragment import FragmentTarget, build_fragment
 from tooling.stack.processes import envoy_binary
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from extproc.request.tokens import DeepSeekBpe
+from extproc.request.tokens.bpe import DeepSeekBpe
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data"

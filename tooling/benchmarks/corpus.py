@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from extproc.request.tokens import (
-    ReferenceTokenizer,
-)
+from extproc.request.tokens.reference import ReferenceTokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEST_DATA_DIR = REPO_ROOT / "tests" / "data"

@@ -23,13 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from admission.decision import RequestOutcome
-from extproc.request.tokens import (
-    DeepSeekBpe,
-    ReferenceTokenizer,
-    TokenCounter,
-    exact_counter,
-    fast_estimate,
-)
+from extproc.request.tokens.bpe import DeepSeekBpe
+from extproc.request.tokens.fitted import fast_estimate
+from extproc.request.tokens.native import exact_counter
+from extproc.request.tokens.prompt import TokenCounter
+from extproc.request.tokens.reference import ReferenceTokenizer
 from extproc.runtime.sidecar import Sidecar
 from extproc.service.access_log import finish
 from policy.quantiles import quantile
@@ -58,23 +56,23 @@ async def _measure(
     while time.perf_counter() - started < budget_s or len(decide_ms) < 20:
         request = next(bodies)
         raw = json.dumps(request).encode()
-        flow = sidecar.decider.new_flow()
+        flow = sidecar.path.decider.new_flow()
         await flow.on_request_headers({**HEADERS, "content-length": str(len(raw))}, False)
         t0 = time.perf_counter()
         routed = await flow.on_request_body(raw)
         decide_ms.append((time.perf_counter() - t0) * 1000)
-        if sidecar.candidate() is not None:
+        if sidecar.path.candidate() is not None:
             t0 = time.perf_counter()
-            await sidecar.judge.drain()
+            await sidecar.path.judge.drain()
             judge_ms.append((time.perf_counter() - t0) * 1000)
         decision = routed.decision
         kinds[decision.estimate.value] = kinds.get(decision.estimate.value, 0) + 1
         tokens.append(decision.prompt_tokens)
-        sidecar.decider.inflight.pop(routed.tracking_id)
+        sidecar.path.decider.inflight.pop(routed.tracking_id)
         outcome = RequestOutcome(
             decision, routed.tracking_id, 200, decision.prompt_tokens, 10, 0.1, 1.0, "via_upstream"
         )
-        await finish(sidecar.recorder.record(outcome))
+        await finish(sidecar.path.recorder.record(outcome))
         messages: list[dict[str, str]] = request["messages"]  # type: ignore[assignment]
         texts = [m["content"] for m in messages]
         if len(reference_ms) < 30:
@@ -119,7 +117,7 @@ async def _run(
         engine = sidecar.policy().counting.engine
         if engine not in engines:
             engines[engine] = exact_counter(engine)
-        sidecar.counter.use(engines[engine])
+        sidecar.path.counter.use(engines[engine])
         sidecars[setup] = sidecar
     rows = []
     for name in profiles:

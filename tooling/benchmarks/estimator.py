@@ -1,7 +1,7 @@
-"""Accuracy and speed of `extproc.request.tokens.fast_estimate` against the exact tokenizer,
-on natural text and on the hostile corpus; and the exact counter's speed against the
-reference tokenizer. The request path counts exactly (extproc/tokens/prompt.py); this
-benchmark shows why: the estimate is close on the natural text it was fitted on and off by
+"""Accuracy and speed of `extproc.request.tokens.fitted.fast_estimate` against the exact
+tokenizer, on natural text and on the hostile corpus; and the exact counter's speed against
+the reference tokenizer. The request path counts exactly (extproc/request/tokens/prompt.py);
+this benchmark shows why: the estimate is close on the natural text it was fitted on and off by
 up to hundreds of times on text built to fool it.
 
     python -m tooling.benchmarks.estimator            # measure, write bench/results/estimator_*
@@ -42,16 +42,11 @@ from typing import Any
 
 import numpy as np
 
-from extproc.request.tokens import (
-    DeepSeekBpe,
-    ReferenceTokenizer,
-    TextFeatures,
-    default_tokenizer_path,
-    exact_counter,
-    fast_estimate,
-    text_features,
-)
 from extproc.request.tokens import fitted as tokens
+from extproc.request.tokens.bpe import DeepSeekBpe
+from extproc.request.tokens.fitted import TextFeatures, fast_estimate, text_features
+from extproc.request.tokens.native import exact_counter
+from extproc.request.tokens.reference import ReferenceTokenizer, default_tokenizer_path
 from policy.quantiles import quantile
 from tooling.benchmarks.corpus import (
     TEST_DATA_DIR,
@@ -424,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = run(args.out, refit=args.fit)
     print(markdown(report))
     if args.fit:
-        print("Refitted on the fit half (paste into extproc/tokens/fitted.py):")
+        print("Refitted on the fit half (paste into extproc/request/tokens/fitted.py):")
         for name, value in report["refitted_coefficients"].items():
             print(f"{name} = {value}")
     return 0

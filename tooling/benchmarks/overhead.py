@@ -47,7 +47,8 @@ from tooling.benchmarks.overhead_report import write
 from tooling.benchmarks.profile import available as spy_available
 from tooling.benchmarks.profile import record, summarise
 from tooling.benchmarks.wrk import start_envoy, upstream_bootstrap, wrk
-from tooling.render.envoy_config import EnvoyPorts, FilterProfile, build_bootstrap
+from tooling.render.envoy_config.bootstrap import build_bootstrap
+from tooling.render.envoy_config.profile import EnvoyPorts, FilterProfile
 from tooling.stack.processes import free_port, start_sidecar, tree_usage
 from tooling.stack.redis import start_redis
 
@@ -82,7 +83,7 @@ def _wrk_script(work: Path, profile: str) -> Path:
             f'wrk.headers["authorization"] = "Bearer {BENCH_KEY}"\n'
         )
         return script
-    from extproc.request.tokens import DeepSeekBpe
+    from extproc.request.tokens.bpe import DeepSeekBpe
     from tooling.benchmarks.bodies import body_templates
 
     bodies = ",\n".join(json.dumps(t) for t in body_templates(profile, DeepSeekBpe()))

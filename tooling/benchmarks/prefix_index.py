@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from engines import PrefixIndex, prompt_blocks, text_blocks
+from engines.prefix import PrefixIndex, prompt_blocks, text_blocks
 from policy.quantiles import quantile
 from policy.schema import PickingConfig
 from tooling.benchmarks.reports import write_report

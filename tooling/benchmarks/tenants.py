@@ -26,7 +26,8 @@ from typing import Any
 
 import yaml
 
-from extproc.request.tokens import DeepSeekBpe, exact_counter
+from extproc.request.tokens.bpe import DeepSeekBpe
+from extproc.request.tokens.native import exact_counter
 from extproc.runtime.processes import ManagedProcess, python_module
 from extproc.runtime.sidecar import Sidecar
 from policy.loader import load_policy
@@ -175,7 +176,7 @@ async def _decisions(policies: dict[str, Path], seconds: float) -> dict[str, dic
     for name, path in policies.items():
         sidecar = Sidecar(path, metrics_port=None, admin_address=None)
         counter = counter or exact_counter(sidecar.policy().counting.engine)
-        sidecar.counter.use(counter)
+        sidecar.path.counter.use(counter)
         sidecars[name] = sidecar
     for _ in range(2):  # interleaved: the machine is shared
         for name, sidecar in sidecars.items():

@@ -54,13 +54,14 @@ def write_config(args: argparse.Namespace) -> int:
     import yaml
 
     from policy.loader import load_policy
-    from tooling.render.envoy_config import EnvoyPorts, build_bootstrap
+    from tooling.render.envoy_config.bootstrap import build_bootstrap
     from tooling.render.envoy_config.fragment import (
         FragmentTarget,
         MergeError,
         build_fragment,
         merge_fragment,
     )
+    from tooling.render.envoy_config.profile import EnvoyPorts
 
     if args.contract:
         from tooling.render.envoy_config.fragment import contract_table

@@ -27,7 +27,8 @@ import yaml
 from extproc.version import VERSION
 from policy.loader import load_policy
 from policy.schema import Policy
-from tooling.render.envoy_config import EnvoyPorts, build_bootstrap
+from tooling.render.envoy_config.bootstrap import build_bootstrap
+from tooling.render.envoy_config.profile import EnvoyPorts
 
 LISTEN_PORT = 10000
 ADMIN_PORT = 9901

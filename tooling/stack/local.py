@@ -24,7 +24,8 @@ from extproc.runtime.processes import ManagedProcess
 from policy.domain import FailureMode, Pool
 from policy.loader import load_policy
 from policy.schema import BudgetStoreKind, Policy
-from tooling.render.envoy_config import EnvoyPorts, build_bootstrap
+from tooling.render.envoy_config.bootstrap import build_bootstrap
+from tooling.render.envoy_config.profile import EnvoyPorts
 from tooling.stack.pool_engines import (
     HOST,
     restart_real_engine,

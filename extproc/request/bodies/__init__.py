@@ -1,50 +1,12 @@
 """Inference bodies of every API slogate guards: read them, and rewrite them in one place.
 
-`parse_inference_body(shape, body)` returns an `InferenceRequest` or raises
-`InvalidRequest` (malformed JSON, wrong types naming the field, nesting too deep).
+What lives here:
+- `parse`      `parse_inference_body(shape, body)`: an `InferenceRequest`, or `InvalidRequest`
+               (malformed JSON, wrong types naming the field, nesting too deep).
+- `request`    `InferenceRequest`, what slogate reads out of any body, whichever API.
+- `openai`, `responses`, `anthropic`  one reader per API's body.
+- `rewrite`    the one place that changes a body before it goes upstream (`rewritten_body`,
+               `adds_usage`).
+
+Names are imported from the module that defines them.
 """
-
-from __future__ import annotations
-
-from collections.abc import Callable
-
-import msgspec
-
-from admission.errors import InvalidRequest
-from extproc.request.bodies.anthropic import read_messages
-from extproc.request.bodies.openai import (
-    read_chat,
-    read_completion,
-    read_embeddings,
-    read_invocation,
-)
-from extproc.request.bodies.request import InferenceRequest
-from extproc.request.bodies.responses import read_responses
-from extproc.request.bodies.rewrite import adds_usage, rewritten_body
-from policy.apis import BodyShape
-
-__all__ = ["InferenceRequest", "adds_usage", "parse_inference_body", "rewritten_body"]
-
-_READERS: dict[BodyShape, Callable[[bytes], InferenceRequest]] = {
-    BodyShape.CHAT: read_chat,
-    BodyShape.COMPLETION: read_completion,
-    BodyShape.EMBEDDINGS: read_embeddings,
-    BodyShape.RESPONSES: read_responses,
-    BodyShape.MESSAGES: read_messages,
-    BodyShape.INVOCATIONS: read_invocation,
-}
-
-
-def parse_inference_body(shape: BodyShape, body: bytes) -> InferenceRequest:
-    try:
-        return _READERS[shape](body)
-    except msgspec.ValidationError as exc:
-        raise InvalidRequest(f"Invalid request body: {exc}", reason="invalid_field") from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(
-            f"We could not parse the JSON body of your request: {exc}", reason="malformed_json"
-        ) from None
-    except RecursionError:
-        raise InvalidRequest(
-            "The JSON body of your request is nested too deeply.", reason="malformed_json"
-        ) from None

@@ -1,28 +1,16 @@
-"""Counting prompt tokens: exactly, with DeepSeek's tokenizer on fastokens (`native`) or on
-tiktoken (`bpe`), checked against the reference tokenizer (`reference`); the rule the
-request path applies (`prompt`); the per-key correction from settled usage
-(`corrections`); and the fitted estimate the benchmarks still report (`fitted`)."""
+"""Counting prompt tokens.
 
-from extproc.request.tokens.bpe import DeepSeekBpe
-from extproc.request.tokens.corrections import PromptCorrections
-from extproc.request.tokens.fitted import TextFeatures, fast_estimate, text_features, upper_estimate
-from extproc.request.tokens.native import FastokensBpe, exact_counter
-from extproc.request.tokens.prompt import CountKind, PromptCount, PromptCounter, TokenCounter
-from extproc.request.tokens.reference import ReferenceTokenizer, default_tokenizer_path
+What lives here:
+- `native`       DeepSeek's tokenizer on fastokens (`FastokensBpe`), the request path's exact
+                 counter, and `exact_counter`, which picks the engine `counting.engine` names.
+- `bpe`          the same tokenizer on tiktoken (`DeepSeekBpe`).
+- `reference`    the reference tokenizer both are checked against (`ReferenceTokenizer`,
+                 `default_tokenizer_path`).
+- `prompt`       the rule the request path applies (`PromptCounter`, `PromptCount`, the
+                 `TokenCounter` protocol).
+- `corrections`  the per-key correction from settled usage (`PromptCorrections`).
+- `fitted`       the fitted estimate the benchmarks still report (`fast_estimate`,
+                 `upper_estimate`, `text_features`).
 
-__all__ = [
-    "CountKind",
-    "DeepSeekBpe",
-    "FastokensBpe",
-    "PromptCorrections",
-    "PromptCount",
-    "PromptCounter",
-    "ReferenceTokenizer",
-    "TextFeatures",
-    "TokenCounter",
-    "default_tokenizer_path",
-    "exact_counter",
-    "fast_estimate",
-    "text_features",
-    "upper_estimate",
-]
+Names are imported from the module that defines them.
+"""

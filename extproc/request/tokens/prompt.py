@@ -38,7 +38,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from admission.decision import CountKind
-from engines import text_blocks
+from engines.prefix import text_blocks
 from policy.schema import CountingConfig
 
 

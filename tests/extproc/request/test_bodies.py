@@ -8,7 +8,9 @@ import json
 import pytest
 
 from admission.errors import InvalidRequest
-from extproc.request.bodies import InferenceRequest, parse_inference_body, rewritten_body
+from extproc.request.bodies.parse import parse_inference_body
+from extproc.request.bodies.request import InferenceRequest
+from extproc.request.bodies.rewrite import rewritten_body
 from policy.apis import BodyShape
 
 CHAT = BodyShape.CHAT

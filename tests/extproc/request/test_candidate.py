@@ -19,7 +19,7 @@ from budget.store import InProcessStore
 from extproc.request.candidate import CandidateJudge, Verdict, verdict_of
 from extproc.request.flow import Decider
 from extproc.request.identity import ApiKeyResolver
-from extproc.request.tokens import PromptCounter
+from extproc.request.tokens.prompt import PromptCounter
 from extproc.runtime.candidate_holder import CandidateHolder
 from extproc.runtime.policy_holder import PolicyHolder
 from extproc.service.candidate_metrics import CandidateMetrics

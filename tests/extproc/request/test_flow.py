@@ -22,10 +22,12 @@ from admission.errors import (
     RequestRejected,
     Unauthenticated,
 )
-from engines import EnginePicker, PromptBlocks, prompt_blocks
+from engines.picker import EnginePicker
+from engines.prefix import PromptBlocks, prompt_blocks
 from extproc.request.flow import Decider
 from extproc.request.identity import ApiKeyResolver
-from extproc.request.tokens import DeepSeekBpe, PromptCount, PromptCounter
+from extproc.request.tokens.bpe import DeepSeekBpe
+from extproc.request.tokens.prompt import PromptCount, PromptCounter
 from extproc.request.verdicts import Routed
 from extproc.service.replies import upstream_headers
 from policy.domain import Pool

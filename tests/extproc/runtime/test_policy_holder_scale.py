@@ -109,7 +109,7 @@ def test_the_controller_steps_ten_thousand_keys_in_slices(big_policy: Path) -> N
         tenant_keys = [k for k in policy.keys.values() if k.tenant == "tenant-0500"]
         assert len(tenant_keys) == 10
         for i, key in enumerate(tenant_keys):
-            sidecar.key_quotas.observe(key.key_id, 100.0 * (i + 1))
+            sidecar.signals.key_quotas.observe(key.key_id, 100.0 * (i + 1))
         turns = 0
         stepping = True
 
@@ -122,7 +122,7 @@ def test_the_controller_steps_ten_thousand_keys_in_slices(big_policy: Path) -> N
         other = asyncio.create_task(other_work())
         await asyncio.sleep(0)
         turns = 0
-        await sidecar.quota_loop.step()
+        await sidecar.control.quota_loop.step()
         stepping = False
         await other
         assert turns >= len(policy.keys) // KEYS_PER_SLICE - 1, turns

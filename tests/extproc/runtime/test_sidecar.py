@@ -75,11 +75,11 @@ async def test_access_log_settles_what_the_request_reserved(
     assert refused.status == 429
     assert json.loads(refused.body)["error"]["code"] == "rate_limit_exceeded"
     assert int(refused.headers["retry-after"]) >= 1
-    assert len(sidecar.decider.inflight) == 1  # the refusal left nothing behind
+    assert len(sidecar.path.decider.inflight) == 1  # the refusal left nothing behind
 
     # The first request used 20 tokens: settling refunds the rest of its reservation.
     await driver.report([(first.tracking_id, 200, 8, 12)])
-    assert len(sidecar.decider.inflight) == 0
+    assert len(sidecar.path.decider.inflight) == 0
     again = await driver.decide("sk-demo-small", chat("hi", 1500))
     assert again.status == 200, again.body
 
@@ -140,7 +140,7 @@ async def test_the_decision_log_and_traffic_record_observe_decisions_and_answers
     async with in_process(path) as (sidecar, driver, _):
         observers = [sidecar.observers.decision_log, sidecar.observers.traffic]
         assert sidecar.observers.watching() == observers  # tracing off: no tracer among them
-        assert all(o in sidecar.recorder.sinks for o in observers)
+        assert all(o in sidecar.path.recorder.sinks for o in observers)
         routed = await driver.decide("sk-demo-standard", chat("hello", 16))
         refused = await driver.decide("sk-nobody", chat("hello", 16))
         assert (routed.status, refused.status) == (200, 401)

@@ -12,7 +12,7 @@ import logging
 import pytest
 from prometheus_client import generate_latest
 
-from extproc.request.tokens import exact_counter
+from extproc.request.tokens.native import exact_counter
 from extproc.runtime.sidecar import Sidecar
 from extproc.runtime.warm_up import warm_up
 from policy.schema import Policy
@@ -34,11 +34,11 @@ def _state(sidecar: Sidecar) -> tuple[object, ...]:
             for line in generate_latest(sidecar.metrics.registry).decode().splitlines()
             if not line.startswith("slogate_event_loop_lag_seconds ")
         ],
-        len(sidecar.decider.inflight),
-        tuple(dict(part) for part in sidecar.admission.kv.book.held_by_pool()),
-        dict(sidecar.admission.kv.room.counts()),
-        sidecar.fleet.holds,
-        sidecar.counter.cache_size,
+        len(sidecar.path.decider.inflight),
+        tuple(dict(part) for part in sidecar.path.admission.kv.book.held_by_pool()),
+        dict(sidecar.path.admission.kv.room.counts()),
+        sidecar.signals.engine_watch.fleet.holds,
+        sidecar.path.counter.cache_size,
     )
 
 
@@ -54,14 +54,14 @@ async def test_the_warm_up_leaves_nothing_behind(caplog: pytest.LogCaptureFixtur
                 sidecar.policy,
                 bpe,
                 sidecar._exact_executor,
-                sidecar.board,
-                sidecar.fleet.live_pool,
+                sidecar.signals.board,
+                sidecar.signals.engine_watch.fleet.live_pool,
             )
         assert took is not None and set(took) == {"short", "long", "non_ascii", "decision"}
         assert "(admitted)" in caplog.text  # it went through the whole chain
         assert _state(sidecar) == before
         # The control: a client's decision through the same parts does show.
-        flow = sidecar.decider.new_flow()
+        flow = sidecar.path.decider.new_flow()
         await flow.on_request_headers(
             {":method": "POST", ":path": CHAT, "authorization": "Bearer sk-demo-standard"}, False
         )
@@ -76,7 +76,11 @@ async def test_a_warm_up_that_fails_or_overruns_is_logged_and_returns(
 ) -> None:
     """Readiness comes anyway: no exception, no stall past the bound."""
     sidecar = Sidecar(EXAMPLE_POLICY, grpc_port=0, metrics_port=None, admin_address=None)
-    parts = (sidecar._exact_executor, sidecar.board, sidecar.fleet.live_pool)
+    parts = (
+        sidecar._exact_executor,
+        sidecar.signals.board,
+        sidecar.signals.engine_watch.fleet.live_pool,
+    )
     try:
         with caplog.at_level(logging.INFO, "slogate.warm_up"):
             bpe = exact_counter(sidecar.policy().counting.engine)

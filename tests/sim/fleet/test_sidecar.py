@@ -24,7 +24,7 @@ from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel
 from budget.quotas import TierMultipliers
 from budget.store import InProcessStore
-from extproc.request.tokens import PromptCounter
+from extproc.request.tokens.prompt import PromptCounter
 from extproc.request.verdicts import Routed
 from extproc.runtime.sidecar import Sidecar
 from extproc.service.access_log import finish
@@ -93,11 +93,11 @@ class SidecarSide:
         self.sidecar = Sidecar(
             path, metrics_port=None, admin_address=None, clock=clock, rng=random.Random(7)
         )
-        self.sidecar.counter.use(shared_bpe())
+        self.sidecar.path.counter.use(shared_bpe())
 
     async def decide(self, step: Step, request_id: str) -> Routed | RequestRejected:
         raw = body(step)
-        flow = self.sidecar.decider.new_flow()
+        flow = self.sidecar.path.decider.new_flow()
         headers = {
             ":method": "POST",
             ":path": "/v1/chat/completions",
@@ -115,7 +115,7 @@ class SidecarSide:
     async def finish(self, routed: Routed, completion: int) -> None:
         prompt = routed.decision.prompt_tokens
         entry = access_log_entry(routed.tracking_id, 200, prompt, completion, 1500, 200)
-        await finish(self.sidecar.recorder.record_entry(entry))
+        await finish(self.sidecar.path.recorder.record_entry(entry))
 
 
 class SimulatorSide:
@@ -193,7 +193,7 @@ async def test_every_decision_matches_the_sidecars(tmp_path: Path, seed: int) ->
     for index, step in enumerate(arrivals(240, seed)):
         if index in DRILLS:
             level, duration_s = DRILLS[index]
-            sidecar.sidecar.board.drill("default", level, duration_s)
+            sidecar.sidecar.signals.board.drill("default", level, duration_s)
             simulator.board.drill("default", level, duration_s)
         request_id = f"r{index}"
         ours = await sidecar.decide(step, request_id)
@@ -220,5 +220,5 @@ async def test_every_decision_matches_the_sidecars(tmp_path: Path, seed: int) ->
     assert ("long", BreakerLevel.L0, None) in routes
     assert ("fallback", BreakerLevel.L3, "deepseek-v4-lite") in routes, routes
     assert ("default", BreakerLevel.L2, None) in routes, routes
-    assert len(sidecar.sidecar.decider.inflight) == len(running)
+    assert len(sidecar.sidecar.path.decider.inflight) == len(running)
     assert len(simulator.sidecar.decider.inflight) == len(running)

@@ -12,8 +12,9 @@ from extproc.request.contract import FORWARDED_NAMESPACE
 from policy._data_path import ExtProcMessages
 from tooling.benchmarks.overhead import POLICY, front_policy, setups_for
 from tooling.benchmarks.profile import OTHER, summarise
-from tooling.render.envoy_config import EnvoyPorts, FilterProfile, build_bootstrap
+from tooling.render.envoy_config.bootstrap import build_bootstrap
 from tooling.render.envoy_config.one_message import FORWARD_FILTER, HOLD_FILTER
+from tooling.render.envoy_config.profile import EnvoyPorts, FilterProfile
 from tooling.stack.processes import envoy_binary
 
 SITE = "/venv/lib/python3.11/site-packages"

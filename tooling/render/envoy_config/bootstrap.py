@@ -19,7 +19,7 @@ import envoy_data_plane.google.protobuf as pb
 from extproc.request.contract import SIDECAR_CLUSTER
 from policy.domain import Pool
 from policy.schema import Policy
-from tooling.render.envoy_config._common import EnvoyPorts, FilterProfile, _address, _typed
+from tooling.render.envoy_config._common import _address, _typed
 from tooling.render.envoy_config.engines import engine_cluster_options
 from tooling.render.envoy_config.filters import (
     JWKS_CLUSTER,
@@ -31,6 +31,7 @@ from tooling.render.envoy_config.filters import (
     slogate_filters,
 )
 from tooling.render.envoy_config.local_replies import local_reply_config
+from tooling.render.envoy_config.profile import EnvoyPorts, FilterProfile
 from tooling.render.envoy_config.routes import route_config
 
 

@@ -27,12 +27,12 @@ from tests.support import istio
 from tests.support.http import CHAT, chat_body, post
 from tests.support.mesh import ENVOY_GATEWAY, ISTIO, SERVICES, by_kind, ms
 from tests.support.stack import EXAMPLE_POLICY, random_ports
-from tooling.render.envoy_config import EnvoyPorts
 from tooling.render.envoy_config.filters import (
     ext_proc_filter,
     max_message_timeout_ms,
     router_filter,
 )
+from tooling.render.envoy_config.profile import EnvoyPorts
 from tooling.render.k8s import SIDECAR_PORT
 from tooling.render.mesh import render_istio
 from tooling.render.mesh_gateway import _snake, eg_names, render_envoy_gateway

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from extproc.request.tokens import ReferenceTokenizer, default_tokenizer_path, fast_estimate
 from extproc.request.tokens import fitted as tokens
-from extproc.request.tokens.fitted import text_features
+from extproc.request.tokens.fitted import fast_estimate, text_features
+from extproc.request.tokens.reference import ReferenceTokenizer, default_tokenizer_path
 
 DATA_DIR = Path(__file__).parents[3] / "data"
 SAMPLES = {

@@ -8,8 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from engines import prompt_blocks, text_blocks
-from extproc.request.tokens import CountKind, PromptCounter, exact_counter
+from admission.decision import CountKind
+from engines.prefix import prompt_blocks, text_blocks
+from extproc.request.tokens.native import exact_counter
+from extproc.request.tokens.prompt import PromptCounter
 from policy.schema import CountingConfig
 
 TEXTS = (

@@ -14,17 +14,12 @@ from typing import Any
 import pytest
 
 from admission.decision import CountKind
-from extproc.request.tokens import (
-    DeepSeekBpe,
-    FastokensBpe,
-    PromptCorrections,
-    PromptCounter,
-    ReferenceTokenizer,
-    exact_counter,
-    fast_estimate,
-)
-from extproc.request.tokens.bpe import cut
-from extproc.request.tokens.prompt import SplittingCounter
+from extproc.request.tokens.bpe import DeepSeekBpe, cut
+from extproc.request.tokens.corrections import PromptCorrections
+from extproc.request.tokens.fitted import fast_estimate
+from extproc.request.tokens.native import FastokensBpe, exact_counter
+from extproc.request.tokens.prompt import PromptCounter, SplittingCounter
+from extproc.request.tokens.reference import ReferenceTokenizer
 from policy.schema import CountingConfig
 from tests.support.code_points import CONTEXTS, GOLDEN, digest, runs, tokenizer_digest
 

@@ -15,7 +15,7 @@ from policy.domain import Tier
 from policy.loader import load_policy
 from tests.support.envoy_config import bootstrap_manager
 from tests.support.stack import EXAMPLE_POLICY
-from tooling.render.envoy_config import build_bootstrap
+from tooling.render.envoy_config.bootstrap import build_bootstrap
 
 
 def test_bootstrap_shape() -> None:

@@ -20,7 +20,7 @@ from extproc.service.replies import WAIT_REPLY_MARGIN_MS, wait_reply_ms
 from policy.loader import load_policy
 from tests.support.envoy_config import POOLS, fragment, theirs
 from tests.support.stack import EXAMPLE_POLICY
-from tooling.render.envoy_config import build_bootstrap
+from tooling.render.envoy_config.bootstrap import build_bootstrap
 from tooling.render.envoy_config.fragment import (
     MergeError,
     build_fragment,

@@ -21,7 +21,7 @@ from tests.support.envoy_config import bootstrap_manager, one_message_bootstrap
 from tests.support.mesh import ENVOY_GATEWAY, ISTIO
 from tests.support.messages import with_messages
 from tests.support.stack import example_policy, write_policy
-from tooling.render.envoy_config import build_bootstrap
+from tooling.render.envoy_config.bootstrap import build_bootstrap
 from tooling.render.envoy_config.fragment import build_fragment
 from tooling.render.envoy_config.one_message import FORWARD_FILTER, HOLD_FILTER
 from tooling.render.mesh import MeshError, render_istio

@@ -13,7 +13,8 @@ from policy.domain import FailureMode
 from policy.loader import load_policy
 from tests.support.envoy_config import bootstrap_manager, validate
 from tests.support.stack import EXAMPLE_POLICY
-from tooling.render.envoy_config import FilterProfile, build_bootstrap
+from tooling.render.envoy_config.bootstrap import build_bootstrap
+from tooling.render.envoy_config.profile import FilterProfile
 
 
 @pytest.mark.parametrize("profile", list(FilterProfile))

@@ -18,8 +18,9 @@ from policy.loader import parse_policy
 from tests.support.envoy_config import bootstrap_manager, one_message_bootstrap, validate
 from tests.support.messages import with_messages
 from tests.support.stack import example_policy
-from tooling.render.envoy_config import FilterProfile, build_bootstrap
+from tooling.render.envoy_config.bootstrap import build_bootstrap
 from tooling.render.envoy_config.one_message import FORWARD_FILTER
+from tooling.render.envoy_config.profile import FilterProfile
 
 
 @pytest.mark.parametrize("profile", [FilterProfile.SLOGATE, FilterProfile.EXT_PROC_ONLY])
