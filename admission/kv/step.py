@@ -41,7 +41,7 @@ from admission.kv.capacity import (
     pool_capacity,
 )
 from admission.waiting_room import (
-    TIER_ORDER,
+    RANK,
     AttainedService,
     QueueFull,
     RoomBounds,
@@ -61,7 +61,6 @@ HEAD_TTL_S = 0.25
 # How often a replica shares its tenants' attained service with the fleet's ledger: the
 # fairness order sees other replicas' service at most this late.
 SERVICE_SYNC_S = 1.0
-RANK = {tier: rank for rank, tier in enumerate(TIER_ORDER)}
 
 
 class KvStep:
