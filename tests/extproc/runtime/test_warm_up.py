@@ -36,7 +36,7 @@ def _state(sidecar: Sidecar) -> tuple[object, ...]:
         ],
         len(sidecar.decider.inflight),
         tuple(dict(part) for part in sidecar.admission.kv.book.held_by_pool()),
-        dict(sidecar.admission.kv.room.counts()),
+        dict(sidecar.admission.kv.dispatcher.room.counts()),
         sidecar.fleet.holds,
         sidecar.counter.cache_size,
     )
