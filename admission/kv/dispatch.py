@@ -45,6 +45,7 @@ Offer = Callable[[Waiting, Pool, float], Awaitable[str]]
 class RoomDispatcher:
     def __init__(
         self,
+        *,
         events: KvEvents,
         clock: Callable[[], float],
         policy: Callable[[], Policy],

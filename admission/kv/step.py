@@ -68,7 +68,14 @@ class KvStep:
         # for (admission.kv.book).
         self.owner = uuid.uuid4().hex[:12]
         self.dispatcher = RoomDispatcher(
-            events, clock, policy, self.book, self._offer, self.owner, wait_cap_s, self._live
+            events=events,
+            clock=clock,
+            policy=policy,
+            book=self.book,
+            offer=self._offer,
+            owner=self.owner,
+            wait_cap_s=wait_cap_s,
+            live=self._live,
         )
 
     def _spec(self, policy: Policy, pool: str) -> Pool | None:
