@@ -11,7 +11,8 @@ for a blocked head of line only while its room is about to come (`in_time`: the 
 which the pool's ends gave room back, the whole fleet's with a shared ledger). The tick
 also times waits out, tells the fleet's ledger this replica's blocked heads (so other
 replicas leave their room free) and shares its tenants' attained service with the fleet.
-Pure: the clock is passed in, and the ledger is whatever book it is given.
+Pure: the clock is passed in, and the ledger is whatever book it is given. Its tests go
+through the KV step, as the sidecar uses it: tests/admission/test_waiting_room.py.
 """
 
 from __future__ import annotations
