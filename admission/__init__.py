@@ -8,8 +8,9 @@ Grpc-free and I/O-free, except through the stores it is given and admission.kv.r
 - `breaker_step`, `budget_step`, `spend_step`  one module per step: the breaker's level, the
                   key's budgets, the tenant's spend budget.
 - `kv/`           KV admission: capacity arithmetic, the ledgers (local, failover, Redis
-                  with its Lua scripts) and the KV step.
-- `waiting_room`  where a request refused only for capacity waits (the KV step drives it).
+                  with its Lua scripts), the KV step and the waiting room's dispatcher.
+- `waiting_room`  where a request refused only for capacity waits, and in what order (the
+                  KV step puts it there, kv.dispatch offers it room).
 - `access`        the access check (suspended tenant, zero limit, forbidden pool).
 - `events`        what each step reports to its observers; `signals` an outcome as the
                   breaker's signals; `errors` the refusals a request can end with.

@@ -47,11 +47,13 @@ from typing import Any, Protocol
 from policy.domain import Tier
 
 TIER_ORDER = (Tier.CRITICAL, Tier.STANDARD, Tier.SHEDDABLE)
+# A tier's place in that order (0: critical). One numbering for the room and the fleet's
+# ledger, which compares a hold's rank with the blocked heads' (admission.kv.capacity.HeadBoard).
+RANK = {tier: rank for rank, tier in enumerate(TIER_ORDER)}
 # A dispatch pass stops after offering this many requests that did not fit: every end of a
 # request starts a pass, and a full room (thousands waiting) must not cost thousands of
 # ledger checks per end. Backfill looks this far past the head.
 MAX_MISSES = 64
-_RANK = {tier: rank for rank, tier in enumerate(TIER_ORDER)}
 
 
 # Told "this request now waits up to N seconds" when it enters the room: the sidecar's
@@ -207,7 +209,7 @@ class WaitingRoom:
 
     def ahead(self, pool: str, tier: Tier) -> int:
         """Requests waiting in `pool` that a new request of `tier` may not pass."""
-        return sum(self.waiting(pool, t) for t in TIER_ORDER[: _RANK[tier] + 1])
+        return sum(self.waiting(pool, t) for t in TIER_ORDER[: RANK[tier] + 1])
 
     def enter(self, entry: Waiting, bounds: RoomBounds) -> None:
         """Queue `entry`, or raise QueueFull when a bound would be passed."""

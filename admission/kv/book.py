@@ -1,9 +1,9 @@
 """Where the KV ledger lives: in this process, or shared by every replica of the fleet.
 
-What lives here: `KvBook`, what KV admission (admission.kv.step) asks of a ledger;
-`LocalBook`, a process's own ledger (admission.kv.capacity.KvLedger) on its clock; and
-`FailoverBook`, the fleet's shared ledger (Redis: admission.kv.redis_ledger) with a
-local share behind it. Pure: no I/O here; the shared book is passed in.
+What lives here: `KvBook`, what KV admission (admission.kv.step and admission.kv.dispatch)
+asks of a ledger; `LocalBook`, a process's own ledger (admission.kv.capacity.KvLedger) on
+its clock; and `FailoverBook`, the fleet's shared ledger (Redis: admission.kv.redis_ledger)
+with a local share behind it. Pure: no I/O here; the shared book is passed in.
 
 Why one fleet-wide ledger: with N sidecar replicas in front of a pool and a ledger each,
 each may admit only capacity / N, so a request needing more than one replica's part is

@@ -242,7 +242,7 @@ def _known_series(metrics: SidecarMetrics, policy: PolicyHolder, admission: Asse
     """Every known pool's, tier's and store's series exist from the start, at 0, and a
     reload's new pools get theirs."""
     metrics.admission.source = held_by_pool(admission.kv.book.held_by_pool, policy)
-    metrics.admission.waiting = waiting_by_pool(admission.kv.room.counts, policy)
+    metrics.admission.waiting = waiting_by_pool(admission.kv.dispatcher.room.counts, policy)
     start_series(metrics, policy())
 
     async def reloaded(new: Policy) -> None:
@@ -292,7 +292,7 @@ def build_control(
         quotas=signals.quotas,
         key_quotas=signals.key_quotas,
         book=path.admission.kv.book,
-        room=path.admission.kv.room,
+        room=path.admission.kv.dispatcher.room,
         clock=clock,
         on_drill=breaker_loop.export,
         siblings=siblings,

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 
-from admission.kv.step import ROOM_TICK_S
+from admission.kv.dispatch import ROOM_TICK_S
 from extproc.runtime.engine_watch import EngineWatch
 from extproc.runtime.key_store import KeyStore
 from extproc.runtime.parts import Control, RequestPath
@@ -50,7 +50,7 @@ async def housekeeping(watch_interval_s: float, policy: PolicyHolder, path: Requ
     while True:
         await asyncio.sleep(watch_interval_s)
         if await policy.reload_if_changed():
-            await kv.dispatch()  # a new capacity or share may make room
+            await kv.dispatcher.dispatch()  # a new capacity or share may make room
         await path.candidate.reload_if_changed()
         await path.recorder.expire()
         # A KV hold outlives its request only if nothing ever released it: a safety net.
@@ -87,10 +87,10 @@ async def start_loops(
     def rerank_tenants() -> None:  # the policy's cap and tenants as they are now
         metrics.rerank_tenants(policy())
 
-    kv = path.admission.kv
+    room = path.admission.kv.dispatcher
     tasks = [
         asyncio.create_task(housekeeping(watch_interval_s, policy, path)),
-        asyncio.create_task(every(lambda: ROOM_TICK_S, kv.tick)),
+        asyncio.create_task(every(lambda: ROOM_TICK_S, room.tick)),
         asyncio.create_task(every(breaker_interval, control.breaker_loop.tick)),
         asyncio.create_task(every(controller_interval, control_step)),
         asyncio.create_task(every(lambda: RERANK_INTERVAL_S, rerank_tenants)),

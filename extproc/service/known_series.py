@@ -22,9 +22,9 @@ from extproc.service.metrics import SidecarMetrics
 from policy.domain import Tier
 from policy.schema import GLOBAL_BREAKER, BudgetStoreKind, Policy
 
-# The refusals that say a pool is full (admission.kv.step): what SlogatePoolFull counts.
+# The refusals that say a pool is full (admission.kv.step, .dispatch): what SlogatePoolFull counts.
 CAPACITY_REASONS = ("kv_cache_full", "sequences_full", "queue_full", "queue_timeout")
-# How a request leaves the waiting room (admission.kv.step, MetricsEvents.waited).
+# How a request leaves the waiting room (admission.kv.step, .dispatch; MetricsEvents.waited).
 WAIT_OUTCOMES = ("dispatched", "timed_out", "full", "cancelled")
 # What the breaker does to a request it does not admit as is (breaker.shedding).
 SHED_REASONS = ("long_context_shed", "tier_shed", "context_capped", "fallback")

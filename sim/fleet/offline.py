@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from admission.kv.book import LocalBook
-from admission.kv.step import ROOM_TICK_S
+from admission.kv.dispatch import ROOM_TICK_S
 from breaker.board import BreakerBoard
 from breaker.latency import ResponseWindows
 from budget.quotas import TierMultipliers
@@ -221,7 +221,7 @@ class OfflineFleet(FleetRequests):
             elif kind == "room":
                 self._tick_pending = False
                 for sidecar in self.sidecars:
-                    run_now(sidecar.admission.kv.tick())
+                    run_now(sidecar.admission.kv.dispatcher.tick())
                 self._tick_room()
             elif kind == "finish":
                 self._finish(request_id)
@@ -277,7 +277,9 @@ class OfflineFleet(FleetRequests):
     def _tick_room(self) -> None:
         """The sidecar's room timer (every 50 ms while anything waits): timeouts, and
         dispatch for what no event announces."""
-        if self._tick_pending or not any(len(s.admission.kv.room) for s in self.sidecars):
+        if self._tick_pending or not any(
+            len(s.admission.kv.dispatcher.room) for s in self.sidecars
+        ):
             return
         self._tick_pending = True
         self._push(self.clock.now_s + ROOM_TICK_S, "room", "")

@@ -114,11 +114,11 @@ async def test_a_full_pool_makes_requests_wait_and_each_end_lets_the_next_in() -
     room = Room(room_policy(slots=2))
     for rid in ("a", "b", "c", "d"):
         await room.send(rid, Tier.CRITICAL)
-    assert room.order == ["a", "b"] and len(room.kv.room) == 2
+    assert room.order == ["a", "b"] and len(room.kv.dispatcher.room) == 2
     await room.end("a")
     assert room.order == ["a", "b", "c"]
     await room.end("b")
-    assert room.order == ["a", "b", "c", "d"] and len(room.kv.room) == 0
+    assert room.order == ["a", "b", "c", "d"] and len(room.kv.dispatcher.room) == 0
     assert room.events.seen.count(("critical", "dispatched")) == 2
 
 
@@ -136,8 +136,8 @@ async def test_strict_priority_between_tiers() -> None:
 async def test_inside_a_tier_the_tenant_with_least_attained_service_goes_first() -> None:
     room = Room(room_policy(slots=1))
     # Tenant "heavy" already used the pool a lot; "light" barely.
-    room.kv.room.service.add("heavy", 50_000, room.clock())
-    room.kv.room.service.add("light", 1_000, room.clock())
+    room.kv.dispatcher.room.service.add("heavy", 50_000, room.clock())
+    room.kv.dispatcher.room.service.add("light", 1_000, room.clock())
     await room.send("busy", tenant="other")
     await room.send("h1", tenant="heavy")
     await room.send("h2", tenant="heavy")
@@ -161,10 +161,10 @@ async def test_attained_service_decays_with_the_half_life() -> None:
 async def test_settling_corrects_the_service_to_what_was_generated() -> None:
     room = Room(room_policy(slots=4))
     await room.send("a", tenant="t", context=1100, max_tokens=1000)  # prompt 100
-    charged = room.kv.room.service.value("t", room.clock())
+    charged = room.kv.dispatcher.room.service.value("t", room.clock())
     assert charged == pytest.approx(100 + 2 * 1000)  # output weighs 2x
     await room.end("a", completion_tokens=50)  # one second later, by the outcome's duration
-    after = room.kv.room.service.value("t", room.clock())
+    after = room.kv.dispatcher.room.service.value("t", room.clock())
     assert after == pytest.approx(100 + 2 * 1000 - 2 * 950 * 0.5 ** (1 / 60), rel=1e-6)
 
 
@@ -209,7 +209,8 @@ async def test_the_pool_is_not_held_for_a_head_whose_room_is_not_about_to_come()
     room.clock.advance(0.6)
     await room.end("r1")
     assert room.order[-1] == "s2"  # passed the head: its room was not about to come
-    assert len(room.kv.room) == 1  # the head still waits, until room comes or its deadline
+    # the head still waits, until room comes or its deadline
+    assert len(room.kv.dispatcher.room) == 1
 
 
 async def test_a_tenants_small_requests_pass_its_own_blocked_large_one() -> None:
@@ -219,7 +220,7 @@ async def test_a_tenants_small_requests_pass_its_own_blocked_large_one() -> None
         await room.send(rid, Tier.CRITICAL, tenant="other")
     await room.send("big", Tier.CRITICAL, tenant="t", sequences=3)
     await room.send("small", Tier.CRITICAL, tenant="t")
-    assert room.order[-1] == "small" and len(room.kv.room) == 1
+    assert room.order[-1] == "small" and len(room.kv.dispatcher.room) == 1
 
 
 async def test_budget_and_breaker_refusals_never_wait() -> None:
@@ -243,7 +244,7 @@ async def test_budget_and_breaker_refusals_never_wait() -> None:
         await admission.chain.admit(
             Applicant(dataclasses.replace(decision(1000, policy=policy), caller=poor), "b", policy)
         )
-    assert len(admission.kv.room) == 0
+    assert len(admission.kv.dispatcher.room) == 0
 
 
 async def test_a_request_that_could_never_fit_is_refused_at_once() -> None:
@@ -252,7 +253,7 @@ async def test_a_request_that_could_never_fit_is_refused_at_once() -> None:
         await room.kv.admit(
             Applicant(decision(1000, policy=room.policy, sequences=3), "n3", room.policy)
         )
-    assert refused.value.reason == "sequences_full" and len(room.kv.room) == 0
+    assert refused.value.reason == "sequences_full" and len(room.kv.dispatcher.room) == 0
 
 
 async def test_a_wait_past_its_tier_bound_times_out_with_retry_after() -> None:
@@ -260,16 +261,16 @@ async def test_a_wait_past_its_tier_bound_times_out_with_retry_after() -> None:
     await room.send("busy", Tier.CRITICAL)
     await room.send("late", Tier.CRITICAL)
     room.clock.advance(1.9)
-    await room.kv.tick()
+    await room.kv.dispatcher.tick()
     await asyncio.sleep(0)
-    assert room.error("late") is None and len(room.kv.room) == 1
+    assert room.error("late") is None and len(room.kv.dispatcher.room) == 1
     room.clock.advance(0.2)  # critical may wait 2 s here
-    await room.kv.tick()
+    await room.kv.dispatcher.tick()
     await asyncio.sleep(0)
     error = room.error("late")
     assert isinstance(error, Overloaded) and error.reason == "queue_timeout"
     assert error.retry_after_s is not None and error.retry_after_s >= 1
-    assert room.kv.book.holds == 1 and len(room.kv.room) == 0
+    assert room.kv.book.holds == 1 and len(room.kv.dispatcher.room) == 0
     assert ("critical", "timed_out") in room.events.seen
 
 
@@ -284,7 +285,7 @@ async def test_a_full_room_refuses_with_queue_full_by_count_and_by_bytes() -> No
     await room.send("c1", Tier.CRITICAL, body_bytes=4000)  # its own count, but the bytes
     error = room.error("c1")
     assert isinstance(error, Overloaded) and error.reason == "queue_full"
-    assert "bodies" in error.message and room.kv.room.bytes == 8000
+    assert "bodies" in error.message and room.kv.dispatcher.room.bytes == 8000
 
 
 async def test_the_retry_after_of_a_full_room_follows_how_fast_the_pool_drains() -> None:
@@ -311,7 +312,7 @@ async def test_a_client_gone_while_waiting_leaves_at_once_and_holds_nothing() ->
     await room.send("gone")
     room.tasks["gone"].cancel()
     await asyncio.sleep(0)
-    assert room.tasks["gone"].cancelled() and len(room.kv.room) == 0
+    assert room.tasks["gone"].cancelled() and len(room.kv.dispatcher.room) == 0
     assert ("standard", "cancelled") in room.events.seen
     await room.end("busy")
     assert room.kv.book.holds == 0
@@ -333,7 +334,7 @@ async def test_a_lower_ratio_or_a_reload_dispatches_the_room() -> None:
     await room.send("busy")
     await room.send("w")
     room.policy = room_policy(slots=2)  # a reload with more batch slots
-    await room.kv.dispatch()
+    await room.kv.dispatcher.dispatch()
     await asyncio.sleep(0)
     assert room.order == ["busy", "w"]
 
@@ -386,14 +387,14 @@ def test_the_simulators_waiters_run_the_same_room() -> None:
     assert got == ["busy"]
     for rid in ("busy", "crit"):
         run_now(kv.book.release(rid))
-        run_now(kv.dispatch())
+        run_now(kv.dispatcher.dispatch())
         while queue:
             queue.pop(0)()
     assert got == ["busy", "crit", "shed"]
     clock.advance(100)
     send("late", Tier.SHEDDABLE)
     clock.advance(31)
-    run_now(kv.tick())
+    run_now(kv.dispatcher.tick())
     while queue:
         queue.pop(0)()
     assert got[-1] == "late:queue_timeout"

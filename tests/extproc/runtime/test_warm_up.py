@@ -36,7 +36,7 @@ def _state(sidecar: Sidecar) -> tuple[object, ...]:
         ],
         len(sidecar.path.decider.inflight),
         tuple(dict(part) for part in sidecar.path.admission.kv.book.held_by_pool()),
-        dict(sidecar.path.admission.kv.room.counts()),
+        dict(sidecar.path.admission.kv.dispatcher.room.counts()),
         sidecar.signals.engine_watch.fleet.holds,
         sidecar.path.counter.cache_size,
     )
