@@ -14,8 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
+from extproc.adminpb.admin_pb2 import StatusRequest
+from extproc.adminpb.admin_pb2_grpc import AdminStub
+from extproc.service.admin_client import as_json
 from policy._data_path import ExtProcMessages
 from tests.support.http import CHAT, Reply, chat_body, metric, post, scrape
 from tests.support.messages import MODE_IDS, MODES, with_messages
@@ -79,7 +83,12 @@ def slow_pool(room_stack: LocalStack) -> Iterator[None]:
 
 
 def status(stack: LocalStack) -> dict[str, Any]:
-    reply = json.loads(slogate(stack, "status", "--json").stdout)
+    """The admin API's status of the default pool: one call in this process (what `slogate
+    status --json` prints; a CLI process per poll takes a second beside a busy machine,
+    longer than some of the states these tests wait for last)."""
+    with grpc.insecure_channel(stack.admin_address) as channel:
+        answer = AdminStub(channel).Status(StatusRequest(), timeout=10)
+    reply = json.loads(as_json(answer))
     pool = next(a for a in reply["admission"] if a["pool"] == "default")
     return {
         "requests_held": int(pool["requestsHeld"]),
