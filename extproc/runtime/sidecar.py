@@ -134,7 +134,16 @@ class Sidecar:
         """Ready to serve: the tokenizer loaded, the engines and stored keys known and the
         request path warm before any server listens; the ext_proc server (and its health's
         SERVING) last, so that on stop it is the first to go and drains while the admin
-        API, a worker's private socket and /metrics still answer; the loops after it."""
+        API, a worker's private socket and /metrics still answer; the loops after it.
+        Started whole or not at all: a failure part way (a taken port, the first heartbeat)
+        stops what already started, last first, before it is raised."""
+        try:
+            return await self._start()
+        except BaseException:
+            await self._exits.aclose()
+            raise
+
+    async def _start(self) -> SidecarAddress:
         bpe = None
         if self._exact_tokenizer:
             # Loaded before the servers start (~1 s), off the loop: no request is ever
