@@ -245,11 +245,6 @@ class RequestFlow:
     def caller(self) -> ApiKey | None:
         return self._verdict.caller if self._verdict is not None else None
 
-    @property
-    def tenant(self) -> str | None:
-        caller = self._verdict.caller if self._verdict is not None else None
-        return caller.tenant if caller is not None else None
-
     async def on_request_headers(
         self,
         headers: Mapping[str, str],

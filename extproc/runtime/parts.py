@@ -122,7 +122,11 @@ class Observers:
 
 
 def build_observers(policy: Policy, metrics: SidecarMetrics) -> Observers:
-    """From the policy the sidecar started with: these settings take effect at start."""
+    """From the policy the sidecar started with: these settings take effect at start. The
+    tracer first: it is the one that can fail (TracingUnavailable), before the others start
+    a writer thread that nothing would stop."""
+    # None: tracing off, OpenTelemetry not even imported.
+    tracer = start_tracing(policy.telemetry.tracing)
     decision_log = None
     if policy.decision_log is not None:
         config = policy.decision_log
@@ -134,8 +138,7 @@ def build_observers(policy: Policy, metrics: SidecarMetrics) -> Observers:
             dropped_counter(metrics.registry),
             Path(policy.source).parent,
         )
-    # None: tracing off, OpenTelemetry not even imported.
-    return Observers(start_tracing(policy.telemetry.tracing), decision_log, traffic)
+    return Observers(tracer, decision_log, traffic)
 
 
 @dataclass(frozen=True, slots=True)

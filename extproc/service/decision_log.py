@@ -23,8 +23,7 @@ from admission.decision import RequestOutcome
 from admission.errors import RequestRejected
 
 if TYPE_CHECKING:
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
+    from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from extproc.request.verdicts import Routed
     from extproc.service.observers import RequestSeen
 

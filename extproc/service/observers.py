@@ -28,8 +28,7 @@ from admission.errors import RequestRejected
 from policy.domain import ApiKey
 
 if TYPE_CHECKING:
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
+    from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from extproc.request.verdicts import Routed
 
 

@@ -42,8 +42,7 @@ from policy._traffic import TrafficRecordConfig
 from policy.domain import ApiKey
 
 if TYPE_CHECKING:
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
+    from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from extproc.request.verdicts import Routed
     from extproc.service.observers import RequestSeen
 
