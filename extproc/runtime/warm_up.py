@@ -71,8 +71,51 @@ async def warm_up(
     """Milliseconds per kind (short, long, non_ascii, decision), also logged in one line;
     None when the warm-up failed or ran past `timeout_s` (logged: the caller goes on).
     `bpe` None: no tokenizer (every count is the byte bound), only the decision warms."""
+
+    # Nested: it reads the warm-up's arguments, and only the timeout wraps it.
+    async def warm() -> tuple[dict[str, float], str]:
+        current = policy()
+        config = current.counting
+        counter = PromptCounter(bpe, config, executor)  # the tokenizer and threads, its own cache
+        rng = random.Random(0)
+        workers = max(1, config.workers)
+        # Well past what the loop counts (and past where a text is cut): a 30k-token prompt's
+        # ~150 KB, whose buffers a thread first grows; under the byte bound, which would leave
+        # the prompt uncounted.
+        long_bytes = 4 * max(config.inline_max_bytes, config.split_min_bytes)
+        long_bytes = min(long_bytes, config.max_bytes // (workers + 1))
+        unicode_bytes = min(
+            config.inline_unicode_max_bytes + 1024, config.max_bytes // (workers + 1)
+        )
+        block_tokens = current.engines.picking.block_tokens
+        took: dict[str, float] = {}
+
+        async def timed(kind: str, prompts: Callable[[], list[list[str]]]) -> None:
+            started = time.perf_counter()
+            for _ in range(_TEXTS_PER_KIND):
+                for texts in prompts():
+                    await counter.count(texts)
+                    await counter.count(texts, block_tokens=block_tokens)  # the picker's hashes
+            took[kind] = (time.perf_counter() - started) * 1000
+
+        await timed("short", lambda: [[_english(rng, 64)]])
+        # One long text per worker in one prompt: the threads all start and count at once.
+        await timed("long", lambda: [[_english(rng, long_bytes) for _ in range(workers)]])
+        # Short on the loop, then long on the threads.
+        await timed(
+            "non_ascii",
+            lambda: [
+                [_non_ascii(rng, 512)],
+                [_non_ascii(rng, unicode_bytes) for _ in range(workers)],
+            ],
+        )
+        started = time.perf_counter()
+        outcome = await _one_decision(policy, counter, board, live, _english(rng, 2048))
+        took["decision"] = (time.perf_counter() - started) * 1000
+        return took, outcome
+
     try:
-        took, outcome = await asyncio.wait_for(_warm(policy, bpe, executor, board, live), timeout_s)
+        took, outcome = await asyncio.wait_for(warm(), timeout_s)
     except TimeoutError:
         log.warning("warm-up ran past %.1f s; ready without it", timeout_s)
         return None
@@ -82,49 +125,6 @@ async def warm_up(
     shown = ", ".join(f"{kind} {ms:.1f} ms" for kind, ms in took.items())
     log.info("warm-up took %s (%s)", shown, outcome)
     return took
-
-
-async def _warm(
-    policy: Callable[[], Policy],
-    bpe: TokenCounter | None,
-    executor: Executor,
-    board: BreakerBoard,
-    live: Callable[[Pool], Pool],
-) -> tuple[dict[str, float], str]:
-    current = policy()
-    config = current.counting
-    counter = PromptCounter(bpe, config, executor)  # the tokenizer and threads, its own cache
-    rng = random.Random(0)
-    workers = max(1, config.workers)
-    # Well past what the loop counts (and past where a text is cut): a 30k-token prompt's
-    # ~150 KB, whose buffers a thread first grows; under the byte bound, which would leave
-    # the prompt uncounted.
-    long_bytes = 4 * max(config.inline_max_bytes, config.split_min_bytes)
-    long_bytes = min(long_bytes, config.max_bytes // (workers + 1))
-    unicode_bytes = min(config.inline_unicode_max_bytes + 1024, config.max_bytes // (workers + 1))
-    block_tokens = current.engines.picking.block_tokens
-    took: dict[str, float] = {}
-
-    async def timed(kind: str, prompts: Callable[[], list[list[str]]]) -> None:
-        started = time.perf_counter()
-        for _ in range(_TEXTS_PER_KIND):
-            for texts in prompts():
-                await counter.count(texts)
-                await counter.count(texts, block_tokens=block_tokens)  # the picker's hashes
-        took[kind] = (time.perf_counter() - started) * 1000
-
-    await timed("short", lambda: [[_english(rng, 64)]])
-    # One long text per worker in one prompt: the threads all start and count at once.
-    await timed("long", lambda: [[_english(rng, long_bytes) for _ in range(workers)]])
-    # Short on the loop, then long on the threads.
-    await timed(
-        "non_ascii",
-        lambda: [[_non_ascii(rng, 512)], [_non_ascii(rng, unicode_bytes) for _ in range(workers)]],
-    )
-    started = time.perf_counter()
-    outcome = await _one_decision(policy, counter, board, live, _english(rng, 2048))
-    took["decision"] = (time.perf_counter() - started) * 1000
-    return took, outcome
 
 
 async def _one_decision(
