@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VENV)/.installed-vllm
 
-.PHONY: up up-vllm vllm test test-fast lint promtool podman image release protos bench-overhead bench-decisions bench-decision-cost bench-estimator envoy-config k8s clean
+.PHONY: up up-vllm vllm test test-fast test-under-load lint promtool podman image release protos bench-overhead bench-decisions bench-decision-cost bench-estimator envoy-config k8s clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,27 @@ test: $(VLLM_STAMP) lint promtool podman
 # over two workers (pytest-xdist): ~1.5 min on 2 cores.
 test-fast: $(STAMP)
 	$(BIN)/pytest -m "not e2e" -n 2
+
+# The tests that compare a duration or wait on a rate, ROUNDS times each beside a busy loop
+# on one core and over two workers (harsher than CI, which has the workers but no busy loop):
+# how a change to one of them, or to what they time, is checked before it lands. ~4 min a round.
+ROUNDS ?= 5
+TIMING_TESTS ?= \
+	tests/e2e/test_vllm.py::test_kv_admission_fills_the_real_cache_and_learns_its_footprint \
+	tests/e2e/test_vllm.py::test_the_tiers_priority_reaches_vllm \
+	tests/tooling/loadtest/test_calibrate.py tests/tooling/loadtest/test_run.py \
+	tests/e2e/tooling/loadtest/test_run.py tests/e2e/test_engines.py tests/e2e/test_warm_up.py \
+	tests/extproc/runtime/test_warm_up.py \
+	tests/e2e/test_hostile.py::test_32_concurrent_crafted_prompts_do_not_move_the_critical_p99 \
+	tests/sim/server/test_pool.py tests/e2e/test_latency_signal.py tests/e2e/test_engine_latency.py \
+	tests/e2e/test_waiting_room.py tests/extproc/runtime/test_sidecar.py \
+	tests/extproc/runtime/test_engine_watch.py tests/e2e/test_supervision.py
+test-under-load: $(VLLM_STAMP)
+	$(PYTHON) -c "while True: pass" & busy=$$!; trap "kill $$busy" EXIT; failed=0; \
+	for round in $$(seq $(ROUNDS)); do \
+		echo "round $$round of $(ROUNDS)"; \
+		SLOGATE_REQUIRE_VLLM=1 $(BIN)/pytest -q -n 2 --dist loadgroup $(TIMING_TESTS) || failed=1; \
+	done; exit $$failed
 
 # The admin API's and Envoy's API's generated code is checked in (extproc/adminpb/,
 # extproc/envoypb/); tests fail when it is stale.
