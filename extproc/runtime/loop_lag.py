@@ -31,11 +31,15 @@ _KEPT_S = 60.0  # the longest a probe round or a scrape window looks back
 
 
 class LoopLag:
-    """Lags of the ticker's wakes (seconds late), kept for a minute."""
+    """Lags of the ticker's wakes (seconds late), kept for a minute (the sidecar) or for a
+    whole run (the load generator's account of its own stalls)."""
 
-    def __init__(self, clock: Callable[[], float], tick_s: float = TICK_S) -> None:
+    def __init__(
+        self, clock: Callable[[], float], tick_s: float = TICK_S, kept_s: float = _KEPT_S
+    ) -> None:
         self._clock = clock
         self.tick_s = tick_s
+        self._kept_s = kept_s
         self._lags: collections.deque[tuple[float, float]] = collections.deque()
         self._last_wake_s = clock()
 
@@ -44,7 +48,7 @@ class LoopLag:
         now = self._clock()
         self._last_wake_s = now
         self._lags.append((now, max(0.0, now - slept_from_s - self.tick_s)))
-        while self._lags and self._lags[0][0] < now - _KEPT_S:
+        while self._lags and self._lags[0][0] < now - self._kept_s:
             self._lags.popleft()
 
     def worst_since(self, since_s: float) -> float:
@@ -55,6 +59,11 @@ class LoopLag:
         # is one step under the GIL; iterating it live raised "deque mutated").
         recorded = (lag for at_s, lag in tuple(self._lags) if at_s >= since_s)
         return max(overdue, max(recorded, default=0.0))
+
+    def stalls(self, longer_than_s: float) -> list[tuple[float, float]]:
+        """(began, ended) on the clock of each kept stall longer than `longer_than_s`: a
+        wake that late, from when the ticker should have woken."""
+        return [(at_s - lag, at_s) for at_s, lag in tuple(self._lags) if lag > longer_than_s]
 
     @property
     def last_wake_s(self) -> float:

@@ -167,7 +167,7 @@ def play_alert_workload(run: AlertRun) -> None:
 
     run.shots = asyncio.run(
         play(workload.arrivals, run.stack.url, keys, TIME_SCALE, alongside=faults_from)
-    )
+    ).shots
     run.end_s = time.time()
     run.faults = [
         FaultWindow(w["fault"], run.start_s + w["from_s"], run.start_s + w["to_s"])

@@ -37,7 +37,8 @@ def _summary(
         value = quantile(values, q, empty=None)
         return None if value is None else value / time_scale
 
-    calm = [s for s in served if not s.during_fault]
+    # Judged: neither alive during a fault nor measured through the generator's own stall.
+    calm = [s for s in served if not s.during_fault and not s.generator_held]
     within = [s for s in served if _within(policy, s, time_scale)]
     ttfts = [s.ttft_s for s in served if s.ttft_s is not None]
     latencies = [s.latency_s for s in served if s.latency_s is not None]
@@ -60,8 +61,12 @@ def _summary(
             sum(_within(policy, s, time_scale) for s in calm) / len(calm) if calm else None
         ),
         "server_errors_outside_faults": sum(
-            1 for s in shots if (s.status >= 500 or s.status == 0) and not s.during_fault
+            1
+            for s in shots
+            if (s.status >= 500 or s.status == 0) and not s.during_fault and not s.generator_held
         ),
+        # Outside faults but not judged: the generator was held while they were alive.
+        "generator_held": sum(1 for s in shots if s.generator_held and not s.during_fault),
         "tokens_received": sum(s.completion_tokens or 0 for s in served),
     }
 
@@ -74,6 +79,7 @@ def report(
     processes: Mapping[str, Mapping[str, float]] | None = None,
     after_drain: Mapping[str, int] | None = None,
     faults: Sequence[Mapping[str, Any]] = (),
+    stalls: Sequence[tuple[float, float]] = (),
     signals: Mapping[str, Any] | None = None,
     timeline: Sequence[Mapping[str, Any]] = (),
     duration_s: float | None = None,
@@ -82,7 +88,8 @@ def report(
 ) -> dict[str, Any]:
     """`duration_s`: the workload's (for goodput); `bursts` and `burst_tenants`: its burst
     windows in workload seconds and whose requests count there (burst handling, as the
-    simulator reports it: the share of those requests served within their SLO)."""
+    simulator reports it: the share of those requests served within their SLO); `stalls`:
+    the generator's own (real seconds after the start)."""
     lags = [s.lag_s for s in shots]
     in_burst = [
         s
@@ -99,6 +106,7 @@ def report(
         "all": _summary(shots, policy, time_scale, duration_s),
         "burst_handling": len(handled) / len(in_burst) if in_burst else None,
         "faults": list(faults),
+        "generator_stalls": [{"from_s": a, "to_s": b} for a, b in stalls],
         "signals": dict(signals or {}),
         "timeline": list(timeline),
         "processes": dict(processes or {}),
@@ -225,6 +233,11 @@ def table(result: dict[str, Any]) -> str:
     for window in result.get("faults", []):
         lines.append(
             f"fault: {window['fault']} (real {window['from_s']:.1f}-{window['to_s']:.1f} s)"
+        )
+    for stall in result.get("generator_stalls", []):
+        lines.append(
+            f"the load generator itself stalled (real {stall['from_s']:.1f}-"
+            f"{stall['to_s']:.1f} s): the requests alive then are not judged"
         )
     if result.get("after_drain"):
         left = ", ".join(f"{k} {v}" for k, v in result["after_drain"].items())

@@ -145,7 +145,7 @@ def run_live(
     signals = SignalSampler(engines, stack.metrics_url if stack else None)
     left = None
     try:
-        shots = asyncio.run(
+        played = asyncio.run(
             play(
                 workload.arrivals,
                 url,
@@ -161,6 +161,7 @@ def run_live(
     finally:
         if stack is not None:
             stack.stop()
+    shots = played.shots
     windows = injector.windows if injector is not None else []
     mark_faults(shots, windows)
     return report(
@@ -171,6 +172,7 @@ def run_live(
         processes=sampler.summary() if sampler is not None else None,
         after_drain=left,
         faults=windows,
+        stalls=played.stalls,
         signals=signals.summary(),
         timeline=signals.timeline,
         duration_s=workload.duration_s,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from extproc.runtime.loop_lag import LoopLag
 from sim.fleet.arrivals import Arrival
 from sim.fleet.prompts import library
 
@@ -43,6 +45,23 @@ class Shot:
     during_fault: bool = False  # alive while a scheduled fault was
     pool: str = ""  # x-slogate-pool of the answer: the pool that served (or failed) it
     nonce: int = 0  # its place in the run: what makes its prompt its own
+    # The generator itself was held (its loop stalled past GENERATOR_STALL_S) while this
+    # request was alive, or it left that late: its times include the generator's stall.
+    generator_held: bool = False
+
+
+# A stall of the generator's own loop this long makes its clock readings of the requests
+# alive meanwhile its own, not the stack's (the first token is stamped when the loop runs).
+GENERATOR_STALL_S = 0.25
+
+
+@dataclass
+class Played:
+    """What `play` returns: each request, and the generator's own stalls (seconds after
+    the start: from, to)."""
+
+    shots: list[Shot]
+    stalls: list[tuple[float, float]]
 
 
 def messages(arrival: Arrival, nonce: int) -> list[dict[str, str]]:
@@ -114,11 +133,15 @@ async def play(
     sampler: ProcessSampler | None = None,
     alongside: Callable[[float], Coroutine[Any, Any, None]] | None = None,
     watch: Callable[[float], Coroutine[Any, Any, None]] | None = None,
-) -> list[Shot]:
+) -> Played:
     """Every arrival sent at its scaled time; returns when the last one is answered.
     Given the clock's start: `alongside` runs meanwhile and is waited for (a fault
-    schedule), `watch` runs until the end (a sampler)."""
+    schedule), `watch` runs until the end (a sampler). The generator watches its own loop
+    as the sidecar does (a stall over a second is logged with where its threads were), and
+    marks each request that lived through one of its stalls."""
     sampling = asyncio.create_task(sampler.run()) if sampler is not None else None
+    own_lag = LoopLag(time.monotonic, kept_s=math.inf)
+    lagging = asyncio.create_task(own_lag.run())
     side: asyncio.Task[None] | None = None
     watching: asyncio.Task[None] | None = None
     for arrival in arrivals:  # build the prompt texts before the clock starts
@@ -150,8 +173,14 @@ async def play(
             shot.lag_s = max(0.0, time.monotonic() - start - shot.scheduled_s)
             tasks.append(asyncio.create_task(fire(session, url, keys[shot.tenant], arrival, shot)))
         await asyncio.gather(*tasks)
-        for shot in shots:
-            shot.sent_s = shot.scheduled_s + shot.lag_s
+    lagging.cancel()
+    stalls = [(a - start, b - start) for a, b in own_lag.stalls(GENERATOR_STALL_S)]
+    for shot in shots:
+        shot.sent_s = shot.scheduled_s + shot.lag_s
+        end = shot.sent_s + (shot.latency_s or 0.0)
+        shot.generator_held = shot.lag_s > GENERATOR_STALL_S or any(
+            shot.sent_s <= to_s and end >= from_s for from_s, to_s in stalls
+        )
     if side is not None:
         await side  # its last fault may outlast the last answer
     if watching is not None:
@@ -160,4 +189,4 @@ async def play(
         sampling.cancel()
         assert sampler is not None
         sampler.sample()
-    return shots
+    return Played(shots, stalls)

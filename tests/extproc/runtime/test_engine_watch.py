@@ -120,6 +120,27 @@ def test_the_lag_is_what_the_ticker_overslept_and_a_stall_under_way_counts() -> 
     assert lag.worst_since(102.9) == pytest.approx(1.95)
 
 
+def test_the_stalls_kept_are_the_wakes_later_than_asked_from_when_they_were_due() -> None:
+    now = [0.0]
+    lag = LoopLag(lambda: now[0], tick_s=0.05, kept_s=float("inf"))
+    for slept_from, woke in ((0.0, 0.05), (0.05, 0.4), (0.4, 100.0), (100.0, 102.05)):
+        now[0] = woke
+        lag.woke(slept_from)
+    # Due at 0.1 (woke 0.4: 0.3 late), at 0.45 (woke at 100), at 100.05 (woke 2 s late).
+    assert _rounded(lag.stalls(0.25)) == [(0.1, 0.4), (0.45, 100.0), (100.05, 102.05)]
+    assert _rounded(lag.stalls(1.0)) == [(0.45, 100.0), (100.05, 102.05)]
+    short = LoopLag(lambda: now[0], tick_s=0.05)  # the sidecar's: a minute
+    now[0] = 0.4
+    short.woke(0.0)
+    now[0] = 200.0
+    short.woke(199.0)
+    assert _rounded(short.stalls(0.25)) == [(199.05, 200.0)]
+
+
+def _rounded(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    return [(round(a, 6), round(b, 6)) for a, b in spans]
+
+
 def _blocking_work_of_the_sidecar() -> None:
     time.sleep(1.6)  # stands for code that holds the loop
 

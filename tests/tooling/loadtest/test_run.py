@@ -22,7 +22,7 @@ from tooling.loadtest.predict import (
     prediction_errors,
     under,
 )
-from tooling.loadtest.report import compare_table, report
+from tooling.loadtest.report import compare_table, report, table
 from tooling.loadtest.run import unprotected_policy
 from tooling.loadtest.shots import Shot
 from tooling.stack.processes import process_table, tree_usage
@@ -84,6 +84,29 @@ def test_report_counts_statuses_and_judges_like_the_simulator() -> None:
     assert critical["slo_attainment_of_all"] == pytest.approx(1 / 3)
     timed = report(shots, policy, time_scale=0.1, workload="w", duration_s=10.0)
     assert timed["tiers"]["critical"]["goodput_tokens_per_s"] == pytest.approx(1.0)
+
+
+def test_requests_measured_through_the_generators_own_stall_are_counted_apart() -> None:
+    policy = parse_policy({"slos": {"critical": {"default": 2000}}})
+    on_time = dict(stream=True, prompt_tokens=100, max_tokens=10, completion_tokens=10)
+    shots = [
+        Shot("a", "critical", 0.0, status=200, ttft_s=0.05, latency_s=0.2, **on_time),
+        # Its first token stamped after the generator's 3 s stall: not the stack's time.
+        Shot("a", "critical", 1.0, status=200, ttft_s=3.2, latency_s=3.3, generator_held=True,
+             **on_time),
+        # Sent 5 s late into what a fault left behind: not the workload's request either.
+        Shot("a", "critical", 1.1, lag_s=5.0, status=503, reason="shed_tier_shed",
+             generator_held=True),
+        Shot("a", "critical", 2.0, status=502, during_fault=True, generator_held=True),
+    ]  # fmt: skip
+    result = report(shots, policy, time_scale=1.0, workload="w", stalls=[(1.0, 4.0)])
+    critical = result["tiers"]["critical"]
+    assert critical["slo_attainment_outside_faults"] == 1.0  # the held one is not judged
+    assert critical["slo_attainment"] == 0.5  # but the plain attainment keeps it
+    assert critical["server_errors_outside_faults"] == 0
+    assert critical["generator_held"] == 2  # outside faults, set aside
+    assert result["generator_stalls"] == [{"from_s": 1.0, "to_s": 4.0}]
+    assert "the load generator itself stalled (real 1.0-4.0 s)" in table(result)
 
 
 def test_each_pool_that_answered_is_counted_with_its_5xx() -> None:

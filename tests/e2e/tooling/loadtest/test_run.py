@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tooling.loadtest.shots import GENERATOR_STALL_S
+
 
 def test_the_smoke_scenario_keeps_its_invariants(tmp_path: Path) -> None:
     """sim/workloads/smoke.yaml, 100 s at time scale 0.2 (20 s of arrivals): a steady mix,
@@ -36,17 +38,21 @@ def test_the_smoke_scenario_keeps_its_invariants(tmp_path: Path) -> None:
     assert all(s["status"] for s in shots), "a request got no answer"
     assert result["errors_without_json"] == 0
     assert all(s["error_code"] for s in shots if s["status"] != 200)
+    # Judged: the shots alive outside the faults and outside the generator's own stalls (its
+    # clock readings of those include the stall). Most are judged, or the run proves little.
+    stalls = result["generator_stalls"]
+    judged = [s for s in shots if not s["during_fault"] and not s["generator_held"]]
+    assert len(judged) >= len(shots) // 2, _described([], result["faults"], stalls)
     # No 5xx but those the faults inject or the failure mode documents (closed: 502).
-    stray = [s for s in shots if s["status"] >= 500 and not s["during_fault"]]
-    assert not stray, _described(stray, result["faults"])
+    stray = [s for s in judged if s["status"] >= 500]
+    assert not stray, _described(stray, result["faults"], stalls)
     for tier in result["tiers"].values():
         assert tier["server_errors_outside_faults"] == 0
     assert any(s["status"] == 502 and s["during_fault"] for s in shots)  # the kill was seen
     critical = result["tiers"]["critical"]
-    late = [s for s in shots if s["tier"] == "critical" and s["status"] == 200]
-    late = [s for s in late if not s["during_fault"]]
+    late = [s for s in judged if s["tier"] == "critical" and s["status"] == 200]
     assert critical["slo_attainment_outside_faults"] >= 0.99, _described(
-        sorted(late, key=lambda s: -(s["ttft_s"] or 0))[:5], result["faults"]
+        sorted(late, key=lambda s: -(s["ttft_s"] or 0))[:5], result["faults"], stalls
     )
     # Nothing held once the clients are done; the restarted sidecar was watched too.
     assert result["after_drain"] == {
@@ -63,17 +69,31 @@ def test_the_smoke_scenario_keeps_its_invariants(tmp_path: Path) -> None:
     # The sidecar's own decision time came from its histogram; the burst was judged.
     assert result["signals"]["decision"]["request_body"]["p99_ms"] is not None
     assert result["burst_handling"] is not None and result["all"]["goodput_tokens_per_s"] > 0
-    # Open loop: arrivals leave on time, never held back by answers. A generator that waited
-    # for answers would fall seconds behind over the run; one starved by the machine for a
-    # moment (a few hundred ms beside a busy loop and another stack) is not that.
+    # Open loop: arrivals leave on time, never held back by answers. One that left late left
+    # right after a stall of the generator's own loop (the machine held it); a generator that
+    # waited for answers would fall behind with its loop idle, no stall to explain it.
     lags = sorted(s["lag_s"] for s in shots)
-    assert lags[len(lags) // 2] < 0.05 and lags[-1] < 1.5, (result["lag_p99_s"], lags[-5:])
+    assert lags[len(lags) // 2] < 0.05, (result["lag_p99_s"], lags[-5:])
+    unexplained = [
+        s
+        for s in shots
+        if s["lag_s"] > 2 * GENERATOR_STALL_S  # twice: a stall just under it goes unrecorded
+        and not any(a <= s["sent_s"] and b >= s["scheduled_s"] for a, b in _windows(stalls))
+    ]
+    assert not unexplained, _described(unexplained, result["faults"], stalls)
     assert (tmp_path / "loadtest-smoke.md").read_text().startswith("# slogate loadtest")
     assert (tmp_path / "loadtest-smoke.png").read_bytes().startswith(b"\x89PNG")
 
 
-def _described(shots: list[dict[str, Any]], faults: list[dict[str, Any]]) -> str:
-    """What a failed invariant shows: the shots that broke it, beside the faults' windows."""
+def _windows(spans: list[dict[str, float]]) -> list[tuple[float, float]]:
+    return [(span["from_s"], span["to_s"]) for span in spans]
+
+
+def _described(
+    shots: list[dict[str, Any]], faults: list[dict[str, Any]], stalls: list[dict[str, float]]
+) -> str:
+    """What a failed invariant shows: the shots that broke it, beside the faults' windows
+    and the generator's own stalls."""
     rows = [
         f"sent {s['sent_s']:.2f} s (lag {s['lag_s']:.3f}), {s['latency_s'] or 0:.2f} s, "
         f"ttft {s['ttft_s']}, {s['status']} {s['error_code']} {s['reason']}, {s['tier']}, "
@@ -81,4 +101,5 @@ def _described(shots: list[dict[str, Any]], faults: list[dict[str, Any]]) -> str
         for s in shots
     ]
     windows = [f"{w['fault']}: {w['from_s']:.2f}-{w['to_s']:.2f} s" for w in faults]
-    return "\n".join(["faults:", *windows, "shots:", *rows])
+    held = [f"{a:.2f}-{b:.2f} s" for a, b in _windows(stalls)]
+    return "\n".join(["faults:", *windows, "generator stalls:", *held, "shots:", *rows])
