@@ -72,7 +72,7 @@ test-fast: $(STAMP)
 
 # The tests that compare a duration or wait on a rate, ROUNDS times each beside a busy loop
 # on one core and over two workers (harsher than CI, which has the workers but no busy loop):
-# how a change to one of them, or to what they time, is checked before it lands. ~4 min a round.
+# how a change to one of them, or to what they time, is checked before it lands. ~5.5 min a round.
 ROUNDS ?= 5
 TIMING_TESTS ?= \
 	tests/e2e/test_vllm.py::test_kv_admission_fills_the_real_cache_and_learns_its_footprint \
