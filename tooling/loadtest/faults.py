@@ -174,5 +174,4 @@ def _describe(fault: Fault) -> str:
 def mark_faults(shots: Sequence[Shot], windows: Sequence[Mapping[str, Any]]) -> None:
     """A shot alive during a fault's window is `during_fault`."""
     for shot in shots:
-        end = shot.sent_s + (shot.latency_s or 0.0)
-        shot.during_fault = any(shot.sent_s <= w["to_s"] and end >= w["from_s"] for w in windows)
+        shot.during_fault = any(shot.alive_during(w["from_s"], w["to_s"]) for w in windows)

@@ -37,8 +37,7 @@ def _summary(
         value = quantile(values, q, empty=None)
         return None if value is None else value / time_scale
 
-    # Judged: neither alive during a fault nor measured through the generator's own stall.
-    calm = [s for s in served if not s.during_fault and not s.generator_held]
+    calm = [s for s in served if s.judged]
     within = [s for s in served if _within(policy, s, time_scale)]
     ttfts = [s.ttft_s for s in served if s.ttft_s is not None]
     latencies = [s.latency_s for s in served if s.latency_s is not None]
@@ -61,9 +60,7 @@ def _summary(
             sum(_within(policy, s, time_scale) for s in calm) / len(calm) if calm else None
         ),
         "server_errors_outside_faults": sum(
-            1
-            for s in shots
-            if (s.status >= 500 or s.status == 0) and not s.during_fault and not s.generator_held
+            1 for s in shots if (s.status >= 500 or s.status == 0) and s.judged
         ),
         # Outside faults but not judged: the generator was held while they were alive.
         "generator_held": sum(1 for s in shots if s.generator_held and not s.during_fault),

@@ -49,6 +49,16 @@ class Shot:
     # request was alive, or it left that late: its times include the generator's stall.
     generator_held: bool = False
 
+    def alive_during(self, from_s: float, to_s: float) -> bool:
+        """Sent by `to_s` and not answered before `from_s` (seconds after the start)."""
+        return self.sent_s <= to_s and self.sent_s + (self.latency_s or 0.0) >= from_s
+
+    @property
+    def judged(self) -> bool:
+        """What the stack did with it is what it measures: it lived through no fault and
+        none of the generator's own stalls."""
+        return not self.during_fault and not self.generator_held
+
 
 # A stall of the generator's own loop this long makes its clock readings of the requests
 # alive meanwhile its own, not the stack's (the first token is stamped when the loop runs).
@@ -177,9 +187,8 @@ async def play(
     stalls = [(a - start, b - start) for a, b in own_lag.stalls(GENERATOR_STALL_S)]
     for shot in shots:
         shot.sent_s = shot.scheduled_s + shot.lag_s
-        end = shot.sent_s + (shot.latency_s or 0.0)
         shot.generator_held = shot.lag_s > GENERATOR_STALL_S or any(
-            shot.sent_s <= to_s and end >= from_s for from_s, to_s in stalls
+            shot.alive_during(*stall) for stall in stalls
         )
     if side is not None:
         await side  # its last fault may outlast the last answer
