@@ -8,7 +8,6 @@ errors as they really are, its metrics as the breaker reads them, its cache fill
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import subprocess
@@ -22,11 +21,9 @@ from typing import Any
 
 import pytest
 
-from extproc.adminpb import admin_pb2
-from extproc.service import admin_client
 from policy.loader import load_policy
 from tests.support.http import CHAT, chat_body, metric, post, scrape
-from tests.support.stack import settled, slogate, wait_for
+from tests.support.stack import admin_status, settled, slogate, wait_for
 from tests.support.vllm import Stream, words
 from tooling.stack.local import LocalStack
 
@@ -159,17 +156,8 @@ def test_slogate_status_reports_what_vllm_metrics_say(vllm_stack: LocalStack) ->
 
 
 def _engine_row(stack: LocalStack) -> dict[str, Any]:
-    """The default pool's engine as `slogate status --json` shows it, from the same admin
-    call made in this process: starting the CLI took ~5 s while vLLM generated."""
-
-    async def reply() -> dict[str, Any]:
-        channel, admin = admin_client.stub(stack.admin_address)
-        async with channel:
-            answer = await admin.Status(admin_pb2.StatusRequest(), timeout=5)
-        loaded: dict[str, Any] = json.loads(admin_client.as_json(answer))
-        return loaded
-
-    rows = [e for e in asyncio.run(reply()).get("engines", []) if e["pool"] == "default"]
+    """The default pool's engine as `slogate status --json` shows it (from this process)."""
+    rows = [e for e in admin_status(stack).get("engines", []) if e["pool"] == "default"]
     return rows[0] if rows else {}
 
 

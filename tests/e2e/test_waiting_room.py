@@ -14,16 +14,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
-from extproc.adminpb.admin_pb2 import StatusRequest
-from extproc.adminpb.admin_pb2_grpc import AdminStub
-from extproc.service.admin_client import as_json
 from policy._data_path import ExtProcMessages
 from tests.support.http import CHAT, Reply, chat_body, metric, post, scrape
 from tests.support.messages import MODE_IDS, MODES, with_messages
-from tests.support.stack import example_policy, fault, slogate, start_stack, wait_for, write_policy
+from tests.support.stack import (
+    admin_status,
+    example_policy,
+    fault,
+    slogate,
+    start_stack,
+    wait_for,
+    write_policy,
+)
 from tooling.stack.local import LocalStack
 
 SLOTS = 4
@@ -83,12 +87,7 @@ def slow_pool(room_stack: LocalStack) -> Iterator[None]:
 
 
 def status(stack: LocalStack) -> dict[str, Any]:
-    """The admin API's status of the default pool: one call in this process (what `slogate
-    status --json` prints; a CLI process per poll takes a second beside a busy machine,
-    longer than some of the states these tests wait for last)."""
-    with grpc.insecure_channel(stack.admin_address) as channel:
-        answer = AdminStub(channel).Status(StatusRequest(), timeout=10)
-    reply = json.loads(as_json(answer))
+    reply = admin_status(stack)
     pool = next(a for a in reply["admission"] if a["pool"] == "default")
     return {
         "requests_held": int(pool["requestsHeld"]),

@@ -12,8 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import yaml
 
+from extproc.adminpb.admin_pb2 import StatusRequest
+from extproc.adminpb.admin_pb2_grpc import AdminStub
+from extproc.service.admin_client import as_json
 from tests.support.http import CHAT, chat_body, metric, post, scrape
 from tooling.stack.local import LocalStack, StackPorts
 
@@ -160,3 +164,13 @@ def read_stream(
 def usage_events(events: list[str]) -> list[dict[str, object]]:
     decoded = [json.loads(e[6:]) for e in events if e != "data: [DONE]"]
     return [e for e in decoded if e.get("usage")]
+
+
+def admin_status(stack: LocalStack) -> dict[str, Any]:
+    """What `slogate status --json` prints, from the same admin call made in this process:
+    starting the CLI takes a second or more on a loaded machine (~5 s while vLLM generates),
+    longer than some of the states tests poll for last."""
+    with grpc.insecure_channel(stack.admin_address) as channel:
+        answer = AdminStub(channel).Status(StatusRequest(), timeout=10)
+    loaded: dict[str, Any] = json.loads(as_json(answer))
+    return loaded
