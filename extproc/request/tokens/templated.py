@@ -79,6 +79,16 @@ class TemplatedIds:
         self.cache_tokens = cache_tokens
         self._cache: OrderedDict[tuple[int, bytes], np.ndarray] = OrderedDict()
         self._cached_tokens = 0
+        self._used = False  # asked for ids once: only then is the counter's work kept
+        counter.ids_to = self._counted
+
+    def _counted(self, text: str, ids: np.ndarray) -> None:
+        """The counter tokenized a message text: where the pool tokenizes with the
+        counter's own tokenizer and the text is a piece of its template by itself
+        (DeepSeek's user and assistant turns), its ids are these."""
+        tokenizer = self._counter.id_counter
+        if self._used and tokenizer is not None:
+            self._keep((id(tokenizer), _digest(text)), ids)
 
     async def _tokenizer(self, path: str | None) -> IdCounter | None:
         if path is None:
@@ -101,6 +111,7 @@ class TemplatedIds:
         tokenizer = await self._tokenizer(config.tokenizer)
         if tokenizer is None:
             return None
+        self._used = True
         parts = [
             self._piece(tokenizer, piece) for piece in pieces(config.chat_template, roles, texts)
         ]
@@ -109,19 +120,27 @@ class TemplatedIds:
     def _piece(self, tokenizer: IdCounter, piece: str) -> np.ndarray:
         if not piece:
             return _NONE
-        digest = hashlib.blake2b(piece.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-        key = (id(tokenizer), digest)
-        cache = self._cache
-        ids = cache.get(key)
+        key = (id(tokenizer), _digest(piece))
+        ids = self._cache.get(key)
         if ids is not None:
-            cache.move_to_end(key)
+            self._cache.move_to_end(key)
             return ids
-        ids = tokenizer.token_ids(piece)
+        return self._keep(key, tokenizer.token_ids(piece))
+
+    def _keep(self, key: tuple[int, bytes], ids: np.ndarray) -> np.ndarray:
         if ids.dtype != np.uint32:
             ids = ids.astype(np.uint32)
+        cache = self._cache
+        old = cache.pop(key, None)
+        if old is not None:
+            self._cached_tokens -= int(old.shape[0])
         cache[key] = ids
         self._cached_tokens += int(ids.shape[0])
         while self._cached_tokens > self.cache_tokens and cache:
             _, dropped = cache.popitem(last=False)
             self._cached_tokens -= int(dropped.shape[0])
         return ids
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
