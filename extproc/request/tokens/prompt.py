@@ -107,9 +107,10 @@ class PromptCounter:
         self._cache: OrderedDict[bytes, _Counted] = OrderedDict()
         self._cache_block_bytes = 0
         self.queued_bytes = 0  # text waiting for a worker, or being counted
-        # Told (text, ids) of each text counted with ids: the engine's templated ids then
-        # need not tokenize it again (extproc.request.tokens.templated).
-        self.ids_to: Callable[[str, np.ndarray], None] | None = None
+        # Told (text, its cache key or None, ids) of each text counted with ids: the
+        # engine's templated ids then need not tokenize it again
+        # (extproc.request.tokens.templated).
+        self.ids_to: Callable[[str, bytes | None, np.ndarray], None] | None = None
 
     @property
     def cache_size(self) -> int:
@@ -172,9 +173,9 @@ class PromptCounter:
         counts = [counted for counted, _ in with_ids]
         ids_to = self.ids_to
         if ids_to is not None:
-            for (_, _, text, _), (_, ids) in zip(pending, with_ids, strict=True):
+            for (_, key, text, _), (_, ids) in zip(pending, with_ids, strict=True):
                 if ids is not None:
-                    ids_to(text, ids)
+                    ids_to(text, key, ids)
         for (index, cache_key, _, _), counted in zip(pending, counts, strict=True):
             total += counted[0]
             known_counts[index] = counted
