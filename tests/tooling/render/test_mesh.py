@@ -309,3 +309,31 @@ def test_tenant_objectives_are_rendered_with_their_tiers_priority(tmp_path: Path
         }
         for document in objectives:
             jsonschema.validate(document, schema(document))
+
+
+def test_the_picker_command_renders_the_committed_example_and_refuses_mixed_modes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make k8s`'s flags render deploy/k8s/slogate-endpoint-picker.yaml; a picker is not
+    also a mesh filter, and TLS goes with the picker."""
+    from tooling.cli.main import build_parser
+
+    def k8s(*flags: str) -> int:
+        args = build_parser().parse_args(["k8s", "--policy", str(EXAMPLE_POLICY), *flags])
+        code: int = args.handler(args)
+        return code
+
+    picker = (
+        "--endpoint-picker", "default=vllm-default", "--endpoint-picker", "long=vllm-long",
+        "--pool-selector", "default=app=vllm-default", "--pool-selector", "long=app=vllm-long",
+        "--tls-secret", "slogate-tls",
+    )  # fmt: skip
+    out = tmp_path / "picker.yaml"
+    assert k8s(*picker, "--out", str(out)) == 0
+    assert out.read_text() == (ROOT / "deploy" / "k8s" / "slogate-endpoint-picker.yaml").read_text()
+    assert k8s(*picker, "--mesh", "istio") == 2
+    assert "choose one" in capsys.readouterr().err
+    assert k8s("--mesh", "istio", "--tls-secret", "s") == 2
+    assert "--tls-secret goes with --endpoint-picker" in capsys.readouterr().err
+    assert k8s("--endpoint-picker", "default=p", "--out", str(out)) == 2
+    assert "--pool-selector default=KEY=VALUE" in capsys.readouterr().err
