@@ -13,6 +13,7 @@ import yaml
 from breaker.objectives import latency_objective_s
 from extproc.request.identity import caller_from_claims
 from policy._reader import PolicyError
+from policy.diff import policy_changes
 from policy.domain import Limits, Tier, hash_api_key
 from policy.loader import parse_policy
 from policy.schema import Policy
@@ -332,3 +333,10 @@ def test_a_tenants_inference_objective_is_named_by_its_keys_of_its_tier() -> Non
     assert caller_from_claims(policy, {"tenant": "acme", "sub": "u"}).objective == "gold"
     other = caller_from_claims(policy, {"tenant": "acme", "sub": "u", "tier": "standard"})
     assert other.objective == "slogate-standard"
+
+
+def test_policy_diff_names_a_changed_inference_objective() -> None:
+    old = policy_with({"list": {"acme": {"tier": "critical"}}})
+    new = policy_with({"list": {"acme": {"tier": "critical", "inference_objective": "acme"}}})
+    said = policy_changes(old, new)
+    assert any("inference objective unset → acme" in line for line in said), said
