@@ -40,12 +40,15 @@ TIER_HEADER = "x-slogate-tier"
 BUCKET_HEADER = "x-slogate-bucket"
 ESTIMATE_HEADER = "x-slogate-est-tokens"
 # The Gateway API inference extension's endpoint-picker protocol: the objective (its
-# priority) and the fairness id the picker queues by; slogate sets them to the caller's tier
-# and tenant, so a picker behind slogate honours slogate's classes (and clients cannot claim
-# another's).
+# priority) and the fairness id the picker queues by; slogate sets them to the caller's
+# objective (its tenant's, else its tier's: policy.domain.ApiKey.objective) and tenant, so a
+# picker behind slogate honours slogate's classes (and clients cannot claim another's).
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
-OBJECTIVE_PREFIX = "slogate-"  # objective names: slogate-critical, slogate-standard, ...
+# ... and the names llm-d's router reads first (the ones above are its deprecated aliases):
+# set too, or a client's copy of these would win there over slogate's.
+LLM_D_OBJECTIVE_HEADER = "x-llm-d-inference-objective"
+LLM_D_FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 SIDECAR_SET_HEADERS = (
     POOL_HEADER,
     TENANT_HEADER,
@@ -54,6 +57,8 @@ SIDECAR_SET_HEADERS = (
     ESTIMATE_HEADER,
     OBJECTIVE_HEADER,
     FAIRNESS_HEADER,
+    LLM_D_OBJECTIVE_HEADER,
+    LLM_D_FAIRNESS_HEADER,
 )
 
 # One ext_proc message per request (policy `data_path.messages: one`): ext_proc skips the

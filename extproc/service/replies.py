@@ -29,9 +29,10 @@ from extproc.request.contract import (
     FAIRNESS_HEADER,
     JWT_AUTHN_NAMESPACE,
     JWT_PAYLOAD_KEY,
+    LLM_D_FAIRNESS_HEADER,
+    LLM_D_OBJECTIVE_HEADER,
     METADATA_NAMESPACE,
     OBJECTIVE_HEADER,
-    OBJECTIVE_PREFIX,
     POOL_FIELD,
     POOL_HEADER,
     REASON_HEADER,
@@ -113,9 +114,12 @@ def upstream_headers(decision: RoutingDecision) -> dict[str, str]:
         TIER_HEADER: tier,
         BUCKET_HEADER: decision.bucket.name,
         ESTIMATE_HEADER: str(decision.context_tokens),
-        # For an endpoint picker behind slogate (the inference extension's protocol).
-        OBJECTIVE_HEADER: f"{OBJECTIVE_PREFIX}{tier}",
+        # For an endpoint picker behind slogate (the inference extension's protocol), under
+        # both its names and llm-d's: the tenant's objective, else the tier's.
+        OBJECTIVE_HEADER: decision.caller.objective,
         FAIRNESS_HEADER: decision.caller.tenant,
+        LLM_D_OBJECTIVE_HEADER: decision.caller.objective,
+        LLM_D_FAIRNESS_HEADER: decision.caller.tenant,
     }
 
 
