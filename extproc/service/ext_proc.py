@@ -173,6 +173,14 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
                 exchange.ended = True
                 yield self._rejection(error, flow)
                 return
+            except Exception:
+                log.exception("ext_proc %s failed", phase)
+                exchange.ended = True
+                failed = InternalError(
+                    "The gateway failed to process the request.", reason="internal"
+                )
+                yield self._rejection(failed, flow)
+                return
             self._metrics.decision_seconds(phase).observe(time.perf_counter() - started)
             if verdict.inference:
                 exchange.held_headers = True  # answered once the body has ended

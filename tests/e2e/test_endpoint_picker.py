@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from policy.schema import Policy
-from tests.support.http import CHAT, Reply, chat_body, post
+from tests.support.http import CHAT, Reply, chat_body, metric, post, scrape
 from tests.support.stack import (
     admin_status,
     example_policy,
@@ -290,7 +290,21 @@ def test_every_request_lands_on_the_endpoint_slogate_named(gateway: LocalStack) 
     assert wait_for(lambda: nothing_held(gateway))
 
 
-def test_a_streamed_answer_passes_through_and_is_settled(gateway: LocalStack) -> None:
+def usage_seen(stack: LocalStack) -> tuple[float, float, float]:
+    """Completion tokens read from the answers, answers without usage, requests ended by
+    their stream."""
+    samples = scrape(stack.metrics_url)
+    return (
+        metric(samples, "slogate_tokens_total", pool="default", kind="completion"),
+        metric(samples, "slogate_usage_missing_total", pool="default"),
+        metric(samples, "slogate_access_log_entries_total", kind="stream_end"),
+    )
+
+
+def test_a_streamed_answer_passes_through_and_is_settled_on_its_usage(
+    gateway: LocalStack,
+) -> None:
+    completion, missing, ended = usage_seen(gateway)
     body = chat_body("stream me")
     body["stream"] = True
     reply = post(gateway.url, CHAT, body)
@@ -298,6 +312,9 @@ def test_a_streamed_answer_passes_through_and_is_settled(gateway: LocalStack) ->
     text = reply.body.decode()
     assert "data: [DONE]" in text and reply.headers[SERVED_BY] == named(reply)[0]
     assert wait_for(lambda: nothing_held(gateway))
+    # Its end came with its stream (no access log here), its usage read from the chunks.
+    after = usage_seen(gateway)
+    assert after[0] > completion and after[1] == missing and after[2] == ended + 1
 
 
 def test_a_subset_hint_narrows_the_choice(gateway: LocalStack) -> None:
