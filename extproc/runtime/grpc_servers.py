@@ -143,7 +143,11 @@ async def start_ext_proc(
     server = grpc.aio.server(options=options)
     external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
         ExternalProcessorService(
-            path.decider, metrics, observers.watching(), message_timeout_ms=message_timeout_ms
+            path.decider,
+            metrics,
+            observers.watching(),
+            message_timeout_ms=message_timeout_ms,
+            ends=path.recorder,
         ),
         server,
     )

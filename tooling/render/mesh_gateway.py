@@ -16,6 +16,7 @@ from typing import Any
 import envoy_data_plane.envoy.config.cluster.v3 as envoy_cluster
 
 from extproc.request.contract import (
+    DESTINATION_NAMESPACE,
     METADATA_NAMESPACE,
     POOL_HEADER,
     SIDECAR_FAILURE_STATUS,
@@ -79,7 +80,7 @@ def render_envoy_gateway(policy_path: Path, target: MeshTarget) -> list[dict[str
                     "messageTimeout": f"{policy.message_timeout_ms}ms",
                     "failOpen": policy.failure_mode is FailureMode.OPEN,
                     "statusOnError": SIDECAR_FAILURE_STATUS,
-                    "metadata": {"writableNamespaces": [METADATA_NAMESPACE]},
+                    "metadata": {"writableNamespaces": [METADATA_NAMESPACE, DESTINATION_NAMESPACE]},
                 }
             ],
             "lua": [{"type": "Inline", "inline": usage_tap_lua()}],
