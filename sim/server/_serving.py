@@ -38,7 +38,7 @@ from sim.server.model import EngineAdmission, KvCache, LatencyModel, PrefixCache
 
 # slogate's headers, and those it sets for an endpoint picker (the inference extension's).
 # traceparent/tracestate: the trace context the engine would nest its own spans under.
-SAW_HEADERS_PREFIXES = ("x-slogate-", "x-gateway-", "traceparent", "tracestate")
+SAW_HEADERS_PREFIXES = ("x-slogate-", "x-gateway-", "x-llm-d-", "traceparent", "tracestate")
 
 
 @dataclass(frozen=True, slots=True)
