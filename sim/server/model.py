@@ -220,23 +220,32 @@ class KvCache:
     def is_overcommitted(self) -> bool:
         return self.used_tokens > self.capacity_tokens
 
-    def _fits(self, kv_tokens: int) -> bool:
+    def _fits(self, request_id: str, kv_tokens: int) -> bool:
         limit = self.capacity_tokens * self.overcommit_ratio
         return self.used_tokens + kv_tokens <= limit and len(self._running) < self.max_running
+
+    def _too_large(self, request_id: str, kv_tokens: int) -> bool:
+        return kv_tokens > self.capacity_tokens * self.overcommit_ratio
+
+    def _take(self, request_id: str, kv_tokens: int) -> None:
+        self._running[request_id] = kv_tokens
+        self.used_tokens += kv_tokens
+
+    def _give_back(self, request_id: str) -> None:
+        self.used_tokens -= self._running.pop(request_id)
 
     def try_admit(self, request_id: str, kv_tokens: int) -> bool:
         """Admit now if nobody waits and the request fits; never queues."""
         if request_id in self._running or request_id in self._waiting:
             raise ValueError(f"request {request_id!r} is already known")
-        if self._waiting or not self._fits(kv_tokens):
+        if self._waiting or not self._fits(request_id, kv_tokens):
             return False
-        self._running[request_id] = kv_tokens
-        self.used_tokens += kv_tokens
+        self._take(request_id, kv_tokens)
         return True
 
     def submit(self, request_id: str, kv_tokens: int, priority: int = 0) -> EngineAdmission:
         """Admit, queue, or refuse a new request."""
-        if kv_tokens > self.capacity_tokens * self.overcommit_ratio:
+        if self._too_large(request_id, kv_tokens):
             return EngineAdmission.REJECTED_TOO_LARGE  # would block the FIFO head forever
         if self.try_admit(request_id, kv_tokens):
             return EngineAdmission.ADMITTED
@@ -250,7 +259,7 @@ class KvCache:
     def release(self, request_id: str) -> list[str]:
         """Forget a running or waiting request; returns the waiting ids admitted as a result."""
         if request_id in self._running:
-            self.used_tokens -= self._running.pop(request_id)
+            self._give_back(request_id)
         else:
             self._waiting.pop(request_id, None)
         return self._admit_waiting()
@@ -263,12 +272,11 @@ class KvCache:
                 heapq.heappop(self._order)
                 continue
             head_tokens = self._waiting[head_id]
-            if not self._fits(head_tokens):
+            if not self._fits(head_id, head_tokens):
                 break
             heapq.heappop(self._order)
             del self._waiting[head_id]
-            self._running[head_id] = head_tokens
-            self.used_tokens += head_tokens
+            self._take(head_id, head_tokens)
             admitted.append(head_id)
         return admitted
 
