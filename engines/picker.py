@@ -2,8 +2,11 @@
 and what the choice leaves behind (the hold on the engine, the prefix it now caches). Pure.
 
 What lives here: `EnginePicker`, the one object the sidecar's request path and the
-simulator both ask. It owns each pool's prefix index (engines.prefix) and reads the
-engines' state from the fleet (engines.state); scoring itself is engines.scoring.
+simulator both ask. It owns each pool's prefix index (engines.prefix) and, for pools whose
+engines publish KV events, their exact index (engines.cached_blocks, fed through
+`kv_events`); it reads the engines' state from the fleet (engines.state); scoring itself is
+engines.scoring. An engine that publishes is scored from what it says it holds; one that
+publishes nothing (or a prompt whose engine ids were not built) from the approximate index.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ import dataclasses
 import hashlib
 from collections.abc import Callable
 
+from engines.cached_blocks import CachedBlocks, block_keys
+from engines.kv_events import EventBatch
 from engines.prefix import PrefixIndex, PromptBlocks
 from engines.scoring import EngineCandidate, pick
-from engines.state import EngineFleet
+from engines.state import Engine, EngineFleet
 from policy.domain import Picker, Pool
 from policy.schema import Policy
 
@@ -32,6 +37,7 @@ class EnginePicker:
         self._clock = clock
         self._stale_after_s = stale_after_s
         self.indexes: dict[str, PrefixIndex] = {}
+        self.cached: dict[str, CachedBlocks] = {}  # pools whose engines published KV events
         self._returns: dict[tuple[str, int], int] = {}  # (pool, slot) -> returns seen
 
     def picks(self, spec: Pool) -> bool:
@@ -54,17 +60,51 @@ class EnginePicker:
         index.entries = entries
         return index
 
+    def cached_blocks(self, pool: str) -> CachedBlocks:
+        spec = self._policy().pools.get(pool)
+        cap = spec.kv_events.max_blocks if spec is not None and spec.kv_events else 262_144
+        cached = self.cached.get(pool)
+        if cached is None:
+            cached = self.cached[pool] = CachedBlocks(cap)
+        cached.max_blocks = cap
+        return cached
+
+    def kv_events(self, pool: str, address: str, batch: EventBatch) -> None:
+        """One batch of an engine's KV events (the sidecar's subscriber, the simulator's
+        engines): its exact index follows."""
+        engine = self.fleet.get(pool, address)
+        if engine is None:
+            return
+        self._returned(pool, engine)
+        self.cached_blocks(pool).apply(engine.slot, batch)
+
+    def kv_events_lost(self, pool: str, address: str) -> None:
+        """What the engine holds is unknown (a gap nobody replayed): from empty again."""
+        engine = self.fleet.get(pool, address)
+        cached = self.cached.get(pool)
+        if engine is not None and cached is not None:
+            cached.clear(engine.slot)
+
+    def _returned(self, pool: str, engine: Engine) -> None:
+        """Came back from the dead: its prefix cache is empty."""
+        seen = self._returns.get((pool, engine.slot), 0)
+        if engine.returns != seen:
+            self.index(pool).forget(engine.slot)
+            cached = self.cached.get(pool)
+            if cached is not None:
+                cached.forget(engine.slot)
+            self._returns[(pool, engine.slot)] = engine.returns
+
     def candidates(self, spec: Pool, blocks: PromptBlocks) -> list[EngineCandidate]:
         """The pool's serving engines, each with what the scorers read."""
         fleet = self.fleet
         engines = fleet.serving(spec.name)
         index = self.index(spec.name)
-        for engine in engines:  # came back from the dead: its prefix cache is empty
-            seen = self._returns.get((spec.name, engine.slot), 0)
-            if engine.returns != seen:
-                index.forget(engine.slot)
-                self._returns[(spec.name, engine.slot)] = engine.returns
-        matched = index.matched_tokens(blocks, [e.slot for e in engines])
+        for engine in engines:
+            self._returned(spec.name, engine)
+        slots = [e.slot for e in engines]
+        matched = index.matched_tokens(blocks, slots)
+        exact = self._exact(spec.name, blocks, slots, matched)
         now_s = self._clock()
         stale_s = self._stale_after_s()
         sequences = fleet.sequences(spec)
@@ -81,9 +121,29 @@ class EnginePicker:
                     sequences=sequences,
                     scraped_kv_usage=None if fresh is None else fresh.kv_cache_usage,
                     matched_tokens=tokens,
+                    exact_prefix=engine.slot in exact,
                 )
             )
         return candidates
+
+    def _exact(
+        self, pool: str, blocks: PromptBlocks, slots: list[int], matched: list[int]
+    ) -> frozenset[int]:
+        """Overwrite `matched` from the exact index for the engines that publish; their
+        slots. Exact matches are in the engine's templated tokens, scaled to the prompt's
+        counted tokens, which the scorer's shares are of."""
+        cached = self.cached.get(pool)
+        ids = blocks.engine_ids
+        if cached is None or ids is None or not cached.block_size or not len(ids):
+            return frozenset()
+        publishing = [i for i, slot in enumerate(slots) if cached.publishes(slot)]
+        if not publishing:
+            return frozenset()
+        exact = cached.matched_tokens(block_keys(ids, cached.block_size), slots)
+        scale = blocks.total_tokens / len(ids) if blocks.total_tokens else 1.0
+        for i in publishing:
+            matched[i] = round(exact[i] * scale)
+        return frozenset(slots[i] for i in publishing)
 
     def pick(
         self,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -95,13 +95,17 @@ def ladder(count: int) -> list[int]:
 @dataclass(frozen=True, slots=True)
 class PromptBlocks:
     """A prompt's prefix hashes at its ladder positions, the tokens each covers, its
-    conversation key (0: none) and the tokens of the conversation's head."""
+    conversation key (0: none) and the tokens of the conversation's head. `engine_ids`:
+    the token ids the engine will see (after its chat template), where the request path
+    built them for a pool whose engines publish KV events (engines.cached_blocks keys
+    them); None otherwise."""
 
     hashes: tuple[int, ...]
     covered_tokens: tuple[int, ...]
     key: int
     total_tokens: int
     head_tokens: int = 0
+    engine_ids: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def empty(self) -> bool:

@@ -10,7 +10,11 @@ The scorers, and which way each pulls:
   cache may still hold them. The head (a shared system prompt, the first question) is left
   out: every engine soon caches a shared system prompt, and each replica's index knows only
   what it sent, so a pull on it would split one chat's turns between replicas; past the
-  head, a chat's history is where its earlier turns went.
+  head, a chat's history is where its earlier turns went. Where the engine publishes its KV
+  events (engines.cached_blocks), its match is exact and the same on every replica, and the
+  head counts too: a shared prefix cached on one engine only is worth a prefill saved there
+  (llm-d's precise case: customers' 6,000-token shared prefixes), and one cached everywhere
+  scores every engine alike.
 - load (distribution): how free the engine is — the largest of the KV and batch slots this
   sidecar holds on it (exact, the moment it admits) and its scraped KV usage (every
   replica's requests, seconds late).
@@ -51,6 +55,9 @@ class EngineCandidate:
     sequences: float | None  # its batch slots (None: unknown)
     scraped_kv_usage: float | None = None  # fresh metrics only (None: no data)
     matched_tokens: int = 0  # of the prompt, from the prefix index
+    # matched_tokens is what the engine's own KV events say it holds (engines.cached_blocks),
+    # not a guess from what this replica sent it.
+    exact_prefix: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +158,8 @@ def score(
         # Over its bounded share, or its batch already full from this sidecar's own count (a
         # request sent there would queue): no pull towards it.
         bound = over_bound(candidate, held, count, config.load_bound) or saturated(candidate)
-        beyond = max(0, candidate.matched_tokens - blocks.head_tokens)
+        head = 0 if candidate.exact_prefix else blocks.head_tokens
+        beyond = max(0, candidate.matched_tokens - head)
         prefix = beyond / blocks.total_tokens if blocks.total_tokens and not bound else 0.0
         pull = 0.0 if bound else affinity[i]
         total = (

@@ -8,8 +8,10 @@ from collections.abc import Mapping, Sequence
 
 from policy._reader import PolicyError, Section, expect, one_of, positive
 from policy.domain import (
+    ChatTemplate,
     ContextBucket,
     EngineKind,
+    KvEvents,
     LatencyFit,
     Picker,
     Pool,
@@ -103,6 +105,7 @@ def parse_pools(raw: object, path: str) -> dict[str, Pool]:
         engine_name = one_of(sec, "engine", EngineKind, EngineKind.VLLM)
         picker = one_of(sec, "picker", Picker, Picker.SLOGATE)
         zones_raw = sec.get("zones", dict, {})
+        kv_events = _parse_kv_events(sec.raw("kv_events"), sec.child("kv_events"))
         sec.close()
         if not endpoints_raw:
             raise PolicyError(f"{sec.child('endpoints')}: needs at least one endpoint")
@@ -120,9 +123,35 @@ def parse_pools(raw: object, path: str) -> dict[str, Pool]:
             engine=EngineKind(engine_name),
             picker=Picker(picker),
             zones=_parse_zones(zones_raw, endpoints_raw, sec.child("zones")),
+            kv_events=kv_events,
             **capacities,
         )
     return pools
+
+
+def _parse_kv_events(raw: object, path: str) -> KvEvents | None:
+    """`kv_events:` absent or false: off; true: vLLM's defaults; a mapping: its fields."""
+    if raw is None or raw is False:
+        return None
+    if raw is True:
+        return KvEvents()
+    sec = Section(raw, path)
+    defaults = KvEvents()
+    port = sec.get("port", int, defaults.port)
+    replay_raw = sec.raw("replay_port")
+    replay_port = None if replay_raw is None else expect(replay_raw, int, sec.child("replay_port"))
+    topic = sec.get("topic", str, defaults.topic)
+    max_blocks = sec.get("max_blocks", int, defaults.max_blocks)
+    tokenizer = sec.get("tokenizer", str, "") or None
+    template = one_of(sec, "chat_template", ChatTemplate, defaults.chat_template)
+    sec.close()
+    for name, value in (("port", port), ("replay_port", replay_port)):
+        if value is not None and not 0 < value < 65536:
+            raise PolicyError(f"{sec.child(name)}: expected a port (1-65535), got {value}")
+    if replay_port == port:
+        raise PolicyError(f"{sec.child('replay_port')}: must differ from port")
+    positive(max_blocks, sec.child("max_blocks"))
+    return KvEvents(port, replay_port, topic, max_blocks, tokenizer, ChatTemplate(template))
 
 
 def _parse_zones(

@@ -95,6 +95,31 @@ class ContextBucket:
         return within(context_tokens, self.min_tokens, self.max_tokens)
 
 
+class ChatTemplate(StrEnum):
+    """The chat template the engines render a chat with, to build the token ids they hash."""
+
+    DEEPSEEK = "deepseek"  # DeepSeek V3/R1's: begin-of-sentence, User and Assistant markers
+    CHATML = "chatml"  # <|im_start|>role\n...<|im_end|>\n (Qwen; the tiny test model)
+
+
+@dataclass(frozen=True, slots=True)
+class KvEvents:
+    """A pool's engines publish their KV cache events (vLLM `--kv-events-config`): slogate
+    subscribes to each engine it discovers and scores prefixes from what they hold
+    (engines.cached_blocks). Off where absent."""
+
+    port: int = 5557  # the PUB socket's port on every engine (vLLM's `endpoint`)
+    replay_port: int | None = None  # its ROUTER replay socket (`replay_endpoint`); None: none
+    topic: str = ""  # vLLM's `topic`
+    # Blocks kept per engine (~130 bytes each, engines.cached_blocks): at least the engine's
+    # KV blocks, so that nothing it holds is evicted here.
+    max_blocks: int = 262_144
+    # The engine's tokenizer.json (None: slogate's own DeepSeek one, the counter's) and chat
+    # template: the request path renders a chat into the ids the engine hashes.
+    tokenizer: str | None = None
+    chat_template: ChatTemplate = ChatTemplate.DEEPSEEK
+
+
 @dataclass(frozen=True, slots=True)
 class Pool:
     name: str
@@ -118,6 +143,8 @@ class Pool:
     # cross-zone latency check; the sidecar does not read it. A tuple of pairs, not a dict:
     # the pool stays hashable.
     zones: tuple[tuple[str, str], ...] = ()
+    # The engines publish KV events (None: they do not, or slogate does not listen).
+    kv_events: KvEvents | None = None
 
     def zone_of(self, endpoint: str) -> str | None:
         """The zone the policy gives the engine at "host:port", or None."""
