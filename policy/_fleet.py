@@ -140,6 +140,7 @@ def _parse_kv_events(raw: object, path: str) -> KvEvents | None:
     port = sec.get("port", int, defaults.port)
     replay_raw = sec.raw("replay_port")
     replay_port = None if replay_raw is None else expect(replay_raw, int, sec.child("replay_port"))
+    relative = sec.get("relative_ports", bool, False)
     topic = sec.get("topic", str, defaults.topic)
     max_blocks = sec.get("max_blocks", int, defaults.max_blocks)
     tokenizer = sec.get("tokenizer", str, "") or None
@@ -151,7 +152,9 @@ def _parse_kv_events(raw: object, path: str) -> KvEvents | None:
     if replay_port == port:
         raise PolicyError(f"{sec.child('replay_port')}: must differ from port")
     positive(max_blocks, sec.child("max_blocks"))
-    return KvEvents(port, replay_port, topic, max_blocks, tokenizer, ChatTemplate(template))
+    return KvEvents(
+        port, replay_port, relative, topic, max_blocks, tokenizer, ChatTemplate(template)
+    )
 
 
 def _parse_zones(

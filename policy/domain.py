@@ -110,6 +110,8 @@ class KvEvents:
 
     port: int = 5557  # the PUB socket's port on every engine (vLLM's `endpoint`)
     replay_port: int | None = None  # its ROUTER replay socket (`replay_endpoint`); None: none
+    # port and replay_port are added to each engine's HTTP port (several engines on one host)
+    relative_ports: bool = False
     topic: str = ""  # vLLM's `topic`
     # Blocks kept per engine (~130 bytes each, engines.cached_blocks): at least the engine's
     # KV blocks, so that nothing it holds is evicted here.
@@ -118,6 +120,13 @@ class KvEvents:
     # template: the request path renders a chat into the ids the engine hashes.
     tokenizer: str | None = None
     chat_template: ChatTemplate = ChatTemplate.DEEPSEEK
+
+    def ports(self, engine_port: int) -> tuple[int, int | None]:
+        """The (PUB, replay) ports of the engine serving HTTP on `engine_port`."""
+        if not self.relative_ports:
+            return self.port, self.replay_port
+        replay = None if self.replay_port is None else engine_port + self.replay_port
+        return engine_port + self.port, replay
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from contextlib import AsyncExitStack
 from admission.kv.dispatch import ROOM_TICK_S
 from extproc.runtime.engine_watch import EngineWatch
 from extproc.runtime.key_store import KeyStore
+from extproc.runtime.kv_subscriber import start_kv_subscriber
 from extproc.runtime.parts import Control, RequestPath
 from extproc.runtime.policy_holder import PolicyHolder
 from extproc.runtime.stores import Stores
@@ -102,6 +103,8 @@ async def start_loops(
     tasks += [
         asyncio.create_task(engine_watch.run_probes()),
         asyncio.create_task(engine_watch.run_discovery()),
+        # The engines' KV events, for pools whose policy has kv_events (none: it idles).
+        start_kv_subscriber(engine_watch.picker, policy, metrics.registry),
     ]
     exits.callback(_cancel, tasks)
     members = stores.members
