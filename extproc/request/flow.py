@@ -45,6 +45,7 @@ from extproc.request.inflight import InFlight
 from extproc.request.routing import engine_priority, request_decision, route
 from extproc.request.tokens.corrections import PromptCorrections
 from extproc.request.tokens.prompt import PromptCount, PromptCounter
+from extproc.request.tokens.templated import TemplatedIds
 from extproc.request.verdicts import (
     Admitter,
     CandidatePolicy,
@@ -78,6 +79,7 @@ class Decider:
         self.picker = picker
         self.identity = identity
         self.counter = counter
+        self.templated = TemplatedIds(counter)
         self.corrections = corrections or PromptCorrections()
         # Without a chain of its own: the access check alone (a chain's first step, always).
         self.admission: Admitter = admission or AdmissionChain([AccessStep()])
@@ -142,7 +144,26 @@ class Decider:
                 policy.engines.picking.block_tokens,
                 request.conversation_texts,
             )
+            blocks = await self._engine_ids(request, policy, decision.pool, blocks)
         return CountedRequest(request, counted, decision, blocks, body)
+
+    async def _engine_ids(
+        self, request: InferenceRequest, policy: Policy, pool: str, blocks: PromptBlocks
+    ) -> PromptBlocks:
+        """The ids the engines will see, where the request's pool follows their KV events
+        and slogate picks among several of them (engines.cached_blocks scores with them)."""
+        spec = policy.pools.get(pool)
+        if (
+            spec is None
+            or spec.kv_events is None
+            or not request.chat_roles
+            or self.picker is None
+            or self.picker.fleet.count(pool) < 2
+            or not self.picker.picks(spec)
+        ):
+            return blocks
+        ids = await self.templated.ids(request.chat_roles, request.prompt_texts, spec.kv_events)
+        return blocks if ids is None else dataclasses.replace(blocks, engine_ids=ids)
 
     async def admit_counted(
         self, counted: CountedRequest, policy: Policy, on_wait: WaitNotice | None = None

@@ -146,7 +146,18 @@ def read_chat(body: bytes, shape: BodyShape = BodyShape.CHAT) -> InferenceReques
         runs_to_limit=_runs_to_limit(chat, named),
         has_priority=bool(chat.priority),
         conversation_texts=head or len(chat.messages),
+        chat_roles=_plain_roles(chat, tools),
     )
+
+
+def _plain_roles(chat: ChatCompletionBody, tools: str) -> tuple[str, ...]:
+    """Each message's role where the chat is plain text (see InferenceRequest.chat_roles)."""
+    if tools or not all(
+        isinstance(message.content, str) and not _raw_text(message.tool_calls)
+        for message in chat.messages
+    ):
+        return ()
+    return tuple(message.role for message in chat.messages)
 
 
 def _prompt_parts(

@@ -44,6 +44,10 @@ class InferenceRequest:
     # and the first user message): the engine picker's conversation key is hashed
     # through them (engines.prefix).
     conversation_texts: int = 1
+    # A plain chat (every message's content one string; no tools, tool calls or other
+    # parts): each prompt text's role, for rendering the chat template the engine applies
+    # (extproc.request.tokens.templated). Empty otherwise.
+    chat_roles: tuple[str, ...] = ()
 
     @property
     def prompt_chars(self) -> int:

@@ -112,6 +112,12 @@ class PromptCounter:
     def cache_size(self) -> int:
         return len(self._cache)
 
+    @property
+    def id_counter(self) -> IdCounter | None:
+        """The exact counter, where it gives token ids (what templated ids are built with
+        when a pool names no tokenizer of its own)."""
+        return self._counter if self._gives_ids else None  # type: ignore[return-value]
+
     def use(self, counter: TokenCounter) -> None:
         """Count with `counter` from now on (the sidecar loads it after start-up begins)."""
         self._counter = counter

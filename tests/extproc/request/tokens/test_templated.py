@@ -1,0 +1,76 @@
+"""extproc.request.tokens.templated: a plain chat rendered as the engine's template renders it,
+tokenized by the pool's tokenizer (the tiny model's ChatML one here: tooling/stack/tiny_model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from extproc.request.bodies.openai import read_chat
+from extproc.request.tokens.prompt import PromptCounter
+from extproc.request.tokens.templated import TemplatedIds, render
+from policy.domain import ChatTemplate, KvEvents
+from policy.schema import CountingConfig
+
+
+def test_chatml_renders_as_the_tiny_models_template() -> None:
+    jinja2 = pytest.importorskip("jinja2")
+    from tooling.stack.tiny_model import CHAT_TEMPLATE
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    expected = jinja2.Template(CHAT_TEMPLATE).render(messages=messages, add_generation_prompt=True)
+    roles = [m["role"] for m in messages]
+    assert render(ChatTemplate.CHATML, roles, [m["content"] for m in messages]) == expected
+
+
+def test_deepseek_renders_its_markers() -> None:
+    text = render(
+        ChatTemplate.DEEPSEEK, ["system", "user", "assistant", "user"], ["S", "A", "B", "C"]
+    )
+    assert text == (
+        "<\uff5cbegin\u2581of\u2581sentence\uff5c>S<\uff5cUser\uff5c>A<\uff5cAssistant\uff5c>B"
+        "<\uff5cend\u2581of\u2581sentence\uff5c><\uff5cUser\uff5c>C<\uff5cAssistant\uff5c>"
+    )
+
+
+def test_only_plain_chats_have_roles() -> None:
+    plain = read_chat(
+        b'{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}'
+    )
+    assert plain.chat_roles == ("system", "user")
+    parts = read_chat(
+        b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "u"}]}]}'
+    )
+    tools = read_chat(
+        b'{"messages": [{"role": "user", "content": "u"}], "tools": [{"type": "function"}]}'
+    )
+    assert parts.chat_roles == () and tools.chat_roles == ()
+
+
+def tiny_tokenizer(path: Path) -> Path:
+    """The tiny model's tokenizer alone (tooling.stack.tiny_model.build without torch)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from tooling.stack.tiny_model import SPECIAL, VOCABULARY, corpus
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCABULARY, special_tokens=list(SPECIAL), initial_alphabet=alphabet
+    )
+    bpe.train_from_iterator(corpus(2_000), trainer=trainer)
+    bpe.save(str(path))
+    return path
+
+
+async def test_ids_with_the_pools_tokenizer(tmp_path: Path) -> None:
+    path = tiny_tokenizer(tmp_path / "tokenizer.json")
+    ids = TemplatedIds(PromptCounter(None, CountingConfig()))
+    config = KvEvents(tokenizer=str(path), chat_template=ChatTemplate.CHATML)
+    got = await ids.ids(("user",), ("the fleet serves tokens",), config)
+    # <|im_start|> and <|im_end|> as their special tokens (1, 2), never spelled out in bytes.
+    assert got is not None and got[0] == 1 and list(got).count(2) == 1
+    assert await ids.ids(("user",), ("x",), KvEvents()) is None  # no counter that gives ids
