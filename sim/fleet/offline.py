@@ -282,7 +282,13 @@ class OfflineFleet(FleetRequests):
         texts = arrival.texts or library(arrival.crafted).messages(arrival.counted)
         self._attempts[request_id] = self._attempts.get(request_id, 0) + 1
         self._attempt_at[request_id] = self.clock.now_s
-        request = chat(texts, arrival.max_tokens, arrival.stream, arrival.conversation_texts)
+        request = chat(
+            texts,
+            arrival.max_tokens,
+            arrival.stream,
+            arrival.conversation_texts,
+            arrival.chat_roles(len(texts)),
+        )
         sidecar.submit(
             arrival.key, request, request_id, lambda decided: self._decided(request_id, decided)
         )

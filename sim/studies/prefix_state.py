@@ -36,6 +36,7 @@ from sim.fleet.arrivals import Arrival
 from sim.fleet.conversations import _text
 from sim.fleet.engine_pool import engine_addresses
 from sim.fleet.offline import OfflineFleet, Served
+from sim.server.tokenizer import shared_bpe
 
 ARMS = ("round-robin", "approximate", "precise")
 BUCKETS = (("0-4k", 4096, 1.0), ("4-8k", 8192, 1.3), ("8-32k", 32768, 1.8), ("32k+", None, 2.5))
@@ -62,6 +63,10 @@ class PrefixShape:
     step_s: float = 60.0
     events_delay_s: float = 0.05
     seed: int = 1
+    # The sidecar's KV admission (the pool's kv_capacity_tokens in the policy): off, as in
+    # llm-d's case, so the engines queue what they cannot run; on, its ledger reserves
+    # prompt + max_tokens a request and credits no shared block, and binds every arm alike.
+    sidecar_kv_admission: bool = False
 
     @property
     def customers(self) -> int:
@@ -72,14 +77,21 @@ class PrefixShape:
         return self.step_s * len(self.rates)
 
 
-def prefix_policy(shape: PrefixShape, picker: str) -> Policy:
+def prefix_policy(shape: PrefixShape, arm: str) -> Policy:
     return parse_policy(
         {
             "pools": {
                 "default": {
                     "endpoints": engine_addresses(0, shape.engines),
-                    "picker": picker,
-                    "kv_capacity_tokens": shape.kv_tokens * shape.engines,
+                    "picker": "envoy" if arm == "round-robin" else "slogate",
+                    # The engines' KV events followed (their address's port; unused here:
+                    # the offline fleet hands each batch to the picker itself).
+                    **({"kv_events": True} if arm == "precise" else {}),
+                    **(
+                        {"kv_capacity_tokens": shape.kv_tokens * shape.engines}
+                        if shape.sidecar_kv_admission
+                        else {}
+                    ),
                     "max_num_seqs": shape.running * shape.engines,
                 }
             },
@@ -92,7 +104,7 @@ def prefix_policy(shape: PrefixShape, picker: str) -> Policy:
             ],
             "breaker": {"scrape_interval_s": 1.0},
         },
-        source=f"prefix-{picker}",
+        source=f"prefix-{arm}",
     )
 
 
@@ -101,7 +113,8 @@ def prefix_arrivals(shape: PrefixShape, key: ApiKey) -> list[Arrival]:
     prefix, the customer drawn uniformly."""
     rng = random.Random(shape.seed)
     draws = np.random.default_rng(shape.seed)
-    prefixes = [_text(rng, shape.prefix_tokens) for _ in range(shape.customers)]
+    vocabulary = np.array(_text(rng, 3_000)[0].split())
+    prefixes = [_sized(draws, vocabulary, shape.prefix_tokens) for _ in range(shape.customers)]
     arrivals: list[Arrival] = []
     for step, rate in enumerate(shape.rates):
         at_s = step * shape.step_s
@@ -111,7 +124,7 @@ def prefix_arrivals(shape: PrefixShape, key: ApiKey) -> list[Arrival]:
             if at_s >= end_s:
                 break
             prefix = prefixes[int(draws.integers(len(prefixes)))]
-            question = _text(rng, shape.question_tokens)
+            question = _sized(draws, vocabulary, shape.question_tokens)
             arrivals.append(
                 Arrival(
                     at_s,
@@ -121,16 +134,33 @@ def prefix_arrivals(shape: PrefixShape, key: ApiKey) -> list[Arrival]:
                     texts=(prefix[0], question[0]),
                     text_tokens=(prefix[1], question[1]),
                     conversation_texts=2,
+                    roles=("system", "user"),
                 )
             )
     return arrivals
+
+
+def _sized(draws: np.random.Generator, vocabulary: np.ndarray, tokens: int) -> tuple[str, int]:
+    """A text of words drawn from `vocabulary` cut to `tokens` tokens (within a word's), and
+    its count."""
+    words = vocabulary[draws.integers(len(vocabulary), size=tokens)]
+    count = shared_bpe().count
+    low, high = 1, len(words)
+    while low < high:  # the most words within `tokens`
+        middle = (low + high + 1) // 2
+        if count(" ".join(words[:middle])) <= tokens:
+            low = middle
+        else:
+            high = middle - 1
+    text = " ".join(words[:low])
+    return text, count(text)
 
 
 def run_arm(
     shape: PrefixShape, arm: str, arrivals: Sequence[Arrival] | None = None
 ) -> tuple[OfflineFleet, dict[str, Served]]:
     """One arm on the shape's arrivals (given, or drawn for the shape)."""
-    policy = prefix_policy(shape, "envoy" if arm == "round-robin" else "slogate")
+    policy = prefix_policy(shape, arm)
     key = policy.key_for("sk-customers")
     assert key is not None
     fleet = OfflineFleet(
@@ -196,7 +226,7 @@ def compare_prefix_state(
     progress: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """Every arm on the same arrivals; per arm and load step its row."""
-    key = prefix_policy(shape, "slogate").key_for("sk-customers")
+    key = prefix_policy(shape, "approximate").key_for("sk-customers")
     assert key is not None
     arrivals = prefix_arrivals(shape, key)
     report: dict[str, Any] = {
@@ -229,6 +259,8 @@ def prefix_table(report: dict[str, Any]) -> str:
         " engine queue mean / max | sidecar wait mean s | prefix hit rate |"
     )
     lines = [head, "|" + " --- |" * 10]
+    # TTFT and hit rate are of the served; a request the sidecar's waiting room timed out is
+    # counted in requests and not in served.
     for r in sorted(report["rows"], key=lambda r: (r["rate_per_s"], ARMS.index(r["arm"]))):
         lines.append(
             f"| {r['rate_per_s']:g} | {r['arm']} | {r['requests']} | {r['served']} | "
