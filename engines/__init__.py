@@ -5,6 +5,10 @@ What lives here:
              `EngineState`) and the capacity they add up to; `engine_address`.
 - `prefix`   prompts' token blocks as hashes (`text_blocks`, `PromptBlocks`, `prompt_blocks`)
              and the index of who served which (`PrefixIndex`).
+- `kv_events` the engines' KV cache events (vLLM's msgpack, both encodings) as kept here.
+- `cached_blocks` the exact index of what each engine's prefix cache holds, fed by those
+             events, in slogate's own block keys (`block_keys`); `CachedBlocks`.
+- `block_hashes` the engine's own block hashes (vLLM's sha256 chain), for checks.
 - `scoring`  the scorers over the candidates (`EngineCandidate`) and `pick`.
 - `picker`   `EnginePicker`, which ties them together for the request path and the simulator
              alike.

@@ -20,7 +20,8 @@ import pytest
 from tests.support.http import CHAT
 from tests.support.stack import example_policy, random_ports, write_policy
 from tooling.stack.local import LocalStack
-from tooling.stack.vllm_engine import vllm_available
+from tooling.stack.processes import free_port
+from tooling.stack.vllm_engine import VllmSettings, engine_home, vllm_available
 
 # Words both tokenizers keep whole (the tiny model's was trained on them): a prompt of N
 # of them is about N tokens to slogate's DeepSeek counter and to vLLM alike.
@@ -44,10 +45,18 @@ def words(count: int, seed: int = 0) -> str:
     return " ".join(rng.choice(vocabulary) for _ in range(count))
 
 
-def vllm_policy(path: Path) -> Path:
-    """The example policy, set for a 10k-token engine that tests fill in seconds."""
+def vllm_policy(path: Path, kv_ports: tuple[int, int] | None = None) -> Path:
+    """The example policy, set for a 10k-token engine that tests fill in seconds; with
+    `kv_ports`, the default pool follows its engine's KV events there (PUB, replay)."""
     raw: dict[str, Any] = example_policy()
     raw["pools"]["default"]["priority_scheduling"] = True
+    if kv_ports is not None:
+        raw["pools"]["default"]["kv_events"] = {
+            "port": kv_ports[0],
+            "replay_port": kv_ports[1],
+            "chat_template": "chatml",
+            "tokenizer": str(engine_home() / "tiny-model" / "tokenizer.json"),
+        }
     # A transformer's KV per token does not grow with the context: the field's weights are
     # for its fleet; against this engine they would refuse anything past ~5.7k tokens.
     for bucket in raw["buckets"]:
@@ -67,14 +76,31 @@ def vllm_policy(path: Path) -> Path:
     return write_policy(path, raw)
 
 
+def kv_events_args(pub_port: int, replay_port: int) -> tuple[str, ...]:
+    """vLLM's flag for publishing its KV cache events (vllm/config/kv_events.py). Its PUB
+    socket binds only a wildcard endpoint (`tcp://*:P`; `tcp://127.0.0.1:P` makes it
+    connect there instead: ZmqEventPublisher._is_bind_endpoint), the replay socket any."""
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{pub_port}",
+        "replay_endpoint": f"tcp://127.0.0.1:{replay_port}",
+    }
+    return ("--kv-events-config", json.dumps(config))
+
+
 def start_vllm_stack(tmp: Path) -> LocalStack:
+    """The stack; its vLLM publishes KV events, and the sidecar follows them
+    (tests/e2e/test_vllm_kv_events.py)."""
+    kv_ports = (free_port(), free_port())
     return LocalStack(
-        vllm_policy(tmp / "policy-vllm.yaml"),
+        vllm_policy(tmp / "policy-vllm.yaml", kv_ports),
         tmp,
         random_ports(),
         time_scale=0.05,
         engine="vllm",
         exact_tokenizer=True,
+        vllm=VllmSettings(extra_args=kv_events_args(*kv_ports)),
     ).start()
 
 

@@ -109,6 +109,7 @@ PROFILES: dict[str, Profile] = {
             "field_mix", "70% ~4k + 25% ~8k + 5% ~32k tokens, English", _single(_english, _FIELD)
         ),
         Profile("1k", "~1k tokens, English", _single(_english, [1024] * 4)),
+        Profile("4k", "~4k tokens, English", _single(_english, [4096] * 4)),
         Profile("8k", "~8k tokens, English", _single(_english, [8192] * 4)),
         Profile("32k", "~32k tokens, English", _single(_english, [32768] * 2)),
         Profile("128k", "~120k tokens, English", _single(_english, [120_000])),

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from admission.decision import RequestOutcome
+from engines.kv_events import BlockStored, EventBatch
 from extproc.request.tokens.bpe import DeepSeekBpe
 from extproc.request.tokens.fitted import fast_estimate
 from extproc.request.tokens.native import exact_counter
@@ -103,6 +104,19 @@ async def _measure(
     }
 
 
+def publish_events(sidecar: Sidecar) -> None:
+    """Every engine of a pool with kv_events says it holds one block of 16 (unrelated to the
+    bodies): the engines publish, so each decision keys the prompt and searches their
+    indexes, as it would in the field."""
+    picker = sidecar.signals.engine_watch.picker
+    for name, spec in sidecar.policy().pools.items():
+        if spec.kv_events is None:
+            continue
+        for engine in picker.fleet.engines(name):
+            stored = BlockStored((engine.slot + 1,), None, tuple(range(16)), 16)
+            picker.kv_events(name, engine.address, EventBatch(0.0, (stored,)))
+
+
 async def _run(
     budget_s: float, profiles: Sequence[str], levers: Sequence[str]
 ) -> list[dict[str, Any]]:
@@ -118,6 +132,7 @@ async def _run(
         if engine not in engines:
             engines[engine] = exact_counter(engine)
         sidecar.path.counter.use(engines[engine])
+        publish_events(sidecar)
         sidecars[setup] = sidecar
     rows = []
     for name in profiles:

@@ -64,6 +64,37 @@ LEVERS: dict[str, dict[str, Any]] = {
             }
         }
     },
+    # The long pool (prompts past 32k) of two engines, picked among (the example's has one):
+    # the baseline of kv_events at 32k.
+    "long_picked": {
+        "pools": {
+            "long": {
+                "endpoints": ["127.0.0.1:18002", "127.0.0.1:18005"],
+                "kv_capacity_tokens": 1048576,
+                "max_num_seqs": 256,
+            }
+        }
+    },
+    # Both pools' engines publish KV events (engines.cached_blocks): each chat rendered with
+    # DeepSeek's template and tokenized whole, its blocks of 16 keyed, every engine's longest
+    # cached prefix looked up (the bench feeds each engine one stored block first, so that
+    # they publish: decision_cost.publish_events).
+    "kv_events": {
+        "pools": {
+            "default": {
+                "endpoints": ["127.0.0.1:18001", "127.0.0.1:18004"],
+                "kv_capacity_tokens": 1048576,
+                "max_num_seqs": 256,
+                "kv_events": True,
+            },
+            "long": {
+                "endpoints": ["127.0.0.1:18002", "127.0.0.1:18005"],
+                "kv_capacity_tokens": 1048576,
+                "max_num_seqs": 256,
+                "kv_events": True,
+            },
+        }
+    },
     # A candidate policy identical to the policy judged beside it on every request (shadow
     # mode, policy.candidate): what judging costs when nothing differs. The candidate is the
     # bench policy itself (policy.yaml, written beside the lever's file).

@@ -5,12 +5,15 @@ into token ids with the engine's tokenizer — the ids whose blocks its prefix c
 What lives here: `render` (a plain chat's roles and texts -> the templated prompt string)
 and `TemplatedIds` (per pool's `kv_events`: the string's ids, its tokenizer loaded once).
 
-Why the whole string, tokenized at once: vLLM renders the template into one string and
-tokenizes that (special markers such as <|im_start|> become their added tokens), so this
-is what gives the engine's ids, message boundaries included. Its cost is a count of the
-whole prompt on every request (the counter's per-message cache does not apply):
-bench/results/kv-events-cost.md measures it. Only plain chats (InferenceRequest.chat_roles)
-are rendered: tools, tool calls and content parts render by rules of each model's own.
+How it is tokenized: as the engine's tokenizer does it. A Hugging Face tokenizer first cuts
+the string at its special tokens (<|im_start|>, DeepSeek's User marker, ...) and tokenizes
+each piece between them alone; so the ids here are each marker's id and each piece's ids,
+a piece being a message's text with the template's text around it up to the next marker.
+Pieces are kept by their BLAKE2b hash (LRU, up to `cache_tokens` ids, 4 bytes each): a
+chat resends its history and a shared system prompt recurs, and only what is new is
+tokenized. A new piece costs a count of it (the counter's per-message work, once more);
+bench/results/kv-events/ measures it. Only plain chats (InferenceRequest.chat_roles) are
+rendered: tools, tool calls and content parts render by rules of each model's own.
 
 The templates (the model's `chat_template`, the generation prompt added):
 - chatml: `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message, then
@@ -24,6 +27,8 @@ The templates (the model's `chat_template`, the generation prompt added):
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,34 +42,43 @@ _BOS = "<\uff5cbegin\u2581of\u2581sentence\uff5c>"
 _EOS = "<\uff5cend\u2581of\u2581sentence\uff5c>"
 _USER = "<\uff5cUser\uff5c>"
 _ASSISTANT = "<\uff5cAssistant\uff5c>"
+_NONE = np.zeros(0, dtype=np.uint32)
+
+
+def pieces(template: ChatTemplate, roles: Sequence[str], texts: Sequence[str]) -> list[str]:
+    """The rendered chat, cut at its special markers: markers and the text between them,
+    alternating, in order (a marker's entry is the marker itself)."""
+    if template is ChatTemplate.CHATML:
+        out: list[str] = []
+        for role, text in zip(roles, texts, strict=True):
+            out += ("<|im_start|>", f"{role}\n{text}", "<|im_end|>", "\n")
+        return [*out, "<|im_start|>", "assistant\n"]
+    system = "\n\n".join(text for role, text in zip(roles, texts, strict=True) if role == "system")
+    out = [_BOS, system]
+    for role, text in zip(roles, texts, strict=True):
+        if role == "user":
+            out += (_USER, text)
+        elif role == "assistant":
+            out += (_ASSISTANT, text, _EOS)
+    out.append(_ASSISTANT)
+    return out
 
 
 def render(template: ChatTemplate, roles: Sequence[str], texts: Sequence[str]) -> str:
-    if template is ChatTemplate.CHATML:
-        turns = [
-            f"<|im_start|>{role}\n{text}<|im_end|>\n"
-            for role, text in zip(roles, texts, strict=True)
-        ]
-        return "".join(turns) + "<|im_start|>assistant\n"
-    system = "\n\n".join(text for role, text in zip(roles, texts, strict=True) if role == "system")
-    parts = [_BOS, system]
-    for role, text in zip(roles, texts, strict=True):
-        if role == "user":
-            parts += (_USER, text)
-        elif role == "assistant":
-            parts += (_ASSISTANT, text, _EOS)
-    parts.append(_ASSISTANT)
-    return "".join(parts)
+    return "".join(pieces(template, roles, texts))
 
 
 class TemplatedIds:
     """The engine's ids of plain chats, per pool's tokenizer (the counter's own where the
     pool names none)."""
 
-    def __init__(self, counter: PromptCounter) -> None:
+    def __init__(self, counter: PromptCounter, cache_tokens: int = 4_000_000) -> None:
         self._counter = counter
         self._tokenizers: dict[str, IdCounter] = {}
         self._lock = asyncio.Lock()
+        self.cache_tokens = cache_tokens
+        self._cache: OrderedDict[tuple[int, bytes], np.ndarray] = OrderedDict()
+        self._cached_tokens = 0
 
     async def _tokenizer(self, path: str | None) -> IdCounter | None:
         if path is None:
@@ -87,4 +101,27 @@ class TemplatedIds:
         tokenizer = await self._tokenizer(config.tokenizer)
         if tokenizer is None:
             return None
-        return tokenizer.token_ids(render(config.chat_template, roles, texts))
+        parts = [
+            self._piece(tokenizer, piece) for piece in pieces(config.chat_template, roles, texts)
+        ]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+
+    def _piece(self, tokenizer: IdCounter, piece: str) -> np.ndarray:
+        if not piece:
+            return _NONE
+        digest = hashlib.blake2b(piece.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        key = (id(tokenizer), digest)
+        cache = self._cache
+        ids = cache.get(key)
+        if ids is not None:
+            cache.move_to_end(key)
+            return ids
+        ids = tokenizer.token_ids(piece)
+        if ids.dtype != np.uint32:
+            ids = ids.astype(np.uint32)
+        cache[key] = ids
+        self._cached_tokens += int(ids.shape[0])
+        while self._cached_tokens > self.cache_tokens and cache:
+            _, dropped = cache.popitem(last=False)
+            self._cached_tokens -= int(dropped.shape[0])
+        return ids

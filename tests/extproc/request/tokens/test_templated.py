@@ -74,3 +74,20 @@ async def test_ids_with_the_pools_tokenizer(tmp_path: Path) -> None:
     # <|im_start|> and <|im_end|> as their special tokens (1, 2), never spelled out in bytes.
     assert got is not None and got[0] == 1 and list(got).count(2) == 1
     assert await ids.ids(("user",), ("x",), KvEvents()) is None  # no counter that gives ids
+
+
+async def test_pieces_tokenize_as_the_whole_string(tmp_path: Path) -> None:
+    """Cut at the markers, as the tokenizer itself cuts: the same ids as the rendered string
+    (a text starting or ending in white space, which would merge across a cut elsewhere)."""
+    from extproc.request.tokens.native import FastokensBpe
+
+    path = tiny_tokenizer(tmp_path / "tokenizer.json")
+    whole = FastokensBpe(path)
+    ids = TemplatedIds(PromptCounter(None, CountingConfig()), cache_tokens=50)
+    config = KvEvents(tokenizer=str(path), chat_template=ChatTemplate.CHATML)
+    roles = ("system", "user", "assistant", "user")
+    texts = ("\n  the fleet\n", " serves tokens ", "\n\nqueue", "budgets hold. " * 20)
+    for _ in range(2):  # the second time from the cache (bounded: some pieces dropped)
+        got = await ids.ids(roles, texts, config)
+        assert got is not None
+        assert got.tolist() == whole.token_ids(render(ChatTemplate.CHATML, roles, texts)).tolist()
