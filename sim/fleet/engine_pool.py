@@ -34,6 +34,9 @@ class SimEngine:
     # the batch slots, 0..1) x seconds.
     busy_s: float = 0.0
     served: int = 0
+    # When its prefill compute is free again (a fleet that queues prefills: each prompt's
+    # uncached tokens take their prefill time, one prompt after another).
+    prefill_free_s: float = 0.0
     prompt_tokens: int = 0  # prompt tokens it prefilled or found cached
     cached_tokens: int = 0  # of those, found in its prefix cache
 

@@ -61,6 +61,7 @@ class FleetRequests:
     _arrivals: dict[str, Arrival]
     _events: list[tuple[float, int, str, str]]
     kv_events_delay_s: float | None
+    prefill_queue: bool
     _batches: dict[int, tuple[str, EventBatch]]
     _pool_of: dict[str, str]
     _sequence: itertools.count[int]
@@ -162,6 +163,15 @@ class FleetRequests:
         segments = chain_segments(list(zip(arrival.texts, arrival.text_tokens, strict=True)))
         cached = engine.look_up(segments, arrival.prompt_tokens, request_id)
         ttft_s = model.sample_ttft_s(arrival.prompt_tokens, running, cached)
+        if self.prefill_queue:
+            # Its prefill waits for the prefills started before it on this engine: a prompt
+            # not cached costs the engine's compute, not only its own TTFT.
+            now_s = self.clock.now_s
+            waited_s = max(0.0, engine.prefill_free_s - now_s)
+            engine.prefill_free_s = (
+                now_s + waited_s + model.prefill_s(arrival.prompt_tokens, cached)
+            )
+            ttft_s += waited_s
         served = self.results[request_id]
         served.cached_tokens = cached
         if arrival.answer is not None:

@@ -73,6 +73,7 @@ class OfflineFleet(FleetRequests):
         counter: PromptCounter | None = None,
         block_size: int | None = None,
         kv_events_delay_s: float | None = None,
+        prefill_queue: bool = False,
     ) -> None:
         """`waiting_room`: the sidecars hold requests refused only for capacity until room
         frees (False: they refuse them at once). `client_retries`: how many times a client
@@ -91,7 +92,10 @@ class OfflineFleet(FleetRequests):
         prefix caching in them (sim.server.paged_kv; None: weighted tokens beside an LRU of
         `prefix_entries` message prefixes); `kv_events_delay_s`: such engines publish their
         KV events, and each batch reaches every sidecar's picker that long after (None:
-        they publish nothing)."""
+        they publish nothing); `prefill_queue`: each engine prefills one prompt after
+        another (a prompt's uncached tokens at the latency model's prefill cost), so that
+        prefills wait for each other as on a GPU whose compute they saturate (False: each
+        request's TTFT is its own, whatever else the engine prefills)."""
         self.policy = policy
         self.client_retries = client_retries
         self.seed = seed
@@ -116,6 +120,7 @@ class OfflineFleet(FleetRequests):
         }
         self._pool_of = {e.address: n for n, p in self.engines.items() for e in p.engines}
         self.kv_events_delay_s = kv_events_delay_s
+        self.prefill_queue = prefill_queue
         self._batches: dict[int, tuple[str, EventBatch]] = {}
         self.outages = list(outages)
         self._on_engine: dict[str, SimEngine] = {}

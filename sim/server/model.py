@@ -121,12 +121,17 @@ class LatencyModel:
         per_octave = (self._sigma_32k - self._sigma_1k) / 5.0  # 1k -> 32k is five doublings
         return min(self._sigma_1k + per_octave * octaves, self.config.max_tail_sigma)
 
-    def mean_ttft_s(self, prompt_tokens: int, running: int, cached_tokens: int = 0) -> float:
-        """Expected TTFT; prefix-cache hits skip prefill but not the bucket's slope."""
+    def prefill_s(self, prompt_tokens: int, cached_tokens: int = 0) -> float:
+        """The prompt's prefill alone: its tokens not cached, at its bucket's slope."""
         cfg = self.config
         slope = bucket_for(prompt_tokens, cfg.buckets).prefill_slope
         prefill_tokens = max(prompt_tokens - cached_tokens, 0)
-        prefill_ms = prefill_tokens / 1_000 * cfg.prefill_ms_per_1k_tokens * slope
+        return prefill_tokens / 1_000 * cfg.prefill_ms_per_1k_tokens * slope / 1_000
+
+    def mean_ttft_s(self, prompt_tokens: int, running: int, cached_tokens: int = 0) -> float:
+        """Expected TTFT; prefix-cache hits skip prefill but not the bucket's slope."""
+        cfg = self.config
+        prefill_ms = self.prefill_s(prompt_tokens, cached_tokens) * 1_000
         batch_factor = 1.0 + cfg.ttft_batch_slope * max(running, 0)
         return (cfg.base_latency_ms + prefill_ms) * batch_factor / 1_000
 

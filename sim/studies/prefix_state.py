@@ -36,9 +36,13 @@ from sim.fleet.arrivals import Arrival
 from sim.fleet.conversations import _text
 from sim.fleet.engine_pool import engine_addresses
 from sim.fleet.offline import OfflineFleet, Served
+from sim.server.model import LatencyConfig
 from sim.server.tokenizer import shared_bpe
 
 ARMS = ("round-robin", "approximate", "precise")
+# The picker's pulls that compete with an exact prefix, off (policy settings, not defaults):
+# the bucket's constant tilt and the bounded-load cut-off of the prefix pull.
+PULLS_OFF = (("length_weight", 0.0), ("load_bound", 100.0))
 BUCKETS = (("0-4k", 4096, 1.0), ("4-8k", 8192, 1.3), ("8-32k", 32768, 1.8), ("32k+", None, 2.5))
 
 
@@ -56,10 +60,10 @@ class PrefixShape:
     prefix_tokens: int = 6_000
     question_tokens: int = 1_200
     kv_share: float = 0.73
-    output_tokens: int = 200
-    max_tokens: int = 512
+    output_tokens: int = 100
+    max_tokens: int = 256
     running: int = 128
-    rates: tuple[float, ...] = (4.0, 8.0, 12.0, 16.0)
+    rates: tuple[float, ...] = (8.0, 12.0, 16.0, 20.0, 24.0)
     step_s: float = 60.0
     events_delay_s: float = 0.05
     seed: int = 1
@@ -67,6 +71,10 @@ class PrefixShape:
     # llm-d's case, so the engines queue what they cannot run; on, its ledger reserves
     # prompt + max_tokens a request and credits no shared block, and binds every arm alike.
     sidecar_kv_admission: bool = False
+    # Each engine's prefills wait for each other (sim.fleet.offline): a miss costs compute.
+    prefill_queue: bool = True
+    # The policy's engines.picking settings, where not its defaults (name, value).
+    picking: tuple[tuple[str, float], ...] = ()
 
     @property
     def customers(self) -> int:
@@ -103,6 +111,7 @@ def prefix_policy(shape: PrefixShape, arm: str) -> Policy:
                 for name, upper, weight in BUCKETS
             ],
             "breaker": {"scrape_interval_s": 1.0},
+            "engines": {"picking": dict(shape.picking)},
         },
         source=f"prefix-{arm}",
     )
@@ -174,7 +183,8 @@ def run_arm(
         engines={"default": shape.engines},
         block_size=shape.block_size,
         kv_events_delay_s=shape.events_delay_s if arm == "precise" else None,
-        latency=None,
+        prefill_queue=shape.prefill_queue,
+        latency=LatencyConfig(output_tokens_mean=shape.output_tokens),
     )
     played = list(arrivals) if arrivals is not None else prefix_arrivals(shape, key)
     results = fleet.run(played, shape.duration_s + 60.0)  # the last ones end meanwhile

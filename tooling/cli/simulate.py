@@ -146,15 +146,32 @@ def _engines(args: argparse.Namespace) -> int:
 
 
 def _prefix_state(args: argparse.Namespace) -> int:
-    from sim.studies.prefix_state import PrefixShape, compare_prefix_state, prefix_table
+    import dataclasses
+
+    from sim.studies.prefix_state import (
+        PULLS_OFF,
+        PrefixShape,
+        compare_prefix_state,
+        prefix_table,
+    )
 
     shape = PrefixShape(step_s=args.duration_s or 60.0, seed=args.seed)
     report = compare_prefix_state(shape, progress=lambda line: print(line))
-    title = (
-        f"slogate simulate --prefix-state --seed {args.seed} ({shape.engines} engines, "
-        f"{shape.customers} customers, each load step {shape.step_s:g} s)"
+    pulls_off = dataclasses.replace(shape, picking=PULLS_OFF)
+    report["pulls_off"] = compare_prefix_state(
+        pulls_off, progress=lambda line: print(f"{line} (pulls off)")
     )
-    return _write_report(args, "simulate-prefix-state", title, report, prefix_table(report))
+    settings = ", ".join(f"{name}: {value:g}" for name, value in PULLS_OFF)
+    text = (
+        f"{prefix_table(report)}\n\nThe same arrivals with the picker's competing pulls off "
+        f"(engines.picking {settings}):\n\n{prefix_table(report['pulls_off'])}"
+    )
+    title = (
+        f"slogate simulate --prefix-state --seed {args.seed} ({shape.engines} engines of "
+        f"{shape.kv_tokens:,} KV tokens, {shape.customers} customers, each load step "
+        f"{shape.step_s:g} s)"
+    )
+    return _write_report(args, "simulate-prefix-state", title, report, text)
 
 
 def _write_report(
