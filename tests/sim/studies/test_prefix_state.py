@@ -8,7 +8,17 @@ from typing import Any
 
 import pytest
 
-from sim.studies.prefix_state import ARMS, PrefixShape, compare_prefix_state
+from sim.fleet.fleet_types import EngineOutage
+from sim.fleet.offline import OfflineFleet
+from sim.server.paged_kv import PagedKvCache
+from sim.studies.prefix_state import (
+    ARMS,
+    PrefixShape,
+    compare_prefix_state,
+    delivered_events,
+    prefix_arrivals,
+    prefix_policy,
+)
 
 TINY = PrefixShape(
     engines=2,
@@ -55,3 +65,27 @@ def test_picking_from_the_events_hits_at_least_what_the_approximate_index_does(
     assert precise >= _overall_hit_rate(report, "approximate")
     # A customer's prefix is most of each prompt: kept together, most of it hits.
     assert precise > 0.5
+
+
+def test_a_restarted_engine_says_its_cache_is_empty_and_the_picker_forgets_it() -> None:
+    policy = prefix_policy(TINY, "precise")
+    key = policy.key_for("sk-customers")
+    assert key is not None
+    fleet = OfflineFleet(
+        policy,
+        budgets=False,
+        breaker=False,
+        engines={"default": TINY.engines},
+        kv_capacity_tokens=TINY.kv_tokens * TINY.engines,
+        block_size=TINY.block_size,
+        kv_events_delay_s=TINY.events_delay_s,
+        outages=[EngineOutage("default", 0, at_s=15.0, until_s=25.0)],
+    )
+    fleet.run(prefix_arrivals(TINY, key), TINY.duration_s + 30.0)
+    assert delivered_events(fleet)["cleared"] == 1  # the engine's first batch after it started
+    picker = fleet.sidecars[0].picker
+    engine = fleet.engines["default"].engines[0]
+    assert isinstance(engine.kv, PagedKvCache)
+    assert engine.kv.cached_blocks > 0  # it cached again since
+    # What the picker's index holds of it is what it stored since it came back.
+    assert picker.cached["default"].blocks(0) <= engine.kv.cached_blocks
