@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engines.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
-from sim.server.model import KvCache
+from sim.server.model import EngineAdmission, KvCache
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +177,12 @@ class PagedKvCache(KvCache):
                 del self._held[digest]
                 self._evictable[digest] = None
         self.used_tokens = (len(self._held) + self._own_blocks) * self.block_size
+
+    def submit(self, request_id: str, kv_tokens: int, priority: int = 0) -> EngineAdmission:
+        admission = super().submit(request_id, kv_tokens, priority)
+        if admission in (EngineAdmission.REJECTED_QUEUE_FULL, EngineAdmission.REJECTED_TOO_LARGE):
+            self._plans.pop(request_id, None)  # refused: never released
+        return admission
 
     def release(self, request_id: str) -> list[str]:
         if request_id not in self._running:

@@ -88,3 +88,5 @@ def test_a_prompt_larger_than_the_cache_is_refused() -> None:
     kv = PagedKvCache(3 * BLOCK, BLOCK)
     assert submit(kv, "a", plan(1, 2, 3, own=1)) is EngineAdmission.REJECTED_TOO_LARGE
     assert kv.release("a") == []
+    assert submit(kv, "b", plan(1, own=1)) is EngineAdmission.ADMITTED
+    assert kv.used_tokens == 2 * BLOCK
