@@ -110,6 +110,9 @@ k8s: $(STAMP)
 		--skip-route status
 	$(BIN)/slogate k8s --mesh envoy-gateway --pool-service default=vllm-default:8000 \
 		--inference-pool long=long-context --pool-service fallback=vllm-fallback:8000
+	$(BIN)/slogate k8s --endpoint-picker default=vllm-default --endpoint-picker long=vllm-long \
+		--pool-selector default=app=vllm-default --pool-selector long=app=vllm-long \
+		--tls-secret slogate-tls
 
 # Benchmarks are commands, not tests: they print tables and write bench/results/.
 bench-overhead: $(STAMP)

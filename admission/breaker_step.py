@@ -2,7 +2,8 @@
 
 What lives here: `BreakerStep`. It reads the level the board holds for the request's pool
 (breaker.board: its pool's or the global one, whichever is higher), applies the shedding
-table (breaker.shedding): admit, refuse with 503 + Retry-After, or re-route critical
+table (breaker.shedding): admit, refuse with Retry-After (429 for the sheddable tier, the
+endpoint picker protocol's answer for traffic to drop; 503 for the others), or re-route critical
 traffic to the fallback pool with the fallback model at L3; in half-open it lets
 `probe_fraction` of what it would shed through as probes. The level goes into the decision,
 so the budget step scales limits by it and settlement uses the same level. It holds
@@ -17,10 +18,11 @@ import math
 import random
 
 from admission.decision import DEGRADED_HEADER, Admitted, Applicant, RequestOutcome, RoutingDecision
-from admission.errors import Overloaded
+from admission.errors import Overloaded, Shed
 from admission.events import BreakerEvents
 from breaker.board import BreakerBoard
 from breaker.shedding import Action, shed
+from policy.domain import Tier
 
 _MESSAGES = {
     "long_context_shed": "Long-context requests of this priority are paused while the "
@@ -61,7 +63,8 @@ class BreakerStep:
             self._events.probe(decision.pool)
             return Admitted(decision)
         self._events.shed(tier, verdict.reason)
-        raise Overloaded(
+        refusal = Shed if decision.caller.tier is Tier.SHEDDABLE else Overloaded
+        raise refusal(
             _MESSAGES[verdict.reason],
             reason=f"shed_{verdict.reason}",
             retry_after_s=math.ceil(self._board.retry_after_s(decision.pool)),

@@ -12,6 +12,7 @@ Rules the chain keeps:
 - Whatever ends the admission early — a refusal, a bug in a later step, or the request
   being cancelled while a step awaits (Envoy timing out, the client resetting) — the steps
   that already admitted give back what they hold, last first. Nothing leaks.
+- An admitted request that will not run after all is released the same way (`release`).
 - When the request ends (its access-log entry, or its expiry), every step settles it.
 """
 
@@ -66,6 +67,11 @@ class AdmissionChain:
             await self._give_back(held, applicant.request_id)
             raise
         return Admitted(applicant.decision, headers)
+
+    async def release(self, decision: RoutingDecision, request_id: str) -> None:
+        """Give back everything an admitted request holds, because it will not run after
+        all (no endpoint it may go to was left once it was admitted): each step, last first."""
+        await self._give_back([(step, decision) for step in self.steps], request_id)
 
     async def _give_back(self, held: list[tuple[Step, RoutingDecision]], request_id: str) -> None:
         for step, decision in reversed(held):

@@ -13,8 +13,11 @@
     ├── BodyTooLarge          413  request_too_large         body over the policy byte limit
     ├── RateLimited           429  rate_limit_exceeded       budget spent (carries Retry-After)
     │   └── SpendExhausted    429  insufficient_quota        the tenant's day/month spend used up
+    ├── Shed                  429  overloaded                sheddable traffic the breaker sheds
     ├── InternalError         500  internal_error            a slogate bug: never route on a guess
-    └── Overloaded            503  overloaded                shed by the breaker (Retry-After)
+    ├── Overloaded            503  overloaded                shed by the breaker (Retry-After)
+    └── NoEndpoint            503  no_endpoint               none of the endpoints the gateway
+                                                             allows (its subset hint) can serve
 
 Each error carries `reason`, a short label from a fixed set, used as the metric label for
 rejections. The messages never contain prompt text or API keys. Turning these into an
@@ -110,6 +113,25 @@ class Overloaded(RequestRejected):
     status = 503
     error_type = "server_error"
     code = "overloaded"
+
+
+class Shed(RequestRejected):
+    """Sheddable traffic the breaker drops while the fleet is under load: the endpoint picker
+    protocol's 429 for "a request that should be dropped" (a gateway and the clients' SDKs
+    retry it after Retry-After; other tiers' shedding stays a 503, Overloaded)."""
+
+    status = 429
+    error_type = "rate_limit_exceeded"
+    code = "overloaded"
+
+
+class NoEndpoint(RequestRejected):
+    """The gateway allowed only some endpoints (the endpoint picker protocol's subset hint)
+    and none of them can serve the request: the protocol's 503."""
+
+    status = 503
+    error_type = "server_error"
+    code = "no_endpoint"
 
 
 class NotFound(RequestRejected):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from engines.cached_blocks import CachedBlocks, block_keys
 from engines.kv_events import EventBatch
@@ -39,6 +39,9 @@ class EnginePicker:
         self.indexes: dict[str, PrefixIndex] = {}
         self.cached: dict[str, CachedBlocks] = {}  # pools whose engines published KV events
         self._returns: dict[tuple[str, int], int] = {}  # (pool, slot) -> returns seen
+        # What each running request's prompt put in its pool's index: moved to the engine
+        # that served it when a fallback did (`served`).
+        self._blocks: dict[str, tuple[str, PromptBlocks]] = {}
 
     def picks(self, spec: Pool) -> bool:
         """Whether slogate names the engine of this pool's requests."""
@@ -95,13 +98,18 @@ class EnginePicker:
                 cached.forget(engine.slot)
             self._returns[(pool, engine.slot)] = engine.returns
 
-    def candidates(self, spec: Pool, blocks: PromptBlocks) -> list[EngineCandidate]:
-        """The pool's serving engines, each with what the scorers read."""
+    def candidates(
+        self, spec: Pool, blocks: PromptBlocks, within: Collection[str] | None = None
+    ) -> list[EngineCandidate]:
+        """The pool's serving engines (only those `within`, when given: a gateway's subset
+        hint), each with what the scorers read."""
         fleet = self.fleet
         engines = fleet.serving(spec.name)
         index = self.index(spec.name)
         for engine in engines:
             self._returned(spec.name, engine)
+        if within is not None:
+            engines = [e for e in engines if e.address in within]
         slots = [e.slot for e in engines]
         matched = index.matched_tokens(blocks, slots)
         exact = self._exact(spec.name, blocks, slots, matched)
@@ -153,9 +161,12 @@ class EnginePicker:
         bucket: str,
         tokens: int,
         sequences: int,
+        within: Collection[str] | None = None,
     ) -> tuple[str, ...]:
         """The engines for one admitted request, best first; the first holds its footprint
-        and now caches its prefix. Empty: slogate does not pick here (Envoy balances)."""
+        and now caches its prefix. `within`: the only endpoints a gateway allows (its subset
+        hint). Empty: slogate does not pick here (Envoy balances), or nothing `within` can
+        serve (see `eligible`)."""
         if not self.picks(spec):
             return ()
         config = self._policy().engines.picking
@@ -163,7 +174,7 @@ class EnginePicker:
             # Not counted (a byte bound): no conversation to keep together; the request's own
             # id spreads such requests over the engines.
             blocks = dataclasses.replace(blocks, key=_id_key(request_id))
-        chosen = pick(self.candidates(spec, blocks), blocks, bucket, config)
+        chosen = pick(self.candidates(spec, blocks, within), blocks, bucket, config)
         if not chosen:
             return ()
         engine = self.fleet.get(spec.name, chosen[0])
@@ -171,13 +182,35 @@ class EnginePicker:
             self.fleet.hold(request_id, spec.name, engine.address, tokens, sequences)
             if not blocks.empty:
                 self.index(spec.name).add(blocks, engine.slot)
+                # Without the engine's ids (4 bytes a token): only the ladder moves.
+                kept = (
+                    blocks
+                    if blocks.engine_ids is None
+                    else dataclasses.replace(blocks, engine_ids=None)
+                )
+                self._blocks[request_id] = (spec.name, kept)
         return tuple(chosen)
+
+    def eligible(self, spec: Pool, within: Collection[str]) -> bool:
+        """Whether any serving engine of the pool is among `within` (a subset hint)."""
+        return any(e.address in within for e in self.fleet.serving(spec.name))
+
+    def served(self, request_id: str, address: str) -> None:
+        """The engine that served the request (the gateway's or the access log's word): when
+        a fallback served instead of the first named, the request's hold and its prompt's
+        prefix move there. (The first engine's index keeps the prefix until it ages out.)"""
+        engine = self.fleet.move(request_id, address)
+        remembered = self._blocks.get(request_id)
+        if engine is not None and remembered is not None:
+            pool, blocks = remembered
+            self.index(pool).add(blocks, engine.slot)
 
     def fleet_policy(self) -> Policy:
         return self._policy()
 
     def release(self, request_id: str) -> None:
         self.fleet.release(request_id)
+        self._blocks.pop(request_id, None)
 
 
 def _id_key(request_id: str) -> int:

@@ -376,6 +376,25 @@ class EngineFleet:
             engine.held_sequences -= held.sequences
         return held
 
+    def move(self, request_id: str, address: str) -> Engine | None:
+        """Another engine of the request's pool served it (a fallback, after the first
+        refused): its hold moves there. The engine it moved to; None when nothing moved
+        (no hold, the same engine, or an address the pool does not have)."""
+        held = self._held.get(request_id)
+        if held is None or held.address == address:
+            return None
+        target = self.get(held.pool, address)
+        if target is None:
+            return None
+        first = self.get(held.pool, held.address)
+        if first is not None:
+            first.held_tokens -= held.tokens
+            first.held_sequences -= held.sequences
+        target.held_tokens += held.tokens
+        target.held_sequences += held.sequences
+        self._held[request_id] = HeldOn(held.pool, address, held.tokens, held.sequences)
+        return target
+
     @property
     def holds(self) -> int:
         return len(self._held)

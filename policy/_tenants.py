@@ -14,6 +14,7 @@ the field (`tenants.list.acme.limits.tokens_per_minute: must be >= 0`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TypeVar
@@ -21,10 +22,12 @@ from typing import TypeVar
 from policy._access import parse_limits, parse_tier
 from policy._reader import PolicyError, Section, expect, kind_of, positive
 from policy._spend import check_units, merged_spend, read_prices, read_spend, spend_limits
-from policy.domain import Limits, Tenant, TenantBook, TenantWeights, Tier
+from policy.domain import Limits, Tenant, TenantBook, TenantWeights, Tier, tier_objective
 
 T = TypeVar("T")
 _LIMIT_NAMES = tuple(f.name for f in fields(Limits))
+# An InferenceObjective's name is a Kubernetes object name: a DNS-1123 subdomain.
+_DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,7 @@ class _Entry:
     tenant_class: str | None = None
     spend: Mapping[str, object] = field(default_factory=dict)  # policy._spend's fields
     shared_limits: bool | None = None
+    inference_objective: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +94,27 @@ def parse_tenants(
     named = {f"{path}.list.{name}": tenant for name, tenant in listed.items()}
     check_units({**named, **({f"{path}.defaults": default} if default else {})}, prices, path)
     weights = {**room_weights, **{name: t.weight for name, t in listed.items()}}
+    _check_objectives({**named, **({f"{path}.defaults": default} if default else {})})
     book = TenantBook(listed, default, prices)
     return book, TenantWeights(weights, default.weight if default else 1.0)
+
+
+def _check_objectives(tenants: Mapping[str, Tenant]) -> None:
+    """An InferenceObjective has one priority, its tier's: two tenants of different tiers
+    may not name the same one, nor a tenant the objective slogate names for another tier."""
+    tiers: dict[str, tuple[Tier, str]] = {
+        tier_objective(tier): (tier, f"tier {tier.value}") for tier in Tier
+    }
+    for where, tenant in tenants.items():
+        name = tenant.inference_objective
+        if name is None:
+            continue
+        tier, named_by = tiers.setdefault(name, (tenant.tier, where))
+        if tier is not tenant.tier:
+            raise PolicyError(
+                f"{where}.inference_objective: {name!r} is {named_by}'s, of tier {tier.value}; "
+                f"an objective has one priority, and this tenant is {tenant.tier.value}"
+            )
 
 
 def _class_of(own: _Entry, classes: Mapping[str, _Entry], defaults: _Entry | None) -> _Entry:
@@ -147,9 +170,21 @@ def _read_entry(
         tenant_class=tenant_class,
         spend=read_spend(sec.raw("spend"), sec.child("spend")),
         shared_limits=_optional(sec, "shared_limits", bool),
+        inference_objective=_objective(sec),
     )
     sec.close()
     return entry
+
+
+def _objective(sec: Section) -> str | None:
+    name = _optional(sec, "inference_objective", str)
+    if name is not None and (len(name) > 253 or not _DNS_1123.fullmatch(name)):
+        raise PolicyError(
+            f"{sec.child('inference_objective')}: {name!r} is not a Kubernetes object name "
+            "(lower-case letters, digits, '-' and '.', starting and ending with a letter or "
+            "digit, at most 253)"
+        )
+    return name
 
 
 def _optional(sec: Section, name: str, kind: type[T]) -> T | None:
@@ -216,6 +251,7 @@ def _merge(own: _Entry, base: _Entry, named_weight: float | None = None) -> _Ent
         tenant_class=_pick(own.tenant_class, base.tenant_class),
         spend=merged_spend(own.spend, base.spend),
         shared_limits=_pick(own.shared_limits, base.shared_limits),
+        inference_objective=_pick(own.inference_objective, base.inference_objective),
     )
 
 
@@ -231,4 +267,5 @@ def _tenant(entry: _Entry) -> Tenant:
         tenant_class=entry.tenant_class,
         spend=spend_limits(entry.spend),
         shared_limits=bool(entry.shared_limits),
+        inference_objective=entry.inference_objective,
     )

@@ -76,6 +76,11 @@ def _tenant_changes(old: Tenant, new: Tenant) -> list[str]:
         said.append(f"spend budget {_show(old.spend)} → {_show(new.spend)}")
     if old.shared_limits != new.shared_limits:
         said.append("limits shared by its keys" if new.shared_limits else "limits per key")
+    if old.inference_objective != new.inference_objective:
+        said.append(
+            f"inference objective {_show(old.inference_objective)} → "
+            f"{_show(new.inference_objective)}"
+        )
     if old.tenant_class != new.tenant_class:
         said.append(f"class {_show(old.tenant_class)} → {_show(new.tenant_class)}")
     return said

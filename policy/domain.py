@@ -23,6 +23,12 @@ class Tier(StrEnum):
     SHEDDABLE = "sheddable"
 
 
+def tier_objective(tier: Tier) -> str:
+    """The InferenceObjective slogate names a tier's requests by (to an endpoint picker
+    behind it, and the ones `slogate k8s` renders): slogate-critical, slogate-standard, ..."""
+    return f"slogate-{tier.value}"
+
+
 class FailureMode(StrEnum):
     CLOSED = "closed"  # sidecar unreachable -> Envoy refuses the request
     OPEN = "open"  # sidecar unreachable -> Envoy forwards the request unchecked
@@ -197,6 +203,14 @@ class ApiKey:
     from_jwt: bool = False  # a JWT caller: tenant named by a claim, not by the policy
     # Draws on its tenant's one budget (`tenants: ... shared_limits: true`), not its own.
     shared_budget: bool = False
+    # Its tenant's InferenceObjective (`tenants: ... inference_objective:`), what an endpoint
+    # picker behind slogate is told it is; None: its tier's objective.
+    inference_objective: str | None = None
+
+    @property
+    def objective(self) -> str:
+        """The InferenceObjective its requests name: its tenant's, else its tier's."""
+        return self.inference_objective or tier_objective(self.tier)
 
     @property
     def tenant_label(self) -> str:
@@ -279,6 +293,9 @@ class Tenant:
     # Its limits are one budget for all its keys (and JWT callers naming it) instead of
     # each key's own; a key that sets limits of its own keeps its own budget.
     shared_limits: bool = False
+    # The InferenceObjective (Gateway API inference extension) its requests name to an
+    # endpoint picker; its priority is its tier's. None: its tier's objective.
+    inference_objective: str | None = None
 
     def limits_over(self, base: Limits) -> Limits:
         """`base` (its tier's limits) with the fields this tenant sets replaced."""
@@ -328,7 +345,8 @@ def build_caller(
     sets) over its tenant's over its tier's; a tier the policy sets no limits for is
     unlimited, as a `tiers:` section that leaves it out reads (every field None), never an
     error. A caller draws on its tenant's one budget when the tenant says `shared_limits`
-    and the caller sets no limit of its own (`limits: {}` sets none)."""
+    and the caller sets no limit of its own (`limits: {}` sets none). Its inference
+    objective is its tenant's where the caller is of its tenant's tier."""
     entry = tenants.get(tenant) if tenants is not None else None
     if tier is None:
         tier = entry.tier if entry is not None else Tier.STANDARD
@@ -338,7 +356,20 @@ def build_caller(
     if own_limits:
         limits = dataclasses.replace(limits, **own_limits)
     shared = entry is not None and entry.shared_limits and not own_limits
-    return ApiKey(key_sha256, tenant, tier, limits, from_jwt=from_jwt, shared_budget=shared)
+    # The tenant's objective carries its tier's priority: a key of another tier (its own
+    # `tier:`, a token's tier claim) names its tier's objective instead.
+    objective = None
+    if entry is not None and entry.tier is tier:
+        objective = entry.inference_objective
+    return ApiKey(
+        key_sha256,
+        tenant,
+        tier,
+        limits,
+        from_jwt=from_jwt,
+        shared_budget=shared,
+        inference_objective=objective,
+    )
 
 
 class TenantWeights(Mapping[str, float]):

@@ -18,10 +18,23 @@ TRACKING_ID_FIELD = "id"  # in METADATA_NAMESPACE: the sidecar's in-flight id of
 # In METADATA_NAMESPACE: the pool the sidecar chose. Envoy's pool routes match on it, so only
 # the sidecar can pick a pool: a client can send any header, but cannot set metadata.
 POOL_FIELD = "pool"
-# In METADATA_NAMESPACE: the engines the sidecar picked in the pool, "ip:port,ip:port", best
-# first. The pool cluster's override-host load-balancing policy sends the request to the
-# first and retries a refused connection on the next; without it, Envoy balances.
-ENGINE_FIELD = "engine"
+# The Gateway API inference extension's endpoint picker protocol (its proposal 004), which
+# slogate speaks wherever it picks the engine, so one Envoy configuration works with slogate
+# or with any other picker:
+# - the engines picked, "ip:port,ip:port" best first, in the request header and, with the
+#   same value, in dynamic metadata DESTINATION_NAMESPACE / DESTINATION_KEY. The pool
+#   cluster's override-host load-balancing policy sends the request to the first and retries
+#   a refused connection on the next; without one named, Envoy balances.
+DESTINATION_NAMESPACE = "envoy.lb"
+DESTINATION_KEY = "x-gateway-destination-endpoint"
+DESTINATION_HEADER = DESTINATION_KEY
+# - the endpoints a gateway allows ("ip:port" list) in the metadata it forwards with the
+#   request: slogate picks only among them, or answers 503 (no_hinted_endpoint).
+SUBSET_HINT_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_HINT_KEY = "x-gateway-destination-endpoint-subset"
+# - the endpoint that served, in DESTINATION_NAMESPACE of the metadata forwarded with the
+#   response (a fallback may have served instead of the first named).
+SERVED_KEY = "x-gateway-destination-endpoint-served"
 # In METADATA_NAMESPACE, true when the sidecar asked for the stream's usage itself: the Lua
 # tap then removes the usage-only event the client never asked for.
 STRIP_USAGE_FIELD = "strip_usage"
@@ -40,12 +53,15 @@ TIER_HEADER = "x-slogate-tier"
 BUCKET_HEADER = "x-slogate-bucket"
 ESTIMATE_HEADER = "x-slogate-est-tokens"
 # The Gateway API inference extension's endpoint-picker protocol: the objective (its
-# priority) and the fairness id the picker queues by; slogate sets them to the caller's tier
-# and tenant, so a picker behind slogate honours slogate's classes (and clients cannot claim
-# another's).
+# priority) and the fairness id the picker queues by; slogate sets them to the caller's
+# objective (its tenant's, else its tier's: policy.domain.ApiKey.objective) and tenant, so a
+# picker behind slogate honours slogate's classes (and clients cannot claim another's).
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
-OBJECTIVE_PREFIX = "slogate-"  # objective names: slogate-critical, slogate-standard, ...
+# ... and the names llm-d's router reads first (the ones above are its deprecated aliases):
+# set too, or a client's copy of these would win there over slogate's.
+LLM_D_OBJECTIVE_HEADER = "x-llm-d-inference-objective"
+LLM_D_FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 SIDECAR_SET_HEADERS = (
     POOL_HEADER,
     TENANT_HEADER,
@@ -54,6 +70,9 @@ SIDECAR_SET_HEADERS = (
     ESTIMATE_HEADER,
     OBJECTIVE_HEADER,
     FAIRNESS_HEADER,
+    LLM_D_OBJECTIVE_HEADER,
+    LLM_D_FAIRNESS_HEADER,
+    DESTINATION_HEADER,
 )
 
 # One ext_proc message per request (policy `data_path.messages: one`): ext_proc skips the
@@ -151,7 +170,7 @@ ENVOY_PIECES: tuple[EnvoyPiece, ...] = (
         "request headers SEND, request body BUFFERED, everything else SKIP/NONE; "
         "`allow_mode_override`; `message_timeout` and `max_message_timeout` from the policy "
         "(the waiting room lifts one message's timeout); receives metadata "
-        f"`{METADATA_NAMESPACE}`; "
+        f"`{METADATA_NAMESPACE}` and `{DESTINATION_NAMESPACE}` (the engine picked); "
         f"`status_on_error` {SIDECAR_FAILURE_STATUS}; `failure_mode_allow` from the policy; "
         "`max_receive_message_length` above the largest body",
         "no admission at all: no budgets, no breaker, no routing by context",

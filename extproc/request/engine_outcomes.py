@@ -1,5 +1,6 @@
-"""What a finished request tells the engine picker: the engine it held is free again, and
-the engine's answer counts for (or against) the engine's health.
+"""What a finished request tells the engine picker: which engine served it (a fallback may
+have), the engine it held is free again, and the engine's answer counts for (or against)
+the engine's health.
 
 What lives here: `EngineOutcomes`, an outcome sink (admission.chain.OutcomeSink) the
 sidecar's access-log recorder and the simulator both feed. Pure: the picker and the fleet
@@ -21,6 +22,9 @@ class EngineOutcomes:
         self._picker = picker
 
     async def record(self, outcome: RequestOutcome) -> None:
+        if outcome.upstream and not outcome.upstream_failed:
+            # A fallback answered: the prompt's prefix is cached there, not on the first.
+            self._picker.served(outcome.tracking_id, outcome.upstream)
         self._picker.release(outcome.tracking_id)
         if not outcome.upstream:
             return

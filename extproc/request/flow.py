@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from admission.access import AccessStep
@@ -30,6 +30,7 @@ from admission.errors import (
     BodyTooLarge,
     InvalidRequest,
     MethodNotAllowed,
+    NoEndpoint,
     NotFound,
 )
 from admission.kv.capacity import kv_footprint
@@ -39,7 +40,7 @@ from engines.prefix import NO_BLOCKS, PromptBlocks, prompt_blocks
 from extproc.request.bodies.parse import parse_inference_body
 from extproc.request.bodies.request import InferenceRequest
 from extproc.request.bodies.rewrite import adds_usage, rewritten_body
-from extproc.request.contract import SLOGATE_HEADER_PREFIX
+from extproc.request.contract import DESTINATION_HEADER, SLOGATE_HEADER_PREFIX
 from extproc.request.identity import IdentityResolver
 from extproc.request.inflight import InFlight
 from extproc.request.routing import engine_priority, request_decision, route
@@ -54,7 +55,7 @@ from extproc.request.verdicts import (
     Routed,
 )
 from policy.apis import Api, ErrorStyle, PathClass, error_style_for
-from policy.domain import ApiKey
+from policy.domain import ApiKey, Pool
 from policy.schema import Policy
 
 
@@ -166,13 +167,18 @@ class Decider:
         return blocks if ids is None else dataclasses.replace(blocks, engine_ids=ids)
 
     async def admit_counted(
-        self, counted: CountedRequest, policy: Policy, on_wait: WaitNotice | None = None
+        self,
+        counted: CountedRequest,
+        policy: Policy,
+        on_wait: WaitNotice | None = None,
+        within: Collection[str] | None = None,
     ) -> Routed:
         """A counted request admitted (`body` rewritten when needed), or refused; judged
-        beside under the candidate policy when one is loaded."""
+        beside under the candidate policy when one is loaded. `within`: the endpoints a
+        gateway allows (the endpoint picker protocol's subset hint), None: any."""
         decision = counted.decision
         admitted = self.admit(
-            decision, policy, counted.request, counted.body, counted.blocks, on_wait
+            decision, policy, counted.request, counted.body, counted.blocks, on_wait, within
         )
         if self.candidate is not None and decision.candidate is not None:
             return await self.candidate.beside(admitted, counted, policy)
@@ -186,12 +192,24 @@ class Decider:
         body: bytes | None = None,
         blocks: PromptBlocks = NO_BLOCKS,
         on_wait: WaitNotice | None = None,
+        within: Collection[str] | None = None,
     ) -> Routed:
         inflight = self.inflight
         tracking_id = inflight.new_id()
+        picking = self.picker is not None and decision.meters_tokens
+        if picking and within is not None:
+            # Refused before anything is held or waited for when the hint rules out every
+            # engine of the pool it is routed to.
+            self._hinted(policy.pools.get(decision.pool), within)
         admitted = await self.admission.admit(Applicant(decision, tracking_id, policy, on_wait))
-        if self.picker is not None and admitted.decision.meters_tokens:
-            admitted = self._pick(admitted, tracking_id, policy, blocks)
+        if picking:
+            try:
+                admitted = self._pick(admitted, tracking_id, policy, blocks, within)
+            except NoEndpoint:
+                # Admitted, then nothing the hint allows was left (the breaker moved it to
+                # another pool, or the engines died while it waited): it holds nothing.
+                await self.admission.release(admitted.decision, tracking_id)
+                raise
         inflight.put(tracking_id, admitted.decision)
         new_body = None
         if request is not None and body is not None:
@@ -208,11 +226,31 @@ class Decider:
         headers = admitted.response_headers
         return Routed(admitted.decision, tracking_id, new_body, headers, hide_usage)
 
+    def _hinted(self, spec: Pool | None, within: Collection[str]) -> None:
+        """Raise NoEndpoint when slogate picks in the pool and no serving engine of it is
+        among the endpoints the gateway allows (where slogate does not pick, the hint is
+        the picker's business: nothing changes)."""
+        assert self.picker is not None
+        if spec is None or not self.picker.picks(spec) or self.picker.eligible(spec, within):
+            return
+        allowed = ", ".join(sorted(within)) or "none"
+        raise NoEndpoint(
+            f"None of the endpoints the gateway allows for this request ({allowed}) can "
+            f"serve it in pool {spec.name!r}.",
+            reason="no_hinted_endpoint",
+            retry_after_s=1,
+        )
+
     def _pick(
-        self, admitted: Admitted, tracking_id: str, policy: Policy, blocks: PromptBlocks
+        self,
+        admitted: Admitted,
+        tracking_id: str,
+        policy: Policy,
+        blocks: PromptBlocks,
+        within: Collection[str] | None = None,
     ) -> Admitted:
         """The engine of an admitted request, in the pool it was admitted to (the breaker
-        may have moved it to the fallback pool)."""
+        may have moved it to the fallback pool), among `within` when given."""
         assert self.picker is not None
         decided = admitted.decision
         spec = policy.pools.get(decided.pool)
@@ -225,8 +263,11 @@ class Decider:
             decided.bucket.name,
             kv_footprint(decided.reserved_tokens, decided.bucket),
             decided.sequences,
+            within,
         )
         if not engines:
+            if within is not None:
+                self._hinted(spec, within)
             return admitted
         return Admitted(dataclasses.replace(decided, engines=engines), admitted.response_headers)
 
@@ -251,6 +292,10 @@ class RequestFlow:
         self.shape: RoutingDecision | None = None
         # The client's trace context, when the servicer traces (extproc.service.tracing).
         self.trace_parent: Any = None
+        # The endpoints the gateway allows (the endpoint picker protocol's subset hint, from
+        # the metadata Envoy forwards); None: no hint, any engine of the pool.
+        self.subset_hint: frozenset[str] | None = None
+        self.routed: Routed | None = None  # once admitted
 
     @property
     def request_id(self) -> str:
@@ -275,7 +320,12 @@ class RequestFlow:
         policy = self._policy
         path = headers.get(":path", "")
         self.error_style = error_style_for(path)
-        strip = tuple(h for h in headers if h.startswith(SLOGATE_HEADER_PREFIX))
+        # A client's copy of what only the sidecar sets: its x-slogate-* headers, and the
+        # endpoint picker protocol's destination (a cluster reading the header would send
+        # the request where the client said, where slogate names no engine).
+        strip = tuple(
+            h for h in headers if h.startswith(SLOGATE_HEADER_PREFIX) or h == DESTINATION_HEADER
+        )
         request_id = headers.get("x-request-id", "")
         kind, api = policy.paths.classify(path)
         if kind is PathClass.PUBLIC:
@@ -327,7 +377,16 @@ class RequestFlow:
             request, verdict.caller, verdict.request_id, api, policy, body
         )
         self.shape = counted.decision
-        return await decider.admit_counted(counted, policy, on_wait)
+        self.routed = await decider.admit_counted(counted, policy, on_wait, self.subset_hint)
+        return self.routed
+
+    def on_served(self, address: str) -> None:
+        """The engine that served the request, as the gateway reports it (the endpoint
+        picker protocol's served endpoint): a fallback's answer moves the request's hold."""
+        routed = self.routed
+        picker = self._decider.picker
+        if routed is not None and picker is not None and address and routed.decision.engines:
+            picker.served(routed.tracking_id, address)
 
 
 def _too_large(size_bytes: int, policy: Policy) -> BodyTooLarge:

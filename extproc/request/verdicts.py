@@ -25,6 +25,10 @@ class Admitter(Protocol):
 
     async def admit(self, applicant: Applicant) -> Admitted: ...
 
+    async def release(self, decision: RoutingDecision, request_id: str) -> None:
+        """Give back what an admitted request holds: it will not run after all."""
+        ...
+
 
 class CandidatePolicy(Protocol):
     """A policy judged beside the enforced one, never enforced (extproc.request.candidate):

@@ -1,9 +1,12 @@
 """The sidecar's listeners: how its gRPC and /metrics servers are built and bound.
 
 What lives here: `start_ext_proc` (the server Envoy calls: ext_proc, the access log,
-grpc.health.v1), `PortTaken` and `bind` (a taken port fails loudly, naming what wanted it),
-`grpc_options` (message limits, keepalive, port sharing between workers), and the admin
-API's server, a worker's private server and the /metrics endpoint. Each starts its server
+grpc.health.v1 with the endpoint picker protocol's service names), `ListenerTls` (its
+server certificate, and the client CA of mutual TLS), `start_health` (grpc.health.v1 alone
+in plain text, for the kubelet's probes when the gRPC port speaks TLS), `PortTaken` and
+`bind` (a taken port fails loudly, naming what wanted it), `grpc_options` (message limits,
+keepalive, port sharing between workers), and the admin API's server, a worker's private
+server and the /metrics endpoint. Each starts its server
 and registers its stop, beside the start, on the exit stack it is given: the composition
 root (extproc.runtime.sidecar) stops them in the reverse of the order it started them. (A
 stack's callbacks, not generator-based context managers: a sidecar that was never stopped
@@ -15,7 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from http.server import HTTPServer
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -25,7 +30,10 @@ from prometheus_client import CollectorRegistry, start_http_server
 from budget.spend_store import SpendStore
 from extproc.adminpb import admin_pb2_grpc, tenants_pb2_grpc
 from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2_grpc
-from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc
+from extproc.envoypb.envoy.service.ext_proc.v3 import (
+    external_processor_pb2,
+    external_processor_pb2_grpc,
+)
 from extproc.runtime.parts import Observers, RequestPath
 from extproc.runtime.policy_holder import PolicyHolder
 from extproc.runtime.workers import Siblings, WorkerSlot
@@ -40,20 +48,62 @@ from extproc.service.tenant_admin import TenantAdminService
 # grpcio limits its messages to 4 MiB by default; a buffered body is one message.
 GRPC_MESSAGE_SLACK_BYTES = 1 << 20
 
+# The health services the endpoint picker protocol names (the Gateway API inference
+# extension's proposal 004), beside "" (the whole server, what the kubelet's gRPC probe
+# asks by default). `liveness`: the process answers; stays SERVING while it drains, so a
+# draining sidecar is not restarted. `readiness` and the ext_proc service: it is ready to
+# decide (the policy loaded, the tokenizer, the engines discovered, the request path warm:
+# all done before the server starts) and not stopping.
+LIVENESS_SERVICE = "liveness"
+READINESS_SERVICE = "readiness"
+EXT_PROC_SERVICE = external_processor_pb2.DESCRIPTOR.services_by_name["ExternalProcessor"].full_name
+READY_SERVICES = ("", READINESS_SERVICE, EXT_PROC_SERVICE)
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerTls:
+    """TLS on the sidecar's gRPC port: its certificate chain and key (PEM files), and, for
+    mutual TLS, the CA its callers' client certificates must chain to (None: any caller
+    that trusts the server's certificate may call). Read once at start."""
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        ca = self.client_ca.read_bytes() if self.client_ca is not None else None
+        return grpc.ssl_server_credentials(
+            [(self.key.read_bytes(), self.cert.read_bytes())],
+            root_certificates=ca,
+            require_client_auth=ca is not None,
+        )
+
 
 class PortTaken(OSError):
     """A port the sidecar must listen on is taken (by another process, most likely)."""
 
 
-def bind(server: grpc.aio.Server, address: str, what: str) -> int:
-    """Bind `address` for `what`, or raise PortTaken naming both (grpcio raises a bare
-    RuntimeError, or returns 0, depending on its version)."""
+def bind(
+    server: grpc.aio.Server,
+    address: str,
+    what: str,
+    credentials: grpc.ServerCredentials | None = None,
+) -> int:
+    """Bind `address` for `what` (with TLS when `credentials`), or raise PortTaken naming
+    both (grpcio raises a bare RuntimeError, or returns 0, depending on its version)."""
     try:
-        bound = server.add_insecure_port(address)
+        if credentials is not None:
+            bound = server.add_secure_port(address, credentials)
+        else:
+            bound = server.add_insecure_port(address)
     except RuntimeError:
         bound = 0
     if bound == 0 and not address.startswith("unix:"):
-        raise PortTaken(f"cannot listen on {address} ({what}): the address is in use")
+        # grpcio says the same for a certificate or key it cannot use (its log says which).
+        cause = (
+            "in use, or the TLS certificate and key are not a PEM pair" if credentials else "in use"
+        )
+        raise PortTaken(f"cannot listen on {address} ({what}): the address is {cause}")
     return bound
 
 
@@ -84,31 +134,58 @@ async def start_ext_proc(
     health: HealthServicer,
     message_timeout_ms: int,
     grace_s: Callable[[], float],
+    tls: ListenerTls | None = None,
 ) -> int:
     """The server Envoy calls: ext_proc, the access log and grpc.health.v1, started on
-    `address` and SERVING; returns the port it bound. On the way out NOT_SERVING, and the
-    streams in flight finish within `grace_s()` while new ones are refused."""
+    `address` (TLS with `tls`) and SERVING; returns the port it bound. On the way out the
+    ready services go NOT_SERVING (liveness stays SERVING while the process answers), and
+    the streams in flight finish within `grace_s()` while new ones are refused."""
     server = grpc.aio.server(options=options)
     external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
         ExternalProcessorService(
-            path.decider, metrics, observers.watching(), message_timeout_ms=message_timeout_ms
+            path.decider,
+            metrics,
+            observers.watching(),
+            message_timeout_ms=message_timeout_ms,
+            ends=path.recorder,
         ),
         server,
     )
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(
         AccessLogService(path.recorder, siblings), server
     )
-    # grpc.health.v1 for Kubernetes probes: SERVING once started, NOT_SERVING on stop.
+    # grpc.health.v1 for Kubernetes probes and gateways: SERVING once started, the ready
+    # services NOT_SERVING on stop.
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    port = bind(server, address, "the sidecar's gRPC port")
+    credentials = tls.credentials() if tls is not None else None
+    port = bind(server, address, "the sidecar's gRPC port", credentials)
     await server.start()
-    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    for service in (LIVENESS_SERVICE, *READY_SERVICES):
+        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
 
     async def drain() -> None:
-        await health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        for service in READY_SERVICES:
+            await health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.stop(grace_s())
 
     exits.push_async_callback(drain)
+    return port
+
+
+async def start_health(
+    exits: AsyncExitStack,
+    *,
+    address: str,
+    options: list[tuple[str, int]],
+    health: HealthServicer,
+) -> int:
+    """grpc.health.v1 alone, in plain text, answering what the gRPC port's health answers
+    (the same servicer): the kubelet's gRPC probe speaks no TLS. Returns the port it bound."""
+    server = grpc.aio.server(options=options)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    port = bind(server, address, "the sidecar's health port")
+    await server.start()
+    exits.push_async_callback(server.stop, 0.5)
     return port
 
 

@@ -12,6 +12,7 @@ import os
 import signal
 from pathlib import Path
 
+from extproc.runtime.grpc_servers import ListenerTls
 from extproc.runtime.heap import freeze_at_start
 from extproc.runtime.sidecar import Sidecar
 from extproc.runtime.workers import WorkerSlot
@@ -27,6 +28,8 @@ async def run_sidecar(
     metrics_host: str | None = None,
     admin_address: str | None = "127.0.0.1:50052",
     worker: WorkerSlot | None = None,
+    tls: ListenerTls | None = None,
+    health_port: int | None = None,
 ) -> None:
     """`slogate serve`: run until SIGINT/SIGTERM; SIGHUP reloads the policy."""
     sidecar = Sidecar(
@@ -38,6 +41,8 @@ async def run_sidecar(
         metrics_host=metrics_host,
         admin_address=admin_address,
         worker=worker,
+        tls=tls,
+        health_port=health_port,
     )
     address = await sidecar.start()
     freeze_at_start()  # what lives as long as the process leaves the collector's walks
@@ -60,7 +65,9 @@ async def run_sidecar(
     )
     admin = f" admin {address.admin}" if address.admin else ""
     grpc_at = f"{host}:{address.grpc_port}"
-    ready = f"slogate sidecar ready: grpc {grpc_at}{metrics}{admin} pid {os.getpid()}"
+    health = f" health {host}:{address.health_port}" if address.health_port else ""
+    health += " tls" if tls is not None else ""  # after the fields the tools' patterns read
+    ready = f"slogate sidecar ready: grpc {grpc_at}{metrics}{admin}{health} pid {os.getpid()}"
     if json_logs():
         logging.getLogger("slogate.serve").info(ready)  # every line of the process is JSON
     else:

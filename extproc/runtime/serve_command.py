@@ -71,6 +71,27 @@ def serve_arguments(serve: argparse.ArgumentParser) -> None:
         help="admin API: host:port or unix:/path; 'none' turns it off",
     )
     serve.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=None,
+        help="PEM certificate chain: the gRPC port speaks TLS (a gateway calling slogate as "
+        "its endpoint picker across the network); needs --tls-key",
+    )
+    serve.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
+    serve.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        default=None,
+        help="PEM CA bundle: mutual TLS, only callers with a client certificate it signed",
+    )
+    serve.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        help="grpc.health.v1 alone on this port, in plain text (the kubelet's gRPC probe "
+        "speaks no TLS); default: on the gRPC port only",
+    )
+    serve.add_argument(
         "--no-exact-tokenizer",
         action="store_true",
         help="never load the real tokenizer; decide on the fast estimate alone",
@@ -103,8 +124,19 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def listener_arguments(args: argparse.Namespace) -> tuple[str, ...]:
+    """The gRPC listener's options as serve's arguments, for each worker of --workers."""
+    named = {
+        "--tls-cert": args.tls_cert,
+        "--tls-key": args.tls_key,
+        "--tls-client-ca": args.tls_client_ca,
+        "--health-port": args.health_port,
+    }
+    return tuple(part for flag, v in named.items() if v is not None for part in (flag, str(v)))
+
+
 def serve_sidecar(args: argparse.Namespace) -> int:
-    from extproc.runtime.grpc_servers import PortTaken
+    from extproc.runtime.grpc_servers import ListenerTls, PortTaken
     from extproc.runtime.serve import run_sidecar
     from extproc.runtime.workers import WorkerSlot
     from extproc.service.admin_auth import AdminTokenError
@@ -116,6 +148,19 @@ def serve_sidecar(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("slogate serve: --workers must be 1 or more", file=sys.stderr)
         return 2
+    if (args.tls_cert is None) != (args.tls_key is None):
+        print("slogate serve: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
+    if args.tls_client_ca is not None and args.tls_cert is None:
+        print("slogate serve: --tls-client-ca needs --tls-cert and --tls-key", file=sys.stderr)
+        return 2
+    tls = None
+    if args.tls_cert is not None:
+        tls = ListenerTls(args.tls_cert, args.tls_key, args.tls_client_ca)
+        unreadable = [str(f) for f in (tls.cert, tls.key, tls.client_ca) if f and not f.is_file()]
+        if unreadable:
+            print(f"slogate serve: no such file: {', '.join(unreadable)}", file=sys.stderr)
+            return 2
     if args.workers > 1:
         if load_policy(args.policy).budget.store is BudgetStoreKind.MEMORY:
             print(
@@ -137,6 +182,7 @@ def serve_sidecar(args: argparse.Namespace) -> int:
             admin,
             not args.no_exact_tokenizer,
             log_options=("--log-format", args.log_format, "--log-level", args.log_level),
+            listener_options=listener_arguments(args),
         )
     slot = None
     if args.worker:
@@ -153,6 +199,8 @@ def serve_sidecar(args: argparse.Namespace) -> int:
                 args.metrics_host,
                 admin,
                 worker=slot,
+                tls=tls,
+                health_port=args.health_port,
             )
         )
     except PortTaken as taken:  # one line naming the port, not a traceback

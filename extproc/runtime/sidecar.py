@@ -24,9 +24,11 @@ from grpc_health.v1 import health
 
 from extproc.request.tokens.native import exact_counter
 from extproc.runtime.grpc_servers import (
+    ListenerTls,
     grpc_options,
     start_admin,
     start_ext_proc,
+    start_health,
     start_metrics,
     start_private,
 )
@@ -48,6 +50,7 @@ class SidecarAddress:
     grpc_port: int
     metrics_port: int | None
     admin: str | None  # host:port or unix:path of the admin API
+    health_port: int | None = None  # grpc.health.v1 alone, in plain text (with TLS)
 
 
 class Sidecar:
@@ -64,9 +67,12 @@ class Sidecar:
         clock: Callable[[], float] | None = None,
         rng: random.Random | None = None,
         worker: WorkerSlot | None = None,
+        tls: ListenerTls | None = None,
+        health_port: int | None = None,
     ) -> None:
         """`worker`: this process is one of `slogate serve --workers N`
-        (extproc.runtime.workers)."""
+        (extproc.runtime.workers). `tls`: the gRPC port speaks TLS; `health_port`: a
+        plain-text port with grpc.health.v1 alone (the kubelet's probes speak no TLS)."""
         self.worker = worker
         # Injected for tests that run this object graph on a virtual clock beside the
         # simulator's (tests/sim/fleet/test_sidecar.py); a process uses the real ones.
@@ -126,6 +132,8 @@ class Sidecar:
         # Prometheus may need the pod address while ext_proc stays on loopback.
         self._metrics_host = metrics_host or host
         self._admin_address = admin_address
+        self._tls = tls
+        self._health_port = health_port
         self._watch_interval_s = watch_interval_s
         self._health = health.aio.HealthServicer()
         self._grace_s = 5.0  # how long stop lets the streams in flight finish
@@ -186,6 +194,14 @@ class Sidecar:
                 spend=self.stores.spend,
                 wall_clock=self._wall_clock,
             )
+        health_port = None
+        if self._health_port is not None:  # stops after ext_proc: answers while it drains
+            health_port = await start_health(
+                exits,
+                address=f"{self._host}:{self._health_port}",
+                options=options,
+                health=self._health,
+            )
         port = await start_ext_proc(
             exits,
             address=f"{self._host}:{self._grpc_port}",
@@ -197,6 +213,7 @@ class Sidecar:
             health=self._health,
             message_timeout_ms=self.policy().message_timeout_ms,
             grace_s=lambda: self._grace_s,
+            tls=self._tls,
         )
         await start_loops(
             exits,
@@ -209,7 +226,7 @@ class Sidecar:
             stores=self.stores,
             metrics=self.metrics,
         )
-        return SidecarAddress(self._host, port, metrics_port, admin_at)
+        return SidecarAddress(self._host, port, metrics_port, admin_at, health_port)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Undo what was built and started, last first: the loops, the ext_proc server

@@ -154,6 +154,7 @@ def run_workers(
     admin_address: str | None,
     exact: bool,
     log_options: tuple[str, ...] = (),
+    listener_options: tuple[str, ...] = (),
 ) -> int:
     """Start `count` workers on one gRPC port and serve their merged /metrics until SIGINT
     or SIGTERM, or until one exits."""
@@ -196,6 +197,7 @@ def run_workers(
             if not exact:
                 argv.append("--no-exact-tokenizer")
             argv.extend(log_options)  # the workers log as the supervisor was told to
+            argv.extend(listener_options)  # TLS, the health port: each worker's own listener
             workers.append(_Worker(index, argv, relay))
         for worker in workers:
             if not worker.wait_ready(timeout_s=60):

@@ -26,6 +26,7 @@ from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
 from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from extproc.request.contract import METADATA_NAMESPACE, TRACKING_ID_FIELD
 from extproc.request.inflight import InFlight
+from extproc.request.response_usage import ResponseUsage
 from extproc.service.metrics import SidecarMetrics
 from policy.apis import ApiKind
 from policy.schema import Policy
@@ -83,9 +84,7 @@ def outcome_from_entry(
     prompt = _tag_int(tags, "prompt_tokens")
     if prompt is None:
         prompt = _prompt_in_parts(tags)
-    completion = _tag_int(tags, "completion_tokens")
-    if completion is None and prompt is not None and decision.api.kind is ApiKind.EMBED:
-        completion = 0  # embeddings report only prompt_tokens: that is their whole usage
+    completion = _completion(decision, prompt, _tag_int(tags, "completion_tokens"))
     upstream = common.upstream_remote_address.socket_address
     flags = common.response_flags
     return RequestOutcome(
@@ -108,6 +107,44 @@ def outcome_from_entry(
             or flags.upstream_connection_termination
             or flags.upstream_request_timeout
         ),
+    )
+
+
+def _completion(
+    decision: RoutingDecision, prompt: int | None, completion: int | None
+) -> int | None:
+    if completion is None and prompt is not None and decision.api.kind is ApiKind.EMBED:
+        return 0  # embeddings report only prompt_tokens: that is their whole usage
+    return completion
+
+
+def outcome_from_stream(
+    decision: RoutingDecision,
+    tracking: str,
+    status: int,
+    usage: ResponseUsage,
+    ttft_s: float | None,
+    duration_s: float,
+    upstream: str,
+    details: str,
+) -> RequestOutcome:
+    """What the ext_proc stream itself saw of a routed request's response (the endpoint
+    picker protocol's streaming mode, where no access log comes)."""
+    prompt = usage.prompt_tokens
+    return RequestOutcome(
+        decision=decision,
+        tracking_id=tracking,
+        status=status,
+        prompt_tokens=prompt,
+        completion_tokens=_completion(decision, prompt, usage.completion_tokens),
+        ttft_s=ttft_s,
+        duration_s=duration_s,
+        details=details,
+        stream_events=usage.stream_events,
+        cached_prompt_tokens=usage.cached_tokens,
+        reasoning_tokens=usage.reasoning_tokens,
+        upstream=upstream,
+        upstream_failed=status in (502, 503, 504) and details != "via_upstream",
     )
 
 
@@ -169,6 +206,18 @@ class OutcomeRecorder:
             return []
         self.metrics.access_log_entries("routed").inc()
         return self.record(outcome_from_entry(decision, key, entry))
+
+    def ended(
+        self, tracking: str, build: Callable[[RoutingDecision], RequestOutcome]
+    ) -> list[Awaitable[None]]:
+        """A request whose end its ext_proc stream saw (streaming mode): recorded as an
+        access-log entry is, once (whichever of the two comes first takes the decision out
+        of the in-flight table; the other finds nothing)."""
+        decision = self.inflight.pop(tracking)
+        if decision is None:
+            return []
+        self.metrics.access_log_entries("stream_end").inc()
+        return self.record(build(decision))
 
     async def expire(self) -> int:
         """Settle the requests whose entry never came (the safety net); returns how many."""

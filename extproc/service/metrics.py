@@ -222,7 +222,8 @@ class SidecarMetrics:
         )
         self.access_log_entries = counter(
             "slogate_access_log_entries_total",
-            "Access-log entries received from Envoy, by kind (routed, unmatched, other).",
+            "Access-log entries received from Envoy, by kind (routed, unmatched, other), and "
+            "requests whose end their ext_proc stream saw (stream_end: streaming mode).",
             ["kind"],
         )
         self.inflight = Gauge(

@@ -24,18 +24,24 @@ from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as 
 from extproc.envoypb.envoy.type.v3 import http_status_pb2
 from extproc.request.contract import (
     BUCKET_HEADER,
-    ENGINE_FIELD,
+    DESTINATION_HEADER,
+    DESTINATION_KEY,
+    DESTINATION_NAMESPACE,
     ESTIMATE_HEADER,
     FAIRNESS_HEADER,
     JWT_AUTHN_NAMESPACE,
     JWT_PAYLOAD_KEY,
+    LLM_D_FAIRNESS_HEADER,
+    LLM_D_OBJECTIVE_HEADER,
     METADATA_NAMESPACE,
     OBJECTIVE_HEADER,
-    OBJECTIVE_PREFIX,
     POOL_FIELD,
     POOL_HEADER,
     REASON_HEADER,
+    SERVED_KEY,
     STRIP_USAGE_FIELD,
+    SUBSET_HINT_KEY,
+    SUBSET_HINT_NAMESPACE,
     TENANT_HEADER,
     TIER_HEADER,
     TRACKING_ID_FIELD,
@@ -113,10 +119,19 @@ def upstream_headers(decision: RoutingDecision) -> dict[str, str]:
         TIER_HEADER: tier,
         BUCKET_HEADER: decision.bucket.name,
         ESTIMATE_HEADER: str(decision.context_tokens),
-        # For an endpoint picker behind slogate (the inference extension's protocol).
-        OBJECTIVE_HEADER: f"{OBJECTIVE_PREFIX}{tier}",
+        # For an endpoint picker behind slogate (the inference extension's protocol), under
+        # both its names and llm-d's: the tenant's objective, else the tier's.
+        OBJECTIVE_HEADER: decision.caller.objective,
         FAIRNESS_HEADER: decision.caller.tenant,
+        LLM_D_OBJECTIVE_HEADER: decision.caller.objective,
+        LLM_D_FAIRNESS_HEADER: decision.caller.tenant,
     }
+
+
+def destination_endpoints(decision: RoutingDecision) -> str:
+    """The engines slogate picked as the endpoint picker protocol spells them: "ip:port",
+    best first, ordered fallbacks after commas; "" where slogate did not pick."""
+    return ",".join(decision.engines)
 
 
 def _route(reply: pb.ProcessingResponse, common: pb.CommonResponse, routed: Routed) -> None:
@@ -124,14 +139,18 @@ def _route(reply: pb.ProcessingResponse, common: pb.CommonResponse, routed: Rout
     headers = upstream_headers(routed.decision)
     if routed.new_body is not None:
         headers["content-length"] = str(len(routed.new_body))
+    destination = destination_endpoints(routed.decision)
+    if destination:
+        # The endpoint picker protocol: one value, in the header and in `envoy.lb`.
+        headers[DESTINATION_HEADER] = destination
+        lb = reply.dynamic_metadata.fields[DESTINATION_NAMESPACE].struct_value.fields
+        lb[DESTINATION_KEY].string_value = destination
     set_headers(common.header_mutation, headers)
     common.clear_route_cache = True
     # The decision itself stays in the sidecar (extproc.request.inflight); only its id travels.
     fields = reply.dynamic_metadata.fields[METADATA_NAMESPACE].struct_value.fields
     fields[TRACKING_ID_FIELD].string_value = routed.tracking_id
     fields[POOL_FIELD].string_value = routed.decision.pool
-    if routed.decision.engines:
-        fields[ENGINE_FIELD].string_value = ",".join(routed.decision.engines)
     if routed.hide_usage:
         fields[STRIP_USAGE_FIELD].bool_value = True
     for name, value in routed.response_headers.items():
@@ -202,3 +221,76 @@ def rejection(
     )
     set_headers(immediate.headers, headers)
     return pb.ProcessingResponse(immediate_response=immediate)
+
+
+# -- the endpoint picker protocol's streaming mode (FULL_DUPLEX_STREAMED bodies) -----------
+
+# What one streamed body reply carries at most (the inference extension's picker uses the
+# same bound: well under gRPC's default 4 MiB message, and Envoy's buffers).
+STREAMED_CHUNK_BYTES = 62_000
+
+
+def _namespace(request: pb.ProcessingRequest, name: str) -> Any:
+    namespaces = request.metadata_context.filter_metadata
+    return namespaces.get(name) if namespaces else None
+
+
+def subset_hint(request: pb.ProcessingRequest) -> frozenset[str] | None:
+    """The endpoints the gateway allows (`envoy.lb.subset_hint`), or None without a hint.
+    A list of "ip:port", or one string of them separated by commas (both seen in
+    gateways); an empty list allows none."""
+    hint = _namespace(request, SUBSET_HINT_NAMESPACE)
+    if hint is None or SUBSET_HINT_KEY not in hint.fields:
+        return None
+    value = hint.fields[SUBSET_HINT_KEY]
+    kind = value.WhichOneof("kind")
+    items = (
+        [v.string_value for v in value.list_value.values]
+        if kind == "list_value"
+        else [value.string_value]
+        if kind == "string_value"
+        else []
+    )
+    return frozenset(e.strip() for item in items for e in item.split(",") if e.strip())
+
+
+def served_endpoint(request: pb.ProcessingRequest) -> str:
+    """The endpoint that served (`envoy.lb` / x-gateway-destination-endpoint-served); ""
+    when the gateway did not say."""
+    lb = _namespace(request, DESTINATION_NAMESPACE)
+    value = lb.fields.get(SERVED_KEY) if lb is not None else None
+    return value.string_value if value is not None else ""
+
+
+def streamed_body(phase: str, body: bytes, end_of_stream: bool) -> list[pb.ProcessingResponse]:
+    """`body` handed back in streamed_response chunks for `phase` (request_body or
+    response_body); the last carries `end_of_stream`."""
+    chunks = [
+        body[start : start + STREAMED_CHUNK_BYTES]
+        for start in range(0, len(body), STREAMED_CHUNK_BYTES)
+    ] or [b""]
+    replies = []
+    for index, chunk in enumerate(chunks):
+        reply = pb.ProcessingResponse()
+        streamed = getattr(reply, phase).response.body_mutation.streamed_response
+        streamed.body = chunk
+        streamed.end_of_stream = end_of_stream and index == len(chunks) - 1
+        replies.append(reply)
+    return replies
+
+
+def deferred_header_reply(body_reply: pb.ProcessingResponse) -> pb.ProcessingResponse:
+    """A routed body reply's decision as the reply to the request headers, which streaming
+    mode holds until the body ended (ENVOY-NOTES: the FULL_DUPLEX_STREAMED pattern): the
+    header mutation, the fresh route and the metadata. Its body goes back apart
+    (`streamed_body`); content-length is not set: that mode sends the body chunked."""
+    reply = pb.ProcessingResponse()
+    reply.request_headers.response.CopyFrom(body_reply.request_body.response)
+    common = reply.request_headers.response
+    common.ClearField("body_mutation")
+    kept = [o for o in common.header_mutation.set_headers if o.header.key != "content-length"]
+    del common.header_mutation.set_headers[:]
+    common.header_mutation.set_headers.extend(kept)
+    if body_reply.HasField("dynamic_metadata"):
+        reply.dynamic_metadata.CopyFrom(body_reply.dynamic_metadata)
+    return reply

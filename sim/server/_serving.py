@@ -41,7 +41,7 @@ from sim.server.paged_kv import PagedKvCache, PromptPlan
 
 # slogate's headers, and those it sets for an endpoint picker (the inference extension's).
 # traceparent/tracestate: the trace context the engine would nest its own spans under.
-SAW_HEADERS_PREFIXES = ("x-slogate-", "x-gateway-", "traceparent", "tracestate")
+SAW_HEADERS_PREFIXES = ("x-slogate-", "x-gateway-", "x-llm-d-", "traceparent", "tracestate")
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from admission.assembly import build_admission
 from admission.breaker_step import BreakerStep
 from admission.chain import AdmissionChain
 from admission.decision import Admitted, Applicant, RequestOutcome, RoutingDecision
-from admission.errors import Overloaded, RateLimited
+from admission.errors import Overloaded, RateLimited, RequestRejected, Shed
 from admission.events import NoEvents
 from admission.kv.step import KvStep
 from breaker.board import BreakerBoard
@@ -175,9 +175,12 @@ async def test_the_breaker_step_applies_the_shedding_table(
     step = BreakerStep(board_at(level, VirtualClock()), NoEvents(), random.Random(1))
     request = decision(context, tier=tier, policy=POLICY)
     if expected.startswith("shed_"):
-        with pytest.raises(Overloaded) as info:
+        with pytest.raises(RequestRejected) as info:
             await step.admit(Applicant(request, "r", POLICY))
         assert info.value.reason == expected and (info.value.retry_after_s or 0) >= 1
+        # The endpoint picker protocol's 429 for the sheddable tier; 503 for the others.
+        assert info.value.status == (429 if tier is Tier.SHEDDABLE else 503)
+        assert isinstance(info.value, Shed if tier is Tier.SHEDDABLE else Overloaded)
         return
     admitted = await step.admit(Applicant(request, "r", POLICY))
     assert admitted.decision.level is level  # carried to the budget step and settlement

@@ -16,7 +16,12 @@ from typing import Any
 
 import pytest
 
-from extproc.request.contract import FAIRNESS_HEADER, OBJECTIVE_HEADER
+from extproc.request.contract import (
+    FAIRNESS_HEADER,
+    LLM_D_FAIRNESS_HEADER,
+    LLM_D_OBJECTIVE_HEADER,
+    OBJECTIVE_HEADER,
+)
 from policy.schema import Policy
 from tests.support.http import CHAT, chat_body, post
 from tests.support.stack import EXAMPLE_POLICY, charged_as_used, random_ports, slogate
@@ -115,12 +120,17 @@ def test_prompts_reach_the_operators_clusters_by_context(stack: LocalStack) -> N
         stack.url,
         CHAT,
         chat_body("hi"),
-        headers={"x-slogate-pool": "long", OBJECTIVE_HEADER: "slogate-critical"},
+        headers={
+            "x-slogate-pool": "long",
+            OBJECTIVE_HEADER: "slogate-critical",
+            LLM_D_OBJECTIVE_HEADER: "slogate-critical",  # the name llm-d's router reads first
+            LLM_D_FAIRNESS_HEADER: "someone-else",
+        },
     )
     assert spoofed.status == 200 and spoofed.headers["x-sim-pool"] == "default"
     saw = json.loads(spoofed.headers["x-sim-saw-headers"])
-    assert saw[OBJECTIVE_HEADER] == "slogate-standard"
-    assert saw[FAIRNESS_HEADER] == "demo-standard"
+    assert saw[OBJECTIVE_HEADER] == saw[LLM_D_OBJECTIVE_HEADER] == "slogate-standard"
+    assert saw[FAIRNESS_HEADER] == saw[LLM_D_FAIRNESS_HEADER] == "demo-standard"
 
 
 def test_the_operators_own_routes_do_not_ask_the_sidecar(stack: LocalStack) -> None:

@@ -69,6 +69,12 @@ def hostile_policy(tmp: Path) -> Path:
             "limits": {"requests_per_minute": 1000, "tokens_per_minute": 300_000},
         },
     ]
+    # The control stream's pool (critical_ttfts): contexts of 1-16k tokens go to `fallback`,
+    # which the crafted ~30k-token prompts never reach.
+    raw["routing"]["rules"] = [
+        {"pool": "fallback", "min_context_tokens": 1024, "max_context_tokens": 16383},
+        *raw["routing"]["rules"],
+    ]
     policy = tmp / "policy.yaml"
     write_policy(policy, raw)
     return policy
@@ -117,20 +123,31 @@ def stream_ttft_s(stack: LocalStack, key: str, body: dict[str, object]) -> float
         conn.close()
 
 
-def critical_ttfts(stack: LocalStack, duration_s: float, attack: bool) -> list[float]:
-    """A critical tenant's streams at 5 per second for `duration_s`; with `attack`, 32
-    crafted prompts arrive at once a second in."""
-    ttfts: list[float] = []
+# The words of the critical prompts: ~300 tokens on `default`, and the control's ~1,500 in
+# hostile_policy's 1-16k range, routed to `fallback`.
+CRITICAL_WORDS = 300
+CONTROL_WORDS = 1500
+
+
+def critical_ttfts(
+    stack: LocalStack, duration_s: float, attack: bool
+) -> tuple[list[float], list[float]]:
+    """A critical tenant's streams at 5 per second for `duration_s`, on `default` (where
+    the flood goes) and, in the same seconds, on `fallback` (a control the flood's pool
+    cannot touch: what the machine alone did to the same path through Envoy and the
+    sidecar); with `attack`, 32 crafted prompts arrive at once a second in."""
+    ttfts: dict[bool, list[float]] = {False: [], True: []}
     lock = threading.Lock()
 
-    def one(seed: int) -> None:
+    def one(seed: int, control: bool) -> None:
+        words = CONTROL_WORDS if control else CRITICAL_WORDS
         prompt = " ".join(
-            random.Random(seed).choice(("support", "ticket", "refund")) for _ in range(300)
+            random.Random(seed).choice(("support", "ticket", "refund")) for _ in range(words)
         )
         ttft = stream_ttft_s(stack, "sk-demo-critical", chat_body(prompt, max_tokens=8))
         if ttft is not None:
             with lock:
-                ttfts.append(ttft)
+                ttfts[control].append(ttft)
 
     def crafted(seed: int) -> None:
         post(
@@ -150,19 +167,28 @@ def critical_ttfts(stack: LocalStack, duration_s: float, attack: bool) -> list[f
             threads += [threading.Thread(target=crafted, args=(1000 + j,)) for j in range(32)]
             for t in threads[-32:]:
                 t.start()
-        thread = threading.Thread(target=one, args=(i,))
-        thread.start()
-        threads.append(thread)
+        for control in (False, True):
+            thread = threading.Thread(target=one, args=(i, control))
+            thread.start()
+            threads.append(thread)
     for thread in threads:
         thread.join(timeout=120)
-    return ttfts
+    return ttfts[False], ttfts[True]
+
+
+def past_quiet_p99(quiet: list[float], flooded: list[float]) -> tuple[float, int]:
+    """The bound (the quiet p99 plus 10%, or 50 ms on a quick p99: the second-slowest of
+    150 moves that much with the machine's noise on 2 cores, 0.238 -> 0.279 s seen with
+    equal medians) and how many flooded samples end past it."""
+    bound = max(1.10 * quantile(quiet, 0.99), quantile(quiet, 0.99) + 0.05)
+    return bound, sum(ttft > bound for ttft in flooded)
 
 
 def test_32_concurrent_crafted_prompts_do_not_move_the_critical_p99(
     flood_stack: LocalStack,
 ) -> None:
-    quiet = critical_ttfts(flood_stack, 30.0, attack=False)
-    flooded = critical_ttfts(flood_stack, 30.0, attack=True)
+    quiet, quiet_control = critical_ttfts(flood_stack, 30.0, attack=False)
+    flooded, flooded_control = critical_ttfts(flood_stack, 30.0, attack=True)
     samples = scrape(flood_stack.metrics_url)
     # Held back: made to wait in the waiting room (then served, timed out or turned away
     # as the room filled), or refused as too big for the pool.
@@ -170,26 +196,29 @@ def test_32_concurrent_crafted_prompts_do_not_move_the_critical_p99(
         metric(samples, "slogate_wait_outcomes_total", tier="standard", outcome=outcome)
         for outcome in ("dispatched", "timed_out", "full", "cancelled")
     ) + metric(samples, "slogate_rejections_total", reason="kv_cache_full")
-    quiet_p99, flooded_p99 = quantile(quiet, 0.99), quantile(flooded, 0.99)
-    # 10%, or 50 ms on a quick p99: the second-slowest of 150 moves that much with the
-    # machine's noise on 2 cores (0.238 -> 0.279 s seen, medians equal).
-    bound = max(1.10 * quiet_p99, quiet_p99 + 0.05)
-    past = sum(ttft > bound for ttft in flooded)
+    bound, past = past_quiet_p99(quiet, flooded)
+    control_bound, control_past = past_quiet_p99(quiet_control, flooded_control)
     report = (
-        f"quiet p99 {quiet_p99:.3f} s median {statistics.median(quiet):.3f} s ({len(quiet)}); "
-        f"flooded p99 {flooded_p99:.3f} s median {statistics.median(flooded):.3f} s "
-        f"({len(flooded)}), {past} past {bound:.3f} s; crafted requests held back by KV "
-        f"admission {held:.0f}"
+        f"quiet p99 {quantile(quiet, 0.99):.3f} s median {statistics.median(quiet):.3f} s "
+        f"({len(quiet)}); flooded p99 {quantile(flooded, 0.99):.3f} s median "
+        f"{statistics.median(flooded):.3f} s ({len(flooded)}), {past} past {bound:.3f} s; "
+        f"control (fallback, same seconds): {control_past} of {len(flooded_control)} past "
+        f"{control_bound:.3f} s; crafted requests held back by KV admission {held:.0f}"
     )
     print(report)
     assert len(quiet) >= 145 and len(flooded) >= 145, report
+    assert len(quiet_control) >= 145 and len(flooded_control) >= 145, report
     assert held >= 20, report  # admission held most of the flood back: it was counted
     # How many flooded requests end past the quiet run's p99 (with its margin), not the
     # flooded p99 itself: two runs of one distribution put ~1.5 of 150 past the other's
-    # p99, and a burst of other work on the 2 shared cores a few more (beside another xdist
-    # worker: flooded p99 0.99 s against 0.24 s quiet, medians 0.164 and 0.159 s); an
-    # unprotected flood's prefill holds every critical request of its seconds (5 a second).
-    assert past <= 5, report
+    # p99. The quiet and the flooded windows are 30 s apart, and a burst of other work on
+    # the 2 shared cores in one of them moves its tail (flooded p99 0.99 s against 0.24 s
+    # quiet with medians 0.164 and 0.159 s; 8 past with medians 0.157 and 0.163 s): the
+    # control stream, on a pool the flood never reaches, in the same seconds, takes the
+    # same burst, and as many of ours may end past the bound as of it. An unprotected
+    # flood's prefill holds every critical request of its seconds on `default` (5 a
+    # second) and none on `fallback`.
+    assert past <= 5 + control_past, report
 
 
 def test_300_cut_streams_leave_the_key_able_to_work(cut_stack: LocalStack) -> None:

@@ -348,3 +348,32 @@ def test_an_engine_whose_batch_this_sidecar_filled_loses_its_pull() -> None:
         pick([dataclasses.replace(home, held_sequences=9), other], blocks, "0-4k", config)[0]
         == "a:1"
     )
+
+
+def test_a_subset_hint_narrows_the_pick_and_a_fallbacks_answer_moves_the_hold() -> None:
+    clock = FakeClock()
+    policy = parse_policy({})
+    fleet = fleet_of(clock, A, B, pool="default")
+    picker = EnginePicker(fleet, lambda: policy, clock)
+    spec = Pool("default", (A, B), kv_capacity_tokens=1000, max_num_seqs=8)
+    blocks = blocks_of(np.arange(300, dtype=np.uint32), block_tokens=64)
+    second = "10.0.0.2:8000"
+    # Only the hinted engine is named, whatever the scores say.
+    assert picker.pick("r1", spec, blocks, "0-4k", 120, 1, within={second}) == (second,)
+    assert picker.eligible(spec, {second, "10.9.9.9:1"})
+    assert not picker.eligible(spec, {"10.9.9.9:1"}) and not picker.eligible(spec, set())
+    assert picker.pick("r2", spec, blocks, "0-4k", 120, 1, within=set()) == ()
+    picker.release("r1")
+    # The first named refused and the second served: the hold and the prefix go there.
+    chosen = picker.pick("r3", spec, blocks, "0-4k", 120, 1)
+    first, fallback = (fleet.get("default", address) for address in chosen)
+    assert first is not None and fallback is not None
+    picked = (first.picked, fallback.picked)
+    picker.served("r3", chosen[1])
+    assert (first.held_tokens, fallback.held_tokens) == (0, 120)
+    assert (first.picked, fallback.picked) == picked  # it was sent to the first
+    matched = picker.index("default").matched_tokens(blocks, [first.slot, fallback.slot])
+    assert matched[1] == matched[0] > 0  # both now count as holding the prefix
+    picker.served("r3", "10.9.9.9:1")  # not an engine of the pool: nothing moves
+    picker.release("r3")
+    assert fallback.held_tokens == 0 and fleet.holds == 0

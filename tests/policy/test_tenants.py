@@ -13,6 +13,7 @@ import yaml
 from breaker.objectives import latency_objective_s
 from extproc.request.identity import caller_from_claims
 from policy._reader import PolicyError
+from policy.diff import policy_changes
 from policy.domain import Limits, Tier, hash_api_key
 from policy.loader import parse_policy
 from policy.schema import Policy
@@ -211,6 +212,27 @@ def test_a_jwt_caller_of_a_known_tenant_inherits_like_its_keys() -> None:
             "tenants.defaults.limits.concurrent_requests: must be >= 0",
         ),
         ({"teams": {}}, "tenants.teams: unknown field"),
+        (
+            {"list": {"acme": {"inference_objective": "Acme_Chat"}}},
+            "tenants.list.acme.inference_objective: 'Acme_Chat' is not a Kubernetes object name",
+        ),
+        (
+            {"list": {"acme": {"inference_objective": 7}}},
+            "tenants.list.acme.inference_objective: expected str",
+        ),
+        (
+            {
+                "list": {
+                    "acme": {"tier": "critical", "inference_objective": "chat"},
+                    "etl": {"tier": "sheddable", "inference_objective": "chat"},
+                }
+            },
+            "tenants.list.etl.inference_objective: 'chat' is tenants.list.acme's, of tier critical",
+        ),
+        (
+            {"list": {"acme": {"tier": "critical", "inference_objective": "slogate-standard"}}},
+            "tenants.list.acme.inference_objective: 'slogate-standard' is tier standard's",
+        ),
     ],
 )
 def test_errors_name_the_tenant_and_the_field(tenants: dict[str, Any], error: str) -> None:
@@ -279,3 +301,42 @@ def test_the_documented_examples_load_and_mean_what_they_say() -> None:
     assert acme is not None and acme.tier is Tier.CRITICAL
     assert documented.tenants.listed["unpaid"].limits == {"tokens_per_minute": 200000}
     assert documented.tenants.listed["bigco"].limits["tokens_per_minute"] == 8_000_000
+
+
+def test_a_tenants_inference_objective_is_named_by_its_keys_of_its_tier() -> None:
+    """`inference_objective` is inherited like the rest (class, defaults); a key or a token
+    of another tier names its tier's objective (the tenant's has the tenant's priority)."""
+    jwt = {"issuer": "https://auth.example.com/", "jwks_file": "/dev/null"}
+    tenants = {
+        "defaults": {"inference_objective": "self-serve.chat"},
+        "classes": {"gold": {"tier": "critical", "inference_objective": "gold"}},
+        "list": {"acme": "gold", "bigco": {"class": "gold", "inference_objective": "bigco"}},
+    }
+    policy = policy_with(
+        tenants,
+        keys=[
+            {"key": "sk-acme", "tenant": "acme"},
+            {"key": "sk-acme-batch", "tenant": "acme", "tier": "sheddable"},
+            {"key": "sk-bigco", "tenant": "bigco"},
+            {"key": "sk-new", "tenant": "t0001"},
+        ],
+        jwt=jwt,
+    )
+    callers = {k: policy.key_for(k) for k in ("sk-acme", "sk-acme-batch", "sk-bigco", "sk-new")}
+    objective = {k: c.objective for k, c in callers.items() if c is not None}
+    assert objective == {
+        "sk-acme": "gold",
+        "sk-acme-batch": "slogate-sheddable",
+        "sk-bigco": "bigco",
+        "sk-new": "self-serve.chat",
+    }
+    assert caller_from_claims(policy, {"tenant": "acme", "sub": "u"}).objective == "gold"
+    other = caller_from_claims(policy, {"tenant": "acme", "sub": "u", "tier": "standard"})
+    assert other.objective == "slogate-standard"
+
+
+def test_policy_diff_names_a_changed_inference_objective() -> None:
+    old = policy_with({"list": {"acme": {"tier": "critical"}}})
+    new = policy_with({"list": {"acme": {"tier": "critical", "inference_objective": "acme"}}})
+    said = policy_changes(old, new)
+    assert any("inference objective unset → acme" in line for line in said), said

@@ -1,5 +1,5 @@
-"""The mesh targets the committed Istio and Envoy Gateway examples are rendered with
-(`make k8s`), and small readers of the rendered manifests."""
+"""The targets the committed Istio, Envoy Gateway and endpoint-picker examples are rendered
+with (`make k8s`), and small readers of the rendered manifests."""
 
 from __future__ import annotations
 
@@ -16,6 +16,12 @@ ISTIO = MeshTarget(pool_services=SERVICES, skip_routes=("status",))
 ENVOY_GATEWAY = MeshTarget(
     pool_services={k: v for k, v in SERVICES.items() if k != "long"},
     inference_pools={"long": "long-context"},
+)
+ENDPOINT_PICKER = MeshTarget(
+    endpoint_pickers={"default": "vllm-default", "long": "vllm-long"},
+    pool_selectors={"default": {"app": "vllm-default"}, "long": {"app": "vllm-long"}},
+    gateway_labels={},
+    tls_secret="slogate-tls",
 )
 
 

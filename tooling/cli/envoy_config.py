@@ -47,6 +47,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="POOL=CLUSTER",
         help="with --fragment/--merge-into: the cluster of yours a pool's engines are behind",
     )
+    config.add_argument(
+        "--sidecar-tls-ca",
+        default=None,
+        metavar="FILE",
+        help="TLS to the sidecar (`serve --tls-cert`): the CA its certificate chains to",
+    )
+    config.add_argument(
+        "--sidecar-tls-name",
+        default=None,
+        help="with --sidecar-tls-ca: the name the sidecar's certificate carries (and SNI)",
+    )
+    config.add_argument(
+        "--sidecar-tls-cert",
+        default=None,
+        metavar="FILE",
+        help="with --sidecar-tls-ca: Envoy's client certificate (mutual TLS); needs "
+        "--sidecar-tls-key",
+    )
+    config.add_argument("--sidecar-tls-key", default=None, metavar="FILE")
     config.set_defaults(handler=write_config)
 
 
@@ -61,16 +80,34 @@ def write_config(args: argparse.Namespace) -> int:
         build_fragment,
         merge_fragment,
     )
-    from tooling.render.envoy_config.profile import EnvoyPorts
+    from tooling.render.envoy_config.profile import EnvoyPorts, SidecarTls
 
     if args.contract:
         from tooling.render.envoy_config.fragment import contract_table
 
         print(contract_table())
         return 0
+    sidecar_tls = None
+    client = (args.sidecar_tls_cert, args.sidecar_tls_key)
+    if args.sidecar_tls_ca is None and (args.sidecar_tls_name or any(client)):
+        print(
+            "slogate envoy-config: the --sidecar-tls-* options need --sidecar-tls-ca",
+            file=sys.stderr,
+        )
+        return 2
+    if any(client) and not all(client):
+        print(
+            "slogate envoy-config: --sidecar-tls-cert and --sidecar-tls-key go together",
+            file=sys.stderr,
+        )
+        return 2
+    if args.sidecar_tls_ca is not None:
+        sidecar_tls = SidecarTls(args.sidecar_tls_ca, args.sidecar_tls_name, *client)
     policy = load_policy(args.policy)
-    ports = EnvoyPorts(args.listen_port, args.admin_port, args.sidecar_port, args.host)
-    target = FragmentTarget(args.host, args.sidecar_port, dict(args.pool_cluster))
+    ports = EnvoyPorts(
+        args.listen_port, args.admin_port, args.sidecar_port, args.host, sidecar_tls=sidecar_tls
+    )
+    target = FragmentTarget(args.host, args.sidecar_port, dict(args.pool_cluster), sidecar_tls)
     notes: list[str] = []
     if args.merge_into is not None:
         theirs = yaml.safe_load(args.merge_into.read_text(encoding="utf-8"))

@@ -1,5 +1,6 @@
-"""`slogate k8s`: the Kubernetes manifests for a policy (an Envoy + sidecar pod), or
-slogate for a mesh's Envoys (Istio, Envoy Gateway); tooling.render renders them."""
+"""`slogate k8s`: the Kubernetes manifests for a policy (an Envoy + sidecar pod), slogate
+for a mesh's Envoys (Istio, Envoy Gateway), or slogate as the endpoint picker of
+InferencePools (`--endpoint-picker`); tooling.render renders them."""
 
 from __future__ import annotations
 
@@ -24,6 +25,18 @@ def _label(value: str) -> tuple[str, str]:
     if not key or not label:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
     return key, label
+
+
+def _pool_label(value: str) -> tuple[str, str]:
+    pool, _, label = value.partition("=")
+    if not pool or not _label_ok(label):
+        raise argparse.ArgumentTypeError(f"expected POOL=KEY=VALUE, got {value!r}")
+    return pool, label
+
+
+def _label_ok(label: str) -> bool:
+    key, _, value = label.partition("=")
+    return bool(key and value)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -90,16 +103,66 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="istio: a route of yours that serves no policy path (ext_proc off there)",
     )
+    k8s.add_argument(
+        "--endpoint-picker",
+        type=pool_cluster,
+        action="append",
+        default=[],
+        metavar="POOL=INFERENCEPOOL",
+        help="slogate as the endpoint picker of an InferencePool of this name for the pool "
+        "(any conformant gateway calls it); the default pool must be one",
+    )
+    k8s.add_argument(
+        "--pool-selector",
+        type=_pool_label,
+        action="append",
+        default=[],
+        metavar="POOL=KEY=VALUE",
+        help="--endpoint-picker: a label of the pool's engine pods (the InferencePool's "
+        "selector; repeat for more)",
+    )
+    k8s.add_argument(
+        "--tls-secret",
+        default=None,
+        metavar="SECRET",
+        help="--endpoint-picker: the sidecar's gRPC port speaks TLS with this "
+        "kubernetes.io/tls Secret (probes go to a plain-text health port)",
+    )
+    k8s.add_argument(
+        "--mutual-tls",
+        action="store_true",
+        help="with --tls-secret: only callers with a client certificate its ca.crt signed",
+    )
     k8s.set_defaults(handler=write_k8s)
 
 
 def write_k8s(args: argparse.Namespace) -> int:
+    from tooling.render.inference_pool import render_endpoint_picker, selectors
     from tooling.render.k8s import DEFAULT_IMAGE, write_documents, write_manifests
     from tooling.render.mesh import MeshError, MeshTarget, render_istio
     from tooling.render.mesh_gateway import render_envoy_gateway
 
     image = args.image or DEFAULT_IMAGE
-    if args.mesh is None:
+    picker = bool(args.endpoint_picker)
+    if picker and args.mesh is not None:
+        print(
+            "slogate k8s: --endpoint-picker and --mesh are two ways of standing in the "
+            "gateway's path: slogate as the InferencePool's picker, or as a filter of its own "
+            "in front of the mesh's routes; choose one",
+            file=sys.stderr,
+        )
+        return 2
+    if (args.tls_secret or args.mutual_tls) and not picker:
+        print(
+            "slogate k8s: --tls-secret goes with --endpoint-picker (a mesh reaches the sidecar "
+            "through its own mTLS; the pod's Envoy on loopback)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.mutual_tls and not args.tls_secret:
+        print("slogate k8s: --mutual-tls needs --tls-secret", file=sys.stderr)
+        return 2
+    if args.mesh is None and not picker:
         out = args.out or Path("deploy/k8s/slogate.yaml")
         write_manifests(args.policy, out, image=image, replicas=args.replicas)
         print(f"wrote {out}")
@@ -113,19 +176,29 @@ def write_k8s(args: argparse.Namespace) -> int:
         gateway=args.gateway,
         listener=args.listener,
         gateway_namespace=args.gateway_namespace,
-        gateway_labels=dict(args.gateway_label) or {"istio": "ingressgateway"},
+        # The picker's callers: the gateway's pods if named, else any pod (any gateway).
+        gateway_labels=dict(args.gateway_label) or ({} if picker else {"istio": "ingressgateway"}),
         port=args.port,
         istio_context=args.istio_context,
         skip_routes=tuple(args.skip_route),
         before_filter=args.before_filter,
+        endpoint_pickers=dict(args.endpoint_picker),
+        pool_selectors=selectors(args.pool_selector),
+        tls_secret=args.tls_secret,
+        mutual_tls=args.mutual_tls,
     )
-    render = render_istio if args.mesh == "istio" else render_envoy_gateway
+    if picker:
+        render, mode = render_endpoint_picker, "endpoint-picker"
+        command = "slogate k8s --endpoint-picker"
+    else:
+        render = render_istio if args.mesh == "istio" else render_envoy_gateway
+        mode, command = args.mesh, f"slogate k8s --mesh {args.mesh}"
     try:
         documents = render(args.policy, target)
     except MeshError as error:
-        print(f"slogate k8s --mesh {args.mesh}: {error}", file=sys.stderr)
+        print(f"{command}: {error}", file=sys.stderr)
         return 2
-    out = args.out or Path(f"deploy/k8s/slogate-{args.mesh}.yaml")
-    write_documents(documents, out, f"slogate k8s --mesh {args.mesh}")
+    out = args.out or Path(f"deploy/k8s/slogate-{mode}.yaml")
+    write_documents(documents, out, command)
     print(f"wrote {out}")
     return 0

@@ -236,19 +236,20 @@ class PresetProbe:
     pool: str  # x-slogate-pool ("" when refused)
 
 
-def expected_answer(expected: str, fallback_pool: str) -> str:
+def expected_answer(expected: str, fallback_pool: str, tier: str = "standard") -> str:
     """An action of breaker.shedding ("admit", "refuse:tier_shed", "reroute") as the
-    client should see it."""
+    client of `tier` should see it (the sheddable tier's refusals are 429s)."""
     if expected.startswith("refuse:"):
-        return f"503 shed_{expected.split(':', 1)[1]}"
+        status = 429 if tier == "sheddable" else 503
+        return f"{status} shed_{expected.split(':', 1)[1]}"
     if expected == "reroute":
         return f"200 via {fallback_pool}"
     return "200"
 
 
 def seen_answer(probe: PresetProbe, fallback_pool: str) -> str:
-    if probe.status == 503 and probe.reason.startswith("shed_"):
-        return f"503 {probe.reason}"
+    if probe.status in (429, 503) and probe.reason.startswith("shed_"):
+        return f"{probe.status} {probe.reason}"
     if probe.status == 200 and probe.pool == fallback_pool:
         return f"200 via {fallback_pool}"
     return str(probe.status) if probe.status == 200 else f"{probe.status} {probe.reason}".strip()
@@ -262,7 +263,10 @@ def preset(
     rows = []
     wrong = []
     for probe, expected in probes:
-        want, got = expected_answer(expected, fallback_pool), seen_answer(probe, fallback_pool)
+        want, got = (
+            expected_answer(expected, fallback_pool, probe.tier),
+            seen_answer(probe, fallback_pool),
+        )
         size = "long" if probe.long_context else "short"
         rows.append(f"{probe.tier}/{size} {got}")
         if want != got:

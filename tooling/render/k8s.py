@@ -34,6 +34,10 @@ LISTEN_PORT = 10000
 ADMIN_PORT = 9901
 SIDECAR_PORT = 50051
 METRICS_PORT = 9464
+# grpc.health.v1 in plain text beside a TLS gRPC port: the kubelet's gRPC probe speaks no
+# TLS (`serve --health-port`; the port llm-d's endpoint picker uses for the same).
+HEALTH_PORT = 9003
+TLS_DIR = "/etc/slogate/tls"  # a kubernetes.io/tls Secret: tls.crt, tls.key (and ca.crt)
 # The image this version builds: the tag is the package's own version (extproc/version.py).
 DEFAULT_IMAGE = f"ghcr.io/slogate/slogate:{VERSION}"
 DEFAULT_ENVOY_IMAGE = "envoyproxy/envoy:v1.40.0"
@@ -163,40 +167,64 @@ def write_manifests(
     )
 
 
-def sidecar_container(name: str, image: str) -> dict[str, Any]:
+def sidecar_container(
+    name: str, image: str, tls_secret: str | None = None, mutual_tls: bool = False
+) -> dict[str, Any]:
     """The `slogate serve` container: gRPC and metrics on 0.0.0.0 (the kubelet probes the
     pod's IP; a mesh's Envoys call it over the network), a read-only root filesystem with
-    the writable paths the sidecar uses as emptyDirs (`sidecar_volumes`)."""
+    the writable paths the sidecar uses as emptyDirs (`sidecar_volumes`). With `tls_secret`
+    (a kubernetes.io/tls Secret, `sidecar_volumes` mounts it) the gRPC port speaks TLS (and
+    asks callers for a certificate its ca.crt signed, with `mutual_tls`), and the probes
+    go to the plain-text health port."""
+    args = [
+        "serve",
+        "--policy",
+        "/etc/slogate/policy.yaml",
+        "--host",
+        "0.0.0.0",
+        "--grpc-port",
+        str(SIDECAR_PORT),
+        "--metrics-host",
+        "0.0.0.0",
+        "--metrics-port",
+        str(METRICS_PORT),
+    ]
+    ports = [
+        {"name": "grpc", "containerPort": SIDECAR_PORT},
+        {"name": "metrics", "containerPort": METRICS_PORT},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": "/etc/slogate", "readOnly": True},
+        *({"name": volume, "mountPath": path} for volume, path in WRITABLE_PATHS.items()),
+    ]
+    probe_port = SIDECAR_PORT
+    if tls_secret is not None:
+        args += ["--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key"]
+        if mutual_tls:
+            args += ["--tls-client-ca", f"{TLS_DIR}/ca.crt"]
+        args += ["--health-port", str(HEALTH_PORT)]
+        ports.append({"name": "health", "containerPort": HEALTH_PORT})
+        mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+        probe_port = HEALTH_PORT
     return {
         "name": "slogate",
         "image": image,
-        "args": [
-            "serve",
-            "--policy",
-            "/etc/slogate/policy.yaml",
-            "--host",
-            "0.0.0.0",
-            "--grpc-port",
-            str(SIDECAR_PORT),
-            "--metrics-host",
-            "0.0.0.0",
-            "--metrics-port",
-            str(METRICS_PORT),
-        ],
+        "args": args,
         "env": [
             {
                 "name": "SLOGATE_REDIS_URL",
                 "valueFrom": {"secretKeyRef": {"name": f"{name}-redis", "key": "url"}},
             }
         ],
-        "ports": [
-            {"name": "grpc", "containerPort": SIDECAR_PORT},
-            {"name": "metrics", "containerPort": METRICS_PORT},
-        ],
-        # grpc.health.v1 on the sidecar port (Kubernetes' own gRPC probe, GA since 1.27).
-        "readinessProbe": {"grpc": {"port": SIDECAR_PORT}, "periodSeconds": 5},
+        "ports": ports,
+        # grpc.health.v1 (Kubernetes' own gRPC probe, GA since 1.27), by the endpoint picker
+        # protocol's service names: a draining sidecar is not ready but alive (not restarted).
+        "readinessProbe": {
+            "grpc": {"port": probe_port, "service": "readiness"},
+            "periodSeconds": 5,
+        },
         "livenessProbe": {
-            "grpc": {"port": SIDECAR_PORT},
+            "grpc": {"port": probe_port, "service": "liveness"},
             "periodSeconds": 10,
             "failureThreshold": 3,
         },
@@ -205,10 +233,7 @@ def sidecar_container(name: str, image: str) -> dict[str, Any]:
             "limits": {"memory": "2Gi"},
         },
         "securityContext": container_security(SIDECAR_UID),
-        "volumeMounts": [
-            {"name": "config", "mountPath": "/etc/slogate", "readOnly": True},
-            *({"name": volume, "mountPath": path} for volume, path in WRITABLE_PATHS.items()),
-        ],
+        "volumeMounts": mounts,
     }
 
 
@@ -218,12 +243,15 @@ def sidecar_container(name: str, image: str) -> dict[str, Any]:
 WRITABLE_PATHS = {"tmp": "/tmp", "logs": "/var/log/slogate"}
 
 
-def sidecar_volumes(name: str) -> list[dict[str, Any]]:
-    return [
+def sidecar_volumes(name: str, tls_secret: str | None = None) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": f"{name}-config"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
         {"name": "logs", "emptyDir": {}},
     ]
+    if tls_secret is not None:  # made by the operator (cert-manager writes this shape)
+        volumes.append({"name": "tls", "secret": {"secretName": tls_secret}})
+    return volumes
 
 
 def container_security(uid: int) -> dict[str, Any]:

@@ -102,6 +102,14 @@ class MeshTarget:
     # Istio: the filter slogate's go just before: the router, or an endpoint picker's
     # ext_proc (which must see slogate's decision, so runs after it).
     before_filter: str = ROUTER_NAME
+    # slogate as the endpoint picker (tooling.render.inference_pool): pool -> the
+    # InferencePool it picks for, and pool -> its engine pods' labels (the pool's selector).
+    endpoint_pickers: Mapping[str, str] = field(default_factory=dict)
+    pool_selectors: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # The gRPC port speaks TLS with this kubernetes.io/tls Secret (tls.crt, tls.key), and
+    # asks callers for a client certificate its ca.crt signed with `mutual_tls`.
+    tls_secret: str | None = None
+    mutual_tls: bool = False
 
     def host(self, service: str) -> str:
         return service if "." in service else f"{service}.{self.namespace}.svc.cluster.local"
@@ -111,7 +119,11 @@ class MeshTarget:
         return {"app.kubernetes.io/name": self.name}
 
 
-def _check(policy: Policy, target: MeshTarget, inference_pools: bool) -> None:
+def _check(
+    policy: Policy, target: MeshTarget, inference_pools: bool, services: bool = True
+) -> None:
+    """What every render needs: no `jwt:`, two messages, and (with `services`) a Service or
+    an InferencePool for every pool."""
     if policy.jwt is not None:
         raise MeshError(
             "a policy with `jwt:` is not rendered for a mesh yet: the mesh verifies tokens "
@@ -124,6 +136,8 @@ def _check(policy: Policy, target: MeshTarget, inference_pools: bool) -> None:
             "on every inference path (tooling.render.envoy_config.one_message); use "
             "data_path.messages: two, or slogate's own bootstrap"
         )
+    if not services:
+        return
     named = set(target.pool_services) | (set(target.inference_pools) if inference_pools else set())
     missing = sorted(set(policy.pools) - named)
     if missing:
@@ -162,8 +176,10 @@ def sidecar_workload(
                 "metadata": {"labels": labels},
                 "spec": {
                     **pod_hardening(labels),
-                    "containers": [sidecar_container(name, target.image)],
-                    "volumes": sidecar_volumes(name),
+                    "containers": [
+                        sidecar_container(name, target.image, target.tls_secret, target.mutual_tls)
+                    ],
+                    "volumes": sidecar_volumes(name, target.tls_secret),
                 },
             },
         },

@@ -1,7 +1,7 @@
 """slogate in Envoy Gateway: an EnvoyExtensionPolicy (ext_proc and the usage tap), an
 HTTPRoute for the pools, a ClientTrafficPolicy and an EnvoyPatchPolicy for what no policy
 type can say, plus the sidecar's own workload (tooling.render.mesh) and, for pools served by an
-InferencePool, one InferenceObjective per tier.
+InferencePool, the InferenceObjectives of the tiers and tenants (tooling.render.inference_pool).
 
 How each piece is expressed, and why: see tooling.render.mesh's docstring (Envoy Gateway).
 """
@@ -16,19 +16,20 @@ from typing import Any
 import envoy_data_plane.envoy.config.cluster.v3 as envoy_cluster
 
 from extproc.request.contract import (
+    DESTINATION_NAMESPACE,
     METADATA_NAMESPACE,
-    OBJECTIVE_PREFIX,
     POOL_HEADER,
     SIDECAR_FAILURE_STATUS,
     SIDECAR_SET_HEADERS,
 )
-from policy.domain import FailureMode, Tier
+from policy.domain import FailureMode
 from policy.loader import load_policy
 from policy.schema import Policy
 from tooling.render.envoy_config.bootstrap import manager_settings
 from tooling.render.envoy_config.engines import engine_cluster_options
 from tooling.render.envoy_config.filters import access_log, max_message_timeout_ms
 from tooling.render.envoy_config.usage_tap import usage_tap_lua
+from tooling.render.inference_pool import inference_objectives
 from tooling.render.k8s import SIDECAR_PORT
 from tooling.render.mesh import GATEWAY_GROUP, INFERENCE_GROUP, MeshTarget, _check, sidecar_workload
 
@@ -79,7 +80,7 @@ def render_envoy_gateway(policy_path: Path, target: MeshTarget) -> list[dict[str
                     "messageTimeout": f"{policy.message_timeout_ms}ms",
                     "failOpen": policy.failure_mode is FailureMode.OPEN,
                     "statusOnError": SIDECAR_FAILURE_STATUS,
-                    "metadata": {"writableNamespaces": [METADATA_NAMESPACE]},
+                    "metadata": {"writableNamespaces": [METADATA_NAMESPACE, DESTINATION_NAMESPACE]},
                 }
             ],
             "lua": [{"type": "Inline", "inline": usage_tap_lua()}],
@@ -169,40 +170,15 @@ def render_envoy_gateway(policy_path: Path, target: MeshTarget) -> list[dict[str
         pools,
         client,
         patch_policy,
-        *inference_objectives(policy, target),
+        *_objectives(policy, target),
     ]
 
 
-# What each tier is to an endpoint picker: its InferenceObjective's priority (higher first;
-# a negative one is what the picker sheds first when the pool is saturated).
-TIER_PRIORITY = {Tier.CRITICAL: 10, Tier.STANDARD: 0, Tier.SHEDDABLE: -10}
-
-
-def inference_objectives(policy: Policy, target: MeshTarget) -> list[dict[str, Any]]:
-    """One InferenceObjective per tier, named as the sidecar's objective header says, for
-    the first pool served by an InferencePool: an objective has one pool, and the header
-    names one objective, so a second InferencePool would need objectives of the same names
-    (one namespace holds one of each)."""
+def _objectives(policy: Policy, target: MeshTarget) -> list[dict[str, Any]]:
+    """The objectives for the first pool served by an InferencePool (an objective has one
+    pool: tooling.render.inference_pool.inference_objectives)."""
     served = [target.inference_pools[p] for p in policy.pools if p in target.inference_pools]
-    first = served[0] if served else None
-    if first is None:
-        return []
-    return [
-        {
-            "apiVersion": "llm-d.ai/v1alpha2",
-            "kind": "InferenceObjective",
-            "metadata": {
-                "name": f"{OBJECTIVE_PREFIX}{tier.value}",
-                "namespace": target.namespace,
-                "labels": target.labels,
-            },
-            "spec": {
-                "priority": priority,
-                "poolRef": {"group": INFERENCE_GROUP, "kind": "InferencePool", "name": first},
-            },
-        }
-        for tier, priority in TIER_PRIORITY.items()
-    ]
+    return inference_objectives(policy, target, served[0]) if served else []
 
 
 def pb_snake(fields: Mapping[str, Any]) -> dict[str, Any]:

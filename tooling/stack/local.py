@@ -103,7 +103,8 @@ class LocalStack(Pair):
     time_scale: float = 1.0
     failure_mode: FailureMode | None = None  # None: as the policy says
     exact_tokenizer: bool = True
-    # The sidecars' `--log-format` / `--log-level` (`slogate up --log-format json`).
+    # More of the sidecars' serve flags: `--log-format` / `--log-level` (`slogate up
+    # --log-format json`), a test's `--tls-cert` ones.
     sidecar_log_args: tuple[str, ...] = ()
     envoy_concurrency: int = 1
     replicas: int = 1

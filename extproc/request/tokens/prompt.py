@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -107,6 +107,10 @@ class PromptCounter:
         self._cache: OrderedDict[bytes, _Counted] = OrderedDict()
         self._cache_block_bytes = 0
         self.queued_bytes = 0  # text waiting for a worker, or being counted
+        # Told (text, its cache key or None, ids) of each text counted with ids: the
+        # engine's templated ids then need not tokenize it again
+        # (extproc.request.tokens.templated).
+        self.ids_to: Callable[[str, bytes | None, np.ndarray], None] | None = None
 
     @property
     def cache_size(self) -> int:
@@ -128,7 +132,8 @@ class PromptCounter:
         self, texts: Sequence[str], token_ids: int = 0, block_tokens: int = 0
     ) -> PromptCount:
         """The prompt's count; with `block_tokens`, also each text's block hashes (when the
-        counter gives ids and the count is exact: a bound has no ids)."""
+        counter gives ids and the count is exact: a bound has no ids); `ids_to`, where set,
+        is told the ids of each text counted now."""
         config = self._config
         total = token_ids + config.per_message_overhead_tokens * len(texts)
         blocks_wanted = block_tokens > 0 and self._gives_ids
@@ -155,16 +160,22 @@ class PromptCounter:
             return PromptCount(total + pending_bytes, CountKind.BOUND)
         width = block_tokens if blocks_wanted else 0
         if pending_bytes <= self._inline_limit(pending, pending_bytes) or self._executor is None:
-            counts = [_count_one(self._counter, text, width) for _, _, text, _ in pending]
+            with_ids = [_count_one(self._counter, text, width) for _, _, text, _ in pending]
         elif self.queued_bytes + pending_bytes > config.queue_max_bytes:
             return PromptCount(total + pending_bytes, CountKind.BUSY)
         else:
-            counts = await self._count_off_loop(
+            with_ids = await self._count_off_loop(
                 [text for _, _, text, _ in pending],
                 [size for _, _, _, size in pending],
                 self._config.workers,
                 width,
             )
+        counts = [counted for counted, _ in with_ids]
+        ids_to = self.ids_to
+        if ids_to is not None:
+            for (_, key, text, _), (_, ids) in zip(pending, with_ids, strict=True):
+                if ids is not None:
+                    ids_to(text, key, ids)
         for (index, cache_key, _, _), counted in zip(pending, counts, strict=True):
             total += counted[0]
             known_counts[index] = counted
@@ -200,7 +211,7 @@ class PromptCounter:
 
     async def _count_off_loop(
         self, texts: list[str], sizes: list[int], workers: int, block_tokens: int = 0
-    ) -> list[_Counted]:
+    ) -> list[tuple[_Counted, np.ndarray | None]]:
         """Each text's count (and block hashes), from the worker threads. Texts of
         `split_min_bytes` or more are cut into one piece per worker, and the pieces dealt
         out so every worker counts about as many bytes, all at once: a long prompt's count
@@ -244,12 +255,12 @@ class PromptCounter:
             counts = [0] * len(texts)
             for (index, _), value in zip(jobs, results, strict=True):
                 counts[index] += int(value)
-            return [(n, None) for n in counts]
+            return [((n, None), None) for n in counts]
         parts: list[list[np.ndarray]] = [[] for _ in texts]
         for (index, _), value in zip(jobs, results, strict=True):
             parts[index].append(value)  # type: ignore[arg-type]
         joined = [p[0] if len(p) == 1 else np.concatenate(p) for p in parts]
-        return [(int(a.shape[0]), text_blocks(a, block_tokens)) for a in joined]
+        return [((int(a.shape[0]), text_blocks(a, block_tokens)), a) for a in joined]
 
     def _remember(self, key: bytes, counted: _Counted) -> None:
         old = self._cache.pop(key, None)
@@ -271,12 +282,15 @@ def _inline_cap(counter: TokenCounter | None) -> int:
     return counter.inline_cap_bytes if isinstance(counter, CappedCounter) else 1 << 62
 
 
-def _count_one(counter: TokenCounter, text: str, block_tokens: int) -> _Counted:
-    """One text's count, and its block hashes when `block_tokens` (an IdCounter then)."""
+def _count_one(
+    counter: TokenCounter, text: str, block_tokens: int
+) -> tuple[_Counted, np.ndarray | None]:
+    """One text's count, and its block hashes when `block_tokens` (an IdCounter then); and
+    the ids they came from."""
     if not block_tokens:
-        return counter.count(text), None
+        return (counter.count(text), None), None
     ids = counter.token_ids(text)  # type: ignore[attr-defined]
-    return int(ids.shape[0]), text_blocks(ids, block_tokens)
+    return (int(ids.shape[0]), text_blocks(ids, block_tokens)), ids
 
 
 def _count_all(counter: TokenCounter, pieces: list[str], ids: bool) -> list[int | np.ndarray]:

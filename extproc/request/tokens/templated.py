@@ -43,6 +43,8 @@ _EOS = "<\uff5cend\u2581of\u2581sentence\uff5c>"
 _USER = "<\uff5cUser\uff5c>"
 _ASSISTANT = "<\uff5cAssistant\uff5c>"
 _NONE = np.zeros(0, dtype=np.uint32)
+_DIGEST_MIN_BYTES = 256  # the counter's _CACHED_MIN_BYTES: longer texts come with its digest
+_FRESH = 256  # texts counted and not yet asked for (a request's, or a few in flight)
 
 
 def pieces(template: ChatTemplate, roles: Sequence[str], texts: Sequence[str]) -> list[str]:
@@ -77,8 +79,27 @@ class TemplatedIds:
         self._tokenizers: dict[str, IdCounter] = {}
         self._lock = asyncio.Lock()
         self.cache_tokens = cache_tokens
-        self._cache: OrderedDict[tuple[int, bytes], np.ndarray] = OrderedDict()
+        self._cache: OrderedDict[tuple[int, str | bytes], np.ndarray] = OrderedDict()
         self._cached_tokens = 0
+        self._used = False  # asked for ids once: only then is the counter's work kept
+        # Texts the counter just tokenized, by object: the request's own strings come back
+        # as template pieces (DeepSeek's turns) without being hashed again.
+        self._fresh: OrderedDict[int, tuple[str, np.ndarray]] = OrderedDict()
+        counter.ids_to = self._counted
+
+    def _counted(self, text: str, key: bytes | None, ids: np.ndarray) -> None:
+        """The counter tokenized a message text (`key`: its BLAKE2b digest, the cache's
+        own, where it computed one): where the pool tokenizes with the counter's tokenizer
+        and the text is a piece of its template by itself, its ids are these."""
+        tokenizer = self._counter.id_counter
+        if not self._used or tokenizer is None:
+            return
+        if ids.dtype != np.uint32:
+            ids = ids.astype(np.uint32)
+        self._fresh[id(text)] = (text, ids)
+        while len(self._fresh) > _FRESH:
+            self._fresh.popitem(last=False)
+        self._keep((id(tokenizer), key if key is not None else _key(text)), ids)
 
     async def _tokenizer(self, path: str | None) -> IdCounter | None:
         if path is None:
@@ -101,6 +122,7 @@ class TemplatedIds:
         tokenizer = await self._tokenizer(config.tokenizer)
         if tokenizer is None:
             return None
+        self._used = True
         parts = [
             self._piece(tokenizer, piece) for piece in pieces(config.chat_template, roles, texts)
         ]
@@ -109,19 +131,37 @@ class TemplatedIds:
     def _piece(self, tokenizer: IdCounter, piece: str) -> np.ndarray:
         if not piece:
             return _NONE
-        digest = hashlib.blake2b(piece.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-        key = (id(tokenizer), digest)
-        cache = self._cache
-        ids = cache.get(key)
+        fresh = self._fresh.pop(id(piece), None)
+        if fresh is not None and fresh[0] is piece and tokenizer is self._counter.id_counter:
+            return fresh[1]
+        key = (id(tokenizer), _key(piece))
+        ids = self._cache.get(key)
         if ids is not None:
-            cache.move_to_end(key)
+            self._cache.move_to_end(key)
             return ids
-        ids = tokenizer.token_ids(piece)
+        return self._keep(key, tokenizer.token_ids(piece))
+
+    def _keep(self, key: tuple[int, str | bytes], ids: np.ndarray) -> np.ndarray:
         if ids.dtype != np.uint32:
             ids = ids.astype(np.uint32)
+        cache = self._cache
+        old = cache.pop(key, None)
+        if old is not None:
+            self._cached_tokens -= int(old.shape[0])
         cache[key] = ids
         self._cached_tokens += int(ids.shape[0])
         while self._cached_tokens > self.cache_tokens and cache:
             _, dropped = cache.popitem(last=False)
             self._cached_tokens -= int(dropped.shape[0])
         return ids
+
+
+def _key(text: str) -> str | bytes:
+    """A piece as the cache keeps it: a short one (a marker, a role, a short turn) as itself,
+    a long one by its BLAKE2b digest (the counter's cache key for the same text)."""
+    if len(text) * 4 < _DIGEST_MIN_BYTES:  # at most 4 bytes a character: short, not encoded
+        return text
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) < _DIGEST_MIN_BYTES:
+        return text
+    return hashlib.blake2b(raw, digest_size=16).digest()

@@ -6,17 +6,20 @@ import dataclasses
 import json
 import random
 import string
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 import pytest
 
-from admission.decision import CountKind, RoutingDecision
+from admission.chain import AdmissionChain
+from admission.decision import Admitted, Applicant, CountKind, RequestOutcome, RoutingDecision
 from admission.errors import (
     BodyTooLarge,
     ContextLengthExceeded,
     InvalidRequest,
     MethodNotAllowed,
+    NoEndpoint,
     NotFound,
     Overloaded,
     RequestRejected,
@@ -24,6 +27,7 @@ from admission.errors import (
 )
 from engines.picker import EnginePicker
 from engines.prefix import PromptBlocks, prompt_blocks
+from engines.state import EngineFleet
 from extproc.request.flow import Decider
 from extproc.request.identity import ApiKeyResolver
 from extproc.request.tokens.bpe import DeepSeekBpe
@@ -320,3 +324,97 @@ async def test_a_reload_between_the_phases_leaves_the_request_on_its_snapshot() 
     assert picker.blocks == [prompt_blocks(fresh.blocks, fresh.lengths, 16)]
     await route(body(prompt, max_tokens=16), d=d)  # the next request reads the new one
     assert counter.block_tokens == [16, 32]
+
+
+class _HeldSteps:
+    """An admission step that notes what it holds; `during` runs while it admits (the
+    engines may die while a request waits for room)."""
+
+    def __init__(self, during: Callable[[], None] = lambda: None) -> None:
+        self.held: set[str] = set()
+        self.admitted = 0
+        self._during = during
+
+    async def admit(self, applicant: Applicant) -> Admitted:
+        self.admitted += 1
+        self.held.add(applicant.request_id)
+        self._during()
+        return Admitted(applicant.decision)
+
+    async def release(self, decision: RoutingDecision, request_id: str) -> None:
+        self.held.discard(request_id)
+
+    async def settle(self, outcome: RequestOutcome) -> None:
+        pass
+
+
+ENGINE_A, ENGINE_B = ("10.0.0.1", 8000), ("10.0.0.2", 8000)
+
+
+def _picking(step: _HeldSteps) -> tuple[Decider, EngineFleet]:
+    fleet = EngineFleet(lambda: POLICY.engines.health, lambda: 0.0)
+    fleet.sync("default", [ENGINE_A, ENGINE_B])
+    picker = EnginePicker(fleet, lambda: POLICY, lambda: 0.0)
+    counter = PromptCounter(_BPE, POLICY.counting, ThreadPoolExecutor(1))
+    d = Decider(
+        policy=lambda: POLICY,
+        identity=ApiKeyResolver(),
+        counter=counter,
+        admission=AdmissionChain([step]),
+        picker=picker,
+    )
+    return d, fleet
+
+
+async def _hinted(d: Decider, hint: frozenset[str] | None) -> Routed:
+    flow = d.new_flow()
+    flow.subset_hint = hint
+    await flow.on_request_headers(HEADERS, end_of_stream=False)
+    return await flow.on_request_body(body("hello"))
+
+
+async def test_a_subset_hint_narrows_the_engines_named() -> None:
+    step = _HeldSteps()
+    d, _ = _picking(step)
+    routed = await _hinted(d, frozenset({"10.0.0.2:8000", "10.9.9.9:1"}))
+    assert routed.decision.engines == ("10.0.0.2:8000",)
+    assert (await _hinted(d, None)).decision.engines[0] in {"10.0.0.1:8000", "10.0.0.2:8000"}
+
+
+@pytest.mark.parametrize("hint", [frozenset({"10.9.9.9:1"}), frozenset()])
+async def test_a_hint_no_engine_of_the_pool_is_in_is_refused_before_admission(
+    hint: frozenset[str],
+) -> None:
+    step = _HeldSteps()
+    d, fleet = _picking(step)
+    with pytest.raises(NoEndpoint) as refused:
+        await _hinted(d, hint)
+    assert refused.value.status == 503 and refused.value.reason == "no_hinted_endpoint"
+    assert step.admitted == 0 and fleet.holds == 0 and len(d.inflight) == 0
+
+
+async def test_a_hinted_engine_gone_while_admitted_releases_what_the_request_held() -> None:
+    fleets: list[EngineFleet] = []
+
+    def engine_b_dies() -> None:
+        for _ in range(POLICY.engines.health.unhealthy_after):
+            fleets[0].probed("default", "10.0.0.2:8000", False)
+
+    step = _HeldSteps(engine_b_dies)
+    d, fleet = _picking(step)
+    fleets.append(fleet)
+    with pytest.raises(NoEndpoint):
+        await _hinted(d, frozenset({"10.0.0.2:8000"}))
+    assert step.admitted == 1 and step.held == set()  # admitted, then given back
+    assert fleet.holds == 0 and len(d.inflight) == 0
+
+
+async def test_a_clients_destination_header_is_stripped() -> None:
+    verdict = (
+        await decider()
+        .new_flow()
+        .on_request_headers(
+            {**HEADERS, "x-gateway-destination-endpoint": "10.9.9.9:1"}, end_of_stream=False
+        )
+    )
+    assert verdict.strip_headers == ("x-gateway-destination-endpoint",)

@@ -264,6 +264,11 @@ def test_a_preset_that_did_not_take_effect_fails() -> None:
     failed = checks.preset(3, "default", [(admitted, "refuse:tier_shed")], "fallback")
     assert failed.verdict is Verdict.FAIL
     assert failed.detail == "standard/short: expected 503 shed_tier_shed, got 200"
+    # The sheddable tier's refusals are 429s (the endpoint picker protocol's drop).
+    dropped = PresetProbe("sheddable", False, 429, "shed_tier_shed", "")
+    assert checks.preset(2, "default", [(dropped, "refuse:tier_shed")], "fallback").verdict is (
+        Verdict.PASS
+    )
     stayed = PresetProbe("critical", False, 200, "", "default")
     assert checks.preset(3, "default", [(stayed, "reroute")], "fallback").verdict is Verdict.FAIL
 

@@ -14,6 +14,7 @@ import envoy_data_plane.envoy.config.listener.v3 as listener
 import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 as hcm
 import envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 as tls
 import envoy_data_plane.envoy.extensions.upstreams.http.v3 as upstream_http
+import envoy_data_plane.envoy.type.matcher.v3 as matcher
 import envoy_data_plane.google.protobuf as pb
 
 from extproc.request.contract import SIDECAR_CLUSTER
@@ -31,7 +32,7 @@ from tooling.render.envoy_config.filters import (
     slogate_filters,
 )
 from tooling.render.envoy_config.local_replies import local_reply_config
-from tooling.render.envoy_config.profile import EnvoyPorts, FilterProfile
+from tooling.render.envoy_config.profile import EnvoyPorts, FilterProfile, SidecarTls
 from tooling.render.envoy_config.routes import route_config
 
 
@@ -170,9 +171,40 @@ def _static_cluster(
     )
 
 
-def slogate_clusters(policy: Policy, host: str, port: int) -> list[cluster.Cluster]:
+def sidecar_transport(sidecar_tls: SidecarTls) -> core.TransportSocket:
+    """TLS to the sidecar: its certificate checked against the CA (and the name, when
+    given), h2 offered by ALPN (gRPC's servers insist on it), Envoy's client certificate
+    for mutual TLS."""
+    validation = tls.CertificateValidationContext(
+        trusted_ca=core.DataSource(filename=sidecar_tls.ca_file)
+    )
+    if sidecar_tls.server_name is not None:
+        validation.match_typed_subject_alt_names = [
+            tls.SubjectAltNameMatcher(
+                san_type=tls.SubjectAltNameMatcherSanType.DNS,
+                matcher=matcher.StringMatcher(exact=sidecar_tls.server_name),
+            )
+        ]
+    common = tls.CommonTlsContext(validation_context=validation, alpn_protocols=["h2"])
+    if sidecar_tls.cert_file is not None and sidecar_tls.key_file is not None:
+        common.tls_certificates = [
+            tls.TlsCertificate(
+                certificate_chain=core.DataSource(filename=sidecar_tls.cert_file),
+                private_key=core.DataSource(filename=sidecar_tls.key_file),
+            )
+        ]
+    context = tls.UpstreamTlsContext(common_tls_context=common, sni=sidecar_tls.server_name or "")
+    return core.TransportSocket(**_typed("envoy.transport_sockets.tls", context))
+
+
+def slogate_clusters(
+    policy: Policy, host: str, port: int, sidecar_tls: SidecarTls | None = None
+) -> list[cluster.Cluster]:
     """The sidecar's cluster (and the JWKS server's, when the policy fetches keys)."""
-    clusters = [_static_cluster(SIDECAR_CLUSTER, ((host, port),), http2=True)]
+    sidecar = _static_cluster(SIDECAR_CLUSTER, ((host, port),), http2=True)
+    if sidecar_tls is not None:
+        sidecar.transport_socket = sidecar_transport(sidecar_tls)
+    clusters = [sidecar]
     if policy.jwt is not None and policy.jwt.jwks_uri is not None:
         clusters.append(_jwks_cluster(policy.jwt.jwks_uri))
     return clusters
@@ -186,7 +218,7 @@ def build_bootstrap(
     ports = ports or EnvoyPorts()
     manager = http_connection_manager(policy, profile)
     clusters = [pool_cluster(p, policy) for p in policy.pools.values()]
-    clusters += slogate_clusters(policy, ports.host, ports.sidecar_port)
+    clusters += slogate_clusters(policy, ports.host, ports.sidecar_port, ports.sidecar_tls)
     config = bootstrap.Bootstrap(
         admin=bootstrap.Admin(address=_address(ports.host, ports.admin_port)),
         static_resources=bootstrap.BootstrapStaticResources(

@@ -4,9 +4,11 @@ detection, and the pool routes' one retry.
 What lives here, and why each piece:
 - `engine_balancing`: the override-host policy (`envoy.load_balancing_policies.override_host`,
   the one the Gateway API inference extension's endpoint picker uses) reading the engines
-  slogate picked from its dynamic metadata (`slogate/engine`: "ip:port,ip:port"), with
-  round robin over the healthy engines as the fallback when no engine was named (picking
-  off, an endpoint picker of the operator's, a request slogate did not decide). Chosen over
+  picked as that protocol names them: dynamic metadata `envoy.lb` /
+  `x-gateway-destination-endpoint` ("ip:port,ip:port") first, the header of that name
+  second, so the same cluster serves slogate or any other endpoint picker; round robin over
+  the healthy engines as the fallback when no engine was named (picking off, a request
+  slogate did not decide). The sidecar removes a client's copy of the header. Chosen over
   an original-destination cluster, which has no health checks, no outlier detection and
   no fallback. Checked on Envoy 1.40: the policy takes the named host whatever its health
   (its source says so: "TODO: validate that host health status did not change"), so slogate
@@ -37,7 +39,11 @@ import envoy_data_plane.envoy.extensions.retry.host.previous_hosts.v3 as previou
 import envoy_data_plane.envoy.type.metadata.v3 as metadata
 import envoy_data_plane.google.protobuf as pb
 
-from extproc.request.contract import ENGINE_FIELD, METADATA_NAMESPACE
+from extproc.request.contract import (
+    DESTINATION_HEADER,
+    DESTINATION_KEY,
+    DESTINATION_NAMESPACE,
+)
 from policy.schema import EngineHealthConfig, Policy
 
 # What a retry may be for: nothing reached the engine (envoy's retry_on names).
@@ -59,7 +65,8 @@ def _extension(name: str, message: Any) -> cluster.LoadBalancingPolicyPolicy:
 
 
 def engine_balancing() -> cluster.LoadBalancingPolicy:
-    """The engine slogate named, else Envoy's round robin over the healthy ones."""
+    """The engine the picker named (the endpoint picker protocol's metadata, else its
+    header), else Envoy's round robin over the healthy ones."""
     return cluster.LoadBalancingPolicy(
         policies=[
             _extension(
@@ -68,10 +75,11 @@ def engine_balancing() -> cluster.LoadBalancingPolicy:
                     override_host_sources=[
                         override.OverrideHostOverrideHostSource(
                             metadata=metadata.MetadataKey(
-                                key=METADATA_NAMESPACE,
-                                path=[metadata.MetadataKeyPathSegment(key=ENGINE_FIELD)],
+                                key=DESTINATION_NAMESPACE,
+                                path=[metadata.MetadataKeyPathSegment(key=DESTINATION_KEY)],
                             )
-                        )
+                        ),
+                        override.OverrideHostOverrideHostSource(header=DESTINATION_HEADER),
                     ],
                     fallback_policy=cluster.LoadBalancingPolicy(
                         policies=[_extension(ROUND_ROBIN, round_robin.RoundRobin())]

@@ -19,6 +19,7 @@ import envoy_data_plane.google.protobuf as pb
 from extproc.request.contract import (
     ACCESS_LOG_NAME,
     ACCESS_LOG_TAGS,
+    DESTINATION_NAMESPACE,
     EXT_PROC_FILTER,
     FORWARDED_NAMESPACE,
     JWT_FILTER,
@@ -80,8 +81,10 @@ def ext_proc_filter(
         # ignores an override above this, so it is the longest wait's by the same rule.
         max_message_timeout=_duration_ms(max_message_timeout_ms(policy)),
         metadata_options=ext_proc.MetadataOptions(
+            # slogate's own, and the endpoint picker protocol's destination (Envoy drops
+            # dynamic metadata of a namespace not listed here).
             receiving_namespaces=ext_proc.MetadataOptionsMetadataNamespaces(
-                untyped=[METADATA_NAMESPACE]
+                untyped=[METADATA_NAMESPACE, DESTINATION_NAMESPACE]
             ),
             # Verified JWT claims reach the sidecar with the request headers (and, with one
             # message, the headers it reads: one_message.forward_headers_filter).

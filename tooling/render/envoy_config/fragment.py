@@ -35,6 +35,7 @@ from policy._data_path import ExtProcMessages
 from policy.schema import Policy
 from tooling.render.envoy_config.bootstrap import manager_settings, pool_cluster, slogate_clusters
 from tooling.render.envoy_config.filters import access_log, slogate_filters
+from tooling.render.envoy_config.profile import SidecarTls
 from tooling.render.envoy_config.routes import ext_proc_per_route, failure_modes, pool_routes
 
 HCM_TYPE = (
@@ -58,6 +59,7 @@ class FragmentTarget:
     # pool -> the operator's cluster for its engines; a pool not named here gets a cluster
     # of its own name from the policy's endpoints.
     pool_clusters: Mapping[str, str] = field(default_factory=dict)
+    sidecar_tls: SidecarTls | None = None  # None: plain text (the sidecar beside Envoy)
 
 
 def build_fragment(policy: Policy, target: FragmentTarget | None = None) -> dict[str, Any]:
@@ -72,7 +74,9 @@ def build_fragment(policy: Policy, target: FragmentTarget | None = None) -> dict
             "data_path.messages: two"
         )
     target = target or FragmentTarget()
-    clusters = slogate_clusters(policy, target.sidecar_host, target.sidecar_port)
+    clusters = slogate_clusters(
+        policy, target.sidecar_host, target.sidecar_port, target.sidecar_tls
+    )
     clusters += [
         pool_cluster(pool, policy)
         for pool in policy.pools.values()

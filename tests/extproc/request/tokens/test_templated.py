@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from extproc.request.bodies.openai import read_chat
@@ -91,3 +92,40 @@ async def test_pieces_tokenize_as_the_whole_string(tmp_path: Path) -> None:
         got = await ids.ids(roles, texts, config)
         assert got is not None
         assert got.tolist() == whole.token_ids(render(ChatTemplate.CHATML, roles, texts)).tolist()
+
+
+class CountingCalls:
+    """slogate's DeepSeek tokenizer, counting the texts it tokenizes."""
+
+    def __init__(self) -> None:
+        from extproc.request.tokens.native import FastokensBpe
+
+        self.bpe = FastokensBpe()
+        self.texts: list[str] = []
+
+    def count(self, text: str) -> int:
+        return self.bpe.count(text)
+
+    def token_ids(self, text: str) -> np.ndarray:
+        self.texts.append(text)
+        return self.bpe.token_ids(text)
+
+
+async def test_the_counters_ids_are_not_tokenized_again() -> None:
+    """A DeepSeek pool with the counter's tokenizer: each new message is tokenized once,
+    by the count; the templated ids are still the whole rendered string's."""
+    tokenizer = CountingCalls()
+    counter = PromptCounter(tokenizer, CountingConfig())
+    templated = TemplatedIds(counter)
+    roles = ("system", "user")
+    texts = ("You answer. " * 50, "What is the fleet? " * 40)
+    config = KvEvents()
+    await templated.ids(roles, texts, config)  # the first use: the counter's work kept from now
+    texts = (texts[0], "And the queue? " * 40)
+    tokenizer.texts.clear()
+    await counter.count(texts, block_tokens=64)
+    got = await templated.ids(roles, texts, config)
+    assert got is not None
+    assert tokenizer.texts.count(texts[1]) == 1  # by the count, not again
+    expected = tokenizer.bpe.token_ids(render(ChatTemplate.DEEPSEEK, roles, texts))
+    assert got.tolist() == expected.tolist()

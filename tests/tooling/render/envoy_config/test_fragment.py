@@ -26,6 +26,7 @@ from tooling.render.envoy_config.fragment import (
     build_fragment,
     merge_fragment,
 )
+from tooling.render.envoy_config.profile import EnvoyPorts, SidecarTls
 
 
 def manager(config: dict[str, Any]) -> dict[str, Any]:
@@ -172,3 +173,24 @@ def test_the_docs_state_the_contract() -> None:
         "run `slogate envoy-config --contract` into docs/operators/deploy-envoy.md"
     )
     assert len(ENVOY_PIECES) >= 10
+
+
+def test_tls_to_the_sidecar_goes_into_the_fragment_and_the_bootstrap() -> None:
+    """The sidecar's cluster speaks TLS (h2 by ALPN, its name checked, Envoy's client
+    certificate) in both, and the real Envoy takes it (a real handshake:
+    tests/e2e/test_sidecar_tls.py)."""
+    to_sidecar = SidecarTls("/etc/slogate/tls/ca.crt", "slogate.llm.svc", "/c.pem", "/k.pem")
+    piece = fragment(sidecar_tls=to_sidecar)
+    socket = next(c for c in piece["clusters"] if c["name"] == SIDECAR_CLUSTER)["transportSocket"]
+    context = socket["typedConfig"]
+    assert context["sni"] == "slogate.llm.svc"
+    common = context["commonTlsContext"]
+    assert common["alpnProtocols"] == ["h2"]
+    assert common["validationContext"]["trustedCa"] == {"filename": "/etc/slogate/tls/ca.crt"}
+    assert common["tlsCertificates"][0]["privateKey"] == {"filename": "/k.pem"}
+    whole = build_bootstrap(load_policy(EXAMPLE_POLICY), EnvoyPorts(sidecar_tls=to_sidecar))
+    sidecar = next(c for c in whole["staticResources"]["clusters"] if c["name"] == SIDECAR_CLUSTER)
+    assert sidecar["transportSocket"] == socket
+    assert "transportSocket" not in next(
+        c for c in fragment()["clusters"] if c["name"] == SIDECAR_CLUSTER
+    )
