@@ -226,9 +226,15 @@ class SimulatedSidecar:
         run_now(self._engine_outcomes.record(outcome))
 
 
-def chat(texts: tuple[str, ...], max_tokens: int, stream: bool, head: int = 1) -> InferenceRequest:
+def chat(
+    texts: tuple[str, ...],
+    max_tokens: int,
+    stream: bool,
+    head: int = 1,
+    roles: tuple[str, ...] = (),
+) -> InferenceRequest:
     """A chat of `texts` as the sidecar parses one. `head`: the leading texts that are its
-    conversation's head."""
+    conversation's head; `roles`: each text's role (a plain chat's; empty: not known)."""
     return InferenceRequest(
         shape=BodyShape.CHAT,
         model=None,
@@ -237,6 +243,7 @@ def chat(texts: tuple[str, ...], max_tokens: int, stream: bool, head: int = 1) -
         max_tokens=max_tokens,
         stream=stream,
         conversation_texts=head,
+        chat_roles=roles,
     )
 
 
