@@ -112,13 +112,33 @@ def load_of(
     return min(1.0, max(parts))
 
 
-def over_bound(
+def crowded(
     candidate: EngineCandidate, pool_held_sequences: int, count: int, bound: float
 ) -> bool:
-    """Consistent hashing with bounded loads: more requests in flight than `bound` x the
-    fair share (one more request counted, so an idle pool binds nobody)."""
+    """Consistent hashing with bounded loads, what a cached prefix may pull against: as many
+    requests in flight as ceil(`bound` x the fair share), this one counted (an idle pool
+    crowds nobody). A hot prefix spills over instead of piling onto one engine."""
     fair = bound * (pool_held_sequences + 1) / count
     return candidate.held_sequences >= math.ceil(fair)
+
+
+def over_bound(
+    candidate: EngineCandidate,
+    pool_held_sequences: int,
+    count: int,
+    bound: float,
+    least_held: int = 0,
+) -> bool:
+    """What the hashed pulls (affinity, length) may pull against, which save nothing on the
+    request itself: this request would take the engine past `bound` x the pool's mean
+    requests in flight (this one counted), unless it holds no more than the least busy
+    engine (an idle or evenly loaded pool binds nobody). Not rounded up as `crowded` is:
+    with a few requests in flight, ceil(1.25 x the fair share) let 2 of 2 or 3 of 4 new
+    conversations pile onto one of two engines by their hashes."""
+    if candidate.held_sequences <= least_held:
+        return False
+    mean = (pool_held_sequences + 1) / count
+    return candidate.held_sequences + 1 > bound * mean
 
 
 def saturated(candidate: EngineCandidate) -> bool:
@@ -141,6 +161,7 @@ def score(
     count = len(candidates)
     held = sum(c.held_sequences for c in candidates)
     most = max(c.held_sequences for c in candidates)
+    least = min(c.held_sequences for c in candidates)
     if weights is None:
         weights = [rendezvous(blocks.key, c.address) for c in candidates]
     affinity = _rank_scores(weights) if blocks.key else [0.0] * count
@@ -148,19 +169,25 @@ def score(
     scored = []
     for i, candidate in enumerate(candidates):
         load = 1.0 - load_of(candidate, held, count, most)
-        # Over its bounded share, or its batch already full from this sidecar's own count (a
-        # request sent there would queue): no pull towards it.
-        bound = over_bound(candidate, held, count, config.load_bound) or saturated(candidate)
+        # Its batch already full from this sidecar's own count (a request sent there would
+        # queue), or over its bounded share: no pull towards it. A cached prefix (it saves
+        # the prefill) may pull up to `crowded`; the hashed pulls only within `over_bound`,
+        # the bucket's included (on two engines with one bucket that pull is a constant
+        # tilt to one of them, which tied the load's difference of one request).
+        full = saturated(candidate)
+        held_back = full or crowded(candidate, held, count, config.load_bound)
+        bound = full or over_bound(candidate, held, count, config.load_bound, least)
         beyond = max(0, candidate.matched_tokens - blocks.head_tokens)
-        prefix = beyond / blocks.total_tokens if blocks.total_tokens and not bound else 0.0
+        prefix = beyond / blocks.total_tokens if blocks.total_tokens and not held_back else 0.0
         pull = 0.0 if bound else affinity[i]
+        packed = 0.0 if bound else length[i]
         total = (
             config.prefix_weight * prefix
             + config.load_weight * load
             + config.affinity_weight * pull
-            + config.length_weight * length[i]
+            + config.length_weight * packed
         )
-        scored.append(Scores(candidate.address, prefix, load, pull, length[i], total))
+        scored.append(Scores(candidate.address, prefix, load, pull, packed, total))
     return scored
 
 

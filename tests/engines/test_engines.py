@@ -309,17 +309,22 @@ def test_the_picker_holds_the_footprint_on_its_engine_and_learns_the_prefix() ->
     assert len(chosen) == 2
     engine = fleet.get("default", chosen[0])
     assert engine is not None and (engine.held_tokens, engine.held_sequences) == (120, 1)
-    again = picker.pick("r2", spec, blocks, "0-4k", tokens=120, sequences=1)
-    assert again[0] == chosen[0]  # its prefix is cached there now
+    # While it runs, a second one would hold 2 of the 2 requests in flight on one engine
+    # (over 1.25x the mean): it goes to the other.
+    beside = picker.pick("r2", spec, blocks, "0-4k", tokens=120, sequences=1)
+    assert beside[0] == chosen[1]
     picker.release("r1")
     picker.release("r2")
     assert engine.held_tokens == 0 and fleet.holds == 0
+    again = picker.pick("r3", spec, blocks, "0-4k", tokens=120, sequences=1)
+    assert again[0] == chosen[0]  # the conversation's engine, where its prefix is cached
+    picker.release("r3")
     # Dead engines are never named; an external picker's pool gets no name at all.
     for _ in range(2):
         fleet.probed("default", chosen[0], False)
-    assert picker.pick("r3", spec, blocks, "0-4k", 10, 1) == (chosen[1],)
+    assert picker.pick("r4", spec, blocks, "0-4k", 10, 1) == (chosen[1],)
     external = dataclasses.replace(spec, picker=Picker.EXTERNAL)
-    assert picker.pick("r4", external, blocks, "0-4k", 10, 1) == ()
+    assert picker.pick("r5", external, blocks, "0-4k", 10, 1) == ()
 
 
 def test_answers_never_eject_more_than_half_the_pool() -> None:
@@ -348,3 +353,30 @@ def test_an_engine_whose_batch_this_sidecar_filled_loses_its_pull() -> None:
         pick([dataclasses.replace(home, held_sequences=9), other], blocks, "0-4k", config)[0]
         == "a:1"
     )
+
+
+@pytest.mark.parametrize("in_flight", [2, 4, 7])
+def test_two_equal_engines_split_a_stream_of_new_conversations_evenly(in_flight: int) -> None:
+    # The live run's shape: a few requests in flight at a time on two equal engines, each a
+    # new conversation (nothing cached anywhere to pull it). Bounded load at ceil(1.25 x
+    # the fair share) let 2 of 2 or 3 of 4 pile onto one engine by the conversations'
+    # hashes, and the bucket's constant pull broke the load's ties towards one engine.
+    clock = FakeClock()
+    policy = parse_policy({})
+    fleet = fleet_of(clock, A, B, pool="default")
+    picker = EnginePicker(fleet, lambda: policy, clock)
+    spec = Pool("default", (A, B), kv_capacity_tokens=20_000, max_num_seqs=32)
+    rng = np.random.default_rng(5)
+    system = rng.integers(0, 50_000, 200).astype(np.uint32)
+    running: list[str] = []
+    for number in range(400):
+        if len(running) == in_flight:
+            picker.release(running.pop(int(rng.integers(0, in_flight))))
+        question = rng.integers(0, 50_000, 40).astype(np.uint32)
+        blocks = blocks_of(system, question, block_tokens=64, head=2)
+        picker.pick(f"r{number}", spec, blocks, "0-4k", tokens=300, sequences=1)
+        running.append(f"r{number}")
+        held = [e.held_sequences for e in fleet.engines("default")]
+        assert max(held) - min(held) <= 1, (number, held)
+    picked = [e.picked for e in fleet.engines("default")]
+    assert min(picked) >= 0.45 * sum(picked), picked
