@@ -31,6 +31,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from engines.prefix import PromptBlocks
 from policy.schema import PickingConfig
@@ -53,8 +54,7 @@ class EngineCandidate:
     matched_tokens: int = 0  # of the prompt, from the prefix index
 
 
-@dataclass(frozen=True, slots=True)
-class Scores:
+class Scores(NamedTuple):  # a tuple: one per engine per request, made cheaply
     address: str
     prefix: float
     load: float
@@ -82,12 +82,22 @@ def _address_hash(address: str) -> int:
 def _rank_scores(weights: Sequence[int]) -> list[float]:
     """From each engine's rendezvous weight: 1.0 for the heaviest, falling linearly to 0.0
     for the lightest."""
+    if len(weights) == 2:  # the common pool, without a sort
+        return [1.0, 0.0] if weights[0] >= weights[1] else [0.0, 1.0]
     order = sorted(range(len(weights)), key=lambda i: -weights[i])
     scores = [0.0] * len(weights)
     last = max(1, len(weights) - 1)
     for rank, index in enumerate(order):
         scores[index] = 1.0 - rank / last if len(weights) > 1 else 1.0
     return scores
+
+
+@lru_cache(maxsize=1024)
+def _bucket_ranks(bucket: str, addresses: tuple[str, ...]) -> tuple[float, ...]:
+    """The length scorer's ranks: the same for every request of a bucket on one set of
+    engines, so worked out once per (bucket, engines)."""
+    key = _address_hash(bucket)
+    return tuple(_rank_scores([rendezvous(key, address) for address in addresses]))
 
 
 def load_of(
@@ -112,9 +122,7 @@ def load_of(
     return min(1.0, max(parts))
 
 
-def crowded(
-    candidate: EngineCandidate, pool_held_sequences: int, count: int, bound: float
-) -> bool:
+def crowded(candidate: EngineCandidate, pool_held_sequences: int, count: int, bound: float) -> bool:
     """Consistent hashing with bounded loads, what a cached prefix may pull against: as many
     requests in flight as ceil(`bound` x the fair share), this one counted (an idle pool
     crowds nobody). A hot prefix spills over instead of piling onto one engine."""
@@ -165,7 +173,7 @@ def score(
     if weights is None:
         weights = [rendezvous(blocks.key, c.address) for c in candidates]
     affinity = _rank_scores(weights) if blocks.key else [0.0] * count
-    length = _rank_scores([rendezvous(_address_hash(bucket), c.address) for c in candidates])
+    length = _bucket_ranks(bucket, tuple(c.address for c in candidates))
     scored = []
     for i, candidate in enumerate(candidates):
         load = 1.0 - load_of(candidate, held, count, most)

@@ -211,9 +211,9 @@ def test_block_hashes_agree_exactly_as_far_as_the_prefixes_do() -> None:
 
 
 def test_the_ladder_keeps_few_positions_and_always_the_last() -> None:
-    assert ladder(1) == [0]
+    assert ladder(1) == (0,)
     positions = ladder(512)
-    assert positions[:8] == list(range(8)) and positions[-1] == 511
+    assert positions[:8] == tuple(range(8)) and positions[-1] == 511
     assert len(positions) <= 30
     assert all(b > a for a, b in itertools.pairwise(positions))
 
