@@ -380,3 +380,25 @@ def test_two_equal_engines_split_a_stream_of_new_conversations_evenly(in_flight:
         assert max(held) - min(held) <= 1, (number, held)
     picked = [e.picked for e in fleet.engines("default")]
     assert min(picked) >= 0.45 * sum(picked), picked
+
+
+def test_a_request_goes_only_to_an_engine_whose_cache_can_hold_it() -> None:
+    clock = FakeClock()
+    policy = parse_policy({})
+    fleet = fleet_of(clock, A, B, pool="default")
+    spec = Pool("default", (A, B), kv_capacity_tokens=16_000, max_num_seqs=8)
+    assert fleet.largest_kv_tokens(spec) == 8_000  # the even share: none reported
+    # One engine reports a larger cache: the largest serving engine's is what can be held.
+    fleet.observe("default", "10.0.0.2:8000", EngineSnapshot(0.0, 0, 0, None, (), 12_000.0))
+    assert fleet.largest_kv_tokens(spec) == 12_000
+    picker = EnginePicker(fleet, lambda: policy, clock)
+    rng = np.random.default_rng(9)
+    for number in range(20):  # whatever its hash prefers, 10,000 tokens go to the larger one
+        blocks = blocks_of(rng.integers(0, 50_000, 300).astype(np.uint32), block_tokens=64)
+        chosen = picker.pick(f"r{number}", spec, blocks, "4-8k", tokens=10_000, sequences=1)
+        assert chosen == ("10.0.0.2:8000",)
+        picker.release(f"r{number}")
+    for _ in range(2):  # the larger one dead: what is left holds 8,000
+        fleet.probed("default", "10.0.0.2:8000", False)
+    assert fleet.largest_kv_tokens(spec) == 8_000
+    assert fleet.largest_kv_tokens(Pool("default", (A, B))) is None  # no size known
