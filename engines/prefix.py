@@ -154,13 +154,24 @@ def prompt_blocks(
             key, head = seed, covered
     hashes: list[int] = []
     tokens: list[int] = []
-    text = 0
-    for position in ladder(total):
-        while starts[text] + counts[text] <= position:
+    positions = ladder(total)
+    text = i = 0
+    while i < len(positions):  # the positions in one text at a time
+        while starts[text] + counts[text] <= positions[i]:
             text += 1
-        block = position - starts[text]
-        hashes.append((int(texts[text][block]) + seeds[text]) & _MASK)
-        tokens.append(before[text] + min((block + 1) * block_tokens, lengths[text]))
+        end = starts[text] + counts[text]
+        j = i + 1
+        while j < len(positions) and positions[j] < end:
+            j += 1
+        local = [position - starts[text] for position in positions[i:j]]
+        # One gather for a long text's many positions (numpy scalars cost ~0.1 us each).
+        values = (
+            texts[text][local].tolist() if len(local) > 2 else [int(texts[text][b]) for b in local]
+        )
+        for block, value in zip(local, values, strict=True):
+            hashes.append((value + seeds[text]) & _MASK)
+            tokens.append(before[text] + min((block + 1) * block_tokens, lengths[text]))
+        i = j
     return PromptBlocks(tuple(hashes), tuple(tokens), key or seed, covered, head or covered)
 
 
