@@ -184,7 +184,13 @@ def _phase(
     before = [_engine_counters(u) for u in urls]
     load = Chats(stack, seed, words=words)
     started = time.monotonic()
+    watching = threading.Event()
+    seen: list[list[Any]] = []
+    watcher = threading.Thread(target=_watch, args=(stack, started, watching, seen), daemon=True)
+    watcher.start()
     load.run(chats, concurrency=4)
+    watching.set()
+    watcher.join(10)
     after = [_engine_counters(u) for u in urls]
     per_engine = []
     for b, a in zip(before, after, strict=True):
@@ -208,12 +214,40 @@ def _phase(
         "requests_per_engine": [d.get("vllm:request_success_total", 0.0) for d in per_engine],
         "client_ttft_p50_s": round(statistics.median(ttfts), 4) if ttfts else None,
         "client_ttft_p99_s": round(ttfts[int(0.99 * (len(ttfts) - 1))], 4) if ttfts else None,
+        # Every ~0.2 s: seconds into the phase, then per engine what the sidecar holds on
+        # it (requests), has picked it for so far, and its scraped KV usage.
+        "engines_seen": seen,
         # Each request: when it started (s into the phase), its turn, its TTFT (s).
         "shots": [
             [round(s["start"] - started, 2), s["turn"], s["ttft_s"] and round(s["ttft_s"], 3)]
             for s in sorted(load.shots, key=lambda s: s["start"])
         ],
     }
+
+
+def _watch(stack: LocalStack, started: float, stop: threading.Event, seen: list[list[Any]]) -> None:
+    """What the sidecar holds on each engine of the default pool, every ~0.2 s: the
+    balance as the picker saw it when it picked."""
+
+    async def sample() -> None:
+        from extproc.adminpb import admin_pb2 as pb
+
+        channel, stub = admin_client.stub(stack.admin_address)
+        try:
+            while not stop.is_set():
+                reply = await stub.Status(pb.StatusRequest(), timeout=5)
+                rows = sorted(
+                    (e for e in reply.engines if e.pool == "default"), key=lambda e: e.endpoint
+                )
+                seen.append(
+                    [round(time.monotonic() - started, 2)]
+                    + [[e.held_requests, e.picked, round(e.kv_cache_usage, 3)] for e in rows]
+                )
+                await asyncio.sleep(0.2)
+        finally:
+            await channel.close()
+
+    asyncio.run(sample())
 
 
 def _set_picker(stack: LocalStack, picker: str) -> None:
