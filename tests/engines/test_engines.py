@@ -14,7 +14,7 @@ from breaker.engine import EngineSnapshot
 from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel, BreakerState, Signals, step
 from engines.picker import EnginePicker
-from engines.prefix import PrefixIndex, ladder, prompt_blocks, text_blocks
+from engines.prefix import NO_BLOCKS, PrefixIndex, ladder, prompt_blocks, text_blocks
 from engines.scoring import EngineCandidate, pick, rendezvous, score
 from engines.state import EngineFleet, EngineState
 from policy.domain import Picker, Pool
@@ -402,3 +402,25 @@ def test_a_request_goes_only_to_an_engine_whose_cache_can_hold_it() -> None:
         fleet.probed("default", "10.0.0.2:8000", False)
     assert fleet.largest_kv_tokens(spec) == 8_000
     assert fleet.largest_kv_tokens(Pool("default", (A, B))) is None  # no size known
+
+
+def test_the_buckets_pull_never_tips_a_load_difference_towards_the_busier_engine() -> None:
+    # Two engines, one bucket: its pull is a constant tilt to one of them. With 3 requests
+    # in flight, 2 on that engine, a 4th whose conversation also hashes there goes to the
+    # other: the bucket's pull tied the load's difference (0.25 each) and the tie went to
+    # the conversation's engine, 3 of 4 on one.
+    busy = candidate("10.0.0.1:8000", 0, held_sequences=2)
+    free = candidate("10.0.0.2:8000", 1, held_sequences=1)
+    engines = [busy, free]
+    bucket = next(
+        b
+        for b in (f"bucket-{i}" for i in range(100))
+        if score([candidate(c.address, c.slot) for c in engines], NO_BLOCKS, b, CONFIG)[0].length
+        == 1.0
+    )
+    key = next(
+        b
+        for b in (blocks_of(ids(i, i + 1)) for i in range(100))
+        if rendezvous(b.key, busy.address) > rendezvous(b.key, free.address)
+    )
+    assert pick(engines, key, bucket, CONFIG)[0] == free.address
