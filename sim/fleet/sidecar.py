@@ -177,6 +177,7 @@ class SimulatedSidecar:
             book=book,
             wait_cap_s=policy.longest_wait_s,
             live=self.fleet.live_pool,
+            largest_engine=self.fleet.largest_kv_tokens,
         )
         self.decider = Decider(
             lambda: policy,

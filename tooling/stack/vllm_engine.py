@@ -67,6 +67,10 @@ class VllmSettings:
     max_num_seqs: int = 16
     priority_scheduling: bool = False
     extra_args: tuple[str, ...] = ()
+    # The cores its engine's threads are bound to (vLLM's VLLM_CPU_OMP_THREADS_BIND, e.g.
+    # "1"); "": vLLM's own choice, which binds every engine on a machine to the same first
+    # core(s) and keeps one for its API server.
+    cpu_cores: str = ""
 
 
 @dataclass(frozen=True)
@@ -168,8 +172,11 @@ class VllmEngine:
         """Start the process, not waiting for it (several engines start side by side)."""
         model = ensure_model(self.home)
         self.port = self.port or self.settings.port or free_port(HOST)
+        env = offline_env(self.home)
+        if self.settings.cpu_cores:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.settings.cpu_cores
         self.process = ManagedProcess(
-            self.name, self.argv(model), self.log_dir, offline_env(self.home), group=True
+            self.name, self.argv(model), self.log_dir, env, group=True
         ).start()
         return self
 
