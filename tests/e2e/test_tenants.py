@@ -146,7 +146,7 @@ def test_a_tenants_own_slo_trips_the_breaker_where_its_tiers_would_not(
         assert not drive_until(stack, lambda: level(stack) >= 1, key="sk-acme", timeout_s=8)
         assert drive_until(stack, lambda: level(stack) >= 2, key="sk-strict")  # ~1.8x its SLO
         refused = post(stack.url, CHAT, chat_body("batch"), key="sk-demo-batch")
-        assert refused.status == 503 and refused.headers["x-slogate-reason"].startswith("shed_")
+        assert refused.status == 429 and refused.headers["x-slogate-reason"].startswith("shed_")
     finally:
         fault(stack, "default")
     assert drive_until(stack, lambda: level(stack) == 0, key="sk-acme", timeout_s=40)
