@@ -72,6 +72,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     prefix_live.add_argument("--step-s", type=float, default=15.0)
     prefix_live.add_argument("--kv-blocks", type=int, default=48, help="per engine, of 128 tokens")
     prefix_live.add_argument("--seed", type=int, default=38)
+    prefix_live.add_argument(
+        "--arms",
+        type=prefix_arms,
+        default="round-robin,approximate,precise",
+        help="played in this order: round-robin, approximate, precise, precise-prefix-led",
+    )
     prefix_live.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     packing = bench_sub.add_parser("packing-vllm", help="a packing window before one real vLLM")
     packing.add_argument("--window-ms", type=float, default=75.0)
@@ -93,6 +99,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     decisions.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     decisions.add_argument("--calls", type=int, default=5000)
     bench.set_defaults(handler=run_bench)
+
+
+def prefix_arms(text: str) -> tuple[str, ...]:
+    """`bench prefix-vllm --arms`: names of its arms, each known."""
+    from tooling.benchmarks.prefix_live import ARMS
+
+    arms = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in arms if name not in ARMS]
+    if unknown or not arms:
+        raise argparse.ArgumentTypeError(
+            f"unknown arm {', '.join(unknown) or '(none given)'}; known: {', '.join(ARMS)}"
+        )
+    return arms
 
 
 def prefix_shape(args: argparse.Namespace) -> Shape:
@@ -150,7 +169,7 @@ def run_bench(args: argparse.Namespace) -> int:
     elif args.bench == "prefix-vllm":
         from tooling.benchmarks.prefix_live import run as run_prefix_live
 
-        run_prefix_live(args.out_dir, prefix_shape(args))
+        run_prefix_live(args.out_dir, prefix_shape(args), args.arms)
     elif args.bench == "packing-vllm":
         from tooling.benchmarks.packing import run as run_packing
 

@@ -3,6 +3,8 @@ the same every run, and a step's row is built from what the clients and vLLM's c
 
 from __future__ import annotations
 
+import pytest
+
 from tooling.benchmarks.prefix_live import Shape, arrivals, summarize, system_prompt, table
 from tooling.cli.bench import prefix_shape
 from tooling.cli.main import build_parser
@@ -14,8 +16,18 @@ def test_the_flags_make_the_case() -> None:
     )
     shape = prefix_shape(args)
     assert (shape.customers, shape.rates, shape.kv_blocks) == (4, (0.5, 1.5), 32)
+    assert args.arms == ("round-robin", "approximate", "precise")
     # 4 x 1,536 tokens of shared prompts in 2 x 32 blocks of 128: 75% of the fleet's KV.
     assert shape.prefix_share() == 0.75
+
+
+def test_arms_are_named_and_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    args = parser.parse_args(["bench", "prefix-vllm", "--arms", "precise,round-robin"])
+    assert args.arms == ("precise", "round-robin")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "prefix-vllm", "--arms", "precise,random"])
+    assert "unknown arm random; known: round-robin, approximate" in capsys.readouterr().err
 
 
 def test_arrivals_are_seeded_and_stepped() -> None:
