@@ -240,6 +240,24 @@ def _sidecar_total(url: str, name: str) -> float:
     )
 
 
+def _sidecar_samples(url: str, names: tuple[str, ...]) -> dict[str, float]:
+    """The sidecar's samples of `names`, keyed `name{engine,kind}`."""
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names:
+                labels = ",".join(
+                    sample.labels[k] for k in ("engine", "kind") if k in sample.labels
+                )
+                out[f"{sample.name}{{{labels}}}"] = sample.value
+    return out
+
+
+_INDEX_METRICS = ("slogate_kv_index_blocks", "slogate_kv_index_events_total")
+
+
 def _reset_prefix_caches(urls: list[str], timeout_s: float = 60.0) -> None:
     """Each engine's prefix cache emptied (it refuses while requests still hold blocks)."""
     for url in urls:
@@ -422,8 +440,17 @@ def _arm(
     _reload(stack, arm, kv_events)
     time.sleep(3.0)  # a changed kv_events resubscribes within a second
     events_before = _sidecar_total(stack.metrics_url, "slogate_kv_events_total")
+    index_before = _sidecar_samples(stack.metrics_url, _INDEX_METRICS)
     shots, counters, drain = _play(stack, shape, plan, number)
     events = _sidecar_total(stack.metrics_url, "slogate_kv_events_total") - events_before
+    index_after = _sidecar_samples(stack.metrics_url, _INDEX_METRICS)
+    # The exact index as the arm left it: blocks held per engine (a gauge), and the blocks
+    # stored, removed, cleared and dropped over the arm (counters).
+    index = {
+        name: value if name.startswith("slogate_kv_index_blocks") else
+        value - index_before.get(name, 0.0)
+        for name, value in index_after.items()
+    }  # fmt: skip
     whole = [
         {k: engine[-1][k] - engine[0][k] for k in _COUNTERS} for engine in counters
     ]  # fmt: skip
@@ -439,6 +466,7 @@ def _arm(
         "per_engine": [int(d["vllm:request_success_total"]) for d in whole],
         "drain_s": drain,
         "kv_event_batches": events,
+        "kv_index": index,
         "load_average": round(os.getloadavg()[0], 2),
         "failures": [s["error"] for s in shots if s["status"] != 200][:5],
         "shots": shots,
