@@ -17,6 +17,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -186,11 +187,17 @@ class VllmEngine:
         return self
 
     def _free_port(self) -> int:
-        """A free port, and free at its KV event offsets too when the engine publishes."""
-        offsets = self.settings.kv_events_after_port or ()
-        for _ in range(50):
-            port = free_port(HOST)
-            if all(_port_free(port + offset) for offset in offsets):
+        """A free port; when the engine publishes KV events, one below the OS's ephemeral
+        range whose event ports are free too: an ephemeral one's neighbours are handed out
+        to any socket meanwhile (vLLM's own ZMQ ones took a PUB port so, once in three
+        runs), these only to a program that names them."""
+        offsets = self.settings.kv_events_after_port
+        if offsets is None:
+            return free_port(HOST)
+        rng = random.SystemRandom()
+        for _ in range(200):
+            port = rng.randrange(20_000, 32_000)
+            if all(_port_free(port + offset) for offset in (0, *offsets)):
                 return port
         raise ProcessFailed("no free port with free KV event ports beside it")
 
