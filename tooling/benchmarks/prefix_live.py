@@ -91,13 +91,13 @@ class Shape:
     """The case, scaled: `customers` shared prompts of `prefix_tokens`, questions of about
     `question_tokens`, answers of `answer_tokens`; requests a second per step."""
 
-    customers: int = 6
-    prefix_tokens: int = 1536
+    customers: int = 12
+    prefix_tokens: int = 1024
     question_tokens: int = 192
     answer_tokens: int = 16
     rates: tuple[float, ...] = (2.0, 4.0, 6.0)
     step_s: float = 15.0
-    kv_blocks: int = 48  # per engine, of 128 tokens
+    kv_blocks: int = 64  # per engine, of 128 tokens
     seed: int = 38
 
     def prefix_share(self) -> float:

@@ -23,7 +23,8 @@ from tooling.cli.main import build_parser
 
 def test_the_flags_make_the_case() -> None:
     args = build_parser().parse_args(
-        ["bench", "prefix-vllm", "--customers", "4", "--rates", "0.5,1.5", "--kv-blocks", "32"]
+        ["bench", "prefix-vllm", "--customers", "4", "--prefix-tokens", "1536"]
+        + ["--rates", "0.5,1.5", "--kv-blocks", "32"]
     )
     shape = prefix_shape(args)
     assert (shape.customers, shape.rates, shape.kv_blocks) == (4, (0.5, 1.5), 32)
@@ -134,5 +135,5 @@ def test_the_report_files(tmp_path: Path) -> None:
     write(tmp_path, report)
     assert json.loads((tmp_path / "prefix-vllm.json").read_text()) == json.loads(json.dumps(report))
     text = (tmp_path / "prefix-vllm.md").read_text()
-    assert "6 customers with a 1,536-token shared prompt each (75% of the two engines' KV)" in text
+    assert "12 customers with a 1,024-token shared prompt each (75% of the two engines' KV)" in text
     assert table(report) in text
