@@ -22,10 +22,8 @@ from tooling.cli.main import build_parser
 
 
 def test_the_flags_make_the_case() -> None:
-    args = build_parser().parse_args(
-        ["bench", "prefix-vllm", "--customers", "4", "--prefix-tokens", "1536"]
-        + ["--rates", "0.5,1.5", "--kv-blocks", "32"]
-    )
+    flags = ["--customers", "4", "--prefix-tokens", "1536", "--rates", "0.5,1.5"]
+    args = build_parser().parse_args(["bench", "prefix-vllm", *flags, "--kv-blocks", "32"])
     shape = prefix_shape(args)
     assert (shape.customers, shape.rates, shape.kv_blocks) == (4, (0.5, 1.5), 32)
     assert args.arms == ("round-robin", "approximate", "precise")
