@@ -213,7 +213,9 @@ def table(report: dict[str, Any]) -> str:
         lines.append(
             f"| {arm['arm']} | {arm['vllm_hit_rate']} "
             f"| {' / '.join(str(n) for n in arm['per_engine'])} | {arm['drain_s']} "
-            f"| {arm['load_average']} | {_index_summary(arm.get('kv_index') or {})} |"
+            f"| {arm['load_average']} "
+            # An arm off the events: the gauge still shows the last arm's index.
+            f"| {_index_summary(arm.get('kv_index') or {}) if arm.get('kv_events') else '-'} |"
         )
     return "\n".join(lines)
 

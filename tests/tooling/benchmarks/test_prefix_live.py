@@ -110,6 +110,7 @@ def test_a_step_row_from_the_shots_and_the_counters() -> None:
     text = table(report)
     assert "| precise | 0 (1.0) | 3 / 2 | 0.1 | 1.6 | 0.4 / 0.3 | 0.3 | 0.768 | 1 / 1 |" in text
     assert "| precise | 0.45 | 2 / 2 | 1.5 | 3.1 | - |" in text
+    report["arms"][0]["kv_events"] = True
     report["arms"][0]["kv_index"] = {
         "slogate_kv_index_blocks{10.0.0.1:8000}": 40.0,
         "slogate_kv_index_events_total{10.0.0.1:8000,stored}": 300.0,
