@@ -76,6 +76,7 @@ def build_admission(
     new_waiter: Callable[[], Waiter] | None = None,
     wait_cap_s: float = math.inf,
     live: Callable[[Pool], Pool] | None = None,
+    largest_engine: Callable[[Pool], float | None] | None = None,
     spend: tuple[SpendStore, SpendEvents] | None = None,
     wall_clock: Callable[[], float] = time.time,
 ) -> AssembledChain:
@@ -83,12 +84,14 @@ def build_admission(
     `new_waiter` None: no waiting room (a full pool refuses at once); `book`: where the KV
     ledger lives (None: this process's own; admission.kv.book); `live`: a pool as its serving
     engines make it (engines.state.EngineFleet.live_pool; None: as the policy says);
+    `largest_engine`: the KV cache of its largest serving engine (EngineFleet.
+    largest_kv_tokens; None: not checked);
     `spend`: the tenants' spend budgets' store and events (None: no spend step), the step
     right after the key budgets, `wall_clock` telling it the UTC day and month."""
     breaker = BreakerStep(board, events, rng) if board is not None else None
     budget = BudgetStep(store, events, ttl_s, multipliers, ceilings) if store is not None else None
     spending = SpendStep(*spend, ttl_s, wall_clock) if spend is not None else None
-    kv = KvStep(events, clock, ttl_s, policy, new_waiter, book, wait_cap_s, live)
+    kv = KvStep(events, clock, ttl_s, policy, new_waiter, book, wait_cap_s, live, largest_engine)
     chosen = (AccessStep(), breaker, budget, spending, kv)
     steps: list[Step] = [s for s in chosen if s is not None]
     return AssembledChain(AdmissionChain(steps), kv, breaker, budget, spending)

@@ -174,7 +174,14 @@ class EnginePicker:
             # Not counted (a byte bound): no conversation to keep together; the request's own
             # id spreads such requests over the engines.
             blocks = dataclasses.replace(blocks, key=_id_key(request_id))
-        chosen = pick(self.candidates(spec, blocks, within), blocks, bucket, config)
+        # An engine whose KV cache is smaller than the request's footprint cannot run it
+        # (KV admission refused it if none can: admission.kv.step).
+        candidates = [
+            c
+            for c in self.candidates(spec, blocks, within)
+            if c.kv_tokens is None or tokens <= c.kv_tokens
+        ]
+        chosen = pick(candidates, blocks, bucket, config)
         if not chosen:
             return ()
         engine = self.fleet.get(spec.name, chosen[0])

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -62,23 +63,26 @@ def text_blocks(ids: np.ndarray, block_tokens: int) -> np.ndarray:
     full = n // block_tokens
     tail = n - full * block_tokens
     blocks = np.empty(full + (1 if tail else 0), dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        blocks[:full] = values[: full * block_tokens].reshape(full, block_tokens) @ weights
-        if tail:
-            blocks[full] = int(values[full * block_tokens :] @ weights[:tail]) + tail
-        count = blocks.shape[0]
-        per_block = (
-            _PER_BLOCK[:count]
-            if count <= _PER_BLOCK.shape[0]
-            else np.resize(_PER_BLOCK, count) * _U64(3)
-        )
-        # Each block's weighted sum times its own odd multiplier, summed up to it: a running
-        # hash in which a block's position and every block before it count.
-        return np.cumsum(blocks * per_block, dtype=np.uint64)
+    # Array arithmetic wraps silently (no np.errstate to pay ~2 us for: only numpy
+    # scalars warn on overflow, and none is made here).
+    blocks[:full] = values[: full * block_tokens].reshape(full, block_tokens) @ weights
+    if tail:
+        blocks[full] = int(values[full * block_tokens :] @ weights[:tail]) + tail
+    count = blocks.shape[0]
+    per_block = (
+        _PER_BLOCK[:count]
+        if count <= _PER_BLOCK.shape[0]
+        else np.resize(_PER_BLOCK, count) * _U64(3)
+    )
+    # Each block's weighted sum times its own odd multiplier, summed up to it: a running
+    # hash in which a block's position and every block before it count.
+    return np.cumsum(blocks * per_block, dtype=np.uint64)
 
 
-def ladder(count: int) -> list[int]:
-    """The block positions (0-based) a prompt of `count` blocks is indexed at."""
+@lru_cache(maxsize=4096)
+def ladder(count: int) -> tuple[int, ...]:
+    """The block positions (0-based) a prompt of `count` blocks is indexed at (the same for
+    every prompt of as many blocks: worked out once)."""
     positions = list(range(min(count, 8)))
     step = 8.0
     while True:
@@ -89,7 +93,7 @@ def ladder(count: int) -> list[int]:
         positions.append(position)
     if count and positions[-1] != count - 1:
         positions.append(count - 1)
-    return positions
+    return tuple(positions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,13 +158,24 @@ def prompt_blocks(
             key, head = seed, covered
     hashes: list[int] = []
     tokens: list[int] = []
-    text = 0
-    for position in ladder(total):
-        while starts[text] + counts[text] <= position:
+    positions = ladder(total)
+    text = i = 0
+    while i < len(positions):  # the positions in one text at a time
+        while starts[text] + counts[text] <= positions[i]:
             text += 1
-        block = position - starts[text]
-        hashes.append((int(texts[text][block]) + seeds[text]) & _MASK)
-        tokens.append(before[text] + min((block + 1) * block_tokens, lengths[text]))
+        end = starts[text] + counts[text]
+        j = i + 1
+        while j < len(positions) and positions[j] < end:
+            j += 1
+        local = [position - starts[text] for position in positions[i:j]]
+        # One gather for a long text's many positions (numpy scalars cost ~0.1 us each).
+        values = (
+            texts[text][local].tolist() if len(local) > 2 else [int(texts[text][b]) for b in local]
+        )
+        for block, value in zip(local, values, strict=True):
+            hashes.append((value + seeds[text]) & _MASK)
+            tokens.append(before[text] + min((block + 1) * block_tokens, lengths[text]))
+        i = j
     return PromptBlocks(tuple(hashes), tuple(tokens), key or seed, covered, head or covered)
 
 
@@ -184,14 +199,17 @@ class PrefixIndex:
         for slot in slots:
             alive |= 1 << slot
         seen = self._seen
+        covered = 0  # what the engines still alive matched, through the previous position
         for position, digest in enumerate(blocks.hashes):
-            alive &= seen.get(digest, 0)
-            if not alive:
-                break
+            still = alive & seen.get(digest, 0)
+            if still != alive:  # some stop here: they matched through the previous one
+                if covered:
+                    _mark(matched, slots, alive & ~still, covered)
+                alive = still
+                if not alive:
+                    return matched
             covered = blocks.covered_tokens[position]
-            for i, slot in enumerate(slots):
-                if alive >> slot & 1:
-                    matched[i] = covered
+        _mark(matched, slots, alive, covered)
         return matched
 
     def add(self, blocks: PromptBlocks, slot: int) -> None:
@@ -218,3 +236,9 @@ class PrefixIndex:
                 self._seen[digest] = mask
             else:
                 del self._seen[digest]
+
+
+def _mark(matched: list[int], slots: Sequence[int], mask: int, covered: int) -> None:
+    for i, slot in enumerate(slots):
+        if mask >> slot & 1:
+            matched[i] = covered

@@ -35,6 +35,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from engines.prefix import PromptBlocks
 from policy.schema import PickingConfig
@@ -60,8 +61,7 @@ class EngineCandidate:
     exact_prefix: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Scores:
+class Scores(NamedTuple):  # a tuple: one per engine per request, made cheaply
     address: str
     prefix: float
     load: float
@@ -89,12 +89,22 @@ def _address_hash(address: str) -> int:
 def _rank_scores(weights: Sequence[int]) -> list[float]:
     """From each engine's rendezvous weight: 1.0 for the heaviest, falling linearly to 0.0
     for the lightest."""
+    if len(weights) == 2:  # the common pool, without a sort
+        return [1.0, 0.0] if weights[0] >= weights[1] else [0.0, 1.0]
     order = sorted(range(len(weights)), key=lambda i: -weights[i])
     scores = [0.0] * len(weights)
     last = max(1, len(weights) - 1)
     for rank, index in enumerate(order):
         scores[index] = 1.0 - rank / last if len(weights) > 1 else 1.0
     return scores
+
+
+@lru_cache(maxsize=1024)
+def _bucket_ranks(bucket: str, addresses: tuple[str, ...]) -> tuple[float, ...]:
+    """The length scorer's ranks: the same for every request of a bucket on one set of
+    engines, so worked out once per (bucket, engines)."""
+    key = _address_hash(bucket)
+    return tuple(_rank_scores([rendezvous(key, address) for address in addresses]))
 
 
 def load_of(
@@ -119,13 +129,31 @@ def load_of(
     return min(1.0, max(parts))
 
 
-def over_bound(
-    candidate: EngineCandidate, pool_held_sequences: int, count: int, bound: float
-) -> bool:
-    """Consistent hashing with bounded loads: more requests in flight than `bound` x the
-    fair share (one more request counted, so an idle pool binds nobody)."""
+def crowded(candidate: EngineCandidate, pool_held_sequences: int, count: int, bound: float) -> bool:
+    """Consistent hashing with bounded loads, what a cached prefix may pull against: as many
+    requests in flight as ceil(`bound` x the fair share), this one counted (an idle pool
+    crowds nobody). A hot prefix spills over instead of piling onto one engine."""
     fair = bound * (pool_held_sequences + 1) / count
     return candidate.held_sequences >= math.ceil(fair)
+
+
+def over_bound(
+    candidate: EngineCandidate,
+    pool_held_sequences: int,
+    count: int,
+    bound: float,
+    least_held: int = 0,
+) -> bool:
+    """What the hashed pulls (affinity, length) may pull against, which save nothing on the
+    request itself: this request would take the engine past `bound` x the pool's mean
+    requests in flight (this one counted), unless it holds no more than the least busy
+    engine (an idle or evenly loaded pool binds nobody). Not rounded up as `crowded` is:
+    with a few requests in flight, ceil(1.25 x the fair share) let 2 of 2 or 3 of 4 new
+    conversations pile onto one of two engines by their hashes."""
+    if candidate.held_sequences <= least_held:
+        return False
+    mean = (pool_held_sequences + 1) / count
+    return candidate.held_sequences + 1 > bound * mean
 
 
 def saturated(candidate: EngineCandidate) -> bool:
@@ -148,27 +176,35 @@ def score(
     count = len(candidates)
     held = sum(c.held_sequences for c in candidates)
     most = max(c.held_sequences for c in candidates)
+    least = min(c.held_sequences for c in candidates)
     if weights is None:
         weights = [rendezvous(blocks.key, c.address) for c in candidates]
     affinity = _rank_scores(weights) if blocks.key else [0.0] * count
-    length = _rank_scores([rendezvous(_address_hash(bucket), c.address) for c in candidates])
+    length = _bucket_ranks(bucket, tuple(c.address for c in candidates))
     scored = []
     for i, candidate in enumerate(candidates):
         load = 1.0 - load_of(candidate, held, count, most)
-        # Over its bounded share, or its batch already full from this sidecar's own count (a
-        # request sent there would queue): no pull towards it.
-        bound = over_bound(candidate, held, count, config.load_bound) or saturated(candidate)
+        # Its batch already full from this sidecar's own count (a request sent there would
+        # queue), or over its bounded share: no pull towards it. A cached prefix (it saves
+        # the prefill) may pull up to `crowded`; the hashed pulls only within `over_bound`,
+        # the bucket's included (on two engines with one bucket that pull is a constant
+        # tilt to one of them, which tied the load's difference of one request).
+        full = saturated(candidate)
+        held_back = full or crowded(candidate, held, count, config.load_bound)
+        bound = full or over_bound(candidate, held, count, config.load_bound, least)
+        # An exact match (the engine's own events) counts the conversation's head too.
         head = 0 if candidate.exact_prefix else blocks.head_tokens
         beyond = max(0, candidate.matched_tokens - head)
-        prefix = beyond / blocks.total_tokens if blocks.total_tokens and not bound else 0.0
+        prefix = beyond / blocks.total_tokens if blocks.total_tokens and not held_back else 0.0
         pull = 0.0 if bound else affinity[i]
+        packed = 0.0 if bound else length[i]
         total = (
             config.prefix_weight * prefix
             + config.load_weight * load
             + config.affinity_weight * pull
-            + config.length_weight * length[i]
+            + config.length_weight * packed
         )
-        scored.append(Scores(candidate.address, prefix, load, pull, length[i], total))
+        scored.append(Scores(candidate.address, prefix, load, pull, packed, total))
     return scored
 
 

@@ -292,6 +292,14 @@ class EngineFleet:
             return None
         return spec.kv_capacity_tokens / count
 
+    def largest_kv_tokens(self, spec: Pool) -> float | None:
+        """The KV cache of the pool's largest serving engine: a request whose footprint is
+        larger runs on none of them (vLLM answers 400), however much the pool holds in all.
+        None: unknown (no engine known or serving, or no size reported or configured)."""
+        sizes = [self.kv_tokens(e, spec) for e in self.serving(spec.name)]
+        known = [size for size in sizes if size is not None]
+        return max(known) if known and len(known) == len(sizes) else None
+
     def sequences(self, spec: Pool) -> float | None:
         count = self.count(spec.name)
         if spec.max_num_seqs is None or count == 0:

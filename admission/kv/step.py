@@ -16,7 +16,10 @@ waits: those are refused at once. Past the room's bounds a request gets a 503 wi
 reason — `queue_full` (too many waiting, or too many bytes of waiting bodies) or
 `queue_timeout` (its tier's longest wait passed) — and a Retry-After from the room, never a
 hang. A request that could not fit even an empty pool is refused at once (`kv_cache_full` /
-`sequences_full`): waiting cannot help it. Whatever ends a wait early (the client gone,
+`sequences_full`): waiting cannot help it. Nor can it help a request whose footprint is
+larger than the pool's largest engine's KV cache (two engines of 8k hold 16k between them,
+but no 11k request): a 400 (`context_length_exceeded`, reason `engine_kv_exceeded`), the
+answer vLLM itself would give, before anything is held. Whatever ends a wait early (the client gone,
 Envoy's timer) takes the request out of the room and gives back anything it was just given.
 """
 
@@ -28,7 +31,7 @@ import uuid
 from collections.abc import Callable
 
 from admission.decision import QUEUED_HEADER, Admitted, Applicant, RequestOutcome, RoutingDecision
-from admission.errors import Overloaded
+from admission.errors import ContextLengthExceeded, Overloaded
 from admission.events import KvEvents
 from admission.kv.book import HoldAsk, KvBook, LocalBook
 from admission.kv.capacity import Freed, kv_footprint, never_fits, pool_capacity
@@ -49,14 +52,18 @@ class KvStep:
         book: KvBook | None = None,
         wait_cap_s: float = math.inf,
         live: Callable[[Pool], Pool] | None = None,
+        largest_engine: Callable[[Pool], float | None] | None = None,
     ) -> None:
         """`new_waiter` None: no waiting room (a full pool refuses at once). `book`: where
         the ledger lives (None: this process's own, each of `budget.replicas` replicas
         admitting against its part). `wait_cap_s`: no request waits longer, whatever a
         reloaded policy says (Envoy's configured max_message_timeout is written from the
         policy the sidecar started with). `live`: a pool as its serving engines make it,
-        the capacity admitted against (a dead or draining engine's room is not there)."""
+        the capacity admitted against (a dead or draining engine's room is not there).
+        `largest_engine`: the KV cache of the pool's largest serving engine (None: unknown;
+        engines.state.EngineFleet.largest_kv_tokens), which no request may exceed."""
         self._live = live or _as_given
+        self._largest_engine = largest_engine
         self._events = events
         self._clock = clock
         self._ttl_s = ttl_s
@@ -87,12 +94,22 @@ class KvStep:
         if not decision.meters_tokens:
             return Admitted(decision)  # one cheap request: no KV, no batch slot
         spec = self._spec(policy, decision.pool)
-        capacity = None if spec is None else self.book.capacity(spec)
-        if spec is None or capacity is None:
+        if spec is None:
+            return Admitted(decision)
+        tokens = kv_footprint(decision.reserved_tokens, decision.bucket)
+        # A footprint larger than every engine's cache runs nowhere, whatever the pool holds
+        # in all (and whether or not it is admitted against): refused before anything is
+        # held (the steps before give theirs back).
+        largest = (
+            self._largest_engine(policy.pools[decision.pool]) if self._largest_engine else None
+        )
+        if largest is not None and tokens > largest:
+            raise _fits_no_engine(decision, tokens, largest)
+        capacity = self.book.capacity(spec)
+        if capacity is None:
             return Admitted(decision)
         tier = decision.caller.tier
         share = policy.breaker.kv_shares[tier]
-        tokens = kv_footprint(decision.reserved_tokens, decision.bucket)
         now_s = self._clock()
         service = self._service(decision, policy)
         room = self.dispatcher.room
@@ -264,6 +281,19 @@ class KvStep:
 
 def _as_given(spec: Pool) -> Pool:
     return spec
+
+
+def _fits_no_engine(
+    decision: RoutingDecision, tokens: int, largest: float
+) -> ContextLengthExceeded:
+    """A 400, as vLLM's own answer would be: neither a retry nor a wait can help it."""
+    return ContextLengthExceeded(
+        f"This request's context ({decision.context_tokens} tokens: its prompt and "
+        f"max_tokens) needs {tokens} tokens of KV cache, more than any engine of the "
+        f"{decision.pool!r} pool holds (the largest: {math.floor(largest)} tokens); no engine "
+        "can run it, however long it waits. Lower max_tokens or shorten the prompt.",
+        reason="engine_kv_exceeded",
+    )
 
 
 def _pool_full(decision: RoutingDecision, limit: str) -> Overloaded:

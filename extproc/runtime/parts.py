@@ -191,6 +191,7 @@ def build_request_path(
         # Envoy's max_message_timeout is written from the policy it started with.
         wait_cap_s=initial.longest_wait_s,
         live=watch.fleet.live_pool,
+        largest_engine=watch.fleet.largest_kv_tokens,
         spend=None if stores.spend is None else (stores.spend, SpendMetrics(metrics.registry)),
         wall_clock=wall_clock,
     )

@@ -42,12 +42,18 @@ class Arrival:
     texts: tuple[str, ...] = ()
     text_tokens: tuple[int, ...] = ()
     conversation_texts: int = 1
+    # Each text's role in the chat (system, user, assistant); empty: each a user message.
+    roles: tuple[str, ...] = ()
     # The output tokens it will generate (a replayed record's real usage); None: drawn
     # from the latency model's output lengths.
     output_tokens: int | None = None
     # A replayed record's real timing and status: admitted, it ends when the real one did
     # (None: the simulated engine's latency decides).
     answer: RecordedAnswer | None = None
+
+    def chat_roles(self, texts: int) -> tuple[str, ...]:
+        """The roles of the request's `texts` messages."""
+        return self.roles if len(self.roles) == texts else ("user",) * texts
 
     @property
     def counted(self) -> int:

@@ -95,6 +95,10 @@ def chat_arrivals(
                         texts=tuple(t for t, _ in history),
                         text_tokens=tuple(n for _, n in history),
                         conversation_texts=2,
+                        roles=(
+                            "system",
+                            *(("user", "assistant")[i % 2] for i in range(len(history) - 1)),
+                        ),
                     )
                 )
             history.append(_text(rng, rng.randint(80, max_tokens)))  # the answer it got
@@ -124,6 +128,7 @@ def rag_arrivals(
                 texts=(system[0], question[0]),
                 text_tokens=(system[1], question[1]),
                 conversation_texts=2,
+                roles=("system", "user"),
             )
         )
     return arrivals

@@ -19,6 +19,7 @@ from breaker.engine import EngineSnapshot
 from engines.state import EngineFleet
 from sim.fleet.arrivals import Arrival
 from sim.server.model import KvCache, PrefixCache, PromptSegment
+from sim.server.paged_kv import PagedKvCache
 
 
 @dataclass(slots=True)
@@ -33,6 +34,9 @@ class SimEngine:
     # the batch slots, 0..1) x seconds.
     busy_s: float = 0.0
     served: int = 0
+    # When its prefill compute is free again (a fleet that queues prefills: each prompt's
+    # uncached tokens take their prefill time, one prompt after another).
+    prefill_free_s: float = 0.0
     prompt_tokens: int = 0  # prompt tokens it prefilled or found cached
     cached_tokens: int = 0  # of those, found in its prefix cache
 
@@ -40,9 +44,17 @@ class SimEngine:
     def occupancy(self) -> float:
         return max(self.kv.usage_perc, self.kv.num_running / self.kv.max_running)
 
-    def look_up(self, segments: Sequence[PromptSegment], prompt_tokens: int) -> int:
-        """The prompt tokens its prefix cache holds (and now holds all of it)."""
-        cached = min(prompt_tokens, self.prefix.lookup_and_insert(segments)) if segments else 0
+    def look_up(
+        self, segments: Sequence[PromptSegment], prompt_tokens: int, request_id: str = ""
+    ) -> int:
+        """The prompt tokens its prefix cache holds (and now holds all of it): for an engine
+        with a paged KV cache, what the started request found cached in its blocks."""
+        if isinstance(self.kv, PagedKvCache):
+            cached = min(prompt_tokens, self.kv.hit_tokens(request_id))
+        elif segments:
+            cached = min(prompt_tokens, self.prefix.lookup_and_insert(segments))
+        else:
+            cached = 0
         self.prompt_tokens += prompt_tokens
         self.cached_tokens += cached
         return cached
@@ -74,16 +86,21 @@ class EnginePool:
         max_queue: int,
         overcommit_ratio: float,
         prefix_entries: int,
+        block_size: int | None = None,
     ) -> None:
+        """`block_size`: each engine's KV cache in blocks of that many tokens, its prefix
+        cache in them (sim.server.paged_kv); None: a KV cache of weighted tokens beside an LRU
+        of `prefix_entries` message prefixes."""
         count = len(addresses)
+        self.block_size = block_size
         self.engines = [
             SimEngine(
                 address,
-                KvCache(
+                self._kv(
                     max(1, capacity_tokens // count),
-                    max_running=max(1, max_running // count),
-                    max_queue=max_queue,
-                    overcommit_ratio=overcommit_ratio,
+                    max(1, max_running // count),
+                    max_queue,
+                    overcommit_ratio,
                 ),
                 PrefixCache(prefix_entries),
             )
@@ -98,8 +115,7 @@ class EnginePool:
         kv = old.kv
         fresh = SimEngine(
             old.address,
-            KvCache(kv.capacity_tokens, max_running=kv.max_running, max_queue=kv.max_queue,
-                    overcommit_ratio=kv.overcommit_ratio),
+            self._kv(kv.capacity_tokens, kv.max_running, kv.max_queue, kv.overcommit_ratio),
             PrefixCache(old.prefix.max_entries),
             busy_s=old.busy_s,
             served=old.served,
@@ -108,7 +124,22 @@ class EnginePool:
         )  # fmt: skip
         self.engines[index] = fresh
         self._by_address[fresh.address] = fresh
+        if isinstance(fresh.kv, PagedKvCache):
+            fresh.kv.clear()  # what a vLLM that starts publishes first
         return fresh
+
+    def _kv(self, capacity: int, running: int, queue: int, overcommit: float) -> KvCache:
+        if self.block_size is None:
+            return KvCache(
+                capacity, max_running=running, max_queue=queue, overcommit_ratio=overcommit
+            )
+        return PagedKvCache(
+            capacity,
+            self.block_size,
+            max_running=running,
+            max_queue=queue,
+            overcommit_ratio=overcommit,
+        )
 
     def get(self, address: str) -> SimEngine | None:
         return self._by_address.get(address)

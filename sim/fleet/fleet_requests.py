@@ -17,6 +17,7 @@ from admission.decision import RequestOutcome
 from admission.errors import RequestRejected
 from admission.signals import record_signals
 from breaker.latency import ResponseWindows
+from engines.kv_events import EventBatch
 from extproc.request.routing import engine_priority
 from extproc.request.verdicts import Routed
 from policy.schema import Policy
@@ -24,6 +25,7 @@ from sim.fleet.arrivals import Arrival, RecordedAnswer, own_draws
 from sim.fleet.clock import VirtualClock
 from sim.fleet.engine_pool import EnginePool, SimEngine
 from sim.fleet.fleet_types import RETRIED_STATUSES, Served
+from sim.fleet.prompt_ids import prompt_plan
 from sim.fleet.sidecar import SimulatedSidecar
 from sim.server.model import (
     EngineAdmission,
@@ -32,6 +34,7 @@ from sim.server.model import (
     chain_segments,
     kv_tokens_for,
 )
+from sim.server.paged_kv import PagedKvCache
 
 
 class FleetRequests:
@@ -57,6 +60,10 @@ class FleetRequests:
     _outputs: dict[str, int]
     _arrivals: dict[str, Arrival]
     _events: list[tuple[float, int, str, str]]
+    kv_events_delay_s: float | None
+    prefill_queue: bool
+    _batches: dict[int, tuple[str, EventBatch]]
+    _pool_of: dict[str, str]
     _sequence: itertools.count[int]
 
     def _push(self, at_s: float, kind: str, request_id: str) -> None:
@@ -104,7 +111,10 @@ class FleetRequests:
         spec = self.policy.pools[pool]
         # What the sidecar wrote into the body for an engine that schedules by priority.
         priority = engine_priority(arrival.key.tier) if spec.priority_scheduling else 0
+        if isinstance(engine.kv, PagedKvCache):
+            engine.kv.plan(request_id, prompt_plan(arrival, output, engine.kv.block_size))
         admission = engine.kv.submit(request_id, kv_tokens, priority)
+        self._published(engine)
         if admission is EngineAdmission.ADMITTED:
             self._start(request_id, engine)
         elif admission is EngineAdmission.QUEUED:
@@ -114,6 +124,27 @@ class FleetRequests:
             self._outputs.pop(request_id, None)
             self._on_engine.pop(request_id, None)
             self._end(request_id, status=503, output=None, engine=engine)
+
+    def _published(self, engine: SimEngine) -> None:
+        """What the engine's paged cache stored, evicted or cleared since last asked, as one
+        batch of its KV events, handed to every sidecar's picker `kv_events_delay_s` later
+        (ZMQ and the subscriber's loop in production); dropped when the engines do not
+        publish (`kv_events_delay_s` None)."""
+        if not isinstance(engine.kv, PagedKvCache) or not engine.kv.events:
+            return
+        events = engine.kv.drain_events()
+        if self.kv_events_delay_s is None:
+            return
+        number = next(self._sequence)
+        now_s = self.clock.now_s
+        self._batches[number] = (engine.address, EventBatch(now_s, tuple(events)))
+        self._push(now_s + self.kv_events_delay_s, "kv", str(number))
+
+    def _deliver(self, number: int) -> None:
+        address, batch = self._batches.pop(number)
+        pool = self._pool_of[address]
+        for sidecar in self.sidecars:
+            sidecar.picker.kv_events(pool, address, batch)
 
     def _output_tokens(self, arrival: Arrival) -> int:
         """How long the model 'wants' to answer, from the request's own generator (or
@@ -130,9 +161,19 @@ class FleetRequests:
         model = LatencyModel(self.latency, draws)
         running = engine.kv.num_running
         segments = chain_segments(list(zip(arrival.texts, arrival.text_tokens, strict=True)))
-        cached = engine.look_up(segments, arrival.prompt_tokens)
+        cached = engine.look_up(segments, arrival.prompt_tokens, request_id)
         ttft_s = model.sample_ttft_s(arrival.prompt_tokens, running, cached)
+        if self.prefill_queue:
+            # Its prefill waits for the prefills started before it on this engine: a prompt
+            # not cached costs the engine's compute, not only its own TTFT.
+            now_s = self.clock.now_s
+            waited_s = max(0.0, engine.prefill_free_s - now_s)
+            engine.prefill_free_s = (
+                now_s + waited_s + model.prefill_s(arrival.prompt_tokens, cached)
+            )
+            ttft_s += waited_s
         served = self.results[request_id]
+        served.cached_tokens = cached
         if arrival.answer is not None:
             self._start_recorded(request_id, arrival.answer)
             return
@@ -169,6 +210,7 @@ class FleetRequests:
         served = self.results[request_id]
         for started in engine.kv.release(request_id):
             self._start(started, engine)
+        self._published(engine)
         output = self._outputs.pop(request_id)
         if served.outcome == "oom":
             self.oom_events += 1

@@ -22,6 +22,7 @@ class Served:
     ttft_s: float | None = None  # first arrival to first token: retries and waits included
     done_s: float | None = None
     output_tokens: int = 0
+    cached_tokens: int = 0  # of its prompt, found in its engine's prefix cache
     waited_s: float = 0.0  # in the sidecar's waiting room, on the attempt that got through
     attempts: int = 1  # the client's tries (it retries after Retry-After)
     reason: str = ""  # a refusal's reason (x-slogate-reason); "" when admitted

@@ -33,6 +33,7 @@ from breaker.board import BreakerBoard
 from breaker.latency import ResponseWindows
 from budget.quotas import TierMultipliers
 from budget.store import InProcessStore
+from engines.kv_events import EventBatch
 from extproc.request.tokens.prompt import PromptCounter
 from extproc.request.verdicts import Routed
 from policy.schema import Policy
@@ -70,6 +71,9 @@ class OfflineFleet(FleetRequests):
         outages: Sequence[EngineOutage] = (),
         prefix_entries: int = 50_000,
         counter: PromptCounter | None = None,
+        block_size: int | None = None,
+        kv_events_delay_s: float | None = None,
+        prefill_queue: bool = False,
     ) -> None:
         """`waiting_room`: the sidecars hold requests refused only for capacity until room
         frees (False: they refuse them at once). `client_retries`: how many times a client
@@ -83,7 +87,15 @@ class OfflineFleet(FleetRequests):
         them), picked by the sidecars as the policy says (`picker`); `outages`: engines
         down for a while; `prefix_entries`: each engine's prefix cache (prompt segments);
         `counter`: the sidecars' prompt counter (None: the real one over the prompt
-        library's texts; a replay gives one that answers with the recorded counts)."""
+        library's texts; a replay gives one that answers with the recorded counts);
+        `block_size`: the engines' KV caches in blocks of that many tokens with vLLM's
+        prefix caching in them (sim.server.paged_kv; None: weighted tokens beside an LRU of
+        `prefix_entries` message prefixes); `kv_events_delay_s`: such engines publish their
+        KV events, and each batch reaches every sidecar's picker that long after (None:
+        they publish nothing); `prefill_queue`: each engine prefills one prompt after
+        another (a prompt's uncached tokens at the latency model's prefill cost), so that
+        prefills wait for each other as on a GPU whose compute they saturate (False: each
+        request's TTFT is its own, whatever else the engine prefills)."""
         self.policy = policy
         self.client_retries = client_retries
         self.seed = seed
@@ -102,9 +114,14 @@ class OfflineFleet(FleetRequests):
                 max_queue,
                 overcommit_ratio,
                 prefix_entries,
+                block_size,
             )
             for index, name in enumerate(policy.pools)
         }
+        self._pool_of = {e.address: n for n, p in self.engines.items() for e in p.engines}
+        self.kv_events_delay_s = kv_events_delay_s
+        self.prefill_queue = prefill_queue
+        self._batches: dict[int, tuple[str, EventBatch]] = {}
         self.outages = list(outages)
         self._on_engine: dict[str, SimEngine] = {}
         self.retried = 0  # connections refused and retried on another engine
@@ -225,6 +242,8 @@ class OfflineFleet(FleetRequests):
                 self._tick_room()
             elif kind == "finish":
                 self._finish(request_id)
+            elif kind == "kv":
+                self._deliver(int(request_id))
             elif kind == "evaluate":
                 if self.use_breaker:
                     self.board.evaluate()
@@ -252,7 +271,7 @@ class OfflineFleet(FleetRequests):
         pool = self.engines[outage.pool]
         engine = pool.engines[outage.index]
         if back:
-            pool.restart(outage.index)
+            self._published(pool.restart(outage.index))
             return
         engine.up, engine.down_since_s = False, self.clock.now_s
         lost = [r for r, e in self._on_engine.items() if e is engine]
@@ -268,7 +287,13 @@ class OfflineFleet(FleetRequests):
         texts = arrival.texts or library(arrival.crafted).messages(arrival.counted)
         self._attempts[request_id] = self._attempts.get(request_id, 0) + 1
         self._attempt_at[request_id] = self.clock.now_s
-        request = chat(texts, arrival.max_tokens, arrival.stream, arrival.conversation_texts)
+        request = chat(
+            texts,
+            arrival.max_tokens,
+            arrival.stream,
+            arrival.conversation_texts,
+            arrival.chat_roles(len(texts)),
+        )
         sidecar.submit(
             arrival.key, request, request_id, lambda decided: self._decided(request_id, decided)
         )

@@ -177,6 +177,7 @@ class SimulatedSidecar:
             book=book,
             wait_cap_s=policy.longest_wait_s,
             live=self.fleet.live_pool,
+            largest_engine=self.fleet.largest_kv_tokens,
         )
         self.decider = Decider(
             lambda: policy,
@@ -226,9 +227,15 @@ class SimulatedSidecar:
         run_now(self._engine_outcomes.record(outcome))
 
 
-def chat(texts: tuple[str, ...], max_tokens: int, stream: bool, head: int = 1) -> InferenceRequest:
+def chat(
+    texts: tuple[str, ...],
+    max_tokens: int,
+    stream: bool,
+    head: int = 1,
+    roles: tuple[str, ...] = (),
+) -> InferenceRequest:
     """A chat of `texts` as the sidecar parses one. `head`: the leading texts that are its
-    conversation's head."""
+    conversation's head; `roles`: each text's role (a plain chat's; empty: not known)."""
     return InferenceRequest(
         shape=BodyShape.CHAT,
         model=None,
@@ -237,6 +244,7 @@ def chat(texts: tuple[str, ...], max_tokens: int, stream: bool, head: int = 1) -
         max_tokens=max_tokens,
         stream=stream,
         conversation_texts=head,
+        chat_roles=roles,
     )
 
 

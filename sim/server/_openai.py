@@ -72,6 +72,9 @@ class ParsedRequest:
     # The request named `reasoning_effort` (a reasoning model's setting): half of what the
     # pool generates is reported as reasoning (usage.completion_tokens_details).
     reasoning: bool = False
+    # A chat's messages as (role, text), for a paged cache that tokenizes the chat as the
+    # engine would; empty for the other APIs.
+    chat: tuple[tuple[str, str], ...] = ()
 
 
 Counter = Callable[[str], int]
@@ -258,7 +261,13 @@ def parse_request(raw: bytes, endpoint: Endpoint, count: Counter | None = None) 
         priority=_priority(body),
         settings=responses_settings(body) if endpoint is Endpoint.RESPONSES else None,
         reasoning=body.get("reasoning_effort") is not None,
+        chat=tuple(_role_text(text) for text, _ in pieces) if endpoint is Endpoint.CHAT else (),
     )
+
+
+def _role_text(piece: str) -> tuple[str, str]:
+    role, _, text = piece.partition("\x00")  # a chat piece is role NUL text
+    return role, text
 
 
 def _priority(body: dict[str, Any]) -> int:

@@ -32,9 +32,12 @@ from sim.server._openai import (
     parse_request,
 )
 from sim.server.config import PoolConfig
+from sim.server.engine_ids import chat_ids, prompt_plan
 from sim.server.faults import Faults, FaultState
+from sim.server.kv_publisher import KvEventPublisher
 from sim.server.metrics import PoolMetrics
 from sim.server.model import EngineAdmission, KvCache, LatencyModel, PrefixCache, kv_tokens_for
+from sim.server.paged_kv import PagedKvCache, PromptPlan
 
 # slogate's headers, and those it sets for an endpoint picker (the inference extension's).
 # traceparent/tracestate: the trace context the engine would nest its own spans under.
@@ -115,12 +118,24 @@ class SimPool:
         self.config = config
         self.rng = np.random.default_rng(config.seed)
         self.latency = LatencyModel(config.latency_config(), self.rng)
-        self.kv = KvCache(
-            config.kv_capacity_tokens,
-            max_running=config.max_running_requests,
-            max_queue=config.max_queue,
-            overcommit_ratio=config.kv_overcommit_ratio,
+        self.kv = (
+            KvCache(
+                config.kv_capacity_tokens,
+                max_running=config.max_running_requests,
+                max_queue=config.max_queue,
+                overcommit_ratio=config.kv_overcommit_ratio,
+            )
+            if config.kv_block_size is None
+            else PagedKvCache(
+                config.kv_capacity_tokens,
+                config.kv_block_size,
+                max_running=config.max_running_requests,
+                max_queue=config.max_queue,
+                overcommit_ratio=config.kv_overcommit_ratio,
+            )
         )
+        # Where the paged cache's KV events go (set by the server that binds its sockets).
+        self.kv_events: KvEventPublisher | None = None
         self.prefix_cache = PrefixCache(config.prefix_cache_entries)
         self.faults = FaultState()
         self.metrics = PoolMetrics(config.model, config.kv_capacity_tokens)
@@ -191,7 +206,15 @@ class SimPool:
         )
         # vLLM's FCFS scheduler accepts an integer priority and ignores it.
         priority = parsed.priority if self.config.scheduling_policy == "priority" else 0
+        if isinstance(self.kv, PagedKvCache):
+            # A chat's blocks are cached; other APIs' prompts are held, uncached.
+            held = PromptPlan((), (), parsed.prompt_tokens + parsed.max_tokens)
+            if parsed.chat:
+                ids = chat_ids([r for r, _ in parsed.chat], [t for _, t in parsed.chat])
+                held = prompt_plan(ids, self.kv.block_size, parsed.max_tokens)
+            self.kv.plan(request_id, held)
         admission = self.kv.submit(request_id, kv_tokens, priority)
+        await self._publish()
         if admission is EngineAdmission.REJECTED_TOO_LARGE:
             message = f"request needs {kv_tokens} KV tokens, the pool has {self.kv.capacity_tokens}"
             return error_response(
@@ -213,7 +236,7 @@ class SimPool:
             if self.kv.is_overcommitted and self.rng.random() < self.config.overcommit_error_rate:
                 message = "KV cache exhausted (overcommitted)"
                 return error_response(500, message, "server_error", "kv_cache_oom", headers)
-            plan = self._plan(parsed, faults, arrived_at)
+            plan = self._plan(parsed, faults, arrived_at, request_id)
             frame = frame_for(parsed, self.config.model)
             try:
                 if parsed.stream:
@@ -229,12 +252,26 @@ class SimPool:
                 waiter = self._admitted.get(admitted_id)
                 if waiter is not None and not waiter.done():
                     waiter.set_result(None)
+            await self._publish()
 
-    def _plan(self, parsed: ParsedRequest, faults: Faults, arrived_at: float) -> _Plan:
+    async def _publish(self) -> None:
+        """What the paged cache stored, evicted or cleared since last asked, as one batch of
+        KV events (dropped when nobody publishes them)."""
+        if isinstance(self.kv, PagedKvCache) and self.kv.events:
+            events = self.kv.drain_events()
+            if self.kv_events is not None:
+                await self.kv_events.publish(events)
+
+    def _plan(
+        self, parsed: ParsedRequest, faults: Faults, arrived_at: float, request_id: str
+    ) -> _Plan:
         running = self.kv.num_running
-        cached_tokens = min(
-            self.prefix_cache.lookup_and_insert(parsed.segments), parsed.prompt_tokens
+        found = (
+            self.kv.hit_tokens(request_id)
+            if isinstance(self.kv, PagedKvCache)
+            else self.prefix_cache.lookup_and_insert(parsed.segments)
         )
+        cached_tokens = min(found, parsed.prompt_tokens)
         self.metrics.prefix_queries.inc(parsed.prompt_tokens)
         self.metrics.prefix_hits.inc(cached_tokens)
         ttft_s = self.latency.sample_ttft_s(parsed.prompt_tokens, running, cached_tokens)

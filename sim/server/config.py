@@ -40,6 +40,14 @@ class PoolConfig:
     scheduling_policy: str = "fcfs"
     # vLLM's --served-model-name: another model is a 404. Empty: any model is served.
     served_models: tuple[str, ...] = ()
+    # vLLM's prefix caching in the KV cache, in blocks of this many tokens (sim.server.
+    # paged_kv; chats tokenized as the engine would: needs tokenizer "deepseek"). None: the
+    # weighted-token KV cache beside an LRU of message prefixes.
+    kv_block_size: int | None = None
+    # Publish the paged cache's KV events on ZMQ (vLLM's --kv-events-config): the PUB port,
+    # and the ROUTER replay port (None: no replay); 0 picks a free one. None: no events.
+    kv_events_port: int | None = None
+    kv_events_replay_port: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.model:
@@ -56,6 +64,12 @@ class PoolConfig:
             raise ValueError("tokenizer must be 'approx' or 'deepseek'")
         if self.kv_overcommit_ratio < 1.0:
             raise ValueError("kv_overcommit_ratio must be >= 1")
+        if self.kv_block_size is not None and (
+            self.kv_block_size <= 0 or self.tokenizer != "deepseek"
+        ):
+            raise ValueError("kv_block_size must be > 0 and needs tokenizer 'deepseek'")
+        if self.kv_events_port is not None and self.kv_block_size is None:
+            raise ValueError("kv_events_port needs kv_block_size (a paged KV cache)")
         self.latency_config()  # validates base_latency_ms against the shape
 
     def latency_config(self) -> LatencyConfig:

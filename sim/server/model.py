@@ -121,12 +121,17 @@ class LatencyModel:
         per_octave = (self._sigma_32k - self._sigma_1k) / 5.0  # 1k -> 32k is five doublings
         return min(self._sigma_1k + per_octave * octaves, self.config.max_tail_sigma)
 
-    def mean_ttft_s(self, prompt_tokens: int, running: int, cached_tokens: int = 0) -> float:
-        """Expected TTFT; prefix-cache hits skip prefill but not the bucket's slope."""
+    def prefill_s(self, prompt_tokens: int, cached_tokens: int = 0) -> float:
+        """The prompt's prefill alone: its tokens not cached, at its bucket's slope."""
         cfg = self.config
         slope = bucket_for(prompt_tokens, cfg.buckets).prefill_slope
         prefill_tokens = max(prompt_tokens - cached_tokens, 0)
-        prefill_ms = prefill_tokens / 1_000 * cfg.prefill_ms_per_1k_tokens * slope
+        return prefill_tokens / 1_000 * cfg.prefill_ms_per_1k_tokens * slope / 1_000
+
+    def mean_ttft_s(self, prompt_tokens: int, running: int, cached_tokens: int = 0) -> float:
+        """Expected TTFT; prefix-cache hits skip prefill but not the bucket's slope."""
+        cfg = self.config
+        prefill_ms = self.prefill_s(prompt_tokens, cached_tokens) * 1_000
         batch_factor = 1.0 + cfg.ttft_batch_slope * max(running, 0)
         return (cfg.base_latency_ms + prefill_ms) * batch_factor / 1_000
 
@@ -220,23 +225,32 @@ class KvCache:
     def is_overcommitted(self) -> bool:
         return self.used_tokens > self.capacity_tokens
 
-    def _fits(self, kv_tokens: int) -> bool:
+    def _fits(self, request_id: str, kv_tokens: int) -> bool:
         limit = self.capacity_tokens * self.overcommit_ratio
         return self.used_tokens + kv_tokens <= limit and len(self._running) < self.max_running
+
+    def _too_large(self, request_id: str, kv_tokens: int) -> bool:
+        return kv_tokens > self.capacity_tokens * self.overcommit_ratio
+
+    def _take(self, request_id: str, kv_tokens: int) -> None:
+        self._running[request_id] = kv_tokens
+        self.used_tokens += kv_tokens
+
+    def _give_back(self, request_id: str) -> None:
+        self.used_tokens -= self._running.pop(request_id)
 
     def try_admit(self, request_id: str, kv_tokens: int) -> bool:
         """Admit now if nobody waits and the request fits; never queues."""
         if request_id in self._running or request_id in self._waiting:
             raise ValueError(f"request {request_id!r} is already known")
-        if self._waiting or not self._fits(kv_tokens):
+        if self._waiting or not self._fits(request_id, kv_tokens):
             return False
-        self._running[request_id] = kv_tokens
-        self.used_tokens += kv_tokens
+        self._take(request_id, kv_tokens)
         return True
 
     def submit(self, request_id: str, kv_tokens: int, priority: int = 0) -> EngineAdmission:
         """Admit, queue, or refuse a new request."""
-        if kv_tokens > self.capacity_tokens * self.overcommit_ratio:
+        if self._too_large(request_id, kv_tokens):
             return EngineAdmission.REJECTED_TOO_LARGE  # would block the FIFO head forever
         if self.try_admit(request_id, kv_tokens):
             return EngineAdmission.ADMITTED
@@ -250,7 +264,7 @@ class KvCache:
     def release(self, request_id: str) -> list[str]:
         """Forget a running or waiting request; returns the waiting ids admitted as a result."""
         if request_id in self._running:
-            self.used_tokens -= self._running.pop(request_id)
+            self._give_back(request_id)
         else:
             self._waiting.pop(request_id, None)
         return self._admit_waiting()
@@ -263,12 +277,11 @@ class KvCache:
                 heapq.heappop(self._order)
                 continue
             head_tokens = self._waiting[head_id]
-            if not self._fits(head_tokens):
+            if not self._fits(head_id, head_tokens):
                 break
             heapq.heappop(self._order)
             del self._waiting[head_id]
-            self._running[head_id] = head_tokens
-            self.used_tokens += head_tokens
+            self._take(head_id, head_tokens)
             admitted.append(head_id)
         return admitted
 

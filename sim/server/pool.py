@@ -3,6 +3,8 @@
     python -m sim.server.pool --name default --port 18001 [--host 127.0.0.1] [--time-scale 1.0]
                               [--seed 0] [--kv-capacity-tokens N] [--max-num-seqs N] [--max-queue N]
                               [--model NAME] [--base-latency-ms MS]
+                              [--kv-block-size 16 --tokenizer deepseek
+                               [--kv-events-port P [--kv-events-replay-port R]]]
 
 Prints `sim pool <name> listening on http://<host>:<port>` once bound (`--port 0` picks a free
 port and prints it) and exits 0 on SIGTERM/SIGINT.
@@ -36,6 +38,7 @@ from sim.server._openai import Endpoint, RequestError, invocation_endpoint
 from sim.server._serving import SimPool, error_response
 from sim.server.config import PoolConfig
 from sim.server.faults import parse_fault_request
+from sim.server.kv_publisher import KvEventPublisher
 
 __all__ = ["POOL_KEY", "PoolConfig", "SimPool", "create_app", "main", "serve_pool"]
 
@@ -169,21 +172,40 @@ def create_app(config: PoolConfig) -> web.Application:
     return app
 
 
+async def start_kv_events(pool: SimPool, host: str) -> KvEventPublisher | None:
+    """The pool's KV event publisher, bound and serving replays, where its config asks."""
+    config = pool.config
+    if config.kv_events_port is None:
+        return None
+    publisher = KvEventPublisher(host, config.kv_events_port, config.kv_events_replay_port)
+    publisher.start()
+    pool.kv_events = publisher
+    return publisher
+
+
 async def serve_pool(config: PoolConfig, host: str, port: int, stop: asyncio.Event) -> None:
     """Serve until `stop` is set; announces the bound address on stdout."""
     # Handler cancellation: a client that hangs up leaves the queue / frees its KV, as in vLLM.
-    runner = web.AppRunner(
-        create_app(config), access_log=None, shutdown_timeout=2.0, handler_cancellation=True
-    )
+    app = create_app(config)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, handler_cancellation=True)
     await runner.setup()
+    publisher = await start_kv_events(app[POOL_KEY], host)
     try:
         await web.TCPSite(runner, host, port).start()
         bound_port = runner.addresses[0][1]
         shown_host = f"[{host}]" if ":" in host else host
         print(f"sim pool {config.name} listening on http://{shown_host}:{bound_port}", flush=True)
+        if publisher is not None:
+            print(
+                f"sim pool {config.name} publishes KV events on tcp://{shown_host}:"
+                f"{publisher.port} (replay {publisher.replay_port})",
+                flush=True,
+            )
         await stop.wait()
     finally:
         await runner.cleanup()
+        if publisher is not None:
+            await publisher.close()
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -213,6 +235,22 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--scheduling-policy", choices=("fcfs", "priority"), default=defaults.scheduling_policy
     )
+    parser.add_argument(
+        "--kv-block-size",
+        type=int,
+        default=None,
+        help="vLLM's prefix caching in the KV cache, in blocks of this many tokens "
+        "(needs --tokenizer deepseek)",
+    )
+    parser.add_argument(
+        "--kv-events-port",
+        type=int,
+        default=None,
+        help="publish the KV events on ZMQ (PUB) on this port, as vLLM's --kv-events-config",
+    )
+    parser.add_argument(
+        "--kv-events-replay-port", type=int, default=None, help="the events' ROUTER replay port"
+    )
     return parser.parse_args(argv)
 
 
@@ -239,6 +277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             tokenizer=args.tokenizer,
             scheduling_policy=args.scheduling_policy,
             served_models=tuple(args.served_model_name),
+            kv_block_size=args.kv_block_size,
+            kv_events_port=args.kv_events_port,
+            kv_events_replay_port=args.kv_events_replay_port,
         )
     except ValueError as exc:
         print(f"sim pool: {exc}", file=sys.stderr)

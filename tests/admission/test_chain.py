@@ -13,8 +13,9 @@ from admission.assembly import build_admission
 from admission.breaker_step import BreakerStep
 from admission.chain import AdmissionChain
 from admission.decision import Admitted, Applicant, RequestOutcome, RoutingDecision
-from admission.errors import Overloaded, RateLimited, RequestRejected, Shed
+from admission.errors import ContextLengthExceeded, Overloaded, RateLimited, RequestRejected, Shed
 from admission.events import NoEvents
+from admission.kv.capacity import kv_footprint
 from admission.kv.step import KvStep
 from breaker.board import BreakerBoard
 from breaker.latency import ResponseWindows
@@ -217,3 +218,51 @@ async def test_the_assembled_chain_runs_access_breaker_budget_kv_in_that_order()
     with pytest.raises(RateLimited):  # L1 halves sheddable budgets: 2000 > 500
         await admission.chain.admit(Applicant(sheddable, "r1", POLICY))
     assert admission.kv.book.holds == 0  # the budget refusal gave the KV room back
+
+
+async def test_a_request_no_engine_can_hold_is_refused_with_400_holding_nothing() -> None:
+    """The operator's case: a pool of two 8,000-token engines holds 16,000 tokens, but a
+    request of a ~6k-token context needing ~11k (its bucket's KV weight 1.8) runs on neither
+    (vLLM answered 400): refused before anything is held, budget and KV alike."""
+    clock = VirtualClock()
+    store = InProcessStore(clock)
+    policy = parse_policy(
+        {
+            "pools": {
+                "default": {
+                    "endpoints": ["127.0.0.1:1", "127.0.0.1:2"],
+                    "kv_capacity_tokens": 16_000,
+                },
+                "long": {"endpoints": ["127.0.0.1:3"], "kv_capacity_tokens": 16_000},
+                "fallback": {"endpoints": ["127.0.0.1:4"]},
+            },
+        }
+    )
+    admission = build_admission(
+        store=store,
+        board=None,
+        events=NoEvents(),
+        clock=clock,
+        ttl_s=660,
+        policy=lambda: policy,
+        largest_engine=lambda spec: (spec.kv_capacity_tokens or 0) / 2,
+    )
+    big = dataclasses.replace(decision(6_000, max_tokens=1_000, policy=policy), request_id="r1")
+    footprint = kv_footprint(6_000, big.bucket)
+    assert 8_000 < footprint < 16_000 * 0.95  # the pool would have admitted it
+    with pytest.raises(ContextLengthExceeded) as info:
+        await admission.chain.admit(Applicant(big, "r1", policy))
+    refused = info.value
+    assert (refused.status, refused.code, refused.reason) == (
+        400,
+        "context_length_exceeded",
+        "engine_kv_exceeded",
+    )
+    assert f"needs {footprint} tokens of KV cache" in refused.message
+    assert "the largest: 8000 tokens" in refused.message
+    assert admission.kv.book.holds == 0 and admission.kv.book.view(big.pool).tokens == 0
+    assert await store.outstanding(big.caller.key_id) == 0  # the budget's reservation given back
+    # One that fits the largest engine is admitted as before.
+    fits = decision(2_000, max_tokens=1_000, policy=policy)
+    admitted = await admission.chain.admit(Applicant(fits, "r2", policy))
+    assert admission.kv.book.holds == 1 and admitted.decision.pool == fits.pool

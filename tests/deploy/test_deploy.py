@@ -13,6 +13,7 @@ from pathlib import Path
 from engines.picker import EnginePicker
 from engines.state import EngineFleet
 from extproc.runtime.key_store import KeyStore
+from extproc.runtime.kv_subscriber import KvEventsCollector, KvSubscriber
 from extproc.runtime.loop_lag import LoopLag, LoopLagCollector
 from extproc.runtime.spend_metrics import SpendMetrics
 from extproc.service.candidate_metrics import CandidateMetrics
@@ -31,14 +32,17 @@ def exported_metrics() -> set[str]:
     names = set()
     policy = parse_policy({})
     fleet = EngineFleet(lambda: policy.engines.health, time.monotonic)
-    engines = EngineCollector(EnginePicker(fleet, lambda: policy, time.monotonic), lambda: policy)
+    picker = EnginePicker(fleet, lambda: policy, time.monotonic)
+    engines = EngineCollector(picker, lambda: policy)
+    kv_events = KvEventsCollector(KvSubscriber(picker, lambda: policy), picker)  # registered too
     metrics = SidecarMetrics()
     KeyStore(KeyStoreConfig(file="keys.yaml"), None, metrics.registry)  # its own series
     SpendMetrics(metrics.registry)  # the spend step's
     CandidateMetrics(metrics.registry)  # the candidate policy's (shadow mode)
     dropped_counter(metrics.registry)  # the traffic record's (when it is on)
     lag = LoopLagCollector(LoopLag(time.monotonic), time.monotonic)  # the sidecar registers it
-    for family in [*metrics.registry.collect(), *engines.collect(), *lag.collect()]:
+    collectors = (metrics.registry, engines, kv_events, lag)
+    for family in [f for c in collectors for f in c.collect()]:
         names.add(f"{family.name}_total" if family.type == "counter" else family.name)
     return names
 

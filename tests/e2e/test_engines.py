@@ -43,10 +43,13 @@ FAST_BREAKER = {
 }
 
 
-def engines_policy(tmp: Path, picker: str = "slogate") -> Path:
+def engines_policy(tmp: Path, picker: str = "slogate", kv_capacity_tokens: int = 0) -> Path:
+    """`kv_capacity_tokens`: the default pool's (its two engines get half each)."""
     raw = example_policy()
     raw["breaker"] = FAST_BREAKER
     raw["pools"]["default"]["picker"] = picker
+    if kv_capacity_tokens:
+        raw["pools"]["default"]["kv_capacity_tokens"] = kv_capacity_tokens
     unlimited = {"requests_per_minute": 100_000, "concurrent_requests": 1_000}
     raw["tiers"] = {tier: {**limits, **unlimited} for tier, limits in raw["tiers"].items()}
     return write_policy(tmp / "policy.yaml", raw)
@@ -413,5 +416,27 @@ def test_a_conversation_stays_on_one_engine_through_either_replica(tmp_path: Pat
             homes.append(used)
         assert all(len(used) == 1 for used in homes), homes
         assert {a for used in homes for a in used} == set(engines)
+    finally:
+        stack.stop()
+
+
+def test_a_request_larger_than_every_engines_cache_is_refused_not_sent(tmp_path: Path) -> None:
+    """Two simulated engines of 8,000 KV tokens each: the pool holds 16,000, but a request
+    whose footprint is ~11,000 (a ~6k-token context, its bucket's KV weight 1.8) fits
+    neither; a 400 in OpenAI's shape that says why, nothing held; a smaller one is served."""
+    stack = start_stack(tmp_path, engines_policy(tmp_path, kv_capacity_tokens=16_000))
+    try:
+        too_big = post(stack.url, CHAT, chat_body("hello", max_tokens=6_000))
+        assert too_big.status == 400, too_big.body
+        error = too_big.json()["error"]
+        assert error["code"] == "context_length_exceeded"
+        assert "the largest: 8000 tokens" in error["message"]
+        samples = scrape(stack.metrics_url)
+        assert metric(samples, "slogate_engine_picked_total") == 0
+        assert (
+            metric(samples, "slogate_rejections_total", reason="engine_kv_exceeded", status="400")
+            == 1
+        )
+        assert post(stack.url, CHAT, chat_body("hello", max_tokens=3_000)).status == 200
     finally:
         stack.stop()

@@ -14,7 +14,7 @@ from breaker.engine import EngineSnapshot
 from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel, BreakerState, Signals, step
 from engines.picker import EnginePicker
-from engines.prefix import PrefixIndex, ladder, prompt_blocks, text_blocks
+from engines.prefix import NO_BLOCKS, PrefixIndex, ladder, prompt_blocks, text_blocks
 from engines.scoring import EngineCandidate, pick, rendezvous, score
 from engines.state import EngineFleet, EngineState
 from policy.domain import Picker, Pool
@@ -211,9 +211,9 @@ def test_block_hashes_agree_exactly_as_far_as_the_prefixes_do() -> None:
 
 
 def test_the_ladder_keeps_few_positions_and_always_the_last() -> None:
-    assert ladder(1) == [0]
+    assert ladder(1) == (0,)
     positions = ladder(512)
-    assert positions[:8] == list(range(8)) and positions[-1] == 511
+    assert positions[:8] == tuple(range(8)) and positions[-1] == 511
     assert len(positions) <= 30
     assert all(b > a for a, b in itertools.pairwise(positions))
 
@@ -309,17 +309,22 @@ def test_the_picker_holds_the_footprint_on_its_engine_and_learns_the_prefix() ->
     assert len(chosen) == 2
     engine = fleet.get("default", chosen[0])
     assert engine is not None and (engine.held_tokens, engine.held_sequences) == (120, 1)
-    again = picker.pick("r2", spec, blocks, "0-4k", tokens=120, sequences=1)
-    assert again[0] == chosen[0]  # its prefix is cached there now
+    # While it runs, a second one would hold 2 of the 2 requests in flight on one engine
+    # (over 1.25x the mean): it goes to the other.
+    beside = picker.pick("r2", spec, blocks, "0-4k", tokens=120, sequences=1)
+    assert beside[0] == chosen[1]
     picker.release("r1")
     picker.release("r2")
     assert engine.held_tokens == 0 and fleet.holds == 0
+    again = picker.pick("r3", spec, blocks, "0-4k", tokens=120, sequences=1)
+    assert again[0] == chosen[0]  # the conversation's engine, where its prefix is cached
+    picker.release("r3")
     # Dead engines are never named; an external picker's pool gets no name at all.
     for _ in range(2):
         fleet.probed("default", chosen[0], False)
-    assert picker.pick("r3", spec, blocks, "0-4k", 10, 1) == (chosen[1],)
+    assert picker.pick("r4", spec, blocks, "0-4k", 10, 1) == (chosen[1],)
     external = dataclasses.replace(spec, picker=Picker.EXTERNAL)
-    assert picker.pick("r4", external, blocks, "0-4k", 10, 1) == ()
+    assert picker.pick("r5", external, blocks, "0-4k", 10, 1) == ()
 
 
 def test_answers_never_eject_more_than_half_the_pool() -> None:
@@ -377,3 +382,74 @@ def test_a_subset_hint_narrows_the_pick_and_a_fallbacks_answer_moves_the_hold() 
     picker.served("r3", "10.9.9.9:1")  # not an engine of the pool: nothing moves
     picker.release("r3")
     assert fallback.held_tokens == 0 and fleet.holds == 0
+
+
+@pytest.mark.parametrize("in_flight", [2, 4, 7])
+def test_two_equal_engines_split_a_stream_of_new_conversations_evenly(in_flight: int) -> None:
+    # The live run's shape: a few requests in flight at a time on two equal engines, each a
+    # new conversation (nothing cached anywhere to pull it). Bounded load at ceil(1.25 x
+    # the fair share) let 2 of 2 or 3 of 4 pile onto one engine by the conversations'
+    # hashes, and the bucket's constant pull broke the load's ties towards one engine.
+    clock = FakeClock()
+    policy = parse_policy({})
+    fleet = fleet_of(clock, A, B, pool="default")
+    picker = EnginePicker(fleet, lambda: policy, clock)
+    spec = Pool("default", (A, B), kv_capacity_tokens=20_000, max_num_seqs=32)
+    rng = np.random.default_rng(5)
+    system = rng.integers(0, 50_000, 200).astype(np.uint32)
+    running: list[str] = []
+    for number in range(400):
+        if len(running) == in_flight:
+            picker.release(running.pop(int(rng.integers(0, in_flight))))
+        question = rng.integers(0, 50_000, 40).astype(np.uint32)
+        blocks = blocks_of(system, question, block_tokens=64, head=2)
+        picker.pick(f"r{number}", spec, blocks, "0-4k", tokens=300, sequences=1)
+        running.append(f"r{number}")
+        held = [e.held_sequences for e in fleet.engines("default")]
+        assert max(held) - min(held) <= 1, (number, held)
+    picked = [e.picked for e in fleet.engines("default")]
+    assert min(picked) >= 0.45 * sum(picked), picked
+
+
+def test_a_request_goes_only_to_an_engine_whose_cache_can_hold_it() -> None:
+    clock = FakeClock()
+    policy = parse_policy({})
+    fleet = fleet_of(clock, A, B, pool="default")
+    spec = Pool("default", (A, B), kv_capacity_tokens=16_000, max_num_seqs=8)
+    assert fleet.largest_kv_tokens(spec) == 8_000  # the even share: none reported
+    # One engine reports a larger cache: the largest serving engine's is what can be held.
+    fleet.observe("default", "10.0.0.2:8000", EngineSnapshot(0.0, 0, 0, None, (), 12_000.0))
+    assert fleet.largest_kv_tokens(spec) == 12_000
+    picker = EnginePicker(fleet, lambda: policy, clock)
+    rng = np.random.default_rng(9)
+    for number in range(20):  # whatever its hash prefers, 10,000 tokens go to the larger one
+        blocks = blocks_of(rng.integers(0, 50_000, 300).astype(np.uint32), block_tokens=64)
+        chosen = picker.pick(f"r{number}", spec, blocks, "4-8k", tokens=10_000, sequences=1)
+        assert chosen == ("10.0.0.2:8000",)
+        picker.release(f"r{number}")
+    for _ in range(2):  # the larger one dead: what is left holds 8,000
+        fleet.probed("default", "10.0.0.2:8000", False)
+    assert fleet.largest_kv_tokens(spec) == 8_000
+    assert fleet.largest_kv_tokens(Pool("default", (A, B))) is None  # no size known
+
+
+def test_the_buckets_pull_never_tips_a_load_difference_towards_the_busier_engine() -> None:
+    # Two engines, one bucket: its pull is a constant tilt to one of them. With 3 requests
+    # in flight, 2 on that engine, a 4th whose conversation also hashes there goes to the
+    # other: the bucket's pull tied the load's difference (0.25 each) and the tie went to
+    # the conversation's engine, 3 of 4 on one.
+    busy = candidate("10.0.0.1:8000", 0, held_sequences=2)
+    free = candidate("10.0.0.2:8000", 1, held_sequences=1)
+    engines = [busy, free]
+    bucket = next(
+        b
+        for b in (f"bucket-{i}" for i in range(100))
+        if score([candidate(c.address, c.slot) for c in engines], NO_BLOCKS, b, CONFIG)[0].length
+        == 1.0
+    )
+    key = next(
+        b
+        for b in (blocks_of(ids(i, i + 1)) for i in range(100))
+        if rendezvous(b.key, busy.address) > rendezvous(b.key, free.address)
+    )
+    assert pick(engines, key, bucket, CONFIG)[0] == free.address

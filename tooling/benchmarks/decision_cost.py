@@ -18,7 +18,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,40 +42,57 @@ HEADERS = {
 }
 
 
-async def _measure(
-    sidecar: Sidecar, name: str, bpe: DeepSeekBpe, budget_s: float
-) -> dict[str, Any]:
-    reference = ReferenceTokenizer()
-    decide_ms: list[float] = []
-    judge_ms: list[float] = []  # the candidate's judgement, after the decision (shadow mode)
-    reference_ms: list[float] = []
-    estimate_ms: list[float] = []
-    kinds: dict[str, int] = {}
-    tokens: list[int] = []
-    started = time.perf_counter()
-    bodies = profile_bodies(name, bpe)
-    while time.perf_counter() - started < budget_s or len(decide_ms) < 20:
-        request = next(bodies)
+class _Arm:
+    """One setup's sidecar and what was measured on it."""
+
+    def __init__(self, setup: str, sidecar: Sidecar, bodies: Iterator[dict[str, object]]) -> None:
+        self.setup = setup
+        self.sidecar = sidecar
+        self.bodies = bodies
+        self.decide_ms: list[float] = []
+        self.judge_ms: list[float] = []  # the candidate's judgement (shadow mode)
+        self.kinds: dict[str, int] = {}
+        self.tokens: list[int] = []
+
+    async def decide_one(self) -> list[str]:
+        """Decide (and settle) the next request; its texts."""
+        sidecar = self.sidecar
+        request = next(self.bodies)
         raw = json.dumps(request).encode()
         flow = sidecar.path.decider.new_flow()
         await flow.on_request_headers({**HEADERS, "content-length": str(len(raw))}, False)
         t0 = time.perf_counter()
         routed = await flow.on_request_body(raw)
-        decide_ms.append((time.perf_counter() - t0) * 1000)
+        self.decide_ms.append((time.perf_counter() - t0) * 1000)
         if sidecar.path.candidate() is not None:
             t0 = time.perf_counter()
             await sidecar.path.judge.drain()
-            judge_ms.append((time.perf_counter() - t0) * 1000)
+            self.judge_ms.append((time.perf_counter() - t0) * 1000)
         decision = routed.decision
-        kinds[decision.estimate.value] = kinds.get(decision.estimate.value, 0) + 1
-        tokens.append(decision.prompt_tokens)
+        self.kinds[decision.estimate.value] = self.kinds.get(decision.estimate.value, 0) + 1
+        self.tokens.append(decision.prompt_tokens)
         sidecar.path.decider.inflight.pop(routed.tracking_id)
         outcome = RequestOutcome(
             decision, routed.tracking_id, 200, decision.prompt_tokens, 10, 0.1, 1.0, "via_upstream"
         )
         await finish(sidecar.path.recorder.record(outcome))
         messages: list[dict[str, str]] = request["messages"]  # type: ignore[assignment]
-        texts = [m["content"] for m in messages]
+        return [m["content"] for m in messages]
+
+
+async def _measure(
+    sidecars: dict[str, Sidecar], name: str, bpe: DeepSeekBpe, budget_s: float
+) -> list[dict[str, Any]]:
+    """Every setup on the same bodies, one request each in turn (a noisy neighbour slows
+    them alike): `budget_s` per setup."""
+    reference = ReferenceTokenizer()
+    reference_ms: list[float] = []
+    estimate_ms: list[float] = []
+    arms = [_Arm(setup, sidecar, profile_bodies(name, bpe)) for setup, sidecar in sidecars.items()]
+    started = time.perf_counter()
+    while time.perf_counter() - started < budget_s * len(arms) or len(arms[0].decide_ms) < 20:
+        for arm in arms:
+            texts = await arm.decide_one()
         if len(reference_ms) < 30:
             t0 = time.perf_counter()
             reference.count_many(texts)
@@ -83,25 +100,29 @@ async def _measure(
             t0 = time.perf_counter()
             sum(fast_estimate(t) for t in texts)
             estimate_ms.append((time.perf_counter() - t0) * 1000)
-    return {
-        "profile": name,
-        "describe": PROFILES[name].describe,
-        "requests": len(decide_ms),
-        "prompt_tokens_median": statistics.median(tokens),
-        "decision_p50_ms": quantile(decide_ms, 0.5),
-        "decision_p99_ms": quantile(decide_ms, 0.99),
-        "count_kinds": kinds,
-        "reference_tokenizer_p50_ms": quantile(reference_ms, 0.5),
-        "fitted_estimate_p50_ms": quantile(estimate_ms, 0.5),
-        **(
-            {
-                "candidate_judge_p50_ms": quantile(judge_ms, 0.5),
-                "candidate_judge_p99_ms": quantile(judge_ms, 0.99),
-            }
-            if judge_ms
-            else {}
-        ),
-    }
+    return [
+        {
+            "setup": arm.setup,
+            "profile": name,
+            "describe": PROFILES[name].describe,
+            "requests": len(arm.decide_ms),
+            "prompt_tokens_median": statistics.median(arm.tokens),
+            "decision_p50_ms": quantile(arm.decide_ms, 0.5),
+            "decision_p99_ms": quantile(arm.decide_ms, 0.99),
+            "count_kinds": arm.kinds,
+            "reference_tokenizer_p50_ms": quantile(reference_ms, 0.5),
+            "fitted_estimate_p50_ms": quantile(estimate_ms, 0.5),
+            **(
+                {
+                    "candidate_judge_p50_ms": quantile(arm.judge_ms, 0.5),
+                    "candidate_judge_p99_ms": quantile(arm.judge_ms, 0.99),
+                }
+                if arm.judge_ms
+                else {}
+            ),
+        }
+        for arm in arms
+    ]
 
 
 def publish_events(sidecar: Sidecar) -> None:
@@ -120,7 +141,8 @@ def publish_events(sidecar: Sidecar) -> None:
 async def _run(
     budget_s: float, profiles: Sequence[str], levers: Sequence[str]
 ) -> list[dict[str, Any]]:
-    """Each profile with the policy as it is, then with each lever (LEVERS), interleaved."""
+    """Each profile with the policy as it is and with each lever (LEVERS), interleaved
+    request by request."""
     work = Path(tempfile.mkdtemp(prefix="slogate-decision-cost-"))
     bpe = DeepSeekBpe()  # sizes the bodies; each sidecar counts with its policy's engine
     engines: dict[str, TokenCounter] = {}
@@ -136,8 +158,7 @@ async def _run(
         sidecars[setup] = sidecar
     rows = []
     for name in profiles:
-        for setup, sidecar in sidecars.items():
-            row = {"setup": setup, **await _measure(sidecar, name, bpe, budget_s)}
+        for row in await _measure(sidecars, name, bpe, budget_s):
             print(json.dumps(row), flush=True)
             rows.append(row)
     for sidecar in sidecars.values():

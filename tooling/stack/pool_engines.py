@@ -13,6 +13,7 @@ this module, never the other way round.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -99,10 +100,18 @@ def start_real_engines(stack: LocalStack, policy: Policy, pool: Pool) -> None:
         priority_scheduling=pool.priority_scheduling,
     )
     engines = []
+    cores = os.cpu_count() or 1
     for index in range(stack.vllm_count):
         port = first_port if index == 0 else 0
         name = f"vllm-{pool.name}" if index == 0 else f"vllm-{pool.name}-{index}"
-        engine = VllmEngine(stack.work_dir, dataclasses.replace(settings, port=port), name=name)
+        own = settings
+        if stack.vllm_count > 1 and not settings.cpu_cores:
+            # Each engine its own core, as on machines of their own: vLLM binds every engine
+            # to the same first core, where the one with more work starved the other (its
+            # OpenMP threads spin 5 ms after each parallel region) and picking, following the
+            # engine that answers, fed the starving (86 / 10 requests, seconds-long stalls).
+            own = dataclasses.replace(settings, cpu_cores=str(index % cores))
+        engine = VllmEngine(stack.work_dir, dataclasses.replace(own, port=port), name=name)
         engines.append(engine.launch())
     for engine in engines:
         engine.ready()

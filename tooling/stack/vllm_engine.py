@@ -74,6 +74,10 @@ class VllmSettings:
     # VLLM_SERVER_DEV_MODE: its /reset_prefix_cache (a benchmark's arms start cold).
     dev_mode: bool = False
     extra_args: tuple[str, ...] = ()
+    # The cores its engine's threads are bound to (vLLM's VLLM_CPU_OMP_THREADS_BIND, e.g.
+    # "1"); "": vLLM's own choice, which binds every engine on a machine to the same first
+    # core(s) and keeps one for its API server.
+    cpu_cores: str = ""
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,8 @@ class VllmEngine:
         env = offline_env(self.home)
         if self.settings.dev_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"
+        if self.settings.cpu_cores:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.settings.cpu_cores
         self.process = ManagedProcess(
             self.name, self.argv(model), self.log_dir, env, group=True
         ).start()
