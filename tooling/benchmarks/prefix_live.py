@@ -95,7 +95,7 @@ class Shape:
     prefix_tokens: int = 1024
     question_tokens: int = 192
     answer_tokens: int = 16
-    rates: tuple[float, ...] = (2.0, 4.0, 6.0)
+    rates: tuple[float, ...] = (4.0, 8.0, 12.0)
     step_s: float = 15.0
     kv_blocks: int = 64  # per engine, of 128 tokens
     seed: int = 38

@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     prefix_live.add_argument("--prefix-tokens", type=int, default=1024, help="each shared prompt")
     prefix_live.add_argument("--question-tokens", type=int, default=192, help="about, each")
     prefix_live.add_argument("--answer-tokens", type=int, default=16)
-    prefix_live.add_argument("--rates", default="2,4,6", help="requests a second, a step each")
+    prefix_live.add_argument("--rates", default="4,8,12", help="requests a second, a step each")
     prefix_live.add_argument("--step-s", type=float, default=15.0)
     prefix_live.add_argument("--kv-blocks", type=int, default=64, help="per engine, of 128 tokens")
     prefix_live.add_argument("--seed", type=int, default=38)
