@@ -21,7 +21,7 @@ from tests.support.http import CHAT
 from tests.support.stack import example_policy, random_ports, write_policy
 from tooling.stack.local import LocalStack
 from tooling.stack.processes import free_port
-from tooling.stack.vllm_engine import VllmSettings, engine_home, vllm_available
+from tooling.stack.vllm_engine import VllmSettings, engine_home, kv_events_args, vllm_available
 
 # Words both tokenizers keep whole (the tiny model's was trained on them): a prompt of N
 # of them is about N tokens to slogate's DeepSeek counter and to vLLM alike.
@@ -74,19 +74,6 @@ def vllm_policy(path: Path, kv_ports: tuple[int, int] | None = None) -> Path:
     # A test that fills the cache must not trip the breaker: its levels are not under test.
     breaker["thresholds"]["enter_hold_s"] = [600, 600, 600]
     return write_policy(path, raw)
-
-
-def kv_events_args(pub_port: int, replay_port: int) -> tuple[str, ...]:
-    """vLLM's flag for publishing its KV cache events (vllm/config/kv_events.py). Its PUB
-    socket binds only a wildcard endpoint (`tcp://*:P`; `tcp://127.0.0.1:P` makes it
-    connect there instead: ZmqEventPublisher._is_bind_endpoint), the replay socket any."""
-    config = {
-        "enable_kv_cache_events": True,
-        "publisher": "zmq",
-        "endpoint": f"tcp://*:{pub_port}",
-        "replay_endpoint": f"tcp://127.0.0.1:{replay_port}",
-    }
-    return ("--kv-events-config", json.dumps(config))
 
 
 def start_vllm_stack(tmp: Path) -> LocalStack:

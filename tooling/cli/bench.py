@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tooling.benchmarks.prefix_live import Shape
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,6 +65,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--no-outage", action="store_true", help="leave out the engine stopped mid-run"
     )
     live.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    prefix_live = bench_sub.add_parser(
+        "prefix-vllm", help="two real vLLMs: round robin vs approximate vs precise prefix"
+    )
+    prefix_live.add_argument("--customers", type=int, default=12, help="shared prompts")
+    prefix_live.add_argument("--prefix-tokens", type=int, default=1024, help="each shared prompt")
+    prefix_live.add_argument("--question-tokens", type=int, default=192, help="about, each")
+    prefix_live.add_argument("--answer-tokens", type=int, default=16)
+    prefix_live.add_argument("--rates", default="4,8,12", help="requests a second, a step each")
+    prefix_live.add_argument("--step-s", type=float, default=15.0)
+    prefix_live.add_argument("--kv-blocks", type=int, default=64, help="per engine, of 128 tokens")
+    prefix_live.add_argument("--seed", type=int, default=38)
+    prefix_live.add_argument(
+        "--arms",
+        type=prefix_arms,
+        default="round-robin,approximate,precise",
+        help="played in this order: round-robin, approximate, precise, precise-prefix-led",
+    )
+    prefix_live.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     packing = bench_sub.add_parser("packing-vllm", help="a packing window before one real vLLM")
     packing.add_argument("--window-ms", type=float, default=75.0)
     packing.add_argument("--rate", type=float, default=3.0, help="requests a second")
@@ -81,6 +103,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     decisions.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     decisions.add_argument("--calls", type=int, default=5000)
     bench.set_defaults(handler=run_bench)
+
+
+def prefix_arms(text: str) -> tuple[str, ...]:
+    """`bench prefix-vllm --arms`: names of its arms, each known."""
+    from tooling.benchmarks.prefix_live import ARMS
+
+    arms = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in arms if name not in ARMS]
+    if unknown or not arms:
+        raise argparse.ArgumentTypeError(
+            f"unknown arm {', '.join(unknown) or '(none given)'}; known: {', '.join(ARMS)}"
+        )
+    return arms
+
+
+def prefix_shape(args: argparse.Namespace) -> Shape:
+    """`bench prefix-vllm`'s case from its flags."""
+    from tooling.benchmarks.prefix_live import Shape
+
+    return Shape(
+        customers=args.customers,
+        prefix_tokens=args.prefix_tokens,
+        question_tokens=args.question_tokens,
+        answer_tokens=args.answer_tokens,
+        rates=tuple(float(rate) for rate in args.rates.split(",")),
+        step_s=args.step_s,
+        kv_blocks=args.kv_blocks,
+        seed=args.seed,
+    )
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -119,6 +170,10 @@ def run_bench(args: argparse.Namespace) -> int:
         from tooling.benchmarks.engines_live import run as run_engines_live
 
         run_engines_live(args.out_dir, args.chats, args.pairs, not args.no_outage)
+    elif args.bench == "prefix-vllm":
+        from tooling.benchmarks.prefix_live import run as run_prefix_live
+
+        run_prefix_live(args.out_dir, prefix_shape(args), args.arms)
     elif args.bench == "packing-vllm":
         from tooling.benchmarks.packing import run as run_packing
 

@@ -42,6 +42,10 @@ _TEXT = (
     "critical standard sheddable refuse admit retry after limit minute hour day error answer"
 )
 
+# What the tokenizer was trained on: N of these words are about N tokens to it (benchmarks
+# size their prompts with them).
+WORDS = tuple(_TEXT.split())
+
 
 def corpus(lines: int = 20_000, seed: int = 13) -> list[str]:
     """Sentences of the words above, digits, punctuation and some non-Latin text."""

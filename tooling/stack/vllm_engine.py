@@ -17,6 +17,8 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import random
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -66,6 +68,11 @@ class VllmSettings:
     kv_blocks: int = 80
     max_num_seqs: int = 16
     priority_scheduling: bool = False
+    # Publish KV cache events on (HTTP port + first, HTTP port + second): PUB and replay
+    # (several engines on one host; a pool's `kv_events: {relative_ports: true}`). None: off.
+    kv_events_after_port: tuple[int, int] | None = None
+    # VLLM_SERVER_DEV_MODE: its /reset_prefix_cache (a benchmark's arms start cold).
+    dev_mode: bool = False
     extra_args: tuple[str, ...] = ()
     # The cores its engine's threads are bound to (vLLM's VLLM_CPU_OMP_THREADS_BIND, e.g.
     # "1"); "": vLLM's own choice, which binds every engine on a machine to the same first
@@ -163,6 +170,9 @@ class VllmEngine:
             "--scheduling-policy", "priority" if s.priority_scheduling else "fcfs",
             *s.extra_args,
         ]  # fmt: skip
+        if s.kv_events_after_port is not None:
+            pub, replay = s.kv_events_after_port
+            argv += kv_events_args(self.port + pub, self.port + replay)
         return argv
 
     def start(self) -> VllmEngine:
@@ -171,14 +181,31 @@ class VllmEngine:
     def launch(self) -> VllmEngine:
         """Start the process, not waiting for it (several engines start side by side)."""
         model = ensure_model(self.home)
-        self.port = self.port or self.settings.port or free_port(HOST)
+        self.port = self.port or self.settings.port or self._free_port()
         env = offline_env(self.home)
+        if self.settings.dev_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         if self.settings.cpu_cores:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.settings.cpu_cores
         self.process = ManagedProcess(
             self.name, self.argv(model), self.log_dir, env, group=True
         ).start()
         return self
+
+    def _free_port(self) -> int:
+        """A free port; when the engine publishes KV events, one below the OS's ephemeral
+        range whose event ports are free too: an ephemeral one's neighbours are handed out
+        to any socket meanwhile (vLLM's own ZMQ ones took a PUB port so, once in three
+        runs), these only to a program that names them."""
+        offsets = self.settings.kv_events_after_port
+        if offsets is None:
+            return free_port(HOST)
+        rng = random.SystemRandom()
+        for _ in range(200):
+            port = rng.randrange(20_000, 32_000)
+            if all(_port_free(port + offset) for offset in (0, *offsets)):
+                return port
+        raise ProcessFailed("no free port with free KV event ports beside it")
 
     def ready(self) -> VllmEngine:
         """Wait until it answers /health (a failed start is stopped and raised)."""
@@ -200,6 +227,28 @@ class VllmEngine:
     def stop(self) -> None:
         if self.process is not None:
             self.process.stop(timeout_s=20)
+
+
+def kv_events_args(pub_port: int, replay_port: int) -> tuple[str, ...]:
+    """vLLM's flag for publishing its KV cache events (vllm/config/kv_events.py). Its PUB
+    socket binds only a wildcard endpoint (`tcp://*:P`; `tcp://127.0.0.1:P` makes it
+    connect there instead: ZmqEventPublisher._is_bind_endpoint), the replay socket any."""
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{pub_port}",
+        "replay_endpoint": f"tcp://{HOST}:{replay_port}",
+    }
+    return ("--kv-events-config", json.dumps(config))
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("", port))  # the PUB socket binds every address
+        except OSError:
+            return False
+    return True
 
 
 def engine_facts(metrics_text: str, models: list[dict[str, object]], slots: int) -> EngineFacts:
