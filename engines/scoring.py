@@ -23,7 +23,8 @@ The scorers, and which way each pulls:
   to the others, so the turns of one chat reach one engine through any replica; bounded
   load keeps a popular conversation head from piling onto one engine: an engine with more
   than `load_bound` x its fair share of the requests in flight loses its prefix and
-  affinity pull (consistent hashing with bounded loads).
+  affinity pull (consistent hashing with bounded loads); an exact match pulls to twice
+  that, and past the KV this sidecar holds, which counts a shared prefix per request.
 - length (affinity): requests of one context bucket prefer the same engines (rendezvous on
   the bucket's name), so long and short prompts are packed apart.
 Ties go to the affinity order, so two replicas with the same view pick alike.
