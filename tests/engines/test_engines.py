@@ -453,3 +453,31 @@ def test_the_buckets_pull_never_tips_a_load_difference_towards_the_busier_engine
         if rendezvous(b.key, busy.address) > rendezvous(b.key, free.address)
     )
     assert pick(engines, key, bucket, CONFIG)[0] == free.address
+
+
+def test_an_exact_prefix_pulls_past_the_held_kv_that_counts_it_once_per_request() -> None:
+    # llm-d's case in miniature: a customer's 600-token prefix and its 120-token question,
+    # both the conversation's head. The engine whose KV events say it holds the prefix is one
+    # request busier than the other, and "full" by the KV this sidecar holds there, which
+    # counts the shared prefix once per request where the engine stores it once.
+    blocks = blocks_of(ids(*range(600)), ids(*range(600, 720)), head=2)
+    home = candidate("a:1", 0, held_tokens=1000, held_sequences=3, matched_tokens=600)
+    other = candidate("b:1", 1, held_tokens=700, held_sequences=2)
+    exact = dataclasses.replace(home, exact_prefix=True)
+    assert pick([exact, other], blocks, "0-4k", CONFIG)[0] == "a:1"
+    assert score([exact, other], blocks, "0-4k", CONFIG)[0].prefix == pytest.approx(600 / 720)
+    # A guessed match (the approximate index) is scored as before: held back by the held KV.
+    head_counted = dataclasses.replace(CONFIG, affinity_weight=0, length_weight=0)
+    guessed = dataclasses.replace(blocks, head_tokens=0)
+    assert score([home, other], guessed, "0-4k", head_counted)[0].prefix == 0.0
+    assert pick([home, other], guessed, "0-4k", head_counted)[0] == "b:1"
+    # Its batch full, or at twice the bounded share (7 of 10 in flight on 4 engines:
+    # ceil(2.5 x 11 / 4) = 7), the exact match pulls no more either: a hot prefix spills over.
+    full = dataclasses.replace(exact, held_sequences=10)
+    assert score([full, other], blocks, "0-4k", CONFIG)[0].prefix == 0.0
+    hot = dataclasses.replace(exact, held_tokens=0, held_sequences=7)
+    rest = [candidate(f"c:{i}", i, held_sequences=1) for i in range(1, 4)]
+    assert score([hot, *rest], blocks, "0-4k", CONFIG)[0].prefix == 0.0
+    assert score([dataclasses.replace(hot, held_sequences=6), *rest], blocks, "0-4k", CONFIG)[
+        0
+    ].prefix == pytest.approx(600 / 720)
