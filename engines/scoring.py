@@ -217,7 +217,14 @@ def score(
         head = 0 if candidate.exact_prefix else blocks.head_tokens
         beyond = max(0, candidate.matched_tokens - head)
         prefix = beyond / blocks.total_tokens if blocks.total_tokens and not held_back else 0.0
-        pull = 0.0 if bound else affinity[i]
+        # The conversation's head already sent to this engine (its whole head matched): its
+        # cache likely holds it, so the conversation's own pull is a prefill saved and is held
+        # back only where a cached prefix is (`held_back`). A new conversation's pull stays
+        # within the strict bound. (An identical prompt sent again, a regenerate or a retry,
+        # is all head: no prefix pull, and with its first copy still held there the strict
+        # bound sent it to the other engine's cold cache.)
+        holds_head = 0 < blocks.head_tokens <= candidate.matched_tokens
+        pull = 0.0 if (held_back if holds_head else bound) else affinity[i]
         packed = 0.0 if bound else length[i]
         total = (
             config.prefix_weight * prefix

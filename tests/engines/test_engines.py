@@ -309,12 +309,17 @@ def test_the_picker_holds_the_footprint_on_its_engine_and_learns_the_prefix() ->
     assert len(chosen) == 2
     engine = fleet.get("default", chosen[0])
     assert engine is not None and (engine.held_tokens, engine.held_sequences) == (120, 1)
-    # While it runs, a second one would hold 2 of the 2 requests in flight on one engine
-    # (over 1.25x the mean): it goes to the other.
-    beside = picker.pick("r2", spec, blocks, "0-4k", tokens=120, sequences=1)
+    # While it runs, the same prompt again (a retry, a regenerate: all of it the
+    # conversation's head, already sent there) goes to its engine, whose cache holds it...
+    again_now = picker.pick("r2", spec, blocks, "0-4k", tokens=120, sequences=1)
+    assert again_now[0] == chosen[0]
+    # ... and a new conversation, whose head was never sent anywhere, to the other: it
+    # would hold 3 of the 3 requests in flight on one engine (over 1.25x the mean).
+    other = blocks_of(np.arange(1000, 1300, dtype=np.uint32), block_tokens=64)
+    beside = picker.pick("r2b", spec, other, "0-4k", tokens=120, sequences=1)
     assert beside[0] == chosen[1]
-    picker.release("r1")
-    picker.release("r2")
+    for request in ("r1", "r2", "r2b"):
+        picker.release(request)
     assert engine.held_tokens == 0 and fleet.holds == 0
     again = picker.pick("r3", spec, blocks, "0-4k", tokens=120, sequences=1)
     assert again[0] == chosen[0]  # the conversation's engine, where its prefix is cached
