@@ -18,6 +18,15 @@ def stub(address: str) -> tuple[grpc.aio.Channel, pb_grpc.AdminStub]:
     return channel, pb_grpc.AdminStub(channel)
 
 
+async def reload_policy(address: str) -> pb.ReloadPolicyReply:
+    """Ask the sidecar at `address` to reload its policy file (its reply says whether it took)."""
+    channel, admin = stub(address)
+    try:
+        return await admin.ReloadPolicy(pb.ReloadPolicyRequest(), timeout=10)
+    finally:
+        await channel.close()
+
+
 def as_json(message: Any) -> str:
     return json_format.MessageToJson(message, always_print_fields_with_no_presence=True)
 

@@ -256,18 +256,9 @@ def _set_picker(stack: LocalStack, picker: str) -> None:
     raw["pools"]["default"]["picker"] = picker
     stack.sidecar_policy_path.write_text(yaml.safe_dump(raw))
 
-    async def reload() -> None:
-        channel, stub = admin_client.stub(stack.admin_address)
-        try:
-            from extproc.adminpb import admin_pb2 as pb
-
-            reply = await stub.ReloadPolicy(pb.ReloadPolicyRequest(), timeout=10)
-            if not reply.ok:
-                raise RuntimeError(reply.error)
-        finally:
-            await channel.close()
-
-    asyncio.run(reload())
+    reply = asyncio.run(admin_client.reload_policy(stack.admin_address))
+    if not reply.ok:
+        raise RuntimeError(reply.error)
 
 
 def _status(stack: LocalStack) -> tuple[int, float | None, list[str]]:

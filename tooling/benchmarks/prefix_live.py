@@ -304,18 +304,9 @@ def _reload(stack: LocalStack, arm: Arm, kv_events: dict[str, Any]) -> None:
     engines["picking"] = dict(arm.picking)
     stack.sidecar_policy_path.write_text(yaml.safe_dump(raw))
 
-    async def reload() -> None:
-        from extproc.adminpb import admin_pb2 as pb
-
-        channel, stub = admin_client.stub(stack.admin_address)
-        try:
-            reply = await stub.ReloadPolicy(pb.ReloadPolicyRequest(), timeout=10)
-            if not reply.ok:
-                raise RuntimeError(reply.error)
-        finally:
-            await channel.close()
-
-    asyncio.run(reload())
+    reply = asyncio.run(admin_client.reload_policy(stack.admin_address))
+    if not reply.ok:
+        raise RuntimeError(reply.error)
 
 
 def _settle(stack: LocalStack, timeout_s: float = 120.0) -> None:

@@ -23,7 +23,6 @@ import os
 import sys
 from pathlib import Path
 
-from extproc.adminpb import admin_pb2 as pb
 from extproc.runtime.serve_command import DEFAULT_ADMIN
 from extproc.service import admin_client
 from policy._reader import PolicyError
@@ -78,14 +77,6 @@ def promote(policy_path: Path, candidate: Path | None = None) -> Path:
     return source
 
 
-async def _reload(address: str) -> pb.ReloadPolicyReply:
-    channel, stub = admin_client.stub(address)
-    try:
-        return await stub.ReloadPolicy(pb.ReloadPolicyRequest(), timeout=10)
-    finally:
-        await channel.close()
-
-
 def run_policy(args: argparse.Namespace) -> int:
     try:
         if args.policy_action == "diff":
@@ -100,7 +91,7 @@ def run_policy(args: argparse.Namespace) -> int:
     print(f"promoted {source} to {args.policy} (the old policy: {args.policy}.previous)")
     if args.admin is None:
         return 0
-    reply = asyncio.run(_reload(args.admin))
+    reply = asyncio.run(admin_client.reload_policy(args.admin))
     if not reply.ok:
         print(f"the sidecar refused it, the old policy stays: {reply.error}", file=sys.stderr)
         return 1
