@@ -21,17 +21,16 @@ import statistics
 import tempfile
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.service import admin_client
 from extproc.shipped import example_policy
 from sim.fleet.prompts import WORDS
+from tooling.benchmarks.engine_counters import engine_counters
 from tooling.stack.local import LocalStack, StackPorts
 from tooling.stack.vllm_engine import VllmSettings
 
@@ -52,14 +51,7 @@ _COUNTERS = (
 
 
 def _engine_counters(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    values = dict.fromkeys(_COUNTERS, 0.0)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in values:
-                values[sample.name] += sample.value
-    return values
+    return engine_counters(url, _COUNTERS, timeout_s=10)
 
 
 class Chats:

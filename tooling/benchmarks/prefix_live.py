@@ -45,6 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.service import admin_client
 from extproc.shipped import example_policy
+from tooling.benchmarks.engine_counters import engine_counters
 from tooling.stack.local import LocalStack, StackPorts
 from tooling.stack.tiny_model import WORDS
 from tooling.stack.vllm_engine import BLOCK_TOKENS, VllmSettings, engine_home
@@ -238,14 +239,7 @@ def _index_summary(index: dict[str, float]) -> str:
 
 
 def _engine_counters(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
-        text = response.read().decode()
-    values = dict.fromkeys(_COUNTERS, 0.0)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in values:
-                values[sample.name] += sample.value
-    return values
+    return engine_counters(url, _COUNTERS, timeout_s=30)
 
 
 def _sidecar_total(url: str, name: str) -> float:
