@@ -60,7 +60,8 @@ class AdmissionChain:
         try:
             for step in self.steps:
                 admitted = await step.admit(applicant)
-                applicant = dataclasses.replace(applicant, decision=admitted.decision)
+                if admitted.decision is not applicant.decision:  # most steps change nothing
+                    applicant = dataclasses.replace(applicant, decision=admitted.decision)
                 headers.update(admitted.response_headers)
                 held.append((step, admitted.decision))
         except BaseException:
