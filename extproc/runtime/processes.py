@@ -31,8 +31,11 @@ class ProcessFailed(RuntimeError):
     pass
 
 
-def python_module(module: str, *args: str) -> list[str]:
-    """The argv that runs `module` with this interpreter (the venv's, the image's)."""
+def python_module(module: str, *args: str, runner: str | None = None) -> list[str]:
+    """The argv that runs `module` with this interpreter (the venv's, the image's);
+    `runner`: a script that runs the module itself (a profiler's, `python RUNNER MODULE`)."""
+    if runner is not None:
+        return [sys.executable, runner, module, *args]
     return [sys.executable, "-m", module, *args]
 
 

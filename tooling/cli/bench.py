@@ -38,6 +38,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         ".venv-litellm): auto = when installed; redis = also both on a real Redis",
     )
     overhead.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    stages = bench_sub.add_parser(
+        "stages", help="sidecar CPU per request by stage, beside the pass-through"
+    )
+    stages.add_argument("--seconds", type=float, default=6.0, help="per run")
+    stages.add_argument("--rounds", type=int, default=3)
+    stages.add_argument("--profiles", default="field_mix,small", help="comma-separated")
+    stages.add_argument("--name", default="stages", help="results file name")
+    stages.add_argument(
+        "--product-tree",
+        type=Path,
+        default=None,
+        help="run another checkout's sidecar (a git worktree of the baseline commit)",
+    )
+    stages.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     cost = bench_sub.add_parser("decision-cost", help="body decision p50/p99 per body profile")
     cost.add_argument("--seconds", type=float, default=4.0, help="per profile")
     cost.add_argument("--profiles", default="", help="comma-separated; default: all")
@@ -147,6 +161,17 @@ def run_bench(args: argparse.Namespace) -> int:
             levers=[lever for lever in args.levers.split(",") if lever],
             name=args.name,
             litellm=args.litellm,
+        )
+    elif args.bench == "stages":
+        from tooling.benchmarks.stages import run as run_stages
+
+        run_stages(
+            args.out_dir,
+            args.seconds,
+            args.rounds,
+            args.profiles.split(","),
+            args.name,
+            args.product_tree,
         )
     elif args.bench == "tenants":
         from tooling.benchmarks.tenants import run as run_tenants

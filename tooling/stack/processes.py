@@ -108,9 +108,11 @@ def start_sidecar(
     exact_tokenizer: bool = False,
     env: dict[str, str] | None = None,
     extra_args: Sequence[str] = (),
+    runner: str | None = None,
 ) -> tuple[ManagedProcess, SidecarPorts]:
     """`slogate serve` as a child process on loopback; 0 ports: picked by the OS;
-    `extra_args`: more of serve's flags (--log-format json)."""
+    `extra_args`: more of serve's flags (--log-format json); `runner`: a script that runs
+    it (a profiler's: python_module)."""
     argv = python_module(
         "tooling.cli.main",
         "serve",
@@ -119,6 +121,7 @@ def start_sidecar(
         "--grpc-port", str(grpc_port),
         "--metrics-port", str(metrics_port),
         "--admin-address", f"{LOOPBACK}:{admin_port}",
+        runner=runner,
     )  # fmt: skip
     if not exact_tokenizer:
         argv.append("--no-exact-tokenizer")
