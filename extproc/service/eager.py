@@ -72,7 +72,7 @@ async def _resume(coroutine: Coroutine[Any, Any, T], waiting_on: Any) -> T:
         try:
             waiting_on = coroutine.send(None) if thrown is None else coroutine.throw(thrown)
         except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+            return stop.value
 
 
 async def finish(pending: Sequence[Awaitable[None]]) -> None:

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry
 
 from admission.decision import RequestOutcome
-from extproc.service.metrics import Family
+from extproc.service.metrics import Family, LoopHistogram
 from policy.apis import BodyShape
 from policy.schema import Policy
 
@@ -59,7 +59,7 @@ class GenAiMetrics:
         self._policy = policy
 
         def histogram(name: str, doc: str, labels: list[str], buckets: tuple[float, ...]) -> Family:
-            return Family(Histogram(name, doc, labels, buckets=buckets, registry=registry))
+            return Family(LoopHistogram(name, doc, labels, buckets=buckets, registry=registry))
 
         self.ttft = histogram(
             "gen_ai_server_time_to_first_token_seconds",

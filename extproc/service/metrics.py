@@ -8,6 +8,7 @@ text. The metrics catalogue (docs/sre/metrics.md) lists these.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from typing import Generic, TypeVar
 
@@ -20,6 +21,36 @@ from extproc.service.tenant_series import TenantSeries, declared_tenants
 from policy.schema import Policy
 
 M = TypeVar("M", Counter, Histogram, Gauge)
+
+
+class LoopCounter(Counter):
+    """A counter that only the event loop's thread increments: prometheus_client takes a
+    lock per increment (its value is a MutexValue), which one writer does not need; a
+    scrape reads the value under its lock, and a float assignment is atomic."""
+
+    def inc(self, amount: float = 1, exemplar: dict[str, str] | None = None) -> None:
+        if amount < 0 or exemplar is not None or (self._labelnames and not self._labelvalues):
+            super().inc(amount, exemplar)  # its errors, its exemplars
+            return
+        self._value._value += amount
+
+
+class LoopHistogram(Histogram):
+    """A histogram that only the event loop's thread observes: no lock (prometheus_client
+    takes two per observation) and the bucket found by bisection, not a walk over twenty
+    bounds; ~0.35 µs against ~1.9 per observation here, a dozen per request. The buckets
+    are per bound (prometheus_client accumulates them at exposition)."""
+
+    def _metric_init(self) -> None:
+        super()._metric_init()
+        self._bounds = list(self._upper_bounds)
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        if exemplar is not None or (self._labelnames and not self._labelvalues):
+            super().observe(amount, exemplar)
+            return
+        self._sum._value += amount
+        self._buckets[bisect_left(self._bounds, amount)]._value += 1
 
 
 class Family(Generic[M]):
@@ -109,12 +140,12 @@ class SidecarMetrics:
         self.registry = r = registry or CollectorRegistry()
 
         def counter(name: str, doc: str, labels: list[str]) -> Family[Counter]:
-            return Family(Counter(name, doc, labels, registry=r))
+            return Family(LoopCounter(name, doc, labels, registry=r))
 
         def histogram(
             name: str, doc: str, labels: list[str], buckets: tuple[float, ...]
         ) -> Family[Histogram]:
-            return Family(Histogram(name, doc, labels, buckets=buckets, registry=r))
+            return Family(LoopHistogram(name, doc, labels, buckets=buckets, registry=r))
 
         def gauge(name: str, doc: str, labels: list[str]) -> Family[Gauge]:
             return Family(Gauge(name, doc, labels, registry=r))
@@ -123,7 +154,7 @@ class SidecarMetrics:
         self.tenants = tenants = TenantSeries()
 
         def tenant_counter(name: str, doc: str, labels: list[str]) -> TenantFamily[Counter]:
-            return TenantFamily(Counter(name, doc, labels, registry=r), tenants)
+            return TenantFamily(LoopCounter(name, doc, labels, registry=r), tenants)
 
         self.decisions = counter(
             "slogate_decisions_total",
@@ -177,7 +208,7 @@ class SidecarMetrics:
             _LATENCY_BUCKETS_S,
         )
         self.tenant_ttft_seconds = TenantFamily(
-            Histogram(
+            LoopHistogram(
                 "slogate_tenant_ttft_seconds",
                 'TTFT per tenant (the busiest tenant_series_max tenants; the rest tenant="other").',
                 ["tenant"],
@@ -213,7 +244,7 @@ class SidecarMetrics:
             "Successful routed responses that reported no usage (settled on the estimate).",
             ["pool"],
         )
-        self.estimate_ratio = Histogram(
+        self.estimate_ratio = LoopHistogram(
             "slogate_prompt_estimate_ratio",
             "Counted / engine-reported prompt tokens of finished requests (1.0: the same; the "
             "engine's chat template makes it a little different).",
