@@ -46,7 +46,8 @@ class BreakerStep:
         if not decision.meters_tokens:
             return Admitted(decision)  # tokenize, the model list: nothing to shed
         level = self._board.level(decision.pool)
-        decision = dataclasses.replace(decision, level=level)
+        if level is not decision.level:
+            decision = dataclasses.replace(decision, level=level)
         verdict = shed(level, decision.caller.tier, decision.context_tokens)
         if verdict.action is Action.ADMIT:
             return Admitted(decision)

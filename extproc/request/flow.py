@@ -132,9 +132,8 @@ class Decider:
                 reason="too_many_sequences",
             )
         counted, correction = await self.count_prompt(request, caller, policy)
-        decision = route(policy, request, caller, request_id, api, counted, correction)
-        if body is not None:
-            decision = dataclasses.replace(decision, body_bytes=len(body))
+        body_bytes = 0 if body is None else len(body)
+        decision = route(policy, request, caller, request_id, api, counted, correction, body_bytes)
         if self.candidate is not None:
             decision = self.candidate.attach(decision)
         blocks = NO_BLOCKS

@@ -29,9 +29,11 @@ def route(
     api: Api,
     counted: PromptCount,
     correction: float = 1.0,
+    body_bytes: int = 0,
 ) -> RoutingDecision:
     """The decision for a counted request: its charged limit, bucket and pool, or a refusal
-    when it cannot fit the model's window."""
+    when it cannot fit the model's window. `body_bytes`: its body's size (the waiting
+    room's byte bound), where there is one."""
     prompt_tokens = counted.tokens
     max_tokens = charged_max_tokens(request, policy, prompt_tokens)
     context = prompt_tokens + max_tokens
@@ -70,6 +72,7 @@ def route(
         sequences=request.sequences,
         runs_to_limit=request.runs_to_limit,
         prompt_correction=correction,
+        body_bytes=body_bytes,
     )
 
 
