@@ -13,8 +13,13 @@ Three measurements per processor (the pass-through, slogate), each at 16 connect
 - py-spy samples of the unprofiled slogate (tooling.benchmarks.profile): the same question
   asked by sampling, which charges C extensions to their Python caller.
 
-`product_tree`: profile another checkout's sidecar (a git worktree of the baseline commit)
-with this checkout's benchmark: the before of a before/after.
+And in process (tooling.benchmarks.request_path): the servicers driven with Envoy's
+messages, no gRPC, CPU per phase (header message, body message, access-log entry) and a
+cProfile of the same requests grouped into the same stages: the most repeatable number
+on a shared machine.
+
+`baseline`: another checkout (a git worktree of the baseline commit) measured beside this
+one in every round, with this checkout's benchmark: the before of a before/after.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import platform
 import pstats
 import signal
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -33,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from extproc.runtime.processes import ManagedProcess, python_module
-from tooling.benchmarks import overhead
+from tooling.benchmarks import overhead, request_path
 from tooling.benchmarks.levers import bench_policy
 from tooling.benchmarks.profile import available as spy_available
 from tooling.benchmarks.profile import record, summarise
@@ -44,6 +50,7 @@ from tooling.render.envoy_config.profile import FilterProfile
 from tooling.stack.processes import free_port, start_sidecar
 
 PROCESSORS = ("passthrough", "slogate")
+BASELINE = "baseline"
 _YAPPI_SERVE = Path(__file__).with_name("yappi_serve.py")
 
 
@@ -59,11 +66,24 @@ STAGES = (
     Stage("prompt counting", ("extproc/request/tokens/",)),
     Stage(
         "metrics",
-        ("prometheus_client/", "service/metrics.py", "genai_metrics.py", "tenant_", "known_"),
+        (
+            "prometheus_client/",
+            "service/metrics.py",
+            "genai_metrics.py",
+            "tenant_",
+            "known_",
+            "runtime/events.py",
+        ),
     ),
     Stage(
         "access log and settling",
-        ("service/access_log.py", "decision_log.py", "traffic_record.py", "admission/signals"),
+        (
+            "service/access_log.py",
+            "decision_log.py",
+            "traffic_record.py",
+            "admission/signals",
+            "prompt_feedback.py",
+        ),
     ),
     Stage("body parsing and rewriting", ("extproc/request/bodies/",)),
     Stage("budgets", ("budget/", "admission/budget_step.py", "admission/spend")),
@@ -72,7 +92,7 @@ STAGES = (
     Stage("admission chain, access, decision", ("admission/",)),
     Stage("engine picking and prefix hashing", ("engines/",)),
     Stage("identity, routing, request flow", ("extproc/request/",)),
-    Stage("policy lookups", ("policy/",)),
+    Stage("policy lookups", ("policy/", "policy_holder.py", "candidate_holder.py")),
     Stage("protobuf replies", ("service/replies.py", "service/one_message.py", "protobuf")),
     Stage("ext_proc servicer", ("service/ext_proc.py", "service/eager.py")),
     Stage("dataclass copies and inits", ("dataclasses.py", "<string>")),
@@ -83,9 +103,13 @@ STAGES = (
     Stage("threads (pool, locks)", ("threading.py", "concurrent/")),
 )
 OTHER = "other"
+# The in-process benchmark's own lines (building Envoy's messages): not the sidecar's cost.
+HARNESS = "the benchmark's harness"
 
 
 def stage_of(path: str) -> str:
+    if "tooling/benchmarks/" in path:
+        return HARNESS
     for stage in STAGES:
         if any(marker in path for marker in stage.markers):
             return stage.name
@@ -143,15 +167,14 @@ def profile_stages(path: Path, requests: int) -> dict[str, Any]:
 
 
 def _start_processor(
-    processor: str,
-    work: Path,
-    profiled: Path | None,
-    product_tree: Path | None,
+    processor: str, work: Path, profiled: Path | None, baseline: Path | None
 ) -> tuple[ManagedProcess, int, Path]:
-    """The pass-through or the sidecar; under yappi when `profiled` (its pstats path)."""
+    """The pass-through, this checkout's sidecar or the baseline's (`baseline`'s packages
+    first on its path); under yappi when `profiled` (its pstats path)."""
     env: dict[str, str] = {}
-    if product_tree is not None:
-        env["PYTHONPATH"] = str(product_tree)
+    if processor == BASELINE:
+        assert baseline is not None
+        env["PYTHONPATH"] = str(baseline)
     if profiled is not None:
         env["SLOGATE_YAPPI_OUT"] = str(profiled)
     runner = str(_YAPPI_SERVE) if profiled is not None else None
@@ -161,7 +184,7 @@ def _start_processor(
         return side, int(side.wait_for_line(r"grpc [^:]+:(\d+)").group(1)), overhead.POLICY
     policy = bench_policy(work, None)
     side, ports = start_sidecar(
-        work, policy, "sidecar", exact_tokenizer=True, env=env or None, runner=runner
+        work, policy, f"{processor}-sidecar", exact_tokenizer=True, env=env or None, runner=runner
     )
     return side, ports.grpc, policy
 
@@ -174,12 +197,12 @@ def measure(
     upstream_port: int,
     script: Path,
     profiled: bool,
-    product_tree: Path | None = None,
+    baseline: Path | None = None,
     spy_out: Path | None = None,
 ) -> dict[str, Any]:
     """One run at 16 connections: threads' CPU per request, or (profiled) the profile."""
     pstat = work / f"yappi-{processor}-{profile}.pstat" if profiled else None
-    side, grpc_port, policy = _start_processor(processor, work, pstat, product_tree)
+    side, grpc_port, policy = _start_processor(processor, work, pstat, baseline)
     filters = FilterProfile.EXT_PROC_ONLY if processor == "passthrough" else FilterProfile.SLOGATE
     envoy: ManagedProcess | None = None
     try:
@@ -188,7 +211,7 @@ def measure(
         )
         wrk(url, 4, 2.0, script)  # warm-up
         assert side.pid is not None
-        main_name = thread_cpu_s_main_name(side.pid)
+        main_name = _main_thread_name(side.pid)
         before = thread_cpu_s(side.pid)
         if pstat is not None:
             os.kill(side.pid, signal.SIGUSR1)
@@ -221,7 +244,7 @@ def measure(
         side.stop()
 
 
-def thread_cpu_s_main_name(pid: int) -> str:
+def _main_thread_name(pid: int) -> str:
     """The main thread's name (the process's own: its thread id is its pid)."""
     stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
     return stat[stat.index("(") + 1 : stat.rindex(")")]
@@ -237,21 +260,89 @@ def _wait_for(path: Path, timeout_s: float = 30.0) -> None:
     raise RuntimeError(f"no profile at {path}")
 
 
+def in_process(
+    profiles: Sequence[str], requests: int, rounds: int, work: Path, baseline: Path | None
+) -> dict[str, Any]:
+    """The request path in process, this checkout and the baseline taking turns each
+    round: CPU µs per phase (median of the rounds' means), and a cProfile's stage shares."""
+    arms = {"slogate": None, **({BASELINE: baseline} if baseline is not None else {})}
+    found: dict[str, Any] = {}
+    for profile in profiles:
+        means: dict[str, dict[str, list[float]]] = {arm: {} for arm in arms}
+        for round_index in range(rounds):
+            for arm, tree in arms.items():
+                last = round_index == rounds - 1
+                dump = work / f"cprofile-{arm}-{profile}.prof" if last else None
+                phases = request_path.measure(profile, requests, tree, dump)
+                for phase, row in phases.items():
+                    means[arm].setdefault(phase, []).append(row["mean_us"])
+                print(f"in process {profile} {arm} round {round_index + 1}: {phases}", flush=True)
+        found[profile] = {
+            arm: {
+                "cpu_us_per_request": {
+                    phase: statistics.median(values) for phase, values in by_phase.items()
+                },
+                "stage_share": _shares(
+                    request_path.own_time(work / f"cprofile-{arm}-{profile}.prof", stage_of)
+                ),
+            }
+            for arm, by_phase in means.items()
+        }
+    return found
+
+
+def _shares(own: Mapping[str, float]) -> dict[str, float]:
+    """Each stage's share of the sidecar's own time (the harness's left out)."""
+    total = sum(value for stage, value in own.items() if stage != HARNESS) or 1.0
+    return {stage: value / total for stage, value in own.items() if stage != HARNESS}
+
+
 def run(
     out_dir: Path,
     seconds: float = 6.0,
     rounds: int = 3,
     profiles: Sequence[str] = ("field_mix", "small"),
     name: str = "stages",
-    product_tree: Path | None = None,
+    baseline: Path | None = None,
+    requests: int = 1500,
+    live: bool = True,
 ) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="slogate-stages-"))
+    processors = (*PROCESSORS, *((BASELINE,) if baseline is not None else ()))
+    report: dict[str, Any] = {
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "baseline": str(baseline) if baseline is not None else None,
+        "baseline_commit": _commit(baseline),
+        "commit": _commit(Path.cwd()),
+        "seconds": seconds,
+        "rounds": rounds,
+        "requests_in_process": requests,
+        "in_process": in_process(profiles, requests, rounds, work, baseline),
+    }
+    if live:
+        report.update(_live(work, profiles, processors, seconds, rounds, baseline))
+    write_report(out_dir, name, report, markdown(report))
+    print(markdown(report))
+    return report
+
+
+def _live(
+    work: Path,
+    profiles: Sequence[str],
+    processors: Sequence[str],
+    seconds: float,
+    rounds: int,
+    baseline: Path | None,
+) -> dict[str, Any]:
+    """Through Envoy and gRPC at 16 connections: every processor per round (interleaved),
+    then one yappi-profiled run of each, py-spy on this checkout's in the last round."""
     upstream_port, upstream_admin = free_port(), free_port()
     upstream = start_envoy(
         "upstream", upstream_bootstrap(upstream_port, upstream_admin), upstream_admin, work
     )
     plain: dict[str, dict[str, list[dict[str, Any]]]] = {
-        p: {processor: [] for processor in PROCESSORS} for p in profiles
+        p: {processor: [] for processor in processors} for p in profiles
     }
     profiled: dict[str, dict[str, dict[str, Any]]] = {p: {} for p in profiles}
     spying = spy_available()
@@ -259,41 +350,29 @@ def run(
         scripts = {p: overhead._wrk_script(work, p) for p in profiles}
         for round_index in range(rounds):
             for p in profiles:
-                for processor in PROCESSORS:
-                    spy_out = (
-                        work / f"spy-{p}.txt"
-                        if spying and processor == "slogate" and round_index == rounds - 1
-                        else None
-                    )
+                for processor in processors:
+                    last = spying and processor == "slogate" and round_index == rounds - 1
                     result = measure(
                         processor, p, seconds, work, upstream_port, scripts[p], False,
-                        product_tree, spy_out,
+                        baseline, work / f"spy-{p}.txt" if last else None,
                     )  # fmt: skip
                     plain[p][processor].append(result)
                     print(f"round {round_index + 1} {p} {processor}: {result}", flush=True)
         for p in profiles:
-            for processor in PROCESSORS:
+            for processor in processors:
                 profiled[p][processor] = measure(
-                    processor, p, seconds, work, upstream_port, scripts[p], True, product_tree
+                    processor, p, seconds, work, upstream_port, scripts[p], True, baseline
                 )
                 print(f"profiled {p} {processor}: {profiled[p][processor]}", flush=True)
     finally:
         upstream.stop()
-    report = {
-        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "product_tree": str(product_tree) if product_tree is not None else None,
-        "seconds": seconds,
-        "rounds": rounds,
+    return {
         "threads_median": {
             p: {processor: _median_threads(runs) for processor, runs in by.items()}
             for p, by in plain.items()
         },
         "rps_median": {
-            p: {
-                processor: statistics.median(r["rps"] for r in runs)
-                for processor, runs in by.items()
-            }
+            p: {proc: statistics.median(r["rps"] for r in runs) for proc, runs in by.items()}
             for p, by in plain.items()
         },
         "profiles": profiled,
@@ -304,9 +383,15 @@ def run(
         },
         "runs": plain,
     }
-    write_report(out_dir, name, report, markdown(report))
-    print(markdown(report))
-    return report
+
+
+def _commit(tree: Path | None) -> str | None:
+    if tree is None:
+        return None
+    done = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return done.stdout.strip() or None
 
 
 def _median_threads(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -317,78 +402,124 @@ def _median_threads(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     }
 
 
-def stage_table(report: Mapping[str, Any], profile: str) -> list[tuple[str, float, float, float]]:
-    """(stage, slogate µs per request, its share, the pass-through's µs) at `profile`: each
-    profile's shares times its loop thread's unprofiled CPU per request."""
-    threads = report["threads_median"][profile]
-    rows: dict[str, list[float]] = {}
-    for index, processor in enumerate(PROCESSORS):
-        loop_us = threads[processor].get("event loop thread", 0.0)
+def _processors(report: Mapping[str, Any], profile: str) -> list[str]:
+    return list(report["threads_median"][profile])
+
+
+def stage_table(report: Mapping[str, Any], profile: str) -> list[tuple[str, dict[str, float]]]:
+    """Per stage, each processor's µs per request on its event loop thread: its profile's
+    share times its loop thread's unprofiled CPU per request; this checkout's largest first."""
+    rows: dict[str, dict[str, float]] = {}
+    for processor in _processors(report, profile):
+        loop_us = report["threads_median"][profile][processor].get("event loop thread", 0.0)
         share = report["profiles"][profile][processor]["profile"]["share"]
         for stage, fraction in share.items():
-            rows.setdefault(stage, [0.0, 0.0, 0.0])
-            rows[stage][2 if index == 0 else 0] = fraction * loop_us
-            if index == 1:
-                rows[stage][1] = fraction
-    ordered = sorted(rows.items(), key=lambda item: -item[1][0])
-    return [(stage, ours, share, base) for stage, (ours, share, base) in ordered]
+            rows.setdefault(stage, {})[processor] = fraction * loop_us
+    return sorted(rows.items(), key=lambda item: -item[1].get("slogate", 0.0))
+
+
+def _in_process_markdown(report: Mapping[str, Any]) -> list[str]:
+    lines = [
+        "## In process (no gRPC): CPU per request by phase and stage",
+        "",
+        f"The sidecar's servicers driven with Envoy's messages, {report['requests_in_process']}"
+        " requests per run (after 200 of warm-up), the process's CPU time per phase; the "
+        "median of the rounds' means. Stage µs: the phases' total x the stage's share of a "
+        "cProfile of the same requests.",
+        "",
+    ]
+    for profile, arms in report["in_process"].items():
+        names = list(arms)
+        lines += [f"### {profile}", ""]
+        lines.append("| CPU µs per request | " + " | ".join(names) + " |")
+        lines.append("| --- |" + " ---: |" * len(names))
+        phases = list(arms[names[0]]["cpu_us_per_request"])
+        for phase in phases:
+            cells = " | ".join(f"{arms[n]['cpu_us_per_request'][phase]:.0f}" for n in names)
+            lines.append(f"| {phase} | {cells} |")
+        totals = {n: sum(arms[n]["cpu_us_per_request"].values()) for n in names}
+        lines.append(
+            "| **all three** | " + " | ".join(f"**{totals[n]:.0f}**" for n in names) + " |"
+        )
+        lines += ["", "| stage | " + " | ".join(f"{n} µs" for n in names) + " |"]
+        lines.append("| --- |" + " ---: |" * len(names))
+        stages = sorted(
+            {stage for n in names for stage in arms[n]["stage_share"]},
+            key=lambda stage: -arms["slogate"]["stage_share"].get(stage, 0.0),
+        )
+        for stage in stages:
+            cells = " | ".join(
+                f"{arms[n]['stage_share'].get(stage, 0.0) * totals[n]:.0f}" for n in names
+            )
+            lines.append(f"| {stage} | {cells} |")
+        lines.append("")
+    return lines
 
 
 def markdown(report: Mapping[str, Any]) -> str:
-    tree = report.get("product_tree")
+    baseline = report.get("baseline")
     lines = [
         f"# Sidecar cost per stage ({report['when']})",
         "",
-        f"{report['machine']['cpus']} CPUs, Python {report['machine']['python']}; "
-        f"{report['rounds']} interleaved rounds of {report['seconds']:g} s at 16 connections "
-        "(medians), then one yappi-profiled run of each. Same Envoy, upstream and bodies as "
-        "`bench overhead`. "
-        + (f"Product code from {tree} (the baseline). " if tree else "")
-        + "Stage µs = the stage's share of the yappi profile (own time of the functions in "
-        "its files, tooling/benchmarks/stages.py STAGES) x the event loop thread's "
-        "unprofiled CPU per request; the threads' rows are measured, not scaled.",
+        f"{report['machine']['cpus']} CPUs, Python {report['machine']['python']}; commit "
+        f"{report.get('commit')}"
+        + (f", baseline {report.get('baseline_commit')} ({baseline})" if baseline else "")
+        + f"; {report['rounds']} interleaved rounds. Bodies as `bench overhead`'s.",
+        "",
+        *_in_process_markdown(report),
+    ]
+    if "threads_median" not in report:
+        return "\n".join(lines) + "\n"
+    lines += [
+        "## Through Envoy and gRPC, 16 connections",
+        "",
+        f"Runs of {report['seconds']:g} s per processor and round (medians), then one "
+        "yappi-profiled run of each. Threads: measured (/proc), not scaled. Stage µs = the "
+        "stage's share of the yappi profile (own time of the functions in its files, "
+        "tooling/benchmarks/stages.py STAGES) x the event loop thread's unprofiled CPU per "
+        "request (yappi inflates Python calls, not C: counting, mostly C, reads low here).",
         "",
     ]
     for profile in report["threads_median"]:
         threads = report["threads_median"][profile]
         rps = report["rps_median"][profile]
-        lines += [f"## {profile}", ""]
-        lines += [
-            "| CPU per request (µs) | pass-through | slogate | slogate / pass-through |",
-            "| --- | ---: | ---: | ---: |",
-        ]
-        kinds = sorted({*threads["passthrough"], *threads["slogate"]})
-        totals = [sum(threads[p].values()) for p in PROCESSORS]
-        for kind in kinds:
-            base, ours = threads["passthrough"].get(kind, 0.0), threads["slogate"].get(kind, 0.0)
-            ratio = f"{ours / base:.2f}x" if base else "-"
-            lines.append(f"| {kind} | {base:.0f} | {ours:.0f} | {ratio} |")
+        names = _processors(report, profile)
+        lines += [f"### {profile}", ""]
         lines.append(
-            f"| **all threads** | **{totals[0]:.0f}** | **{totals[1]:.0f}** "
-            f"| **{totals[1] / max(totals[0], 1e-9):.2f}x** |"
+            "| CPU per request (µs) | " + " | ".join(names) + " | slogate / pass-through |"
         )
+        lines.append("| --- |" + " ---: |" * (len(names) + 1))
+        kinds = sorted({kind for n in names for kind in threads[n]})
+        for kind in kinds:
+            base = threads["passthrough"].get(kind, 0.0)
+            ratio = f"{threads['slogate'].get(kind, 0.0) / base:.2f}x" if base else "-"
+            cells = " | ".join(f"{threads[n].get(kind, 0.0):.0f}" for n in names)
+            lines.append(f"| {kind} | {cells} | {ratio} |")
+        totals = {n: sum(threads[n].values()) for n in names}
+        cells = " | ".join(f"**{totals[n]:.0f}**" for n in names)
+        ratio = totals["slogate"] / max(totals["passthrough"], 1e-9)
+        lines.append(f"| **all threads** | {cells} | **{ratio:.2f}x** |")
+        cells = " | ".join(f"{rps[n]:.0f}" for n in names)
         lines.append(
-            f"| req/s at 16 connections | {rps['passthrough']:.0f} | {rps['slogate']:.0f} "
+            f"| req/s at 16 connections | {cells} "
             f"| {rps['slogate'] / max(rps['passthrough'], 1e-9):.2f}x |"
         )
-        prof = {p: report["profiles"][profile][p]["profile"] for p in PROCESSORS}
+        prof = {n: report["profiles"][profile][n]["profile"] for n in names}
         for key, label in (
             ("loop_callbacks_per_request", "event-loop callbacks per request (yappi)"),
             ("tasks_per_request", "tasks per request (yappi)"),
             ("calls_per_request", "Python calls per request (yappi)"),
         ):
+            cells = " | ".join(f"{prof[n][key]:.1f}" for n in names)
+            lines.append(f"| {label} | {cells} | - |")
+        lines += ["", "| stage (event loop thread), µs/req | " + " | ".join(names) + " |"]
+        lines.append("| --- |" + " ---: |" * len(names))
+        for stage, by in stage_table(report, profile):
             lines.append(
-                f"| {label} | {prof['passthrough'][key]:.1f} | {prof['slogate'][key]:.1f} | - |"
+                f"| {stage} | " + " | ".join(f"{by.get(n, 0.0):.0f}" for n in names) + " |"
             )
-        lines += [
-            "",
-            "| stage (event loop thread) | slogate µs/req | share | pass-through µs/req |",
-            "| --- | ---: | ---: | ---: |",
-        ]
-        for stage, ours, share, base in stage_table(report, profile):
-            lines.append(f"| {stage} | {ours:.0f} | {share:.1%} | {base:.0f} |")
         lines.append("")
     if report.get("py_spy"):
-        lines += ["## py-spy on the unprofiled sidecar (last round)", ""]
+        lines += ["### py-spy on this checkout's unprofiled sidecar (last round)", ""]
         lines.append(spy_table(report["py_spy"]))
     return "\n".join(lines) + "\n"

@@ -30,6 +30,10 @@ def _toggle(_signal: int, _frame: FrameType | None) -> None:
 
 
 def main() -> None:
+    # Run by path, this folder leads sys.path: off it, or its profile.py would shadow the
+    # standard library's for the whole process.
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        sys.path.pop(0)
     yappi.set_clock_type("cpu")
     signal.signal(signal.SIGUSR1, _toggle)
     module, *args = sys.argv[1:]

@@ -46,10 +46,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     stages.add_argument("--profiles", default="field_mix,small", help="comma-separated")
     stages.add_argument("--name", default="stages", help="results file name")
     stages.add_argument(
-        "--product-tree",
+        "--baseline",
         type=Path,
         default=None,
-        help="run another checkout's sidecar (a git worktree of the baseline commit)",
+        help="another checkout measured beside this one (a git worktree of the baseline)",
+    )
+    stages.add_argument("--requests", type=int, default=1500, help="in process, per run")
+    stages.add_argument(
+        "--in-process-only", action="store_true", help="no Envoy, no gRPC: the servicers alone"
     )
     stages.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     cost = bench_sub.add_parser("decision-cost", help="body decision p50/p99 per body profile")
@@ -171,7 +175,9 @@ def run_bench(args: argparse.Namespace) -> int:
             args.rounds,
             args.profiles.split(","),
             args.name,
-            args.product_tree,
+            args.baseline,
+            args.requests,
+            live=not args.in_process_only,
         )
     elif args.bench == "tenants":
         from tooling.benchmarks.tenants import run as run_tenants
