@@ -6,7 +6,7 @@ What lives here: `CountKind`, `PromptCount` and `PromptCounter`, which applies t
 - Every message is counted exactly, with DeepSeek's own vocabulary (`extproc.request.tokens.bpe`),
   plus `per_message_overhead_tokens` for the chat template around it. A message seen
   before (chats resend their whole history) is not counted again: counts are kept by the
-  BLAKE2b hash of the text, so a turn costs only its new message.
+  digest of the text (extproc.request.tokens.digest), so a turn costs only its new message.
 - Uncounted text up to `inline_max_bytes` (mostly ASCII) or `inline_unicode_max_bytes`
   (other text, whose worst case costs ~5x more per byte), capped by the engine's
   `inline_cap_bytes`, is counted on the event loop: on fastokens the hop to a thread cost
@@ -28,7 +28,6 @@ not trusted for any decision: crafted text fools it tenfold (bench/results/estim
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -39,6 +38,7 @@ import numpy as np
 
 from admission.decision import CountKind
 from engines.prefix import text_blocks
+from extproc.request.tokens.digest import text_digest
 from policy.schema import CountingConfig
 
 
@@ -144,7 +144,7 @@ class PromptCounter:
             raw = text.encode("utf-8", "surrogatepass")
             key = None
             if len(raw) >= _CACHED_MIN_BYTES:
-                key = hashlib.blake2b(raw, digest_size=16).digest()
+                key = text_digest(raw)
                 known = self._cache.get(key)
                 if known is not None and (known[1] is not None or not blocks_wanted):
                     self._cache.move_to_end(key)

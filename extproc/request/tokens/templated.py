@@ -9,11 +9,12 @@ How it is tokenized: as the engine's tokenizer does it. A Hugging Face tokenizer
 the string at its special tokens (<|im_start|>, DeepSeek's User marker, ...) and tokenizes
 each piece between them alone; so the ids here are each marker's id and each piece's ids,
 a piece being a message's text with the template's text around it up to the next marker.
-Pieces are kept by their BLAKE2b hash (LRU, up to `cache_tokens` ids, 4 bytes each): a
-chat resends its history and a shared system prompt recurs, and only what is new is
-tokenized. A new piece costs a count of it (the counter's per-message work, once more);
-bench/results/kv-events/ measures it. Only plain chats (InferenceRequest.chat_roles) are
-rendered: tools, tool calls and content parts render by rules of each model's own.
+Pieces are kept by their digest (extproc.request.tokens.digest; LRU, up to `cache_tokens`
+ids, 4 bytes each): a chat resends its history and a shared system prompt recurs, and only
+what is new is tokenized. A new piece costs a count of it (the counter's per-message work,
+once more); bench/results/kv-events/ measures it. Only plain chats
+(InferenceRequest.chat_roles) are rendered: tools, tool calls and content parts render by
+rules of each model's own.
 
 The templates (the model's `chat_template`, the generation prompt added):
 - chatml: `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message, then
@@ -27,13 +28,13 @@ The templates (the model's `chat_template`, the generation prompt added):
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from extproc.request.tokens.digest import text_digest
 from extproc.request.tokens.native import FastokensBpe
 from extproc.request.tokens.prompt import IdCounter, PromptCounter
 from policy.domain import ChatTemplate, KvEvents
@@ -88,7 +89,7 @@ class TemplatedIds:
         counter.ids_to = self._counted
 
     def _counted(self, text: str, key: bytes | None, ids: np.ndarray) -> None:
-        """The counter tokenized a message text (`key`: its BLAKE2b digest, the cache's
+        """The counter tokenized a message text (`key`: its digest, the cache's
         own, where it computed one): where the pool tokenizes with the counter's tokenizer
         and the text is a piece of its template by itself, its ids are these."""
         tokenizer = self._counter.id_counter
@@ -158,10 +159,10 @@ class TemplatedIds:
 
 def _key(text: str) -> str | bytes:
     """A piece as the cache keeps it: a short one (a marker, a role, a short turn) as itself,
-    a long one by its BLAKE2b digest (the counter's cache key for the same text)."""
+    a long one by its digest (the counter's cache key for the same text)."""
     if len(text) * 4 < _DIGEST_MIN_BYTES:  # at most 4 bytes a character: short, not encoded
         return text
     raw = text.encode("utf-8", "surrogatepass")
     if len(raw) < _DIGEST_MIN_BYTES:
         return text
-    return hashlib.blake2b(raw, digest_size=16).digest()
+    return text_digest(raw)

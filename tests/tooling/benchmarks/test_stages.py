@@ -44,7 +44,7 @@ def test_a_built_ins_time_goes_to_the_stage_of_its_caller(tmp_path: Path) -> Non
     assert own["caller"] > 5 * own.get(OTHER, 0.0)
 
 
-def test_the_in_process_request_path_admits_every_request_and_times_its_phases(tmp_path: Path) -> None:
+def test_the_request_path_in_process_admits_each_request_and_times_it(tmp_path: Path) -> None:
     dump = tmp_path / "request_path.prof"
     phases = request_path.measure("small", 30, profiled=dump)
     assert set(phases) == set(request_path.PHASES)
