@@ -35,6 +35,8 @@ def default_tokenizer_path() -> Path:
 def encodable(text: str) -> str:
     """Lone surrogates (from JSON "\\ud83d" escapes) cannot cross into Rust and are not valid
     UTF-8 on the wire either; they count as the U+FFFD a UTF-8 encoder/decoder makes of them."""
+    if text.isascii():  # O(1) (CPython marks ASCII strings): no surrogate, no copy to check
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
