@@ -210,20 +210,34 @@ def _decisions(url: str) -> float:
     )
 
 
-def _table(summary: Mapping[int, Mapping[str, float]], efficiency: Mapping[int, float]) -> str:
+def ceiling_rps(workers: int, row: Mapping[str, float], cpus: int) -> float:
+    """The most requests per second N workers could serve were these processes alone on the
+    machine: every core's CPU over all their CPU per request, and no more than N workers
+    each on a whole core can decide."""
+    every_part_us = sum(row[f"cpu_us_per_request_{p}"] for p in PARTS)
+    machine = cpus * 1e6 / max(1.0, every_part_us)
+    return min(machine, workers * 1e6 / max(1.0, row["cpu_us_per_request_sidecar"]))
+
+
+def _table(
+    summary: Mapping[int, Mapping[str, float]], efficiency: Mapping[int, float], cpus: int
+) -> str:
     lines = [
         "| workers | wrk conns / threads | Envoy threads | p50 ms (1 conn) | p99 ms (1 conn) "
         "| req/s | p99 ms (loaded) | vs 1 worker | vs N x 1 worker "
-        "| busiest worker's share of decisions | non-2xx |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| busiest worker's share of decisions | non-2xx | ceiling req/s (these processes "
+        "alone on the cores) | req/s / ceiling |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     one = summary[min(summary)]["rps_many"]
     for n, row in summary.items():
+        ceiling = ceiling_rps(n, row, cpus)
         lines.append(
             f"| {n} | {row['connections']:.0f} / {row['wrk_threads']:.0f} | {envoy_threads(n)} "
             f"| {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['rps_many']:.0f} "
             f"| {row['p99_ms_many']:.1f} | {row['rps_many'] / one:.2f}x | {efficiency[n]:.2f} "
-            f"| {row['decided_share_max']:.2f} | {row['non_2xx']:.0f} |"
+            f"| {row['decided_share_max']:.2f} | {row['non_2xx']:.0f} "
+            f"| {ceiling:.0f} | {row['rps_many'] / ceiling:.2f} |"
         )
     lines += [
         "",
@@ -302,7 +316,7 @@ def run(
         "scaling_efficiency": efficiency,
         "scaling_target": SCALING_TARGET,
     }
-    table = _table(summary, efficiency)
+    table = _table(summary, efficiency, cpus)
     write_report(
         out_dir,
         "workers",
@@ -312,7 +326,10 @@ def run(
         f"{CONNECTIONS_PER_WORKER} connections per worker and a thread per "
         f"{WORKERS_PER_WRK_THREAD} workers, {rounds} interleaved rounds of {duration_s:g} s, "
         "medians. 'vs N x 1 worker': throughput over N times one worker's (target >= "
-        f"{SCALING_TARGET} while cores last).\n\n{table}\n",
+        f"{SCALING_TARGET} while cores last). 'ceiling': what N workers could serve were "
+        "the processes measured here alone on the machine (every core over all their CPU "
+        "per request, and at most N workers' cores for the sidecar).\n\n"
+        f"{table}\n",
         indent=2,
     )
     print(table)
