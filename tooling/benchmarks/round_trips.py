@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -156,22 +157,21 @@ def census(work: Path, requests: int = 100) -> dict[str, Any]:
     finally:
         for proc in reversed(procs):
             proc.stop()
-    scripts = script_names()
-    counts = Counter(command_name(words, scripts) for words in commands if words)
-    per_request = {
-        f"{PER_REQUEST[name.split(' ', 1)[1]]} ({name})": n / requests
-        for name, n in counts.items()
-        if name.startswith("EVALSHA ") and name.split(" ", 1)[1] in PER_REQUEST
-    }
-    periodic = {
-        name: n / seconds
-        for name, n in counts.items()
-        if not (name.startswith("EVALSHA ") and name.split(" ", 1)[1] in PER_REQUEST)
-        and name != "MONITOR"
-    }
+    counts = Counter(command_name(words, script_names()) for words in commands if words)
+    return {"requests": requests, "seconds": seconds, **split(counts, requests, seconds)}
+
+
+def split(counts: Mapping[str, int], requests: int, seconds: float) -> dict[str, Any]:
+    """The commands each request makes (per request, named by where in it they run) apart
+    from the rest (per second)."""
+    per_request, periodic = {}, {}
+    for name, n in counts.items():
+        where = PER_REQUEST.get(name.removeprefix("EVALSHA "))
+        if name.startswith("EVALSHA ") and where is not None:
+            per_request[f"{where} ({name})"] = n / requests
+        elif name != "MONITOR":
+            periodic[name] = n / seconds
     return {
-        "requests": requests,
-        "seconds": seconds,
         "per_request": dict(sorted(per_request.items())),
         "periodic_per_s": dict(sorted(periodic.items())),
     }

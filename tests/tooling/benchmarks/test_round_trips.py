@@ -3,7 +3,13 @@ itself runs in `slogate bench decisions`."""
 
 from __future__ import annotations
 
-from tooling.benchmarks.round_trips import PER_REQUEST, client_commands, command_name, script_names
+from tooling.benchmarks.round_trips import (
+    PER_REQUEST,
+    client_commands,
+    command_name,
+    script_names,
+    split,
+)
 
 MONITORED = (
     "+OK\r\n"
@@ -27,3 +33,11 @@ def test_scripts_are_named_by_their_sha() -> None:
     sha = next(s for s, name in names.items() if name == "reserve.lua")
     assert command_name(["EVALSHA", sha, "3"], names) == "EVALSHA reserve.lua"
     assert command_name(["zadd", "k"], names) == "ZADD"
+
+
+def test_what_each_request_makes_is_told_from_the_loops() -> None:
+    counts = {"EVALSHA reserve.lua": 100, "EVALSHA kv_expire.lua": 4, "ZADD": 2, "MONITOR": 1}
+    assert split(counts, requests=100, seconds=2.0) == {
+        "per_request": {"body decision: budget reserve (EVALSHA reserve.lua)": 1.0},
+        "periodic_per_s": {"EVALSHA kv_expire.lua": 2.0, "ZADD": 1.0},
+    }
