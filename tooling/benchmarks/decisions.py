@@ -326,7 +326,8 @@ def run(
         "pool's sit in different Redis Cluster slots). Target: "
         f"the whole decision p99 <= 1 ms.\n\n{table}\n\n"
         f"## Every Redis round trip of a request\n\n{census_requests} chat requests one at "
-        "a time through a real Envoy and `slogate serve` on the Redis store (MONITOR: "
+        "a time through a real Envoy and `slogate serve` on the Redis store, from a tenant "
+        "with day and month spend budgets (MONITOR: "
         "what clients sent; the commands a script runs inside the server are not round "
         f"trips).\n\n{census}\n",
         indent=2,

@@ -1,7 +1,8 @@
 """Every Redis round trip a request makes, counted on a real sidecar (`slogate bench decisions`).
 
 What lives here: `census`, which starts a fixed-answer upstream, a real valkey/redis server, one
-`slogate serve` on the Redis store and a real Envoy in front, sends requests one at a time,
+`slogate serve` on the Redis store (its tenant with spend budgets) and a real Envoy in front,
+sends requests one at a time,
 and reads Redis's MONITOR meanwhile: each command a client sent (not the ones a script ran
 inside the server), the scripts named by their SHA. The commands are split into those each
 request makes (reserve and KV hold at the body decision; settle and KV release at the access
@@ -21,6 +22,8 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from admission.kv.redis_ledger import RedisBook
 from budget.redis_scripts import family
@@ -109,6 +112,20 @@ def command_name(words: list[str], scripts: dict[str, str]) -> str:
     return command
 
 
+def _with_spend(policy: Path) -> Path:
+    """The bench's tenant with day and month spend budgets it never uses up: a tenant with
+    spend budgets is the case with the most round trips."""
+    raw = yaml.safe_load(policy.read_text())
+    huge = 10**15
+    raw["tenants"] = {
+        "defaults": {"tier": "standard"},
+        "list": {"bench": {"spend": {"per_day": huge, "per_month": huge}}},
+    }
+    spent = policy.with_name("policy-spend.yaml")
+    spent.write_text(yaml.safe_dump(raw))
+    return spent
+
+
 def census(work: Path, requests: int = 100) -> dict[str, Any]:
     """Send `requests` chat completions one at a time through Envoy and a sidecar on Redis;
     each command clients sent to Redis meanwhile, per request."""
@@ -128,7 +145,7 @@ def census(work: Path, requests: int = 100) -> dict[str, Any]:
         grpc_port = free_port()
         argv = [
             *python_module("tooling.cli.main", "serve"),
-            "--policy", str(redis_policy(work, redis_port)),
+            "--policy", str(_with_spend(redis_policy(work, redis_port))),
             "--grpc-port", str(grpc_port), "--metrics-port", "0", "--admin-address", "none",
         ]  # fmt: skip
         sidecar = ManagedProcess("census-serve", argv, work).start()
