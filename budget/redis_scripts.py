@@ -45,16 +45,20 @@ class Scripts:
         self._timeout_s = timeout_s
         self._shas: dict[str, str] = {}
 
+    # asyncio.timeout, not wait_for: on Python 3.11 wait_for wraps every call in a task of
+    # its own (~15 µs of CPU a round trip, on the request path).
     async def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         try:
-            return await asyncio.wait_for(self._evalsha(name, keys, args), self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                return await self._evalsha(name, keys, args)
         except (redis_errors.RedisError, OSError, TimeoutError) as error:
             raise BudgetStoreError(f"redis {name}: {type(error).__name__}: {error}") from error
 
     async def command(self, what: str, call: Any) -> Any:
         """A plain command (an awaitable from the client), with the same timeout and errors."""
         try:
-            return await asyncio.wait_for(call, self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                return await call
         except (redis_errors.RedisError, OSError, TimeoutError) as error:
             raise BudgetStoreError(f"redis {what}: {type(error).__name__}: {error}") from error
 

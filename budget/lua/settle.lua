@@ -33,10 +33,15 @@ if refund then
   if levels.requests then levels.requests = math.min(caps.requests, levels.requests + 1) end
 elseif used.hour > 0 then
   local slot = math.floor(now / 10) * 10
+  -- Slots older than the hour go when a new slot opens (once per 10 s per key), not at
+  -- every settle: a busy key's hash holds up to 360 slots to scan.
+  local opens = redis.call('HEXISTS', KEYS[4], tostring(slot)) == 0
   redis.call('HINCRBYFLOAT', KEYS[4], tostring(slot), num(used.hour))
-  local oldest = slot - 3600
-  for _, s in ipairs(redis.call('HKEYS', KEYS[4])) do
-    if tonumber(s) <= oldest then redis.call('HDEL', KEYS[4], s) end
+  if opens then
+    local oldest = slot - 3600
+    for _, s in ipairs(redis.call('HKEYS', KEYS[4])) do
+      if tonumber(s) <= oldest then redis.call('HDEL', KEYS[4], s) end
+    end
   end
 end
 save_levels(KEYS[1], levels, now_updated)

@@ -74,7 +74,9 @@ def build_stores(
     metrics.kv_ledger_shared.set(1)
     # The URL may carry a password: deployments pass it through the environment (a Secret).
     url = os.environ.get("SLOGATE_REDIS_URL") or config.redis_url
-    client = connect(url, config.redis_cluster)
+    # Every call on this client is bounded by its store's timeout (`Scripts`): redis-py's
+    # own per-socket timeouts would only cost each round trip.
+    client = connect(url, config.redis_cluster, socket_timeout_s=None)
     timeout_s = config.redis_timeout_ms / 1000.0
     members = FleetMembers(client, lambda: policy().budget.replicas, timeout_s=timeout_s)
     budgets = FailoverStore(

@@ -149,8 +149,11 @@ def parse_wrk(output: str) -> dict[str, float]:
     }
 
 
-def wrk(url: str, connections: int, duration_s: float, script: Path) -> dict[str, float]:
-    threads = min(2, connections)
+def wrk(
+    url: str, connections: int, duration_s: float, script: Path, threads: int | None = None
+) -> dict[str, float]:
+    """`threads`: wrk's (default two, or one per connection below that)."""
+    threads = min(threads or 2, connections)
     result = subprocess.run(
         [
             "wrk",

@@ -117,9 +117,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     tracing.add_argument("--requests", type=int, default=3000, help="per round")
     tracing.add_argument("--rounds", type=int, default=5)
     tracing.add_argument("--out-dir", type=Path, default=Path("bench/results"))
-    decisions = bench_sub.add_parser("decisions", help="budget decision cost per store")
+    decisions = bench_sub.add_parser(
+        "decisions", help="budget decision cost per store, and a request's Redis round trips"
+    )
     decisions.add_argument("--out-dir", type=Path, default=Path("bench/results"))
-    decisions.add_argument("--calls", type=int, default=5000)
+    decisions.add_argument("--calls", type=int, default=6000)
+    decisions.add_argument("--rounds", type=int, default=3)
+    decisions.add_argument(
+        "--census-requests", type=int, default=100, help="requests whose round trips are counted"
+    )
     bench.set_defaults(handler=run_bench)
 
 
@@ -224,7 +230,7 @@ def run_bench(args: argparse.Namespace) -> int:
     elif args.bench == "decisions":
         from tooling.benchmarks.decisions import run as run_decisions
 
-        run_decisions(args.out_dir, args.calls)
+        run_decisions(args.out_dir, args.calls, args.rounds, args.census_requests)
     else:
         from tooling.benchmarks.estimator import run as run_estimator
 

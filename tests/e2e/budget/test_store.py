@@ -46,3 +46,28 @@ def test_redis_restart_reloads_scripts(tmp_path: Path) -> None:
         asyncio.run(scenario(port, proc))
     finally:
         proc.stop()
+
+
+def test_usage_slots_older_than_the_hour_leave_when_a_slot_opens(tmp_path: Path) -> None:
+    """The usage hash keeps at most the hour's slots: the old ones go when a settle opens a
+    new 10-second slot (settle.lua scans the hash only then, not at every settle)."""
+
+    async def scenario(port: int) -> list[bytes]:
+        client = aioredis.Redis(host="127.0.0.1", port=port)
+        clock = VirtualClock(1_000_000.0)
+        store = RedisStore(client, clock)
+        for advance_s in (0, 5, 3600):  # two settles in one slot, then one past the hour
+            clock.advance(advance_s)
+            reservation = rid()
+            await store.reserve("k", Limits(), Charge(1, 1), reservation, 60)
+            await store.settle("k", Limits(), reservation, Charge(1, 1))
+        slots = sorted(await client.hkeys("slogate:{k}:use"))
+        await store.close()
+        return slots
+
+    proc, port = start_redis(tmp_path)
+    try:
+        slots = asyncio.run(scenario(port))
+    finally:
+        proc.stop()
+    assert slots == [b"1003600"]
