@@ -149,7 +149,9 @@ class BudgetStep:
         headers = rate_limit_headers(verdict)
         self._events.budget_decision(caller.tenant_label, verdict.reason)
         if verdict.admitted:
-            return Admitted(dataclasses.replace(decision, limits=limits), headers)
+            if limits is not (decision.limits or caller.limits):  # None reads as the key's
+                decision = dataclasses.replace(decision, limits=limits)
+            return Admitted(decision, headers)
         whose = f"tenant {caller.tenant!r}" if caller.shared_budget else "this API key"
         if verdict.retry_after_s is None:
             raise RateLimited(
