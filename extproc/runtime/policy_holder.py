@@ -5,13 +5,14 @@ reload on file change, SIGHUP or the admin API replaces one reference. A new pol
 does not load, or that changes a setting read only at start (policy.START_ONLY_SETTINGS),
 is refused as a whole and the running one stays, with the reason logged and counted.
 
-A reload builds the new policy in a child process (extproc.runtime.policy_build), which
-sends back only what changed, installed on the loop in slices, and swaps it in one step on
-the event loop: a ten-thousand-key policy takes ~0.4 s of CPU to build, and built on the
-loop it held every request that long (measured: 2,060 ms for one request during a reload);
-built in a thread beside the loop it still took the interpreter lock from it throughout
-(p99 up 1.5-4x while reloading: bench/results/tenants.md). The holder keeps the text the
-running policy was built from, which is what lets the child tell what changed.
+A reload builds the new policy in the builder process (extproc.runtime.policy_build),
+which sends back only what changed, and swaps it in in one step on the event loop: a
+ten-thousand-key policy takes ~0.4 s of CPU to build; built on the loop it held every
+request that long (measured: 2,060 ms for one request during a reload), and built in a
+thread beside the loop it still took the interpreter lock from it (the loop woke up to
+260 ms late: bench/results/tenants.md). The holder keeps the digest of the text the
+running policy was built from, which names it to the builder (and the text itself until
+the builder has it).
 Reloads run one at a time; one asked for while another runs waits for it.
 """
 
