@@ -264,7 +264,8 @@ RELOAD_WAYS = (
 
 async def _loop_gaps(source: Path, text: str, edits: list[str], work: Path) -> list[dict[str, Any]]:
     """Each of RELOAD_WAYS builds the edits of `source` (its `text`) one after the other
-    while a ticker on the loop asks to wake every TICK_S; how late it woke. One way after
+    while a ticker on the loop asks to wake every TICK_S; the time between its wakes (a
+    loop held up wakes late). One way after
     the other, each on a file of its own: the builder keeps what it built, and a way that
     followed another edit by edit would find each edit already built."""
     rows = []
@@ -311,7 +312,7 @@ async def _loop_gaps(source: Path, text: str, edits: list[str], work: Path) -> l
 
 def _gaps_table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| reload built | reload ms (median) | loop wakes late p50 / p99 / max ms | over 5 ms |",
+        "| reload built | reload ms (median) | between wakes p50 / p99 / max ms | over 5 ms |",
         "| --- | ---: | --- | ---: |",
     ]
     for r in rows:
@@ -368,7 +369,8 @@ def run(
         "a window as long); each reload's time from the sidecar's log.\n\n"
         f"{table}\n\n"
         f"The event loop while a reload of the {tenants}-tenant policy builds, in process: "
-        f"a ticker asks it to wake every {TICK_S * 1000:.0f} ms; how late it woke, over the "
+        f"a ticker asks it to wake every {TICK_S * 1000:.0f} ms; the time between its wakes, "
+        "over the "
         "same five edits built each way, one way after the other (the thread: as reloads "
         "were built before the builder process; all of it sent: what a builder that keeps "
         "nothing of the running policy sends, installed in slices).\n\n"
