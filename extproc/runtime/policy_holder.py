@@ -10,9 +10,9 @@ which sends back only what changed, and swaps it in in one step on the event loo
 ten-thousand-key policy takes ~0.4 s of CPU to build; built on the loop it held every
 request that long (measured: 2,060 ms for one request during a reload), and built in a
 thread beside the loop it still took the interpreter lock from it (asked to wake every
-1 ms, the loop went up to 60 ms between wakes; 9 ms with the builder: bench/results/tenants.md). The holder keeps the digest of the text the
-running policy was built from, which names it to the builder (and the text itself until
-the builder has it).
+1 ms, the loop went up to 60 ms between wakes; 9 ms with the builder:
+bench/results/tenants.md). The holder keeps the digest of the text the running policy was
+built from, which names it to the builder (and the text itself until the builder has it).
 Reloads run one at a time; one asked for while another runs waits for it.
 """
 
