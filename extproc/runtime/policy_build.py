@@ -97,6 +97,9 @@ async def build_elsewhere(
     # The pipes are worked in a thread (blocking reads and writes release the interpreter
     # lock), so the builder outlives any one event loop.
     exchange = asyncio.ensure_future(asyncio.to_thread(_BUILDER.exchange, request))
+    # Shielded below: a reload given up on (timed out, cancelled) leaves the exchange to end
+    # with the builder; what it ends with is read here, not reported as never retrieved.
+    exchange.add_done_callback(lambda done: done.cancelled() or done.exception())
     try:
         stream = await asyncio.wait_for(asyncio.shield(exchange), BUILD_TIMEOUT_S)
     except TimeoutError:
