@@ -9,12 +9,14 @@ Why a process: reading and validating a ten-thousand-key policy takes ~0.4 s of 
 holds the interpreter lock throughout. Built in a thread beside the event loop
 (extproc.runtime.heap.off_loop), the loop still had to win the lock back at every hand-off
 (each poll, each gRPC call) and requests answered meanwhile waited (bench/results/tenants.md).
-The builder has a lock of its own. It is one spawned process per sidecar process (a
+The builder has a lock of its own. It is one child process per sidecar process (a
 `--workers` worker has its own), started at the first reload and kept: it keeps the last
-policies it built, so a reload parses only the new text, and runs niced, so on a busy
-machine the loop's core goes to requests first. The builder reads the file itself: the
-sidecar sends it a path and the digest of the running policy's text, not a megabyte of text
-(its own text only once, the first time, to start the builder's memory).
+policies it built, so a reload parses only the new text. It runs niced and in a session of
+its own: where the kernel shares CPU out by session (autogroup), a builder in the sidecar's
+session took its CPU from the sidecar's share, and requests waited on it, niced or not.
+The builder reads the file itself: the sidecar sends it a path and the digest of the
+running policy's text, not a megabyte of text (its own text only once, the first time, to
+start the builder's memory).
 
 What comes back is one pickle stream with one memo (one Limits shared by a thousand keys
 comes once), and only what changed comes at all. The builder compares the new policy with
