@@ -202,9 +202,18 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def load_policy(path: str | Path) -> Policy:
-    text = Path(path).read_text(encoding="utf-8")
+    return policy_from_text(read_policy_text(path), str(path))
+
+
+def read_policy_text(path: str | Path) -> str:
+    return Path(path).read_text(encoding="utf-8")
+
+
+def policy_from_text(text: str, source: str) -> Policy:
+    """The policy a file's text holds: the same text always builds an equal policy (nothing
+    else is read), which is what lets a reload reuse what an unchanged part built."""
     try:
         raw = yaml.load(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as exc:
         raise PolicyError(f"<root>: not valid YAML: {exc}") from None
-    return parse_policy(raw if raw is not None else {}, source=str(path))
+    return parse_policy(raw if raw is not None else {}, source=source)

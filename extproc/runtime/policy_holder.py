@@ -5,10 +5,14 @@ reload on file change, SIGHUP or the admin API replaces one reference. A new pol
 does not load, or that changes a setting read only at start (policy.START_ONLY_SETTINGS),
 is refused as a whole and the running one stays, with the reason logged and counted.
 
-A reload reads and builds the new policy in a worker thread (extproc.runtime.heap.off_loop)
-and swaps it in one step on the event loop: a ten-thousand-key policy takes ~0.4 s to
-build, and built on the loop it held every request that long (measured: 2,060 ms for one
-request during a reload).
+A reload builds the new policy in the builder process (extproc.runtime.policy_build),
+which sends back only what changed, and swaps it in in one step on the event loop: a
+ten-thousand-key policy takes ~0.4 s of CPU to build; built on the loop it held every
+request that long (measured: 2,060 ms for one request during a reload), and built in a
+thread beside the loop it still took the interpreter lock from it (asked to wake every
+1 ms, the loop went up to 60 ms between wakes; 9 ms with the builder:
+bench/results/tenants.md). The holder keeps the digest of the text the running policy was
+built from, which names it to the builder (and the text itself until the builder has it).
 Reloads run one at a time; one asked for while another runs waits for it.
 """
 
@@ -20,10 +24,10 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from extproc.runtime.heap import off_loop
+from extproc.runtime.policy_build import BuildFailed, build_elsewhere, text_digest
 from extproc.service.metrics import SidecarMetrics
 from policy._reader import PolicyError
-from policy.loader import load_policy
+from policy.loader import policy_from_text, read_policy_text
 from policy.schema import Policy, start_only_changes
 
 log = logging.getLogger("slogate.policy")
@@ -33,8 +37,13 @@ class PolicyHolder:
     def __init__(self, path: Path, metrics: SidecarMetrics) -> None:
         self.path = path
         self._metrics = metrics
-        self._policy = load_policy(path)
         self._mtime_ns = self._stat()
+        text = read_policy_text(path)
+        self._policy = policy_from_text(text, str(path))
+        # What names the running policy's text to the builder process, and the text itself
+        # until the builder has built it once (extproc.runtime.policy_build).
+        self._digest = text_digest(str(path), text)
+        self._text: str | None = text
         self._lock = asyncio.Lock()
         # Called with each policy swapped in, under the reload's lock (the candidate's holder);
         # what they answer (a candidate refused) is the reload's `notice`, its policy applied.
@@ -58,23 +67,33 @@ class PolicyHolder:
         """Re-read the file; None when the new policy is active, else why it was refused."""
         async with self._lock:
             started = time.perf_counter()
+            # Stat before reading: the file watcher leaves this version alone (a SIGHUP
+            # after an edit is one reload, not two) and still sees a later edit.
+            self._mtime_ns = self._stat()
             try:
-                policy = await off_loop(load_policy, self.path)
-            except (PolicyError, OSError) as error:
+                built = await build_elsewhere(
+                    str(self.path), self._policy, self._digest, self._text
+                )
+                self._text = None  # the builder keeps it from now on
+            except (PolicyError, OSError, BuildFailed) as error:
                 return self._refuse(str(error))
+            policy = built.policy
             changed = start_only_changes(self._policy, policy)
             if changed:
                 return self._refuse(
                     f"{', '.join(changed)}: only read when the sidecar starts; restart it to "
                     "change them (nothing of the new policy was applied)"
                 )
-            self._policy = policy  # the swap: one reference, on the loop
+            self._policy, self._digest = policy, built.digest  # the swap: on the loop
             self._metrics.policy_reloads("ok").inc()
             self._metrics.policy_keys.set(len(policy.keys))
             log.info(
-                "policy reloaded from %s (%d keys) in %.1f ms",
+                "policy reloaded from %s (%d keys; %d keys and tenants built anew, %d kept) "
+                "in %.1f ms",
                 self.path,
                 len(policy.keys),
+                built.rebuilt,
+                built.reused,
                 (time.perf_counter() - started) * 1000,
             )
             notices = [await listener(policy) for listener in self.on_reload]
@@ -87,8 +106,6 @@ class PolicyHolder:
         return reason
 
     async def reload_if_changed(self) -> bool:
-        mtime = self._stat()
-        if mtime == self._mtime_ns:
+        if self._stat() == self._mtime_ns:
             return False
-        self._mtime_ns = mtime
         return await self.reload()

@@ -3,10 +3,18 @@
 In one run, both policies: how long loading takes and what a started sidecar weighs (RSS);
 the body decision at the field mix (in process, as `bench decision-cost`, each policy's own
 sidecar); and, through gRPC against a real `slogate serve`, timed by the client: requests
-the sidecar answers itself (a 400 from the body phase) sent one at a time, first alone and
-then while the policy is reloaded over and over (SIGHUP). The client's clock is the one
+the sidecar answers itself (a 400 from the body phase) sent one at a time, alone
+and while the policy is reloaded as an operator would: the file edited (a key added, a
+tenant's limit changed; the texts made before the clock starts) and SIGHUP sent, five
+times, each reload's window after a quiet one as long (interleaved: the same run's
+baseline, the machine's other work falling on both alike). The client's clock is the one
 that counts: a blocked event loop delays a message before any timer inside the sidecar
-starts. Writes bench/results/tenants.{md,json}.
+starts. And in process, without the noise of the rest of the machine's work between
+client and sidecar: how late the event loop wakes while each way of reloading builds the
+same five edits (`_loop_gaps`): in a thread beside the loop (as reloads were built before
+extproc.runtime.policy_build), in the builder process sending all of the policy, and in
+the builder sending only what changed (what a reload does). Writes
+bench/results/tenants.{md,json}.
 """
 
 from __future__ import annotations
@@ -28,9 +36,11 @@ import yaml
 
 from extproc.request.tokens.bpe import DeepSeekBpe
 from extproc.request.tokens.native import exact_counter
+from extproc.runtime.heap import off_loop
+from extproc.runtime.policy_build import Built, build_elsewhere, text_digest
 from extproc.runtime.processes import ManagedProcess, python_module
 from extproc.runtime.sidecar import Sidecar
-from policy.loader import load_policy
+from policy.loader import load_policy, policy_from_text
 from policy.quantiles import quantile
 from tooling.benchmarks.decision_cost import _measure
 from tooling.benchmarks.driver import SidecarDriver
@@ -81,6 +91,28 @@ def many_tenants_policy(work: Path, tenants: int = 1000, keys: int = 10_000) -> 
     return path
 
 
+RELOADS = 5
+
+
+def operator_edits(policy: Path, count: int = RELOADS) -> list[str]:
+    """`count` successive versions of the policy's text, each the one before with a key
+    added and (where it lists tenants) one listed tenant's tokens per minute changed."""
+    raw = yaml.safe_load(policy.read_text())
+    listed = sorted(((raw.get("tenants") or {}).get("list") or {}).items())
+    texts = []
+    for edit in range(count):
+        digest = hashlib.sha256(f"sk-reload-{edit}".encode()).hexdigest()
+        raw["keys"].append({"key_sha256": digest, "tenant": raw["keys"][0]["tenant"]})
+        if listed:
+            _, entry = listed[(edit * 97) % len(listed)]
+            entry["limits"] = {"tokens_per_minute": 50_000 + edit}
+        texts.append(yaml.dump(raw, Dumper=_DUMPER, sort_keys=False))
+    return texts
+
+
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
 def _stats_ms(samples: list[float]) -> dict[str, float]:
     return {
         "requests": len(samples),
@@ -96,31 +128,39 @@ def _rss_mib(pid: int) -> float:
     return 0.0 if stat is None else stat[2]
 
 
-async def _bad_bodies(target: str, key: str, seconds: float, reload_pid: int | None) -> Any:
-    """One request at a time for `seconds`; with `reload_pid`, a SIGHUP every
-    seconds / 6 (five reloads). Returns the client-timed milliseconds."""
+async def _bad_bodies(
+    target: str, key: str, seconds: float, reload_pid: int, edits: list[tuple[Path, str]]
+) -> tuple[list[float], list[float], dict[int, int]]:
+    """One request at a time for 2 x `seconds`, in RELOADS rounds: a quiet window, then an
+    edit written (`edits`: the policy's path and its next text), SIGHUP sent to
+    `reload_pid` and a window as long while it reloads. Interleaved so that what else the
+    machine does falls on both alike. Returns the client-timed milliseconds of each."""
     driver = SidecarDriver(target)
-    times: list[float] = []
+    windows: dict[str, list[float]] = {"quiet": [], "reloading": []}
     statuses: dict[int, int] = {}
-    reloads = 0
-    started = time.perf_counter()
-    next_reload = started + seconds / 6
     try:
-        while time.perf_counter() - started < seconds:
-            if reload_pid is not None and time.perf_counter() >= next_reload and reloads < 5:
-                os.kill(reload_pid, signal.SIGHUP)
-                reloads += 1
-                next_reload += seconds / 6
-            t0 = time.perf_counter()
-            reply = await driver.decide(key, {}, raw=b'{"model": "m", "messages": [')
-            times.append((time.perf_counter() - t0) * 1000)
-            statuses[reply.status] = statuses.get(reply.status, 0) + 1
+        for path, text in edits[:RELOADS]:
+            for window, times in windows.items():
+                if window == "reloading":
+                    staged = path.with_suffix(".next")
+                    staged.write_text(text)
+                    staged.replace(path)  # as an editor saves: the sidecar never reads half
+                    os.kill(reload_pid, signal.SIGHUP)
+                ends = time.perf_counter() + seconds / RELOADS
+                while time.perf_counter() < ends:
+                    t0 = time.perf_counter()
+                    reply = await driver.decide(key, {}, raw=b'{"model": "m", "messages": [')
+                    times.append((time.perf_counter() - t0) * 1000)
+                    statuses[reply.status] = statuses.get(reply.status, 0) + 1
     finally:
         await driver.close()
-    return times, statuses, reloads
+    return windows["quiet"], windows["reloading"], statuses
 
 
-def _serve_phase(name: str, policy: Path, key: str, seconds: float, work: Path) -> dict[str, Any]:
+def _serve_phase(name: str, source: Path, key: str, seconds: float, work: Path) -> dict[str, Any]:
+    policy = work / f"serving-{source.name}"  # the copy the edits are written to
+    policy.write_text(source.read_text())
+    edits = [(policy, text) for text in operator_edits(source)]
     port = free_port()
     argv = [
         *python_module("tooling.cli.main", "serve", "--policy", str(policy)),
@@ -134,8 +174,8 @@ def _serve_phase(name: str, policy: Path, key: str, seconds: float, work: Path) 
         assert side.pid is not None
         rss_ready = _rss_mib(side.pid)
         target = f"{HOST}:{port}"
-        quiet, statuses, _ = asyncio.run(_bad_bodies(target, key, seconds, None))
-        busy, _, reloads = asyncio.run(_bad_bodies(target, key, seconds, side.pid))
+        quiet, busy, statuses = asyncio.run(_bad_bodies(target, key, seconds, side.pid, edits))
+        reloads = len(edits)
         deadline = time.monotonic() + 60
         while len(_reload_times(side.log_text())) < reloads and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -213,6 +253,77 @@ def _table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+TICK_S = 0.001  # how often the loop is asked to wake while a reload builds
+RELOAD_WAYS = (
+    "nothing (quiet, 1 s an edit)",
+    "thread beside the loop",
+    "builder, all of it sent",
+    "builder, changes only",
+)
+
+
+async def _loop_gaps(source: Path, text: str, edits: list[str], work: Path) -> list[dict[str, Any]]:
+    """Each of RELOAD_WAYS builds the edits of `source` (its `text`) one after the other
+    while a ticker on the loop asks to wake every TICK_S; the time between its wakes (a
+    loop held up wakes late). One way after
+    the other, each on a file of its own: the builder keeps what it built, and a way that
+    followed another edit by edit would find each edit already built."""
+    rows = []
+    for number, way in enumerate(RELOAD_WAYS):
+        path = work / f"gaps-{number}-{source.name}"
+        policy, digest = policy_from_text(text, str(path)), text_digest(str(path), text)
+        known: str | None = text
+        gaps: list[float] = []
+        took: list[float] = []
+        for edit in edits:
+            path.write_text(edit)
+            build: asyncio.Future[object]
+            if number == 0:  # the baseline: the same ticker, nothing else on the loop
+                build = asyncio.ensure_future(asyncio.sleep(1.0))
+            elif number == 1:
+                build = asyncio.ensure_future(off_loop(load_policy, path))
+            elif number == 2:  # a digest it keeps nothing under: all of it comes
+                build = asyncio.ensure_future(build_elsewhere(str(path), policy, "-", None))
+            else:
+                build = asyncio.ensure_future(build_elsewhere(str(path), policy, digest, known))
+            started = last = time.perf_counter()
+            while not build.done():
+                await asyncio.sleep(TICK_S)
+                now = time.perf_counter()
+                gaps.append((now - last) * 1000)
+                last = now
+            took.append((time.perf_counter() - started) * 1000)
+            built = build.result()
+            if isinstance(built, Built):
+                policy, digest, known = built.policy, built.digest, None
+        rows.append(
+            {
+                "way": way,
+                "reload_ms": statistics.median(took),
+                "gap_p50_ms": quantile(gaps, 0.5),
+                "gap_p99_ms": quantile(gaps, 0.99),
+                "gap_max_ms": max(gaps),
+                "gaps_over_5ms": sum(1 for g in gaps if g > 5.0),
+                "ticks": len(gaps),
+            }
+        )
+    return rows
+
+
+def _gaps_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| reload built | reload ms (median) | between wakes p50 / p99 / max ms | over 5 ms |",
+        "| --- | ---: | --- | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['way']} | {r['reload_ms']:.0f} | {r['gap_p50_ms']:.2f} / "
+            f"{r['gap_p99_ms']:.2f} / {r['gap_max_ms']:.1f} | {r['gaps_over_5ms']} of "
+            f"{r['ticks']} |"
+        )
+    return "\n".join(lines)
+
+
 def run(
     out_dir: Path, seconds: float = 20.0, tenants: int = 1000, keys: int = 10_000
 ) -> dict[str, Any]:
@@ -232,9 +343,18 @@ def run(
         }
         print(json.dumps(row), flush=True)
         rows.append(row)
+    many = policies[f"{tenants}-tenants"]
+    gaps = asyncio.run(_loop_gaps(many, many.read_text(), operator_edits(many), work))
     when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    report = {"when": when, "cpus": os.cpu_count(), "seconds": seconds, "rows": rows}
+    report = {
+        "when": when,
+        "cpus": os.cpu_count(),
+        "seconds": seconds,
+        "rows": rows,
+        "loop_gaps": gaps,
+    }
     table = _table(report)
+    gaps_table = _gaps_table(gaps)
     write_report(
         out_dir,
         "tenants",
@@ -243,10 +363,20 @@ def run(
         "load: `load_policy`, median of 3. start: `slogate serve` spawned to its ready line. "
         "decision: the body decision at the field mix, in process (as bench decision-cost), "
         "median p50 and worst p99 of two interleaved rounds. 400: a body the sidecar refuses "
-        f"itself, one at a time for {seconds:.0f} s over gRPC, timed by the client; then the "
-        "same while five SIGHUP reloads run (each reload's time from the sidecar's log).\n\n"
-        f"{table}\n",
+        f"itself, one at a time over gRPC, timed by the client, {seconds:.0f} s alone and "
+        f"{seconds:.0f} s while five reloads run, in five interleaved rounds (a quiet window, "
+        "then an operator's edit, a key added and a tenant's limit changed, and a SIGHUP, and "
+        "a window as long); each reload's time from the sidecar's log.\n\n"
+        f"{table}\n\n"
+        f"The event loop while a reload of the {tenants}-tenant policy builds, in process: "
+        f"a ticker asks it to wake every {TICK_S * 1000:.0f} ms; the time between its wakes, "
+        "over the "
+        "same five edits built each way, one way after the other (the thread: as reloads "
+        "were built before the builder process; all of it sent: what a builder that keeps "
+        "nothing of the running policy sends, installed in slices).\n\n"
+        f"{gaps_table}\n",
         indent=2,
     )
     print(table)
+    print(gaps_table)
     return report
