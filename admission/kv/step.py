@@ -21,6 +21,11 @@ larger than the pool's largest engine's KV cache (two engines of 8k hold 16k bet
 but no 11k request): a 400 (`context_length_exceeded`, reason `engine_kv_exceeded`), the
 answer vLLM itself would give, before anything is held. Whatever ends a wait early (the client gone,
 Envoy's timer) takes the request out of the room and gives back anything it was just given.
+A request admitted where another of its footprint would not fit now, or after a wait, is
+marked `settle_promptly`: its access-log entry goes out at once, not in the next batch
+(tooling.render.envoy_config.filters.access_logs), so what it holds is freed as soon as it
+ends — with one engine that holds one 128k prompt at a time, the next one waited ~13 ms
+for the 20 ms batch (bench/results/overhead-128k.md).
 """
 
 from __future__ import annotations
@@ -127,6 +132,9 @@ class KvStep:
             self.dispatcher.drain_from(decision.pool)
             if not limit:
                 room.service.add(decision.caller.tenant, service, now_s)
+                view = self.book.view(decision.pool)
+                if view.over(capacity, share, tokens, decision.sequences, decision.runs_to_limit):
+                    decision = dataclasses.replace(decision, settle_promptly=True)
                 return Admitted(decision)
         # Full for now, or others wait ahead of it: it waits too, in its turn.
         ratio = self.book.view(decision.pool).ratio
@@ -170,7 +178,7 @@ class KvStep:
                 await self._freed(await self.book.release(request_id))  # dispatched, then gone
             raise
         waited_s = self._clock() - now_s
-        decision = dataclasses.replace(decision, waited_s=waited_s)
+        decision = dataclasses.replace(decision, waited_s=waited_s, settle_promptly=True)
         return Admitted(decision, {QUEUED_HEADER: str(round(waited_s * 1000))})
 
     async def _hold(
