@@ -74,6 +74,10 @@ class RoutingDecision:
     prompt_correction: float = 1.0
     body_bytes: int = 0  # what Envoy holds for the request while it waits for room
     waited_s: float = 0.0  # how long it waited in the waiting room (admission.kv.step)
+    # Its pool's KV is tight (another request of its footprint would not fit now, or it
+    # waited for room): its end should reach the sidecar at once, not with the access log's
+    # next batch, since the next request in the pool waits for what it frees.
+    settle_promptly: bool = False
     # Set by the steps as they admit, read back when the request is settled or refunded: the
     # breaker level it met, and the key's limits it was reserved under (scaled by that level
     # and the quota controller). Settling with these, not a fresh read, keeps a level change

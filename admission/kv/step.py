@@ -21,6 +21,13 @@ larger than the pool's largest engine's KV cache (two engines of 8k hold 16k bet
 but no 11k request): a 400 (`context_length_exceeded`, reason `engine_kv_exceeded`), the
 answer vLLM itself would give, before anything is held. Whatever ends a wait early (the client gone,
 Envoy's timer) takes the request out of the room and gives back anything it was just given.
+A request holding a large part of its pool (an eighth or more of its tier's share, in KV
+or batch slots), admitted where another of its footprint would not fit now or after a
+wait, is marked `settle_promptly`: its access-log entry goes out at once, not in the next
+batch (tooling.render.envoy_config.filters.access_logs), so what it holds is freed as soon
+as it ends — with one engine that holds one 128k prompt at a time, the next one waited
+~13 ms for the 20 ms batch (bench/results/overhead-128k.md). Small requests stay batched:
+each freed entry costs a gRPC message, and a small hold freed late blocks little.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from admission.decision import QUEUED_HEADER, Admitted, Applicant, RequestOutcom
 from admission.errors import ContextLengthExceeded, Overloaded
 from admission.events import KvEvents
 from admission.kv.book import HoldAsk, KvBook, LocalBook
-from admission.kv.capacity import Freed, kv_footprint, never_fits, pool_capacity
+from admission.kv.capacity import Freed, PoolCapacity, kv_footprint, never_fits, pool_capacity
 from admission.kv.dispatch import RoomDispatcher
 from admission.waiting_room import RANK, QueueFull, RoomBounds, Waiter, Waiting
 from policy.domain import Pool, Tier
@@ -127,6 +134,10 @@ class KvStep:
             self.dispatcher.drain_from(decision.pool)
             if not limit:
                 room.service.add(decision.caller.tenant, service, now_s)
+                if _large(capacity, share, tokens, decision.sequences) and self.book.view(
+                    decision.pool
+                ).over(capacity, share, tokens, decision.sequences, decision.runs_to_limit):
+                    decision = dataclasses.replace(decision, settle_promptly=True)
                 return Admitted(decision)
         # Full for now, or others wait ahead of it: it waits too, in its turn.
         ratio = self.book.view(decision.pool).ratio
@@ -170,7 +181,8 @@ class KvStep:
                 await self._freed(await self.book.release(request_id))  # dispatched, then gone
             raise
         waited_s = self._clock() - now_s
-        decision = dataclasses.replace(decision, waited_s=waited_s)
+        prompt = _large(capacity, share, tokens, decision.sequences)
+        decision = dataclasses.replace(decision, waited_s=waited_s, settle_promptly=prompt)
         return Admitted(decision, {QUEUED_HEADER: str(round(waited_s * 1000))})
 
     async def _hold(
@@ -311,4 +323,13 @@ def _pool_full(decision: RoutingDecision, limit: str) -> Overloaded:
         f"retry shortly, or lower max_tokens.",
         reason="kv_cache_full",
         retry_after_s=1,
+    )
+
+
+def _large(capacity: PoolCapacity, share: float, tokens: int, sequences: int) -> bool:
+    """Whether a footprint is an eighth or more of the tier's share of the pool, in KV or
+    in batch slots (what is worth an access-log message of its own to free on time)."""
+    kv, slots = capacity.kv_tokens, capacity.sequences
+    return (kv is not None and tokens * 8 >= kv * share) or (
+        slots is not None and sequences * 8 >= slots * share
     )

@@ -38,6 +38,9 @@ SERVED_KEY = "x-gateway-destination-endpoint-served"
 # In METADATA_NAMESPACE, true when the sidecar asked for the stream's usage itself: the Lua
 # tap then removes the usage-only event the client never asked for.
 STRIP_USAGE_FIELD = "strip_usage"
+# In METADATA_NAMESPACE, true when the request's end should reach the sidecar at once
+# (RoutingDecision.settle_promptly): its access-log entry goes to the unbatched logger.
+SETTLE_PROMPTLY_FIELD = "settle_promptly"
 USAGE_NAMESPACE = "slogate.usage"  # set by the usage tap (usage_tap.lua spells both)
 
 # jwt_authn writes the verified payload here; ext_proc forwards it with the headers.
@@ -187,9 +190,11 @@ ENVOY_PIECES: tuple[EnvoyPiece, ...] = (
     EnvoyPiece(
         "gRPC access log",
         f"HTTP connection manager `access_log`, log name `{ACCESS_LOG_NAME}`, to "
-        f"`{SIDECAR_CLUSTER}`",
+        f"`{SIDECAR_CLUSTER}`: two loggers told apart by metadata "
+        f"`{METADATA_NAMESPACE}.{SETTLE_PROMPTLY_FIELD}`",
         "one entry per request with status, TTFT, usage and stream events as custom tags; "
-        "batched (16 KiB, 20 ms)",
+        "batched (16 KiB, 20 ms), but sent at once for a request marked "
+        f"`{SETTLE_PROMPTLY_FIELD}` (its pool waits for the KV it frees)",
         "nothing is ever settled: concurrency slots and KV holds stay taken until they "
         "expire, the breaker sees no latency or errors, budgets charge the reservation",
     ),

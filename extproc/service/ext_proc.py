@@ -322,6 +322,7 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         goes on in a task while this generator waits for it or for the room's notice."""
         notice = _WaitNotice()
         answer = start(self._answer(flow, "request_body", request, notice, body))
+        taken = False
         try:
             if not answer.done() and notice.max_wait_s is None:
                 woken = asyncio.get_running_loop().create_future()
@@ -334,7 +335,10 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
                     wait_reply_ms(notice.max_wait_s or 0.0, self._message_timeout_ms)
                 )
             yield await answer
+            taken = True  # grpc wrote it and asked for more
         finally:
+            if not taken and answer.done() and not answer.cancelled():
+                self._never_delivered(flow)
             # The stream is gone (the client left, Envoy reset it): the decision leaves the
             # waiting room now and gives back whatever it holds.
             # (Cancelled already when grpc cancelled this task while it awaited the answer.)
@@ -343,6 +347,34 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
                 answer.cancel()
                 for observer in self._observers:
                     observer.abandoned(flow)
+
+    def _never_delivered(self, flow: RequestFlow) -> None:
+        """A decision made while its stream was being reset (the client left while it
+        waited, and the room let it in before grpc cancelled this stream): Envoy never took
+        the reply, so no access-log entry will name it. Ended now as a stream end is, or
+        what it holds stays held until it expires (a 128k prompt held its pool for minutes:
+        bench/results/overhead-128k.md)."""
+        routed = flow.routed
+        if routed is None or self._ends is None:
+            return
+        tracking = routed.tracking_id
+        arrived_s = flow.arrived_s
+
+        def outcome(decision: RoutingDecision) -> RequestOutcome:
+            return outcome_from_stream(
+                decision,
+                tracking,
+                0,
+                ResponseUsage(),
+                None,
+                time.time() - arrived_s,
+                "",
+                "ext_proc_stream_closed",
+            )
+
+        task = asyncio.get_running_loop().create_task(finish(self._ends.ended(tracking, outcome)))
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
 
     def _rejection(self, error: RequestRejected, flow: RequestFlow) -> pb.ProcessingResponse:
         self._metrics.rejections(error.reason, str(error.status)).inc()

@@ -39,6 +39,7 @@ from extproc.request.contract import (
     POOL_HEADER,
     REASON_HEADER,
     SERVED_KEY,
+    SETTLE_PROMPTLY_FIELD,
     STRIP_USAGE_FIELD,
     SUBSET_HINT_KEY,
     SUBSET_HINT_NAMESPACE,
@@ -153,6 +154,8 @@ def _route(reply: pb.ProcessingResponse, common: pb.CommonResponse, routed: Rout
     fields[POOL_FIELD].string_value = routed.decision.pool
     if routed.hide_usage:
         fields[STRIP_USAGE_FIELD].bool_value = True
+    if routed.decision.settle_promptly:
+        fields[SETTLE_PROMPTLY_FIELD].bool_value = True
     for name, value in routed.response_headers.items():
         fields[name].string_value = value  # see envoy_config.route_config
 

@@ -78,6 +78,7 @@ class Room:
         self.tasks: dict[str, asyncio.Task[Any]] = {}
         self.order: list[str] = []  # admitted, in order
         self.decisions: dict[str, RoutingDecision] = {}
+        self.admitted: dict[str, RoutingDecision] = {}  # as admitted
 
     async def send(
         self,
@@ -94,7 +95,8 @@ class Room:
         self.decisions[rid] = d
 
         async def admit() -> None:
-            await self.kv.admit(Applicant(d, rid, self.policy, on_wait))
+            admitted = await self.kv.admit(Applicant(d, rid, self.policy, on_wait))
+            self.admitted[rid] = admitted.decision
             self.order.append(rid)
 
         self.tasks[rid] = asyncio.create_task(admit())
@@ -120,6 +122,26 @@ async def test_a_full_pool_makes_requests_wait_and_each_end_lets_the_next_in() -
     await room.end("b")
     assert room.order == ["a", "b", "c", "d"] and len(room.kv.dispatcher.room) == 0
     assert room.events.seen.count(("critical", "dispatched")) == 2
+
+
+async def test_a_large_request_leaving_no_room_for_another_is_settled_promptly() -> None:
+    """Its end frees what the next one needs: marked, so its access-log entry is sent at
+    once (not batched), as is every large request that waited for room."""
+    room = Room(room_policy(slots=3))
+    for rid in ("a", "b", "c", "d"):
+        await room.send(rid, Tier.CRITICAL)
+    assert room.order == ["a", "b", "c"]
+    marked = {rid: d.settle_promptly for rid, d in room.admitted.items()}
+    assert marked == {"a": False, "b": False, "c": True}
+    await room.end("a")
+    assert room.order[-1] == "d" and room.admitted["d"].settle_promptly
+    # A sixteenth of the pool each: freed late, one blocks little; batched, even when full.
+    small = Room(room_policy(slots=16))
+    for rid in range(17):
+        await small.send(str(rid), Tier.CRITICAL)
+    await small.end("0")
+    assert len(small.admitted) == 17
+    assert not any(d.settle_promptly for d in small.admitted.values())
 
 
 async def test_strict_priority_between_tiers() -> None:

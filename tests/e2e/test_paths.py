@@ -33,6 +33,7 @@ API_KEYS = {
         "messages_stream",
         "cheap",
         "tricks",
+        "settle",
     )
 }
 RPM = 500
@@ -363,3 +364,27 @@ def test_n_reserves_n_completions(paths_stack: LocalStack) -> None:
     too_many = call(paths_stack, "POST", CHAT, chat_body("x", n=1000), key=API_KEYS["chat"])
     assert too_many.status == 400 and too_many.headers["x-slogate-reason"] == "too_many_sequences"
     wait_settled(paths_stack)
+
+
+def test_a_request_its_pool_waits_for_is_settled_once_through_the_unbatched_log(
+    paths_stack: LocalStack,
+) -> None:
+    """A request that leaves no room in its pool for another like it (~110k tokens of
+    context x the long bucket's KV weight fill more than half the long pool) is marked
+    settle_promptly, and its entry goes through Envoy's unbatched logger; every entry goes
+    through exactly one of the two loggers (one through both would be settled, then come
+    again as unmatched). Envoy ignores the metadata matcher's `invert` there: it did."""
+    wait_settled(paths_stack)  # the earlier tests' entries are in
+    before = scrape(paths_stack.metrics_url)
+    key = API_KEYS["settle"]
+    large = call(paths_stack, "POST", CHAT, chat_body("fill", max_tokens=110_000), key=key)
+    assert large.status == 200, large.body
+    assert large.headers["x-slogate-pool"] == "long"
+    # Batched after the large one's entry: once it is in, any copy of the large one is too.
+    small = call(paths_stack, "POST", CHAT, chat_body("after"), key=key)
+    assert small.status == 200, small.body
+    wait_settled(paths_stack)
+    after = scrape(paths_stack.metrics_url)
+    entries = "slogate_access_log_entries_total"
+    assert metric(after, entries, kind="unmatched") == metric(before, entries, kind="unmatched")
+    assert metric(after, entries, kind="routed") - metric(before, entries, kind="routed") == 2

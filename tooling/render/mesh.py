@@ -52,7 +52,7 @@ from policy.schema import Policy
 from tooling.render.envoy_config.bootstrap import manager_settings
 from tooling.render.envoy_config.engines import engine_cluster_options
 from tooling.render.envoy_config.filters import (
-    access_log,
+    access_logs,
     slogate_filters,
 )
 from tooling.render.envoy_config.fragment import HCM_TYPE
@@ -236,7 +236,7 @@ def _sidecar_cluster(target: MeshTarget) -> str:
 
 def _manager_patch(policy: Policy, cluster: str) -> dict[str, Any]:
     settings = hcm.HttpConnectionManager(
-        access_log=[access_log(cluster)], **manager_settings(policy)
+        access_log=access_logs(cluster), **manager_settings(policy)
     ).to_dict()
     return {"name": HCM_NAME, "typedConfig": {"@type": HCM_TYPE, **settings}}
 

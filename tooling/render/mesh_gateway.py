@@ -27,7 +27,7 @@ from policy.loader import load_policy
 from policy.schema import Policy
 from tooling.render.envoy_config.bootstrap import manager_settings
 from tooling.render.envoy_config.engines import engine_cluster_options
-from tooling.render.envoy_config.filters import access_log, max_message_timeout_ms
+from tooling.render.envoy_config.filters import access_logs, max_message_timeout_ms
 from tooling.render.envoy_config.usage_tap import usage_tap_lua
 from tooling.render.inference_pool import inference_objectives
 from tooling.render.k8s import SIDECAR_PORT
@@ -120,11 +120,14 @@ def render_envoy_gateway(policy_path: Path, target: MeshTarget) -> list[dict[str
         f"[?@.name=='{names['ext_proc_filter']}']"
     )
     operations: list[dict[str, Any]] = [
-        {
-            "op": "add",
-            "path": f"{hcm_path}/access_log/-",
-            "value": access_log(names["ext_proc_cluster"]).to_dict(casing=_snake()),
-        },
+        *(
+            {
+                "op": "add",
+                "path": f"{hcm_path}/access_log/-",
+                "value": log.to_dict(casing=_snake()),
+            }
+            for log in access_logs(names["ext_proc_cluster"])
+        ),
         {  # the waiting room lifts one message's timeout; Envoy honours that up to this
             "op": "add",
             "jsonPath": ext_proc_filter,

@@ -87,3 +87,11 @@ def test_streaming_mode_answers_the_headers_with_the_decision_and_streams_the_bo
     assert [s.end_of_stream for s in streamed] == [False, False, True]
     (empty,) = streamed_body("response_body", b"", False)
     assert not empty.response_body.response.body_mutation.streamed_response.end_of_stream
+
+
+def test_a_request_to_settle_promptly_is_marked_for_the_unbatched_access_log() -> None:
+    marked = dataclasses.replace(decision(100), settle_promptly=True)
+    fields = routed_body_reply(Routed(marked, "t-1", None)).dynamic_metadata.fields
+    assert fields["slogate"].struct_value.fields["settle_promptly"].bool_value is True
+    plain = routed_body_reply(routed(())).dynamic_metadata.fields["slogate"].struct_value
+    assert "settle_promptly" not in plain.fields

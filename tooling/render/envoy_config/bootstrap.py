@@ -24,7 +24,7 @@ from tooling.render.envoy_config._common import _address, _typed
 from tooling.render.envoy_config.engines import engine_cluster_options
 from tooling.render.envoy_config.filters import (
     JWKS_CLUSTER,
-    access_log,
+    access_logs,
     jwt_filter,
     max_message_timeout_ms,
     request_processing,
@@ -104,7 +104,7 @@ def http_connection_manager(
         FilterProfile.EXT_PROC_ONLY: [*authn, *request_processing(policy), router_filter()],
         FilterProfile.PLAIN: [router_filter()],
     }[profile]
-    logs = [access_log()] if profile is FilterProfile.SLOGATE else []
+    logs = access_logs() if profile is FilterProfile.SLOGATE else []
     return hcm.HttpConnectionManager(
         stat_prefix="slogate_ingress",
         codec_type=hcm.HttpConnectionManagerCodecType.AUTO,

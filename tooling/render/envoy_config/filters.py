@@ -13,6 +13,7 @@ import envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 as ext_proc
 import envoy_data_plane.envoy.extensions.filters.http.jwt_authn.v3 as jwt_authn
 import envoy_data_plane.envoy.extensions.filters.http.router.v3 as router
 import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 as hcm
+import envoy_data_plane.envoy.type.matcher.v3 as matcher
 import envoy_data_plane.envoy.type.tracing.v3 as tracing
 import envoy_data_plane.google.protobuf as pb
 
@@ -25,6 +26,7 @@ from extproc.request.contract import (
     JWT_FILTER,
     JWT_PAYLOAD_KEY,
     METADATA_NAMESPACE,
+    SETTLE_PROMPTLY_FIELD,
     SIDECAR_CLUSTER,
     SIDECAR_FAILURE_STATUS,
 )
@@ -117,8 +119,14 @@ def router_filter() -> hcm.HttpFilter:
     return hcm.HttpFilter(**_typed("envoy.filters.http.router", router.Router()))
 
 
-def access_log(cluster: str = SIDECAR_CLUSTER) -> accesslog.AccessLog:
-    """Entries go to the sidecar through its cluster, batched."""
+def access_logs(cluster: str = SIDECAR_CLUSTER) -> list[accesslog.AccessLog]:
+    """Entries go to the sidecar through its cluster: batched, but for the requests the
+    sidecar marked `settle_promptly` (their pool waits for what they free), each sent as it
+    is written. Each entry goes through exactly one of the two."""
+    return [_access_log(cluster, prompt=False), _access_log(cluster, prompt=True)]
+
+
+def _access_log(cluster: str, prompt: bool) -> accesslog.AccessLog:
     config = grpc_log.HttpGrpcAccessLogConfig(
         common_config=grpc_log.CommonGrpcAccessLogConfig(
             log_name=ACCESS_LOG_NAME,
@@ -128,13 +136,28 @@ def access_log(cluster: str = SIDECAR_CLUSTER) -> accesslog.AccessLog:
             transport_api_version=core.ApiVersion.V3,
             # Batched: under load the 16 KiB buffer fills first and one gRPC message carries
             # many entries. The interval bounds how long a finished request holds its
-            # concurrency slot (settlement waits for its entry) when traffic is quiet.
+            # concurrency slot and its KV (settlement waits for its entry) when traffic is
+            # quiet. The prompt logger's buffer of one byte sends every entry at once.
             buffer_flush_interval=_duration_ms(20),
-            buffer_size_bytes=16 * 1024,
+            buffer_size_bytes=1 if prompt else 16 * 1024,
             custom_tags=[tracing.CustomTag(tag=k, value=v) for k, v in ACCESS_LOG_TAGS.items()],
         ),
     )
-    return accesslog.AccessLog(**_typed("envoy.access_loggers.http_grpc", config))
+    marked = accesslog.MetadataFilter(
+        matcher=matcher.MetadataMatcher(
+            filter=METADATA_NAMESPACE,
+            path=[matcher.MetadataMatcherPathSegment(key=SETTLE_PROMPTLY_FIELD)],
+            # Envoy's access-log metadata filter ignores the matcher's `invert`: the batched
+            # logger takes the entries whose mark is false instead (checked on Envoy 1.40).
+            value=matcher.ValueMatcher(bool_match=prompt),
+        ),
+        # Entries without the mark (most; refusals; requests never routed) are batched.
+        match_if_key_not_found=not prompt,
+    )
+    return accesslog.AccessLog(
+        **_typed("envoy.access_loggers.http_grpc", config),
+        filter=accesslog.AccessLogFilter(metadata_filter=marked),
+    )
 
 
 JWKS_CLUSTER = "slogate_jwks"

@@ -34,7 +34,7 @@ from extproc.request.contract import ENVOY_PIECES, EXT_PROC_FILTER
 from policy._data_path import ExtProcMessages
 from policy.schema import Policy
 from tooling.render.envoy_config.bootstrap import manager_settings, pool_cluster, slogate_clusters
-from tooling.render.envoy_config.filters import access_log, slogate_filters
+from tooling.render.envoy_config.filters import access_logs, slogate_filters
 from tooling.render.envoy_config.profile import SidecarTls
 from tooling.render.envoy_config.routes import ext_proc_per_route, failure_modes, pool_routes
 
@@ -88,7 +88,7 @@ def build_fragment(policy: Policy, target: FragmentTarget | None = None) -> dict
         if mode is not None
     ]
     manager = hcm.HttpConnectionManager(
-        http_filters=slogate_filters(policy), access_log=[access_log()], **manager_settings(policy)
+        http_filters=slogate_filters(policy), access_log=access_logs(), **manager_settings(policy)
     ).to_dict()
     return {
         "slogateFragment": FRAGMENT_VERSION,

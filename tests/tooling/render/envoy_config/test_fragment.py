@@ -70,7 +70,8 @@ def test_the_merge_follows_the_contract() -> None:
     assert names == [EXT_PROC_FILTER, USAGE_TAP_FILTER, "envoy.filters.http.router"]
     assert [log["name"] for log in hcm["access_log"]] == [
         "envoy.access_loggers.stdout",  # theirs kept, ours after it
-        "envoy.access_loggers.http_grpc",
+        "envoy.access_loggers.http_grpc",  # batched
+        "envoy.access_loggers.http_grpc",  # settle_promptly: each entry at once
     ]
     assert hcm["stream_idle_timeout"] == "600s" and any("120s" in n for n in notes)
     # Envoy honours the waiting room's override, margin included, for the longest wait.
