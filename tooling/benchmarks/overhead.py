@@ -20,8 +20,9 @@ benchmark, with Envoy alone as the floor) and the sizes users send (tooling.benc
 code, the hostile corpus), every request's last message new, so each one is counted.
 p50/p99 at 1 connection, throughput at 16. Setups are interleaved over rounds and medians
 reported, since this machine is shared; slogate and the pass-through get the same bodies
-in the same run. Targets (issue 31, TARGETS): slogate >= 60% of pass-through throughput,
-<= +1 ms p50 over it.
+in the same run. Targets (issue 39, TARGETS): slogate >= 0.45x the pass-through's
+throughput, p50 <= +0.5 ms over it, and on any machine its sidecar CPU per request <= 2.2x
+the pass-through's and its p50 <= 1.45x.
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ HOST = "127.0.0.1"
 # its byte bound (no tokenizer) says what the path costs without counting; and where the
 # pass-through also runs with one ext_proc message per request (what that lever can save).
 SPLIT_PROFILES = frozenset({"small", "field_mix", "8k", "32k"})
-# slogate against the pass-through at the field mix (issue 31; issue 2's were 0.8x, +0.3 ms).
-TARGETS = {"throughput_ratio": 0.6, "p50_delta_ms": 1.0}
+# slogate against the pass-through at the field mix (issue 39; issue 31's were 0.6x and
+# +1 ms, issue 2's 0.8x and +0.3 ms). The ratios hold on another machine.
+TARGETS = {"throughput_ratio": 0.45, "p50_delta_ms": 0.5, "cpu_ratio": 2.2, "p50_ratio": 1.45}
 DEFAULT_PROFILES = "small,field_mix,1k,8k,32k,128k,multi_turn,chinese,code,hostile"
 
 
@@ -351,11 +353,21 @@ def run(
     verdicts = {}
     for profile, setups in summary.items():
         base, ours = setups["passthrough"], setups["slogate"]
+        throughput = ours["rps_16"] / base["rps_16"]
+        delta_ms = ours["p50_ms"] - base["p50_ms"]
+        cpu = ours.get("cpu_us_per_request_sidecar", 0.0) / max(
+            base.get("cpu_us_per_request_sidecar", 0.0), 1e-9
+        )
+        p50_ratio = ours["p50_ms"] / max(base["p50_ms"], 1e-9)
         verdicts[profile] = {
-            "throughput_ratio_vs_passthrough": round(ours["rps_16"] / base["rps_16"], 3),
-            "p50_delta_ms_vs_passthrough": round(ours["p50_ms"] - base["p50_ms"], 3),
-            "met": ours["rps_16"] / base["rps_16"] >= TARGETS["throughput_ratio"]
-            and ours["p50_ms"] - base["p50_ms"] <= TARGETS["p50_delta_ms"],
+            "throughput_ratio_vs_passthrough": round(throughput, 3),
+            "p50_delta_ms_vs_passthrough": round(delta_ms, 3),
+            "cpu_ratio_vs_passthrough": round(cpu, 3),
+            "p50_ratio_vs_passthrough": round(p50_ratio, 3),
+            "met": throughput >= TARGETS["throughput_ratio"]
+            and delta_ms <= TARGETS["p50_delta_ms"]
+            and cpu <= TARGETS["cpu_ratio"]
+            and p50_ratio <= TARGETS["p50_ratio"],
         }
     # A run where requests failed measured refusals, not routing: say so. Not the
     # uncounted arm's: its byte bound puts a 32k-token prompt (~130 KB) over the model's

@@ -64,7 +64,14 @@ def write(report: Mapping[str, Any], out_dir: Path, name: str = "overhead") -> N
     table = _table(summary)
     verdict_lines = "\n".join(
         f"- {profile}: {v['throughput_ratio_vs_passthrough']:.2f}x throughput, "
-        f"{v['p50_delta_ms_vs_passthrough']:+.3f} ms p50: {'met' if v['met'] else 'not met'}"
+        f"{v['p50_delta_ms_vs_passthrough']:+.3f} ms p50"
+        + (
+            f", sidecar CPU {v['cpu_ratio_vs_passthrough']:.2f}x, p50 "
+            f"{v['p50_ratio_vs_passthrough']:.2f}x"
+            if "cpu_ratio_vs_passthrough" in v
+            else ""
+        )
+        + f": {'met' if v['met'] else 'not met'}"
         for profile, v in verdicts.items()
     )
     litellm_lines = vs_litellm.lines(report.get("vs_litellm") or {})
@@ -91,7 +98,14 @@ def write(report: Mapping[str, Any], out_dir: Path, name: str = "overhead") -> N
         + (LITELLM_NOTE.format(report["litellm"]) if report.get("litellm") else "")
         + "".join(f"slogate+{k}: slogate with {json.dumps(v)}. " for k, v in levers.items())
         + f"\n\n{table}\n\nTargets: >= {targets['throughput_ratio']}x the pass-through's "
-        f"throughput and <= +{targets['p50_delta_ms']} ms p50 over it. "
+        f"throughput and <= +{targets['p50_delta_ms']} ms p50 over it"
+        + (
+            f"; sidecar CPU per request <= {targets['cpu_ratio']}x the pass-through's and p50 "
+            f"<= {targets['p50_ratio']}x its"
+            if "cpu_ratio" in targets
+            else ""
+        )
+        + ". "
         f"All responses 2xx: {report['all_responses_2xx']}.\n\n{verdict_lines}\n"
         + (f"\n### vs LiteLLM\n\n{VS_LITELLM_NOTE}\n\n{litellm_lines}\n" if litellm_lines else "")
         + (
