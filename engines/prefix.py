@@ -137,6 +137,8 @@ def prompt_blocks(
     at its own end, so the tokens a position covers are summed per text). The chain runs
     on Python ints, one step per text and one per ladder position: a chat's twenty
     messages would otherwise cost twenty rounds of array calls."""
+    if len(texts) == 1:
+        return _one_text(texts[0], lengths[0], block_tokens)
     counts = [int(blocks.shape[0]) for blocks in texts]
     total = sum(counts)
     if not total:
@@ -177,6 +179,37 @@ def prompt_blocks(
             tokens.append(before[text] + min((block + 1) * block_tokens, lengths[text]))
         i = j
     return PromptBlocks(tuple(hashes), tuple(tokens), key or seed, covered, head or covered)
+
+
+def _one_text(blocks: np.ndarray, length: int, block_tokens: int) -> PromptBlocks:
+    """`prompt_blocks` of a prompt counted as one text (the usual case: the counter
+    counts a chat's rendered prompt whole), the same hashes with the positions' gather and
+    covered tokens worked out once per prompt size."""
+    count = int(blocks.shape[0])
+    if not count:
+        return NO_BLOCKS
+    key = _mix_int((int(blocks[-1]) + _SEED) & _MASK)
+    gather, ends = _ladder_arrays(count, block_tokens)
+    values = blocks[gather].tolist()
+    # Every position but the last ends inside the text (`ends` is increasing, and the text's
+    # tokens fill all its blocks but the last): only the last one's end is cut at its length.
+    if len(ends) > 1 and ends[-2] < length:
+        covered = (*ends[:-1], min(ends[-1], length))
+    else:
+        covered = tuple(min(end, length) for end in ends)
+    return PromptBlocks(
+        tuple([(value + _SEED) & _MASK for value in values]), covered, key, length, length
+    )
+
+
+@lru_cache(maxsize=4096)
+def _ladder_arrays(count: int, block_tokens: int) -> tuple[np.ndarray, tuple[int, ...]]:
+    """A prompt of `count` blocks' ladder positions, as an index array for one gather, and
+    each position's end in tokens when its blocks are full."""
+    positions = ladder(count)
+    gather = np.array(positions, dtype=np.intp)
+    gather.flags.writeable = False
+    return gather, tuple((position + 1) * block_tokens for position in positions)
 
 
 class PrefixIndex:

@@ -47,9 +47,10 @@ _MASK = (1 << 64) - 1
 EXACT_BOUND_FACTOR = 2.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EngineCandidate:
-    """One serving engine as the picker sees it."""
+    """One serving engine as the picker sees it. (Not frozen: one is made per engine per
+    request, and a frozen dataclass's init costs twice as much; nothing changes one.)"""
 
     address: str
     slot: int
@@ -182,13 +183,14 @@ def score(
     """Every candidate's scores, in the candidates' order. `weights`: each candidate's
     rendezvous weight for the conversation key, when the caller has them already."""
     count = len(candidates)
-    held = sum(c.held_sequences for c in candidates)
-    most = max(c.held_sequences for c in candidates)
-    least = min(c.held_sequences for c in candidates)
+    in_flight = [c.held_sequences for c in candidates]
+    held = sum(in_flight)
+    most = max(in_flight)
+    least = min(in_flight)
     if weights is None:
         weights = [rendezvous(blocks.key, c.address) for c in candidates]
     affinity = _rank_scores(weights) if blocks.key else [0.0] * count
-    length = _bucket_ranks(bucket, tuple(c.address for c in candidates))
+    length = _bucket_ranks(bucket, tuple([c.address for c in candidates]))
     scored = []
     for i, candidate in enumerate(candidates):
         load = 1.0 - load_of(candidate, held, count, most)
@@ -249,5 +251,9 @@ def pick(
         return [candidates[0].address]
     weights = [rendezvous(blocks.key, c.address) for c in candidates]
     scored = score(candidates, blocks, bucket, config, weights)
-    order = sorted(range(len(scored)), key=lambda i: (-round(scored[i].total, 9), -weights[i]))
+    ranks = [(-round(s.total, 9), -w) for s, w in zip(scored, weights, strict=True)]
+    if len(ranks) == 2:  # the common pool: what the stable sort of two does, without it
+        order = [1, 0] if ranks[1] < ranks[0] else [0, 1]
+    else:
+        order = sorted(range(len(ranks)), key=ranks.__getitem__)
     return [scored[i].address for i in order[: config.choices]]
