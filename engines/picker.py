@@ -114,12 +114,16 @@ class EnginePicker:
     ) -> list[EngineCandidate]:
         """The pool's serving engines (only those `within`, when given: a gateway's subset
         hint), each with what the scorers read."""
+        return self._candidates(spec, blocks, within, self.index(spec.name))
+
+    def _candidates(
+        self, spec: Pool, blocks: PromptBlocks, within: Collection[str] | None, index: PrefixIndex
+    ) -> list[EngineCandidate]:
         fleet = self.fleet
         view = fleet.view(spec.name)
         sizes = fleet.sizes(view, spec)
         engines: Sequence[Engine] = view.serving
         kv_tokens: Sequence[float | None] = sizes.kv_tokens
-        index = self.index(spec.name)
         if self._checked.get(spec.name) is not view:
             for engine in engines:
                 self._returned(spec.name, engine)
@@ -192,19 +196,21 @@ class EnginePicker:
             blocks = dataclasses.replace(blocks, key=_id_key(request_id))
         # An engine whose KV cache is smaller than the request's footprint cannot run it
         # (KV admission refused it if none can: admission.kv.step).
+        index = self.index(spec.name)
         candidates = [
             c
-            for c in self.candidates(spec, blocks, within)
+            for c in self._candidates(spec, blocks, within, index)
             if c.kv_tokens is None or tokens <= c.kv_tokens
         ]
         chosen = pick(candidates, blocks, bucket, config)
         if not chosen:
             return ()
-        # The first choice is one of the candidates: the pool's own serving engines.
-        first = next(c for c in candidates if c.address == chosen[0])
+        for first in candidates:  # the first choice: one of the pool's serving engines
+            if first.address == chosen[0]:
+                break
         self.fleet.hold(request_id, spec.name, first.address, tokens, sequences)
-        if not blocks.empty:
-            self.index(spec.name).add(blocks, first.slot)
+        if blocks.hashes:
+            index.add(blocks, first.slot)
             # Without the engine's ids (4 bytes a token): only the ladder moves.
             kept = blocks
             if blocks.engine_ids is not None:

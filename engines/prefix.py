@@ -226,22 +226,22 @@ class PrefixIndex:
         """For each engine slot, the prompt tokens its deepest matching prefix covers: the
         longest run of ladder positions from the first that it served."""
         matched = [0] * len(slots)
-        if blocks.empty:
+        if not blocks.hashes:
             return matched
         alive = 0
         for slot in slots:
             alive |= 1 << slot
-        seen = self._seen
+        served = self._seen.get
         covered = 0  # what the engines still alive matched, through the previous position
-        for position, digest in enumerate(blocks.hashes):
-            still = alive & seen.get(digest, 0)
+        for digest, through in zip(blocks.hashes, blocks.covered_tokens, strict=False):
+            still = alive & served(digest, 0)
             if still != alive:  # some stop here: they matched through the previous one
                 if covered:
                     _mark(matched, slots, alive & ~still, covered)
                 alive = still
                 if not alive:
                     return matched
-            covered = blocks.covered_tokens[position]
+            covered = through
         _mark(matched, slots, alive, covered)
         return matched
 
@@ -250,13 +250,10 @@ class PrefixIndex:
         deepest positions go in first, so the shared shallow ones are the freshest."""
         seen = self._seen
         bit = 1 << slot
+        take = seen.pop
         for digest in reversed(blocks.hashes):
-            mask = seen.get(digest)
-            if mask is None:
-                seen[digest] = bit
-            else:
-                seen[digest] = mask | bit
-                seen.move_to_end(digest)
+            # Taken out and put back: at the end, the freshest, a new one alike.
+            seen[digest] = take(digest, 0) | bit
         while len(seen) > self.entries:
             seen.popitem(last=False)
 

@@ -191,6 +191,12 @@ def score(
         weights = [rendezvous(blocks.key, c.address) for c in candidates]
     affinity = _rank_scores(weights) if blocks.key else [0.0] * count
     length = _bucket_ranks(bucket, tuple([c.address for c in candidates]))
+    load_bound = config.load_bound
+    exact_bound = EXACT_BOUND_FACTOR * load_bound
+    head_tokens = blocks.head_tokens
+    total_tokens = blocks.total_tokens
+    prefix_weight, load_weight = config.prefix_weight, config.load_weight
+    affinity_weight, length_weight = config.affinity_weight, config.length_weight
     scored = []
     for i, candidate in enumerate(candidates):
         load = 1.0 - load_of(candidate, held, count, most)
@@ -209,30 +215,28 @@ def score(
             # pick and the hit rate fell from 0.75 to 0.23), and a prefill known to be
             # saved is worth more load than a guessed one. The load score still weighs
             # against it, and a hot prefix still spills past twice the bounded share.
-            held_back = batch_full(candidate) or crowded(
-                candidate, held, count, EXACT_BOUND_FACTOR * config.load_bound
-            )
+            held_back = batch_full(candidate) or crowded(candidate, held, count, exact_bound)
         else:
-            held_back = full or crowded(candidate, held, count, config.load_bound)
-        bound = full or over_bound(candidate, held, count, config.load_bound, least)
+            held_back = full or crowded(candidate, held, count, load_bound)
+        bound = full or over_bound(candidate, held, count, load_bound, least)
         # An exact match (the engine's own events) counts the conversation's head too.
-        head = 0 if candidate.exact_prefix else blocks.head_tokens
-        beyond = max(0, candidate.matched_tokens - head)
-        prefix = beyond / blocks.total_tokens if blocks.total_tokens and not held_back else 0.0
+        matched = candidate.matched_tokens
+        beyond = matched - (0 if candidate.exact_prefix else head_tokens)
+        prefix = beyond / total_tokens if beyond > 0 and total_tokens and not held_back else 0.0
         # The conversation's head already sent to this engine (its whole head matched): its
         # cache likely holds it, so the conversation's own pull is a prefill saved and is held
         # back only where a cached prefix is (`held_back`). A new conversation's pull stays
         # within the strict bound. (An identical prompt sent again, a regenerate or a retry,
         # is all head: no prefix pull, and with its first copy still held there the strict
         # bound sent it to the other engine's cold cache.)
-        holds_head = 0 < blocks.head_tokens <= candidate.matched_tokens
+        holds_head = 0 < head_tokens <= matched
         pull = 0.0 if (held_back if holds_head else bound) else affinity[i]
         packed = 0.0 if bound else length[i]
         total = (
-            config.prefix_weight * prefix
-            + config.load_weight * load
-            + config.affinity_weight * pull
-            + config.length_weight * packed
+            prefix_weight * prefix
+            + load_weight * load
+            + affinity_weight * pull
+            + length_weight * packed
         )
         scored.append(Scores(candidate.address, prefix, load, pull, packed, total))
     return scored

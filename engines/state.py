@@ -33,6 +33,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from breaker.engine import EngineSnapshot
 from policy.domain import Pool
@@ -94,8 +95,7 @@ class Engine:
         return self.snapshot if now_s - self.snapshot_at_s <= stale_after_s else None
 
 
-@dataclass(frozen=True, slots=True)
-class HeldOn:
+class HeldOn(NamedTuple):  # a tuple: one per request, made cheaply
     """What one request holds on the engine it was sent to."""
 
     pool: str
