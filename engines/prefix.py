@@ -76,7 +76,7 @@ def text_blocks(ids: np.ndarray, block_tokens: int) -> np.ndarray:
     )
     # Each block's weighted sum times its own odd multiplier, summed up to it: a running
     # hash in which a block's position and every block before it count.
-    return np.cumsum(blocks * per_block, dtype=np.uint64)
+    return np.add.accumulate(blocks * per_block)  # uint64 in, uint64 out: no dtype to cast
 
 
 @lru_cache(maxsize=4096)
