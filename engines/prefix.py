@@ -64,8 +64,14 @@ def text_blocks(ids: np.ndarray, block_tokens: int) -> np.ndarray:
     tail = n - full * block_tokens
     blocks = np.empty(full + (1 if tail else 0), dtype=np.uint64)
     # Array arithmetic wraps silently (no np.errstate to pay ~2 us for: only numpy
-    # scalars warn on overflow, and none is made here).
-    blocks[:full] = values[: full * block_tokens].reshape(full, block_tokens) @ weights
+    # scalars warn on overflow, and none is made here). einsum's plain loop: the same
+    # wrapping sums as `@` (integer matmul has no BLAS), ~20% faster for these shapes.
+    blocks[:full] = np.einsum(
+        "ij,j->i",
+        values[: full * block_tokens].reshape(full, block_tokens),
+        weights,
+        optimize=False,
+    )
     if tail:
         blocks[full] = int(values[full * block_tokens :] @ weights[:tail]) + tail
     count = blocks.shape[0]
