@@ -24,6 +24,10 @@ How an engine's state moves, and what "no data" means for each signal:
   a serving engine, as they always did for the pool; a dead engine's are not read at all.
 - KV capacity: what the engine reports (`vllm:cache_config_info`), else the pool's
   `kv_capacity_tokens` divided evenly over its engines; batch slots always evenly.
+
+What every request reads of a pool (its serving engines, their sizes, its live capacity) is
+a `PoolView`, kept until `version` moves (every method that changes an engine's membership,
+state or reported size bumps it: a new one must too) or the clock ends an ejection.
 """
 
 from __future__ import annotations
@@ -127,8 +131,8 @@ class PoolSizes:
 class PoolView:
     """One pool's engines and which of them serve, as every request reads them: made once
     per change of the fleet (`EngineFleet.version`) and kept until the clock reaches the
-    next ejection's end, when an engine serves again without any call to say so. Read
-    only: a new view replaces it."""
+    next ejection's end, when an engine serves again without any call to say so. Never
+    changed but for `sizes`, filled on first ask: a change makes a new view."""
 
     version: int
     made_s: float
