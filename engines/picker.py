@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 
 from engines.cached_blocks import CachedBlocks, block_keys
 from engines.kv_events import EventBatch
 from engines.prefix import PrefixIndex, PromptBlocks
 from engines.scoring import EngineCandidate, pick
-from engines.state import Engine, EngineFleet
+from engines.state import Engine, EngineFleet, PoolView
 from policy.domain import Picker, Pool
 from policy.schema import Policy
 
@@ -42,6 +42,11 @@ class EnginePicker:
         # What each running request's prompt put in its pool's index: moved to the engine
         # that served it when a fallback did (`served`).
         self._blocks: dict[str, tuple[str, PromptBlocks]] = {}
+        # Per pool, the fleet's view whose serving engines were last checked for a return
+        # (`_returned`): the same view, the same engines and counts, nothing to check.
+        self._checked: dict[str, PoolView] = {}
+        # `wants_blocks`' last answer, and for which policy snapshot and fleet version.
+        self._wants: tuple[Policy, int, bool] | None = None
 
     def picks(self, spec: Pool) -> bool:
         """Whether slogate names the engine of this pool's requests."""
@@ -50,10 +55,16 @@ class EnginePicker:
     def wants_blocks(self, policy: Policy) -> bool:
         """Whether any pool picks among more than one engine: only then is a prompt's ids
         hashed into blocks (a few tens of microseconds)."""
-        return any(
+        wants = self._wants
+        version = self.fleet.version
+        if wants is not None and wants[0] is policy and wants[1] == version:
+            return wants[2]
+        answer = any(
             spec.picker is Picker.SLOGATE and self.fleet.count(name) > 1
             for name, spec in policy.pools.items()
         )
+        self._wants = (policy, version, answer)
+        return answer
 
     def index(self, pool: str) -> PrefixIndex:
         entries = self._policy().engines.picking.index_entries
@@ -103,36 +114,45 @@ class EnginePicker:
     ) -> list[EngineCandidate]:
         """The pool's serving engines (only those `within`, when given: a gateway's subset
         hint), each with what the scorers read."""
+        return self._candidates(spec, blocks, within, self.index(spec.name))
+
+    def _candidates(
+        self, spec: Pool, blocks: PromptBlocks, within: Collection[str] | None, index: PrefixIndex
+    ) -> list[EngineCandidate]:
         fleet = self.fleet
-        engines = fleet.serving(spec.name)
-        index = self.index(spec.name)
-        for engine in engines:
-            self._returned(spec.name, engine)
+        view = fleet.view(spec.name)
+        sizes = fleet.sizes(view, spec)
+        engines: Sequence[Engine] = view.serving
+        kv_tokens: Sequence[float | None] = sizes.kv_tokens
+        if self._checked.get(spec.name) is not view:
+            for engine in engines:
+                self._returned(spec.name, engine)
+            self._checked[spec.name] = view
         if within is not None:
-            engines = [e for e in engines if e.address in within]
+            kept = [i for i, e in enumerate(engines) if e.address in within]
+            engines = [engines[i] for i in kept]
+            kv_tokens = [kv_tokens[i] for i in kept]
         slots = [e.slot for e in engines]
         matched = index.matched_tokens(blocks, slots)
         exact = self._exact(spec.name, blocks, slots, matched)
         now_s = self._clock()
         stale_s = self._stale_after_s()
-        sequences = fleet.sequences(spec)
-        candidates = []
-        for engine, tokens in zip(engines, matched, strict=True):
-            fresh = engine.fresh(now_s, stale_s)
-            candidates.append(
-                EngineCandidate(
-                    address=engine.address,
-                    slot=engine.slot,
-                    held_tokens=engine.held_tokens,
-                    held_sequences=engine.held_sequences,
-                    kv_tokens=fleet.kv_tokens(engine, spec),
-                    sequences=sequences,
-                    scraped_kv_usage=None if fresh is None else fresh.kv_cache_usage,
-                    matched_tokens=tokens,
-                    exact_prefix=engine.slot in exact,
-                )
+        sequences = sizes.sequences
+        return [
+            EngineCandidate(
+                address=engine.address,
+                slot=engine.slot,
+                held_tokens=engine.held_tokens,
+                held_sequences=engine.held_sequences,
+                kv_tokens=kv,
+                sequences=sequences,
+                scraped_kv_usage=None if fresh is None else fresh.kv_cache_usage,
+                matched_tokens=tokens,
+                exact_prefix=engine.slot in exact,
             )
-        return candidates
+            for engine, kv, tokens in zip(engines, kv_tokens, matched, strict=True)
+            for fresh in (engine.fresh(now_s, stale_s),)
+        ]
 
     def _exact(
         self, pool: str, blocks: PromptBlocks, slots: list[int], matched: list[int]
@@ -176,31 +196,31 @@ class EnginePicker:
             blocks = dataclasses.replace(blocks, key=_id_key(request_id))
         # An engine whose KV cache is smaller than the request's footprint cannot run it
         # (KV admission refused it if none can: admission.kv.step).
+        index = self.index(spec.name)
         candidates = [
             c
-            for c in self.candidates(spec, blocks, within)
+            for c in self._candidates(spec, blocks, within, index)
             if c.kv_tokens is None or tokens <= c.kv_tokens
         ]
         chosen = pick(candidates, blocks, bucket, config)
         if not chosen:
             return ()
-        engine = self.fleet.get(spec.name, chosen[0])
-        if engine is not None:
-            self.fleet.hold(request_id, spec.name, engine.address, tokens, sequences)
-            if not blocks.empty:
-                self.index(spec.name).add(blocks, engine.slot)
-                # Without the engine's ids (4 bytes a token): only the ladder moves.
-                kept = (
-                    blocks
-                    if blocks.engine_ids is None
-                    else dataclasses.replace(blocks, engine_ids=None)
-                )
-                self._blocks[request_id] = (spec.name, kept)
+        for first in candidates:  # the first choice: one of the pool's serving engines
+            if first.address == chosen[0]:
+                break
+        self.fleet.hold(request_id, spec.name, first.address, tokens, sequences)
+        if blocks.hashes:
+            index.add(blocks, first.slot)
+            # Without the engine's ids (4 bytes a token): only the ladder moves.
+            kept = blocks
+            if blocks.engine_ids is not None:
+                kept = dataclasses.replace(blocks, engine_ids=None)
+            self._blocks[request_id] = (spec.name, kept)
         return tuple(chosen)
 
     def eligible(self, spec: Pool, within: Collection[str]) -> bool:
         """Whether any serving engine of the pool is among `within` (a subset hint)."""
-        return any(e.address in within for e in self.fleet.serving(spec.name))
+        return any(e.address in within for e in self.fleet.view(spec.name).serving)
 
     def served(self, request_id: str, address: str) -> None:
         """The engine that served the request (the gateway's or the access log's word): when

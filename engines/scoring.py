@@ -47,9 +47,10 @@ _MASK = (1 << 64) - 1
 EXACT_BOUND_FACTOR = 2.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EngineCandidate:
-    """One serving engine as the picker sees it."""
+    """One serving engine as the picker sees it. (Not frozen: one is made per engine per
+    request, and a frozen dataclass's init costs twice as much; nothing changes one.)"""
 
     address: str
     slot: int
@@ -182,13 +183,20 @@ def score(
     """Every candidate's scores, in the candidates' order. `weights`: each candidate's
     rendezvous weight for the conversation key, when the caller has them already."""
     count = len(candidates)
-    held = sum(c.held_sequences for c in candidates)
-    most = max(c.held_sequences for c in candidates)
-    least = min(c.held_sequences for c in candidates)
+    in_flight = [c.held_sequences for c in candidates]
+    held = sum(in_flight)
+    most = max(in_flight)
+    least = min(in_flight)
     if weights is None:
         weights = [rendezvous(blocks.key, c.address) for c in candidates]
     affinity = _rank_scores(weights) if blocks.key else [0.0] * count
-    length = _bucket_ranks(bucket, tuple(c.address for c in candidates))
+    length = _bucket_ranks(bucket, tuple([c.address for c in candidates]))
+    load_bound = config.load_bound
+    exact_bound = EXACT_BOUND_FACTOR * load_bound
+    head_tokens = blocks.head_tokens
+    total_tokens = blocks.total_tokens
+    prefix_weight, load_weight = config.prefix_weight, config.load_weight
+    affinity_weight, length_weight = config.affinity_weight, config.length_weight
     scored = []
     for i, candidate in enumerate(candidates):
         load = 1.0 - load_of(candidate, held, count, most)
@@ -207,30 +215,28 @@ def score(
             # pick and the hit rate fell from 0.75 to 0.23), and a prefill known to be
             # saved is worth more load than a guessed one. The load score still weighs
             # against it, and a hot prefix still spills past twice the bounded share.
-            held_back = batch_full(candidate) or crowded(
-                candidate, held, count, EXACT_BOUND_FACTOR * config.load_bound
-            )
+            held_back = batch_full(candidate) or crowded(candidate, held, count, exact_bound)
         else:
-            held_back = full or crowded(candidate, held, count, config.load_bound)
-        bound = full or over_bound(candidate, held, count, config.load_bound, least)
+            held_back = full or crowded(candidate, held, count, load_bound)
+        bound = full or over_bound(candidate, held, count, load_bound, least)
         # An exact match (the engine's own events) counts the conversation's head too.
-        head = 0 if candidate.exact_prefix else blocks.head_tokens
-        beyond = max(0, candidate.matched_tokens - head)
-        prefix = beyond / blocks.total_tokens if blocks.total_tokens and not held_back else 0.0
+        matched = candidate.matched_tokens
+        beyond = matched - (0 if candidate.exact_prefix else head_tokens)
+        prefix = beyond / total_tokens if beyond > 0 and total_tokens and not held_back else 0.0
         # The conversation's head already sent to this engine (its whole head matched): its
         # cache likely holds it, so the conversation's own pull is a prefill saved and is held
         # back only where a cached prefix is (`held_back`). A new conversation's pull stays
         # within the strict bound. (An identical prompt sent again, a regenerate or a retry,
         # is all head: no prefix pull, and with its first copy still held there the strict
         # bound sent it to the other engine's cold cache.)
-        holds_head = 0 < blocks.head_tokens <= candidate.matched_tokens
+        holds_head = 0 < head_tokens <= matched
         pull = 0.0 if (held_back if holds_head else bound) else affinity[i]
         packed = 0.0 if bound else length[i]
         total = (
-            config.prefix_weight * prefix
-            + config.load_weight * load
-            + config.affinity_weight * pull
-            + config.length_weight * packed
+            prefix_weight * prefix
+            + load_weight * load
+            + affinity_weight * pull
+            + length_weight * packed
         )
         scored.append(Scores(candidate.address, prefix, load, pull, packed, total))
     return scored
@@ -249,5 +255,9 @@ def pick(
         return [candidates[0].address]
     weights = [rendezvous(blocks.key, c.address) for c in candidates]
     scored = score(candidates, blocks, bucket, config, weights)
-    order = sorted(range(len(scored)), key=lambda i: (-round(scored[i].total, 9), -weights[i]))
+    ranks = [(-round(s.total, 9), -w) for s, w in zip(scored, weights, strict=True)]
+    if len(ranks) == 2:  # the common pool: what the stable sort of two does, without it
+        order = [1, 0] if ranks[1] < ranks[0] else [0, 1]
+    else:
+        order = sorted(range(len(ranks)), key=ranks.__getitem__)
     return [scored[i].address for i in order[: config.choices]]

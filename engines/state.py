@@ -24,6 +24,10 @@ How an engine's state moves, and what "no data" means for each signal:
   a serving engine, as they always did for the pool; a dead engine's are not read at all.
 - KV capacity: what the engine reports (`vllm:cache_config_info`), else the pool's
   `kv_capacity_tokens` divided evenly over its engines; batch slots always evenly.
+
+What every request reads of a pool (its serving engines, their sizes, its live capacity) is
+a `PoolView`, kept until `version` moves (every method that changes an engine's membership,
+state or reported size bumps it: a new one must too) or the clock ends an ejection.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from breaker.engine import EngineSnapshot
 from policy.domain import Pool
@@ -76,10 +81,11 @@ class Engine:
     returned_at_s: float = -math.inf  # when its probes last brought it back
     # Times it came back after its probes failed: its prefix cache is empty again.
     returns: int = 0
+    # Its name (`engine_address`), made once: every pick reads it for every candidate.
+    address: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def address(self) -> str:
-        return engine_address(self.host, self.port)
+    def __post_init__(self) -> None:
+        self.address = engine_address(self.host, self.port)
 
     def state(self, now_s: float) -> EngineState:
         if self.probe_dead or now_s < self.ejected_until_s:
@@ -93,8 +99,7 @@ class Engine:
         return self.snapshot if now_s - self.snapshot_at_s <= stale_after_s else None
 
 
-@dataclass(frozen=True, slots=True)
-class HeldOn:
+class HeldOn(NamedTuple):  # a tuple: one per request, made cheaply
     """What one request holds on the engine it was sent to."""
 
     pool: str
@@ -107,6 +112,36 @@ class HeldOn:
 class _PoolEngines:
     engines: dict[str, Engine] = field(default_factory=dict)  # address -> engine
     next_slot: int = 0
+
+
+@dataclass(slots=True)
+class PoolSizes:
+    """What a pool's serving engines add up to under one pool spec (`PoolView.sizes`)."""
+
+    spec: Pool
+    kv_tokens: tuple[float | None, ...]  # per serving engine, in `PoolView.serving`'s order
+    largest_kv_tokens: float | None
+    sequences: float | None  # each engine's batch slots
+    # `EngineFleet.live_pool` while every engine serves (None: worked out on each call, for
+    # a non-serving engine's held tokens move with every request).
+    live: Pool | None
+
+
+@dataclass(slots=True)
+class PoolView:
+    """One pool's engines and which of them serve, as every request reads them: made once
+    per change of the fleet (`EngineFleet.version`) and kept until the clock reaches the
+    next ejection's end, when an engine serves again without any call to say so. Never
+    changed but for `sizes`, filled on first ask: a change makes a new view."""
+
+    version: int
+    made_s: float
+    valid_until_s: float
+    engines: tuple[Engine, ...]  # every known engine
+    serving: tuple[Engine, ...]
+    # The latest end of an ejection or return among the engines (`EngineFleet.out`).
+    latest_out_s: float
+    sizes: PoolSizes | None = None  # for the last spec asked about
 
 
 class EngineFleet:
@@ -125,6 +160,10 @@ class EngineFleet:
         self._window_s = window_s
         self._pools: dict[str, _PoolEngines] = {}
         self._held: dict[str, HeldOn] = {}  # request id -> what it holds
+        # Bumped by every change to what a `PoolView` holds (membership, an engine's
+        # state, a reported KV size): the views made before are stale.
+        self.version = 0
+        self._views: dict[str, PoolView] = {}
 
     def now(self) -> float:
         return self._clock()
@@ -144,19 +183,67 @@ class EngineFleet:
                 known.engines[address] = Engine(pool, host, port, known.next_slot)
                 known.next_slot += 1
                 changes.append(f"+{address}")
+        if changes:
+            self.version += 1
         return changes
 
     def forget_pools(self, keep: Iterable[str]) -> None:
         for name in set(self._pools) - set(keep):
             del self._pools[name]
+        self.version += 1
 
     def count(self, pool: str) -> int:
         known = self._pools.get(pool)
         return len(known.engines) if known is not None else 0
 
     def engines(self, pool: str) -> list[Engine]:
+        return list(self.view(pool).engines)
+
+    def view(self, pool: str) -> PoolView:
+        """The pool's engines and its serving ones now (kept while nothing changed)."""
+        view = self._views.get(pool)
+        now_s = self._clock()
+        if (
+            view is not None
+            and view.version == self.version
+            and view.made_s <= now_s < view.valid_until_s
+        ):
+            return view
         known = self._pools.get(pool)
-        return list(known.engines.values()) if known is not None else []
+        engines = tuple(known.engines.values()) if known is not None else ()
+        # An ejected engine serves again when the clock reaches its end: the view is good
+        # until the first such end.
+        valid_until_s = min(
+            (e.ejected_until_s for e in engines if e.ejected_until_s > now_s), default=math.inf
+        )
+        view = PoolView(
+            version=self.version,
+            made_s=now_s,
+            valid_until_s=valid_until_s,
+            engines=engines,
+            serving=tuple(e for e in engines if e.state(now_s) is EngineState.SERVING),
+            latest_out_s=max(
+                (max(e.ejected_until_s, e.returned_at_s) for e in engines), default=-math.inf
+            ),
+        )
+        self._views[pool] = view
+        return view
+
+    def sizes(self, view: PoolView, spec: Pool) -> PoolSizes:
+        """What `view`'s serving engines add up to under `spec` (kept with the view)."""
+        sizes = view.sizes
+        if sizes is not None and sizes.spec is spec:
+            return sizes
+        kv = tuple(self.kv_tokens(e, spec) for e in view.serving)
+        known = [size for size in kv if size is not None]
+        sizes = view.sizes = PoolSizes(
+            spec=spec,
+            kv_tokens=kv,
+            largest_kv_tokens=max(known) if known and len(known) == len(kv) else None,
+            sequences=self.sequences(spec),
+            live=(self._live_pool(view, spec) if len(view.serving) == len(view.engines) else None),
+        )
+        return sizes
 
     def get(self, pool: str, address: str) -> Engine | None:
         known = self._pools.get(pool)
@@ -176,7 +263,9 @@ class EngineFleet:
 
     def serving_targets(self) -> dict[str, tuple[tuple[str, int], ...]]:
         """The serving engines per pool: whose metrics the pool's signals are read from."""
-        return {name: tuple((e.host, e.port) for e in self.serving(name)) for name in self._pools}
+        return {
+            name: tuple((e.host, e.port) for e in self.view(name).serving) for name in self._pools
+        }
 
     # -- health -----------------------------------------------------------------------
 
@@ -191,6 +280,7 @@ class EngineFleet:
             engine.probes_answered += 1
             if engine.probe_dead and engine.probes_answered >= health.healthy_after:
                 engine.probe_dead = False
+                self.version += 1
                 engine.returns += 1
                 engine.returned_at_s = self._clock()
                 # Back (often a new process): judged on its answers from now on, not on
@@ -204,6 +294,7 @@ class EngineFleet:
             if engine.probes_failed >= health.unhealthy_after and not engine.probe_dead:
                 engine.probe_dead = True
                 engine.dead_reason = "probes"
+                self.version += 1
         return engine.state(self._clock())
 
     def answered(self, pool: str, address: str, failed: bool) -> bool:
@@ -235,6 +326,7 @@ class EngineFleet:
         engine.ejected_until_s = now_s + health.eject_s * factor
         engine.errors_in_row = 0
         engine.dead_reason = "errors"
+        self.version += 1
         return True
 
     def drain(self, address: str, draining: bool, pool: str | None = None) -> list[Engine]:
@@ -242,14 +334,14 @@ class EngineFleet:
         engines = [e for e in self.find(address) if pool is None or e.pool == pool]
         for engine in engines:
             engine.draining = draining
+        self.version += 1
         return engines
 
     def state(self, engine: Engine) -> EngineState:
         return engine.state(self._clock())
 
     def serving(self, pool: str) -> list[Engine]:
-        now_s = self._clock()
-        return [e for e in self.engines(pool) if e.state(now_s) is EngineState.SERVING]
+        return list(self.view(pool).serving)
 
     def out(self, pool: str) -> frozenset[str]:
         """The pool's engines that take no new requests, or took none within the breaker's
@@ -257,8 +349,11 @@ class EngineFleet:
         that took an engine out stay in the window after it is back, and must not trip the
         pool then) — none while no engine serves: then the pool itself is failing, and its
         breaker must see it."""
-        engines = self.engines(pool)
+        view = self.view(pool)
+        engines = view.engines
         now_s = self._clock()
+        if len(view.serving) == len(engines) and view.latest_out_s <= now_s - self._window_s():
+            return frozenset()  # all serving, none out within the window (the usual case)
         out = frozenset(e.address for e in engines if e.state(now_s) is not EngineState.SERVING)
         if len(out) == len(engines):
             return frozenset()
@@ -271,8 +366,8 @@ class EngineFleet:
 
     def up_fraction(self, pool: str) -> float | None:
         """Serving engines / known engines; None: the pool has none known."""
-        engines = self.engines(pool)
-        return len(self.serving(pool)) / len(engines) if engines else None
+        view = self.view(pool)
+        return len(view.serving) / len(view.engines) if view.engines else None
 
     # -- metrics and capacity ---------------------------------------------------------
 
@@ -281,6 +376,7 @@ class EngineFleet:
         if engine is not None:
             engine.snapshot = snapshot
             engine.snapshot_at_s = self._clock()
+            self.version += 1  # its reported KV size may have changed
 
     def kv_tokens(self, engine: Engine, spec: Pool) -> float | None:
         """The engine's KV cache in tokens: its own report, else its even share."""
@@ -296,9 +392,7 @@ class EngineFleet:
         """The KV cache of the pool's largest serving engine: a request whose footprint is
         larger runs on none of them (vLLM answers 400), however much the pool holds in all.
         None: unknown (no engine known or serving, or no size reported or configured)."""
-        sizes = [self.kv_tokens(e, spec) for e in self.serving(spec.name)]
-        known = [size for size in sizes if size is not None]
-        return max(known) if known and len(known) == len(sizes) else None
+        return self.sizes(self.view(spec.name), spec).largest_kv_tokens
 
     def sequences(self, spec: Pool) -> float | None:
         count = self.count(spec.name)
@@ -311,10 +405,15 @@ class EngineFleet:
         on engines that take nothing new (a draining engine's requests run on; they were
         admitted against its room and free it when they end). A pool without engines known
         (not tracked), or with none serving, is `spec` itself."""
-        engines = self.engines(spec.name)
+        view = self.view(spec.name)
+        live = self.sizes(view, spec).live
+        return live if live is not None else self._live_pool(view, spec)
+
+    def _live_pool(self, view: PoolView, spec: Pool) -> Pool:
+        engines = view.engines
         if not engines or (spec.kv_capacity_tokens is None and spec.max_num_seqs is None):
             return spec
-        if not self.serving(spec.name):
+        if not view.serving:
             return spec  # the whole pool is down: its breaker (L3 no_engines) decides
         now_s = self._clock()
         tokens = 0.0
@@ -343,7 +442,7 @@ class EngineFleet:
         stale_s = self._stale_after_s()
         used = total = 0.0
         seen = False
-        for engine in self.serving(pool):
+        for engine in self.view(pool).serving:
             size = (engine.snapshot.kv_capacity_tokens if engine.snapshot else None) or 1.0
             snapshot = engine.fresh(now_s, stale_s)
             if snapshot is None:

@@ -16,7 +16,7 @@ from breaker.levels import BreakerLevel, BreakerState, Signals, step
 from engines.picker import EnginePicker
 from engines.prefix import NO_BLOCKS, PrefixIndex, ladder, prompt_blocks, text_blocks
 from engines.scoring import EngineCandidate, pick, rendezvous, score
-from engines.state import EngineFleet, EngineState
+from engines.state import EngineFleet, EngineState, engine_address
 from policy.domain import Picker, Pool
 from policy.loader import parse_policy
 from policy.schema import EngineHealthConfig, PickingConfig
@@ -486,3 +486,67 @@ def test_an_exact_prefix_pulls_past_the_held_kv_that_counts_it_once_per_request(
     assert score([dataclasses.replace(hot, held_sequences=6), *rest], blocks, "0-4k", CONFIG)[
         0
     ].prefix == pytest.approx(600 / 720)
+
+
+def test_what_requests_read_of_a_pool_follows_every_change_of_its_engines() -> None:
+    """The pool's serving engines, its live capacity and its largest engine are kept between
+    requests (EngineFleet.view): each is asked before and after every kind of change, the
+    clock reaching an ejection's end included, which no call announces."""
+    clock = FakeClock()
+    fleet = EngineFleet(lambda: HEALTH, clock, window_s=lambda: 20.0)
+    fleet.sync("p", [A, B])
+    spec = Pool("p", (A, B, C), kv_capacity_tokens=1200, max_num_seqs=12)
+    a, b, c = (engine_address(*e) for e in (A, B, C))
+
+    def read() -> tuple[list[str], int | None, int | None, float | None, frozenset[str]]:
+        live = fleet.live_pool(spec)
+        serving = [e.address for e in fleet.serving("p")]
+        truth = [e.address for e in fleet.engines("p") if fleet.state(e) is EngineState.SERVING]
+        assert serving == truth
+        largest = fleet.largest_kv_tokens(spec)
+        return serving, live.kv_capacity_tokens, live.max_num_seqs, largest, fleet.out("p")
+
+    assert read() == ([a, b], 1200, 12, 600.0, frozenset())
+    fleet.hold("r1", "p", a, 100, 1)
+    assert [fleet.answered("p", a, failed=True) for _ in range(3)][-1]  # ejected
+    assert read() == ([b], 600 + 100, 6 + 1, 600.0, {a})
+    clock.now_s += HEALTH.eject_s  # its ejection ends: nothing but the clock says so
+    assert read() == ([a, b], 1200, 12, 600.0, {a})  # back, its failures still in the window
+    clock.now_s += 20.0
+    assert read() == ([a, b], 1200, 12, 600.0, frozenset())
+    fleet.observe("p", b, EngineSnapshot(0.5, 1, 0, None, (), 4000.0))
+    assert read() == ([a, b], 600 + 4000, 12, 4000.0, frozenset())
+    assert fleet.sync("p", [A, B, C]) == [f"+{c}"]
+    assert read() == ([a, b, c], 400 + 4000 + 400, 12, 4000.0, frozenset())
+    fleet.drain(a, True)
+    assert read() == ([b, c], 4000 + 400 + 100, 4 + 4 + 1, 4000.0, {a})
+    fleet.drain(a, False)
+    for _ in range(HEALTH.unhealthy_after):
+        fleet.probed("p", b, False)
+    assert read() == ([a, c], 400 + 400, 8, 400.0, {b})
+    for _ in range(HEALTH.healthy_after):
+        fleet.probed("p", b, True)
+    assert read() == ([a, b, c], 4800, 12, 4000.0, {b})  # back lately: out of the signals
+    fleet.release("r1")
+    assert fleet.sync("p", [B]) == [f"-{a}", f"-{c}"]
+    assert read() == ([b], 4000, 12, 4000.0, frozenset())  # one engine: never out
+
+
+def test_an_engine_back_from_the_dead_is_picked_with_its_prefix_forgotten() -> None:
+    clock = FakeClock()
+    policy = parse_policy({})
+    fleet = fleet_of(clock, A, B, pool="default")
+    picker = EnginePicker(fleet, lambda: policy, clock)
+    spec = Pool("default", (A, B), kv_capacity_tokens=1000, max_num_seqs=8)
+    blocks = blocks_of(np.arange(300, dtype=np.uint32), block_tokens=64)
+    first = picker.pick("r1", spec, blocks, "0-4k", tokens=120, sequences=1)[0]
+    picker.release("r1")
+    matched = {c.address: c.matched_tokens for c in picker.candidates(spec, blocks)}
+    assert matched[first] == 300
+    for _ in range(HEALTH.unhealthy_after):
+        fleet.probed("default", first, False)
+    assert [c.address for c in picker.candidates(spec, blocks)] != [first]
+    for _ in range(HEALTH.healthy_after):
+        fleet.probed("default", first, True)
+    matched = {c.address: c.matched_tokens for c in picker.candidates(spec, blocks)}
+    assert matched == {engine_address(*A): 0, engine_address(*B): 0}  # its cache is empty
