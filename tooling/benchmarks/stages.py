@@ -265,7 +265,11 @@ def in_process(
 ) -> dict[str, Any]:
     """The request path in process, this checkout and the baseline taking turns each
     round: CPU µs per phase (median of the rounds' means), and a cProfile's stage shares."""
-    arms = {"slogate": None, **({BASELINE: baseline} if baseline is not None else {})}
+    # Each arm in a fresh process of its own, this checkout's too: one process running
+    # round after round would count texts its tokenizer has seen before (the bodies repeat
+    # from round to round), and it would not be the baseline's equal.
+    here = Path(__file__).resolve().parents[2]
+    arms = {"slogate": here, **({BASELINE: baseline} if baseline is not None else {})}
     found: dict[str, Any] = {}
     for profile in profiles:
         means: dict[str, dict[str, list[float]]] = {arm: {} for arm in arms}
