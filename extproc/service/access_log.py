@@ -10,6 +10,7 @@ tooling.render.envoy_config.usage_tap).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
@@ -26,7 +27,6 @@ from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from extproc.request.contract import METADATA_NAMESPACE, TRACKING_ID_FIELD
 from extproc.request.inflight import InFlight
 from extproc.request.response_usage import ResponseUsage
-from extproc.service.eager import finish
 from extproc.service.metrics import SidecarMetrics
 from policy.apis import ApiKind
 from policy.schema import Policy
@@ -153,6 +153,14 @@ async def _guarded(sink: OutcomeSink, outcome: RequestOutcome) -> None:
         await sink.record(outcome)
     except Exception:  # one broken sink must not starve the others
         log.exception("outcome sink %r failed", sink)
+
+
+async def finish(pending: Sequence[Awaitable[None]]) -> None:
+    """Await sink work: directly when there is one (no task), concurrently when several."""
+    if len(pending) == 1:
+        await pending[0]
+    elif pending:
+        await asyncio.gather(*pending)
 
 
 def _code_class(status: int) -> str:

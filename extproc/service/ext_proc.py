@@ -35,8 +35,7 @@ from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2_grp
 from extproc.request.flow import Decider, RequestFlow
 from extproc.request.response_usage import ResponseUsage
 from extproc.request.verdicts import HeaderVerdict, Routed
-from extproc.service.access_log import outcome_from_stream
-from extproc.service.eager import finish, start
+from extproc.service.access_log import finish, outcome_from_stream
 from extproc.service.log_records import REQUEST_ID
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.observers import RequestObserver
@@ -316,24 +315,21 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         lifted only for a request the sidecar itself holds, by as long as it may hold it
         plus a margin (replies.WAIT_REPLY_MARGIN_MS): the room's own 503 comes first even
         when a loaded machine starves the sidecar past the deadline. The decision time
-        observed stops where a wait starts (slogate_wait_seconds has it).
-        The decision runs on this stack until it first waits (eager.start): most never
-        wait, and pay for no task; one that waits (the room, Redis, a count off the loop)
-        goes on in a task while this generator waits for it or for the room's notice."""
-        notice = _WaitNotice()
-        answer = start(self._answer(flow, "request_body", request, notice, body))
+        observed stops where a wait starts (slogate_wait_seconds has it)."""
+        loop = asyncio.get_running_loop()
+        waits: asyncio.Future[float] = loop.create_future()
+
+        def notice(max_wait_s: float) -> None:
+            if not waits.done():
+                waits.set_result(max_wait_s)
+
+        answer = loop.create_task(self._answer(flow, "request_body", request, notice, body))
         taken = False
         try:
-            if not answer.done() and notice.max_wait_s is None:
-                woken = asyncio.get_running_loop().create_future()
-                notice.wake = woken
-                answer.add_done_callback(functools.partial(_wake, woken))
-                await woken
+            await asyncio.wait((answer, waits), return_when=asyncio.FIRST_COMPLETED)
             self._metrics.decision_seconds("request_body").observe(time.perf_counter() - started)
             if not answer.done():
-                yield timeout_override(
-                    wait_reply_ms(notice.max_wait_s or 0.0, self._message_timeout_ms)
-                )
+                yield timeout_override(wait_reply_ms(waits.result(), self._message_timeout_ms))
             yield await answer
             taken = True  # grpc wrote it and asked for more
         finally:
@@ -458,28 +454,6 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         if decision.meters_tokens:
             self._metrics.context_tokens(decision.pool).observe(decision.context_tokens)
             self._metrics.prompt_counts(decision.estimate.value).inc()
-
-
-class _WaitNotice:
-    """The waiting room's notice that a body decision waits (WaitNotice): how long it may
-    wait, and the stream to wake so that it tells Envoy to wait that long."""
-
-    __slots__ = ("max_wait_s", "wake")
-
-    def __init__(self) -> None:
-        self.max_wait_s: float | None = None
-        self.wake: asyncio.Future[None] | None = None
-
-    def __call__(self, max_wait_s: float) -> None:
-        if self.max_wait_s is None:
-            self.max_wait_s = max_wait_s
-            if self.wake is not None:
-                _wake(self.wake)
-
-
-def _wake(woken: asyncio.Future[None], _: object = None) -> None:
-    if not woken.done():
-        woken.set_result(None)
 
 
 def _streamed_exchange(config: pb.ProtocolConfiguration) -> _StreamedExchange | None:

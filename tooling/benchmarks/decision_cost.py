@@ -30,7 +30,7 @@ from extproc.request.tokens.native import exact_counter
 from extproc.request.tokens.prompt import TokenCounter
 from extproc.request.tokens.reference import ReferenceTokenizer
 from extproc.runtime.sidecar import Sidecar
-from extproc.service.eager import finish
+from extproc.service.access_log import finish
 from policy.quantiles import quantile
 from tooling.benchmarks.bodies import PROFILES, profile_bodies
 from tooling.benchmarks.levers import BENCH_KEY, LEVERS, bench_policy

@@ -6,8 +6,7 @@ from admission.decision import CountKind, RequestOutcome, RoutingDecision
 from breaker.latency import ResponseWindows
 from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
 from extproc.request.inflight import InFlight
-from extproc.service.access_log import OutcomeRecorder, outcome_from_entry
-from extproc.service.eager import finish
+from extproc.service.access_log import OutcomeRecorder, finish, outcome_from_entry
 from extproc.service.metrics import SidecarMetrics
 from policy.domain import ApiKey, ContextBucket, Tier
 from policy.loader import parse_policy

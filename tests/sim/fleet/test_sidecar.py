@@ -27,7 +27,7 @@ from budget.store import InProcessStore
 from extproc.request.tokens.prompt import PromptCounter
 from extproc.request.verdicts import Routed
 from extproc.runtime.sidecar import Sidecar
-from extproc.service.eager import finish
+from extproc.service.access_log import finish
 from policy.domain import ApiKey
 from policy.loader import load_policy
 from policy.schema import Policy
