@@ -6,7 +6,7 @@ access-log entry (in batches of four, as Envoy's buffer flushes them at this rat
 process's CPU time per phase (time.process_time_ns: a count handed to a worker thread is
 in it; a neighbour's load slows it far less than a wall clock); then the same requests
 again under cProfile (deterministic: every call counted), whose own time
-tooling.benchmarks.stages groups into its STAGES.
+tooling.benchmarks.stage_map groups into its STAGES.
 
 Runs as a script too (`python request_path.py PROFILE REQUESTS`, printing JSON), which is
 how `--product-tree` runs another checkout's request path (a baseline commit's) with it.

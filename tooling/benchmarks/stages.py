@@ -6,8 +6,9 @@ Three measurements per processor (the pass-through, slogate), each at 16 connect
   (where every Python line of the request path runs), gRPC core's threads, the counting
   workers;
 - a deterministic profile (yappi, CPU clock, tooling.benchmarks.yappi_serve): every
-  function's own time, grouped into the stages of the request path (STAGES, by the file it
-  lives in), and how many event-loop callbacks and tasks a request costs. yappi's timing
+  function's own time, grouped into the stages of the request path
+  (tooling.benchmarks.stage_map.STAGES, by the file it lives in), and how many event-loop
+  callbacks and tasks a request costs. yappi's timing
   inflates Python calls (~3x), so its shares are scaled to the loop thread's unprofiled CPU:
   a stage's µs = its share of the profile x the loop thread's µs per request;
 - py-spy samples of the unprofiled slogate (tooling.benchmarks.profile): the same question
@@ -34,7 +35,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,9 @@ from tooling.benchmarks import overhead, request_path
 from tooling.benchmarks.levers import bench_policy
 from tooling.benchmarks.profile import available as spy_available
 from tooling.benchmarks.profile import record, summarise
-from tooling.benchmarks.profile import table as spy_table
 from tooling.benchmarks.reports import write_report
+from tooling.benchmarks.stage_map import shares, stage_of
+from tooling.benchmarks.stages_report import markdown
 from tooling.benchmarks.wrk import start_envoy, upstream_bootstrap, wrk
 from tooling.render.envoy_config.profile import FilterProfile
 from tooling.stack.processes import free_port, start_sidecar
@@ -52,68 +53,6 @@ from tooling.stack.processes import free_port, start_sidecar
 PROCESSORS = ("passthrough", "slogate")
 BASELINE = "baseline"
 _YAPPI_SERVE = Path(__file__).with_name("yappi_serve.py")
-
-
-@dataclass(frozen=True, slots=True)
-class Stage:
-    name: str
-    markers: tuple[str, ...]  # a function whose file path holds any of these
-
-
-# First match wins: the specific before the general (the access log's metrics are
-# metrics; a count's numpy is counting only where it is called from, so numpy is its own).
-STAGES = (
-    Stage("prompt counting", ("extproc/request/tokens/",)),
-    Stage(
-        "metrics",
-        (
-            "prometheus_client/",
-            "service/metrics.py",
-            "genai_metrics.py",
-            "tenant_",
-            "known_",
-            "runtime/events.py",
-        ),
-    ),
-    Stage(
-        "access log and settling",
-        (
-            "service/access_log.py",
-            "decision_log.py",
-            "traffic_record.py",
-            "admission/signals",
-            "prompt_feedback.py",
-        ),
-    ),
-    Stage("body parsing and rewriting", ("extproc/request/bodies/",)),
-    Stage("budgets", ("budget/", "admission/budget_step.py", "admission/spend")),
-    Stage("KV admission and waiting room", ("admission/kv/", "admission/waiting_room.py")),
-    Stage("breaker", ("breaker/", "admission/breaker_step.py")),
-    Stage("admission chain, access, decision", ("admission/",)),
-    Stage("engine picking and prefix hashing", ("engines/",)),
-    Stage("identity, routing, request flow", ("extproc/request/",)),
-    Stage("policy lookups", ("policy/", "policy_holder.py", "candidate_holder.py")),
-    Stage("protobuf replies", ("service/replies.py", "service/one_message.py", "protobuf")),
-    Stage("ext_proc servicer", ("service/ext_proc.py",)),
-    Stage("dataclass copies and inits", ("dataclasses.py", "<string>")),
-    Stage(
-        "event loop and grpc.aio (cygrpc inside)",
-        ("asyncio/", "selectors.py", "grpc", "_weakrefset.py", "contextvars", "inspect.py"),
-    ),
-    Stage("threads (pool, locks)", ("threading.py", "concurrent/")),
-)
-OTHER = "other"
-# The in-process benchmark's own lines (building Envoy's messages): not the sidecar's cost.
-HARNESS = "the benchmark's harness"
-
-
-def stage_of(path: str) -> str:
-    if "tooling/benchmarks/" in path:
-        return HARNESS
-    for stage in STAGES:
-        if any(marker in path for marker in stage.markers):
-            return stage.name
-    return OTHER
 
 
 def thread_cpu_s(pid: int) -> dict[str, float]:
@@ -286,19 +225,13 @@ def in_process(
                 "cpu_us_per_request": {
                     phase: statistics.median(values) for phase, values in by_phase.items()
                 },
-                "stage_share": _shares(
+                "stage_share": shares(
                     request_path.own_time(work / f"cprofile-{arm}-{profile}.prof", stage_of)
                 ),
             }
             for arm, by_phase in means.items()
         }
     return found
-
-
-def _shares(own: Mapping[str, float]) -> dict[str, float]:
-    """Each stage's share of the sidecar's own time (the harness's left out)."""
-    total = sum(value for stage, value in own.items() if stage != HARNESS) or 1.0
-    return {stage: value / total for stage, value in own.items() if stage != HARNESS}
 
 
 def run(
@@ -404,126 +337,3 @@ def _median_threads(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         kind: statistics.median(r["threads_us_per_request"].get(kind, 0.0) for r in runs)
         for kind in sorted(kinds)
     }
-
-
-def _processors(report: Mapping[str, Any], profile: str) -> list[str]:
-    return list(report["threads_median"][profile])
-
-
-def stage_table(report: Mapping[str, Any], profile: str) -> list[tuple[str, dict[str, float]]]:
-    """Per stage, each processor's µs per request on its event loop thread: its profile's
-    share times its loop thread's unprofiled CPU per request; this checkout's largest first."""
-    rows: dict[str, dict[str, float]] = {}
-    for processor in _processors(report, profile):
-        loop_us = report["threads_median"][profile][processor].get("event loop thread", 0.0)
-        share = report["profiles"][profile][processor]["profile"]["share"]
-        for stage, fraction in share.items():
-            rows.setdefault(stage, {})[processor] = fraction * loop_us
-    return sorted(rows.items(), key=lambda item: -item[1].get("slogate", 0.0))
-
-
-def _in_process_markdown(report: Mapping[str, Any]) -> list[str]:
-    lines = [
-        "## In process (no gRPC): CPU per request by phase and stage",
-        "",
-        f"The sidecar's servicers driven with Envoy's messages, {report['requests_in_process']}"
-        " requests per run (after 200 of warm-up), the process's CPU time per phase; the "
-        "median of the rounds' means. Stage µs: the phases' total x the stage's share of a "
-        "cProfile of the same requests.",
-        "",
-    ]
-    for profile, arms in report["in_process"].items():
-        names = list(arms)
-        lines += [f"### {profile}", ""]
-        lines.append("| CPU µs per request | " + " | ".join(names) + " |")
-        lines.append("| --- |" + " ---: |" * len(names))
-        phases = list(arms[names[0]]["cpu_us_per_request"])
-        for phase in phases:
-            cells = " | ".join(f"{arms[n]['cpu_us_per_request'][phase]:.0f}" for n in names)
-            lines.append(f"| {phase} | {cells} |")
-        totals = {n: sum(arms[n]["cpu_us_per_request"].values()) for n in names}
-        lines.append(
-            "| **all three** | " + " | ".join(f"**{totals[n]:.0f}**" for n in names) + " |"
-        )
-        lines += ["", "| stage | " + " | ".join(f"{n} µs" for n in names) + " |"]
-        lines.append("| --- |" + " ---: |" * len(names))
-        stages = sorted(
-            {stage for n in names for stage in arms[n]["stage_share"]},
-            key=lambda stage: -arms["slogate"]["stage_share"].get(stage, 0.0),
-        )
-        for stage in stages:
-            cells = " | ".join(
-                f"{arms[n]['stage_share'].get(stage, 0.0) * totals[n]:.0f}" for n in names
-            )
-            lines.append(f"| {stage} | {cells} |")
-        lines.append("")
-    return lines
-
-
-def markdown(report: Mapping[str, Any]) -> str:
-    baseline = report.get("baseline")
-    lines = [
-        f"# Sidecar cost per stage ({report['when']})",
-        "",
-        f"{report['machine']['cpus']} CPUs, Python {report['machine']['python']}; commit "
-        f"{report.get('commit')}"
-        + (f", baseline {report.get('baseline_commit')} ({baseline})" if baseline else "")
-        + f"; {report['rounds']} interleaved rounds. Bodies as `bench overhead`'s.",
-        "",
-        *_in_process_markdown(report),
-    ]
-    if "threads_median" not in report:
-        return "\n".join(lines) + "\n"
-    lines += [
-        "## Through Envoy and gRPC, 16 connections",
-        "",
-        f"Runs of {report['seconds']:g} s per processor and round (medians), then one "
-        "yappi-profiled run of each. Threads: measured (/proc), not scaled. Stage µs = the "
-        "stage's share of the yappi profile (own time of the functions in its files, "
-        "tooling/benchmarks/stages.py STAGES) x the event loop thread's unprofiled CPU per "
-        "request (yappi inflates Python calls, not C: counting, mostly C, reads low here).",
-        "",
-    ]
-    for profile in report["threads_median"]:
-        threads = report["threads_median"][profile]
-        rps = report["rps_median"][profile]
-        names = _processors(report, profile)
-        lines += [f"### {profile}", ""]
-        lines.append(
-            "| CPU per request (µs) | " + " | ".join(names) + " | slogate / pass-through |"
-        )
-        lines.append("| --- |" + " ---: |" * (len(names) + 1))
-        kinds = sorted({kind for n in names for kind in threads[n]})
-        for kind in kinds:
-            base = threads["passthrough"].get(kind, 0.0)
-            ratio = f"{threads['slogate'].get(kind, 0.0) / base:.2f}x" if base else "-"
-            cells = " | ".join(f"{threads[n].get(kind, 0.0):.0f}" for n in names)
-            lines.append(f"| {kind} | {cells} | {ratio} |")
-        totals = {n: sum(threads[n].values()) for n in names}
-        cells = " | ".join(f"**{totals[n]:.0f}**" for n in names)
-        ratio = totals["slogate"] / max(totals["passthrough"], 1e-9)
-        lines.append(f"| **all threads** | {cells} | **{ratio:.2f}x** |")
-        cells = " | ".join(f"{rps[n]:.0f}" for n in names)
-        lines.append(
-            f"| req/s at 16 connections | {cells} "
-            f"| {rps['slogate'] / max(rps['passthrough'], 1e-9):.2f}x |"
-        )
-        prof = {n: report["profiles"][profile][n]["profile"] for n in names}
-        for key, label in (
-            ("loop_callbacks_per_request", "event-loop callbacks per request (yappi)"),
-            ("tasks_per_request", "tasks per request (yappi)"),
-            ("calls_per_request", "Python calls per request (yappi)"),
-        ):
-            cells = " | ".join(f"{prof[n][key]:.1f}" for n in names)
-            lines.append(f"| {label} | {cells} | - |")
-        lines += ["", "| stage (event loop thread), µs/req | " + " | ".join(names) + " |"]
-        lines.append("| --- |" + " ---: |" * len(names))
-        for stage, by in stage_table(report, profile):
-            lines.append(
-                f"| {stage} | " + " | ".join(f"{by.get(n, 0.0):.0f}" for n in names) + " |"
-            )
-        lines.append("")
-    if report.get("py_spy"):
-        lines += ["### py-spy on this checkout's unprofiled sidecar (last round)", ""]
-        lines.append(spy_table(report["py_spy"]))
-    return "\n".join(lines) + "\n"

@@ -7,7 +7,7 @@ import cProfile
 from pathlib import Path
 
 from tooling.benchmarks import request_path
-from tooling.benchmarks.stages import HARNESS, OTHER, _shares, stage_of
+from tooling.benchmarks.stage_map import HARNESS, OTHER, shares, stage_of
 
 
 def test_a_function_belongs_to_the_first_stage_its_file_names() -> None:
@@ -18,8 +18,8 @@ def test_a_function_belongs_to_the_first_stage_its_file_names() -> None:
     assert stage_of("/x/lib/python3.11/asyncio/events.py").startswith("event loop")
     assert stage_of("/x/tooling/benchmarks/request_path.py") == HARNESS
     assert stage_of("/x/somewhere/else.py") == OTHER
-    assert HARNESS not in _shares({HARNESS: 5.0, OTHER: 1.0, "metrics": 3.0})
-    assert _shares({HARNESS: 5.0, OTHER: 1.0, "metrics": 3.0})["metrics"] == 0.75
+    assert HARNESS not in shares({HARNESS: 5.0, OTHER: 1.0, "metrics": 3.0})
+    assert shares({HARNESS: 5.0, OTHER: 1.0, "metrics": 3.0})["metrics"] == 0.75
 
 
 def _sorts(values: list[int]) -> list[int]:
