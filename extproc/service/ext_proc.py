@@ -118,7 +118,15 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         exchange: _StreamedExchange | None = None
         async for request in request_iterator:
             started = time.perf_counter()
-            phase = request.WhichOneof("request") or "unknown"
+            phase = request.WhichOneof("request")
+            if phase is None:
+                # Envoy names every message's phase; one without (a client that is not
+                # Envoy) has no reply in kind: it gets the typed 500, not the catch-all's.
+                unknown = InternalError(
+                    "The gateway failed to process the request.", reason="unknown_ext_proc_message"
+                )
+                yield self._rejection(unknown, flow)
+                continue
             if exchange is None and request.HasField("protocol_config"):
                 exchange = _streamed_exchange(request.protocol_config)
                 if exchange is not None:

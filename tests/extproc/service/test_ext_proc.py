@@ -8,6 +8,9 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 
+from extproc.envoypb.envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import (
+    ProcessingMode,
+)
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.service.ext_proc import ExternalProcessorService
 from tests.support.in_process import in_process
@@ -50,3 +53,33 @@ async def test_a_routed_reply_grpc_never_took_gives_back_what_it_holds() -> None
             await replies.aclose()
             await asyncio.sleep(0.05)  # the ending task
             assert len(path.decider.inflight) == (1 if taken else 0)
+
+
+async def test_a_message_without_a_phase_gets_a_typed_500_and_the_stream_goes_on() -> None:
+    """Found by the fuzzer (tooling.fuzz): a message naming no phase (Envoy never sends
+    one) has no reply in kind; it raised inside the reply's builder, which the two-message
+    mode turned into the catch-all 500 with an exception logged, and which ended the
+    stream in streaming mode. It gets a typed 500 now, and the next message its answer."""
+    streaming = pb.ProcessingRequest()
+    streaming.protocol_config.request_body_mode = ProcessingMode.FULL_DUPLEX_STREAMED
+
+    async with in_process(EXAMPLE_POLICY) as (sidecar, _, _):
+        service = ExternalProcessorService(
+            sidecar.path.decider, sidecar.metrics, ends=sidecar.path.recorder
+        )
+        for first in (pb.ProcessingRequest(), streaming):
+
+            async def stream(
+                first: pb.ProcessingRequest = first,
+            ) -> AsyncIterator[pb.ProcessingRequest]:
+                yield first
+                yield pb.ProcessingRequest(response_headers=pb.HttpHeaders(end_of_stream=True))
+
+            replies = [reply async for reply in service.Process(stream(), None)]  # type: ignore[arg-type]
+            assert [r.WhichOneof("response") for r in replies] == [
+                "immediate_response",
+                "response_headers",
+            ]
+            immediate = replies[0].immediate_response
+            reasons = [h.header.raw_value for h in immediate.headers.set_headers]
+            assert immediate.status.code == 500 and b"unknown_ext_proc_message" in reasons
