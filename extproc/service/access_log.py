@@ -38,8 +38,8 @@ def _tag_int(tags: Mapping[str, str], name: str) -> int | None:
     value = tags.get(name, "")
     try:
         number = int(float(value))
-    except ValueError:
-        return None  # "-" (absent) or garbage: treat as not reported
+    except (ValueError, OverflowError):
+        return None  # "-" (absent), garbage or infinite ("inf", "1e400"): not reported
     return number if number >= 0 else None
 
 
@@ -205,7 +205,15 @@ class OutcomeRecorder:
             self.metrics.access_log_entries("unmatched").inc()
             return []
         self.metrics.access_log_entries("routed").inc()
-        return self.record(outcome_from_entry(decision, key, entry))
+        try:
+            outcome = outcome_from_entry(decision, key, entry)
+        except Exception:
+            # Out of the table already: an entry that cannot be read still ends its
+            # request, as an expired one (what it holds given back, nothing charged for
+            # usage it did not tell), or its holds would stay held for good.
+            log.exception("could not read the access-log entry of %s", key)
+            return self._to_sinks(expired_outcome(decision, key))
+        return self.record(outcome)
 
     def ended(
         self, tracking: str, build: Callable[[RoutingDecision], RequestOutcome]

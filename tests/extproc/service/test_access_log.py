@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from admission.decision import CountKind, RequestOutcome, RoutingDecision
 from breaker.latency import ResponseWindows
 from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
 from extproc.request.inflight import InFlight
+from extproc.service import access_log
 from extproc.service.access_log import OutcomeRecorder, finish, outcome_from_entry
 from extproc.service.metrics import SidecarMetrics
 from policy.domain import ApiKey, ContextBucket, Tier
@@ -130,3 +133,33 @@ def test_inflight_ids_are_unique_and_pop_once() -> None:
     assert len(ids) == 1000
     key = next(iter(ids))
     assert table.pop(key) is not None and table.pop(key) is None
+
+
+async def test_an_infinite_count_is_not_reported_and_its_request_is_settled() -> None:
+    """Found by the fuzzer (tooling.fuzz): a count that reads as infinite ("inf", "1e400",
+    a usage tap's copy of an engine's 1e400) raised OverflowError after the entry's
+    decision left the in-flight table: its KV hold and budget reservation stayed held for
+    good (not even expiry could find them)."""
+    rec, inflight, sink, _ = recorder()
+    tracking = inflight.add(DECISION)
+    tags = {"prompt_tokens": "1e400", "completion_tokens": "inf", "reasoning_tokens": "9" * 400}
+    await finish(rec.record_entry(entry(tags=tags, tracking=tracking)))
+    (outcome,) = sink.seen
+    assert outcome.prompt_tokens is None and outcome.completion_tokens is None
+    assert outcome.reasoning_tokens is None and len(inflight) == 0
+
+
+async def test_an_entry_that_cannot_be_read_still_ends_its_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The net behind the fix above: whatever an entry makes the reading raise, its
+    request is ended as an expired one is, its holds given back through the sinks."""
+    rec, inflight, sink, _ = recorder()
+    tracking = inflight.add(DECISION)
+
+    def unreadable(*_: object) -> RequestOutcome:
+        raise RuntimeError("an entry no one foresaw")
+
+    monkeypatch.setattr(access_log, "outcome_from_entry", unreadable)
+    await finish(rec.record_entry(entry(tracking=tracking)))
+    assert [o.expired for o in sink.seen] == [True] and len(inflight) == 0
