@@ -219,7 +219,8 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
             if exchange.served:
                 flow.on_served(exchange.served)
             status = headers_to_dict(request.response_headers).get(":status", "0")
-            exchange.status = int(status) if status.isdigit() else 0
+            # isascii: "²" is a digit to isdigit() and not to int().
+            exchange.status = int(status) if status.isascii() and status.isdigit() else 0
             if request.response_headers.end_of_stream:
                 self._end_soon(flow, exchange, "via_upstream")
             yield passthrough_reply(request)
