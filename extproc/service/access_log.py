@@ -81,6 +81,9 @@ def outcome_from_entry(
     duration_s = common.duration.ToNanoseconds() / 1e9 if common.HasField("duration") else 0.0
     if duration_s == 0.0 and common.HasField("time_to_last_downstream_tx_byte"):
         duration_s = common.time_to_last_downstream_tx_byte.ToNanoseconds() / 1e9
+    # Envoy measures no negative time; an entry that says so is not believed (the waiting
+    # room's decay, 0.5 ** (duration / half-life), overflowed on -3e6 s).
+    duration_s = max(0.0, duration_s)
     prompt = _tag_int(tags, "prompt_tokens")
     if prompt is None:
         prompt = _prompt_in_parts(tags)

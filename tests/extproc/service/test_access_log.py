@@ -163,3 +163,9 @@ async def test_an_entry_that_cannot_be_read_still_ends_its_request(
     monkeypatch.setattr(access_log, "outcome_from_entry", unreadable)
     await finish(rec.record_entry(entry(tracking=tracking)))
     assert [o.expired for o in sink.seen] == [True] and len(inflight) == 0
+
+
+def test_a_negative_duration_is_not_believed() -> None:
+    """Found by the fuzzer: an entry saying its request took -3,019,426 s made the KV
+    step's settlement raise (its decay, 0.5 ** (duration / half-life), overflowed)."""
+    assert outcome_from_entry(DECISION, "t1", entry(duration_ms=-3_019_426_000)).duration_s == 0
