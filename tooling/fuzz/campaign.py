@@ -10,16 +10,20 @@ request after the run is routed and settled as ever.
 
 from __future__ import annotations
 
+import base64
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as seeded
 
 from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2
-from extproc.request.contract import METADATA_NAMESPACE, TRACKING_ID_FIELD
+from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from extproc.request.contract import METADATA_NAMESPACE, REASON_HEADER, TRACKING_ID_FIELD
 from tooling.fuzz.properties import Finding, stream_findings
 from tooling.fuzz.seeds import API_KEYS, CHAT, ROUTED_ID, two_message
 from tooling.fuzz.strategies import LogCase, StreamCase, access_log_streams, ext_proc_streams
@@ -53,10 +57,41 @@ def _settle_rest(target: FuzzTarget) -> None:
     target.settle(target.in_flight())
 
 
-def ext_proc_case(target: FuzzTarget, case: StreamCase) -> list[Finding]:
+def answers(replies: Sequence[bytes]) -> list[str]:
+    """What each reply was, for a run's tally of how deep its inputs reached: "routed",
+    "refused STATUS REASON", or the phase it answered in kind."""
+    out = []
+    for data in replies:
+        try:
+            reply = pb.ProcessingResponse.FromString(data)
+        except Exception:
+            continue
+        which = reply.WhichOneof("response") or "timeout override"
+        if which == "immediate_response":
+            immediate = reply.immediate_response
+            reason = next(
+                (
+                    h.header.raw_value.decode()
+                    for h in immediate.headers.set_headers
+                    if h.header.key == REASON_HEADER
+                ),
+                "",
+            )
+            which = f"refused {immediate.status.code} {reason}"
+        elif routed_ids([data]):
+            which = "routed"
+        out.append(which)
+    return out
+
+
+def ext_proc_case(
+    target: FuzzTarget, case: StreamCase, tally: Counter[str] | None = None
+) -> list[Finding]:
     before = target.held()
     target.errors.records = []
     record = target.ext_proc(case.messages, case.cancel_after)
+    if tally is not None:
+        tally.update(answers(record.replies))
     found = stream_findings(case.messages, record.replies, record.status, record.cancelled)
     target.settle(routed_ids(record.replies))
     if record.cancelled:
@@ -146,6 +181,7 @@ class Report:
     # kind -> the first case's messages, as sent (what a regression test replays)
     cases: dict[str, tuple[str, tuple[bytes, ...]]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    answers: Counter[str] = field(default_factory=Counter)  # what the replies were
     seconds: float = 0.0
 
     def add(
@@ -158,12 +194,33 @@ class Report:
             if len(firsts) < 3:
                 firsts.append(f"{finding.detail} [{origin}] {sample[:300]}")
 
+    def as_json(self) -> dict[str, object]:
+        """The report, each finding's first case as base64 messages (to replay)."""
+        return {
+            "seconds": round(self.seconds, 1),
+            "tried": self.tried,
+            "answers": dict(self.answers.most_common()),
+            "findings": {
+                kind: {
+                    "count": self.counts[kind],
+                    "first": self.findings[kind],
+                    "case": {
+                        "origin": self.cases[kind][0],
+                        "messages": [base64.b64encode(m).decode() for m in self.cases[kind][1]],
+                    },
+                }
+                for kind in sorted(self.counts)
+            },
+        }
+
     def lines(self) -> list[str]:
         total = sum(self.tried.values())
         out = [
             f"{total} inputs in {self.seconds:.0f} s: {self.tried['ext_proc']} ext_proc streams,"
             f" {self.tried['access_log']} access-log streams",
         ]
+        common = ", ".join(f"{kind} {n}" for kind, n in self.answers.most_common(12))
+        out.append(f"replies: {common}")
         if not self.counts:
             out.append(
                 "found nothing: every stream answered or closed, every reply valid, no hold left"
@@ -172,6 +229,16 @@ class Report:
             out.append(f"{kind}: {count}")
             out.extend(f"  e.g. {first}" for first in self.findings[kind])
         return out
+
+
+def fuzz_policy(policy: Path, scratch: Path) -> Path:
+    """`policy` as the fuzz sidecar runs it, written into `scratch`: its pools' metrics
+    not scraped (no engine runs; capacity comes from the policy)."""
+    raw = yaml.safe_load(policy.read_text())
+    raw.setdefault("breaker", {})["scrape_metrics"] = False
+    path = scratch / policy.name
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
 
 
 def campaign(
@@ -198,7 +265,10 @@ def campaign(
             def streams(case: StreamCase) -> None:
                 report.tried["ext_proc"] += 1
                 report.add(
-                    ext_proc_case(target, case), case.origin, repr(case.messages), case.messages
+                    ext_proc_case(target, case, report.answers),
+                    case.origin,
+                    repr(case.messages),
+                    case.messages,
                 )
 
             @seeded(seed + round_)

@@ -174,7 +174,7 @@ def ext_proc_seeds() -> list[list[pb.ProcessingRequest]]:
 
 
 def access_log_entry(
-    tracking: str | None, status: int, usage: Mapping[str, int], details: str = "via_upstream"
+    tracking: str | None, status: int, usage: Mapping[str, int | str], details: str = "via_upstream"
 ) -> accesslog_pb2.HTTPAccessLogEntry:
     """An entry as slogate's generated access logger sends it (tooling.render.envoy_config)."""
     entry = accesslog_pb2.HTTPAccessLogEntry()

@@ -281,22 +281,68 @@ def built_message(draw: st.DrawFn, phase: str | None = None) -> pb.ProcessingReq
     return request
 
 
+# Bodies of the right types with values drawn: what gets past parsing to the decision
+# (identity, counting, buckets, budgets, the KV step, the picker).
+_text = st.text(max_size=300) | st.sampled_from(["hi", "é" * 50, "\u4f60\u597d" * 20, "a " * 2000])
+_limit = st.integers(min_value=1, max_value=300_000)
+_plausible_chat = st.fixed_dictionaries(
+    {
+        "model": st.just("deepseek-v4"),
+        "messages": st.lists(
+            st.fixed_dictionaries(
+                {"role": st.sampled_from(["system", "user", "assistant"]), "content": _text}
+            ),
+            min_size=1,
+            max_size=4,
+        ),
+    },
+    optional={
+        "max_tokens": _limit,
+        "max_completion_tokens": _limit,
+        "stream": st.booleans(),
+        "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+        "n": st.integers(1, 4),
+        "temperature": st.floats(0, 2),
+    },
+)
+_plausible_other = st.fixed_dictionaries(
+    {"model": st.just("deepseek-v4")},
+    optional={
+        "prompt": _text,
+        "input": _text | st.lists(_text, max_size=3),
+        "max_tokens": _limit,
+        "max_output_tokens": _limit,
+        "stream": st.booleans(),
+    },
+)
+_plausible = (_plausible_chat | _plausible_other).map(_json_bytes)
+_api_paths = st.sampled_from([api.path for api in KNOWN_APIS])
+_keys = st.sampled_from(API_KEYS)
+
+
 @st.composite
 def _shaped_request(draw: st.DrawFn) -> list[pb.ProcessingRequest]:
-    """Headers then a body as Envoy sends them, their values drawn: reaches the decision."""
+    """Headers then a body as Envoy sends them, their values drawn, mostly valid: reaches
+    the decision."""
     first = pb.ProcessingRequest()
     fields = [
-        (":path", draw(_paths)),
-        (":method", draw(st.sampled_from(["POST", "POST", "GET"]))),
-        ("authorization", draw(_auth)),
+        (":path", draw(_api_paths if draw(st.integers(0, 9)) else _paths)),
+        (":method", draw(st.sampled_from(["POST", "POST", "POST", "GET"]))),
+        ("authorization", "Bearer " + draw(_keys) if draw(st.integers(0, 4)) else draw(_auth)),
         ("content-type", "application/json"),
+        ("x-request-id", draw(st.text(max_size=8))),
     ]
+    if draw(st.booleans()):
+        fields.append(("anthropic-version", "2023-06-01"))
     for key, value in fields:
         first.request_headers.headers.headers.append(
             base_pb2.HeaderValue(key=key, raw_value=value.encode())
         )
     second = pb.ProcessingRequest()
-    second.request_body.body = draw(documents.map(_json_bytes) | bodies)
+    mostly = draw(st.integers(0, 9))
+    second.request_body.body = draw(
+        _plausible if mostly > 2 else documents.map(_json_bytes) | bodies
+    )
     second.request_body.end_of_stream = True
     return [first, second]
 

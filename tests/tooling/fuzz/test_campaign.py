@@ -1,0 +1,76 @@
+"""The sidecar fuzzed at its door (tooling.fuzz): a real sidecar in this process, its
+gRPC port sent ext_proc streams and access-log messages built at random and mutated from
+real ones, a fixed number of examples from a fixed seed (derandomized: the same inputs in
+every run; `slogate fuzz --seconds N` runs longer and at random). Each example: the stream
+answered or closed, every reply a valid ext_proc response for its phase, nothing logged as
+an error, and what it routed settled leaves nothing held. After them, a plain request is
+routed and settled as ever."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import example, given, settings
+
+from tests.support.stack import example_policy, write_policy
+from tooling.fuzz.campaign import (
+    FUZZ_SETTINGS,
+    access_log_case,
+    ext_proc_case,
+    still_serving,
+)
+from tooling.fuzz.seeds import ROUTED_ID, access_log_entry, access_log_seeds
+from tooling.fuzz.strategies import LogCase, StreamCase, access_log_streams, ext_proc_streams
+from tooling.fuzz.target import FuzzTarget
+
+
+def _routed_entry(usage: dict[str, int | str], duration_s: int = 1) -> LogCase:
+    """One access-log message naming the id of the one request routed before it."""
+    message = access_log_seeds()[0]
+    del message.http_logs.log_entry[:]
+    entry = access_log_entry(ROUTED_ID.format(0), 200, usage)
+    entry.common_properties.duration.FromSeconds(duration_s)
+    message.http_logs.log_entry.append(entry)
+    return LogCase((message.SerializeToString(),), 1, "found")
+
+
+# What the fuzzer found, kept as examples (each fixed in its own commit).
+EMPTY_MESSAGE = StreamCase((b"",), None, "found")
+INFINITE_COUNT = _routed_entry({"completion_tokens": "inf"})
+NEGATIVE_DURATION = _routed_entry({"completion_tokens": 3}, duration_s=-3_019_426)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzTarget]:
+    raw = example_policy()
+    raw["breaker"]["scrape_metrics"] = False  # no pools run here
+    policy = write_policy(tmp_path_factory.mktemp("fuzz") / "policy.yaml", raw)
+    fuzzed = FuzzTarget(policy)
+    fuzzed.start()
+    yield fuzzed
+    fuzzed.stop()
+
+
+# 8-40 s of the suite's time on 2 cores, by how busy they are (10-50 cases a second).
+@settings(FUZZ_SETTINGS, max_examples=300, derandomize=True)
+@given(case=ext_proc_streams)
+@example(case=EMPTY_MESSAGE)
+def test_ext_proc_streams_are_answered_validly_and_hold_nothing(
+    target: FuzzTarget, case: StreamCase
+) -> None:
+    assert ext_proc_case(target, case) == []
+
+
+@settings(FUZZ_SETTINGS, max_examples=80, derandomize=True)
+@given(case=access_log_streams)
+@example(case=INFINITE_COUNT)
+@example(case=NEGATIVE_DURATION)
+def test_access_log_entries_settle_what_they_name_and_hold_nothing(
+    target: FuzzTarget, case: LogCase
+) -> None:
+    assert access_log_case(target, case) == []
+
+
+def test_the_sidecar_still_serves_after_the_fuzz(target: FuzzTarget) -> None:
+    assert still_serving(target) == []
