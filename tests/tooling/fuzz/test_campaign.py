@@ -8,9 +8,8 @@ routed and settled as ever."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from pathlib import Path
 
-import pytest
 from hypothesis import example, given, settings
 
 from tests.support.stack import example_policy, write_policy
@@ -41,36 +40,31 @@ INFINITE_COUNT = _routed_entry({"completion_tokens": "inf"})
 NEGATIVE_DURATION = _routed_entry({"completion_tokens": 3}, duration_s=-3_019_426)
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzTarget]:
+def test_the_sidecar_fuzzed_at_its_door(tmp_path: Path) -> None:
+    """One test, one sidecar (the suite's workers take in-process tests one by one): the
+    ext_proc streams, then the access-log streams, then a plain request. 8-40 s of the
+    suite's time on 2 cores, by how busy they are (10-50 cases a second)."""
     raw = example_policy()
     raw["breaker"]["scrape_metrics"] = False  # no pools run here
-    policy = write_policy(tmp_path_factory.mktemp("fuzz") / "policy.yaml", raw)
-    fuzzed = FuzzTarget(policy)
-    fuzzed.start()
-    yield fuzzed
-    fuzzed.stop()
+    target = FuzzTarget(write_policy(tmp_path / "policy.yaml", raw))
+    target.start()
+    try:
 
+        @settings(FUZZ_SETTINGS, max_examples=300, derandomize=True)
+        @given(case=ext_proc_streams)
+        @example(case=EMPTY_MESSAGE)
+        def ext_proc_streams_are_answered_validly_and_hold_nothing(case: StreamCase) -> None:
+            assert ext_proc_case(target, case) == []
 
-# 8-40 s of the suite's time on 2 cores, by how busy they are (10-50 cases a second).
-@settings(FUZZ_SETTINGS, max_examples=300, derandomize=True)
-@given(case=ext_proc_streams)
-@example(case=EMPTY_MESSAGE)
-def test_ext_proc_streams_are_answered_validly_and_hold_nothing(
-    target: FuzzTarget, case: StreamCase
-) -> None:
-    assert ext_proc_case(target, case) == []
+        @settings(FUZZ_SETTINGS, max_examples=80, derandomize=True)
+        @given(case=access_log_streams)
+        @example(case=INFINITE_COUNT)
+        @example(case=NEGATIVE_DURATION)
+        def access_log_entries_settle_what_they_name_and_hold_nothing(case: LogCase) -> None:
+            assert access_log_case(target, case) == []
 
-
-@settings(FUZZ_SETTINGS, max_examples=80, derandomize=True)
-@given(case=access_log_streams)
-@example(case=INFINITE_COUNT)
-@example(case=NEGATIVE_DURATION)
-def test_access_log_entries_settle_what_they_name_and_hold_nothing(
-    target: FuzzTarget, case: LogCase
-) -> None:
-    assert access_log_case(target, case) == []
-
-
-def test_the_sidecar_still_serves_after_the_fuzz(target: FuzzTarget) -> None:
-    assert still_serving(target) == []
+        ext_proc_streams_are_answered_validly_and_hold_nothing()
+        access_log_entries_settle_what_they_name_and_hold_nothing()
+        assert still_serving(target) == []
+    finally:
+        target.stop()
