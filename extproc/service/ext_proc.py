@@ -258,10 +258,17 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
                 exchange.ended = True
                 yield reply
             elif reply.HasField("request_body"):
-                yield deferred_header_reply(reply)
                 mutation = reply.request_body.response.body_mutation
                 forwarded = mutation.body if mutation.HasField("body") else body
-                for chunk in streamed_body("request_body", forwarded, end_of_stream):
+                chunks = streamed_body("request_body", forwarded, end_of_stream)
+                if exchange.held_headers:
+                    yield deferred_header_reply(reply)
+                elif reply.HasField("dynamic_metadata"):
+                    # No header message came to answer (Envoy skipped the headers): a
+                    # headers reply would be one for a phase never sent. The decision's
+                    # metadata (its id, the pool) goes with the body instead.
+                    chunks[0].dynamic_metadata.CopyFrom(reply.dynamic_metadata)
+                for chunk in chunks:
                     yield chunk
             else:  # the waiting room's timeout override
                 yield reply

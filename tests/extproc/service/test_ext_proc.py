@@ -21,6 +21,7 @@ from extproc.service.ext_proc import ExternalProcessorService
 from tests.support.in_process import in_process
 from tests.support.stack import EXAMPLE_POLICY
 from tooling.benchmarks.driver import _headers_message
+from tooling.fuzz.seeds import CHAT, one_message
 
 BODY = json.dumps(
     {"model": "deepseek-v4", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
@@ -67,7 +68,9 @@ async def test_messages_envoy_never_sends_are_answered_and_the_stream_goes_on() 
       exception logged, and which ended the stream in streaming mode. It gets a typed 500
       (unknown_ext_proc_message), and the next message its answer;
     - str.isdigit() holds for "²", which int() refuses: a response's `:status` of it ended
-      the stream in streaming mode. It reads as no status."""
+      the stream in streaming mode. It reads as no status;
+    - a body that came first in streaming mode (Envoy skipping the headers) was answered
+      with a headers reply too, for a phase never sent."""
     streaming = pb.ProtocolConfiguration(request_body_mode=ProcessingMode.FULL_DUPLEX_STREAMED)
     then = pb.ProcessingRequest(response_headers=pb.HttpHeaders(end_of_stream=True))
     superscript = pb.ProcessingRequest(protocol_config=streaming)
@@ -91,3 +94,10 @@ async def test_messages_envoy_never_sends_are_answered_and_the_stream_goes_on() 
             assert immediate.status.code == 500 and b"unknown_ext_proc_message" in reasons
         replies = [reply async for reply in stub.Process(iter([superscript]))]
         assert [r.WhichOneof("response") for r in replies] == ["response_headers"]
+        # The body first, in streaming mode (no header message, the headers forwarded as
+        # metadata): no headers reply, the decision's id on the body's first chunk.
+        (body_first,) = one_message("/v1/chat/completions", "sk-demo-standard", CHAT)
+        body_first.protocol_config.CopyFrom(streaming)
+        replies = [reply async for reply in stub.Process(iter([body_first]))]
+        assert [r.WhichOneof("response") for r in replies] == ["request_body"]
+        assert replies[0].dynamic_metadata.fields["slogate"].struct_value.fields["id"]

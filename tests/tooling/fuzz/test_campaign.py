@@ -12,6 +12,9 @@ from pathlib import Path
 
 from hypothesis import example, given, settings
 
+from extproc.envoypb.envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import (
+    ProcessingMode,
+)
 from tests.support.stack import example_policy, write_policy
 from tooling.fuzz.campaign import (
     FUZZ_SETTINGS,
@@ -19,7 +22,14 @@ from tooling.fuzz.campaign import (
     ext_proc_case,
     still_serving,
 )
-from tooling.fuzz.seeds import ROUTED_ID, access_log_entry, access_log_seeds
+from tooling.fuzz.seeds import (
+    API_KEYS,
+    CHAT,
+    ROUTED_ID,
+    access_log_entry,
+    access_log_seeds,
+    one_message,
+)
 from tooling.fuzz.strategies import LogCase, StreamCase, access_log_streams, ext_proc_streams
 from tooling.fuzz.target import FuzzTarget
 
@@ -36,6 +46,9 @@ def _routed_entry(usage: dict[str, int | str], duration_s: int = 1) -> LogCase:
 
 # What the fuzzer found, kept as examples (each fixed in its own commit).
 EMPTY_MESSAGE = StreamCase((b"",), None, "found")
+(_body_first,) = one_message("/v1/chat/completions", API_KEYS[0], CHAT)
+_body_first.protocol_config.request_body_mode = ProcessingMode.FULL_DUPLEX_STREAMED
+BODY_FIRST_STREAMING = StreamCase((_body_first.SerializeToString(),), None, "found")
 INFINITE_COUNT = _routed_entry({"completion_tokens": "inf"})
 NEGATIVE_DURATION = _routed_entry({"completion_tokens": 3}, duration_s=-3_019_426)
 
@@ -53,6 +66,7 @@ def test_the_sidecar_fuzzed_at_its_door(tmp_path: Path) -> None:
         @settings(FUZZ_SETTINGS, max_examples=300, derandomize=True)
         @given(case=ext_proc_streams)
         @example(case=EMPTY_MESSAGE)
+        @example(case=BODY_FIRST_STREAMING)
         def ext_proc_streams_are_answered_validly_and_hold_nothing(case: StreamCase) -> None:
             assert ext_proc_case(target, case) == []
 
