@@ -155,6 +155,9 @@ def ext_proc_seeds() -> list[list[pb.ProcessingRequest]]:
     ]
     anthropic = [("x-api-key", standard), ("anthropic-version", "2023-06-01")]
     messages_data = _encoded(MESSAGES)
+    # Streaming mode with the headers skipped: the body first, its headers as metadata.
+    body_first = one_message("/v1/chat/completions", standard, CHAT)
+    body_first[0].protocol_config.request_body_mode = _FULL_DUPLEX
     return [
         two_message("/v1/chat/completions", standard, CHAT),
         two_message("/v1/chat/completions", small, STREAMED_CHAT),
@@ -170,6 +173,7 @@ def ext_proc_seeds() -> list[list[pb.ProcessingRequest]]:
         local_reply,
         one_message("/v1/chat/completions", standard, CHAT),
         streamed("/v1/chat/completions", standard, STREAMED_CHAT, SSE),
+        body_first,
     ]
 
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from extproc.envoypb.envoy.config.core.v3 import base_pb2
 from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
+from extproc.envoypb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.request.contract import (
@@ -32,6 +33,8 @@ from extproc.request.contract import (
 )
 from policy.apis import KNOWN_APIS
 from tooling.fuzz.seeds import API_KEYS, ENGINE, ROUTED_ID, access_log_seeds, ext_proc_seeds
+
+_FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,8 +276,9 @@ def built_message(draw: st.DrawFn, phase: str | None = None) -> pb.ProcessingReq
     draw(_metadata(request))
     if draw(st.booleans()):
         config = request.protocol_config
-        config.request_body_mode = draw(st.integers(0, 7))
-        config.response_body_mode = draw(st.integers(0, 7))
+        # Streaming mode half the time (the servicer's third way), else any, unknown too.
+        config.request_body_mode = draw(st.sampled_from([_FULL_DUPLEX] * 7 + list(range(8))))
+        config.response_body_mode = draw(st.sampled_from([_FULL_DUPLEX] * 7 + list(range(8))))
         config.send_body_without_waiting_for_header_response = draw(st.booleans())
     if draw(st.integers(0, 9)) == 0:
         request.observability_mode = True
