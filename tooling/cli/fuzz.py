@@ -22,6 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     fuzz.add_argument("--seed", type=int, default=0, help="the first batch's seed")
     fuzz.add_argument("--batch", type=int, default=60, help="ext_proc streams per batch")
     fuzz.add_argument(
+        "--crowded",
+        action="store_true",
+        help="each pool one batch slot, held through every case: requests wait in the room",
+    )
+    fuzz.add_argument(
         "--out", type=Path, default=None, help="JSON report (the first case of each finding)"
     )
     fuzz.set_defaults(handler=run_fuzz)
@@ -37,13 +42,14 @@ def run_fuzz(args: argparse.Namespace) -> int:
     # servicer's own exception still shows, as the stream's status the fuzzer checks.
     logging.getLogger("grpc._cython.cygrpc").setLevel(logging.CRITICAL)
     with tempfile.TemporaryDirectory(prefix="slogate-fuzz-") as scratch:
-        policy = fuzz_policy(args.policy, Path(scratch))
+        policy = fuzz_policy(args.policy, Path(scratch), args.crowded)
         report = campaign(
             policy,
             args.seconds,
             args.seed,
             args.batch,
             progress=lambda line: print(line, file=sys.stderr),
+            crowded=args.crowded,
         )
     print("\n".join(report.lines()))
     if args.out is not None:

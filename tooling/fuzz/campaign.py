@@ -85,15 +85,31 @@ def answers(replies: Sequence[bytes]) -> list[str]:
 
 
 def ext_proc_case(
-    target: FuzzTarget, case: StreamCase, tally: Counter[str] | None = None
+    target: FuzzTarget,
+    case: StreamCase,
+    tally: Counter[str] | None = None,
+    crowded: bool = False,
 ) -> list[Finding]:
+    """`crowded`: the pools' one batch slot each (fuzz_policy's crowded policy) taken by a
+    request held through the case, so that what the case routes waits in the waiting
+    room (and leaves it by its timeout, or by the client's reset)."""
     before = target.held()
     target.errors.records = []
+    holders: list[str] = []
+    if crowded:
+        for max_tokens in (16, 40_000):  # the default pool's slot, the long pool's
+            holder = [
+                m.SerializeToString()
+                for m in two_message(
+                    "/v1/chat/completions", API_KEYS[1], {**CHAT, "max_tokens": max_tokens}
+                )
+            ]
+            holders += routed_ids(target.ext_proc(holder).replies)
     record = target.ext_proc(case.messages, case.cancel_after)
     if tally is not None:
         tally.update(answers(record.replies))
     found = stream_findings(case.messages, record.replies, record.status, record.cancelled)
-    target.settle(routed_ids(record.replies))
+    target.settle(routed_ids(record.replies) + holders)
     if record.cancelled:
         # Replies grpc wrote before the reset reached Envoy, which logs them as ever; the
         # client here never read them. What a decision still underway held is the
@@ -231,11 +247,21 @@ class Report:
         return out
 
 
-def fuzz_policy(policy: Path, scratch: Path) -> Path:
-    """`policy` as the fuzz sidecar runs it, written into `scratch`: its pools' metrics
-    not scraped (no engine runs; capacity comes from the policy)."""
+def fuzz_policy(policy: Path, scratch: Path, crowded: bool = False) -> Path:
+    """`policy` as the fuzz sidecar runs it, written into `scratch`: its pools' engines
+    neither scraped nor probed (none runs; capacity comes from the policy). `crowded`: each pool
+    one batch slot, every tier's share of it whole, every tier waits up to 0.3 s."""
     raw = yaml.safe_load(policy.read_text())
     raw.setdefault("breaker", {})["scrape_metrics"] = False
+    # Nor probed: a pool of dead engines goes to L3 a few seconds in, which would make what
+    # a case meets depend on when it runs.
+    raw.setdefault("engines", {}).setdefault("health", {})["probes"] = False
+    if crowded:
+        for pool in raw.get("pools", {}).values():
+            pool["max_num_seqs"] = 1
+        tiers = ("critical", "standard", "sheddable")
+        raw["breaker"]["kv_shares"] = dict.fromkeys(tiers, 1.0)
+        raw.setdefault("waiting_room", {})["max_wait_s"] = dict.fromkeys(tiers, 0.3)
     path = scratch / policy.name
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
@@ -247,6 +273,7 @@ def campaign(
     seed: int = 0,
     batch: int = 50,
     progress: Callable[[str], None] | None = None,
+    crowded: bool = False,
 ) -> Report:
     """Fuzz a sidecar of `policy` for about `seconds`: batches of ext_proc and access-log
     cases, each batch from its own seed (seed, seed + 1, ...), findings collected rather
@@ -265,7 +292,7 @@ def campaign(
             def streams(case: StreamCase) -> None:
                 report.tried["ext_proc"] += 1
                 report.add(
-                    ext_proc_case(target, case, report.answers),
+                    ext_proc_case(target, case, report.answers, crowded),
                     case.origin,
                     repr(case.messages),
                     case.messages,

@@ -15,11 +15,12 @@ from hypothesis import example, given, settings
 from extproc.envoypb.envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import (
     ProcessingMode,
 )
-from tests.support.stack import example_policy, write_policy
+from tests.support.stack import EXAMPLE_POLICY
 from tooling.fuzz.campaign import (
     FUZZ_SETTINGS,
     access_log_case,
     ext_proc_case,
+    fuzz_policy,
     still_serving,
 )
 from tooling.fuzz.seeds import (
@@ -57,9 +58,7 @@ def test_the_sidecar_fuzzed_at_its_door(tmp_path: Path) -> None:
     """One test, one sidecar (the suite's workers take in-process tests one by one): the
     ext_proc streams, then the access-log streams, then a plain request. 8-40 s of the
     suite's time on 2 cores, by how busy they are (10-50 cases a second)."""
-    raw = example_policy()
-    raw["breaker"]["scrape_metrics"] = False  # no pools run here
-    target = FuzzTarget(write_policy(tmp_path / "policy.yaml", raw))
+    target = FuzzTarget(fuzz_policy(EXAMPLE_POLICY, tmp_path))  # no engine runs here
     target.start()
     try:
 
