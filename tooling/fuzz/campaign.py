@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from google.protobuf import struct_pb2
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as seeded
 
@@ -27,7 +28,7 @@ from extproc.request.contract import METADATA_NAMESPACE, REASON_HEADER, TRACKING
 from tooling.fuzz.properties import Finding, stream_findings
 from tooling.fuzz.seeds import API_KEYS, CHAT, ROUTED_ID, two_message
 from tooling.fuzz.strategies import LogCase, StreamCase, access_log_streams, ext_proc_streams
-from tooling.fuzz.target import FuzzTarget, routed_ids
+from tooling.fuzz.target import FuzzTarget, routed, routed_ids
 
 # What the checks may wait for a case's holds to be given back (a stream's end is settled
 # in a task of its own): a liveness bound, not a timing.
@@ -53,8 +54,8 @@ def _logged(target: FuzzTarget) -> list[Finding]:
 
 
 def _settle_rest(target: FuzzTarget) -> None:
-    """Settle every decision still in flight: what a case left is not the next one's."""
-    target.settle(target.in_flight())
+    """End every decision still in flight: what a case left is not the next one's."""
+    target.end_in_flight()
 
 
 def answers(replies: Sequence[bytes]) -> list[str]:
@@ -95,7 +96,7 @@ def ext_proc_case(
     room (and leaves it by its timeout, or by the client's reset)."""
     before = target.held()
     target.errors.records = []
-    holders: list[str] = []
+    holders: list[struct_pb2.Struct] = []
     if crowded:
         for max_tokens in (16, 40_000):  # the default pool's slot, the long pool's
             holder = [
@@ -104,12 +105,12 @@ def ext_proc_case(
                     "/v1/chat/completions", API_KEYS[1], {**CHAT, "max_tokens": max_tokens}
                 )
             ]
-            holders += routed_ids(target.ext_proc(holder).replies)
+            holders += routed(target.ext_proc(holder).replies)
     record = target.ext_proc(case.messages, case.cancel_after)
     if tally is not None:
         tally.update(answers(record.replies))
     found = stream_findings(case.messages, record.replies, record.status, record.cancelled)
-    target.settle(routed_ids(record.replies) + holders)
+    target.settle(routed(record.replies) + holders)
     if record.cancelled:
         # Replies grpc wrote before the reset reached Envoy, which logs them as ever; the
         # client here never read them. What a decision still underway held is the
@@ -179,12 +180,12 @@ def still_serving(target: FuzzTarget) -> list[Finding]:
         m.SerializeToString() for m in two_message("/v1/chat/completions", API_KEYS[1], CHAT)
     ]
     record = target.ext_proc(messages)
-    ids = routed_ids(record.replies)
+    requests = routed(record.replies)
     found = stream_findings(messages, record.replies, record.status, False)
-    if len(ids) != 1:
-        detail = f"{record.status}: {len(record.replies)} replies, ids {ids}"
+    if len(requests) != 1:
+        detail = f"{record.status}: {len(record.replies)} replies, {len(requests)} routed"
         found.append(Finding("not_serving", detail))
-    target.settle(ids)
+    target.settle(requests)
     return found + _leaks(target, before)
 
 

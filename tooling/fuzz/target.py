@@ -10,6 +10,7 @@ records of one exchange. What a reply must be is tooling.fuzz.properties'.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -19,11 +20,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import struct_pb2
 
+from admission.decision import RequestOutcome, RoutingDecision
 from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.request.contract import ACCESS_LOG_NAME, METADATA_NAMESPACE, TRACKING_ID_FIELD
+from extproc.request.response_usage import ResponseUsage
 from extproc.runtime.sidecar import Sidecar
+from extproc.service.access_log import finish, outcome_from_stream
 from tooling.fuzz.seeds import access_log_entry
 
 T = TypeVar("T")
@@ -47,9 +52,10 @@ class StreamRecord:
     cancelled: bool = False
 
 
-def routed_ids(replies: Sequence[bytes]) -> list[str]:
-    """The in-flight ids the sidecar sent back in its replies' dynamic metadata."""
-    ids = []
+def routed(replies: Sequence[bytes]) -> list[struct_pb2.Struct]:
+    """The metadata the sidecar set for each request it routed (its `slogate` namespace:
+    the in-flight id and whatever else Envoy copies into the request's access-log entry)."""
+    found = []
     for data in replies:
         try:
             reply = pb.ProcessingResponse.FromString(data)
@@ -60,8 +66,13 @@ def routed_ids(replies: Sequence[bytes]) -> list[str]:
             continue
         value = namespace.struct_value.fields.get(TRACKING_ID_FIELD)
         if value is not None and value.string_value:
-            ids.append(value.string_value)
-    return ids
+            found.append(namespace.struct_value)
+    return found
+
+
+def routed_ids(replies: Sequence[bytes]) -> list[str]:
+    """The in-flight ids the sidecar sent back in its replies' dynamic metadata."""
+    return [metadata.fields[TRACKING_ID_FIELD].string_value for metadata in routed(replies)]
 
 
 class ErrorRecords(logging.Handler):
@@ -78,6 +89,14 @@ class ErrorRecords(logging.Handler):
             error = record.exc_info[1]
             text += f": {type(error).__name__}: {error}"
         self.records.append(f"{record.name}: {text}")
+
+
+def _closed(tracking: str, decision: RoutingDecision) -> RequestOutcome:
+    """What the servicer records for a decision whose stream closed before an answer
+    (ExternalProcessorService._never_delivered): settled, no usage."""
+    return outcome_from_stream(
+        decision, tracking, 0, ResponseUsage(), None, 0.0, "", "ext_proc_stream_closed"
+    )
 
 
 class FuzzTarget:
@@ -156,27 +175,36 @@ class FuzzTarget:
             record.details = str(error.details())
         return record
 
-    def settle(self, ids: Sequence[str]) -> None:
-        """What Envoy's access log sends for requests that were routed and answered."""
-        if not ids:
+    def settle(self, requests: Sequence[struct_pb2.Struct]) -> None:
+        """What Envoy's access log sends for requests that were routed and answered: each
+        entry carries the metadata the sidecar set for its request, copied whole, as Envoy
+        copies it (whatever proof the sidecar may ask of an entry travels with it)."""
+        if not requests:
             return
         message = als_pb2.StreamAccessLogsMessage()
         message.identifier.log_name = ACCESS_LOG_NAME
-        for tracking in ids:
+        for metadata in requests:
             usage = {"prompt_tokens": 12, "completion_tokens": 3}
-            message.http_logs.log_entry.append(access_log_entry(tracking, 200, usage))
+            entry = access_log_entry(None, 200, usage)
+            entry.common_properties.metadata.filter_metadata[METADATA_NAMESPACE].CopyFrom(metadata)
+            message.http_logs.log_entry.append(entry)
         record = self.access_log([message.SerializeToString()])
         if record.status != "OK":
             raise RuntimeError(f"settling failed: {record.status} {record.details}")
 
-    def in_flight(self) -> list[str]:
-        """The ids the sidecar holds decisions for, oldest first."""
-        return self._run(self._in_flight())
+    def end_in_flight(self) -> None:
+        """End every decision still in flight as a stream that closed before its answer
+        ends it (what it holds given back), without waiting for the in-flight expiry:
+        what one case left is not the next one's. Not as an expiry: that leaves the
+        budget reservation to expire in its store, later."""
+        self._run(self._end_in_flight())
 
-    async def _in_flight(self) -> list[str]:
+    async def _end_in_flight(self) -> None:
         assert self.sidecar is not None
-        # Read on the sidecar's loop; the table has no public listing (nothing else needs it).
-        return list(self.sidecar.path.decider.inflight._entries)
+        recorder = self.sidecar.path.recorder
+        # The table has no public listing (nothing else needs it).
+        for tracking in list(self.sidecar.path.decider.inflight._entries):
+            await finish(recorder.ended(tracking, functools.partial(_closed, tracking)))
 
     def held(self) -> dict[str, int]:
         """What the sidecar still holds: decisions in flight, KV tokens and batch slots,
