@@ -242,6 +242,15 @@ class OutcomeRecorder:
         return len(expired)
 
     def record(self, outcome: RequestOutcome) -> list[Awaitable[None]]:
+        """Metrics and signals, then the sinks' work, which ends the request (settles its
+        holds) whatever became of the first."""
+        try:
+            self._observe(outcome)
+        except Exception:  # the request's holds must not depend on its numbers
+            log.exception("could not observe the outcome of %s", outcome.tracking_id)
+        return self._to_sinks(outcome)
+
+    def _observe(self, outcome: RequestOutcome) -> None:
         m = self.metrics
         d = outcome.decision
         pool, bucket, tier = d.pool, d.bucket.name, d.caller.tier.value
@@ -254,7 +263,6 @@ class OutcomeRecorder:
                 m.ttft_seconds(pool, bucket, tier).observe(outcome.ttft_s)
                 m.tenant_ttft_seconds(d.caller.tenant_label).observe(outcome.ttft_s)
             self._record_usage(outcome)
-        return self._to_sinks(outcome)
 
     def _to_sinks(self, outcome: RequestOutcome) -> list[Awaitable[None]]:
         return [_guarded(sink, outcome) for sink in self.sinks]

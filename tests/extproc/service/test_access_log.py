@@ -169,3 +169,23 @@ def test_a_negative_duration_is_not_believed() -> None:
     """Found by the fuzzer: an entry saying its request took -3,019,426 s made the KV
     step's settlement raise (its decay, 0.5 ** (duration / half-life), overflowed)."""
     assert outcome_from_entry(DECISION, "t1", entry(duration_ms=-3_019_426_000)).duration_s == 0
+
+
+async def test_a_ttft_past_every_bin_is_recorded_and_its_request_settled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the fuzzer: a `ttft_ms` of "1e308" overflowed the latency window's bins
+    after the entry's decision left the in-flight table, before the sinks: its holds
+    stayed held for good. The sinks now run whatever the metrics and signals do."""
+    rec, inflight, sink, _ = recorder()
+    tracking = inflight.add(DECISION)
+    await finish(rec.record_entry(entry(tags={"ttft_ms": "1e308"}, tracking=tracking)))
+    assert len(sink.seen) == 1 and len(inflight) == 0
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("a signal no one foresaw")
+
+    monkeypatch.setattr(access_log, "record_signals", broken)
+    tracking = inflight.add(DECISION)
+    await finish(rec.record_entry(entry(tracking=tracking)))
+    assert len(sink.seen) == 2 and len(inflight) == 0

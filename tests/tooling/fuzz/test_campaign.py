@@ -52,6 +52,7 @@ _body_first.protocol_config.request_body_mode = ProcessingMode.FULL_DUPLEX_STREA
 BODY_FIRST_STREAMING = StreamCase((_body_first.SerializeToString(),), None, "found")
 INFINITE_COUNT = _routed_entry({"completion_tokens": "inf"})
 NEGATIVE_DURATION = _routed_entry({"completion_tokens": 3}, duration_s=-3_019_426)
+TTFT_PAST_EVERY_BIN = _routed_entry({"completion_tokens": 3, "ttft_ms": "1e308"})
 
 
 def test_the_sidecar_fuzzed_at_its_door(tmp_path: Path) -> None:
@@ -73,6 +74,7 @@ def test_the_sidecar_fuzzed_at_its_door(tmp_path: Path) -> None:
         @given(case=access_log_streams)
         @example(case=INFINITE_COUNT)
         @example(case=NEGATIVE_DURATION)
+        @example(case=TTFT_PAST_EVERY_BIN)
         def access_log_entries_settle_what_they_name_and_hold_nothing(case: LogCase) -> None:
             assert access_log_case(target, case) == []
 
