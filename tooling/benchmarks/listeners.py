@@ -46,7 +46,7 @@ SHOWN = (
 
 def start_arm(
     arm: str, work: Path, policy_path: Path, upstream_port: int
-) -> tuple[str, dict[str, int], list[ManagedProcess]]:
+) -> tuple[str, dict[str, int | None], list[ManagedProcess]]:
     """The arm's sidecar and front Envoy: its URL, their pids, the processes to stop."""
     socket_path = work / f"{arm}.sock"
     extra = ("--grpc-socket", str(socket_path)) if arm == "unix" else ()

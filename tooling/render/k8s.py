@@ -92,9 +92,11 @@ def render_manifests(
     }
     secret = redis_secret(policy, name, labels)
     sidecar = sidecar_container(name, image, listener=listener)
-    envoy_mounts = [{"name": "config", "mountPath": "/etc/slogate", "readOnly": True}]
+    envoy_mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": "/etc/slogate", "readOnly": True}
+    ]
     if listener is PodListener.UNIX:
-        envoy_mounts.append(SOCKETS_MOUNT)
+        envoy_mounts.append(dict(SOCKETS_MOUNT))
     envoy = {
         "name": "envoy",
         "image": envoy_image,
@@ -201,7 +203,7 @@ def write_manifests(
     )
 
 
-SOCKETS_MOUNT = {"name": "sockets", "mountPath": SOCKET_DIR}
+SOCKETS_MOUNT: dict[str, Any] = {"name": "sockets", "mountPath": SOCKET_DIR}
 
 
 def sidecar_container(
@@ -243,7 +245,7 @@ def sidecar_container(
         *({"name": volume, "mountPath": path} for volume, path in WRITABLE_PATHS.items()),
     ]
     if listener is PodListener.UNIX:
-        mounts.append(SOCKETS_MOUNT)
+        mounts.append(dict(SOCKETS_MOUNT))
     probe_port = SIDECAR_PORT
     if tls_secret is not None:
         args += ["--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key"]
