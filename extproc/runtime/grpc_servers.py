@@ -196,7 +196,7 @@ async def start_ext_proc(
         claim_socket(socket_path, what)
     port = bind(server, address, what, credentials)
     if socket_path is not None:
-        socket_path.chmod(SOCKET_MODE)  # before start: no one connects to a wider mode
+        socket_path.chmod(SOCKET_MODE)  # before start: Envoy (the group) can connect at once
         port = 0
     await server.start()
     for service in (LIVENESS_SERVICE, *READY_SERVICES):

@@ -101,7 +101,11 @@ def table(
 
 
 def run(
-    out_dir: Path, duration_s: float = 5.0, rounds: int = 4, profile: str = "small"
+    out_dir: Path,
+    duration_s: float = 5.0,
+    rounds: int = 4,
+    profile: str = "small",
+    name: str = "listeners",
 ) -> dict[str, Any]:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
@@ -154,7 +158,7 @@ def run(
     shown = table(summary, ratios, runs)
     write_report(
         out_dir,
-        "listeners",
+        name,
         report,
         f"# Envoy to the sidecar: TCP loopback vs a Unix socket ({report['when']})\n\n"
         f"{report['cpus']} CPUs (1-minute load average {load_before[0]:.1f} before, "

@@ -37,8 +37,9 @@ LISTEN_PORT = 10000
 ADMIN_PORT = 9901
 SIDECAR_PORT = 50051
 METRICS_PORT = 9464
-# grpc.health.v1 in plain text beside a TLS gRPC port: the kubelet's gRPC probe speaks no
-# TLS (`serve --health-port`; the port llm-d's endpoint picker uses for the same).
+# grpc.health.v1 alone, in plain text, where the kubelet's gRPC probe can dial it: on the
+# pod's address while ext_proc stays inside the pod, or beside a TLS gRPC port (the probe
+# speaks no TLS). `serve --health-port`; the port llm-d's endpoint picker uses for the same.
 HEALTH_PORT = 9003
 SOCKET_DIR = "/var/run/slogate"  # an emptyDir both containers mount
 SIDECAR_SOCKET = f"{SOCKET_DIR}/grpc.sock"
@@ -52,10 +53,11 @@ class PodListener(StrEnum):
     LOOPBACK = "loopback"  # 127.0.0.1: shared by every container of the pod
 
 
-# `slogate bench listeners` (bench/results/listeners.md) measured no difference in CPU per
-# request between the two beyond a loaded machine's noise (a round's ratio 0.86-1.33, the
-# medians within 8%: Python's ~1 ms a request hides the kernel's few µs). The tie goes to
-# the socket: it reaches only the containers that mount it, loopback every one of the pod.
+# `slogate bench listeners` (bench/results/listeners*.md) measured no difference in the
+# sidecar's CPU per request beyond a loaded machine's noise: a round's socket / TCP ratio
+# 0.86-1.33 (median 1.06) in one run, 0.63-1.52 (median 0.87) in another, more loaded
+# (Python's ~1 ms a request hides the kernel's few µs). The tie goes to the socket: it
+# reaches only the containers that mount it, loopback every container of the pod.
 DEFAULT_POD_LISTENER = PodListener.UNIX
 TLS_DIR = "/etc/slogate/tls"  # a kubernetes.io/tls Secret: tls.crt, tls.key (and ca.crt)
 # The image this version builds: the tag is the package's own version (extproc/version.py).
