@@ -28,6 +28,7 @@ import yaml
 from extproc.version import VERSION
 from tests.support.stack import EXAMPLE_POLICY, ROOT
 from tests.tooling.render.test_mesh import COMMITTED, SCHEMA_FILES, schema
+from tooling.cli.main import build_parser
 from tooling.render.k8s import (
     HEALTH_PORT,
     SIDECAR_PORT,
@@ -186,6 +187,8 @@ def test_in_the_plain_pod_only_health_and_metrics_are_on_the_pods_address(
     containers = {c["name"]: c for c in pod["containers"]}
     sidecar, envoy = containers["slogate"], containers["envoy"]
     args = sidecar["args"]
+    parsed = build_parser().parse_args(args)  # flags `slogate serve` has
+    assert parsed.health_port == HEALTH_PORT
     on_pod_address = {args[args.index(flag) + 1] for flag in ("--health-host", "--metrics-host")}
     assert on_pod_address == {"0.0.0.0"}
     assert "--host" not in args or args[args.index("--host") + 1] == "127.0.0.1"
