@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2_grpc
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from extproc.runtime.grpc_servers import ListenerTls, PortTaken, claim_socket
+from extproc.runtime.grpc_servers import ListenerTls, PortTaken, bind, claim_socket
 from extproc.runtime.sidecar import Sidecar
 from tests.support.certificates import SERVER_NAME, Issued, issue
 from tests.support.stack import example_policy, write_policy
@@ -186,3 +186,11 @@ async def test_in_a_pod_the_pod_address_answers_health_alone(tmp_path: Path) -> 
     finally:
         await sidecar.stop(grace_s=0.5)
     claim_socket(socket_path, "a sidecar after it")  # gone or stale: no longer refused
+
+
+async def test_a_unix_socket_that_cannot_be_made_fails_loudly(tmp_path: Path) -> None:
+    """grpcio answers a socket path in a missing folder with 0, not an error: the admin API
+    or ext_proc would have said it listened where nothing did."""
+    server = grpc.aio.server()
+    with pytest.raises(PortTaken, match="its folder is missing or not writable"):
+        bind(server, f"unix:{tmp_path}/no/such/folder/admin.sock", "the admin API")
