@@ -203,7 +203,8 @@ ENVOY_PIECES: tuple[EnvoyPiece, ...] = (
     ),
     EnvoyPiece(
         "sidecar cluster",
-        f"cluster `{SIDECAR_CLUSTER}`, HTTP/2, to the sidecar's gRPC port (loopback in a pod)",
+        f"cluster `{SIDECAR_CLUSTER}`, HTTP/2, to the sidecar's gRPC port (in a pod: its Unix "
+        "socket as a pipe address, or loopback)",
         "carries ext_proc streams and the access log",
         "Envoy refuses the configuration (both name the cluster)",
     ),
