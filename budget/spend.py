@@ -102,6 +102,9 @@ class SpendHold:
     spans: tuple[SpendWindow, ...]
     per_token: Mapping[str, float]
     amount: float  # what it reserved
+    # False: its check went unanswered, so its reservation is unknown (it may land later, or
+    # never): it is settled with `settle_unverified`.
+    verified: bool = True
 
     @property
     def window_ids(self) -> tuple[str, ...]:

@@ -30,10 +30,10 @@ def hold(who: str, spans: tuple[SpendWindow, ...], amount: float) -> SpendHold:
 __all__ = [
     "clock",
     "test_a_held_reservation_counts_until_it_settles",
+    "test_a_request_refused_unverified_leaves_nothing_held_when_its_reservation_lands_late",
+    "test_a_request_settled_unverified_counts_once_whether_its_reservation_landed_or_not",
     "test_admits_while_under_then_refuses_naming_the_window",
     "test_refund_and_unknown_reservation",
-    "test_a_request_settled_unverified_counts_once_whether_its_reservation_landed_or_not",
-    "test_a_request_refused_unverified_leaves_nothing_held_when_its_reservation_lands_late",
     "test_the_day_rolls_over_at_midnight_utc_the_month_keeps_counting",
 ]
 # 2026-12-31 23:00 UTC: an hour before the day and the month (and the year) roll over.
