@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from budget.spend import SpendHold
@@ -54,6 +55,9 @@ class SpendBacklog:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def __iter__(self) -> Iterator[PendingSettlement]:
+        return iter(tuple(self._entries))
 
     def add(self, entry: PendingSettlement) -> None:
         if len(self._entries) >= self._capacity:
