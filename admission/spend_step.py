@@ -132,6 +132,8 @@ class SpendStep:
         self._ttl_s = ttl_s  # a reservation outlives the longest request by this
         self._wall_clock = wall_clock  # UTC time: which day and month a request falls in
         self.backlog = SpendBacklog()
+        # The store failed its last call: one warning an outage, not one a request.
+        self._unanswered = False
 
     async def admit(self, applicant: Applicant) -> Admitted:
         decision, policy = applicant.decision, applicant.policy
@@ -150,6 +152,7 @@ class SpendStep:
             verdict = await self._store.reserve(hold, applicant.request_id, self._ttl_s)
         except BudgetStoreError as error:
             return self._unverified(applicant, hold, error)
+        self._answered()
         shares = {s.name: verdict.used[s.id] / s.limit for s in spans}
         for span in spans:
             before = (verdict.used[span.id] - (amount if verdict.admitted else 0)) / span.limit
@@ -178,10 +181,10 @@ class SpendStep:
         cause = "timeout" if isinstance(error.__cause__, TimeoutError) else "error"
         unverified = dataclasses.replace(hold, verified=False)
         if applicant.policy.budget.spend_unverified is UnverifiedSpend.ADMIT:
-            log.warning("spend check unanswered, admitted unverified: %s", error)
+            self._failed(f"spend checks unanswered, admitted unverified: {error}")
             self._events.spend_unverified(caller.tenant_label, "admitted", cause)
             return Admitted(dataclasses.replace(decision, spend=unverified))
-        log.warning("spend check unanswered, refused: %s", error)
+        self._failed(f"spend checks unanswered, refused (spend_unverified): {error}")
         self._events.spend_unverified(caller.tenant_label, "refused", cause)
         # Its reservation may land once the store answers: refunded then, from the backlog
         # (not here: that would wait another timeout before the client hears of it).
@@ -193,6 +196,16 @@ class SpendStep:
             reason="spend_unverified",
             retry_after_s=1,
         )
+
+    def _failed(self, message: str) -> None:
+        if not self._unanswered:
+            log.warning("%s", message)
+        self._unanswered = True
+
+    def _answered(self) -> None:
+        if self._unanswered:
+            log.warning("spend store answers again")
+        self._unanswered = False
 
     def _later(self, hold: SpendHold, request_id: str, actual: float | None) -> None:
         """Into the backlog, tried until half the reservation's ttl has passed (well inside
@@ -228,11 +241,10 @@ class SpendStep:
     async def _settled(
         self, decision: RoutingDecision, hold: SpendHold, request_id: str, actual: float | None
     ) -> None:
-        entry = PendingSettlement(hold, request_id, actual, 0.0, self._ttl_s)
         try:
-            used = await settle(self._store, entry)
+            used = await settle(self._store, hold, request_id, actual, self._ttl_s)
         except BudgetStoreError as error:
-            log.warning("settling %s's spend failed; retried later: %s", request_id, error)
+            self._failed(f"spend settlements fail, retried each second: {error}")
             self._later(hold, request_id, actual)
             return
         if used is None:

@@ -80,7 +80,7 @@ class SpendBacklog:
                 )
                 continue
             try:
-                await settle(store, entry)
+                await settle(store, entry.hold, entry.reservation_id, entry.actual, entry.ttl_s)
             except BudgetStoreError:
                 break
             self._entries.popleft()
@@ -88,9 +88,15 @@ class SpendBacklog:
         return Drained(settled, lost, len(self._entries))
 
 
-async def settle(store: SpendStore, entry: PendingSettlement) -> dict[str, float] | None:
-    """One settlement as the store takes it: unverified when its reservation is unknown."""
-    hold = entry.hold
+async def settle(
+    store: SpendStore,
+    hold: SpendHold,
+    reservation_id: str,
+    actual: float | None,
+    ttl_s: float,
+) -> dict[str, float] | None:
+    """One settlement as the store takes it: unverified when its reservation is unknown
+    (leaving its marker `ttl_s`)."""
     if hold.verified:
-        return await store.settle(hold.tenant, hold.window_ids, entry.reservation_id, entry.actual)
-    return await store.settle_unverified(hold, entry.reservation_id, entry.actual, entry.ttl_s)
+        return await store.settle(hold.tenant, hold.window_ids, reservation_id, actual)
+    return await store.settle_unverified(hold, reservation_id, actual, ttl_s)
