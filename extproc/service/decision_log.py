@@ -3,7 +3,9 @@
 What lives here: `DecisionLog`, a RequestObserver (extproc.service.observers): a line per
 answered request (routed, with usage and latency, or expired) and per refusal. Each line:
 time, request id, key id (never the key), tenant, tier, bucket, prompt estimate and how it
-was counted, decision, pool, status, usage, TTFT, duration. No prompt text, ever. Files are
+was counted, decision, pool, status, usage, TTFT, duration, whether its spend budget was
+checked (a refusal names its reason: `spend_unverified` when the spend store did not
+answer in time). No prompt text, ever. Files are
 `decisions-YYYY-MM-DD.jsonl`; files older than `keep_days` are deleted when the day turns.
 The clock is injected.
 """
@@ -107,6 +109,11 @@ class DecisionLog:
                 "ttft_ms": None if outcome.ttft_s is None else round(outcome.ttft_s * 1000, 1),
                 "duration_ms": round(outcome.duration_s * 1000, 1),
                 "waited_ms": round(d.waited_s * 1000, 1),  # in the waiting room
+                # Its tenant's spend budget: checked, unverified (the store did not answer
+                # in time; admitted by `budget.spend_unverified: admit`), or none.
+                "spend": None
+                if d.spend is None
+                else ("checked" if d.spend.verified else "unverified"),
             }
         )
 
