@@ -13,6 +13,7 @@ import pytest
 
 from extproc.runtime.policy_holder import PolicyHolder
 from extproc.service.metrics import SidecarMetrics
+from policy.domain import ApiKey
 from tooling.benchmarks.tenants import generated_key, many_tenants_policy
 
 
@@ -114,7 +115,8 @@ def test_builds_off_the_loop_restore_the_collector_and_freeze_in_a_sidecar() -> 
 def test_the_controller_steps_ten_thousand_keys_in_slices(big_policy: Path) -> None:
     """Every key's budget is stepped each interval, with the loop's other work between
     slices (in one go it held every request 80-280 ms each 5 s); a tenant's demand
-    metric is the sum of its keys' (it was whichever key came last)."""
+    metric is the sum of its keys' (it was whichever key came last); removed keys' budgets
+    are dropped."""
     from extproc.runtime.loops import KEYS_PER_SLICE
     from extproc.runtime.sidecar import Sidecar
 
@@ -147,6 +149,16 @@ def test_the_controller_steps_ten_thousand_keys_in_slices(big_policy: Path) -> N
             "slogate_tenant_demand_tokens_per_minute", {"tenant": "tenant-0500", "kind": "actual"}
         )
         assert actual == pytest.approx(sum(100.0 * (i + 1) for i in range(10)) * per_minute)
+
+        def budgets(keys: list[ApiKey]) -> int:
+            return len({k.budget_id for k in keys if k.limits.tokens_per_minute is not None})
+
+        quotas = sidecar.signals.key_quotas
+        assert quotas.budget_count() == budgets(list(policy.keys.values())) > 100
+        # The next interval after a reload that removed keys: theirs are gone with them.
+        kept = list(policy.keys.values())[:100]
+        await sidecar.control.quota_loop._step_keys(kept, None)
+        assert quotas.budget_count() == budgets(kept)
         await sidecar.stop()
 
     asyncio.run(scenario())
