@@ -127,7 +127,7 @@ class _Traffic:
             self.latencies_ms.append((time.perf_counter() - t0) * 1000)
             self.statuses[reply.status] = self.statuses.get(reply.status, 0) + 1
             if reply.tracking_id is not None:
-                await driver.report([(reply.tracking_id, 200, 900, 64)])
+                await driver.report([reply.outcome(200, 900, 64)])
 
 
 def _reloaded(log: str) -> list[float]:
