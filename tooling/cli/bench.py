@@ -74,6 +74,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     tenants.add_argument("--tenants", type=int, default=1000)
     tenants.add_argument("--keys", type=int, default=10_000)
     tenants.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    reloads = bench_sub.add_parser(
+        "reloads", help="resident memory and frozen objects over many reloads under traffic"
+    )
+    reloads.add_argument("--reloads", type=int, default=1000)
+    reloads.add_argument("--tenants", type=int, default=1000)
+    reloads.add_argument("--keys", type=int, default=10_000)
+    reloads.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     estimator = bench_sub.add_parser("estimator", help="token estimate accuracy and speed")
     estimator.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     workers = bench_sub.add_parser("workers", help="serve --workers N throughput (1 vs 2)")
@@ -201,6 +208,10 @@ def run_bench(args: argparse.Namespace) -> int:
         from tooling.benchmarks.tenants import run as run_tenants
 
         run_tenants(args.out_dir, args.seconds, args.tenants, args.keys)
+    elif args.bench == "reloads":
+        from tooling.benchmarks.reloads import run as run_reloads
+
+        run_reloads(args.out_dir, args.reloads, args.tenants, args.keys)
     elif args.bench == "decision-cost":
         from tooling.benchmarks.decision_cost import run as run_decision_cost
 
