@@ -1,5 +1,6 @@
 """`slogate status / keys / reload / drill / drain`: one call each to the running sidecar's
-admin API (keys' add / revoke / rotate / list are tooling.cli.keys's)."""
+admin API, with the admin token found as tooling.cli.common's `on_admin_api` finds it
+(keys' add / revoke / rotate / list are tooling.cli.keys's)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from extproc.runtime.serve_command import DEFAULT_ADMIN
 from tooling.cli import keys as key_commands
-from tooling.cli.common import on_admin_api
+from tooling.cli.common import add_token_file, on_admin_api
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     def admin_command(name: str, help_text: str) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text)
         command.add_argument("--admin", default=DEFAULT_ADMIN, help="the sidecar's admin API")
+        add_token_file(command)
         command.add_argument("--json", action="store_true", help="print JSON, not a table")
         command.set_defaults(handler=call_admin)
         return command
@@ -83,4 +85,4 @@ def call_admin(args: argparse.Namespace) -> int:
             )
         return 0
 
-    return on_admin_api(args.admin, call)
+    return on_admin_api(args.admin, call, args.token_file)
