@@ -14,6 +14,16 @@ The sidecar listens on 0.0.0.0 in the pod too: the kubelet's gRPC probe dials th
 it on 127.0.0.1, and the NetworkPolicy admits only Envoy's listener and /metrics from
 outside the pod, so nobody else can report usage to it (where the cluster's network plugin
 enforces NetworkPolicy; the node's own traffic, the kubelet's probes, always passes).
+
+The admin API stays on loopback, which every container of the pod shares, so its changes
+(drills, reloads, drains, keys) need a token: an init container (`slogate admin-token`)
+writes a random one into an in-memory emptyDir that only the sidecar container mounts, and
+SLOGATE_ADMIN_TOKEN_FILE names it there, for the sidecar and for the CLI run by `kubectl
+exec` in that container. Chosen over a Secret so that `kubectl apply` of these files works
+as they are, with no token in them (the committed manifests are public) and no step before:
+whoever may exec into the sidecar container may read the token, the same people who can
+reach loopback at all. One token for every pod, kept in a Secret, is documented in
+docs/operators/admin-api.md.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from extproc.service.admin_auth import TOKEN_FILE_ENV
 from extproc.version import VERSION
 from policy.loader import load_policy
 from policy.schema import Policy
@@ -38,6 +49,10 @@ METRICS_PORT = 9464
 # TLS (`serve --health-port`; the port llm-d's endpoint picker uses for the same).
 HEALTH_PORT = 9003
 TLS_DIR = "/etc/slogate/tls"  # a kubernetes.io/tls Secret: tls.crt, tls.key (and ca.crt)
+# The admin token: made at each pod's start by an init container (`slogate admin-token`)
+# into an in-memory emptyDir only the sidecar container mounts (module docstring).
+ADMIN_TOKEN_DIR = "/var/run/slogate/admin"
+ADMIN_TOKEN_FILE = f"{ADMIN_TOKEN_DIR}/token"
 # The image this version builds: the tag is the package's own version (extproc/version.py).
 DEFAULT_IMAGE = f"ghcr.io/slogate/slogate:{VERSION}"
 DEFAULT_ENVOY_IMAGE = "envoyproxy/envoy:v1.40.0"
@@ -111,6 +126,7 @@ def render_manifests(
                 },
                 "spec": {
                     **pod_hardening(labels),
+                    "initContainers": [admin_token_maker(image)],
                     "containers": [envoy, sidecar],
                     "volumes": sidecar_volumes(name),
                 },
@@ -196,6 +212,7 @@ def sidecar_container(
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": "/etc/slogate", "readOnly": True},
         *({"name": volume, "mountPath": path} for volume, path in WRITABLE_PATHS.items()),
+        {"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
     ]
     probe_port = SIDECAR_PORT
     if tls_secret is not None:
@@ -214,7 +231,10 @@ def sidecar_container(
             {
                 "name": "SLOGATE_REDIS_URL",
                 "valueFrom": {"secretKeyRef": {"name": f"{name}-redis", "key": "url"}},
-            }
+            },
+            # Read by the sidecar (its admin API's token) and by `kubectl exec ... slogate
+            # drill` in this container (the CLI sends it): nothing to type.
+            {"name": TOKEN_FILE_ENV, "value": ADMIN_TOKEN_FILE},
         ],
         "ports": ports,
         # grpc.health.v1 (Kubernetes' own gRPC probe, GA since 1.27), by the endpoint picker
@@ -248,10 +268,28 @@ def sidecar_volumes(name: str, tls_secret: str | None = None) -> list[dict[str, 
         {"name": "config", "configMap": {"name": f"{name}-config"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
         {"name": "logs", "emptyDir": {}},
+        {"name": "admin-token", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
     ]
     if tls_secret is not None:  # made by the operator (cert-manager writes this shape)
         volumes.append({"name": "tls", "secret": {"secretName": tls_secret}})
     return volumes
+
+
+def admin_token_maker(image: str) -> dict[str, Any]:
+    """The init container that makes the pod's admin token (random, 0600, owned by the
+    sidecar's user) before the sidecar starts; it runs once per pod, so a restarted sidecar
+    container keeps the token (the emptyDir outlives it)."""
+    return {
+        "name": "admin-token",
+        "image": image,
+        "args": ["admin-token", ADMIN_TOKEN_FILE],
+        "resources": {
+            "requests": {"cpu": "50m", "memory": "64Mi"},
+            "limits": {"memory": "256Mi"},
+        },
+        "securityContext": container_security(SIDECAR_UID),
+        "volumeMounts": [{"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR}],
+    }
 
 
 def container_security(uid: int) -> dict[str, Any]:
