@@ -1,5 +1,6 @@
 """`slogate up`: the local stack (pools, sidecar, Envoy; tooling.stack) in the foreground
-until Ctrl-C, with a Prometheus beside it on request."""
+until Ctrl-C, with a Prometheus beside it on request. Its sidecars' admin token is the file
+`up_token_file` names, which the other commands find by themselves."""
 
 from __future__ import annotations
 
