@@ -111,8 +111,9 @@ def ensure_token_file(path: Path) -> Path:
 NO_TOKEN_ON_TCP = (
     "this admin API listens on TCP without a token, so it changes nothing (drills, reloads, "
     f"drains and key changes are refused; reads work): start the sidecar with {TOKEN_FILE_ENV} "
-    "naming a file that holds a token of 16+ characters (`slogate up` and the manifests do), "
-    "or serve the admin API on a Unix socket (--admin-address unix:/path)"
+    "naming a file that holds a token of 16+ characters (`slogate admin-token PATH` makes one; "
+    "`slogate up` and the manifests do it themselves), or serve the admin API on a Unix "
+    "socket (--admin-address unix:/path)"
 )
 WRONG_TOKEN = (
     "this admin call changes the gateway and needs the admin token: authorization: Bearer "
@@ -124,7 +125,7 @@ WRONG_TOKEN = (
 def secure_unix_socket(address: str) -> None:
     """Make the socket file of `unix:PATH` readable and writable by its owner only (connecting
     needs write permission): with no token, the file's permissions are the authentication."""
-    if address.startswith("unix:") and not address.startswith("unix-abstract:"):
+    if address.startswith("unix:"):  # (an abstract socket, unix-abstract:, has no file)
         os.chmod(address.removeprefix("unix:").removeprefix("//"), 0o600)
 
 
