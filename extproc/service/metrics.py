@@ -257,6 +257,12 @@ class SidecarMetrics:
             "requests whose end their ext_proc stream saw (stream_end: streaming mode).",
             ["kind"],
         )
+        self.access_log_unproven = Counter(
+            "slogate_access_log_unproven_total",
+            "Access-log entries naming a request in flight without its proof (not from this "
+            "sidecar's Envoy: forged, or a stale configuration); nothing was settled.",
+            registry=r,
+        )
         self.inflight = Gauge(
             "slogate_inflight_requests",
             "Routed requests whose access-log entry has not arrived yet.",

@@ -38,6 +38,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         ".venv-litellm): auto = when installed; redis = also both on a real Redis",
     )
     overhead.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    listeners = bench_sub.add_parser(
+        "listeners", help="Envoy to the sidecar: TCP loopback vs a Unix socket, per request"
+    )
+    listeners.add_argument("--duration-s", type=float, default=5.0, help="per measure")
+    listeners.add_argument("--rounds", type=int, default=4, help="interleaved, order alternating")
+    listeners.add_argument("--profile", default="small", help="request bodies (as bench overhead)")
+    listeners.add_argument("--name", default="listeners", help="results file name")
+    listeners.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     stages = bench_sub.add_parser(
         "stages", help="sidecar CPU per request by stage, beside the pass-through"
     )
@@ -172,6 +180,10 @@ def run_bench(args: argparse.Namespace) -> int:
             name=args.name,
             litellm=args.litellm,
         )
+    elif args.bench == "listeners":
+        from tooling.benchmarks.listeners import run as run_listeners
+
+        run_listeners(args.out_dir, args.duration_s, args.rounds, args.profile, args.name)
     elif args.bench == "stages":
         from tooling.benchmarks.stages import run as run_stages
 

@@ -137,7 +137,7 @@ def start_sidecar(
     )
     env = {**(env or {}), TOKEN_FILE_ENV: str(token_file)}
     proc = ManagedProcess(name, argv, work_dir, env).start()
-    match = proc.wait_for_line(
-        r"sidecar ready: grpc [^:]+:(\d+) metrics \S+:(\d+)/metrics admin (\S+)"
-    )
-    return proc, SidecarPorts(int(match.group(1)), int(match.group(2)), match.group(3), token_file)
+    match = proc.wait_for_line(r"sidecar ready: grpc (\S+) metrics \S+:(\d+)/metrics admin (\S+)")
+    grpc = match.group(1)  # host:port, or unix:/path with --grpc-socket (no port: 0)
+    grpc_port = 0 if grpc.startswith("unix:") else int(grpc.rsplit(":", 1)[1])
+    return proc, SidecarPorts(grpc_port, int(match.group(2)), match.group(3), token_file)

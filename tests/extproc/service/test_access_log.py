@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
+import pytest
+
 from admission.decision import CountKind, RequestOutcome, RoutingDecision
 from breaker.latency import ResponseWindows
 from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
@@ -32,7 +37,10 @@ def entry(
     tracking: str | None = None,
     duration_ms: int = 900,
     details: str = "via_upstream",
+    proof: str | None = None,
 ) -> accesslog_pb2.HTTPAccessLogEntry:
+    """An entry as Envoy sends it; `proof`: the one it carries of `tracking` (see
+    `proven`, which gives an in-flight request's own)."""
     e = accesslog_pb2.HTTPAccessLogEntry()
     e.response.response_code.value = status
     e.response.response_code_details = details
@@ -41,7 +49,17 @@ def entry(
         e.common_properties.custom_tags[k] = v
     if tracking is not None:
         e.common_properties.metadata.filter_metadata["slogate"].update({"id": tracking})
+    if proof is not None:
+        e.common_properties.metadata.filter_metadata["slogate"].update({"proof": proof})
     return e
+
+
+def proven(
+    inflight: InFlight[RoutingDecision], tracking: str, **fields: Any
+) -> accesslog_pb2.HTTPAccessLogEntry:
+    """The entry of in-flight request `tracking` as the sidecar's own Envoy writes it: with
+    the proof the sidecar put in its metadata."""
+    return entry(tracking=tracking, proof=inflight.proof(tracking), **fields)
 
 
 def test_entry_becomes_outcome_of_its_decision() -> None:
@@ -78,7 +96,12 @@ def recorder() -> tuple[OutcomeRecorder, InFlight[RoutingDecision], Sink, Virtua
     inflight: InFlight[RoutingDecision] = InFlight(clock, ttl_s=60)
     sink = Sink()
     rec = OutcomeRecorder(
-        SidecarMetrics(), ResponseWindows(clock), inflight, lambda: POLICY, [BrokenSink(), sink]
+        SidecarMetrics(),
+        ResponseWindows(clock),
+        inflight,
+        lambda: POLICY,
+        [BrokenSink(), sink],
+        clock=clock,
     )
     return rec, inflight, sink, clock
 
@@ -87,11 +110,11 @@ async def test_recorder_feeds_metrics_windows_and_sinks() -> None:
     rec, inflight, sink, _ = recorder()
     ok, failed = inflight.add(DECISION), inflight.add(DECISION)
     tags = {"ttft_ms": "100", "prompt_tokens": "40000", "completion_tokens": "11"}
-    pending = rec.record_entry(entry(tags=tags, tracking=ok))
-    pending += rec.record_entry(entry(status=503, tracking=failed))
+    pending = rec.record_entry(proven(inflight, ok, tags=tags))
+    pending += rec.record_entry(proven(inflight, failed, status=503))
     pending += rec.record_entry(entry(status=413, details="request_payload_too_large"))
     pending += rec.record_entry(entry(status=404))  # an upstream 404, non-inference path
-    pending += rec.record_entry(entry(tracking=ok))  # a duplicate: its decision is gone
+    pending += rec.record_entry(proven(inflight, ok))  # a duplicate: its decision is gone
     await finish(pending)
     value = rec.metrics.registry.get_sample_value
     labels = {"pool": "long", "bucket": "32k-128k"}
@@ -120,13 +143,62 @@ async def test_requests_without_an_entry_expire_and_reach_sinks() -> None:
     assert len(sink.seen) == 1 and sink.seen[0].expired and not sink.seen[0].has_usage
     assert rec.metrics.registry.get_sample_value("slogate_inflight_expired_total") == 1
     assert rec.metrics.registry.get_sample_value("slogate_inflight_requests") == 1
-    await finish(rec.record_entry(entry(tracking=late)))
+    await finish(rec.record_entry(proven(inflight, late)))
     assert len(inflight) == 0
 
 
-def test_inflight_ids_are_unique_and_pop_once() -> None:
-    table: InFlight[int] = InFlight(VirtualClock(100.0), ttl_s=1)
-    ids = {table.add(i) for i in range(1000)}
-    assert len(ids) == 1000
-    key = next(iter(ids))
-    assert table.pop(key) is not None and table.pop(key) is None
+@pytest.mark.parametrize(
+    "proof",
+    [None, "", "0" * 32, "not hex at all", "é"],
+    ids=["missing", "empty", "wrong", "garbage", "not-ascii"],
+)
+async def test_an_entry_without_its_proof_settles_nothing(proof: str | None) -> None:
+    """A forged 503 naming a real in-flight id: no outcome, no 5xx for the breaker, the
+    request still in flight (its holds kept), and counted."""
+    rec, inflight, sink, _ = recorder()
+    key = inflight.add(DECISION)
+    await finish(rec.record_entry(entry(status=503, tracking=key, proof=proof)))
+    value = rec.metrics.registry.get_sample_value
+    assert sink.seen == [] and key in inflight
+    assert rec.windows.error_rate("long", 60) is None
+    assert value("slogate_responses_total", {"pool": "long", "code_class": "5xx"}) is None
+    assert value("slogate_access_log_unproven_total") == 1
+    assert value("slogate_access_log_entries_total", {"kind": "routed"}) is None
+    # ... and the request's own entry still settles it.
+    await finish(rec.record_entry(proven(inflight, key)))
+    assert [o.status for o in sink.seen] == [200] and key not in inflight
+
+
+async def test_the_proof_of_another_request_settles_nothing() -> None:
+    rec, inflight, sink, _ = recorder()
+    mine, theirs = inflight.add(DECISION), inflight.add(DECISION)
+    await finish(rec.record_entry(entry(status=503, tracking=theirs, proof=inflight.proof(mine))))
+    assert sink.seen == [] and theirs in inflight and mine in inflight
+    assert rec.metrics.registry.get_sample_value("slogate_access_log_unproven_total") == 1
+
+
+async def test_an_entry_naming_no_request_in_flight_is_unmatched_not_unproven() -> None:
+    """An id this process never issued or no longer holds (an earlier process's, after a
+    restart; one expired): nothing to settle, and no alarm."""
+    rec, _, sink, _ = recorder()
+    await finish(rec.record_entry(entry(tracking="0badc0de-1", proof="0" * 32)))
+    value = rec.metrics.registry.get_sample_value
+    assert sink.seen == [] and value("slogate_access_log_unproven_total") == 0
+    assert value("slogate_access_log_entries_total", {"kind": "unmatched"}) == 1
+
+
+async def test_unproven_entries_are_logged_at_most_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rec, inflight, _, clock = recorder()
+    keys = [inflight.add(DECISION) for _ in range(4)]
+    with caplog.at_level(logging.WARNING, logger="slogate.accesslog"):
+        for key in keys[:3]:  # a flood: the first is logged, the next two wait
+            rec.record_entry(entry(tracking=key))
+        clock.now_s += 61
+        rec.record_entry(entry(tracking=keys[3]))  # a minute on: logged, with the two
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2
+    assert warnings[0].startswith("unproven access-log entries: 1 ") and keys[0] in warnings[0]
+    assert warnings[1].startswith("unproven access-log entries: 3 ") and keys[3] in warnings[1]
+    assert rec.metrics.registry.get_sample_value("slogate_access_log_unproven_total") == 4
