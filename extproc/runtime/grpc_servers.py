@@ -18,6 +18,7 @@ servicers go on which server, and how a port is taken, are told here.
 
 from __future__ import annotations
 
+import logging
 import socket
 import stat
 from collections.abc import Callable
@@ -43,7 +44,12 @@ from extproc.runtime.policy_holder import PolicyHolder
 from extproc.runtime.workers import Siblings, WorkerSlot
 from extproc.service.access_log import AccessLogService, OutcomeRecorder
 from extproc.service.admin import AdminService
-from extproc.service.admin_auth import AdminAuth, admin_token
+from extproc.service.admin_auth import (
+    NO_TOKEN_ON_TCP,
+    AdminAuth,
+    admin_token,
+    secure_unix_socket,
+)
 from extproc.service.ext_proc import ExternalProcessorService
 from extproc.service.key_admin import KeyAdminService, KeyWrites
 from extproc.service.metrics import SidecarMetrics
@@ -62,6 +68,8 @@ LIVENESS_SERVICE = "liveness"
 READINESS_SERVICE = "readiness"
 EXT_PROC_SERVICE = external_processor_pb2.DESCRIPTOR.services_by_name["ExternalProcessor"].full_name
 READY_SERVICES = ("", READINESS_SERVICE, EXT_PROC_SERVICE)
+
+log = logging.getLogger("slogate.admin")
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,8 +283,12 @@ async def start_admin(
 ) -> str:
     """The admin API on its own server: loopback or a Unix socket, never the pod IP.
     Returns the address it listens on."""
-    # Who may call it: a token, or a Unix socket's permissions (admin_auth).
-    auth = AdminAuth(admin_token(), address.startswith("unix:"))
+    # Who may change anything: the token's holder, or a Unix socket's owner (admin_auth).
+    token = admin_token()
+    unix_socket = address.startswith("unix:")
+    if token is None and not unix_socket:
+        log.warning("admin API %s: %s", address, NO_TOKEN_ON_TCP)
+    auth = AdminAuth(token, unix_socket)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=[auth])
     admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
     admin_pb2_grpc.add_KeyAdminServicer_to_server(KeyAdminService(keys), server)
@@ -284,6 +296,8 @@ async def start_admin(
         TenantAdminService(policy, spend, wall_clock), server
     )
     bound = bind(server, address, "the admin API")
+    if unix_socket:  # 0600 before it answers anyone
+        secure_unix_socket(address)
     await server.start()
     exits.push_async_callback(server.stop, 1.0)
     if address.startswith("unix:"):

@@ -16,6 +16,16 @@ plugin enforces. The kubelet's gRPC probe dials the pod's IP (a probe has no hos
 reaches a health-only port (`serve --health-host 0.0.0.0 --health-port`, grpc.health.v1 and
 nothing else), and Prometheus /metrics. The NetworkPolicy admits Envoy's listener and
 /metrics from outside the pod (the node's own traffic, the kubelet's probes, always passes).
+
+The admin API stays on loopback, which every container of the pod shares, so its changes
+(drills, reloads, drains, keys) need a token: an init container (`slogate admin-token`)
+writes a random one into an in-memory emptyDir that only the sidecar container mounts, and
+SLOGATE_ADMIN_TOKEN_FILE names it there, for the sidecar and for the CLI run by `kubectl
+exec` in that container. Chosen over a Secret so that `kubectl apply` of these files works
+as they are, with no token in them (the committed manifests are public) and no step before:
+whoever may exec into the sidecar container may read the token, the same people who can
+reach loopback at all. One token for every pod, kept in a Secret, is documented in
+docs/operators/admin-api.md.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from extproc.service.admin_auth import TOKEN_FILE_ENV
 from extproc.version import VERSION
 from policy.loader import load_policy
 from policy.schema import Policy
@@ -60,6 +71,10 @@ class PodListener(StrEnum):
 # reaches only the containers that mount it, loopback every container of the pod.
 DEFAULT_POD_LISTENER = PodListener.UNIX
 TLS_DIR = "/etc/slogate/tls"  # a kubernetes.io/tls Secret: tls.crt, tls.key (and ca.crt)
+# The admin token: made at each pod's start by an init container (`slogate admin-token`)
+# into an in-memory emptyDir only the sidecar container mounts (module docstring).
+ADMIN_TOKEN_DIR = "/var/run/slogate-admin"  # apart from SOCKET_DIR, which Envoy mounts
+ADMIN_TOKEN_FILE = f"{ADMIN_TOKEN_DIR}/token"
 # The image this version builds: the tag is the package's own version (extproc/version.py).
 DEFAULT_IMAGE = f"ghcr.io/slogate/slogate:{VERSION}"
 DEFAULT_ENVOY_IMAGE = "envoyproxy/envoy:v1.40.0"
@@ -142,6 +157,7 @@ def render_manifests(
                 },
                 "spec": {
                     **pod_hardening(labels),
+                    "initContainers": [admin_token_maker(image)],
                     "containers": [envoy, sidecar],
                     "volumes": sidecar_volumes(name, sockets=listener is PodListener.UNIX),
                 },
@@ -245,6 +261,7 @@ def sidecar_container(
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": "/etc/slogate", "readOnly": True},
         *({"name": volume, "mountPath": path} for volume, path in WRITABLE_PATHS.items()),
+        {"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
     ]
     if listener is PodListener.UNIX:
         mounts.append(dict(SOCKETS_MOUNT))
@@ -270,7 +287,10 @@ def sidecar_container(
             {
                 "name": "SLOGATE_REDIS_URL",
                 "valueFrom": {"secretKeyRef": {"name": f"{name}-redis", "key": "url"}},
-            }
+            },
+            # Read by the sidecar (its admin API's token) and by `kubectl exec ... slogate
+            # drill` in this container (the CLI sends it): nothing to type.
+            {"name": TOKEN_FILE_ENV, "value": ADMIN_TOKEN_FILE},
         ],
         "ports": ports,
         # grpc.health.v1 (Kubernetes' own gRPC probe, GA since 1.27), by the endpoint picker
@@ -306,6 +326,7 @@ def sidecar_volumes(
         {"name": "config", "configMap": {"name": f"{name}-config"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
         {"name": "logs", "emptyDir": {}},
+        {"name": "admin-token", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
     ]
     if sockets:
         # The sidecar's Unix socket, shared with Envoy: the pod's fsGroup (the sidecar's
@@ -315,6 +336,23 @@ def sidecar_volumes(
     if tls_secret is not None:  # made by the operator (cert-manager writes this shape)
         volumes.append({"name": "tls", "secret": {"secretName": tls_secret}})
     return volumes
+
+
+def admin_token_maker(image: str) -> dict[str, Any]:
+    """The init container that makes the pod's admin token (random, 0600, owned by the
+    sidecar's user) before the sidecar starts; it runs once per pod, so a restarted sidecar
+    container keeps the token (the emptyDir outlives it)."""
+    return {
+        "name": "admin-token",
+        "image": image,
+        "args": ["admin-token", ADMIN_TOKEN_FILE],
+        "resources": {
+            "requests": {"cpu": "50m", "memory": "64Mi"},
+            "limits": {"memory": "256Mi"},
+        },
+        "securityContext": container_security(SIDECAR_UID),
+        "volumeMounts": [{"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR}],
+    }
 
 
 def container_security(uid: int) -> dict[str, Any]:

@@ -25,11 +25,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from extproc.service.admin_auth import TOKEN_FILE_ENV
 from extproc.version import VERSION
 from tests.support.stack import EXAMPLE_POLICY, ROOT
 from tests.tooling.render.test_mesh import COMMITTED, SCHEMA_FILES, schema
 from tooling.cli.main import build_parser
 from tooling.render.k8s import (
+    ADMIN_TOKEN_FILE,
     HEALTH_PORT,
     SIDECAR_PORT,
     SIDECAR_SOCKET,
@@ -166,6 +168,31 @@ def test_the_sidecar_pod_is_hardened_spread_and_budgeted(name: str) -> None:
     assert budget["spec"]["selector"] == {"matchLabels": labels}
     assert budget["metadata"].get("namespace") == deployment["metadata"].get("namespace")
     assert budget["spec"]["maxUnavailable"] == 1 < deployment["spec"]["replicas"]
+
+
+@pytest.mark.parametrize("name", MANIFESTS)
+def test_the_pod_makes_its_admin_token_and_only_the_sidecar_reads_it(name: str) -> None:
+    """An init container writes the token into an in-memory emptyDir; the sidecar container
+    alone mounts it (read-only) and names it in SLOGATE_ADMIN_TOKEN_FILE, which its CLI reads
+    too; Envoy, on the same loopback, cannot read it."""
+    pod = _deployment(rendered(name))["spec"]["template"]["spec"]
+    (maker,) = pod["initContainers"]
+    assert maker["args"] == ["admin-token", ADMIN_TOKEN_FILE]
+    context = maker["securityContext"]
+    assert context["runAsUser"] == SIDECAR_UID and context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    volume = next(v for v in pod["volumes"] if v["name"] == "admin-token")
+    assert volume["emptyDir"]["medium"] == "Memory"
+    for container in pod["containers"]:
+        mounts = {m["name"]: m for m in container.get("volumeMounts", [])}
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        if container["name"] == "slogate":
+            assert mounts["admin-token"]["readOnly"] is True
+            assert env[TOKEN_FILE_ENV] == ADMIN_TOKEN_FILE
+            assert ADMIN_TOKEN_FILE.startswith(mounts["admin-token"]["mountPath"] + "/")
+        else:
+            assert "admin-token" not in mounts and TOKEN_FILE_ENV not in env
 
 
 def test_the_plain_pod_admits_only_envoy_and_metrics_from_outside() -> None:
