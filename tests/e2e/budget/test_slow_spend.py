@@ -122,7 +122,7 @@ async def warmed(driver: SidecarDriver) -> None:
     on one (it lands when Redis resumes) rather than waiting on a new connection's
     handshake (it never would)."""
     replies = await asyncio.gather(*(driver.decide("sk-warm", chat()) for _ in range(8)))
-    await driver.report([(r.tracking_id, 200, 1, 1) for r in replies if r.tracking_id])
+    await driver.report([r.outcome(200, 1, 1) for r in replies if r.tracking_id])
 
 
 def paused(redis: ManagedProcess) -> None:
@@ -176,7 +176,7 @@ async def test_paused_redis_refused_with_a_clear_error_and_nothing_held(
             before = sample(sidecar, "slogate_budget_store_decisions_total", store="shared")
             again = await driver.decide("sk-payg", chat())
             assert again.status == 200 and again.tracking_id is not None
-            await driver.report([(again.tracking_id, 200, 10, 20)])
+            await driver.report([again.outcome(200, 10, 20)])
             admitted += 1
             return sample(sidecar, "slogate_budget_store_decisions_total", store="shared") > before
 
@@ -205,7 +205,7 @@ async def test_paused_redis_admitted_and_its_spend_counted_once_redis_answers(
             admitted = await driver.decide("sk-payg", chat())
             assert admitted.status == 200 and admitted.tracking_id is not None
             # It ends while Redis is still paused: its settlement waits for it.
-            await driver.report([(admitted.tracking_id, 200, 12, 30)])
+            await driver.report([admitted.outcome(200, 12, 30)])
             tracking_id = admitted.tracking_id
 
             async def waiting() -> bool:
@@ -254,7 +254,7 @@ async def test_redis_slower_than_the_budgets_but_within_the_spend_timeout_is_che
             assert sample(sidecar, "slogate_tenant_spend_unverified_total") == 0
             assert await spent_today(port, "payg") > 0
             assert checked.tracking_id is not None
-            await driver.report([(checked.tracking_id, 200, 5, 5)])
+            await driver.report([checked.outcome(200, 5, 5)])
 
             async def settled() -> bool:
                 return await spent_today(port, "payg") == 10
