@@ -16,6 +16,8 @@
     ├── Shed                  429  overloaded                sheddable traffic the breaker sheds
     ├── InternalError         500  internal_error            a slogate bug: never route on a guess
     ├── Overloaded            503  overloaded                shed by the breaker (Retry-After)
+    ├── SpendUnverified       503  spend_unverified          the spend store did not answer in
+    │                                                        time (`spend_unverified: refuse`)
     └── NoEndpoint            503  no_endpoint               none of the endpoints the gateway
                                                              allows (its subset hint) can serve
 
@@ -113,6 +115,16 @@ class Overloaded(RequestRejected):
     status = 503
     error_type = "server_error"
     code = "overloaded"
+
+
+class SpendUnverified(RequestRejected):
+    """The tenant's spend budget could not be checked in time (the spend store, Redis, slow
+    or away) and the policy refuses what it cannot check (`budget.spend_unverified:
+    refuse`): a 503 to retry shortly (Retry-After), not an exhausted quota."""
+
+    status = 503
+    error_type = "server_error"
+    code = "spend_unverified"
 
 
 class Shed(RequestRejected):

@@ -9,9 +9,22 @@ up; `SpendEvents`, what it reports; `spend_usage`, what a finished request used;
 warning header (`x-slogate-spend-warning: month=80%`) on admitted requests.
 
 A stream admitted under the limit is never cut: it settles what it really used, even past
-the limit, and the next request is refused. If the store cannot answer (Redis away), the
-request is admitted unchecked and counted (`spend_unchecked`): a day's or a month's total
-cannot be rebuilt from local shares the way a per-minute bucket can.
+the limit, and the next request is refused.
+
+A check the store does not answer within its own timeout (`budget.spend_timeout_ms`,
+longer than the token budgets': a day's or a month's total cannot be rebuilt from local
+shares the way a per-minute bucket can, so there is nothing to fall back on) leaves the
+request's reservation unknown: the command was sent and may still land. The policy's
+`budget.spend_unverified` says what the request gets:
+- `admit` (the default): it runs, and is settled unverified when it ends (budget.spend.
+  settle_unverified): what it spent counts once, whether its reservation landed or not. A
+  settlement the store cannot take yet waits in the backlog (budget.spend_backlog),
+  retried each `reconcile` until the store answers. The tenant may pass its limit by what
+  was admitted while the store was slow; the next requests see it.
+- `refuse`: a 503 `spend_unverified` with Retry-After; the steps before give back what they
+  hold (the chain), and its own reservation, should it land late, is refunded from the
+  backlog.
+Either way it is counted (`SpendEvents.spend_unverified`), and the decision log says so.
 """
 
 from __future__ import annotations
@@ -30,7 +43,7 @@ from admission.decision import (
     RequestOutcome,
     RoutingDecision,
 )
-from admission.errors import SpendExhausted
+from admission.errors import SpendExhausted, SpendUnverified
 from budget.spend import (
     WARNING_SHARES,
     SpendHold,
@@ -39,8 +52,10 @@ from budget.spend import (
     reserved_cost,
     windows,
 )
+from budget.spend_backlog import PendingSettlement, SpendBacklog, settle
 from budget.spend_store import SpendStore
 from budget.store import BudgetStoreError
+from policy.schema import UnverifiedSpend
 
 log = logging.getLogger("slogate.spend")
 _ADJECTIVE = {"day": "daily", "month": "monthly"}
@@ -51,8 +66,13 @@ class SpendEvents(Protocol):
         """A window's used share (spent + held over its limit) moved from `before`."""
         ...
 
-    def spend_unchecked(self, tenant: str) -> None:
-        """Admitted without a check: the store did not answer."""
+    def spend_unverified(self, tenant: str, action: str, cause: str) -> None:
+        """A check the store did not answer: `action` admitted or refused, `cause` timeout
+        (slower than the spend timeout) or error (away)."""
+        ...
+
+    def spend_backlog(self, waiting: int, settled: int, lost: int) -> None:
+        """The settlements waiting for the store, and how many it took or were given up."""
         ...
 
 
@@ -111,6 +131,9 @@ class SpendStep:
         self._events = events
         self._ttl_s = ttl_s  # a reservation outlives the longest request by this
         self._wall_clock = wall_clock  # UTC time: which day and month a request falls in
+        self.backlog = SpendBacklog()
+        # The store failed its last call: one warning an outage, not one a request.
+        self._unanswered = False
 
     async def admit(self, applicant: Applicant) -> Admitted:
         decision, policy = applicant.decision, applicant.policy
@@ -128,9 +151,8 @@ class SpendStep:
         try:
             verdict = await self._store.reserve(hold, applicant.request_id, self._ttl_s)
         except BudgetStoreError as error:
-            log.warning("spend store unavailable, admitted unchecked: %s", error)
-            self._events.spend_unchecked(caller.tenant_label)
-            return Admitted(decision)
+            return self._unverified(applicant, hold, error)
+        self._answered()
         shares = {s.name: verdict.used[s.id] / s.limit for s in spans}
         for span in spans:
             before = (verdict.used[span.id] - (amount if verdict.admitted else 0)) / span.limit
@@ -150,6 +172,52 @@ class SpendStep:
             )
         return Admitted(dataclasses.replace(decision, spend=hold), warning_header(shares))
 
+    def _unverified(
+        self, applicant: Applicant, hold: SpendHold, error: BudgetStoreError
+    ) -> Admitted:
+        """The check went unanswered: admit the request unverified, or refuse it, as the
+        policy says."""
+        decision, caller = applicant.decision, applicant.decision.caller
+        cause = "timeout" if isinstance(error.__cause__, TimeoutError) else "error"
+        unverified = dataclasses.replace(hold, verified=False)
+        if applicant.policy.budget.spend_unverified is UnverifiedSpend.ADMIT:
+            self._failed(f"spend checks unanswered, admitted unverified: {error}")
+            self._events.spend_unverified(caller.tenant_label, "admitted", cause)
+            return Admitted(dataclasses.replace(decision, spend=unverified))
+        self._failed(f"spend checks unanswered, refused (spend_unverified): {error}")
+        self._events.spend_unverified(caller.tenant_label, "refused", cause)
+        # Its reservation may land once the store answers: refunded then, from the backlog
+        # (not here: that would wait another timeout before the client hears of it).
+        self._later(unverified, applicant.request_id, None)
+        raise SpendUnverified(
+            f"Tenant {caller.tenant!r}'s spend budget could not be checked in time (the "
+            "spend store is slow or unreachable), and this gateway refuses what it cannot "
+            "check. Retry shortly.",
+            reason="spend_unverified",
+            retry_after_s=1,
+        )
+
+    def _failed(self, message: str) -> None:
+        if not self._unanswered:
+            log.warning("%s", message)
+        self._unanswered = True
+
+    def _answered(self) -> None:
+        if self._unanswered:
+            log.warning("spend store answers again")
+        self._unanswered = False
+
+    def _later(self, hold: SpendHold, request_id: str, actual: float | None) -> None:
+        """Into the backlog, tried until half the reservation's ttl has passed (well inside
+        the ttl of the marker an unverified settlement leaves, on the store's clock)."""
+        deadline_s = self._wall_clock() + self._ttl_s / 2
+        self.backlog.add(PendingSettlement(hold, request_id, actual, deadline_s, self._ttl_s))
+
+    async def reconcile(self) -> None:
+        """Retry the settlements the store could not take (the sidecar's periodic loop)."""
+        drained = await self.backlog.drain(self._store, self._wall_clock())
+        self._events.spend_backlog(drained.waiting, drained.settled, drained.lost)
+
     async def release(self, decision: RoutingDecision, request_id: str) -> None:
         """A later step refused, or the request died: the reservation is refunded."""
         hold = decision.spend
@@ -158,8 +226,14 @@ class SpendStep:
 
     async def settle(self, outcome: RequestOutcome) -> None:
         hold = outcome.decision.spend
-        if hold is None or outcome.expired:
-            return  # an expired reservation stays spent in the store by itself
+        if hold is None:
+            return
+        if outcome.expired:
+            if hold.verified:
+                return  # an expired reservation stays spent in the store by itself
+            # Its reservation may never have landed: charged what it reserved, as it would be.
+            await self._settled(outcome.decision, hold, outcome.tracking_id, hold.amount)
+            return
         usage = spend_usage(outcome)
         actual = None if usage is None else usage.cost(hold.per_token)
         await self._settled(outcome.decision, hold, outcome.tracking_id, actual)
@@ -168,13 +242,15 @@ class SpendStep:
         self, decision: RoutingDecision, hold: SpendHold, request_id: str, actual: float | None
     ) -> None:
         try:
-            used = await self._store.settle(hold.tenant, hold.window_ids, request_id, actual)
+            used = await settle(self._store, hold, request_id, actual, self._ttl_s)
         except BudgetStoreError as error:
-            log.warning("settling %s's spend failed; it will expire held: %s", request_id, error)
+            self._failed(f"spend settlements fail, retried each second: {error}")
+            self._later(hold, request_id, actual)
             return
         if used is None:
             return
-        change = (actual or 0.0) - hold.amount
+        # An unverified hold's reservation may never have landed: all it spent is new.
+        change = (actual or 0.0) - (hold.amount if hold.verified else 0.0)
         for span in hold.spans:
             share = used[span.id] / span.limit
             before = share - change / span.limit

@@ -9,7 +9,8 @@ What lives here:
                     the `time.lua` prelude every slogate script starts with), loaded and
                     called by `redis_scripts` (also for the KV ledger's, admission.kv).
 - `spend`, `spend_store`, `spend_redis`  the tenants' spend budgets per day and month, the
-                    same way: the arithmetic, the in-process store, the Redis one.
+                    same way: the arithmetic, the in-process store, the Redis one;
+                    `spend_backlog`, the settlements a slow Redis could not take yet.
 - `quotas`          the dynamic quota controller: per-tier multipliers on the budgets from
                     the load score (breaker.board.load_score), Holt-Winters forecasts.
 - `key_quotas`      per-key dynamic tokens-per-minute ceilings from each key's consumption.

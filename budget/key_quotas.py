@@ -31,8 +31,12 @@ class KeyQuotas:
         self._consumed[budget_id] = self._consumed.get(budget_id, 0.0) + weighted_tokens
 
     def step(self, keys: Iterable[ApiKey], memory_usage: float | None) -> list[Adjustment]:
-        """One controller interval for every key with a tokens-per-minute limit."""
-        return self.step_keys(keys, self.take_consumed(), memory_usage)
+        """One controller interval for every key with a tokens-per-minute limit; the budgets
+        of keys no longer given are dropped (`retain`)."""
+        stepped: set[str] = set()
+        adjustments = self.step_keys(keys, self.take_consumed(), memory_usage, stepped)
+        self.retain(stepped)
+        return adjustments
 
     def take_consumed(self) -> dict[str, float]:
         """The interval's consumption per key, handed over once: what `step_keys` reads
@@ -65,6 +69,16 @@ class KeyQuotas:
             spent = consumed.get(key.budget_id, 0.0)
             adjustments += budget.step(spent, memory_usage, key.budget_id)
         return adjustments
+
+    def retain(self, budget_ids: set[str]) -> None:
+        """Only these budgets kept (the interval's stepped ones): a key removed from the
+        policy, or whose limit was, takes its history with it instead of staying for the
+        process's life (one a key ever seen: keys rotated daily grew without end)."""
+        for budget_id in [b for b in self._budgets if b not in budget_ids]:
+            del self._budgets[budget_id]
+
+    def budget_count(self) -> int:
+        return len(self._budgets)
 
     def tokens_per_minute(self, key: ApiKey) -> float | None:
         """The key's dynamic ceiling per minute, or None without a policy limit / history."""

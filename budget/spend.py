@@ -13,6 +13,14 @@ prices) and settles on its real usage. So the last request admitted may take the
 past the limit, by at most its own cost (a stream is never cut mid-way), and the next is
 refused until the window ends. A reservation never settled expires after its ttl and its
 charge stays spent (the work may have been done).
+
+A check that did not answer in time (a slow or away store) leaves the request's reservation
+unknown: it may still land later (the command was sent) or never. Such a request is settled
+`unverified` (`settle_unverified`): its reservation replaced by what it spent when it
+landed, else what it spent charged outright; either way a marker of the settlement stays
+for `ttl_s`, so that a reservation landing after it holds nothing and a retried settlement
+changes nothing. A request refused because its check did not answer is settled so too,
+with nothing spent.
 """
 
 from __future__ import annotations
@@ -94,6 +102,9 @@ class SpendHold:
     spans: tuple[SpendWindow, ...]
     per_token: Mapping[str, float]
     amount: float  # what it reserved
+    # False: its check went unanswered, so its reservation is unknown (it may land later, or
+    # never): it is settled with `settle_unverified`.
+    verified: bool = True
 
     @property
     def window_ids(self) -> tuple[str, ...]:
@@ -113,11 +124,16 @@ class WindowState:
     spent: float = 0.0
     # reservation id -> (amount, expiry in unix seconds)
     reservations: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # reservation id -> expiry: settled unverified (a late reservation of it holds nothing)
+    settled: dict[str, float] = field(default_factory=dict)
 
     def expire(self, now_s: float) -> None:
-        """Reservations past their expiry: their charge stays spent."""
+        """Reservations past their expiry: their charge stays spent. Settlement markers
+        past theirs are forgotten."""
         for rid in [r for r, (_, expires_s) in self.reservations.items() if expires_s <= now_s]:
             self.spent += self.reservations.pop(rid)[0]
+        for rid in [r for r, expires_s in self.settled.items() if expires_s <= now_s]:
+            del self.settled[rid]
 
     @property
     def used(self) -> float:
@@ -136,6 +152,9 @@ def reserve(
     each; else refuse, naming the window that reopens last."""
     for span in spans:
         states[span.id].expire(now_s)
+    if any(reservation_id in states[s.id].settled for s in spans):
+        # Settled while its check went unanswered: landing now, it must hold nothing.
+        return SpendVerdict(False, {s.id: states[s.id].used for s in spans})
     full = [s for s in spans if states[s.id].used >= s.limit]
     if full:
         used = {s.id: states[s.id].used for s in spans}
@@ -157,3 +176,26 @@ def settle(
             found = True
             state.spent += actual or 0.0
     return {wid: state.used for wid, state in states.items()} if found else None
+
+
+def settle_unverified(
+    states: Mapping[str, WindowState],
+    reservation_id: str,
+    actual: float | None,
+    now_s: float,
+    ttl_s: float,
+) -> dict[str, float] | None:
+    """Settle a request whose reservation is unknown (its check went unanswered): the
+    reservation, where it landed, replaced by `actual`; where it did not, `actual` charged
+    outright (None: nothing). A marker stays `ttl_s` so that the reservation landing after
+    this holds nothing and this settlement retried changes nothing. What each window holds
+    then, or None when it was settled already."""
+    for state in states.values():
+        state.expire(now_s)
+    if any(reservation_id in state.settled for state in states.values()):
+        return None
+    for state in states.values():
+        state.reservations.pop(reservation_id, None)
+        state.spent += actual or 0.0
+        state.settled[reservation_id] = now_s + ttl_s
+    return {wid: state.used for wid, state in states.items()}

@@ -23,7 +23,7 @@ def _float(raw: Any) -> float:
 
 class RedisSpendStore(LuaStore):
     COMMON = "spend_common.lua"
-    SCRIPTS = ("spend_reserve.lua", "spend_settle.lua")
+    SCRIPTS = ("spend_reserve.lua", "spend_settle.lua", "spend_settle_unverified.lua")
 
     def _keys(self, tenant: str, window_ids: Sequence[str]) -> list[str]:
         keys = []
@@ -58,6 +58,23 @@ class RedisSpendStore(LuaStore):
         if int(reply[0]) != 1:
             return None
         return {wid: _float(v) for wid, v in zip(window_ids, reply[1:], strict=True)}
+
+    async def settle_unverified(
+        self, hold: SpendHold, reservation_id: str, actual: float | None, ttl_s: float
+    ) -> dict[str, float] | None:
+        args: list[Any] = [
+            self._now_arg(),
+            reservation_id,
+            repr(-1.0 if actual is None else float(actual)),
+            repr(float(ttl_s)),
+        ]
+        args += [repr(span.ends_s + DAY_S) for span in hold.spans]
+        reply = await self._scripts.run(
+            "spend_settle_unverified.lua", self._keys(hold.tenant, hold.window_ids), args
+        )
+        if int(reply[0]) != 1:
+            return None
+        return {wid: _float(v) for wid, v in zip(hold.window_ids, reply[1:], strict=True)}
 
     async def used(self, tenant: str, window_ids: Sequence[str]) -> dict[str, float]:
         out = {}

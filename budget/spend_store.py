@@ -12,7 +12,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from budget.spend import DAY_S, SpendHold, SpendVerdict, WindowState, reserve, settle
+from budget.spend import (
+    DAY_S,
+    SpendHold,
+    SpendVerdict,
+    WindowState,
+    reserve,
+    settle,
+    settle_unverified,
+)
 
 
 class SpendStore(Protocol):
@@ -24,6 +32,14 @@ class SpendStore(Protocol):
         self, tenant: str, window_ids: Sequence[str], reservation_id: str, actual: float | None
     ) -> dict[str, float] | None:
         """What each window holds after; None when the reservation was unknown."""
+        ...
+
+    async def settle_unverified(
+        self, hold: SpendHold, reservation_id: str, actual: float | None, ttl_s: float
+    ) -> dict[str, float] | None:
+        """Settle a request whose reservation is unknown (budget.spend.settle_unverified):
+        safe to retry, and a reservation landing after it holds nothing. None: settled
+        already."""
         ...
 
     async def used(self, tenant: str, window_ids: Sequence[str]) -> dict[str, float]:
@@ -48,12 +64,15 @@ class InProcessSpendStore:
             self._windows.pop(ended, None)
             del self._ends_s[ended]
 
-    async def reserve(self, hold: SpendHold, reservation_id: str, ttl_s: float) -> SpendVerdict:
-        now_s = self._clock()
+    def _track(self, hold: SpendHold, now_s: float) -> None:
         for span in hold.spans:
             if (hold.tenant, span.id) not in self._ends_s:
                 self._forget_ended(now_s)  # once per new window: cheap enough
                 self._ends_s[(hold.tenant, span.id)] = span.ends_s
+
+    async def reserve(self, hold: SpendHold, reservation_id: str, ttl_s: float) -> SpendVerdict:
+        now_s = self._clock()
+        self._track(hold, now_s)
         states = self._states(hold.tenant, hold.window_ids)
         return reserve(states, hold.spans, hold.amount, reservation_id, now_s, ttl_s)
 
@@ -61,6 +80,13 @@ class InProcessSpendStore:
         self, tenant: str, window_ids: Sequence[str], reservation_id: str, actual: float | None
     ) -> dict[str, float] | None:
         return settle(self._states(tenant, window_ids), reservation_id, actual)
+
+    async def settle_unverified(
+        self, hold: SpendHold, reservation_id: str, actual: float | None, ttl_s: float
+    ) -> dict[str, float] | None:
+        self._track(hold, self._clock())
+        states = self._states(hold.tenant, hold.window_ids)
+        return settle_unverified(states, reservation_id, actual, self._clock(), ttl_s)
 
     async def used(self, tenant: str, window_ids: Sequence[str]) -> dict[str, float]:
         now_s = self._clock()

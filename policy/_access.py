@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from policy._reader import PolicyError, Section, expect, positive, recorded_files
+from policy._reader import PolicyError, Section, expect, one_of, positive, recorded_files
 from policy.apis import DEFAULT_PUBLIC_PATHS, KNOWN_API_NAMES, PathTable, api_named
 from policy.domain import (
     LIMIT_FIELDS,
@@ -25,6 +25,7 @@ from policy.schema import (
     JwtConfig,
     ShadowConfig,
     TlsConfig,
+    UnverifiedSpend,
 )
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -132,16 +133,32 @@ def parse_budget(sec: Section) -> BudgetConfig:
         store = BudgetStoreKind(store_raw)
     except ValueError:
         raise PolicyError(f"{sec.child('store')}: expected 'memory' or 'redis'") from None
+    redis_timeout_ms = sec.get("redis_timeout_ms", float, _DEFAULT_BUDGET.redis_timeout_ms)
+    positive(redis_timeout_ms, sec.child("redis_timeout_ms"))
+    # Unset, the spend check waits at least as long as the budgets do.
+    spend_timeout_ms = sec.get(
+        "spend_timeout_ms", float, max(_DEFAULT_BUDGET.spend_timeout_ms, redis_timeout_ms)
+    )
+    positive(spend_timeout_ms, sec.child("spend_timeout_ms"))
+    if spend_timeout_ms < redis_timeout_ms:
+        raise PolicyError(
+            f"{sec.child('spend_timeout_ms')}: must be at least redis_timeout_ms "
+            f"({redis_timeout_ms:g}): a spend check has no local share to fall back on, "
+            f"got {spend_timeout_ms:g}"
+        )
     config = BudgetConfig(
         store=store,
         redis_url=sec.get("redis_url", str, _DEFAULT_BUDGET.redis_url),
         redis_cluster=sec.get("redis_cluster", bool, False),
-        redis_timeout_ms=sec.get("redis_timeout_ms", float, _DEFAULT_BUDGET.redis_timeout_ms),
+        redis_timeout_ms=redis_timeout_ms,
         replicas=sec.get("replicas", int, 1),
+        spend_timeout_ms=spend_timeout_ms,
+        spend_unverified=UnverifiedSpend(
+            one_of(sec, "spend_unverified", UnverifiedSpend, _DEFAULT_BUDGET.spend_unverified)
+        ),
     )
     if not config.redis_url.startswith(("redis://", "rediss://", "unix://")):
         raise PolicyError(f"{sec.child('redis_url')}: expected redis://, rediss:// or unix://")
-    positive(config.redis_timeout_ms, sec.child("redis_timeout_ms"))
     positive(config.replicas, sec.child("replicas"))
     sec.close()
     return config

@@ -36,6 +36,21 @@ class BudgetStoreKind(StrEnum):
     REDIS = "redis"  # shared by every sidecar replica
 
 
+class UnverifiedSpend(StrEnum):
+    """What a request whose spend check did not answer in time (Redis slow or away) gets:
+    `admit`, settled once Redis answers (admission.spend_step), or `refuse`, a 503."""
+
+    ADMIT = "admit"
+    REFUSE = "refuse"
+
+
+# A spend check's default wait: a spend budget has no local share to fall back on, so it
+# waits longer than a token budget (10 ms) to ride out what slows a healthy Redis (a fork
+# for a snapshot or an AOF rewrite, ~10 ms per GB of data), a tenth of Envoy's default 1 s
+# wait for each sidecar reply, and small beside a model's time to first token.
+SPEND_TIMEOUT_MS = 100.0
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetConfig:
     store: BudgetStoreKind = BudgetStoreKind.MEMORY
@@ -43,6 +58,10 @@ class BudgetConfig:
     redis_cluster: bool = False
     redis_timeout_ms: float = 10.0  # past this a decision falls back to local budgets
     replicas: int = 1  # sidecars sharing the budgets; each keeps 1/replicas when degraded
+    # A spend check's own wait on Redis (never shorter than redis_timeout_ms), and what a
+    # request gets when it passes.
+    spend_timeout_ms: float = SPEND_TIMEOUT_MS
+    spend_unverified: UnverifiedSpend = UnverifiedSpend.ADMIT
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 -- slogate spend: what spend_reserve.lua and spend_settle.lua share (after time.lua).
 -- Mirrors budget/spend.py. A window is a hash (`spent`, `held`: the sum of its
--- reservations, and `r:<id>` = one reservation's amount) and a zset of reservation expiries;
--- all of one tenant's windows share a hash tag, one cluster slot.
+-- reservations, `r:<id>` = one reservation's amount, and `s:<id>` = a request settled
+-- unverified, whose reservation must hold nothing if it lands later) and a zset of the
+-- expiries of both; all of one tenant's windows share a hash tag, one cluster slot.
 
 local function used(hash)
   local v = redis.call('HMGET', hash, 'spent', 'held')
@@ -17,6 +18,7 @@ local function expire(hash, zset, now)
       redis.call('HINCRBYFLOAT', hash, 'held', num(-amount))
       redis.call('HDEL', hash, 'r:' .. id)
     end
+    redis.call('HDEL', hash, 's:' .. id)
     redis.call('ZREM', zset, id)
   end
 end

@@ -15,6 +15,9 @@ from admission.decision import DEGRADED_HEADER, QUEUED_HEADER, SPEND_WARNING_HEA
 
 METADATA_NAMESPACE = "slogate"  # set by the sidecar on the request path (ext_proc)
 TRACKING_ID_FIELD = "id"  # in METADATA_NAMESPACE: the sidecar's in-flight id of the request
+# In METADATA_NAMESPACE: the id's proof (extproc.request.inflight): an access-log entry
+# settles only with it. No route renders it: clients and engines never see it.
+USAGE_PROOF_FIELD = "proof"
 # In METADATA_NAMESPACE: the pool the sidecar chose. Envoy's pool routes match on it, so only
 # the sidecar can pick a pool: a client can send any header, but cannot set metadata.
 POOL_FIELD = "pool"
@@ -200,7 +203,8 @@ ENVOY_PIECES: tuple[EnvoyPiece, ...] = (
     ),
     EnvoyPiece(
         "sidecar cluster",
-        f"cluster `{SIDECAR_CLUSTER}`, HTTP/2, to the sidecar's gRPC port (loopback in a pod)",
+        f"cluster `{SIDECAR_CLUSTER}`, HTTP/2, to the sidecar's gRPC port (in a pod: its Unix "
+        "socket as a pipe address, or loopback)",
         "carries ext_proc streams and the access log",
         "Envoy refuses the configuration (both name the cluster)",
     ),

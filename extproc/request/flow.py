@@ -223,7 +223,8 @@ class Decider:
             new_body = rewritten_body(body, request, written, decided.model_override, priority)
         hide_usage = request is not None and adds_usage(request)
         headers = admitted.response_headers
-        return Routed(admitted.decision, tracking_id, new_body, headers, hide_usage)
+        proof = inflight.proof(tracking_id)
+        return Routed(admitted.decision, tracking_id, new_body, headers, hide_usage, proof)
 
     def _hinted(self, spec: Pool | None, within: Collection[str]) -> None:
         """Raise NoEndpoint when slogate picks in the pool and no serving engine of it is

@@ -52,6 +52,8 @@ class Routed:
     response_headers: Mapping[str, str] = field(default_factory=dict)
     # slogate asked the stream for its usage itself: the Lua tap hides it from the client.
     hide_usage: bool = False
+    # The tracking id's proof (InFlight.proof): its access-log entry settles only with it.
+    usage_proof: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True)

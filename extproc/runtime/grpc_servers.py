@@ -1,10 +1,12 @@
 """The sidecar's listeners: how its gRPC and /metrics servers are built and bound.
 
 What lives here: `start_ext_proc` (the server Envoy calls: ext_proc, the access log,
-grpc.health.v1 with the endpoint picker protocol's service names), `ListenerTls` (its
-server certificate, and the client CA of mutual TLS), `start_health` (grpc.health.v1 alone
-in plain text, for the kubelet's probes when the gRPC port speaks TLS), `PortTaken` and
-`bind` (a taken port fails loudly, naming what wanted it), `grpc_options` (message limits,
+grpc.health.v1 with the endpoint picker protocol's service names; on a TCP address or a Unix
+socket only the pod's containers can open), `ListenerTls` (its server certificate, and the
+client CA of mutual TLS), `start_health` (grpc.health.v1 alone in plain text, for the
+kubelet's probes: beside a TLS port, or on the pod's address while ext_proc stays inside the
+pod), `PortTaken` and `bind` (a taken port or a live socket fails loudly, naming what wanted
+it), `grpc_options` (message limits,
 keepalive, port sharing between workers), and the admin API's server, a worker's private
 server and the /metrics endpoint. Each starts its server
 and registers its stop, beside the start, on the exit stack it is given: the composition
@@ -16,6 +18,9 @@ servicers go on which server, and how a port is taken, are told here.
 
 from __future__ import annotations
 
+import logging
+import socket
+import stat
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -39,7 +44,12 @@ from extproc.runtime.policy_holder import PolicyHolder
 from extproc.runtime.workers import Siblings, WorkerSlot
 from extproc.service.access_log import AccessLogService, OutcomeRecorder
 from extproc.service.admin import AdminService
-from extproc.service.admin_auth import AdminAuth, admin_token
+from extproc.service.admin_auth import (
+    NO_TOKEN_ON_TCP,
+    AdminAuth,
+    admin_token,
+    secure_unix_socket,
+)
 from extproc.service.ext_proc import ExternalProcessorService
 from extproc.service.key_admin import KeyAdminService, KeyWrites
 from extproc.service.metrics import SidecarMetrics
@@ -58,6 +68,8 @@ LIVENESS_SERVICE = "liveness"
 READINESS_SERVICE = "readiness"
 EXT_PROC_SERVICE = external_processor_pb2.DESCRIPTOR.services_by_name["ExternalProcessor"].full_name
 READY_SERVICES = ("", READINESS_SERVICE, EXT_PROC_SERVICE)
+
+log = logging.getLogger("slogate.admin")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,13 +110,40 @@ def bind(
             bound = server.add_insecure_port(address)
     except RuntimeError:
         bound = 0
-    if bound == 0 and not address.startswith("unix:"):
+    if bound == 0:
         # grpcio says the same for a certificate or key it cannot use (its log says which).
         cause = (
             "in use, or the TLS certificate and key are not a PEM pair" if credentials else "in use"
         )
+        if address.startswith("unix:"):
+            cause = "not creatable: its folder is missing or not writable"
         raise PortTaken(f"cannot listen on {address} ({what}): the address is {cause}")
     return bound
+
+
+# Connecting to a Unix socket needs write permission on it. Envoy beside the sidecar runs
+# as another user (its image's `envoy`) in the pod's fsGroup: the group may connect, others
+# may not (grpcio leaves the umask's 0755: only the sidecar's own user could).
+SOCKET_MODE = 0o660
+
+
+def claim_socket(path: Path, what: str) -> None:
+    """Refuse a Unix socket path another process listens on: grpcio unlinks a socket file
+    before it binds, so a second sidecar on the path would silently take it from a live
+    one. A stale socket (nothing answers) is left for grpcio to replace; anything else
+    there is refused."""
+    if not path.exists():
+        return
+    if not stat.S_ISSOCK(path.stat().st_mode):
+        raise PortTaken(f"cannot listen on unix:{path} ({what}): a file that is no socket is there")
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return  # stale: its process is gone
+    finally:
+        probe.close()
+    raise PortTaken(f"cannot listen on unix:{path} ({what}): another process listens there")
 
 
 def grpc_options(policy: PolicyHolder, worker: WorkerSlot | None) -> list[tuple[str, int]]:
@@ -137,7 +176,8 @@ async def start_ext_proc(
     tls: ListenerTls | None = None,
 ) -> int:
     """The server Envoy calls: ext_proc, the access log and grpc.health.v1, started on
-    `address` (TLS with `tls`) and SERVING; returns the port it bound. On the way out the
+    `address` (host:port, or unix:/path with SOCKET_MODE; TLS with `tls`) and SERVING;
+    returns the port it bound (0 for a Unix socket). On the way out the
     ready services go NOT_SERVING (liveness stays SERVING while the process answers), and
     the streams in flight finish within `grace_s()` while new ones are refused."""
     server = grpc.aio.server(options=options)
@@ -158,7 +198,14 @@ async def start_ext_proc(
     # services NOT_SERVING on stop.
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     credentials = tls.credentials() if tls is not None else None
-    port = bind(server, address, "the sidecar's gRPC port", credentials)
+    what = "the sidecar's gRPC port"
+    socket_path = Path(address.removeprefix("unix:")) if address.startswith("unix:") else None
+    if socket_path is not None:
+        claim_socket(socket_path, what)
+    port = bind(server, address, what, credentials)
+    if socket_path is not None:
+        socket_path.chmod(SOCKET_MODE)  # before start: Envoy (the group) can connect at once
+        port = 0
     await server.start()
     for service in (LIVENESS_SERVICE, *READY_SERVICES):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -236,8 +283,12 @@ async def start_admin(
 ) -> str:
     """The admin API on its own server: loopback or a Unix socket, never the pod IP.
     Returns the address it listens on."""
-    # Who may call it: a token, or a Unix socket's permissions (admin_auth).
-    auth = AdminAuth(admin_token(), address.startswith("unix:"))
+    # Who may change anything: the token's holder, or a Unix socket's owner (admin_auth).
+    token = admin_token()
+    unix_socket = address.startswith("unix:")
+    if token is None and not unix_socket:
+        log.warning("admin API %s: %s", address, NO_TOKEN_ON_TCP)
+    auth = AdminAuth(token, unix_socket)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=[auth])
     admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
     admin_pb2_grpc.add_KeyAdminServicer_to_server(KeyAdminService(keys), server)
@@ -245,6 +296,8 @@ async def start_admin(
         TenantAdminService(policy, spend, wall_clock), server
     )
     bound = bind(server, address, "the admin API")
+    if unix_socket:  # 0600 before it answers anyone
+        secure_unix_socket(address)
     await server.start()
     exits.push_async_callback(server.stop, 1.0)
     if address.startswith("unix:"):

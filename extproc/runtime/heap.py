@@ -89,13 +89,17 @@ def _begin(short_interval: bool) -> None:
 
 def _end(short_interval: bool) -> None:
     """The last build out: what was built is frozen (in a sidecar process), then the
-    collector and the interval are back. Cyclic garbage of requests in flight meanwhile
-    is frozen with it: a few objects a build."""
+    collector and the interval are back. Collected first: a freeze keeps whatever is
+    tracked at that moment, and cyclic garbage of the requests in flight (a reload runs
+    under traffic) would stay in the permanent generation for good — measured before:
+    ~260 objects a reload, `slogate bench reloads`. Only what is not frozen yet is walked:
+    what came since the last freeze."""
     global _building, _shortened
     with _lock:
         _building -= 1
         if _building == 0:
             if _frozen:
+                gc.collect()
                 gc.freeze()
             if _collector_was_enabled:
                 gc.enable()

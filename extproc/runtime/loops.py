@@ -165,6 +165,7 @@ class QuotaLoop:
                 if measured[1] is not None:
                     forecast = (forecast or 0.0) + measured[1]
                 demand[tenant] = (actual + measured[0], forecast)
+        self._key_quotas.retain(stepped)
         for tenant, (actual, forecast) in demand.items():
             self._metrics.tenant_demand(tenant, "actual").set(actual)
             if forecast is not None:

@@ -51,15 +51,16 @@ from extproc.runtime.workers import Siblings, WorkerSlot
 from extproc.service.access_log import OutcomeRecorder
 from extproc.service.admin import AdminService
 from extproc.service.candidate_metrics import CandidateMetrics
-from extproc.service.decision_log import DecisionLog
+from extproc.service.decision_log import DECISION_FILES, DecisionLog
 from extproc.service.engine_metrics import EngineCollector
 from extproc.service.genai_metrics import GenAiMetrics
 from extproc.service.known_series import held_by_pool, policy_series, start_series, waiting_by_pool
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.observers import RequestObserver
 from extproc.service.prompt_feedback import PromptFeedback
+from extproc.service.record_files import dropped_counter
 from extproc.service.tracing import DecisionTracer, start_tracing
-from extproc.service.traffic_record import TrafficRecorder, dropped_counter
+from extproc.service.traffic_record import TRAFFIC_FILES, TrafficRecorder
 from policy.schema import BudgetStoreKind, Policy
 
 
@@ -130,12 +131,13 @@ def build_observers(policy: Policy, metrics: SidecarMetrics) -> Observers:
     decision_log = None
     if policy.decision_log is not None:
         config = policy.decision_log
-        decision_log = DecisionLog(Path(config.directory), config.sample_rate, config.keep_days)
+        dropped = dropped_counter(metrics.registry, DECISION_FILES)
+        decision_log = DecisionLog.from_config(config, dropped)
     traffic = None
     if policy.traffic_record is not None:
         traffic = TrafficRecorder.from_config(
             policy.traffic_record,
-            dropped_counter(metrics.registry),
+            dropped_counter(metrics.registry, TRAFFIC_FILES),
             Path(policy.source).parent,
         )
     return Observers(tracer, decision_log, traffic)

@@ -5,9 +5,10 @@ failures), `housekeeping` (policy and candidate file reloads, the expiry of requ
 whose access log never came, the KV holds' safety net) and `start_loops`, which starts
 them all with their intervals read from the live policy: the waiting room's tick, the
 breaker's evaluation, the quota controller, the engine scrapes, probes and discovery, the
-key store's sync, the re-rank of the tenants that keep metric labels of their own, the
-fleet's heartbeat, and registers their cancelling on the sidecar's exit stack. Split from
-the composition root (extproc.runtime.sidecar), which starts them once its servers listen.
+key store's sync, the spend settlements' retries, the re-rank of the tenants that keep
+metric labels of their own, the fleet's heartbeat, and registers their cancelling on the
+sidecar's exit stack. Split from the composition root (extproc.runtime.sidecar), which
+starts them once its servers listen.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from extproc.runtime.policy_holder import PolicyHolder
 from extproc.runtime.stores import Stores
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.tenant_series import RERANK_INTERVAL_S
+
+# How often settlements the spend store could not take are retried: a paused Redis is
+# retried by one call a second, each bounded by the spend timeout.
+SPEND_RECONCILE_S = 1.0
 
 # The sidecar's logger: these loops' messages read as they did when they lived there.
 log = logging.getLogger("slogate.sidecar")
@@ -96,6 +101,9 @@ async def start_loops(
         asyncio.create_task(every(controller_interval, control_step)),
         asyncio.create_task(every(lambda: RERANK_INTERVAL_S, rerank_tenants)),
     ]
+    spend = path.admission.spend
+    if spend is not None:  # settlements the spend store could not take yet, retried
+        tasks.append(asyncio.create_task(every(lambda: SPEND_RECONCILE_S, spend.reconcile)))
     if engine_watch.scraper is not None:
         tasks.append(asyncio.create_task(engine_watch.scraper.run()))
     if keys is not None:

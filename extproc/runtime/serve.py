@@ -30,6 +30,8 @@ async def run_sidecar(
     worker: WorkerSlot | None = None,
     tls: ListenerTls | None = None,
     health_port: int | None = None,
+    grpc_socket: Path | None = None,
+    health_host: str | None = None,
 ) -> None:
     """`slogate serve`: run until SIGINT/SIGTERM; SIGHUP reloads the policy."""
     sidecar = Sidecar(
@@ -43,6 +45,8 @@ async def run_sidecar(
         worker=worker,
         tls=tls,
         health_port=health_port,
+        grpc_socket=grpc_socket,
+        health_host=health_host,
     )
     address = await sidecar.start()
     freeze_at_start()  # what lives as long as the process leaves the collector's walks
@@ -64,10 +68,10 @@ async def run_sidecar(
         else ""
     )
     admin = f" admin {address.admin}" if address.admin else ""
-    grpc_at = f"{host}:{address.grpc_port}"
-    health = f" health {host}:{address.health_port}" if address.health_port else ""
+    health_at = f"{health_host or host}:{address.health_port}"
+    health = f" health {health_at}" if address.health_port else ""
     health += " tls" if tls is not None else ""  # after the fields the tools' patterns read
-    ready = f"slogate sidecar ready: grpc {grpc_at}{metrics}{admin}{health} pid {os.getpid()}"
+    ready = f"slogate sidecar ready: grpc {address.grpc}{metrics}{admin}{health} pid {os.getpid()}"
     if json_logs():
         logging.getLogger("slogate.serve").info(ready)  # every line of the process is JSON
     else:

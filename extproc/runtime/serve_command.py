@@ -59,8 +59,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def serve_arguments(serve: argparse.ArgumentParser) -> None:
     policy_arg(serve)
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address of the gRPC port (and, by default, the others)"
+    )
     serve.add_argument("--grpc-port", type=int, default=50051)
+    serve.add_argument(
+        "--grpc-socket",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="ext_proc and the access log on this Unix socket (mode 0660: the sidecar's user "
+        "and group) instead of --host:--grpc-port; Envoy reaches it as a pipe address "
+        "(`slogate envoy-config --sidecar-socket`). Not with --workers > 1",
+    )
     serve.add_argument("--metrics-port", type=int, default=9464)
     serve.add_argument(
         "--metrics-host", default=None, help="address for /metrics (default: --host)"
@@ -89,7 +100,13 @@ def serve_arguments(serve: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="grpc.health.v1 alone on this port, in plain text (the kubelet's gRPC probe "
-        "speaks no TLS); default: on the gRPC port only",
+        "speaks no TLS, and dials the pod's address); default: on the gRPC port only",
+    )
+    serve.add_argument(
+        "--health-host",
+        default=None,
+        help="address of --health-port (default: --host): 0.0.0.0 in a pod whose gRPC port "
+        "stays on loopback or a Unix socket",
     )
     serve.add_argument(
         "--no-exact-tokenizer",
@@ -131,6 +148,7 @@ def listener_arguments(args: argparse.Namespace) -> tuple[str, ...]:
         "--tls-key": args.tls_key,
         "--tls-client-ca": args.tls_client_ca,
         "--health-port": args.health_port,
+        "--health-host": args.health_host,
     }
     return tuple(part for flag, v in named.items() if v is not None for part in (flag, str(v)))
 
@@ -150,6 +168,16 @@ def serve_sidecar(args: argparse.Namespace) -> int:
         return 2
     if (args.tls_cert is None) != (args.tls_key is None):
         print("slogate serve: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
+    if args.health_host is not None and args.health_port is None:
+        print("slogate serve: --health-host needs --health-port", file=sys.stderr)
+        return 2
+    if args.grpc_socket is not None and args.workers > 1:
+        # SO_REUSEPORT shares a TCP port between the workers; a Unix socket has one owner.
+        print(
+            "slogate serve: --grpc-socket takes one process: not with --workers > 1",
+            file=sys.stderr,
+        )
         return 2
     if args.tls_client_ca is not None and args.tls_cert is None:
         print("slogate serve: --tls-client-ca needs --tls-cert and --tls-key", file=sys.stderr)
@@ -201,6 +229,8 @@ def serve_sidecar(args: argparse.Namespace) -> int:
                 worker=slot,
                 tls=tls,
                 health_port=args.health_port,
+                grpc_socket=args.grpc_socket,
+                health_host=args.health_host,
             )
         )
     except PortTaken as taken:  # one line naming the port, not a traceback

@@ -50,7 +50,15 @@ class SidecarAddress:
     grpc_port: int
     metrics_port: int | None
     admin: str | None  # host:port or unix:path of the admin API
-    health_port: int | None = None  # grpc.health.v1 alone, in plain text (with TLS)
+    health_port: int | None = None  # grpc.health.v1 alone, in plain text
+    grpc_socket: Path | None = None  # ext_proc and the access log on this Unix socket
+
+    @property
+    def grpc(self) -> str:
+        """Where Envoy reaches ext_proc and the access log: host:port or unix:/path."""
+        if self.grpc_socket is not None:
+            return f"unix:{self.grpc_socket}"
+        return f"{self.host}:{self.grpc_port}"
 
 
 class Sidecar:
@@ -69,10 +77,14 @@ class Sidecar:
         worker: WorkerSlot | None = None,
         tls: ListenerTls | None = None,
         health_port: int | None = None,
+        grpc_socket: Path | None = None,
+        health_host: str | None = None,
     ) -> None:
         """`worker`: this process is one of `slogate serve --workers N`
         (extproc.runtime.workers). `tls`: the gRPC port speaks TLS; `health_port`: a
-        plain-text port with grpc.health.v1 alone (the kubelet's probes speak no TLS)."""
+        plain-text port with grpc.health.v1 alone on `health_host` (default: `host`; the
+        kubelet's probes speak no TLS and dial the pod's address); `grpc_socket`: ext_proc
+        and the access log on this Unix socket instead of `host`:`grpc_port`."""
         self.worker = worker
         # Injected for tests that run this object graph on a virtual clock beside the
         # simulator's (tests/sim/fleet/test_sidecar.py); a process uses the real ones.
@@ -134,6 +146,8 @@ class Sidecar:
         self._admin_address = admin_address
         self._tls = tls
         self._health_port = health_port
+        self._health_host = health_host or host
+        self._grpc_socket = grpc_socket
         self._watch_interval_s = watch_interval_s
         self._health = health.aio.HealthServicer()
         self._grace_s = 5.0  # how long stop lets the streams in flight finish
@@ -198,13 +212,16 @@ class Sidecar:
         if self._health_port is not None:  # stops after ext_proc: answers while it drains
             health_port = await start_health(
                 exits,
-                address=f"{self._host}:{self._health_port}",
+                address=f"{self._health_host}:{self._health_port}",
                 options=options,
                 health=self._health,
             )
+        grpc_address = f"{self._host}:{self._grpc_port}"
+        if self._grpc_socket is not None:
+            grpc_address = f"unix:{self._grpc_socket}"
         port = await start_ext_proc(
             exits,
-            address=f"{self._host}:{self._grpc_port}",
+            address=grpc_address,
             options=options,
             path=self.path,
             observers=self.observers,
@@ -226,7 +243,9 @@ class Sidecar:
             stores=self.stores,
             metrics=self.metrics,
         )
-        return SidecarAddress(self._host, port, metrics_port, admin_at, health_port)
+        return SidecarAddress(
+            self._host, port, metrics_port, admin_at, health_port, self._grpc_socket
+        )
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Undo what was built and started, last first: the loops, the ext_proc server

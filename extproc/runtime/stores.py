@@ -93,4 +93,6 @@ def build_stores(
         clock,
         on_decision=on_kv,
     )
-    return Stores(budgets, book, members, RedisSpendStore(client, timeout_s=timeout_s))
+    # A spend check's own, longer wait: it has no local share to fall back on.
+    spend = RedisSpendStore(client, timeout_s=config.spend_timeout_ms / 1000.0)
+    return Stores(budgets, book, members, spend)

@@ -66,6 +66,7 @@ _LOWEST = frozenset(
         "slogate_kv_ledger_shared",
         "slogate_gpu_available",
         "slogate_key_store_up",
+        "process_start_time_seconds",  # the first worker's start
     }
 )
 

@@ -6,12 +6,21 @@ chain that settles the request, the decision log, the prompt feedback) and the g
 `AccessLogService` that Envoy streams batched entries to. Python never sees response
 chunks: usage and timings were extracted inside Envoy (see usage_tap.lua and
 tooling.render.envoy_config.usage_tap).
+
+Only slogate's own Envoy settles a request: an entry naming a request in flight settles it
+only when it carries the id's proof (extproc.request.inflight), which the sidecar put in the
+dynamic metadata Envoy copies into the entry. Whoever else reaches the port and learns an id
+changes nothing (no refund, no 5xx for the breaker, no hold freed): the entry is counted
+(slogate_access_log_unproven_total) and logged at most once a minute. The other ways a
+request ends (its ext_proc stream's end, expiry) take the id from the sidecar's own objects,
+never from a message.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
@@ -24,7 +33,7 @@ from breaker.latency import ResponseWindows
 from engines.state import engine_address
 from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
 from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
-from extproc.request.contract import METADATA_NAMESPACE, TRACKING_ID_FIELD
+from extproc.request.contract import METADATA_NAMESPACE, TRACKING_ID_FIELD, USAGE_PROOF_FIELD
 from extproc.request.inflight import InFlight
 from extproc.request.response_usage import ResponseUsage
 from extproc.service.metrics import SidecarMetrics
@@ -32,6 +41,8 @@ from policy.apis import ApiKind
 from policy.schema import Policy
 
 log = logging.getLogger("slogate.accesslog")
+
+UNPROVEN_LOG_INTERVAL_S = 60.0  # unproven entries are logged at most this often (a flood: once)
 
 
 def _tag_int(tags: Mapping[str, str], name: str) -> int | None:
@@ -71,6 +82,15 @@ def tracking_id(entry: accesslog_pb2.HTTPAccessLogEntry) -> str | None:
         return None
     value = namespace.fields.get(TRACKING_ID_FIELD)
     return value.string_value if value is not None else None
+
+
+def usage_proof(entry: accesslog_pb2.HTTPAccessLogEntry) -> str:
+    """The proof of its tracking id the entry carries ("": none)."""
+    namespace = entry.common_properties.metadata.filter_metadata.get(METADATA_NAMESPACE)
+    if namespace is None:
+        return ""
+    value = namespace.fields.get(USAGE_PROOF_FIELD)
+    return value.string_value if value is not None else ""
 
 
 def outcome_from_entry(
@@ -181,15 +201,20 @@ class OutcomeRecorder:
         policy: Callable[[], Policy],
         sinks: Sequence[OutcomeSink] = (),
         engines_out: Callable[[str], frozenset[str]] = lambda pool: frozenset(),
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`engines_out(pool)`: the pool's engines taken out of it, whose answers give the
-        breaker no latency samples (admission.signals)."""
+        breaker no latency samples (admission.signals); `clock`: when unproven entries
+        were last logged."""
         self.metrics = metrics
         self.windows = windows
         self.inflight = inflight
         self._policy = policy
         self.sinks = list(sinks)
         self._engines_out = engines_out
+        self._clock = clock
+        self._unproven_logged_s: float | None = None
+        self._unproven_unlogged = 0
 
     def record_entry(self, entry: accesslog_pb2.HTTPAccessLogEntry) -> list[Awaitable[None]]:
         """Record one entry; returns the sinks' work, for the caller to await (batched)."""
@@ -202,7 +227,13 @@ class OutcomeRecorder:
                 # Envoy answered itself (413 over the buffer limit, 503 sidecar down, ...).
                 self.metrics.envoy_local_replies(str(status)).inc()
             return []
-        decision = self.inflight.pop(key)
+        # The proof before anything is touched. An entry naming no request in flight here
+        # changes nothing either way (the id expired, or an earlier process issued it).
+        known = key in self.inflight
+        if known and not self.inflight.proven(key, usage_proof(entry)):
+            self._unproven(key)
+            return []
+        decision = self.inflight.pop(key) if known else None
         if decision is None:
             # Expired before its entry came, or decided by an earlier sidecar process.
             self.metrics.access_log_entries("unmatched").inc()
@@ -217,6 +248,25 @@ class OutcomeRecorder:
             log.exception("could not read the access-log entry of %s", key)
             return self._to_sinks(expired_outcome(decision, key))
         return self.record(outcome)
+
+    def _unproven(self, key: str) -> None:
+        """An entry naming request `key` without its proof: counted, and logged with the
+        ones before it at most once per UNPROVEN_LOG_INTERVAL_S."""
+        self.metrics.access_log_unproven.inc()
+        self._unproven_unlogged += 1
+        now_s = self._clock()
+        last_s = self._unproven_logged_s
+        if last_s is not None and now_s - last_s < UNPROVEN_LOG_INTERVAL_S:
+            return
+        log.warning(
+            "unproven access-log entries: %d since the last report, the last naming request "
+            "%s in flight; they settled nothing. Something other than this sidecar's Envoy "
+            "reaches its access-log service",
+            self._unproven_unlogged,
+            key,
+        )
+        self._unproven_logged_s = now_s
+        self._unproven_unlogged = 0
 
     def ended(
         self, tracking: str, build: Callable[[RoutingDecision], RequestOutcome]

@@ -1,9 +1,18 @@
-"""The CLI's side of the admin API: a client stub and the tables `slogate status`, `keys`,
-`drill` and `reload` print (the servicer is extproc.service.admin)."""
+"""The CLI's side of the admin API: a channel that sends the admin token, the token file it
+finds, a client stub, and the tables `slogate status`, `keys`, `drill` and `reload` print
+(the servicer is extproc.service.admin, who may call what extproc.service.admin_auth).
+
+The token file the CLI sends from, the first that applies: `--token-file`, the file
+`SLOGATE_ADMIN_TOKEN_FILE` names (the sidecar's own variable: inside the sidecar's container
+the CLI finds the same file), or `default_token_file()`, the one `slogate up` writes, when it
+exists. So a command typed against `slogate up` or in the pod needs nothing more.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -11,20 +20,72 @@ from google.protobuf import json_format
 
 from extproc.adminpb import admin_pb2 as pb
 from extproc.adminpb import admin_pb2_grpc as pb_grpc
+from extproc.service.admin_auth import TOKEN_FILE_ENV, read_token
 
 
-def stub(address: str) -> tuple[grpc.aio.Channel, pb_grpc.AdminStub]:
-    channel = grpc.aio.insecure_channel(address)
-    return channel, pb_grpc.AdminStub(channel)
+def default_token_file(environ: Mapping[str, str] | None = None) -> Path:
+    """Where `slogate up` keeps its admin token: $XDG_STATE_HOME/slogate/admin-token
+    (~/.local/state/slogate/admin-token)."""
+    env = environ if environ is not None else os.environ
+    state = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".local/state")
+    return Path(state) / "slogate" / "admin-token"
 
 
-async def reload_policy(address: str) -> pb.ReloadPolicyReply:
+def client_token_file(
+    given: Path | None = None, environ: Mapping[str, str] | None = None
+) -> Path | None:
+    """The token file a command sends from (module docstring); None: there is none."""
+    env = environ if environ is not None else os.environ
+    if given is not None:
+        return given
+    if named := env.get(TOKEN_FILE_ENV):
+        return Path(named)
+    default = default_token_file(env)
+    return default if default.exists() else None
+
+
+def client_token(given: Path | None = None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The token in `client_token_file`; AdminTokenError when that file cannot be used."""
+    path = client_token_file(given, environ)
+    return read_token(path) if path is not None else None
+
+
+class _Bearer(grpc.aio.UnaryUnaryClientInterceptor):
+    """Adds `authorization: Bearer <token>` to every call (every admin RPC is unary)."""
+
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    async def intercept_unary_unary(
+        self,
+        continuation: Callable[[grpc.aio.ClientCallDetails, Any], Any],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request: Any,
+    ) -> Any:
+        metadata = grpc.aio.Metadata(*(client_call_details.metadata or ()), self._header)
+        return await continuation(client_call_details._replace(metadata=metadata), request)
+
+
+def channel(address: str, token: str | None) -> grpc.aio.Channel:
+    """A channel to the admin API at `address` that sends `token` (None: none) on every call."""
+    return grpc.aio.insecure_channel(address, interceptors=[_Bearer(token)] if token else None)
+
+
+def stub(
+    address: str, token_file: Path | None = None
+) -> tuple[grpc.aio.Channel, pb_grpc.AdminStub]:
+    """A channel (sending the token of `client_token_file(token_file)`) and its Admin stub."""
+    opened = channel(address, client_token(token_file))
+    return opened, pb_grpc.AdminStub(opened)
+
+
+async def reload_policy(address: str, token_file: Path | None = None) -> pb.ReloadPolicyReply:
     """Ask the sidecar at `address` to reload its policy file (its reply says whether it took)."""
-    channel, admin = stub(address)
+    opened, admin = stub(address, token_file)
     try:
         return await admin.ReloadPolicy(pb.ReloadPolicyRequest(), timeout=10)
     finally:
-        await channel.close()
+        await opened.close()
 
 
 def as_json(message: Any) -> str:

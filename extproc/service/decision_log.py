@@ -3,77 +3,71 @@
 What lives here: `DecisionLog`, a RequestObserver (extproc.service.observers): a line per
 answered request (routed, with usage and latency, or expired) and per refusal. Each line:
 time, request id, key id (never the key), tenant, tier, bucket, prompt estimate and how it
-was counted, decision, pool, status, usage, TTFT, duration. No prompt text, ever. Files are
-`decisions-YYYY-MM-DD.jsonl`; files older than `keep_days` are deleted when the day turns.
+was counted, decision, pool, status, usage, TTFT, duration, whether its spend budget was
+checked (a refusal names its reason: `spend_unverified` when the spend store did not
+answer in time). No prompt text, ever. Files are `decisions-YYYY-MM-DD.jsonl` (shared by
+`serve --workers`' processes: each batch is appended whole); files older than `keep_days`
+are deleted when the day turns. The event loop only builds the line's dict and puts it on
+the writing thread's bounded queue (extproc.service.record_files): a slow disk never holds
+a request; a full queue drops the line and counts it (slogate_decision_log_dropped_total).
 The clock is injected.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import random
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
-
-import msgspec
+from typing import TYPE_CHECKING, Any
 
 from admission.decision import RequestOutcome
 from admission.errors import RequestRejected
+from extproc.service.record_files import DropCounter, FileKind, RecordFiles
+from policy.schema import DecisionLogConfig
 
 if TYPE_CHECKING:
     from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from extproc.request.verdicts import Routed
     from extproc.service.observers import RequestSeen
 
-log = logging.getLogger("slogate.decisions")
-_PREFIX = "decisions-"
+DECISION_FILES = FileKind(
+    "decisions-", ".jsonl", per_process=False, compressed=False, what="decision log"
+)
 
 
 class DecisionLog:
     def __init__(
         self,
-        directory: Path,
+        files: RecordFiles,
         sample_rate: float,
-        keep_days: int = 7,
-        clock: Callable[[], float] | None = None,
+        dropped: DropCounter,
+        clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
     ) -> None:
-        import time
-
-        self.directory = directory
+        self.files = files
         self.sample_rate = sample_rate
-        self.keep_days = keep_days
-        self._clock = clock or time.time
+        self._dropped = dropped
+        self._clock = clock
         self._rng = rng or random.Random()
-        self._day: str | None = None
-        self._file: IO[bytes] | None = None
-        directory.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def from_config(cls, config: DecisionLogConfig, dropped: DropCounter) -> DecisionLog:
+        return cls(
+            RecordFiles(Path(config.directory), DECISION_FILES, config.keep_days),
+            config.sample_rate,
+            dropped,
+        )
 
     def _sampled(self) -> bool:
         return self.sample_rate >= 1.0 or self._rng.random() < self.sample_rate
 
     def _write(self, record: dict[str, Any]) -> None:
         now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
-        day = now.strftime("%Y-%m-%d")
-        if day != self._day:
-            self._rotate(day, now)
         record["time"] = now.isoformat(timespec="milliseconds")
-        assert self._file is not None
-        self._file.write(msgspec.json.encode(record) + b"\n")
-        self._file.flush()
-
-    def _rotate(self, day: str, now: dt.datetime) -> None:
-        if self._file is not None:
-            self._file.close()
-        self._day = day
-        self._file = (self.directory / f"{_PREFIX}{day}.jsonl").open("ab")
-        oldest = (now - dt.timedelta(days=self.keep_days)).strftime("%Y-%m-%d")
-        for path in self.directory.glob(f"{_PREFIX}*.jsonl"):
-            if path.stem.removeprefix(_PREFIX) <= oldest:
-                path.unlink(missing_ok=True)
-                log.info("decision log %s deleted (older than %d days)", path, self.keep_days)
+        if not self.files.put(record):
+            self._dropped.inc()
 
     def arrived(self, request: RequestSeen, headers: Mapping[str, str]) -> None:
         pass
@@ -107,6 +101,11 @@ class DecisionLog:
                 "ttft_ms": None if outcome.ttft_s is None else round(outcome.ttft_s * 1000, 1),
                 "duration_ms": round(outcome.duration_s * 1000, 1),
                 "waited_ms": round(d.waited_s * 1000, 1),  # in the waiting room
+                # Its tenant's spend budget: checked, unverified (the store did not answer
+                # in time; admitted by `budget.spend_unverified: admit`), or none.
+                "spend": None
+                if d.spend is None
+                else ("checked" if d.spend.verified else "unverified"),
             }
         )
 
@@ -125,6 +124,5 @@ class DecisionLog:
         )
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Write what is queued, then stop the writing thread."""
+        self.files.close()

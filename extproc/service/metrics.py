@@ -8,11 +8,12 @@ text. The metrics catalogue (docs/sre/metrics.md) lists these.
 
 from __future__ import annotations
 
+import gc
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from typing import Generic, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -150,6 +151,18 @@ class SidecarMetrics:
         def gauge(name: str, doc: str, labels: list[str]) -> Family[Gauge]:
             return Family(Gauge(name, doc, labels, registry=r))
 
+        # The process, for growth over days and reloads: resident memory, CPU, open files
+        # (process_*), and what the collector never walks (extproc.runtime.heap freezes
+        # what outlives a reload): a slope in either is a leak.
+        ProcessCollector(registry=r)
+        frozen = Gauge(
+            "slogate_gc_frozen_objects",
+            "Objects in the garbage collector's permanent generation (gc.freeze): left out "
+            "of every collection, freed only by reference counting.",
+            registry=r,
+        )
+        frozen.set_function(gc.get_freeze_count)
+
         # Who keeps a tenant label of their own (rerank_tenants applies the policy's cap).
         self.tenants = tenants = TenantSeries()
 
@@ -256,6 +269,12 @@ class SidecarMetrics:
             "Access-log entries received from Envoy, by kind (routed, unmatched, other), and "
             "requests whose end their ext_proc stream saw (stream_end: streaming mode).",
             ["kind"],
+        )
+        self.access_log_unproven = Counter(
+            "slogate_access_log_unproven_total",
+            "Access-log entries naming a request in flight without its proof (not from this "
+            "sidecar's Envoy: forged, or a stale configuration); nothing was settled.",
+            registry=r,
         )
         self.inflight = Gauge(
             "slogate_inflight_requests",

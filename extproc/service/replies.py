@@ -46,6 +46,7 @@ from extproc.request.contract import (
     TENANT_HEADER,
     TIER_HEADER,
     TRACKING_ID_FIELD,
+    USAGE_PROOF_FIELD,
 )
 from extproc.request.verdicts import HeaderVerdict, Routed
 from policy.apis import ErrorStyle
@@ -151,6 +152,8 @@ def _route(reply: pb.ProcessingResponse, common: pb.CommonResponse, routed: Rout
     # The decision itself stays in the sidecar (extproc.request.inflight); only its id travels.
     fields = reply.dynamic_metadata.fields[METADATA_NAMESPACE].struct_value.fields
     fields[TRACKING_ID_FIELD].string_value = routed.tracking_id
+    # ... with its proof, which Envoy copies into the access-log entry and renders nowhere.
+    fields[USAGE_PROOF_FIELD].string_value = routed.usage_proof
     fields[POOL_FIELD].string_value = routed.decision.pool
     if routed.hide_usage:
         fields[STRIP_USAGE_FIELD].bool_value = True

@@ -1,13 +1,14 @@
 """The traffic record: every decision's shape, cheap enough to keep on, for `slogate replay`.
 
 What lives here: `TrafficRecorder` (a RequestObserver, extproc.service.observers: a record
-per answered or expired request and per refusal) and `TrafficFiles`, the thread that writes.
-The event loop only builds a small dict and puts it on a bounded queue (full: the record is
-dropped and counted, never waited for); the thread encodes, compresses and writes. Files are
-`traffic-YYYY-MM-DD-<host>-<pid>.jsonl.gz`, one per process per UTC day (`serve --workers`
-and replicas each write their own; the reader merges them), each flush a gzip member of its
-own so that a crash leaves a readable prefix. Files older than `keep_days` are deleted when
-the day turns. Never prompt text, never a key: the key's id (a hash prefix) only.
+per answered or expired request and per refusal). The event loop only builds a small dict
+and puts it on the writing thread's bounded queue (extproc.service.record_files: full, the
+record is dropped and counted, never waited for); the thread encodes, compresses and
+writes. Files are `traffic-YYYY-MM-DD-<host>-<pid>.jsonl.gz`, one per process per UTC day
+(`serve --workers` and replicas each write their own; the reader merges them), each flush a
+gzip member of its own so that a crash leaves a readable prefix. Files older than
+`keep_days` are deleted when the day turns. Never prompt text, never a key: the key's id
+(a hash prefix) only.
 
 The record's fields (version 1): `v`, `t` (arrival, Unix seconds), `id` (request id),
 `key`, `tenant`, `tier`, `api`, `prompt` and `count` (how it was counted), `max_tokens`,
@@ -20,24 +21,15 @@ refusal before the request was counted has no shape (`prompt` null).
 
 from __future__ import annotations
 
-import datetime as dt
-import gzip
-import logging
-import os
-import queue
 import random
-import socket
-import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
-
-import msgspec
-from prometheus_client import CollectorRegistry, Counter
+from typing import TYPE_CHECKING, Any
 
 from admission.decision import RequestOutcome, RoutingDecision
 from admission.errors import RequestRejected
+from extproc.service.record_files import DropCounter, FileKind, RecordFiles
 from policy._traffic import TrafficRecordConfig
 from policy.domain import ApiKey
 
@@ -46,18 +38,11 @@ if TYPE_CHECKING:
     from extproc.request.verdicts import Routed
     from extproc.service.observers import RequestSeen
 
-log = logging.getLogger("slogate.traffic")
 
 RECORD_VERSION = 1
-FILE_PREFIX = "traffic-"
-FILE_SUFFIX = ".jsonl.gz"
-QUEUE_RECORDS = 65_536  # about 20 s of a busy sidecar's records; more waiting: dropped
-FLUSH_INTERVAL_S = 1.0
-_STOP: dict[str, Any] = {}
-
-
-class DropCounter(Protocol):
-    def inc(self, amount: float = 1) -> None: ...
+TRAFFIC_FILES = FileKind(
+    "traffic-", ".jsonl.gz", per_process=True, compressed=True, what="traffic record"
+)
 
 
 def shape_fields(decision: RoutingDecision) -> dict[str, Any]:
@@ -132,91 +117,12 @@ def refusal_record(
     }
 
 
-def file_day(path: Path) -> str | None:
-    """The UTC day in a record file's name, or None for a file that is not one."""
-    name = path.name
-    if not (name.startswith(FILE_PREFIX) and name.endswith(FILE_SUFFIX)):
-        return None
-    return name[len(FILE_PREFIX) : len(FILE_PREFIX) + 10]
-
-
-class TrafficFiles:
-    """The writing thread: one file per UTC day for this process, a gzip member per flush."""
-
-    def __init__(
-        self,
-        directory: Path,
-        keep_days: int,
-        clock: Callable[[], float] = time.time,
-        max_queue: int = QUEUE_RECORDS,
-        flush_interval_s: float = FLUSH_INTERVAL_S,
-    ) -> None:
-        self.directory = directory
-        self.keep_days = keep_days
-        self._clock = clock
-        self._flush_interval_s = flush_interval_s
-        self.queue: queue.Queue[dict[str, Any]] = queue.Queue(max_queue)
-        self._name = f"{socket.gethostname()}-{os.getpid()}"
-        self._day: str | None = None
-        self._encoder = msgspec.json.Encoder()
-        directory.mkdir(parents=True, exist_ok=True)
-        self._thread = threading.Thread(target=self._run, name="slogate-traffic", daemon=True)
-        self._thread.start()
-
-    def path_for(self, day: str) -> Path:
-        return self.directory / f"{FILE_PREFIX}{day}-{self._name}{FILE_SUFFIX}"
-
-    def _run(self) -> None:
-        stopping = False
-        while not stopping:
-            batch: list[dict[str, Any]] = []
-            try:
-                batch.append(self.queue.get(timeout=self._flush_interval_s))
-                while len(batch) < 4096:
-                    batch.append(self.queue.get_nowait())
-            except queue.Empty:
-                pass
-            if batch and batch[-1] is _STOP:
-                stopping = True
-                batch.pop()
-            try:
-                self._write(batch)
-            except OSError:
-                log.exception("traffic record: could not write %d records", len(batch))
-
-    def _write(self, batch: list[dict[str, Any]]) -> None:
-        now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
-        day = now.strftime("%Y-%m-%d")
-        if day != self._day:
-            self._day = day
-            self.delete_old(now)
-        if not batch:
-            return
-        lines = b"".join(self._encoder.encode(record) + b"\n" for record in batch)
-        with self.path_for(day).open("ab") as file:
-            file.write(gzip.compress(lines, compresslevel=6, mtime=0))
-
-    def delete_old(self, now: dt.datetime) -> None:
-        oldest_kept = (now - dt.timedelta(days=self.keep_days - 1)).strftime("%Y-%m-%d")
-        for path in self.directory.glob(f"{FILE_PREFIX}*{FILE_SUFFIX}"):
-            day = file_day(path)
-            if day is not None and day < oldest_kept:
-                path.unlink(missing_ok=True)
-                log.info("traffic record %s deleted (older than %d days)", path, self.keep_days)
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Write what is queued, then stop the thread."""
-        if self._thread.is_alive():
-            self.queue.put(_STOP)
-            self._thread.join(timeout_s)
-
-
 class TrafficRecorder:
     """What the event loop calls: cheap, never blocking, never raising."""
 
     def __init__(
         self,
-        files: TrafficFiles,
+        files: RecordFiles,
         sample_rate: float,
         dropped: DropCounter,
         clock: Callable[[], float] = time.time,
@@ -237,7 +143,7 @@ class TrafficRecorder:
     ) -> TrafficRecorder:
         """`dir` as written: relative to the policy file's folder."""
         return cls(
-            TrafficFiles(policy_dir / config.directory, config.keep_days),
+            RecordFiles(policy_dir / config.directory, TRAFFIC_FILES, config.keep_days),
             config.sample_rate,
             dropped,
         )
@@ -246,9 +152,7 @@ class TrafficRecorder:
         return self.sample_rate >= 1.0 or self._rng.random() < self.sample_rate
 
     def _put(self, record: dict[str, Any]) -> None:
-        try:
-            self.files.queue.put_nowait(record)
-        except queue.Full:
+        if not self.files.put(record):
             self._dropped.inc()
 
     def arrived(self, request: RequestSeen, headers: Mapping[str, str]) -> None:
@@ -281,12 +185,3 @@ class TrafficRecorder:
 
     def close(self) -> None:
         self.files.close()
-
-
-def dropped_counter(registry: CollectorRegistry) -> Counter:
-    """slogate_traffic_record_dropped_total, in the sidecar's registry."""
-    return Counter(
-        "slogate_traffic_record_dropped_total",
-        "Traffic records dropped because the writer's queue was full.",
-        registry=registry,
-    )

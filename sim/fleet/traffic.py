@@ -19,7 +19,7 @@ from pathlib import Path
 
 import msgspec
 
-from extproc.service.traffic_record import FILE_PREFIX, FILE_SUFFIX, RECORD_VERSION
+from extproc.service.traffic_record import RECORD_VERSION, TRAFFIC_FILES
 
 OUTCOMES = frozenset({"admitted", "refused", "expired"})
 
@@ -85,7 +85,7 @@ def record_files(paths: Iterable[Path]) -> list[Path]:
     found: list[Path] = []
     for path in paths:
         if path.is_dir():
-            found += sorted(path.glob(f"{FILE_PREFIX}*{FILE_SUFFIX}"))
+            found += sorted(path.glob(f"{TRAFFIC_FILES.prefix}*{TRAFFIC_FILES.suffix}"))
         else:
             found.append(path)
     return found

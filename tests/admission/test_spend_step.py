@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 
 from admission.decision import Applicant, CountKind, RequestOutcome, RoutingDecision
-from admission.errors import SpendExhausted
+from admission.errors import SpendExhausted, SpendUnverified
 from admission.spend_step import SpendStep, spend_usage, warning_header
-from budget.spend import TokenUsage
+from budget.spend import SpendHold, TokenUsage, windows
 from budget.spend_store import InProcessSpendStore
 from budget.store import BudgetStoreError
 from policy.domain import ApiKey, ContextBucket, Tier
 from policy.loader import parse_policy
+from policy.schema import UnverifiedSpend
 
 NOW_S = dt.datetime(2026, 12, 31, 12, 0, tzinfo=dt.UTC).timestamp()
 POLICY = parse_policy(
@@ -40,8 +41,11 @@ class Recorded:
     def spend_used(self, tenant: str, window: str, share: float, before: float) -> None:
         self.used.append((tenant, window, share, before))
 
-    def spend_unchecked(self, tenant: str) -> None:
+    def spend_unverified(self, tenant: str, action: str, cause: str) -> None:
         raise AssertionError("the in-process store always answers")
+
+    def spend_backlog(self, waiting: int, settled: int, lost: int) -> None:
+        raise AssertionError("nothing waits: the in-process store always answers")
 
 
 def decision(key: str, tenant: str = "acme", prompt: int = 1000, max_tokens: int = 500) -> Any:
@@ -134,19 +138,113 @@ def test_warning_header_names_each_window_at_its_highest_share() -> None:
     }
 
 
-class Unreachable(InProcessSpendStore):
+class Flaky(InProcessSpendStore):
+    """The in-process store, but `away` (a paused Redis: every call times out) when told."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda: NOW_S)
+        self.away = False
+
+    def _answer(self) -> None:
+        if self.away:
+            raise BudgetStoreError("redis spend: TimeoutError") from TimeoutError()
+
     async def reserve(self, *args: Any, **kwargs: Any) -> Any:
-        raise BudgetStoreError("redis spend_reserve.lua: TimeoutError")
+        self._answer()
+        return await super().reserve(*args, **kwargs)
+
+    async def settle(self, *args: Any, **kwargs: Any) -> Any:
+        self._answer()
+        return await super().settle(*args, **kwargs)
+
+    async def settle_unverified(self, *args: Any, **kwargs: Any) -> Any:
+        self._answer()
+        return await super().settle_unverified(*args, **kwargs)
 
 
-async def test_a_store_that_does_not_answer_admits_unchecked_and_counts_it() -> None:
-    unchecked: list[str] = []
+class Unverified(Recorded):
+    def __init__(self) -> None:
+        super().__init__()
+        self.unverified: list[tuple[str, str, str]] = []
+        self.backlog: list[tuple[int, int, int]] = []
 
-    class Counting(Recorded):
-        def spend_unchecked(self, tenant: str) -> None:
-            unchecked.append(tenant)
+    def spend_unverified(self, tenant: str, action: str, cause: str) -> None:
+        self.unverified.append((tenant, action, cause))
 
-    spending = SpendStep(Unreachable(), Counting(), 600, lambda: NOW_S)
+    def spend_backlog(self, waiting: int, settled: int, lost: int) -> None:
+        self.backlog.append((waiting, settled, lost))
+
+
+def refusing(policy: Any) -> Any:
+    budget = dataclasses.replace(policy.budget, spend_unverified=UnverifiedSpend.REFUSE)
+    return dataclasses.replace(policy, budget=budget)
+
+
+async def test_unanswered_admitted_by_default_and_counted_once_the_store_answers() -> None:
+    """`spend_unverified: admit`: the request runs; what it spent is counted once, when the
+    store answers again, although its reservation landed late (after it was admitted)."""
+    store, events = Flaky(), Unverified()
+    spending = SpendStep(store, events, 600, lambda: NOW_S)
+    store.away = True
     admitted = await spending.admit(Applicant(decision("ab"), "r1", POLICY))
-    assert admitted.decision.spend is None and unchecked == ["acme"]
-    await spending.settle(outcome(admitted.decision, "r1", prompt_tokens=1, completion_tokens=1))
+    hold = admitted.decision.spend
+    assert hold is not None and not hold.verified and admitted.response_headers == {}
+    assert events.unverified == [("acme", "admitted", "timeout")]
+    # It ends while the store is still away: its settlement waits.
+    await spending.settle(
+        outcome(admitted.decision, "r1", prompt_tokens=1000, completion_tokens=100)
+    )
+    await spending.reconcile()
+    assert len(spending.backlog) == 1 and events.backlog[-1] == (1, 0, 0)
+    # The store is back, and the reservation sent while it was slow lands at last.
+    store.away = False
+    assert (await store.reserve(hold, "r1", 600)).admitted
+    await spending.reconcile()
+    assert events.backlog[-1] == (0, 1, 0)
+    ids = list(hold.window_ids)
+    assert await store.used("acme", ids) == {i: 1000 * 1 + 100 * 4 for i in ids}  # once
+
+
+async def test_unanswered_refused_when_the_policy_says_and_a_late_reservation_refunded() -> None:
+    store, events = Flaky(), Unverified()
+    spending = SpendStep(store, events, 600, lambda: NOW_S)
+    store.away = True
+    with pytest.raises(SpendUnverified) as refused:
+        await spending.admit(Applicant(decision("ab"), "r1", refusing(POLICY)))
+    error = refused.value
+    assert (error.status, error.code, error.reason, error.retry_after_s) == (
+        503,
+        "spend_unverified",
+        "spend_unverified",
+        1,
+    )
+    assert events.unverified == [("acme", "refused", "timeout")]
+    assert len(spending.backlog) == 1  # its refund, should its reservation land
+    store.away = False
+    late = acme_hold(5000)
+    assert (await store.reserve(late, "r1", 600)).admitted  # it landed after all
+    await spending.reconcile()
+    assert len(spending.backlog) == 0
+    assert set((await store.used("acme", list(late.window_ids))).values()) == {0.0}
+
+
+def acme_hold(amount: float) -> SpendHold:
+    """A hold in acme's windows today, as its request's would be."""
+    acme = POLICY.tenants.get("acme")
+    assert acme is not None and acme.spend is not None
+    spans = windows(acme.spend.windows(), NOW_S)
+    return SpendHold("acme", spans, POLICY.tenants.prices.per_token(acme.spend.unit), amount)
+
+
+async def test_a_settlement_the_store_never_takes_is_given_up_at_its_deadline() -> None:
+    now = [NOW_S]
+    store, events = Flaky(), Unverified()
+    spending = SpendStep(store, events, 600, lambda: now[0])
+    admitted = await spending.admit(Applicant(decision("ab"), "r1", POLICY))
+    store.away = True
+    await spending.release(admitted.decision, "r1")
+    await spending.reconcile()
+    assert events.backlog[-1] == (1, 0, 0)
+    now[0] += 301  # half the reservation's ttl: its reservation may expire before long
+    await spending.reconcile()
+    assert events.backlog[-1] == (0, 0, 1)

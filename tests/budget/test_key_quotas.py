@@ -37,6 +37,22 @@ def test_ceiling_follows_p95_consumption_within_floor_and_limit() -> None:
     assert quotas.tokens_per_minute(KEY) == pytest.approx(60_000)  # the policy limit
 
 
+def test_a_removed_key_takes_its_budget_with_it() -> None:
+    """Keys rotated for a year must not leave a year of budgets behind: an interval keeps
+    only the budgets of the keys it stepped."""
+    other = ApiKey("cc" * 32, "acme", Tier.STANDARD, Limits(tokens_per_minute=60_000))
+    quotas = KeyQuotas(interval_s=5.0)
+    for _ in range(3):
+        quotas.observe(KEY.key_id, 1000.0)
+        quotas.observe(other.key_id, 1000.0)
+        quotas.step([KEY, other], memory_usage=0.2)
+    assert quotas.tokens_per_minute(other) is not None
+    quotas.step([KEY], memory_usage=0.2)  # `other` removed by a reload
+    assert quotas.tokens_per_minute(other) is None
+    assert quotas.tokens_per_minute(KEY) is not None  # the kept key's history stays
+    assert quotas.budget_count() == 1
+
+
 def test_safety_factor_shrinks_the_ceiling_under_memory_pressure() -> None:
     quotas = KeyQuotas(interval_s=5.0)
     for _ in range(10):

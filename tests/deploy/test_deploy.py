@@ -17,9 +17,11 @@ from extproc.runtime.kv_subscriber import KvEventsCollector, KvSubscriber
 from extproc.runtime.loop_lag import LoopLag, LoopLagCollector
 from extproc.runtime.spend_metrics import SpendMetrics
 from extproc.service.candidate_metrics import CandidateMetrics
+from extproc.service.decision_log import DECISION_FILES
 from extproc.service.engine_metrics import EngineCollector
 from extproc.service.metrics import SidecarMetrics
-from extproc.service.traffic_record import dropped_counter
+from extproc.service.record_files import dropped_counter
+from extproc.service.traffic_record import TRAFFIC_FILES
 from policy._keystore import KeyStoreConfig
 from policy.loader import parse_policy
 
@@ -39,12 +41,14 @@ def exported_metrics() -> set[str]:
     KeyStore(KeyStoreConfig(file="keys.yaml"), None, metrics.registry)  # its own series
     SpendMetrics(metrics.registry)  # the spend step's
     CandidateMetrics(metrics.registry)  # the candidate policy's (shadow mode)
-    dropped_counter(metrics.registry)  # the traffic record's (when it is on)
+    dropped_counter(metrics.registry, TRAFFIC_FILES)  # the traffic record's (when it is on)
+    dropped_counter(metrics.registry, DECISION_FILES)  # the decision log's (when it is on)
     lag = LoopLagCollector(LoopLag(time.monotonic), time.monotonic)  # the sidecar registers it
     collectors = (metrics.registry, engines, kv_events, lag)
     for family in [f for c in collectors for f in c.collect()]:
         names.add(f"{family.name}_total" if family.type == "counter" else family.name)
-    return names
+    # prometheus_client's own process_* families are its documentation's, not the catalogue's.
+    return {name for name in names if name.startswith("slogate_")}
 
 
 def _base(name: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -11,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from extproc.service.admin_auth import TOKEN_FILE_ENV, WRONG_TOKEN
+from extproc.service.admin_client import default_token_file
 from tests.support.http import chat_body, post
-from tests.support.stack import ROOT, slogate
+from tests.support.stack import ROOT, admin_status, slogate
 from tooling.stack.local import LocalStack
 
 
@@ -57,6 +60,42 @@ def test_drill_through_the_admin_api_and_back(stack: LocalStack) -> None:
     assert next(b for b in status["breakers"] if b["pool"] == "long")["level"] == 0
     unknown = slogate(stack, "drill", "--pool", "nope", "--level", "1")
     assert unknown.returncode == 2 and "NOT_FOUND" in unknown.stderr
+
+
+def test_a_drill_without_the_token_is_refused_and_the_cli_finds_the_up_token(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    """The stack's sidecar has a token (as `slogate up`'s and the manifests' have): a drill
+    sent without it is refused, saying how, and the breaker does not move; the same command
+    succeeds once the token is in the file `slogate up` writes, where the CLI looks."""
+    assert stack.admin_token_file is not None
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_FILE_ENV}
+    env["XDG_STATE_HOME"] = str(tmp_path)  # no default token file yet
+    drill = ["drill", "--pool", "long", "--level", "3", "--minutes", "1"]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "tooling.cli.main", *args, "--admin", stack.admin_address]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env)
+
+    refused = cli(*drill)
+    assert refused.returncode == 2
+    assert f"UNAUTHENTICATED: {WRONG_TOKEN}" in refused.stderr
+    assert "no admin token found to send" in refused.stderr
+    long = next(b for b in admin_status(stack)["breakers"] if b["pool"] == "long")
+    assert long["level"] == 0 and long["drillLevel"] == 0  # read without a token
+    assert cli("status", "--json").returncode == 0  # reads need none
+
+    default = default_token_file(env)
+    default.parent.mkdir(mode=0o700)
+    shutil.copy(stack.admin_token_file, default)
+    try:
+        drilled = cli(*drill)
+        assert drilled.returncode == 0, drilled.stderr
+        long = next(b for b in admin_status(stack)["breakers"] if b["pool"] == "long")
+        assert long["level"] == 3
+    finally:
+        ended = cli("drill", "--pool", "long", "--level", "0", "--minutes", "0")
+        assert ended.returncode == 0, ended.stderr
 
 
 def test_reload_reports_success(stack: LocalStack) -> None:

@@ -124,7 +124,7 @@ def footprint(reply: DriverReply) -> int:
 
 
 async def settle(driver: SidecarDriver, replies: list[DriverReply]) -> None:
-    await driver.report([(r.tracking_id, 200, 5, 5) for r in replies if r.tracking_id])
+    await driver.report([r.outcome(200, 5, 5) for r in replies if r.tracking_id])
 
 
 async def eventually(check: Any, timeout_s: float = 10.0) -> None:

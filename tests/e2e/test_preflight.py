@@ -7,6 +7,7 @@ Prometheus (the monthly check passes). One stack for the module."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from extproc.service.admin_auth import TOKEN_FILE_ENV
 from tests.support.stack import engine_fault, example_policy, start_stack, write_policy
 from tooling.preflight.probes import shipped_alert_names
 from tooling.render.alert_rules import SHIPPED_RULES
@@ -79,6 +81,8 @@ def preflight(d: Deployment, prometheus: str, *args: str) -> tuple[int, list[dic
         capture_output=True,
         text=True,
         timeout=120,
+        # The drills change the breaker: the CLI sends the stack's admin token, found here.
+        env={**os.environ, TOKEN_FILE_ENV: str(d.stack.admin_token_file)},
     )
     assert done.stdout.startswith("["), done.stderr
     return done.returncode, json.loads(done.stdout)

@@ -12,7 +12,7 @@ import yaml
 from policy._reader import PolicyError
 from policy.domain import SpendUnit
 from policy.loader import parse_policy
-from policy.schema import Policy
+from policy.schema import Policy, UnverifiedSpend
 
 
 def policy_with(tenants: Any) -> Policy:
@@ -133,3 +133,31 @@ def test_the_documented_examples_load_and_mean_what_they_say() -> None:
     metered = policy_with(example["tenants"]).tenants.get("demo-metered")
     assert metered is not None and metered.spend is not None
     assert metered.spend.per_month == 100_000_000
+
+
+def test_a_spend_check_waits_longer_than_the_budgets_and_admits_by_default() -> None:
+    default = parse_policy({"keys": []}).budget
+    assert (default.redis_timeout_ms, default.spend_timeout_ms) == (10, 100)
+    assert default.spend_unverified is UnverifiedSpend.ADMIT
+    # Unset, it never waits less than the budgets do.
+    slow = parse_policy({"budget": {"redis_timeout_ms": 250}, "keys": []}).budget
+    assert slow.spend_timeout_ms == 250
+    strict = parse_policy(
+        {"budget": {"spend_timeout_ms": 60, "spend_unverified": "refuse"}, "keys": []}
+    ).budget
+    assert (strict.spend_timeout_ms, strict.spend_unverified) == (60, UnverifiedSpend.REFUSE)
+
+
+@pytest.mark.parametrize(
+    ("budget", "message"),
+    [
+        ({"spend_timeout_ms": 5}, "budget.spend_timeout_ms: must be at least redis_timeout_ms"),
+        ({"spend_timeout_ms": 0}, "budget.spend_timeout_ms: must be > 0"),
+        ({"spend_unverified": "guess"}, "budget.spend_unverified: expected one of admit, refuse"),
+    ],
+)
+def test_spend_check_settings_that_cannot_work_are_refused(
+    budget: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(PolicyError, match=message.replace(".", r"\.")):
+        parse_policy({"budget": budget, "keys": []})

@@ -1,5 +1,6 @@
-"""A TCP proxy a test can cut: one process's path to a server, severed while others keep
-theirs (a network partition on one machine, without network namespaces)."""
+"""A TCP proxy a test can cut or slow: one process's path to a server, severed while others
+keep theirs (a network partition on one machine, without network namespaces), or answered
+late (a slow server, without tc)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ class CuttableProxy:
         self.target_port = target_port
         self.port = free_port()
         self.cut_off = False
+        # Each chunk the server sends back is held this long first (0: forwarded at once).
+        self.reply_delay_s = 0.0
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -69,12 +72,16 @@ class CuttableProxy:
             return
         self._writers.update((writer, up_writer))
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(
+            src: asyncio.StreamReader, dst: asyncio.StreamWriter, replies: bool = False
+        ) -> None:
             with contextlib.suppress(OSError, asyncio.IncompleteReadError):
                 while data := await src.read(65536):
+                    if replies and self.reply_delay_s:
+                        await asyncio.sleep(self.reply_delay_s)
                     dst.write(data)
                     await dst.drain()
             dst.close()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer, replies=True))
         self._writers.difference_update((writer, up_writer))

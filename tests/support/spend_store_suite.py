@@ -30,6 +30,8 @@ def hold(who: str, spans: tuple[SpendWindow, ...], amount: float) -> SpendHold:
 __all__ = [
     "clock",
     "test_a_held_reservation_counts_until_it_settles",
+    "test_a_request_refused_unverified_leaves_nothing_held_when_its_reservation_lands_late",
+    "test_a_request_settled_unverified_counts_once_whether_its_reservation_landed_or_not",
     "test_admits_while_under_then_refuses_naming_the_window",
     "test_refund_and_unknown_reservation",
     "test_the_day_rolls_over_at_midnight_utc_the_month_keeps_counting",
@@ -118,3 +120,47 @@ async def test_the_day_rolls_over_at_midnight_utc_the_month_keeps_counting(
     assert (await store.reserve(hold(who, windows(limits, clock()), 1), "d", 600)).admitted
     # A reservation made before midnight settles in the windows it was made in.
     assert await store.settle(who, [s.id for s in spans], "d", 1) is None
+
+
+async def test_a_request_settled_unverified_counts_once_whether_its_reservation_landed_or_not(
+    store: SpendStore, clock: VirtualClock
+) -> None:
+    """A request admitted while its check went unanswered is settled unverified: what it
+    spent counts once, whether its reservation landed before (replaced), never (charged
+    outright) or lands after (it holds nothing), however often the settlement is retried."""
+    who, spans = tenant(), windows({"day": 1000.0, "month": 5000.0}, clock())
+    ids = [s.id for s in spans]
+    # Landed before: the reservation of 900 is replaced by the 300 spent.
+    assert (await store.reserve(hold(who, spans, 900), "landed", 600)).admitted
+    assert await store.settle_unverified(hold(who, spans, 900), "landed", 300, 600) == {
+        ids[0]: 300,
+        ids[1]: 300,
+    }
+    # Never landed: the 200 spent is charged outright; retried, nothing changes.
+    assert await store.settle_unverified(hold(who, spans, 900), "lost", 200, 600) == {
+        ids[0]: 500,
+        ids[1]: 500,
+    }
+    assert await store.settle_unverified(hold(who, spans, 900), "lost", 200, 600) is None
+    # Landing after its settlement: it holds nothing, and settling it again changes nothing.
+    late = await store.reserve(hold(who, spans, 900), "lost", 600)
+    assert not late.admitted and late.refused is None
+    assert await store.settle(who, ids, "lost", 200) is None
+    assert await store.used(who, ids) == {ids[0]: 500, ids[1]: 500}
+    # The markers leave with their ttl; what was spent stays.
+    clock.advance(601)
+    assert await store.used(who, ids) == {ids[0]: 500, ids[1]: 500}
+
+
+async def test_a_request_refused_unverified_leaves_nothing_held_when_its_reservation_lands_late(
+    store: SpendStore, clock: VirtualClock
+) -> None:
+    who, spans = tenant(), windows({"month": 100.0}, clock())
+    ids = [s.id for s in spans]
+    assert await store.settle_unverified(hold(who, spans, 60), "refused", None, 600) == {ids[0]: 0}
+    assert not (await store.reserve(hold(who, spans, 60), "refused", 600)).admitted
+    # Refunded whichever came first: the month is whole for the next request.
+    assert (await store.reserve(hold(who, spans, 60), "next", 600)).admitted
+    assert (await store.reserve(hold(who, spans, 30), "early", 600)).admitted
+    assert await store.settle_unverified(hold(who, spans, 30), "early", None, 600) == {ids[0]: 60}
+    assert await store.used(who, ids) == {ids[0]: 60}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import yaml
 
 from extproc.adminpb.admin_pb2 import StatusRequest
 from extproc.adminpb.admin_pb2_grpc import AdminStub
+from extproc.service.admin_auth import TOKEN_FILE_ENV
 from extproc.service.admin_client import as_json
 from tests.support.http import CHAT, chat_body, metric, post, scrape
 from tooling.stack.local import LocalStack, StackPorts
@@ -130,11 +132,15 @@ def drive_until(
 
 
 def slogate(stack: LocalStack, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real CLI against the stack's admin API; it finds the stack's admin token as it
+    finds one in the sidecar's container: SLOGATE_ADMIN_TOKEN_FILE."""
+    assert stack.admin_token_file is not None  # started
     return subprocess.run(
         [sys.executable, "-m", "tooling.cli.main", *args, "--admin", stack.admin_address],
         capture_output=True,
         text=True,
         timeout=30,
+        env={**os.environ, TOKEN_FILE_ENV: str(stack.admin_token_file)},
     )
 
 

@@ -3,14 +3,15 @@
 What lives here: `SidecarDriver`, which opens one ext_proc `Process` stream per request
 (request headers, then the buffered body, as Envoy 1.40 sends them with raw_value header
 bytes) and sends access-log entries carrying the in-flight id and usage back on the
-AccessLogService stream. It lets a test hammer several real sidecar processes at once
-far harder than one Envoy on two cores could.
+AccessLogService stream, with the proof of the id the sidecar gave (an entry without it
+settles nothing: extproc.service.access_log). It lets a test hammer several real sidecar
+processes at once far harder than one Envoy on two cores could.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -20,7 +21,12 @@ from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
 from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from extproc.request.contract import ACCESS_LOG_NAME, METADATA_NAMESPACE, TRACKING_ID_FIELD
+from extproc.request.contract import (
+    ACCESS_LOG_NAME,
+    METADATA_NAMESPACE,
+    TRACKING_ID_FIELD,
+    USAGE_PROOF_FIELD,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +35,13 @@ class DriverReply:
     tracking_id: str | None
     headers: dict[str, str]  # upstream headers set (routed) or response headers (refused)
     body: bytes
+    usage_proof: str = ""  # of tracking_id, as the reply's metadata carried it
+
+    def outcome(
+        self, status: int, prompt: int | None, completion: int | None
+    ) -> tuple[str, str, int, int | None, int | None]:
+        """What `SidecarDriver.report` takes for this request's access-log entry."""
+        return (self.tracking_id or "", self.usage_proof, status, prompt, completion)
 
 
 def _headers_message(
@@ -56,15 +69,18 @@ def access_log_entry(
     completion: int | None,
     duration_ms: int = 100,
     ttft_ms: int = 20,
+    proof: str = "",
 ) -> accesslog_pb2.HTTPAccessLogEntry:
     """An entry as Envoy's access logger sends it for a routed request (see
-    tooling.render.envoy_config for the tags it is configured with)."""
+    tooling.render.envoy_config for the tags it is configured with). `proof`: the id's, as
+    the sidecar's reply put it in the metadata (Routed.usage_proof); "": an entry no Envoy
+    of this sidecar wrote, which settles nothing."""
     entry = accesslog_pb2.HTTPAccessLogEntry()
     entry.response.response_code.value = status
     entry.response.response_code_details = "via_upstream"
     entry.common_properties.duration.FromMilliseconds(duration_ms)
     entry.common_properties.metadata.filter_metadata[METADATA_NAMESPACE].update(
-        {TRACKING_ID_FIELD: tracking}
+        {TRACKING_ID_FIELD: tracking, USAGE_PROOF_FIELD: proof}
     )
     tags = entry.common_properties.custom_tags
     tags["ttft_ms"] = str(ttft_ms)
@@ -120,6 +136,7 @@ class SidecarDriver:
             metadata[TRACKING_ID_FIELD].string_value,
             {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers},
             b"",
+            metadata[USAGE_PROOF_FIELD].string_value,
         )
 
     @staticmethod
@@ -129,17 +146,27 @@ class SidecarDriver:
         return DriverReply(immediate.status.code, None, headers, immediate.body)
 
     async def report(
-        self, outcomes: list[tuple[str, int, int | None, int | None]], batch: int = 50
+        self, outcomes: Sequence[tuple[str, str, int, int | None, int | None]], batch: int = 50
     ) -> None:
-        """Access-log entries: (tracking id, status, prompt tokens, completion tokens)."""
+        """Access-log entries: (tracking id, its proof, status, prompt tokens, completion
+        tokens), as `DriverReply.outcome` gives them."""
+        await self.send(
+            [
+                access_log_entry(tracking, status, prompt, completion, proof=proof)
+                for tracking, proof, status, prompt, completion in outcomes
+            ],
+            batch,
+        )
+
+    async def send(
+        self, entries: Sequence[accesslog_pb2.HTTPAccessLogEntry], batch: int = 50
+    ) -> None:
+        """Access-log entries as they are, `batch` to a message."""
         messages = []
-        for start in range(0, len(outcomes), batch):
+        for start in range(0, len(entries), batch):
             message = als_pb2.StreamAccessLogsMessage()
             message.identifier.log_name = ACCESS_LOG_NAME
-            for tracking, status, prompt, completion in outcomes[start : start + batch]:
-                message.http_logs.log_entry.append(
-                    access_log_entry(tracking, status, prompt, completion)
-                )
+            message.http_logs.log_entry.extend(entries[start : start + batch])
             messages.append(message)
 
         async def stream() -> object:

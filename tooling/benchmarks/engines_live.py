@@ -248,7 +248,7 @@ def _set_picker(stack: LocalStack, picker: str) -> None:
     raw["pools"]["default"]["picker"] = picker
     stack.sidecar_policy_path.write_text(yaml.safe_dump(raw))
 
-    reply = asyncio.run(admin_client.reload_policy(stack.admin_address))
+    reply = asyncio.run(admin_client.reload_policy(stack.admin_address, stack.admin_token_file))
     if not reply.ok:
         raise RuntimeError(reply.error)
 

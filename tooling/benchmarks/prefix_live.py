@@ -298,7 +298,7 @@ def _reload(stack: LocalStack, arm: Arm, kv_events: dict[str, Any]) -> None:
     engines["picking"] = dict(arm.picking)
     stack.sidecar_policy_path.write_text(yaml.safe_dump(raw))
 
-    reply = asyncio.run(admin_client.reload_policy(stack.admin_address))
+    reply = asyncio.run(admin_client.reload_policy(stack.admin_address, stack.admin_token_file))
     if not reply.ok:
         raise RuntimeError(reply.error)
 

@@ -35,6 +35,7 @@ from extproc.envoypb.envoy.config.core.v3 import base_pb2 as core
 from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
 from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from extproc.request import contract
 from extproc.request.contract import METADATA_NAMESPACE, TRACKING_ID_FIELD
 from extproc.request.tokens.bpe import DeepSeekBpe
 from extproc.request.tokens.native import exact_counter
@@ -46,6 +47,9 @@ from tooling.benchmarks.bodies import profile_bodies
 from tooling.benchmarks.levers import BENCH_KEY, bench_policy
 
 PHASES = ("request_headers", "request_body", "access_log")
+# The proof an entry carries of its id; None in a checkout (`--product-tree`) from before
+# the proofs, whose entries carry none.
+PROOF_FIELD: str | None = getattr(contract, "USAGE_PROOF_FIELD", None)
 ENTRIES_PER_MESSAGE = 4
 
 
@@ -65,14 +69,18 @@ def _headers(body: bytes, serial: int) -> pb.ProcessingRequest:
     return pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=header_map))
 
 
-def _entry(tracking: str, prompt_tokens: int) -> accesslog_pb2.HTTPAccessLogEntry:
+def _entry(
+    tracking: str, proof: str | None, prompt_tokens: int
+) -> accesslog_pb2.HTTPAccessLogEntry:
     """What Envoy logs for a routed request (tooling/render/envoy_config: the sidecar's
-    tracking id in metadata, the usage tap's custom tags)."""
+    tracking id and its proof in metadata, the usage tap's custom tags). `proof` None: a
+    checkout whose sidecar gives none (a baseline before the proofs)."""
     entry = accesslog_pb2.HTTPAccessLogEntry()
     common = entry.common_properties
-    common.metadata.filter_metadata[METADATA_NAMESPACE].fields[
-        TRACKING_ID_FIELD
-    ].string_value = tracking
+    fields = common.metadata.filter_metadata[METADATA_NAMESPACE].fields
+    fields[TRACKING_ID_FIELD].string_value = tracking
+    if PROOF_FIELD is not None and proof is not None:
+        fields[PROOF_FIELD].string_value = proof
     common.duration.CopyFrom(duration_pb2.Duration(nanos=120_000_000))
     common.custom_tags["prompt_tokens"] = str(prompt_tokens)
     common.custom_tags["completion_tokens"] = "64"
@@ -123,13 +131,14 @@ class _Path:
             raise RuntimeError(f"refused: {reply.immediate_response.body!r}")
         fields = reply.dynamic_metadata.fields[METADATA_NAMESPACE].struct_value.fields
         tracking = fields[TRACKING_ID_FIELD].string_value
+        proof = None if PROOF_FIELD is None else fields[PROOF_FIELD].string_value
         # The engine's prompt count agrees with the sidecar's (a key whose counts the
         # engine kept exceeding would be corrected, which is not this benchmark's path).
         inflight = self.ext_proc_decider_inflight
         decision = inflight.pop(tracking)
         assert decision is not None
         inflight.put(tracking, decision)
-        self.pending.append(_entry(tracking, decision.prompt_tokens))
+        self.pending.append(_entry(tracking, proof, decision.prompt_tokens))
         if len(self.pending) == ENTRIES_PER_MESSAGE:
             await self.flush(cpu)
 
@@ -171,6 +180,10 @@ async def _measure(profile: str, requests: int, profiled: Path | None) -> dict[s
         await path.flush(ignored)
         profiler.disable()
         profiler.dump_stats(str(profiled))
+    # Entries that settled nothing would time the refusal, not the settlement.
+    registry = path.sidecar.metrics.registry
+    if registry.get_sample_value("slogate_access_log_unproven_total"):
+        raise RuntimeError("access-log entries without their proof: nothing was settled")
     await path.sidecar.stop()
     return {
         phase: {

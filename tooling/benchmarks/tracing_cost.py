@@ -54,7 +54,7 @@ async def _drive(target: str, requests: int, concurrency: int, first: int) -> li
     """`requests` decisions, `concurrency` at a time, each settled; the client's ms each."""
     driver = SidecarDriver(target)
     latencies_ms: list[float] = []
-    tracked: list[tuple[str, int, int | None, int | None]] = []
+    tracked: list[tuple[str, str, int, int | None, int | None]] = []
     queue = iter(range(first, first + requests))
 
     async def worker() -> None:
@@ -68,7 +68,7 @@ async def _drive(target: str, requests: int, concurrency: int, first: int) -> li
             )
             latencies_ms.append((time.perf_counter() - started) * 1000)
             if reply.tracking_id:
-                tracked.append((reply.tracking_id, 200, 100, 64))
+                tracked.append(reply.outcome(200, 100, 64))
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     await driver.report(tracked)

@@ -1,22 +1,28 @@
 """`slogate status / keys / reload / drill / drain`: one call each to the running sidecar's
-admin API (keys' add / revoke / rotate / list are tooling.cli.keys's)."""
+admin API, with the admin token found as tooling.cli.common's `on_admin_api` finds it
+(keys' add / revoke / rotate / list are tooling.cli.keys's); and `slogate admin-token`,
+which makes the token file a sidecar is given."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from typing import Any
 
 from extproc.runtime.serve_command import DEFAULT_ADMIN
 from tooling.cli import keys as key_commands
-from tooling.cli.common import on_admin_api
+from tooling.cli.common import add_token_file, on_admin_api
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """status, keys (with tooling.cli.keys' add / revoke / rotate / list), reload, drill, drain."""
+    """status, keys (with tooling.cli.keys' add / revoke / rotate / list), reload, drill, drain,
+    admin-token."""
 
     def admin_command(name: str, help_text: str) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text)
         command.add_argument("--admin", default=DEFAULT_ADMIN, help="the sidecar's admin API")
+        add_token_file(command)
         command.add_argument("--json", action="store_true", help="print JSON, not a table")
         command.set_defaults(handler=call_admin)
         return command
@@ -34,6 +40,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     drain.add_argument("--engine", required=True, help="ip:port, as `slogate status` shows it")
     drain.add_argument("--pool", default="", help="only in this pool (default: every pool)")
     drain.add_argument("--undo", action="store_true", help="take new requests again")
+    token = sub.add_parser(
+        "admin-token", help="make an admin token file where none is yet (random, 0600)"
+    )
+    token.add_argument(
+        "path",
+        type=Path,
+        nargs="?",
+        default=None,
+        help="default: $SLOGATE_ADMIN_TOKEN_FILE, else the file `slogate up` writes",
+    )
+    token.set_defaults(handler=make_admin_token)
+
+
+def make_admin_token(args: argparse.Namespace) -> int:
+    """`slogate admin-token [PATH]`: the file made (or kept: an existing token stays), its
+    path printed. The manifests' init container runs it; so can an operator who wants one
+    token for every pod (then a Secret: docs/operators/admin-api.md)."""
+    from extproc.service.admin_auth import AdminTokenError, ensure_token_file
+    from tooling.cli.up import up_token_file
+
+    try:
+        print(ensure_token_file(args.path or up_token_file()))
+    except (AdminTokenError, OSError) as error:
+        print(f"slogate admin-token: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def call_admin(args: argparse.Namespace) -> int:
@@ -83,4 +115,4 @@ def call_admin(args: argparse.Namespace) -> int:
             )
         return 0
 
-    return on_admin_api(args.admin, call)
+    return on_admin_api(args.admin, call, args.token_file)

@@ -38,6 +38,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         ".venv-litellm): auto = when installed; redis = also both on a real Redis",
     )
     overhead.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    listeners = bench_sub.add_parser(
+        "listeners", help="Envoy to the sidecar: TCP loopback vs a Unix socket, per request"
+    )
+    listeners.add_argument("--duration-s", type=float, default=5.0, help="per measure")
+    listeners.add_argument("--rounds", type=int, default=4, help="interleaved, order alternating")
+    listeners.add_argument("--profile", default="small", help="request bodies (as bench overhead)")
+    listeners.add_argument("--name", default="listeners", help="results file name")
+    listeners.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     stages = bench_sub.add_parser(
         "stages", help="sidecar CPU per request by stage, beside the pass-through"
     )
@@ -66,6 +74,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     tenants.add_argument("--tenants", type=int, default=1000)
     tenants.add_argument("--keys", type=int, default=10_000)
     tenants.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    reloads = bench_sub.add_parser(
+        "reloads", help="resident memory and frozen objects over many reloads under traffic"
+    )
+    reloads.add_argument("--reloads", type=int, default=1000)
+    reloads.add_argument("--tenants", type=int, default=1000)
+    reloads.add_argument("--keys", type=int, default=10_000)
+    reloads.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     estimator = bench_sub.add_parser("estimator", help="token estimate accuracy and speed")
     estimator.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     workers = bench_sub.add_parser("workers", help="serve --workers N throughput (1 vs 2)")
@@ -172,6 +187,10 @@ def run_bench(args: argparse.Namespace) -> int:
             name=args.name,
             litellm=args.litellm,
         )
+    elif args.bench == "listeners":
+        from tooling.benchmarks.listeners import run as run_listeners
+
+        run_listeners(args.out_dir, args.duration_s, args.rounds, args.profile, args.name)
     elif args.bench == "stages":
         from tooling.benchmarks.stages import run as run_stages
 
@@ -189,6 +208,10 @@ def run_bench(args: argparse.Namespace) -> int:
         from tooling.benchmarks.tenants import run as run_tenants
 
         run_tenants(args.out_dir, args.seconds, args.tenants, args.keys)
+    elif args.bench == "reloads":
+        from tooling.benchmarks.reloads import run as run_reloads
+
+        run_reloads(args.out_dir, args.reloads, args.tenants, args.keys)
     elif args.bench == "decision-cost":
         from tooling.benchmarks.decision_cost import run as run_decision_cost
 

@@ -52,17 +52,50 @@ def vllm_ready() -> bool:
     return True
 
 
-def on_admin_api(address: str, call: Callable[[Any], Awaitable[int]]) -> int:
+def add_token_file(parser: argparse.ArgumentParser, default: Any = None) -> None:
+    """--token-file: the admin token a command sends (extproc.service.admin_client finds
+    one without it: SLOGATE_ADMIN_TOKEN_FILE, then the file `slogate up` writes)."""
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        default=default,
+        help="the admin token (default: $SLOGATE_ADMIN_TOKEN_FILE, else the file `slogate up` "
+        "writes, ~/.local/state/slogate/admin-token)",
+    )
+
+
+def on_admin_api(
+    address: str, call: Callable[[Any], Awaitable[int]], token_file: Path | None = None
+) -> int:
     """`call`'s exit code, run on a channel (a grpc.aio.Channel) to the sidecar's admin API
-    at `address`, closed after; a call the sidecar failed is printed, and exits 2."""
+    at `address` that sends the admin token (`token_file`, or the one found), closed after;
+    a call the sidecar failed is printed, and exits 2, as does a token file that cannot be
+    read."""
     import grpc
 
+    from extproc.service import admin_client
+    from extproc.service.admin_auth import AdminTokenError
+
+    try:
+        sent = admin_client.client_token_file(token_file)
+        token = admin_client.client_token(sent)
+    except AdminTokenError as error:
+        print(f"slogate: the admin token: {error}", file=sys.stderr)
+        return 2
+
     async def run() -> int:
-        channel = grpc.aio.insecure_channel(address)
+        channel = admin_client.channel(address, token)
         try:
             return await call(channel)
         except grpc.aio.AioRpcError as error:
             print(f"slogate: {address}: {error.code().name}: {error.details()}", file=sys.stderr)
+            if error.code() is grpc.StatusCode.UNAUTHENTICATED:
+                print(
+                    f"slogate: sent the token in {sent}"
+                    if sent is not None
+                    else "slogate: no admin token found to send",
+                    file=sys.stderr,
+                )
             return 2
         finally:
             await channel.close()

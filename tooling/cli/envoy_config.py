@@ -21,6 +21,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     config.add_argument("--sidecar-port", type=int, default=50051)
     config.add_argument("--host", default="127.0.0.1")
     config.add_argument(
+        "--sidecar-socket",
+        default=None,
+        metavar="PATH",
+        help="reach the sidecar at this Unix socket (`serve --grpc-socket`) instead of "
+        "--host:--sidecar-port",
+    )
+    config.add_argument(
         "--fragment",
         action="store_true",
         help="only what slogate adds (filters, clusters, access log, pool routes, per-route "
@@ -105,9 +112,16 @@ def write_config(args: argparse.Namespace) -> int:
         sidecar_tls = SidecarTls(args.sidecar_tls_ca, args.sidecar_tls_name, *client)
     policy = load_policy(args.policy)
     ports = EnvoyPorts(
-        args.listen_port, args.admin_port, args.sidecar_port, args.host, sidecar_tls=sidecar_tls
+        args.listen_port,
+        args.admin_port,
+        args.sidecar_port,
+        args.host,
+        sidecar_tls=sidecar_tls,
+        sidecar_socket=args.sidecar_socket,
     )
-    target = FragmentTarget(args.host, args.sidecar_port, dict(args.pool_cluster), sidecar_tls)
+    target = FragmentTarget(
+        args.host, args.sidecar_port, dict(args.pool_cluster), sidecar_tls, args.sidecar_socket
+    )
     notes: list[str] = []
     if args.merge_into is not None:
         theirs = yaml.safe_load(args.merge_into.read_text(encoding="utf-8"))

@@ -56,6 +56,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the sidecar's image (default ghcr.io/slogate/slogate:<this version>)",
     )
     k8s.add_argument("--replicas", type=int, default=2, help="the Deployment's replicas")
+    k8s.add_argument(
+        "--sidecar-listener",
+        choices=("unix", "loopback"),
+        default=None,
+        help="the pod's Envoy reaches ext_proc and the access log on a Unix socket in a "
+        "shared emptyDir (default: the cheaper per request, bench/results/listeners.md) or "
+        "on 127.0.0.1; the pod's address serves only the health port and /metrics",
+    )
     k8s.add_argument("--namespace", default="llm", help="the sidecar's (and the Gateway's)")
     k8s.add_argument(
         "--pool-service",
@@ -138,7 +146,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def write_k8s(args: argparse.Namespace) -> int:
     from tooling.render.inference_pool import render_endpoint_picker, selectors
-    from tooling.render.k8s import DEFAULT_IMAGE, write_documents, write_manifests
+    from tooling.render.k8s import (
+        DEFAULT_IMAGE,
+        DEFAULT_POD_LISTENER,
+        PodListener,
+        write_documents,
+        write_manifests,
+    )
     from tooling.render.mesh import MeshError, MeshTarget, render_istio
     from tooling.render.mesh_gateway import render_envoy_gateway
 
@@ -159,12 +173,22 @@ def write_k8s(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.sidecar_listener is not None and (picker or args.mesh is not None):
+        print(
+            "slogate k8s: --sidecar-listener is for the pod with its own Envoy (a mesh or a "
+            "gateway reaches the sidecar over the network)",
+            file=sys.stderr,
+        )
+        return 2
     if args.mutual_tls and not args.tls_secret:
         print("slogate k8s: --mutual-tls needs --tls-secret", file=sys.stderr)
         return 2
     if args.mesh is None and not picker:
         out = args.out or Path("deploy/k8s/slogate.yaml")
-        write_manifests(args.policy, out, image=image, replicas=args.replicas)
+        listener = (
+            PodListener(args.sidecar_listener) if args.sidecar_listener else DEFAULT_POD_LISTENER
+        )
+        write_manifests(args.policy, out, image=image, replicas=args.replicas, listener=listener)
         print(f"wrote {out}")
         return 0
     target = MeshTarget(

@@ -1,7 +1,7 @@
 """`slogate keys add / revoke / rotate / list`: keys managed without editing the policy.
 
 What lives here: the subcommands' arguments and what they do, against a running sidecar's
-admin API (`--admin`, with the admin token: `--token-file` or SLOGATE_ADMIN_TOKEN_FILE) or
+admin API (`--admin`, with the admin token tooling.cli.common's `on_admin_api` finds) or
 directly on a key file (`--file PATH`, e.g. before it goes into a Kubernetes Secret). A new
 key is made here and printed once; only its SHA-256 leaves this process. `slogate keys`
 without a subcommand still prints the policy's keys with their usage (tooling.cli.main).
@@ -23,7 +23,7 @@ import grpc
 from extproc.adminpb import admin_pb2 as pb
 from extproc.adminpb import admin_pb2_grpc as pb_grpc
 from extproc.runtime.key_store import read_key_file, write_key_file
-from extproc.service.admin_auth import TOKEN_FILE_ENV, AdminTokenError, admin_token
+from extproc.service.admin_auth import AdminTokenError
 from extproc.service.key_admin import stored_key
 from policy._reader import PolicyError
 from policy.domain import LIMIT_FIELDS, Tier
@@ -36,7 +36,7 @@ from policy.keyring import (
     revoked,
     rotated,
 )
-from tooling.cli.common import on_admin_api
+from tooling.cli.common import add_token_file, on_admin_api
 
 _SUPPRESS = argparse.SUPPRESS  # an option the parent `keys` also has keeps its value
 
@@ -47,9 +47,7 @@ def add_key_commands(keys: argparse.ArgumentParser) -> None:
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         parser = sub.add_parser(name, help=help_text)
         parser.add_argument("--admin", default=_SUPPRESS, help="the sidecar's admin API")
-        parser.add_argument(
-            "--token-file", type=Path, default=None, help=f"the admin token (or {TOKEN_FILE_ENV})"
-        )
+        add_token_file(parser, default=_SUPPRESS)
         parser.add_argument(
             "--file", type=Path, default=None, help="edit this key file instead of a sidecar"
         )
@@ -81,7 +79,7 @@ def manage_keys(args: argparse.Namespace) -> int:
     try:
         if args.file is not None:
             return _on_file(args, args.file)
-        return on_admin_api(args.admin, lambda channel: _on_admin(args, channel))
+        return on_admin_api(args.admin, lambda channel: _on_admin(args, channel), args.token_file)
     except (ValueError, KeyError, PolicyError, AdminTokenError) as error:
         message = error.args[0] if isinstance(error, KeyError) else error
         print(f"slogate keys {args.keys_action}: {message}", file=sys.stderr)
@@ -205,15 +203,10 @@ def _on_file(args: argparse.Namespace, path: Path) -> int:
 
 
 async def _on_admin(args: argparse.Namespace, channel: grpc.aio.Channel) -> int:
-    environ = {TOKEN_FILE_ENV: str(args.token_file)} if args.token_file else None
-    token = admin_token(environ)
-    metadata = (("authorization", f"Bearer {token}"),) if token else None
-    keys = pb_grpc.KeyAdminStub(channel)
+    keys = pb_grpc.KeyAdminStub(channel)  # the channel sends the admin token
     clear = None
     if args.keys_action == "list":
-        reply = await keys.ListKeys(
-            pb.ListKeysRequest(tenant=getattr(args, "tenant", "")), metadata=metadata
-        )
+        reply = await keys.ListKeys(pb.ListKeysRequest(tenant=getattr(args, "tenant", "")))
         _print_keys(reply.keys, args.json)
         return 0
     if args.keys_action == "add":
@@ -225,9 +218,9 @@ async def _on_admin(args: argparse.Namespace, channel: grpc.aio.Channel) -> int:
             limits=pb.Limits(**_limits(args.limit)),
             expires_in_s=parse_duration_s(args.expires_in) if args.expires_in else 0.0,
         )
-        change = await keys.AddKey(request, metadata=metadata)
+        change = await keys.AddKey(request)
     elif args.keys_action == "revoke":
-        change = await keys.RevokeKey(pb.RevokeKeyRequest(key_id=args.key_id), metadata=metadata)
+        change = await keys.RevokeKey(pb.RevokeKeyRequest(key_id=args.key_id))
     else:
         clear, digest = new_clear_key()
         change = await keys.RotateKey(
@@ -235,8 +228,7 @@ async def _on_admin(args: argparse.Namespace, channel: grpc.aio.Channel) -> int:
                 key_id=args.key_id,
                 new_key_sha256=digest,
                 grace_s=parse_duration_s(args.grace),
-            ),
-            metadata=metadata,
+            )
         )
     _print_change(args, change, clear)
     return 0

@@ -11,7 +11,8 @@ What lives here: the subcommands' arguments, `promote` (the file swap) and their
   temporary file and renamed over P (a reader sees the old file or the new one, never half),
   the old P kept as `P.previous`. The candidate file names no candidate, so the promoted
   policy names none: nothing is judged beside it until one is named again. With `--admin`
-  the running sidecar reloads it at once through its admin API (the normal reload path: a
+  the running sidecar reloads it at once through its admin API (with the admin token the
+  other admin commands send; the normal reload path: a
   refusal keeps the running policy); without, its file watch picks it up.
 """
 
@@ -23,13 +24,17 @@ import os
 import sys
 from pathlib import Path
 
+import grpc
+
 from extproc.runtime.serve_command import DEFAULT_ADMIN
 from extproc.service import admin_client
+from extproc.service.admin_auth import AdminTokenError
 from policy._reader import PolicyError
 from policy.candidate import candidate_path, checked_candidate
 from policy.diff import policy_changes
 from policy.loader import load_policy
 from tooling.cli import policy_traffic
+from tooling.cli.common import add_token_file
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,6 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     promote_cmd.add_argument(
         "--admin", default=None, help=f"reload the sidecar there (e.g. {DEFAULT_ADMIN})"
     )
+    add_token_file(promote_cmd)
 
 
 def diff_markdown(old: Path, new: Path) -> str:
@@ -91,7 +97,14 @@ def run_policy(args: argparse.Namespace) -> int:
     print(f"promoted {source} to {args.policy} (the old policy: {args.policy}.previous)")
     if args.admin is None:
         return 0
-    reply = asyncio.run(admin_client.reload_policy(args.admin))
+    try:
+        reply = asyncio.run(admin_client.reload_policy(args.admin, args.token_file))
+    except (AdminTokenError, grpc.aio.AioRpcError) as error:
+        said = (
+            f"{error.code().name}: {error.details()}" if isinstance(error, grpc.RpcError) else error
+        )
+        print(f"slogate policy promote: the reload at {args.admin}: {said}", file=sys.stderr)
+        return 2
     if not reply.ok:
         print(f"the sidecar refused it, the old policy stays: {reply.error}", file=sys.stderr)
         return 1

@@ -10,6 +10,7 @@ import yaml
 
 from extproc.runtime.serve_command import DEFAULT_ADMIN
 from policy.domain import Tier
+from tooling.cli.common import add_token_file
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     command.add_argument("--url", required=True, help="the gateway, e.g. http://host:10000")
     command.add_argument("--prometheus", required=True, help="the Prometheus scraping slogate")
     command.add_argument("--admin", default=DEFAULT_ADMIN, help="the sidecar's admin API")
+    add_token_file(command)  # the drills change the breaker: they need the admin token
     command.add_argument("--policy", type=Path, help="policy file: zones, model, demo keys")
     command.add_argument(
         "--zones", type=Path, help="engine -> zone YAML, or `kubectl get pods,nodes -o json`"
@@ -62,6 +64,7 @@ def run_preflight(args: argparse.Namespace) -> int:
         url=args.url,
         prometheus=args.prometheus,
         admin=args.admin,
+        token_file=args.token_file,
         policy_path=args.policy,
         zones_path=args.zones,
         probe_rounds=args.probes,

@@ -1,8 +1,8 @@
 """`slogate tenants`: each tenant's class, tier, suspension and spend, from a running sidecar.
 
 What lives here: the subcommand's arguments, the call to the admin API's TenantAdmin
-(extproc.service.tenant_admin; the admin token as `slogate keys` takes it: `--token-file`
-or SLOGATE_ADMIN_TOKEN_FILE) and the table it prints:
+(extproc.service.tenant_admin; a read, so no admin token is needed) and the table it
+prints:
 
     tenant  class  tier      suspended  unit    day              month
     acme    gold   critical             tokens  1.2M/5M (24%)    40M/100M (40%)
@@ -11,25 +11,20 @@ or SLOGATE_ADMIN_TOKEN_FILE) and the table it prints:
 from __future__ import annotations
 
 import argparse
-import asyncio
-import sys
-from pathlib import Path
 
 import grpc
 
 from extproc.adminpb import tenants_pb2 as pb
 from extproc.adminpb import tenants_pb2_grpc as pb_grpc
 from extproc.runtime.serve_command import DEFAULT_ADMIN
-from extproc.service.admin_auth import TOKEN_FILE_ENV, AdminTokenError, admin_token
 from extproc.service.admin_client import as_json, table
+from tooling.cli.common import add_token_file, on_admin_api
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     command = sub.add_parser("tenants", help="tenants with their class, tier and spend budgets")
     command.add_argument("--admin", default=DEFAULT_ADMIN, help="the sidecar's admin API")
-    command.add_argument(
-        "--token-file", type=Path, default=None, help=f"the admin token (or {TOKEN_FILE_ENV})"
-    )
+    add_token_file(command)
     command.add_argument("--json", action="store_true", help="print JSON, not a table")
     command.add_argument("names", nargs="*", help="only these tenants (default: the list)")
     command.set_defaults(handler=show_tenants)
@@ -72,27 +67,12 @@ def tenants_table(reply: pb.TenantsReply) -> str:
 
 
 def show_tenants(args: argparse.Namespace) -> int:
-    try:
-        environ = {TOKEN_FILE_ENV: str(args.token_file)} if args.token_file else None
-        token = admin_token(environ)
-    except AdminTokenError as error:
-        print(f"slogate tenants: {error}", file=sys.stderr)
-        return 2
-    metadata = (("authorization", f"Bearer {token}"),) if token else None
 
-    async def call() -> int:
-        channel = grpc.aio.insecure_channel(args.admin)
-        try:
-            stub = pb_grpc.TenantAdminStub(channel)
-            reply = await stub.Tenants(
-                pb.TenantsRequest(names=args.names), metadata=metadata, timeout=30
-            )
-        except grpc.aio.AioRpcError as error:
-            print(f"slogate tenants: {error.code().name}: {error.details()}", file=sys.stderr)
-            return 2
-        finally:
-            await channel.close()
+    async def call(channel: grpc.aio.Channel) -> int:
+        reply = await pb_grpc.TenantAdminStub(channel).Tenants(
+            pb.TenantsRequest(names=args.names), timeout=30
+        )
         print(as_json(reply) if args.json else tenants_table(reply))
         return 0
 
-    return asyncio.run(call())
+    return on_admin_api(args.admin, call, args.token_file)

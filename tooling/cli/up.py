@@ -1,13 +1,16 @@
 """`slogate up`: the local stack (pools, sidecar, Envoy; tooling.stack) in the foreground
-until Ctrl-C, with a Prometheus beside it on request."""
+until Ctrl-C, with a Prometheus beside it on request. Its sidecars' admin token is the file
+`up_token_file` names, which the other commands find by themselves."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -84,6 +87,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.set_defaults(handler=run_up)
 
 
+def up_token_file(environ: Mapping[str, str] | None = None) -> Path:
+    """The admin token every sidecar of `slogate up` gets: the file SLOGATE_ADMIN_TOKEN_FILE
+    names, else the one the CLI finds by default (extproc.service.admin_client), so `slogate
+    drill` and friends need no --token-file. Kept between runs; made where it is not yet."""
+    from extproc.service.admin_auth import TOKEN_FILE_ENV
+    from extproc.service.admin_client import default_token_file
+
+    env = environ if environ is not None else os.environ
+    named = env.get(TOKEN_FILE_ENV)
+    return Path(named) if named else default_token_file(env)
+
+
 def run_up(args: argparse.Namespace) -> int:
     from extproc.runtime.processes import ProcessFailed
     from tooling.stack.local import LocalStack, StackPorts
@@ -139,6 +154,7 @@ def run_up(args: argparse.Namespace) -> int:
         engine=args.engine,
         vllm=VllmSettings(kv_blocks=args.kv_blocks),
         sidecar_log_args=("--log-format", args.log_format, "--log-level", args.log_level),
+        admin_token_file=up_token_file(),
     )
     signals = Signalled()
     stack.start()
@@ -152,8 +168,8 @@ def run_up(args: argparse.Namespace) -> int:
     several = args.replicas > 1 or stack.redis is not None or bool(stack.engines)
     print(
         f"slogate up: {stack.url}  (metrics {stack.metrics_url}, Envoy admin "
-        f"http://127.0.0.1:{stack.admin_port}, slogate admin {stack.admin_address}, "
-        f"logs {work_dir})\n"
+        f"http://127.0.0.1:{stack.admin_port}, slogate admin {stack.admin_address} "
+        f"(token {stack.admin_token_file}), logs {work_dir})\n"
         f"{stack.ready_line() + chr(10) if several else ''}"
         f"{f'  prometheus: {prometheus.url}' + chr(10) if prometheus else ''}"
         f"  try: curl -s {stack.url}/v1/chat/completions -H 'Authorization: Bearer "

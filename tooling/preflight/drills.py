@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 
@@ -47,6 +48,7 @@ PRESET_PROBES: dict[int, tuple[tuple[Tier, bool], ...]] = {
 class DrillSettings:
     url: str  # the gateway (Envoy's listener)
     admin: str  # the sidecar's admin API
+    token_file: Path | None  # its admin token (None: the one the CLI finds)
     pool: str  # the pool drilled: where short requests are routed
     fallback_pool: str
     model: str
@@ -182,7 +184,7 @@ async def _recovery(session: aiohttp.ClientSession, s: DrillSettings) -> float |
 async def drill(s: DrillSettings) -> list[CheckResult]:
     """Streams admitted, then L3 (and L2, L1: the presets) drilled on the pool, then the
     drill ended; the streams' ends, the presets and the recovery judged."""
-    channel, stub = admin_client.stub(s.admin)
+    channel, stub = admin_client.stub(s.admin, s.token_file)
     timeout = aiohttp.ClientTimeout(total=120.0)
     stream_key = s.keys.get(Tier.STANDARD) or s.keys[Tier.CRITICAL]
     try:

@@ -21,6 +21,7 @@ import yaml
 
 from extproc.adminpb import admin_pb2 as pb
 from extproc.service import admin_client
+from extproc.service.admin_auth import AdminTokenError
 from policy.domain import Tier
 from policy.loader import load_policy
 from policy.schema import Policy
@@ -35,6 +36,7 @@ class PreflightOptions:
     url: str  # the gateway (Envoy's listener)
     prometheus: str
     admin: str
+    token_file: Path | None = None  # the admin token the drills send (None: as found)
     policy_path: Path | None = None
     zones_path: Path | None = None
     rules_path: Path = SHIPPED_RULES
@@ -137,6 +139,7 @@ def _drill_checks(
     settings = DrillSettings(
         url=o.url.rstrip("/"),
         admin=o.admin,
+        token_file=o.token_file,
         pool=o.drill_pool or (policy.default_pool if policy else "default"),
         fallback_pool=policy.fallback_pool if policy else "fallback",
         model=model,
@@ -147,6 +150,9 @@ def _drill_checks(
     )
     try:
         return asyncio.run(drill(settings))
+    except AdminTokenError as error:
+        why = f"the admin token: {error}"
+        return [CheckResult("drill", settings.pool, Verdict.FAIL, "drill broke off", why)]
     except grpc.aio.AioRpcError as error:
         why = f"admin API {o.admin}: {error.code().name}: {error.details()}"
         return [CheckResult("drill", settings.pool, Verdict.FAIL, "drill broke off", why)]

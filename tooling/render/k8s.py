@@ -9,21 +9,35 @@ one `build_bootstrap` makes, with the client listener on 0.0.0.0; tests validate
 real Envoy binary, and every document against Kubernetes' own schemas
 (tests/tooling/render/test_k8s.py).
 
-The sidecar listens on 0.0.0.0 in the pod too: the kubelet's gRPC probe dials the pod's IP
-(a probe has no host field), so a sidecar on loopback could never be Ready. Envoy still calls
-it on 127.0.0.1, and the NetworkPolicy admits only Envoy's listener and /metrics from
-outside the pod, so nobody else can report usage to it (where the cluster's network plugin
-enforces NetworkPolicy; the node's own traffic, the kubelet's probes, always passes).
+In the pod, ext_proc and the access log are reachable from the pod alone (`PodListener`: a
+Unix socket in an emptyDir both containers mount, Envoy's pipe address, by default; or
+127.0.0.1), so nobody outside can report usage to the sidecar whatever the cluster's network
+plugin enforces. The kubelet's gRPC probe dials the pod's IP (a probe has no host field): it
+reaches a health-only port (`serve --health-host 0.0.0.0 --health-port`, grpc.health.v1 and
+nothing else), and Prometheus /metrics. The NetworkPolicy admits Envoy's listener and
+/metrics from outside the pod (the node's own traffic, the kubelet's probes, always passes).
+
+The admin API stays on loopback, which every container of the pod shares, so its changes
+(drills, reloads, drains, keys) need a token: an init container (`slogate admin-token`)
+writes a random one into an in-memory emptyDir that only the sidecar container mounts, and
+SLOGATE_ADMIN_TOKEN_FILE names it there, for the sidecar and for the CLI run by `kubectl
+exec` in that container. Chosen over a Secret so that `kubectl apply` of these files works
+as they are, with no token in them (the committed manifests are public) and no step before:
+whoever may exec into the sidecar container may read the token, the same people who can
+reach loopback at all. One token for every pod, kept in a Secret, is documented in
+docs/operators/admin-api.md.
 """
 
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from extproc.service.admin_auth import TOKEN_FILE_ENV
 from extproc.version import VERSION
 from policy.loader import load_policy
 from policy.schema import Policy
@@ -34,10 +48,33 @@ LISTEN_PORT = 10000
 ADMIN_PORT = 9901
 SIDECAR_PORT = 50051
 METRICS_PORT = 9464
-# grpc.health.v1 in plain text beside a TLS gRPC port: the kubelet's gRPC probe speaks no
-# TLS (`serve --health-port`; the port llm-d's endpoint picker uses for the same).
+# grpc.health.v1 alone, in plain text, where the kubelet's gRPC probe can dial it: on the
+# pod's address while ext_proc stays inside the pod, or beside a TLS gRPC port (the probe
+# speaks no TLS). `serve --health-port`; the port llm-d's endpoint picker uses for the same.
 HEALTH_PORT = 9003
+SOCKET_DIR = "/var/run/slogate"  # an emptyDir both containers mount
+SIDECAR_SOCKET = f"{SOCKET_DIR}/grpc.sock"
+
+
+class PodListener(StrEnum):
+    """How the pod's Envoy reaches ext_proc and the access log (`slogate k8s
+    --sidecar-listener`); either way nothing outside the pod can."""
+
+    UNIX = "unix"  # `serve --grpc-socket`: a file only the pod's containers see
+    LOOPBACK = "loopback"  # 127.0.0.1: shared by every container of the pod
+
+
+# `slogate bench listeners` (bench/results/listeners*.md) measured no difference in the
+# sidecar's CPU per request beyond a loaded machine's noise: a round's socket / TCP ratio
+# 0.86-1.33 (median 1.06) in one run, 0.63-1.52 (median 0.87) in another, more loaded
+# (Python's ~1 ms a request hides the kernel's few µs). The tie goes to the socket: it
+# reaches only the containers that mount it, loopback every container of the pod.
+DEFAULT_POD_LISTENER = PodListener.UNIX
 TLS_DIR = "/etc/slogate/tls"  # a kubernetes.io/tls Secret: tls.crt, tls.key (and ca.crt)
+# The admin token: made at each pod's start by an init container (`slogate admin-token`)
+# into an in-memory emptyDir only the sidecar container mounts (module docstring).
+ADMIN_TOKEN_DIR = "/var/run/slogate-admin"  # apart from SOCKET_DIR, which Envoy mounts
+ADMIN_TOKEN_FILE = f"{ADMIN_TOKEN_DIR}/token"
 # The image this version builds: the tag is the package's own version (extproc/version.py).
 DEFAULT_IMAGE = f"ghcr.io/slogate/slogate:{VERSION}"
 DEFAULT_ENVOY_IMAGE = "envoyproxy/envoy:v1.40.0"
@@ -52,9 +89,13 @@ def render_manifests(
     image: str = DEFAULT_IMAGE,
     envoy_image: str = DEFAULT_ENVOY_IMAGE,
     replicas: int = 2,
+    listener: PodListener = DEFAULT_POD_LISTENER,
 ) -> list[dict[str, Any]]:
     policy = load_policy(policy_path)
-    ports = EnvoyPorts(LISTEN_PORT, ADMIN_PORT, SIDECAR_PORT, "127.0.0.1", "0.0.0.0")
+    socket = SIDECAR_SOCKET if listener is PodListener.UNIX else None
+    ports = EnvoyPorts(
+        LISTEN_PORT, ADMIN_PORT, SIDECAR_PORT, "127.0.0.1", "0.0.0.0", sidecar_socket=socket
+    )
     bootstrap = build_bootstrap(policy, ports)
     labels = {"app.kubernetes.io/name": name}
     config = {
@@ -67,7 +108,12 @@ def render_manifests(
         },
     }
     secret = redis_secret(policy, name, labels)
-    sidecar = sidecar_container(name, image)
+    sidecar = sidecar_container(name, image, listener=listener)
+    envoy_mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": "/etc/slogate", "readOnly": True}
+    ]
+    if listener is PodListener.UNIX:
+        envoy_mounts.append(dict(SOCKETS_MOUNT))
     envoy = {
         "name": "envoy",
         "image": envoy_image,
@@ -91,7 +137,7 @@ def render_manifests(
         "livenessProbe": {"tcpSocket": {"port": LISTEN_PORT}, "periodSeconds": 10},
         "resources": {"requests": {"cpu": "1", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "securityContext": container_security(ENVOY_UID),
-        "volumeMounts": [{"name": "config", "mountPath": "/etc/slogate", "readOnly": True}],
+        "volumeMounts": envoy_mounts,
     }
     deployment = {
         "apiVersion": "apps/v1",
@@ -111,8 +157,9 @@ def render_manifests(
                 },
                 "spec": {
                     **pod_hardening(labels),
+                    "initContainers": [admin_token_maker(image)],
                     "containers": [envoy, sidecar],
-                    "volumes": sidecar_volumes(name),
+                    "volumes": sidecar_volumes(name, sockets=listener is PodListener.UNIX),
                 },
             },
         },
@@ -133,7 +180,8 @@ def render_manifests(
         "spec": {
             "podSelector": {"matchLabels": labels},
             "policyTypes": ["Ingress"],
-            # Envoy's listener and /metrics; the sidecar's gRPC port is for Envoy beside it.
+            # Envoy's listener and /metrics; ext_proc and the access log are not on the pod's
+            # address at all, the health port needs no rule (the kubelet's traffic passes).
             "ingress": [
                 {"ports": [{"port": LISTEN_PORT, "protocol": "TCP"}]},
                 {"ports": [{"port": METRICS_PORT, "protocol": "TCP"}]},
@@ -160,51 +208,76 @@ def write_documents(documents: list[dict[str, Any]], out: Path, command: str) ->
 
 
 def write_manifests(
-    policy_path: Path, out: Path, image: str = DEFAULT_IMAGE, replicas: int = 2
+    policy_path: Path,
+    out: Path,
+    image: str = DEFAULT_IMAGE,
+    replicas: int = 2,
+    listener: PodListener = DEFAULT_POD_LISTENER,
 ) -> None:
     write_documents(
-        render_manifests(policy_path, image=image, replicas=replicas), out, "slogate k8s"
+        render_manifests(policy_path, image=image, replicas=replicas, listener=listener),
+        out,
+        "slogate k8s",
     )
 
 
+SOCKETS_MOUNT: dict[str, Any] = {"name": "sockets", "mountPath": SOCKET_DIR}
+
+
 def sidecar_container(
-    name: str, image: str, tls_secret: str | None = None, mutual_tls: bool = False
+    name: str,
+    image: str,
+    tls_secret: str | None = None,
+    mutual_tls: bool = False,
+    listener: PodListener | None = None,
 ) -> dict[str, Any]:
-    """The `slogate serve` container: gRPC and metrics on 0.0.0.0 (the kubelet probes the
-    pod's IP; a mesh's Envoys call it over the network), a read-only root filesystem with
-    the writable paths the sidecar uses as emptyDirs (`sidecar_volumes`). With `tls_secret`
-    (a kubernetes.io/tls Secret, `sidecar_volumes` mounts it) the gRPC port speaks TLS (and
-    asks callers for a certificate its ca.crt signed, with `mutual_tls`), and the probes
-    go to the plain-text health port."""
+    """The `slogate serve` container, with a read-only root filesystem and the writable
+    paths the sidecar uses as emptyDirs (`sidecar_volumes`). With `listener` (Envoy in the
+    same pod) ext_proc and the access log stay inside the pod (a Unix socket in the
+    `sockets` emptyDir, or loopback) and the pod's address serves only the health port and
+    /metrics; without, a mesh's Envoys call it over the network on 0.0.0.0. With
+    `tls_secret` (a kubernetes.io/tls Secret, `sidecar_volumes` mounts it) the gRPC port
+    speaks TLS (and asks callers for a certificate its ca.crt signed, with `mutual_tls`).
+    The probes go to the plain-text health port wherever it exists."""
+    if listener is None:
+        grpc = ["--host", "0.0.0.0", "--grpc-port", str(SIDECAR_PORT)]
+    elif listener is PodListener.UNIX:
+        grpc = ["--grpc-socket", SIDECAR_SOCKET]
+    else:
+        grpc = ["--host", "127.0.0.1", "--grpc-port", str(SIDECAR_PORT)]
     args = [
         "serve",
         "--policy",
         "/etc/slogate/policy.yaml",
-        "--host",
-        "0.0.0.0",
-        "--grpc-port",
-        str(SIDECAR_PORT),
+        *grpc,
         "--metrics-host",
         "0.0.0.0",
         "--metrics-port",
         str(METRICS_PORT),
     ]
-    ports = [
-        {"name": "grpc", "containerPort": SIDECAR_PORT},
-        {"name": "metrics", "containerPort": METRICS_PORT},
-    ]
+    ports = [{"name": "metrics", "containerPort": METRICS_PORT}]
+    if listener is None:
+        ports.insert(0, {"name": "grpc", "containerPort": SIDECAR_PORT})
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": "/etc/slogate", "readOnly": True},
         *({"name": volume, "mountPath": path} for volume, path in WRITABLE_PATHS.items()),
+        {"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
     ]
+    if listener is PodListener.UNIX:
+        mounts.append(dict(SOCKETS_MOUNT))
     probe_port = SIDECAR_PORT
     if tls_secret is not None:
         args += ["--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key"]
         if mutual_tls:
             args += ["--tls-client-ca", f"{TLS_DIR}/ca.crt"]
-        args += ["--health-port", str(HEALTH_PORT)]
-        ports.append({"name": "health", "containerPort": HEALTH_PORT})
         mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+    if tls_secret is not None or listener is not None:
+        # The kubelet's probe speaks no TLS and dials the pod's address: grpc.health.v1
+        # alone there, in plain text.
+        args += ["--health-port", str(HEALTH_PORT)]
+        if listener is not None:
+            args += ["--health-host", "0.0.0.0"]
+        ports.append({"name": "health", "containerPort": HEALTH_PORT})
         probe_port = HEALTH_PORT
     return {
         "name": "slogate",
@@ -214,7 +287,10 @@ def sidecar_container(
             {
                 "name": "SLOGATE_REDIS_URL",
                 "valueFrom": {"secretKeyRef": {"name": f"{name}-redis", "key": "url"}},
-            }
+            },
+            # Read by the sidecar (its admin API's token) and by `kubectl exec ... slogate
+            # drill` in this container (the CLI sends it): nothing to type.
+            {"name": TOKEN_FILE_ENV, "value": ADMIN_TOKEN_FILE},
         ],
         "ports": ports,
         # grpc.health.v1 (Kubernetes' own gRPC probe, GA since 1.27), by the endpoint picker
@@ -243,15 +319,40 @@ def sidecar_container(
 WRITABLE_PATHS = {"tmp": "/tmp", "logs": "/var/log/slogate"}
 
 
-def sidecar_volumes(name: str, tls_secret: str | None = None) -> list[dict[str, Any]]:
+def sidecar_volumes(
+    name: str, tls_secret: str | None = None, sockets: bool = False
+) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": f"{name}-config"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
         {"name": "logs", "emptyDir": {}},
+        {"name": "admin-token", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
     ]
+    if sockets:
+        # The sidecar's Unix socket, shared with Envoy: the pod's fsGroup (the sidecar's
+        # group) owns it, and Envoy's user is in that group, so the socket's 0660 lets it
+        # connect.
+        volumes.append({"name": "sockets", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
     if tls_secret is not None:  # made by the operator (cert-manager writes this shape)
         volumes.append({"name": "tls", "secret": {"secretName": tls_secret}})
     return volumes
+
+
+def admin_token_maker(image: str) -> dict[str, Any]:
+    """The init container that makes the pod's admin token (random, 0600, owned by the
+    sidecar's user) before the sidecar starts; it runs once per pod, so a restarted sidecar
+    container keeps the token (the emptyDir outlives it)."""
+    return {
+        "name": "admin-token",
+        "image": image,
+        "args": ["admin-token", ADMIN_TOKEN_FILE],
+        "resources": {
+            "requests": {"cpu": "50m", "memory": "64Mi"},
+            "limits": {"memory": "256Mi"},
+        },
+        "securityContext": container_security(SIDECAR_UID),
+        "volumeMounts": [{"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR}],
+    }
 
 
 def container_security(uid: int) -> dict[str, Any]:

@@ -61,6 +61,7 @@ from tooling.render.k8s import (
     DEFAULT_IMAGE,
     METRICS_PORT,
     SIDECAR_PORT,
+    admin_token_maker,
     disruption_budget,
     monitor,
     pod_hardening,
@@ -176,6 +177,7 @@ def sidecar_workload(
                 "metadata": {"labels": labels},
                 "spec": {
                     **pod_hardening(labels),
+                    "initContainers": [admin_token_maker(target.image)],
                     "containers": [
                         sidecar_container(name, target.image, target.tls_secret, target.mutual_tls)
                     ],

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from extproc.runtime.processes import ManagedProcess
+from extproc.service.admin_auth import ensure_token_file
 from policy.domain import FailureMode, Pool
 from policy.loader import load_policy
 from policy.schema import BudgetStoreKind, Policy
@@ -112,6 +113,9 @@ class LocalStack(Pair):
     # `up --record DIR`: the runtime policy gets `traffic_record: {dir: DIR}` (every request).
     record_dir: Path | None = None
     redis_urls: dict[int, str] = field(default_factory=dict)  # replica -> its Redis URL
+    # Every sidecar's admin token (SLOGATE_ADMIN_TOKEN_FILE): None, WORK_DIR/admin-token;
+    # `slogate up`: the file the CLI finds by default. Made (random, 0600) where it is not.
+    admin_token_file: Path | None = None
     processes: list[ManagedProcess] = field(default_factory=list)
     fleet: list[Replica] = field(default_factory=list)
     redis: ManagedProcess | None = None
@@ -145,6 +149,9 @@ class LocalStack(Pair):
     def start(self) -> LocalStack:
         try:
             policy = load_policy(self.policy_path)
+            self.admin_token_file = ensure_token_file(
+                self.admin_token_file or self.work_dir / "admin-token"
+            )
             self.tls = policy.tls is not None
             real = {policy.default_pool} if self.engine == "vllm" else set()
             # Started together, then waited for: each loads the tokenizer (~1 s). One
@@ -241,6 +248,7 @@ class LocalStack(Pair):
             exact_tokenizer=self.exact_tokenizer,
             extra_args=self.sidecar_log_args,
             env=env,
+            admin_token_file=self.admin_token_file,
         )
         if replica.sidecar is not None and replica.sidecar in self.processes:
             self.processes.remove(replica.sidecar)

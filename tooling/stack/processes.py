@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from extproc.runtime.processes import ManagedProcess, python_module
+from extproc.service.admin_auth import TOKEN_FILE_ENV, ensure_token_file
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -96,6 +97,7 @@ class SidecarPorts:
     grpc: int
     metrics: int
     admin: str
+    admin_token_file: Path  # what a caller of its admin API sends (changes need it)
 
 
 def start_sidecar(
@@ -109,10 +111,13 @@ def start_sidecar(
     env: dict[str, str] | None = None,
     extra_args: Sequence[str] = (),
     runner: str | None = None,
+    admin_token_file: Path | None = None,
 ) -> tuple[ManagedProcess, SidecarPorts]:
     """`slogate serve` as a child process on loopback; 0 ports: picked by the OS;
     `extra_args`: more of serve's flags (--log-format json); `runner`: a script that runs
-    it (a profiler's: python_module)."""
+    it (a profiler's: python_module). Its admin API has a token, as in any deployment:
+    the file `env` names in SLOGATE_ADMIN_TOKEN_FILE, else `admin_token_file`, else
+    WORK_DIR/admin-token, made (random, 0600) where it is not yet."""
     argv = python_module(
         "tooling.cli.main",
         "serve",
@@ -126,8 +131,13 @@ def start_sidecar(
     if not exact_tokenizer:
         argv.append("--no-exact-tokenizer")
     argv.extend(extra_args)
-    proc = ManagedProcess(name, argv, work_dir, env).start()
-    match = proc.wait_for_line(
-        r"sidecar ready: grpc [^:]+:(\d+) metrics \S+:(\d+)/metrics admin (\S+)"
+    named = (env or {}).get(TOKEN_FILE_ENV)
+    token_file = ensure_token_file(
+        Path(named) if named else admin_token_file or work_dir / "admin-token"
     )
-    return proc, SidecarPorts(int(match.group(1)), int(match.group(2)), match.group(3))
+    env = {**(env or {}), TOKEN_FILE_ENV: str(token_file)}
+    proc = ManagedProcess(name, argv, work_dir, env).start()
+    match = proc.wait_for_line(r"sidecar ready: grpc (\S+) metrics \S+:(\d+)/metrics admin (\S+)")
+    grpc = match.group(1)  # host:port, or unix:/path with --grpc-socket (no port: 0)
+    grpc_port = 0 if grpc.startswith("unix:") else int(grpc.rsplit(":", 1)[1])
+    return proc, SidecarPorts(grpc_port, int(match.group(2)), match.group(3), token_file)

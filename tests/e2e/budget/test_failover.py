@@ -110,8 +110,8 @@ def test_replicas_share_one_budget_exactly(tmp_path: Path, processes: list[Manag
 
         # Settle everything through each sidecar's access log: nothing stays outstanding.
         for index, driver in enumerate(drivers):
-            mine = [(r.tracking_id, 200, 5, 10) for d, r in admitted if d == index]
-            await driver.report(mine)  # type: ignore[arg-type]
+            mine = [r.outcome(200, 5, 10) for d, r in admitted if d == index]  # type: ignore[attr-defined]
+            await driver.report(mine)
         deadline = time.monotonic() + 10
         while await store.outstanding(key_id) and time.monotonic() < deadline:  # noqa: ASYNC110 - polls another process
             await asyncio.sleep(0.05)
@@ -172,7 +172,7 @@ def test_redis_outage_degrades_to_local_shares_and_recovers(
         samples = scrape(metrics_url)
         assert metric(samples, "slogate_redis_up") == 0
         assert metric(samples, "slogate_budget_store_decisions_total", store="local") >= 120
-        admitted_locally = [r.tracking_id for _, r in down if r.status == 200]  # type: ignore[attr-defined]
+        admitted_locally = [r for _, r in down if r.status == 200]  # type: ignore[attr-defined]
 
         restarted, _ = start_redis(tmp_path, "redis-b", port=redis_port)
         processes.append(restarted)
@@ -191,7 +191,7 @@ def test_redis_outage_degrades_to_local_shares_and_recovers(
             == before + 10
         )
         # Reservations made during the outage settle locally, without errors.
-        await driver.report([(t, 200, 5, 5) for t in admitted_locally])  # type: ignore[misc]
+        await driver.report([r.outcome(200, 5, 5) for r in admitted_locally])  # type: ignore[attr-defined]
         await driver.close()
 
     asyncio.run(scenario())

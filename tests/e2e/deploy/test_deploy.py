@@ -88,8 +88,8 @@ def test_k8s_manifests_are_current_and_their_envoy_config_is_valid(tmp_path: Pat
     pod = kinds["Deployment"]["spec"]["template"]
     containers = {c["name"]: c for c in pod["spec"]["containers"]}
     sidecar = containers["slogate"]
-    assert sidecar["readinessProbe"]["grpc"]["port"] == 50051
-    assert sidecar["livenessProbe"]["grpc"]["port"] == 50051
+    assert sidecar["readinessProbe"]["grpc"]["port"] == 9003  # the health-only port
+    assert sidecar["livenessProbe"]["grpc"]["port"] == 9003
     assert sidecar["resources"]["requests"]
     assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
     interval = kinds["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["interval"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -30,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from extproc.runtime.processes import ManagedProcess
+from extproc.service.admin_auth import TOKEN_FILE_ENV
 from extproc.version import VERSION
 from tests.support.packaging import PACKAGES, ROOT
 
@@ -114,11 +116,12 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Install:
     elsewhere = tmp / "elsewhere"
     elsewhere.mkdir()
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != TOKEN_FILE_ENV},
         "PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin",
         "VIRTUAL_ENV": str(venv),
         "PYTHONPATH": "",
         "TMPDIR": str(tmp),  # `slogate up` keeps its logs in a temp folder: this one
+        "XDG_STATE_HOME": str(tmp / "state"),  # ... and its admin token here, not in ~
     }
     return Install(sdist, wheel, venv, site, elsewhere, env)
 
@@ -239,6 +242,12 @@ def test_up_serves_a_chat_through_envoy(installed: Install) -> None:
     try:
         url = proc.wait_for_line(r"slogate up: (http://\S+)", 120).group(1)
         said_the_packaged_policy(proc, installed)
+        # Its admin token: made 0600 where the CLI looks, which sends it by itself.
+        admin, token = proc.wait_for_line(r"slogate admin (\S+) \(token (\S+)\)").groups()
+        assert token == installed.env["XDG_STATE_HOME"] + "/slogate/admin-token"
+        assert stat.S_IMODE(os.stat(token).st_mode) == 0o600
+        drill = ["drill", "--pool", "default", "--level", "0", "--minutes", "0"]
+        run(installed.slogate(*drill, "--admin", admin), env=installed.env)
         body = {
             "model": "deepseek-v4",
             "messages": [{"role": "user", "content": "hello"}],

@@ -1,6 +1,8 @@
 """The sidecar's gRPC listener as a gateway and the kubelet see it (extproc.runtime.grpc_servers):
 the endpoint picker protocol's health service names, TLS and mutual TLS on the gRPC port,
-and the plain-text health port beside it. A real sidecar in this process, real gRPC clients."""
+the plain-text health port beside it, and, in a pod, ext_proc and the access log on a Unix
+socket with only the health service on the pod's address. A real sidecar in this process,
+real gRPC clients."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2_grpc
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from extproc.runtime.grpc_servers import ListenerTls
+from extproc.runtime.grpc_servers import ListenerTls, PortTaken, bind, claim_socket
 from extproc.runtime.sidecar import Sidecar
 from tests.support.certificates import SERVER_NAME, Issued, issue
 from tests.support.stack import example_policy, write_policy
@@ -143,3 +146,51 @@ async def test_a_draining_sidecar_is_alive_but_not_ready(
             }
         await call.done_writing()  # the stream in flight ends: the drain need not wait
         await stopping
+
+
+async def test_in_a_pod_the_pod_address_answers_health_alone(tmp_path: Path) -> None:
+    """`serve --grpc-socket PATH --health-host 0.0.0.0 --health-port N`, the manifests' pod:
+    ext_proc and the access log only on the socket (its file's mode lets the pod's group
+    in); on the health port grpc.health.v1 answers and nothing else does (no usage can be
+    reported there). A second sidecar on the same socket is refused."""
+    socket_path = tmp_path / "grpc.sock"
+    sidecar = Sidecar(
+        _policy(tmp_path),
+        metrics_port=None,
+        admin_address=None,
+        exact_tokenizer=False,
+        grpc_socket=socket_path,
+        health_port=0,
+        health_host="127.0.0.1",
+    )
+    address = await sidecar.start()
+    assert address.grpc == f"unix:{socket_path}" and address.health_port is not None
+    try:
+        assert socket_path.stat().st_mode & 0o777 == 0o660
+        async with grpc.aio.insecure_channel(f"unix:{socket_path}") as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process(timeout=10)
+            await call.write(_headers_message("/v1/chat/completions", "sk-demo-standard", b"{}"))
+            reply = await call.read()
+            assert isinstance(reply, pb.ProcessingResponse) and reply.HasField("request_headers")
+            await call.done_writing()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{address.health_port}") as channel:
+            assert await statuses(channel) == dict.fromkeys(PICKER_SERVICES, SERVING)
+            with pytest.raises(grpc.aio.AioRpcError) as processed:
+                await pb_grpc.ExternalProcessorStub(channel).Process(timeout=10).read()
+            with pytest.raises(grpc.aio.AioRpcError) as reported:
+                await als_pb2_grpc.AccessLogServiceStub(channel).StreamAccessLogs(timeout=10)
+            for refused in (processed, reported):
+                assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED
+        with pytest.raises(PortTaken, match="another process listens there"):
+            claim_socket(socket_path, "a second sidecar")
+    finally:
+        await sidecar.stop(grace_s=0.5)
+    claim_socket(socket_path, "a sidecar after it")  # gone or stale: no longer refused
+
+
+async def test_a_unix_socket_that_cannot_be_made_fails_loudly(tmp_path: Path) -> None:
+    """grpcio answers a socket path in a missing folder with 0, not an error: the admin API
+    or ext_proc would have said it listened where nothing did."""
+    server = grpc.aio.server()
+    with pytest.raises(PortTaken, match="its folder is missing or not writable"):
+        bind(server, f"unix:{tmp_path}/no/such/folder/admin.sock", "the admin API")

@@ -1,4 +1,5 @@
-"""`slogate serve`'s TLS options refused when they cannot serve; what `slogate serve` must
+"""`slogate serve`'s listener options (TLS, the health port, the Unix socket) refused when
+they cannot serve; what `slogate serve` must
 not load, as a set: the simulator and every part of `tooling` but
 its command line (tests.support.serve_imports). A real `slogate serve` read for them:
 tests/e2e/extproc/runtime/test_serve_command.py, whose docstring says why."""
@@ -29,9 +30,11 @@ def test_the_forbidden_set() -> None:
         (["--tls-cert", "c.pem"], "--tls-cert and --tls-key go together"),
         (["--tls-client-ca", "ca.pem"], "--tls-client-ca needs --tls-cert"),
         (["--tls-cert", "c.pem", "--tls-key", "k.pem"], "no such file: c.pem, k.pem"),
+        (["--health-host", "0.0.0.0"], "--health-host needs --health-port"),
+        (["--grpc-socket", "g.sock", "--workers", "2"], "--grpc-socket takes one process"),
     ],
 )
-def test_tls_options_that_cannot_serve_are_refused_before_anything_starts(
+def test_listener_options_that_cannot_serve_are_refused_before_anything_starts(
     flags: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     parser = argparse.ArgumentParser()
@@ -39,7 +42,5 @@ def test_tls_options_that_cannot_serve_are_refused_before_anything_starts(
     args = parser.parse_args(["--policy", str(EXAMPLE_POLICY), *flags])
     assert serve_sidecar(args) == 2
     assert says in capsys.readouterr().err
-    assert listener_arguments(parser.parse_args(["--health-port", "9003"])) == (
-        "--health-port",
-        "9003",
-    )
+    each_worker = ["--health-port", "9003", "--health-host", "0.0.0.0"]
+    assert listener_arguments(parser.parse_args(each_worker)) == tuple(each_worker)

@@ -78,7 +78,7 @@ async def test_access_log_settles_what_the_request_reserved(
     assert len(sidecar.path.decider.inflight) == 1  # the refusal left nothing behind
 
     # The first request used 20 tokens: settling refunds the rest of its reservation.
-    await driver.report([(first.tracking_id, 200, 8, 12)])
+    await driver.report([first.outcome(200, 8, 12)])
     assert len(sidecar.path.decider.inflight) == 0
     again = await driver.decide("sk-demo-small", chat("hi", 1500))
     assert again.status == 200, again.body
@@ -144,7 +144,7 @@ async def test_the_decision_log_and_traffic_record_observe_decisions_and_answers
         routed = await driver.decide("sk-demo-standard", chat("hello", 16))
         refused = await driver.decide("sk-nobody", chat("hello", 16))
         assert (routed.status, refused.status) == (200, 401)
-        await driver.report([(routed.tracking_id, 200, 8, 12)])
+        await driver.report([routed.outcome(200, 8, 12)])
     (log,) = (tmp_path / "decisions").glob("decisions-*.jsonl")
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert sorted(line["decision"] for line in lines) == ["refused", "routed"]

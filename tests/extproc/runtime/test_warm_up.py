@@ -28,11 +28,13 @@ def _state(sidecar: Sidecar) -> tuple[object, ...]:
     engine holds, counted messages."""
     return (
         # Every series but the loop's lag, which is the time since its loop last ticked
-        # (no loop runs before start).
+        # (no loop runs before start), and the process's own (its CPU, memory, heap).
         [
             line
             for line in generate_latest(sidecar.metrics.registry).decode().splitlines()
-            if not line.startswith("slogate_event_loop_lag_seconds ")
+            if not line.startswith(
+                ("slogate_event_loop_lag_seconds ", "process_", "slogate_gc_frozen_objects ")
+            )
         ],
         len(sidecar.path.decider.inflight),
         tuple(dict(part) for part in sidecar.path.admission.kv.book.held_by_pool()),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import pytest
 
 from admission.decision import CountKind, RequestOutcome, RoutingDecision
@@ -35,7 +38,10 @@ def entry(
     tracking: str | None = None,
     duration_ms: int = 900,
     details: str = "via_upstream",
+    proof: str | None = None,
 ) -> accesslog_pb2.HTTPAccessLogEntry:
+    """An entry as Envoy sends it; `proof`: the one it carries of `tracking` (see
+    `proven`, which gives an in-flight request's own)."""
     e = accesslog_pb2.HTTPAccessLogEntry()
     e.response.response_code.value = status
     e.response.response_code_details = details
@@ -44,7 +50,17 @@ def entry(
         e.common_properties.custom_tags[k] = v
     if tracking is not None:
         e.common_properties.metadata.filter_metadata["slogate"].update({"id": tracking})
+    if proof is not None:
+        e.common_properties.metadata.filter_metadata["slogate"].update({"proof": proof})
     return e
+
+
+def proven(
+    inflight: InFlight[RoutingDecision], tracking: str, **fields: Any
+) -> accesslog_pb2.HTTPAccessLogEntry:
+    """The entry of in-flight request `tracking` as the sidecar's own Envoy writes it: with
+    the proof the sidecar put in its metadata."""
+    return entry(tracking=tracking, proof=inflight.proof(tracking), **fields)
 
 
 def test_entry_becomes_outcome_of_its_decision() -> None:
@@ -81,7 +97,12 @@ def recorder() -> tuple[OutcomeRecorder, InFlight[RoutingDecision], Sink, Virtua
     inflight: InFlight[RoutingDecision] = InFlight(clock, ttl_s=60)
     sink = Sink()
     rec = OutcomeRecorder(
-        SidecarMetrics(), ResponseWindows(clock), inflight, lambda: POLICY, [BrokenSink(), sink]
+        SidecarMetrics(),
+        ResponseWindows(clock),
+        inflight,
+        lambda: POLICY,
+        [BrokenSink(), sink],
+        clock=clock,
     )
     return rec, inflight, sink, clock
 
@@ -90,11 +111,11 @@ async def test_recorder_feeds_metrics_windows_and_sinks() -> None:
     rec, inflight, sink, _ = recorder()
     ok, failed = inflight.add(DECISION), inflight.add(DECISION)
     tags = {"ttft_ms": "100", "prompt_tokens": "40000", "completion_tokens": "11"}
-    pending = rec.record_entry(entry(tags=tags, tracking=ok))
-    pending += rec.record_entry(entry(status=503, tracking=failed))
+    pending = rec.record_entry(proven(inflight, ok, tags=tags))
+    pending += rec.record_entry(proven(inflight, failed, status=503))
     pending += rec.record_entry(entry(status=413, details="request_payload_too_large"))
     pending += rec.record_entry(entry(status=404))  # an upstream 404, non-inference path
-    pending += rec.record_entry(entry(tracking=ok))  # a duplicate: its decision is gone
+    pending += rec.record_entry(proven(inflight, ok))  # a duplicate: its decision is gone
     await finish(pending)
     value = rec.metrics.registry.get_sample_value
     labels = {"pool": "long", "bucket": "32k-128k"}
@@ -123,7 +144,7 @@ async def test_requests_without_an_entry_expire_and_reach_sinks() -> None:
     assert len(sink.seen) == 1 and sink.seen[0].expired and not sink.seen[0].has_usage
     assert rec.metrics.registry.get_sample_value("slogate_inflight_expired_total") == 1
     assert rec.metrics.registry.get_sample_value("slogate_inflight_requests") == 1
-    await finish(rec.record_entry(entry(tracking=late)))
+    await finish(rec.record_entry(proven(inflight, late)))
     assert len(inflight) == 0
 
 
@@ -143,7 +164,7 @@ async def test_an_infinite_count_is_not_reported_and_its_request_is_settled() ->
     rec, inflight, sink, _ = recorder()
     tracking = inflight.add(DECISION)
     tags = {"prompt_tokens": "1e400", "completion_tokens": "inf", "reasoning_tokens": "9" * 400}
-    await finish(rec.record_entry(entry(tags=tags, tracking=tracking)))
+    await finish(rec.record_entry(proven(inflight, tracking, tags=tags)))
     (outcome,) = sink.seen
     assert outcome.prompt_tokens is None and outcome.completion_tokens is None
     assert outcome.reasoning_tokens is None and len(inflight) == 0
@@ -161,7 +182,7 @@ async def test_an_entry_that_cannot_be_read_still_ends_its_request(
         raise RuntimeError("an entry no one foresaw")
 
     monkeypatch.setattr(access_log, "outcome_from_entry", unreadable)
-    await finish(rec.record_entry(entry(tracking=tracking)))
+    await finish(rec.record_entry(proven(inflight, tracking)))
     assert [o.expired for o in sink.seen] == [True] and len(inflight) == 0
 
 
@@ -179,7 +200,7 @@ async def test_a_ttft_past_every_bin_is_recorded_and_its_request_settled(
     stayed held for good. The sinks now run whatever the metrics and signals do."""
     rec, inflight, sink, _ = recorder()
     tracking = inflight.add(DECISION)
-    await finish(rec.record_entry(entry(tags={"ttft_ms": "1e308"}, tracking=tracking)))
+    await finish(rec.record_entry(proven(inflight, tracking, tags={"ttft_ms": "1e308"})))
     assert len(sink.seen) == 1 and len(inflight) == 0
 
     def broken(*_: object) -> None:
@@ -187,5 +208,62 @@ async def test_a_ttft_past_every_bin_is_recorded_and_its_request_settled(
 
     monkeypatch.setattr(access_log, "record_signals", broken)
     tracking = inflight.add(DECISION)
-    await finish(rec.record_entry(entry(tracking=tracking)))
+    await finish(rec.record_entry(proven(inflight, tracking)))
     assert len(sink.seen) == 2 and len(inflight) == 0
+
+
+@pytest.mark.parametrize(
+    "proof",
+    [None, "", "0" * 32, "not hex at all", "é"],
+    ids=["missing", "empty", "wrong", "garbage", "not-ascii"],
+)
+async def test_an_entry_without_its_proof_settles_nothing(proof: str | None) -> None:
+    """A forged 503 naming a real in-flight id: no outcome, no 5xx for the breaker, the
+    request still in flight (its holds kept), and counted."""
+    rec, inflight, sink, _ = recorder()
+    key = inflight.add(DECISION)
+    await finish(rec.record_entry(entry(status=503, tracking=key, proof=proof)))
+    value = rec.metrics.registry.get_sample_value
+    assert sink.seen == [] and key in inflight
+    assert rec.windows.error_rate("long", 60) is None
+    assert value("slogate_responses_total", {"pool": "long", "code_class": "5xx"}) is None
+    assert value("slogate_access_log_unproven_total") == 1
+    assert value("slogate_access_log_entries_total", {"kind": "routed"}) is None
+    # ... and the request's own entry still settles it.
+    await finish(rec.record_entry(proven(inflight, key)))
+    assert [o.status for o in sink.seen] == [200] and key not in inflight
+
+
+async def test_the_proof_of_another_request_settles_nothing() -> None:
+    rec, inflight, sink, _ = recorder()
+    mine, theirs = inflight.add(DECISION), inflight.add(DECISION)
+    await finish(rec.record_entry(entry(status=503, tracking=theirs, proof=inflight.proof(mine))))
+    assert sink.seen == [] and theirs in inflight and mine in inflight
+    assert rec.metrics.registry.get_sample_value("slogate_access_log_unproven_total") == 1
+
+
+async def test_an_entry_naming_no_request_in_flight_is_unmatched_not_unproven() -> None:
+    """An id this process never issued or no longer holds (an earlier process's, after a
+    restart; one expired): nothing to settle, and no alarm."""
+    rec, _, sink, _ = recorder()
+    await finish(rec.record_entry(entry(tracking="0badc0de-1", proof="0" * 32)))
+    value = rec.metrics.registry.get_sample_value
+    assert sink.seen == [] and value("slogate_access_log_unproven_total") == 0
+    assert value("slogate_access_log_entries_total", {"kind": "unmatched"}) == 1
+
+
+async def test_unproven_entries_are_logged_at_most_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rec, inflight, _, clock = recorder()
+    keys = [inflight.add(DECISION) for _ in range(4)]
+    with caplog.at_level(logging.WARNING, logger="slogate.accesslog"):
+        for key in keys[:3]:  # a flood: the first is logged, the next two wait
+            rec.record_entry(entry(tracking=key))
+        clock.now_s += 61
+        rec.record_entry(entry(tracking=keys[3]))  # a minute on: logged, with the two
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2
+    assert warnings[0].startswith("unproven access-log entries: 1 ") and keys[0] in warnings[0]
+    assert warnings[1].startswith("unproven access-log entries: 3 ") and keys[3] in warnings[1]
+    assert rec.metrics.registry.get_sample_value("slogate_access_log_unproven_total") == 4

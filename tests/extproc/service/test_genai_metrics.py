@@ -36,7 +36,7 @@ async def test_an_answered_chat_is_observed_under_the_conventions_names(
     failed = await driver.decide("sk-demo-standard", chat_body(max_tokens=64))
     assert answered.tracking_id and failed.tracking_id
     # 8 prompt and 21 completion tokens; 20 ms to the first token of 100 ms (the driver's).
-    await driver.report([(answered.tracking_id, 200, 8, 21), (failed.tracking_id, 500, None, None)])
+    await driver.report([answered.outcome(200, 8, 21), failed.outcome(500, None, None)])
 
     def value(name: str, **labels: str) -> float | None:
         return sidecar.metrics.registry.get_sample_value(name, {**CHAT, **labels})
@@ -65,7 +65,7 @@ async def test_embeddings_count_input_tokens_only(running: tuple[Sidecar, Sideca
     body = {"model": "deepseek-v4", "input": "hello there"}
     embedded = await driver.decide("sk-demo-standard", body, path="/v1/embeddings")
     assert embedded.status == 200 and embedded.tracking_id
-    await driver.report([(embedded.tracking_id, 200, 3, None)])
+    await driver.report([embedded.outcome(200, 3, None)])
     labels = {"gen_ai_operation_name": "embeddings", "gen_ai_request_model": "deepseek-v4"}
 
     def value(name: str, **more: str) -> float | None:

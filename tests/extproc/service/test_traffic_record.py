@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import datetime as dt
 import gzip
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,8 @@ import pytest
 
 from admission.decision import CandidateNote, CountKind, RequestOutcome, RoutingDecision
 from admission.errors import RateLimited
-from extproc.service.traffic_record import TrafficFiles, TrafficRecorder
+from extproc.service.record_files import RecordFiles
+from extproc.service.traffic_record import TRAFFIC_FILES, TrafficRecorder
 from policy._reader import PolicyError
 from policy.domain import ApiKey, ContextBucket, Tier
 from policy.loader import load_policy, parse_policy
@@ -24,18 +24,11 @@ from sim.fleet.replay import replay
 from sim.fleet.traffic import CandidateVerdict, TrafficEntry, read_traffic
 from tests.support.clock import VirtualClock
 from tests.support.decisions import Seen
+from tests.support.record_writers import Drops, StuckFiles
 from tests.support.stack import EXAMPLE_POLICY
 
 SECRET = "sk-very-secret"
 DAY_S = 86_400.0
-
-
-class Drops:
-    def __init__(self) -> None:
-        self.count = 0
-
-    def inc(self, amount: float = 1) -> None:
-        self.count += int(amount)
 
 
 def decision(request_id: str = "req-1") -> RoutingDecision:
@@ -52,7 +45,7 @@ def decision(request_id: str = "req-1") -> RoutingDecision:
 
 
 def test_records_carry_shapes_and_outcomes_never_secrets(tmp_path: Path) -> None:
-    recorder = TrafficRecorder(TrafficFiles(tmp_path, keep_days=7), 1.0, Drops())
+    recorder = TrafficRecorder(RecordFiles(tmp_path, TRAFFIC_FILES, keep_days=7), 1.0, Drops())
     recorder.admitted("t1", 1_790_000_000.0)
     asyncio.run(
         recorder.record(RequestOutcome(decision(), "t1", 200, 110, 40, 0.25, 1.5, "via_upstream"))
@@ -83,7 +76,7 @@ def test_records_carry_shapes_and_outcomes_never_secrets(tmp_path: Path) -> None
 def test_a_candidate_s_verdict_is_recorded_beside_the_outcome(tmp_path: Path) -> None:
     """Shadow mode: what the candidate would have done travels in the record (admitted
     and refused alike); without a candidate the field is absent."""
-    recorder = TrafficRecorder(TrafficFiles(tmp_path, keep_days=7), 1.0, Drops())
+    recorder = TrafficRecorder(RecordFiles(tmp_path, TRAFFIC_FILES, keep_days=7), 1.0, Drops())
     judged = dataclasses.replace(
         decision(), candidate=CandidateNote("would_refuse", "budget_requests", "default")
     )
@@ -105,7 +98,7 @@ def test_old_days_are_deleted_by_the_injected_clock(tmp_path: Path) -> None:
     for day in ("2026-03-01", "2026-03-03", "2026-03-04", "2026-03-09"):
         (tmp_path / f"traffic-{day}-other-1.jsonl.gz").write_bytes(gzip.compress(b""))
     (tmp_path / "notes.txt").write_text("kept")
-    files = TrafficFiles(tmp_path, keep_days=7, clock=clock, flush_interval_s=0.01)
+    files = RecordFiles(tmp_path, TRAFFIC_FILES, keep_days=7, clock=clock, flush_interval_s=0.01)
     files.queue.put({"v": 1, "t": clock(), "outcome": "admitted"})
     files.close()
     names = sorted(p.name for p in tmp_path.iterdir())
@@ -117,23 +110,8 @@ def test_old_days_are_deleted_by_the_injected_clock(tmp_path: Path) -> None:
     assert "notes.txt" in names
 
 
-class StuckFiles(TrafficFiles):
-    """A writer whose disk hangs: the loop must not notice."""
-
-    def __init__(self, directory: Path) -> None:
-        self.release = threading.Event()
-        self.writing = threading.Event()
-        super().__init__(directory, keep_days=7, max_queue=2, flush_interval_s=0.01)
-
-    def _write(self, batch: list[dict[str, Any]]) -> None:
-        if batch:
-            self.writing.set()
-            self.release.wait(10)
-        super()._write(batch)
-
-
 def test_a_full_queue_drops_and_counts_and_never_blocks(tmp_path: Path) -> None:
-    files = StuckFiles(tmp_path)
+    files = StuckFiles(tmp_path, TRAFFIC_FILES)
     drops = Drops()
     recorder = TrafficRecorder(files, 1.0, drops)
     refusal = RateLimited("no", reason="budget_requests")

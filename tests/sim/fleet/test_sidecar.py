@@ -114,7 +114,9 @@ class SidecarSide:
 
     async def finish(self, routed: Routed, completion: int) -> None:
         prompt = routed.decision.prompt_tokens
-        entry = access_log_entry(routed.tracking_id, 200, prompt, completion, 1500, 200)
+        entry = access_log_entry(
+            routed.tracking_id, 200, prompt, completion, 1500, 200, routed.usage_proof
+        )
         await finish(self.sidecar.path.recorder.record_entry(entry))
 
 

@@ -25,10 +25,20 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from extproc.service.admin_auth import TOKEN_FILE_ENV
 from extproc.version import VERSION
 from tests.support.stack import EXAMPLE_POLICY, ROOT
 from tests.tooling.render.test_mesh import COMMITTED, SCHEMA_FILES, schema
-from tooling.render.k8s import SIDECAR_UID, render_manifests
+from tooling.cli.main import build_parser
+from tooling.render.k8s import (
+    ADMIN_TOKEN_FILE,
+    HEALTH_PORT,
+    SIDECAR_PORT,
+    SIDECAR_SOCKET,
+    SIDECAR_UID,
+    PodListener,
+    render_manifests,
+)
 
 # The three newest minor versions kubernetes-validate 1.37 bundles (pyproject pins it).
 SUPPORTED_VERSIONS = ("1.35", "1.36", "1.37")
@@ -139,9 +149,13 @@ def test_the_sidecar_pod_is_hardened_spread_and_budgeted(name: str) -> None:
         assert "readinessProbe" in container and "livenessProbe" in container
     sidecar = next(c for c in pod["containers"] if c["name"] == "slogate")
     assert sidecar["image"] == f"ghcr.io/slogate/slogate:{VERSION}"
-    # The kubelet's gRPC probe dials the pod's IP: the sidecar must listen beyond loopback.
-    assert sidecar["readinessProbe"]["grpc"]["port"] == sidecar["livenessProbe"]["grpc"]["port"]
-    assert sidecar["args"][sidecar["args"].index("--host") + 1] == "0.0.0.0"
+    # The kubelet's gRPC probe dials the pod's IP: what it probes listens beyond loopback.
+    probed = sidecar["readinessProbe"]["grpc"]["port"]
+    assert probed == sidecar["livenessProbe"]["grpc"]["port"]
+    args = sidecar["args"]
+    # The health port on --health-host, else on --host, as the gRPC port.
+    probed_host = "--health-host" if probed == HEALTH_PORT and "--health-host" in args else "--host"
+    assert args[args.index(probed_host) + 1] == "0.0.0.0"
     mounts = {m["mountPath"]: m["name"] for m in sidecar["volumeMounts"]}
     assert mounts["/tmp"] in writable and mounts["/var/log/slogate"] in writable
     term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
@@ -156,12 +170,72 @@ def test_the_sidecar_pod_is_hardened_spread_and_budgeted(name: str) -> None:
     assert budget["spec"]["maxUnavailable"] == 1 < deployment["spec"]["replicas"]
 
 
+@pytest.mark.parametrize("name", MANIFESTS)
+def test_the_pod_makes_its_admin_token_and_only_the_sidecar_reads_it(name: str) -> None:
+    """An init container writes the token into an in-memory emptyDir; the sidecar container
+    alone mounts it (read-only) and names it in SLOGATE_ADMIN_TOKEN_FILE, which its CLI reads
+    too; Envoy, on the same loopback, cannot read it."""
+    pod = _deployment(rendered(name))["spec"]["template"]["spec"]
+    (maker,) = pod["initContainers"]
+    assert maker["args"] == ["admin-token", ADMIN_TOKEN_FILE]
+    context = maker["securityContext"]
+    assert context["runAsUser"] == SIDECAR_UID and context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    volume = next(v for v in pod["volumes"] if v["name"] == "admin-token")
+    assert volume["emptyDir"]["medium"] == "Memory"
+    for container in pod["containers"]:
+        mounts = {m["name"]: m for m in container.get("volumeMounts", [])}
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        if container["name"] == "slogate":
+            assert mounts["admin-token"]["readOnly"] is True
+            assert env[TOKEN_FILE_ENV] == ADMIN_TOKEN_FILE
+            assert ADMIN_TOKEN_FILE.startswith(mounts["admin-token"]["mountPath"] + "/")
+        else:
+            assert "admin-token" not in mounts and TOKEN_FILE_ENV not in env
+
+
 def test_the_plain_pod_admits_only_envoy_and_metrics_from_outside() -> None:
     documents = render_manifests(EXAMPLE_POLICY)
     policy = next(d for d in documents if d["kind"] == "NetworkPolicy")["spec"]
     ports = sorted(p["port"] for rule in policy["ingress"] for p in rule["ports"])
     assert ports == [9464, 10000]  # not the sidecar's gRPC port
     assert all("from" not in rule for rule in policy["ingress"])
+
+
+@pytest.mark.parametrize("listener", list(PodListener))
+def test_in_the_plain_pod_only_health_and_metrics_are_on_the_pods_address(
+    listener: PodListener,
+) -> None:
+    """Envoy reaches ext_proc and the access log inside the pod (the socket both containers
+    mount, or loopback); the probes go to the health-only port on 0.0.0.0."""
+    documents = render_manifests(EXAMPLE_POLICY, listener=listener)
+    pod = _deployment(documents)["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    sidecar, envoy = containers["slogate"], containers["envoy"]
+    args = sidecar["args"]
+    parsed = build_parser().parse_args(args)  # flags `slogate serve` has
+    assert parsed.health_port == HEALTH_PORT
+    on_pod_address = {args[args.index(flag) + 1] for flag in ("--health-host", "--metrics-host")}
+    assert on_pod_address == {"0.0.0.0"}
+    assert "--host" not in args or args[args.index("--host") + 1] == "127.0.0.1"
+    assert sidecar["readinessProbe"]["grpc"]["port"] == HEALTH_PORT
+    assert {p["name"] for p in sidecar["ports"]} == {"health", "metrics"}
+    config = next(d for d in documents if d["kind"] == "ConfigMap")
+    bootstrap = yaml.safe_load(config["data"]["envoy.json"])
+    cluster = next(
+        c for c in bootstrap["staticResources"]["clusters"] if c["name"] == "slogate_sidecar"
+    )
+    address = cluster["loadAssignment"]["endpoints"][0]["lbEndpoints"][0]["endpoint"]["address"]
+    if listener is PodListener.UNIX:
+        assert args[args.index("--grpc-socket") + 1] == SIDECAR_SOCKET
+        assert address == {"pipe": {"path": SIDECAR_SOCKET}}
+        for container in (sidecar, envoy):  # the same emptyDir, at the socket's folder
+            mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+            assert mounts["sockets"] == str(Path(SIDECAR_SOCKET).parent)
+    else:
+        assert "--grpc-socket" not in args
+        assert address == {"socketAddress": {"address": "127.0.0.1", "portValue": SIDECAR_PORT}}
 
 
 def test_the_image_flag_names_another_image(tmp_path: Path) -> None:

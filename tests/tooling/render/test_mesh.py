@@ -335,5 +335,7 @@ def test_the_picker_command_renders_the_committed_example_and_refuses_mixed_mode
     assert "choose one" in capsys.readouterr().err
     assert k8s("--mesh", "istio", "--tls-secret", "s") == 2
     assert "--tls-secret goes with --endpoint-picker" in capsys.readouterr().err
+    assert k8s(*picker, "--sidecar-listener", "loopback") == 2
+    assert "--sidecar-listener is for the pod with its own Envoy" in capsys.readouterr().err
     assert k8s("--endpoint-picker", "default=p", "--out", str(out)) == 2
     assert "--pool-selector default=KEY=VALUE" in capsys.readouterr().err

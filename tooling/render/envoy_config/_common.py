@@ -29,6 +29,11 @@ def _address(host: str, port: int) -> core.Address:
     return core.Address(socket_address=core.SocketAddress(address=host, port_value=port))
 
 
+def _pipe(path: str) -> core.Address:
+    """A Unix socket (Envoy calls it a pipe), such as `slogate serve --grpc-socket`'s."""
+    return core.Address(pipe=core.Pipe(path=path))
+
+
 def _http_status(code: int) -> Any:
 
     return envoy_type.HttpStatus(code=envoy_type.StatusCode(code))

@@ -20,7 +20,7 @@ import envoy_data_plane.google.protobuf as pb
 from extproc.request.contract import SIDECAR_CLUSTER
 from policy.domain import Pool
 from policy.schema import Policy
-from tooling.render.envoy_config._common import _address, _typed
+from tooling.render.envoy_config._common import _address, _pipe, _typed
 from tooling.render.envoy_config.engines import engine_cluster_options
 from tooling.render.envoy_config.filters import (
     JWKS_CLUSTER,
@@ -198,10 +198,31 @@ def sidecar_transport(sidecar_tls: SidecarTls) -> core.TransportSocket:
 
 
 def slogate_clusters(
-    policy: Policy, host: str, port: int, sidecar_tls: SidecarTls | None = None
+    policy: Policy,
+    host: str,
+    port: int,
+    sidecar_tls: SidecarTls | None = None,
+    sidecar_socket: str | None = None,
 ) -> list[cluster.Cluster]:
-    """The sidecar's cluster (and the JWKS server's, when the policy fetches keys)."""
+    """The sidecar's cluster at `host`:`port`, or at the Unix socket `sidecar_socket` (a
+    pipe address; STATIC: a path has nothing to resolve); and the JWKS server's, when the
+    policy fetches keys."""
     sidecar = _static_cluster(SIDECAR_CLUSTER, ((host, port),), http2=True)
+    if sidecar_socket is not None:
+        sidecar.type = cluster.ClusterDiscoveryType.STATIC
+        sidecar.dns_lookup_family = cluster.ClusterDnsLookupFamily.AUTO
+        sidecar.load_assignment = endpoint.ClusterLoadAssignment(
+            cluster_name=SIDECAR_CLUSTER,
+            endpoints=[
+                endpoint.LocalityLbEndpoints(
+                    lb_endpoints=[
+                        endpoint.LbEndpoint(
+                            endpoint=endpoint.Endpoint(address=_pipe(sidecar_socket))
+                        )
+                    ]
+                )
+            ],
+        )
     if sidecar_tls is not None:
         sidecar.transport_socket = sidecar_transport(sidecar_tls)
     clusters = [sidecar]
@@ -218,7 +239,9 @@ def build_bootstrap(
     ports = ports or EnvoyPorts()
     manager = http_connection_manager(policy, profile)
     clusters = [pool_cluster(p, policy) for p in policy.pools.values()]
-    clusters += slogate_clusters(policy, ports.host, ports.sidecar_port, ports.sidecar_tls)
+    clusters += slogate_clusters(
+        policy, ports.host, ports.sidecar_port, ports.sidecar_tls, ports.sidecar_socket
+    )
     config = bootstrap.Bootstrap(
         admin=bootstrap.Admin(address=_address(ports.host, ports.admin_port)),
         static_resources=bootstrap.BootstrapStaticResources(

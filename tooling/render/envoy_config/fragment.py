@@ -60,6 +60,7 @@ class FragmentTarget:
     # of its own name from the policy's endpoints.
     pool_clusters: Mapping[str, str] = field(default_factory=dict)
     sidecar_tls: SidecarTls | None = None  # None: plain text (the sidecar beside Envoy)
+    sidecar_socket: str | None = None  # the sidecar's Unix socket instead of host:port
 
 
 def build_fragment(policy: Policy, target: FragmentTarget | None = None) -> dict[str, Any]:
@@ -75,7 +76,7 @@ def build_fragment(policy: Policy, target: FragmentTarget | None = None) -> dict
         )
     target = target or FragmentTarget()
     clusters = slogate_clusters(
-        policy, target.sidecar_host, target.sidecar_port, target.sidecar_tls
+        policy, target.sidecar_host, target.sidecar_port, target.sidecar_tls, target.sidecar_socket
     )
     clusters += [
         pool_cluster(pool, policy)

@@ -37,3 +37,6 @@ class EnvoyPorts:
     host: str = "127.0.0.1"  # the sidecar and the admin interface: loopback only
     listen_host: str | None = None  # the client listener; None: `host` (0.0.0.0 in a pod)
     sidecar_tls: SidecarTls | None = None  # None: plain text to the sidecar (loopback)
+    # The sidecar's Unix socket (`serve --grpc-socket`), a pipe address; None: TCP at
+    # host:sidecar_port.
+    sidecar_socket: str | None = None

@@ -13,15 +13,17 @@ import sys
 import time
 from pathlib import Path
 
-import grpc
 import pytest
 
 from budget.redis_store import connect
 from extproc.adminpb import admin_pb2, admin_pb2_grpc
 from extproc.runtime.processes import ManagedProcess, python_module
+from extproc.service import admin_client
+from extproc.service.admin_auth import TOKEN_FILE_ENV, ensure_token_file
+from extproc.service.admin_client import client_token
 from tests.support.http import metric, scrape
 from tests.support.workers import KEY, write_policy
-from tooling.benchmarks.driver import DriverReply, SidecarDriver
+from tooling.benchmarks.driver import DriverReply, SidecarDriver, access_log_entry
 from tooling.stack.processes import free_port
 from tooling.stack.redis import start_redis
 
@@ -38,7 +40,9 @@ def test_two_workers_share_one_port_and_settle_each_others_entries(
         "--grpc-port", str(grpc_port), "--metrics-port", "0",
         "--admin-address", f"127.0.0.1:{admin_port}", "--no-exact-tokenizer", "--workers", "2",
     ]  # fmt: skip
-    serve = ManagedProcess("serve", argv, tmp_path).start()
+    token_file = ensure_token_file(tmp_path / "admin-token")
+    env = {TOKEN_FILE_ENV: str(token_file)}
+    serve = ManagedProcess("serve", argv, tmp_path, env).start()
     processes.append(serve)
     match = serve.wait_for_line(r"(?m)^slogate sidecar ready: grpc \S+ metrics (\S+) admin", 60)
     metrics_url = match.group(1)
@@ -52,10 +56,18 @@ def test_two_workers_share_one_port_and_settle_each_others_entries(
         assert all(r.status == 200 for r in replies)
         owners = {r.tracking_id.split("-")[0] for r in replies if r.tracking_id}
         assert len(owners) == 2, owners  # both workers decided some
-        # Every entry on ONE access-log stream (one worker): each reaches its decider.
-        await drivers[0].report([(r.tracking_id or "", 200, 5, 5) for r in replies])
-        client = connect(f"redis://127.0.0.1:{redis_port}/0")
         deadline = time.monotonic() + 10
+        client = connect(f"redis://127.0.0.1:{redis_port}/0")
+        # Forged on one stream (the ids, a 503, no proof): forwarded to their deciders too,
+        # which settle none of them (each worker proves its own ids).
+        forged = [access_log_entry(r.tracking_id or "", 503, None, None) for r in replies]
+        await drivers[1].send(forged)
+        while metric(scrape(metrics_url), "slogate_access_log_unproven_total") < len(replies):
+            assert time.monotonic() < deadline, "the forged entries were not all counted"
+            await asyncio.sleep(0.1)
+        assert await client.hget("slogate:kv:{default}:totals", "tokens") not in (b"0", None)
+        # Every entry on ONE access-log stream (one worker): each reaches its decider.
+        await drivers[0].report([r.outcome(200, 5, 5) for r in replies])
         while (await client.hget("slogate:kv:{default}:totals", "tokens")) not in (b"0", None):
             assert time.monotonic() < deadline, "some holds were never released"
             await asyncio.sleep(0.1)
@@ -64,9 +76,11 @@ def test_two_workers_share_one_port_and_settle_each_others_entries(
         assert metric(samples, "slogate_decisions_total") == len(replies)
         assert metric(samples, "slogate_access_log_entries_total", kind="routed") == len(replies)
         assert metric(samples, "slogate_access_log_entries_total", kind="unmatched") == 0
+        assert metric(samples, "slogate_access_log_unproven_total") == len(replies)
         assert metric(samples, "slogate_inflight_requests") == 0
         # One admin API: a drill there reaches both workers.
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{admin_port}") as channel:
+        token = client_token(token_file)
+        async with admin_client.channel(f"127.0.0.1:{admin_port}", token) as channel:
             request = admin_pb2.DrillRequest(pool="default", level=3, minutes=1)
             await admin_pb2_grpc.AdminStub(channel).Drill(request, timeout=10)
         shed = await asyncio.gather(*(d.decide(KEY, body) for d in drivers))

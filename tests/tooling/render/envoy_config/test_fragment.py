@@ -195,3 +195,19 @@ def test_tls_to_the_sidecar_goes_into_the_fragment_and_the_bootstrap() -> None:
     assert "transportSocket" not in next(
         c for c in fragment()["clusters"] if c["name"] == SIDECAR_CLUSTER
     )
+
+
+def test_a_unix_socket_to_the_sidecar_goes_into_the_fragment_and_the_bootstrap() -> None:
+    """`--sidecar-socket`: the sidecar's cluster is a pipe address, STATIC (a path has
+    nothing to resolve), in both (a real Envoy through it: tests/e2e/test_sidecar_socket.py)."""
+    path = "/var/run/slogate/grpc.sock"
+    piece = next(
+        c for c in fragment(sidecar_socket=path)["clusters"] if c["name"] == SIDECAR_CLUSTER
+    )
+    whole = build_bootstrap(load_policy(EXAMPLE_POLICY), EnvoyPorts(sidecar_socket=path))
+    assert next(
+        c for c in whole["staticResources"]["clusters"] if c["name"] == SIDECAR_CLUSTER
+    ) == (piece)
+    assert piece["type"] == "STATIC" and "dnsLookupFamily" not in piece
+    hosts = piece["loadAssignment"]["endpoints"][0]["lbEndpoints"]
+    assert [h["endpoint"]["address"] for h in hosts] == [{"pipe": {"path": path}}]
