@@ -21,14 +21,17 @@ from policy.quantiles import nearest_rank
 
 # Bins grow by 5% from 0.5 ms to ~20 min: quantiles are exact to within ~2.5%.
 _MIN_S = 0.0005
+_MAX_S = 1200.0
 _GROWTH = 1.05
-_BINS = math.ceil(math.log(1200.0 / _MIN_S) / math.log(_GROWTH)) + 1
+_BINS = math.ceil(math.log(_MAX_S / _MIN_S) / math.log(_GROWTH)) + 1
 _LOG_GROWTH = math.log(_GROWTH)
 
 
 def _bin_of(value_s: float) -> int:
     if value_s <= _MIN_S:
         return 0
+    if not value_s < _MAX_S:  # the last bin, before any arithmetic: 1e305 s overflowed
+        return _BINS - 1
     return min(_BINS - 1, int(math.log(value_s / _MIN_S) / _LOG_GROWTH) + 1)
 
 

@@ -49,8 +49,8 @@ def _tag_int(tags: Mapping[str, str], name: str) -> int | None:
     value = tags.get(name, "")
     try:
         number = int(float(value))
-    except ValueError:
-        return None  # "-" (absent) or garbage: treat as not reported
+    except (ValueError, OverflowError):
+        return None  # "-" (absent), garbage or infinite ("inf", "1e400"): not reported
     return number if number >= 0 else None
 
 
@@ -101,6 +101,9 @@ def outcome_from_entry(
     duration_s = common.duration.ToNanoseconds() / 1e9 if common.HasField("duration") else 0.0
     if duration_s == 0.0 and common.HasField("time_to_last_downstream_tx_byte"):
         duration_s = common.time_to_last_downstream_tx_byte.ToNanoseconds() / 1e9
+    # Envoy measures no negative time; an entry that says so is not believed (the waiting
+    # room's decay, 0.5 ** (duration / half-life), overflowed on -3e6 s).
+    duration_s = max(0.0, duration_s)
     prompt = _tag_int(tags, "prompt_tokens")
     if prompt is None:
         prompt = _prompt_in_parts(tags)
@@ -236,7 +239,15 @@ class OutcomeRecorder:
             self.metrics.access_log_entries("unmatched").inc()
             return []
         self.metrics.access_log_entries("routed").inc()
-        return self.record(outcome_from_entry(decision, key, entry))
+        try:
+            outcome = outcome_from_entry(decision, key, entry)
+        except Exception:
+            # Out of the table already: an entry that cannot be read still ends its
+            # request, as an expired one (what it holds given back, nothing charged for
+            # usage it did not tell), or its holds would stay held for good.
+            log.exception("could not read the access-log entry of %s", key)
+            return self._to_sinks(expired_outcome(decision, key))
+        return self.record(outcome)
 
     def _unproven(self, key: str) -> None:
         """An entry naming request `key` without its proof: counted, and logged with the
@@ -281,6 +292,15 @@ class OutcomeRecorder:
         return len(expired)
 
     def record(self, outcome: RequestOutcome) -> list[Awaitable[None]]:
+        """Metrics and signals, then the sinks' work, which ends the request (settles its
+        holds) whatever became of the first."""
+        try:
+            self._observe(outcome)
+        except Exception:  # the request's holds must not depend on its numbers
+            log.exception("could not observe the outcome of %s", outcome.tracking_id)
+        return self._to_sinks(outcome)
+
+    def _observe(self, outcome: RequestOutcome) -> None:
         m = self.metrics
         d = outcome.decision
         pool, bucket, tier = d.pool, d.bucket.name, d.caller.tier.value
@@ -293,7 +313,6 @@ class OutcomeRecorder:
                 m.ttft_seconds(pool, bucket, tier).observe(outcome.ttft_s)
                 m.tenant_ttft_seconds(d.caller.tenant_label).observe(outcome.ttft_s)
             self._record_usage(outcome)
-        return self._to_sinks(outcome)
 
     def _to_sinks(self, outcome: RequestOutcome) -> list[Awaitable[None]]:
         return [_guarded(sink, outcome) for sink in self.sinks]

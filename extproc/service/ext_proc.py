@@ -118,7 +118,15 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         exchange: _StreamedExchange | None = None
         async for request in request_iterator:
             started = time.perf_counter()
-            phase = request.WhichOneof("request") or "unknown"
+            phase = request.WhichOneof("request")
+            if phase is None:
+                # Envoy names every message's phase; one without (a client that is not
+                # Envoy) has no reply in kind: it gets the typed 500, not the catch-all's.
+                unknown = InternalError(
+                    "The gateway failed to process the request.", reason="unknown_ext_proc_message"
+                )
+                yield self._rejection(unknown, flow)
+                continue
             if exchange is None and request.HasField("protocol_config"):
                 exchange = _streamed_exchange(request.protocol_config)
                 if exchange is not None:
@@ -211,7 +219,8 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
             if exchange.served:
                 flow.on_served(exchange.served)
             status = headers_to_dict(request.response_headers).get(":status", "0")
-            exchange.status = int(status) if status.isdigit() else 0
+            # isascii: "²" is a digit to isdigit() and not to int().
+            exchange.status = int(status) if status.isascii() and status.isdigit() else 0
             if request.response_headers.end_of_stream:
                 self._end_soon(flow, exchange, "via_upstream")
             yield passthrough_reply(request)
@@ -249,10 +258,17 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
                 exchange.ended = True
                 yield reply
             elif reply.HasField("request_body"):
-                yield deferred_header_reply(reply)
                 mutation = reply.request_body.response.body_mutation
                 forwarded = mutation.body if mutation.HasField("body") else body
-                for chunk in streamed_body("request_body", forwarded, end_of_stream):
+                chunks = streamed_body("request_body", forwarded, end_of_stream)
+                if exchange.held_headers:
+                    yield deferred_header_reply(reply)
+                elif reply.HasField("dynamic_metadata"):
+                    # No header message came to answer (Envoy skipped the headers): a
+                    # headers reply would be one for a phase never sent. The decision's
+                    # metadata (its id, the pool) goes with the body instead.
+                    chunks[0].dynamic_metadata.CopyFrom(reply.dynamic_metadata)
+                for chunk in chunks:
                     yield chunk
             else:  # the waiting room's timeout override
                 yield reply

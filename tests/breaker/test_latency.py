@@ -70,3 +70,12 @@ def test_error_rate_per_pool() -> None:
 def test_bad_window_shape_is_refused() -> None:
     with pytest.raises(ValueError):
         ResponseWindows(VirtualClock(1000.0), slot_s=10, horizon_s=5)
+
+
+def test_a_time_past_every_bin_goes_in_the_last() -> None:
+    """Found by the fuzzer: a TTFT of 1e305 s (an access-log tag of "1e308" ms) overflowed
+    the bin arithmetic (OverflowError on int(inf))."""
+    histogram = LogHistogram()
+    for value_s in (1e305, float("inf"), 5000.0):
+        histogram.record(value_s)
+    assert histogram.total == 3 and histogram.counts[-1] == 3

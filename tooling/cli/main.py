@@ -6,7 +6,7 @@ loopback), k8s (Kubernetes and mesh manifests). Operate it: status, keys, reload
 drain, tenants, policy (diff / promote). Study it: simulate (the offline fleet), replay (a
 traffic record under a policy), workload (fit one to a record), loadtest (a workload against
 a live stack), preflight (the field's checklists, live), calibrate (endpoints' latency
-model), bench (the benchmarks).
+model), bench (the benchmarks), fuzz (the sidecar's gRPC port).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from tooling.cli import (
     calibrate,
     engine,
     envoy_config,
+    fuzz,
     k8s,
     loadtest,
     policy,
@@ -56,6 +57,7 @@ COMMANDS = (
     preflight,  # preflight: the field's checklists, live
     calibrate,  # calibrate: endpoints' latency model
     bench,  # bench overhead / decision-cost / ...
+    fuzz,  # fuzz: the sidecar's gRPC port, ext_proc and access log
 )
 
 

@@ -11,6 +11,7 @@ from admission.decision import CountKind, RequestOutcome, RoutingDecision
 from breaker.latency import ResponseWindows
 from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
 from extproc.request.inflight import InFlight
+from extproc.service import access_log
 from extproc.service.access_log import OutcomeRecorder, finish, outcome_from_entry
 from extproc.service.metrics import SidecarMetrics
 from policy.domain import ApiKey, ContextBucket, Tier
@@ -145,6 +146,70 @@ async def test_requests_without_an_entry_expire_and_reach_sinks() -> None:
     assert rec.metrics.registry.get_sample_value("slogate_inflight_requests") == 1
     await finish(rec.record_entry(proven(inflight, late)))
     assert len(inflight) == 0
+
+
+def test_inflight_ids_are_unique_and_pop_once() -> None:
+    table: InFlight[int] = InFlight(VirtualClock(100.0), ttl_s=1)
+    ids = {table.add(i) for i in range(1000)}
+    assert len(ids) == 1000
+    key = next(iter(ids))
+    assert table.pop(key) is not None and table.pop(key) is None
+
+
+async def test_an_infinite_count_is_not_reported_and_its_request_is_settled() -> None:
+    """Found by the fuzzer (tooling.fuzz): a count that reads as infinite ("inf", "1e400",
+    a usage tap's copy of an engine's 1e400) raised OverflowError after the entry's
+    decision left the in-flight table: its KV hold and budget reservation stayed held for
+    good (not even expiry could find them)."""
+    rec, inflight, sink, _ = recorder()
+    tracking = inflight.add(DECISION)
+    tags = {"prompt_tokens": "1e400", "completion_tokens": "inf", "reasoning_tokens": "9" * 400}
+    await finish(rec.record_entry(proven(inflight, tracking, tags=tags)))
+    (outcome,) = sink.seen
+    assert outcome.prompt_tokens is None and outcome.completion_tokens is None
+    assert outcome.reasoning_tokens is None and len(inflight) == 0
+
+
+async def test_an_entry_that_cannot_be_read_still_ends_its_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The net behind the fix above: whatever an entry makes the reading raise, its
+    request is ended as an expired one is, its holds given back through the sinks."""
+    rec, inflight, sink, _ = recorder()
+    tracking = inflight.add(DECISION)
+
+    def unreadable(*_: object) -> RequestOutcome:
+        raise RuntimeError("an entry no one foresaw")
+
+    monkeypatch.setattr(access_log, "outcome_from_entry", unreadable)
+    await finish(rec.record_entry(proven(inflight, tracking)))
+    assert [o.expired for o in sink.seen] == [True] and len(inflight) == 0
+
+
+def test_a_negative_duration_is_not_believed() -> None:
+    """Found by the fuzzer: an entry saying its request took -3,019,426 s made the KV
+    step's settlement raise (its decay, 0.5 ** (duration / half-life), overflowed)."""
+    assert outcome_from_entry(DECISION, "t1", entry(duration_ms=-3_019_426_000)).duration_s == 0
+
+
+async def test_a_ttft_past_every_bin_is_recorded_and_its_request_settled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the fuzzer: a `ttft_ms` of "1e308" overflowed the latency window's bins
+    after the entry's decision left the in-flight table, before the sinks: its holds
+    stayed held for good. The sinks now run whatever the metrics and signals do."""
+    rec, inflight, sink, _ = recorder()
+    tracking = inflight.add(DECISION)
+    await finish(rec.record_entry(proven(inflight, tracking, tags={"ttft_ms": "1e308"})))
+    assert len(sink.seen) == 1 and len(inflight) == 0
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("a signal no one foresaw")
+
+    monkeypatch.setattr(access_log, "record_signals", broken)
+    tracking = inflight.add(DECISION)
+    await finish(rec.record_entry(proven(inflight, tracking)))
+    assert len(sink.seen) == 2 and len(inflight) == 0
 
 
 @pytest.mark.parametrize(

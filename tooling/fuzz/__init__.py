@@ -1,0 +1,9 @@
+"""The sidecar fuzzed at its door: ext_proc streams and access-log messages, built at random
+and mutated from real ones, sent to its gRPC port (`slogate fuzz`, tests/tooling/fuzz/).
+
+What lives here: the real message sequences the mutations start from (`seeds`), the
+hypothesis strategies that build and mutate them (`strategies`), the properties every
+exchange must hold, pure (`properties`), a sidecar in a thread of this process spoken to
+over real gRPC (`target`), and the time-bounded run that counts inputs and findings
+(`campaign`). The sidecar itself is never changed for it.
+"""
