@@ -39,10 +39,14 @@ def test_the_smoke_scenario_keeps_its_invariants(tmp_path: Path) -> None:
     assert result["errors_without_json"] == 0
     assert all(s["error_code"] for s in shots if s["status"] != 200)
     # Judged: the shots alive outside the faults and outside the generator's own stalls (its
-    # clock readings of those include the stall). Most are judged, or the run proves little.
+    # clock readings of those include the stall). Enough are judged, or the run proves
+    # little: a quarter and at least 60, critical ones among them. Not half: on a machine
+    # loaded by other work (load 10-12 on 2 cores) the generator stalls more and the
+    # restarted sidecar takes 10-17 s, and 138-163 of 427 were judged, on main as well.
     stalls = result["generator_stalls"]
     judged = [s for s in shots if not s["during_fault"] and not s["generator_held"]]
-    assert len(judged) >= len(shots) // 2, _described([], result["faults"], stalls)
+    assert len(judged) >= max(60, len(shots) // 4), _described([], result["faults"], stalls)
+    assert any(s["tier"] == "critical" for s in judged), _described([], result["faults"], stalls)
     # No 5xx but those the faults inject or the failure mode documents (closed: 502).
     stray = [s for s in judged if s["status"] >= 500]
     assert not stray, _described(stray, result["faults"], stalls)
