@@ -295,6 +295,8 @@ async def start_admin(
     tenants_pb2_grpc.add_TenantAdminServicer_to_server(
         TenantAdminService(policy, spend, wall_clock), server
     )
+    if unix_socket:  # grpcio would unlink a live sidecar's admin socket and take it
+        claim_socket(Path(address.removeprefix("unix:")), "the admin API")
     bound = bind(server, address, "the admin API")
     if unix_socket:  # 0600 before it answers anyone
         secure_unix_socket(address)

@@ -7,6 +7,7 @@ real gRPC clients."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -186,6 +187,28 @@ async def test_in_a_pod_the_pod_address_answers_health_alone(tmp_path: Path) -> 
     finally:
         await sidecar.stop(grace_s=0.5)
     claim_socket(socket_path, "a sidecar after it")  # gone or stale: no longer refused
+
+
+async def test_an_admin_socket_another_process_listens_on_is_refused(tmp_path: Path) -> None:
+    """grpcio unlinks a socket file before it binds: a second sidecar given the first's
+    admin socket would have taken the operator's drills and reloads from it."""
+    path = tmp_path / "admin.sock"
+    holder = socket.socket(socket.AF_UNIX)
+    holder.bind(str(path))
+    holder.listen()
+    sidecar = Sidecar(
+        _policy(tmp_path), grpc_port=0, metrics_port=None, admin_address=f"unix:{path}"
+    )
+    try:
+        with pytest.raises(PortTaken, match=r"the admin API\): another process listens there"):
+            await sidecar.start()
+        # The holder still has its socket: nothing unlinked it.
+        probe = socket.socket(socket.AF_UNIX)
+        probe.connect(str(path))
+        probe.close()
+    finally:
+        await sidecar.stop(grace_s=0.5)
+        holder.close()
 
 
 async def test_a_unix_socket_that_cannot_be_made_fails_loudly(tmp_path: Path) -> None:
