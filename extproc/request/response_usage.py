@@ -13,6 +13,12 @@ from __future__ import annotations
 import re
 
 TAIL_BYTES = 64 * 1024
+# The most tokens (or milliseconds, or events) one request's report is believed to count:
+# more is a broken or hostile report, not usage (no context holds two billion tokens);
+# beyond it the count reads as not reported and the sidecar's own count settles. Beyond
+# 2**63 Redis's INCRBY refuses, and a tenant's budget would be spent by one bad number.
+MAX_REPORTED_COUNT = 2**31 - 1
+_MAX_DIGITS = len(str(MAX_REPORTED_COUNT))
 _NUMBER = {
     name: re.compile(rb'"' + name.encode() + rb'"\s*:\s*(\d+)')
     for name in (
@@ -46,7 +52,10 @@ class ResponseUsage:
 
     def _last(self, name: str) -> int | None:
         found = _NUMBER[name].findall(self._tail)
-        return int(found[-1]) if found else None
+        if not found or len(found[-1]) > _MAX_DIGITS:
+            return None  # more digits than any count (and than int() reads: 4,300)
+        value = int(found[-1])
+        return value if value <= MAX_REPORTED_COUNT else None
 
     @property
     def prompt_tokens(self) -> int | None:

@@ -35,7 +35,7 @@ from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
 from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from extproc.request.contract import METADATA_NAMESPACE, TRACKING_ID_FIELD, USAGE_PROOF_FIELD
 from extproc.request.inflight import InFlight
-from extproc.request.response_usage import ResponseUsage
+from extproc.request.response_usage import MAX_REPORTED_COUNT, ResponseUsage
 from extproc.service.metrics import SidecarMetrics
 from policy.apis import ApiKind
 from policy.schema import Policy
@@ -51,7 +51,7 @@ def _tag_int(tags: Mapping[str, str], name: str) -> int | None:
         number = int(float(value))
     except (ValueError, OverflowError):
         return None  # "-" (absent), garbage or infinite ("inf", "1e400"): not reported
-    return number if number >= 0 else None
+    return number if 0 <= number <= MAX_REPORTED_COUNT else None
 
 
 def _tag_ms(tags: Mapping[str, str], name: str) -> float | None:

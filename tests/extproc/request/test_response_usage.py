@@ -48,3 +48,12 @@ def test_anthropics_usage_adds_its_prompt_cache() -> None:
 def test_no_usage_is_none() -> None:
     usage = fed(b'{"error": {"message": "no"}}')
     assert usage.prompt_tokens is None and usage.completion_tokens is None
+
+
+def test_a_count_longer_than_any_is_not_believed_and_raises_nothing() -> None:
+    """An engine's body with a 5,000-digit count: int() refuses more than 4,300 digits
+    (ValueError on the response path); and two billion or more is no request's usage."""
+    huge = b'{"usage": {"prompt_tokens": ' + b"9" * 5000 + b', "completion_tokens": 2147483648}}'
+    usage = fed(huge)
+    assert (usage.prompt_tokens, usage.completion_tokens) == (None, None)
+    assert fed(b'{"usage": {"prompt_tokens": 2147483647}}').prompt_tokens == 2**31 - 1

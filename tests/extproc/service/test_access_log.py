@@ -186,6 +186,17 @@ async def test_an_entry_that_cannot_be_read_still_ends_its_request(
     assert [o.expired for o in sink.seen] == [True] and len(inflight) == 0
 
 
+def test_a_count_no_request_could_make_is_not_believed() -> None:
+    """Noticed by the fuzzer: "1e300" tokens was charged to the tenant's budgets. More
+    than two billion is a broken or hostile report, not usage: read as not reported, the
+    sidecar's own count settles; two billion itself is still a count."""
+    tags = {"prompt_tokens": "1e300", "completion_tokens": str(2**31), "ttft_ms": "1e20"}
+    outcome = outcome_from_entry(DECISION, "t1", entry(tags=tags))
+    assert (outcome.prompt_tokens, outcome.completion_tokens, outcome.ttft_s) == (None,) * 3
+    edge = outcome_from_entry(DECISION, "t1", entry(tags={"prompt_tokens": str(2**31 - 1)}))
+    assert edge.prompt_tokens == 2**31 - 1
+
+
 def test_a_negative_duration_is_not_believed() -> None:
     """Found by the fuzzer: an entry saying its request took -3,019,426 s made the KV
     step's settlement raise (its decay, 0.5 ** (duration / half-life), overflowed)."""
