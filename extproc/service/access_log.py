@@ -75,22 +75,23 @@ def _cached_prompt(tags: Mapping[str, str]) -> int | None:
     return cached if cached is not None else _tag_int(tags, "cache_read_input_tokens")
 
 
-def tracking_id(entry: accesslog_pb2.HTTPAccessLogEntry) -> str | None:
-    """The sidecar's in-flight id of a routed request; None for any other request."""
+def _metadata_string(entry: accesslog_pb2.HTTPAccessLogEntry, field: str) -> str | None:
+    """A field of the sidecar's metadata namespace, as Envoy copied it into the entry."""
     namespace = entry.common_properties.metadata.filter_metadata.get(METADATA_NAMESPACE)
     if namespace is None:
         return None
-    value = namespace.fields.get(TRACKING_ID_FIELD)
+    value = namespace.fields.get(field)
     return value.string_value if value is not None else None
+
+
+def tracking_id(entry: accesslog_pb2.HTTPAccessLogEntry) -> str | None:
+    """The sidecar's in-flight id of a routed request; None for any other request."""
+    return _metadata_string(entry, TRACKING_ID_FIELD)
 
 
 def usage_proof(entry: accesslog_pb2.HTTPAccessLogEntry) -> str:
     """The proof of its tracking id the entry carries ("": none)."""
-    namespace = entry.common_properties.metadata.filter_metadata.get(METADATA_NAMESPACE)
-    if namespace is None:
-        return ""
-    value = namespace.fields.get(USAGE_PROOF_FIELD)
-    return value.string_value if value is not None else ""
+    return _metadata_string(entry, USAGE_PROOF_FIELD) or ""
 
 
 def outcome_from_entry(
