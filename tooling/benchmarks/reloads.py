@@ -25,13 +25,11 @@ import datetime as dt
 import hashlib
 import json
 import os
-import re
 import signal
 import statistics
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +38,15 @@ import yaml
 from extproc.runtime.processes import ManagedProcess, python_module
 from policy.quantiles import quantile
 from tooling.benchmarks.driver import SidecarDriver
+from tooling.benchmarks.engine_counters import engine_counters
 from tooling.benchmarks.levers import BENCH_KEY
 from tooling.benchmarks.reports import write_report
-from tooling.benchmarks.tenants import many_tenants_policy
+from tooling.benchmarks.tenants import many_tenants_policy, reload_times
 from tooling.stack.processes import free_port
 
 HOST = "127.0.0.1"
 SAMPLE_EVERY = 10  # reloads between two readings of /metrics
+READINGS = ("process_resident_memory_bytes", "slogate_gc_frozen_objects")
 CLIENTS = 4
 _BODY = {
     "model": "m",
@@ -70,18 +70,6 @@ def rotating_edits(source: Path) -> tuple[str, str]:
 def edit(base: str, tenant: str, number: int) -> str:
     digest = hashlib.sha256(f"sk-rotated-{number}".encode()).hexdigest()
     return f"{base}- key_sha256: {digest}\n  tenant: {tenant}\n"
-
-
-def _scrape(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        text = reply.read().decode()
-    wanted = ("process_resident_memory_bytes", "slogate_gc_frozen_objects")
-    found = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in wanted:
-            found[name] = float(value)
-    return found
 
 
 def slope(points: list[tuple[float, float]]) -> float:
@@ -130,10 +118,6 @@ class _Traffic:
                 await driver.report([reply.outcome(200, 900, 64)])
 
 
-def _reloaded(log: str) -> list[float]:
-    return [float(m) for m in re.findall(r"policy reloaded .* in ([0-9.]+) ms", log)]
-
-
 def run(out_dir: Path, reloads: int = 1000, tenants: int = 1000, keys: int = 10_000) -> dict:
     work = Path(tempfile.mkdtemp(prefix="slogate-bench-reloads-"))
     base, tenant = rotating_edits(many_tenants_policy(work, tenants, keys))
@@ -146,7 +130,7 @@ def run(out_dir: Path, reloads: int = 1000, tenants: int = 1000, keys: int = 10_
         "--admin-address", "none",
     ]  # fmt: skip
     side = ManagedProcess("serve-reloads", argv, work).start()
-    metrics_url = f"http://{HOST}:{metrics_port}/metrics"
+    metrics_url = f"http://{HOST}:{metrics_port}"
     samples: list[dict[str, float]] = []
     try:
         side.wait_for_line(r"sidecar ready", timeout_s=180)
@@ -154,24 +138,32 @@ def run(out_dir: Path, reloads: int = 1000, tenants: int = 1000, keys: int = 10_
         traffic = _Traffic(f"{HOST}:{grpc_port}").start()
         started = time.monotonic()
         try:
-            samples.append({"reload": 0, "s": 0.0, **_scrape(metrics_url)})
+            samples.append(
+                {"reload": 0, "s": 0.0, **engine_counters(metrics_url, READINGS, timeout_s=10)}
+            )
             for number in range(1, reloads + 1):
                 staged = policy.with_suffix(".next")
                 staged.write_text(edit(base, tenant, number))
                 staged.replace(policy)  # as an editor saves: the sidecar never reads half
                 os.kill(side.pid, signal.SIGHUP)
                 deadline = time.monotonic() + 120
-                while len(_reloaded(side.log_text())) < number:
+                while len(reload_times(side.log_text())) < number:
                     if time.monotonic() > deadline or not side.running():
                         raise RuntimeError(f"reload {number} never logged:\n{side.log_text()}")
                     time.sleep(0.02)
                 if number % SAMPLE_EVERY == 0 or number == reloads:
                     at = time.monotonic() - started
-                    samples.append({"reload": number, "s": at, **_scrape(metrics_url)})
+                    samples.append(
+                        {
+                            "reload": number,
+                            "s": at,
+                            **engine_counters(metrics_url, READINGS, timeout_s=10),
+                        }
+                    )
                     print(json.dumps(samples[-1]), flush=True)
         finally:
             traffic.stop()
-        reload_ms = _reloaded(side.log_text())
+        reload_ms = reload_times(side.log_text())
     finally:
         side.stop()
     report = _report(samples, reload_ms, traffic, tenants, keys)

@@ -177,9 +177,9 @@ def _serve_phase(name: str, source: Path, key: str, seconds: float, work: Path) 
         quiet, busy, statuses = asyncio.run(_bad_bodies(target, key, seconds, side.pid, edits))
         reloads = len(edits)
         deadline = time.monotonic() + 60
-        while len(_reload_times(side.log_text())) < reloads and time.monotonic() < deadline:
+        while len(reload_times(side.log_text())) < reloads and time.monotonic() < deadline:
             time.sleep(0.2)
-        reload_ms = _reload_times(side.log_text())
+        reload_ms = reload_times(side.log_text())
         return {
             "policy": name,
             "start_s": start_s,
@@ -195,7 +195,8 @@ def _serve_phase(name: str, source: Path, key: str, seconds: float, work: Path) 
         side.stop()
 
 
-def _reload_times(log: str) -> list[float]:
+def reload_times(log: str) -> list[float]:
+    """Each reload's milliseconds, from a sidecar's log lines."""
     return [float(m) for m in re.findall(r"policy reloaded .* in ([0-9.]+) ms", log)]
 
 
