@@ -127,6 +127,13 @@ def bind(
 SOCKET_MODE = 0o660
 
 
+def unix_socket_path(address: str) -> Path | None:
+    """The file of a `unix:PATH` (or `unix:///PATH`) address; None for any other address."""
+    if not address.startswith("unix:"):
+        return None
+    return Path(address.removeprefix("unix:").removeprefix("//"))
+
+
 def claim_socket(path: Path, what: str) -> None:
     """Refuse a Unix socket path another process listens on: grpcio unlinks a socket file
     before it binds, so a second sidecar on the path would silently take it from a live
@@ -199,7 +206,7 @@ async def start_ext_proc(
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     credentials = tls.credentials() if tls is not None else None
     what = "the sidecar's gRPC port"
-    socket_path = Path(address.removeprefix("unix:")) if address.startswith("unix:") else None
+    socket_path = unix_socket_path(address)
     if socket_path is not None:
         claim_socket(socket_path, what)
     port = bind(server, address, what, credentials)
@@ -295,8 +302,9 @@ async def start_admin(
     tenants_pb2_grpc.add_TenantAdminServicer_to_server(
         TenantAdminService(policy, spend, wall_clock), server
     )
-    if unix_socket:  # grpcio would unlink a live sidecar's admin socket and take it
-        claim_socket(Path(address.removeprefix("unix:")), "the admin API")
+    admin_socket = unix_socket_path(address)
+    if admin_socket is not None:  # grpcio would unlink a live sidecar's admin socket
+        claim_socket(admin_socket, "the admin API")
     bound = bind(server, address, "the admin API")
     if unix_socket:  # 0600 before it answers anyone
         secure_unix_socket(address)
