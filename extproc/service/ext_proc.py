@@ -7,7 +7,8 @@ Three ways Envoy may talk to it, told apart by the stream's first message: two m
 headers as metadata), and the endpoint picker protocol's streaming mode (a gateway's Envoy:
 FULL_DUPLEX_STREAMED bodies, `protocol_config` on the first message), where the headers'
 reply waits for the body's end, bodies go back as `streamed_response` chunks, and the
-request ends with its stream (no access log comes: `_StreamedExchange`).
+request ends with its stream (no access log comes): that mode lives in
+`extproc.service.streamed_mode`, which this servicer opens per stream and lends its steps.
 This module adds timing and the metrics of decisions and rejections, tells the request's
 observers (extproc.service.observers: the tracer, the decision log, the traffic record) each
 moment of its decision, and turns an unexpected exception into a 500 (a request is never
@@ -20,16 +21,13 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
 from admission.decision import RequestOutcome, RoutingDecision
 from admission.errors import InternalError, RequestRejected
 from admission.waiting_room import WaitNotice
-from extproc.envoypb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from extproc.request.flow import Decider, RequestFlow
@@ -41,50 +39,19 @@ from extproc.service.metrics import SidecarMetrics
 from extproc.service.observers import RequestObserver
 from extproc.service.one_message import forwarded_headers, headers_as_metadata
 from extproc.service.replies import (
-    deferred_header_reply,
     header_reply,
     headers_to_dict,
     jwt_claims,
     passthrough_reply,
     rejection,
     routed_body_reply,
-    served_endpoint,
-    streamed_body,
     subset_hint,
     timeout_override,
     wait_reply_ms,
 )
+from extproc.service.streamed_mode import RequestEnds, StreamedExchange, streamed_exchange
 
 log = logging.getLogger("slogate.extproc")
-
-_FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
-
-
-class RequestEnds(Protocol):
-    """Where a request whose end its own stream saw is recorded (the access log's
-    recorder, extproc.service.access_log.OutcomeRecorder.ended): settled once."""
-
-    def ended(
-        self, tracking: str, build: Callable[[RoutingDecision], RequestOutcome]
-    ) -> list[Awaitable[None]]: ...
-
-
-@dataclass(slots=True)
-class _StreamedExchange:
-    """One stream in the endpoint picker protocol's streaming mode: the request body
-    gathered until its end, the headers' reply held until then, what was seen of the
-    response (status, the endpoint that served, its usage, when its first byte came)."""
-
-    response_streamed: bool  # response bodies go back as streamed_response too
-    body: list[bytes] = field(default_factory=list)
-    held_headers: bool = False  # the request headers are waiting for the body's decision
-    passthrough: bool = False  # not a request slogate decides on its body: echoed
-    decided: bool = False
-    status: int = 0
-    served: str = ""
-    usage: ResponseUsage = field(default_factory=ResponseUsage)
-    first_byte_s: float | None = None
-    ended: bool = False
 
 
 class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
@@ -115,7 +82,7 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ProcessingResponse]:
         flow = self._decider.new_flow()
-        exchange: _StreamedExchange | None = None
+        exchange: StreamedExchange | None = None
         async for request in request_iterator:
             started = time.perf_counter()
             phase = request.WhichOneof("request")
@@ -128,14 +95,14 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
                 yield self._rejection(unknown, flow)
                 continue
             if exchange is None and request.HasField("protocol_config"):
-                exchange = _streamed_exchange(request.protocol_config)
+                exchange = streamed_exchange(request.protocol_config, self)
                 if exchange is not None:
                     # The stream closing before the response ended (the client left, Envoy
                     # reset it) ends the request with what was seen; Envoy may also close
                     # it as soon as it has the last reply, before this generator resumes.
-                    context.add_done_callback(functools.partial(self._closed, flow, exchange))
+                    context.add_done_callback(functools.partial(exchange.closed, flow))
             if exchange is not None:
-                async for reply in self._streamed(flow, exchange, phase, request, started):
+                async for reply in exchange.replies(flow, phase, request, started):
                     yield reply
             elif phase == "request_body":
                 # The body's decision may wait for room in its pool: Envoy is told to wait.
@@ -146,158 +113,6 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
                 reply = await self._answer(flow, phase, request)
                 self._metrics.decision_seconds(phase).observe(time.perf_counter() - started)
                 yield reply
-
-    def _closed(self, flow: RequestFlow, exchange: _StreamedExchange, _: object) -> None:
-        self._end_soon(flow, exchange, "ext_proc_stream_closed")
-
-    def _end_soon(self, flow: RequestFlow, exchange: _StreamedExchange, details: str) -> None:
-        """End the request (`_end`) in a task of its own: nothing waits for it, and it runs
-        whatever becomes of the stream's generator."""
-        if exchange.ended:
-            return
-        task = asyncio.get_running_loop().create_task(self._end(flow, exchange, details))
-        self._ending.add(task)
-        task.add_done_callback(self._ending.discard)
-
-    async def _streamed(
-        self,
-        flow: RequestFlow,
-        exchange: _StreamedExchange,
-        phase: str,
-        request: pb.ProcessingRequest,
-        started: float,
-    ) -> AsyncIterator[pb.ProcessingResponse]:
-        """Streaming mode: one message's replies (none while the request body gathers)."""
-        if phase == "request_headers":
-            flow.subset_hint = subset_hint(request)
-            headers = request.request_headers
-            if headers.end_of_stream:
-                exchange.passthrough = True  # no body: decided on the headers, as ever
-                yield await self._answer(flow, phase, request)
-                return
-            try:
-                verdict = await self._on_headers(flow, headers_to_dict(headers), False, request)
-            except RequestRejected as error:
-                exchange.ended = True
-                yield self._rejection(error, flow)
-                return
-            except Exception:
-                log.exception("ext_proc %s failed", phase)
-                exchange.ended = True
-                failed = InternalError(
-                    "The gateway failed to process the request.", reason="internal"
-                )
-                yield self._rejection(failed, flow)
-                return
-            self._metrics.decision_seconds(phase).observe(time.perf_counter() - started)
-            if verdict.inference:
-                exchange.held_headers = True  # answered once the body has ended
-                return
-            exchange.passthrough = True
-            reply = header_reply(verdict)
-            if verdict.routed is not None:
-                self._routed(flow, verdict.routed, reply)
-            yield reply
-        elif phase == "request_body":
-            chunk = request.request_body
-            if exchange.passthrough or exchange.decided:
-                for reply in streamed_body(phase, chunk.body, chunk.end_of_stream):
-                    yield reply
-                return
-            exchange.body.append(chunk.body)
-            if chunk.end_of_stream:
-                async for reply in self._decide_streamed(flow, exchange, request, started, True):
-                    yield reply
-        elif phase == "request_trailers":
-            if exchange.held_headers and not exchange.decided:
-                async for reply in self._decide_streamed(flow, exchange, request, started, False):
-                    yield reply
-            if not exchange.ended:
-                yield passthrough_reply(request)
-        elif phase == "response_headers":
-            exchange.served = served_endpoint(request)
-            if exchange.served:
-                flow.on_served(exchange.served)
-            status = headers_to_dict(request.response_headers).get(":status", "0")
-            # isascii: "²" is a digit to isdigit() and not to int().
-            exchange.status = int(status) if status.isascii() and status.isdigit() else 0
-            if request.response_headers.end_of_stream:
-                self._end_soon(flow, exchange, "via_upstream")
-            yield passthrough_reply(request)
-        elif phase == "response_body":
-            chunk = request.response_body
-            if exchange.first_byte_s is None:
-                exchange.first_byte_s = time.time()
-            exchange.usage.feed(chunk.body)
-            if chunk.end_of_stream:  # before the last reply: Envoy may close the stream
-                self._end_soon(flow, exchange, "via_upstream")
-            if exchange.response_streamed:
-                for reply in streamed_body(phase, chunk.body, chunk.end_of_stream):
-                    yield reply
-            else:
-                yield passthrough_reply(request)
-        else:  # response trailers
-            self._end_soon(flow, exchange, "via_upstream")
-            yield passthrough_reply(request)
-
-    async def _decide_streamed(
-        self,
-        flow: RequestFlow,
-        exchange: _StreamedExchange,
-        request: pb.ProcessingRequest,
-        started: float,
-        end_of_stream: bool,
-    ) -> AsyncIterator[pb.ProcessingResponse]:
-        """The gathered body decided: the held headers answered with the decision, then the
-        (maybe rewritten) body; or the client's error."""
-        exchange.decided = True
-        body = b"".join(exchange.body)
-        exchange.body.clear()
-        async for reply in self._body_replies(flow, request, started, body):
-            if reply.HasField("immediate_response"):
-                exchange.ended = True
-                yield reply
-            elif reply.HasField("request_body"):
-                mutation = reply.request_body.response.body_mutation
-                forwarded = mutation.body if mutation.HasField("body") else body
-                chunks = streamed_body("request_body", forwarded, end_of_stream)
-                if exchange.held_headers:
-                    yield deferred_header_reply(reply)
-                elif reply.HasField("dynamic_metadata"):
-                    # No header message came to answer (Envoy skipped the headers): a
-                    # headers reply would be one for a phase never sent. The decision's
-                    # metadata (its id, the pool) goes with the body instead.
-                    chunks[0].dynamic_metadata.CopyFrom(reply.dynamic_metadata)
-                for chunk in chunks:
-                    yield chunk
-            else:  # the waiting room's timeout override
-                yield reply
-
-    async def _end(self, flow: RequestFlow, exchange: _StreamedExchange, details: str) -> None:
-        """A routed request's end as its stream saw it: recorded (settled) once."""
-        if exchange.ended:
-            return
-        exchange.ended = True
-        routed = flow.routed
-        if routed is None or self._ends is None:
-            return
-        now_s = time.time()
-        ttft_s = None if exchange.first_byte_s is None else exchange.first_byte_s - flow.arrived_s
-        status = exchange.status
-
-        def outcome(decision: RoutingDecision) -> RequestOutcome:
-            return outcome_from_stream(
-                decision,
-                routed.tracking_id,
-                status,
-                exchange.usage,
-                ttft_s,
-                now_s - flow.arrived_s,
-                exchange.served,
-                details if status == 0 else "via_upstream",
-            )
-
-        await finish(self._ends.ended(routed.tracking_id, outcome))
 
     async def _answer(
         self,
@@ -470,11 +285,3 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
         if decision.meters_tokens:
             self._metrics.context_tokens(decision.pool).observe(decision.context_tokens)
             self._metrics.prompt_counts(decision.estimate.value).inc()
-
-
-def _streamed_exchange(config: pb.ProtocolConfiguration) -> _StreamedExchange | None:
-    """Streaming mode when Envoy streams the request body full duplex (the endpoint picker
-    protocol's); None: the two- or one-message mode of slogate's own configurations."""
-    if config.request_body_mode != _FULL_DUPLEX:
-        return None
-    return _StreamedExchange(response_streamed=config.response_body_mode == _FULL_DUPLEX)

@@ -48,7 +48,7 @@ STAGES = (
     Stage("identity, routing, request flow", ("extproc/request/",)),
     Stage("policy lookups", ("policy/", "policy_holder.py", "candidate_holder.py")),
     Stage("protobuf replies", ("service/replies.py", "service/one_message.py", "protobuf")),
-    Stage("ext_proc servicer", ("service/ext_proc.py",)),
+    Stage("ext_proc servicer", ("service/ext_proc.py", "service/streamed_mode.py")),
     Stage("dataclass copies and inits", ("dataclasses.py", "<string>")),
     Stage(
         "event loop and grpc.aio (cygrpc inside)",

@@ -35,7 +35,7 @@ def parsed(data: bytes) -> pb.ProcessingRequest | None:
 
 def _streaming(requests: Sequence[pb.ProcessingRequest]) -> bool:
     """The endpoint picker protocol's mode: a message said the request body streams full
-    duplex (the servicer's rule: extproc.service.ext_proc._streamed_exchange)."""
+    duplex (the servicer's rule: extproc.service.streamed_mode.streamed_exchange)."""
     return any(
         r.HasField("protocol_config") and r.protocol_config.request_body_mode == _FULL_DUPLEX
         for r in requests
