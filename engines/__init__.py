@@ -1,8 +1,11 @@
 """The engines inside each pool: their state, and which one gets each request. Pure.
 
 What lives here:
-- `state`    `EngineFleet`: every pool's engines (`Engine`: serving, draining, dead as
-             `EngineState`) and the capacity they add up to; `engine_address`.
+- `engine`   one engine (`Engine`) and its state (`EngineState`: serving, draining, dead);
+             `engine_address`, `HeldOn`.
+- `pool_view` what a request reads of a pool, made once per change of the fleet
+             (`PoolView`, `PoolSizes`).
+- `state`    `EngineFleet`: every pool's engines and the capacity they add up to.
 - `prefix`   prompts' token blocks as hashes (`text_blocks`, `PromptBlocks`, `prompt_blocks`)
              and the index of who served which (`PrefixIndex`).
 - `kv_events` the engines' KV cache events (vLLM's msgpack, both encodings) as kept here.

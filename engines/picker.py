@@ -16,10 +16,12 @@ import hashlib
 from collections.abc import Callable, Collection, Sequence
 
 from engines.cached_blocks import CachedBlocks, block_keys
+from engines.engine import Engine
 from engines.kv_events import EventBatch
+from engines.pool_view import PoolView
 from engines.prefix import PrefixIndex, PromptBlocks
 from engines.scoring import EngineCandidate, pick
-from engines.state import Engine, EngineFleet, PoolView
+from engines.state import EngineFleet
 from policy.domain import Picker, Pool
 from policy.schema import Policy
 

@@ -1,7 +1,6 @@
 """The engines of every pool and the state of each: serving, draining or dead. Pure.
 
-What lives here: `Engine` (one vLLM / SGLang server: its address, health counters, what it
-reported, what this sidecar holds on it) and `EngineFleet`, which keeps the engines of
+What lives here: `EngineFleet`, which keeps the engines (`Engine`) of
 every pool from discovery's lists and answers what the rest of slogate asks: which engines
 take new requests, the capacity they add up to (KV admission admits against that), the
 pool's KV usage over them, and which engines' answers the breaker leaves out. The clock is
@@ -26,8 +25,9 @@ How an engine's state moves, and what "no data" means for each signal:
   `kv_capacity_tokens` divided evenly over its engines; batch slots always evenly.
 
 What every request reads of a pool (its serving engines, their sizes, its live capacity) is
-a `PoolView`, kept until `version` moves (every method that changes an engine's membership,
-state or reported size bumps it: a new one must too) or the clock ends an ejection.
+a `PoolView` (engines.pool_view), made here and kept until `version` moves (every method
+that changes an engine's membership, state or reported size bumps it: a new one must too)
+or the clock ends an ejection. `Engine` itself, one engine and its state, is engines.engine.
 """
 
 from __future__ import annotations
@@ -36,112 +36,20 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import NamedTuple
 
 from breaker.engine import EngineSnapshot
+from engines.engine import Engine, EngineState, HeldOn, engine_address
+from engines.pool_view import PoolSizes, PoolView
 from policy.domain import Pool
 from policy.schema import EngineHealthConfig
 
 MAX_EJECTION_FACTOR = 10
 
 
-class EngineState(StrEnum):
-    SERVING = "serving"
-    DRAINING = "draining"
-    DEAD = "dead"
-
-
-def engine_address(host: str, port: int) -> str:
-    """The engine's name everywhere: Envoy's host address (`ip:port`, `[ipv6]:port`)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-@dataclass(slots=True)
-class Engine:
-    pool: str
-    host: str
-    port: int
-    slot: int  # its bit in the pool's prefix index: never reused by another engine
-    probes_failed: int = 0  # in a row
-    probes_answered: int = 0  # in a row
-    probe_dead: bool = False
-    errors_in_row: int = 0
-    ejected_until_s: float = -math.inf
-    ejections_in_row: int = 0
-    draining: bool = False
-    snapshot: EngineSnapshot | None = None
-    snapshot_at_s: float = -math.inf
-    held_tokens: int = 0  # KV tokens of the requests this sidecar sent it that still run
-    held_sequences: int = 0
-    picked: int = 0  # requests slogate sent it
-    answered: int = 0  # answers seen from it (access log)
-    failed: int = 0  # of those, 5xx or failed connections
-    dead_reason: str = ""
-    returned_at_s: float = -math.inf  # when its probes last brought it back
-    # Times it came back after its probes failed: its prefix cache is empty again.
-    returns: int = 0
-    # Its name (`engine_address`), made once: every pick reads it for every candidate.
-    address: str = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        self.address = engine_address(self.host, self.port)
-
-    def state(self, now_s: float) -> EngineState:
-        if self.probe_dead or now_s < self.ejected_until_s:
-            return EngineState.DEAD
-        if self.draining:
-            return EngineState.DRAINING
-        return EngineState.SERVING
-
-    def fresh(self, now_s: float, stale_after_s: float) -> EngineSnapshot | None:
-        """Its latest metrics, None when older than `stale_after_s` (or never read)."""
-        return self.snapshot if now_s - self.snapshot_at_s <= stale_after_s else None
-
-
-class HeldOn(NamedTuple):  # a tuple: one per request, made cheaply
-    """What one request holds on the engine it was sent to."""
-
-    pool: str
-    address: str
-    tokens: int
-    sequences: int
-
-
 @dataclass(slots=True)
 class _PoolEngines:
     engines: dict[str, Engine] = field(default_factory=dict)  # address -> engine
     next_slot: int = 0
-
-
-@dataclass(slots=True)
-class PoolSizes:
-    """What a pool's serving engines add up to under one pool spec (`PoolView.sizes`)."""
-
-    spec: Pool
-    kv_tokens: tuple[float | None, ...]  # per serving engine, in `PoolView.serving`'s order
-    largest_kv_tokens: float | None
-    sequences: float | None  # each engine's batch slots
-    # `EngineFleet.live_pool` while every engine serves (None: worked out on each call, for
-    # a non-serving engine's held tokens move with every request).
-    live: Pool | None
-
-
-@dataclass(slots=True)
-class PoolView:
-    """One pool's engines and which of them serve, as every request reads them: made once
-    per change of the fleet (`EngineFleet.version`) and kept until the clock reaches the
-    next ejection's end, when an engine serves again without any call to say so. Never
-    changed but for `sizes`, filled on first ask: a change makes a new view."""
-
-    version: int
-    made_s: float
-    valid_until_s: float
-    engines: tuple[Engine, ...]  # every known engine
-    serving: tuple[Engine, ...]
-    # The latest end of an ejection or return among the engines (`EngineFleet.out`).
-    latest_out_s: float
-    sizes: PoolSizes | None = None  # for the last spec asked about
 
 
 class EngineFleet:

@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterable
 import aiohttp
 
 from breaker.engine import EngineSnapshot
+from engines.engine import EngineState, engine_address
 from engines.picker import EnginePicker
-from engines.state import EngineFleet, EngineState, engine_address
+from engines.state import EngineFleet
 from extproc.runtime.engines import EngineScraper
 from extproc.runtime.loop_lag import LoopLag
 from policy.schema import Policy

@@ -30,7 +30,7 @@ from admission.chain import OutcomeSink
 from admission.decision import RequestOutcome, RoutingDecision, expired_outcome
 from admission.signals import record_signals
 from breaker.latency import ResponseWindows
-from engines.state import engine_address
+from engines.engine import engine_address
 from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
 from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from extproc.request.contract import METADATA_NAMESPACE, TRACKING_ID_FIELD, USAGE_PROOF_FIELD

@@ -26,7 +26,8 @@ from budget.failover import FailoverStore
 from budget.key_quotas import KeyQuotas
 from budget.quotas import TierMultipliers
 from budget.store import BudgetStore
-from engines.state import Engine, EngineFleet, EngineState
+from engines.engine import Engine, EngineState
+from engines.state import EngineFleet
 from extproc.adminpb import admin_pb2 as pb
 from extproc.adminpb import admin_pb2_grpc as pb_grpc
 from policy.domain import LIMIT_FIELDS, Limits, Tier

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from engines.engine import EngineState
 from engines.picker import EnginePicker
-from engines.state import EngineState
 from policy.schema import Policy
 
 

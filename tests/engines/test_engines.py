@@ -13,10 +13,11 @@ from breaker.board import error_rate
 from breaker.engine import EngineSnapshot
 from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel, BreakerState, Signals, step
+from engines.engine import EngineState, engine_address
 from engines.picker import EnginePicker
 from engines.prefix import NO_BLOCKS, PrefixIndex, ladder, prompt_blocks, text_blocks
 from engines.scoring import EngineCandidate, pick, rendezvous, score
-from engines.state import EngineFleet, EngineState, engine_address
+from engines.state import EngineFleet
 from policy.domain import Picker, Pool
 from policy.loader import parse_policy
 from policy.schema import EngineHealthConfig, PickingConfig

@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from engines.state import EngineFleet, EngineState
+from engines.engine import EngineState
+from engines.state import EngineFleet
 from extproc.runtime.engine_watch import EngineWatch
 from extproc.runtime.loop_lag import LoopLag
 from policy.loader import parse_policy
