@@ -19,18 +19,19 @@ TAIL_BYTES = 64 * 1024
 # 2**63 Redis's INCRBY refuses, and a tenant's budget would be spent by one bad number.
 MAX_REPORTED_COUNT = 2**31 - 1
 _MAX_DIGITS = len(str(MAX_REPORTED_COUNT))
+# The usage counts read from a response body, by their names in every API's `usage`.
+USAGE_COUNT_NAMES = (
+    "prompt_tokens",
+    "completion_tokens",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
+)
 _NUMBER = {
-    name: re.compile(rb'"' + name.encode() + rb'"\s*:\s*(\d+)')
-    for name in (
-        "prompt_tokens",
-        "completion_tokens",
-        "input_tokens",
-        "output_tokens",
-        "cache_read_input_tokens",
-        "cache_creation_input_tokens",
-        "cached_tokens",
-        "reasoning_tokens",
-    )
+    name: re.compile(rb'"' + name.encode() + rb'"\s*:\s*(\d+)') for name in USAGE_COUNT_NAMES
 }
 
 

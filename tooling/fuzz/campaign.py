@@ -25,9 +25,11 @@ from hypothesis import seed as seeded
 from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.request.contract import METADATA_NAMESPACE, REASON_HEADER, TRACKING_ID_FIELD
+from tooling.fuzz.access_log_cases import access_log_streams
+from tooling.fuzz.cases import LogCase, StreamCase
+from tooling.fuzz.ext_proc_cases import ext_proc_streams
 from tooling.fuzz.properties import Finding, stream_findings
 from tooling.fuzz.seeds import API_KEYS, CHAT, ROUTED_ID, two_message
-from tooling.fuzz.strategies import LogCase, StreamCase, access_log_streams, ext_proc_streams
 from tooling.fuzz.target import FuzzTarget, routed, routed_ids
 
 # What the checks may wait for a case's holds to be given back (a stream's end is settled

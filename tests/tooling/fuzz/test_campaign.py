@@ -16,6 +16,7 @@ from extproc.envoypb.envoy.extensions.filters.http.ext_proc.v3.processing_mode_p
     ProcessingMode,
 )
 from tests.support.stack import EXAMPLE_POLICY
+from tooling.fuzz.access_log_cases import access_log_streams
 from tooling.fuzz.campaign import (
     FUZZ_SETTINGS,
     access_log_case,
@@ -23,6 +24,8 @@ from tooling.fuzz.campaign import (
     fuzz_policy,
     still_serving,
 )
+from tooling.fuzz.cases import LogCase, StreamCase
+from tooling.fuzz.ext_proc_cases import ext_proc_streams
 from tooling.fuzz.seeds import (
     API_KEYS,
     CHAT,
@@ -31,7 +34,6 @@ from tooling.fuzz.seeds import (
     access_log_seeds,
     one_message,
 )
-from tooling.fuzz.strategies import LogCase, StreamCase, access_log_streams, ext_proc_streams
 from tooling.fuzz.target import FuzzTarget
 
 

@@ -1,26 +1,20 @@
-"""Hypothesis strategies for what reaches the sidecar's gRPC port: ext_proc streams and
-access-log messages, either built at random from the fields the sidecar reads (paths,
-keys, JSON bodies of every API's shape, metadata namespaces, modes) or mutated from the
-real sequences of tooling.fuzz.seeds at the byte level (bit flips, truncation, splicing,
-insertions, duplicated ranges). What comes out is bytes, sent as they are: the sidecar's
-own deserializer meets what does not parse.
+"""Hypothesis strategies for ext_proc streams, built at random from the fields the sidecar
+reads (paths, keys, JSON bodies of every API's shape, metadata namespaces, modes, phases),
+or mutated from real ones (tooling.fuzz.mutation). What comes out is bytes, sent as they
+are.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import strategies as st
 
 from extproc.envoypb.envoy.config.core.v3 import base_pb2
-from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
 from extproc.envoypb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.request.contract import (
-    ACCESS_LOG_NAME,
     DESTINATION_NAMESPACE,
     FORWARDED_NAMESPACE,
     JWT_AUTHN_NAMESPACE,
@@ -32,51 +26,15 @@ from extproc.request.contract import (
     TRACKING_ID_FIELD,
 )
 from policy.apis import KNOWN_APIS
-from tooling.fuzz.seeds import API_KEYS, ENGINE, ROUTED_ID, access_log_seeds, ext_proc_seeds
+from tooling.fuzz.cases import StreamCase
+from tooling.fuzz.json_values import finite, json_values, struct_values
+from tooling.fuzz.mutation import mutated_streams
+from tooling.fuzz.seeds import API_KEYS, ENGINE
 
 _FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 
-
-@dataclass(frozen=True, slots=True)
-class StreamCase:
-    """One ext_proc stream: its messages' bytes; `cancel_after`: the client resets the
-    stream after that many replies (None: it half-closes and reads to the end)."""
-
-    messages: tuple[bytes, ...]
-    cancel_after: int | None
-    origin: str  # "built" or "seed N mutated"
-
-
-@dataclass(frozen=True, slots=True)
-class LogCase:
-    """One access-log stream: `routed` requests are decided first, and their ids replace
-    the seeds' ROUTED_ID placeholders in the messages (those that still parse)."""
-
-    messages: tuple[bytes, ...]
-    routed: int
-    origin: str
-
-
-_EXT_PROC_SEEDS = [[m.SerializeToString() for m in seq] for seq in ext_proc_seeds()]
-_LOG_SEEDS = [m.SerializeToString() for m in access_log_seeds()]
-_ALL_SEED_BYTES = [m for seq in _EXT_PROC_SEEDS for m in seq] + _LOG_SEEDS
-
 # -- JSON bodies -------------------------------------------------------------------------
 
-_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=True, allow_infinity=True)
-    | st.text(max_size=40)
-)
-json_values = st.recursive(
-    _scalars,
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
-    ),
-    max_leaves=12,
-)
 _counts = (
     st.integers(min_value=-5, max_value=2**63)
     | st.sampled_from([0, 1, 16, 4096, 200_000])
@@ -191,11 +149,6 @@ def _header_pairs(draw: st.DrawFn) -> list[base_pb2.HeaderValue]:
     return out
 
 
-_struct_values = st.dictionaries(
-    st.text(max_size=12),
-    json_values.filter(lambda v: not isinstance(v, float) or v == v),
-    max_size=4,
-)
 _namespaces: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     FORWARDED_NAMESPACE: st.fixed_dictionaries(
         {},
@@ -224,24 +177,10 @@ _namespaces: dict[str, st.SearchStrategy[dict[str, Any]]] = {
 }
 
 
-def _finite(value: Any) -> Any:
-    """Struct values are JSON: no NaN or infinity (protobuf's Struct refuses none, but keep
-    what json.dumps would write)."""
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        return 0.0
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, int) and abs(value) > 2**53:
-        return float(value)
-    return value
-
-
 @st.composite
 def _metadata(draw: st.DrawFn, request: pb.ProcessingRequest) -> None:
     for name in draw(st.lists(st.sampled_from(sorted(_namespaces)), max_size=3, unique=True)):
-        document = _finite(draw(_namespaces[name] | _struct_values))
+        document = finite(draw(_namespaces[name] | struct_values))
         request.metadata_context.filter_metadata[name].update(document)
 
 
@@ -362,147 +301,4 @@ def built_streams(draw: st.DrawFn) -> StreamCase:
     return StreamCase(tuple(m.SerializeToString() for m in messages), cancel, "built")
 
 
-# -- byte-level mutations of real messages -----------------------------------------------
-
-_mutation = st.tuples(
-    st.sampled_from(["flip", "set", "delete", "insert", "truncate", "splice", "duplicate"]),
-    st.integers(0, 1 << 16),
-    st.integers(0, 1 << 16),
-    st.binary(min_size=1, max_size=8),
-)
-
-
-def mutate(data: bytes, mutations: list[tuple[str, int, int, bytes]]) -> bytes:
-    """`data` with each mutation applied in turn (positions wrap around its length)."""
-    out = bytearray(data)
-    for op, at, span, extra in mutations:
-        size = len(out)
-        where = at % (size + 1)
-        length = 1 + span % 16
-        if op == "flip" and size:
-            out[where % size] ^= 1 << (span % 8)
-        elif op == "set" and size:
-            out[where % size] = extra[0]
-        elif op == "delete":
-            del out[where : where + length]
-        elif op == "insert":
-            out[where:where] = extra
-        elif op == "truncate":
-            del out[where:]
-        elif op == "splice":
-            donor = _ALL_SEED_BYTES[span % len(_ALL_SEED_BYTES)]
-            start = at % (len(donor) + 1)
-            out[where:where] = donor[start : start + 1 + extra[0]]
-        elif op == "duplicate":
-            out[where:where] = out[where : where + length]
-    return bytes(out)
-
-
-@st.composite
-def mutated_streams(draw: st.DrawFn) -> StreamCase:
-    index = draw(st.integers(0, len(_EXT_PROC_SEEDS) - 1))
-    messages = list(_EXT_PROC_SEEDS[index])
-    for position in draw(st.lists(st.integers(0, len(messages) - 1), min_size=1, max_size=3)):
-        messages[position] = mutate(
-            messages[position], draw(st.lists(_mutation, min_size=1, max_size=4))
-        )
-    shape = draw(st.sampled_from(["keep", "keep", "drop", "repeat", "swap"]))
-    at = draw(st.integers(0, len(messages) - 1))
-    if shape == "drop" and len(messages) > 1:
-        del messages[at]
-    elif shape == "repeat":
-        messages.insert(at, messages[at])
-    elif shape == "swap" and at + 1 < len(messages):
-        messages[at], messages[at + 1] = messages[at + 1], messages[at]
-    cancel = draw(st.none() | st.none() | st.integers(0, 3))
-    return StreamCase(tuple(messages), cancel, f"seed {index} mutated")
-
-
 ext_proc_streams = built_streams() | mutated_streams()
-
-# -- access-log messages ----------------------------------------------------------------
-
-
-@st.composite
-def built_entry(draw: st.DrawFn) -> accesslog_pb2.HTTPAccessLogEntry:
-    entry = accesslog_pb2.HTTPAccessLogEntry()
-    entry.response.response_code.value = draw(
-        st.integers(0, 2**32 - 1) | st.sampled_from([0, 200, 429, 503])
-    )
-    entry.response.response_code_details = draw(
-        st.sampled_from(["via_upstream", "slogate_rate_limit", ""]) | st.text(max_size=20)
-    )
-    common = entry.common_properties
-    if draw(st.booleans()):
-        tracking = draw(
-            st.sampled_from([ROUTED_ID.format(i) for i in range(3)]) | st.text(max_size=20)
-        )
-        common.metadata.filter_metadata[METADATA_NAMESPACE].update({TRACKING_ID_FIELD: tracking})
-    if draw(st.booleans()):
-        common.metadata.filter_metadata[METADATA_NAMESPACE].update(_finite(draw(_struct_values)))
-    if draw(st.booleans()):
-        seconds = draw(st.integers(-315_576_000_000, 315_576_000_000))
-        common.duration.seconds = seconds
-        common.duration.nanos = draw(st.integers(-999_999_999, 999_999_999)) if seconds else 0
-    if draw(st.booleans()):
-        common.time_to_last_downstream_tx_byte.seconds = draw(st.integers(-(10**6), 10**6))
-    tag_names = st.sampled_from(
-        [
-            "prompt_tokens",
-            "completion_tokens",
-            "input_tokens",
-            "output_tokens",
-            "cache_read_input_tokens",
-            "cache_creation_input_tokens",
-            "cached_tokens",
-            "reasoning_tokens",
-            "ttft_ms",
-            "stream_events",
-        ]
-    )
-    tag_values = (
-        st.sampled_from(
-            ["-", "0", "7", "-3", "1e308", "inf", "nan", "1e400", "9" * 400, "0x10", " 5 "]
-        )
-        | st.integers().map(str)
-        | st.text(max_size=12)
-    )
-    for name, value in draw(
-        st.dictionaries(tag_names | st.text(max_size=10), tag_values, max_size=6)
-    ).items():
-        common.custom_tags[name] = value
-    if draw(st.booleans()):
-        address = common.upstream_remote_address.socket_address
-        address.address = draw(
-            st.sampled_from([ENGINE.split(":")[0], "::1", ""]) | st.text(max_size=20)
-        )
-        address.port_value = draw(st.integers(0, 2**32 - 1))
-    flags = common.response_flags
-    flags.upstream_remote_reset = draw(st.booleans())
-    flags.upstream_request_timeout = draw(st.booleans())
-    return entry
-
-
-@st.composite
-def built_logs(draw: st.DrawFn) -> LogCase:
-    messages = []
-    for _ in range(draw(st.integers(1, 3))):
-        message = als_pb2.StreamAccessLogsMessage()
-        if draw(st.booleans()):
-            message.identifier.log_name = draw(st.just(ACCESS_LOG_NAME) | st.text(max_size=8))
-        if draw(st.integers(0, 5)) == 0:
-            message.tcp_logs.log_entry.add()
-        else:
-            message.http_logs.log_entry.extend(draw(st.lists(built_entry(), max_size=5)))
-        messages.append(message.SerializeToString())
-    return LogCase(tuple(messages), draw(st.integers(0, 3)), "built")
-
-
-@st.composite
-def mutated_logs(draw: st.DrawFn) -> LogCase:
-    indexes = draw(st.lists(st.integers(0, len(_LOG_SEEDS) - 1), min_size=1, max_size=3))
-    messages = [mutate(_LOG_SEEDS[i], draw(st.lists(_mutation, max_size=4))) for i in indexes]
-    return LogCase(tuple(messages), draw(st.integers(0, 3)), f"seeds {indexes} mutated")
-
-
-access_log_streams = built_logs() | mutated_logs()
