@@ -323,7 +323,21 @@ def test_kv_admission_fills_the_real_cache_and_learns_its_footprint(
                 _, ratio = _held(stack)
                 return ratio < 0.99 and abs(ratio - real) < abs(1.0 - real)
 
-            assert wait_for(toward_real, timeout_s=20), (_held(stack), engine_metrics(stack))
+            def fell_within_what_they_held() -> bool:
+                _, ratio = _held(stack)
+                return 2 * 2500 / counted <= ratio < 0.99
+
+            if real < 0.95:
+                assert wait_for(toward_real, timeout_s=20), (_held(stack), engine_metrics(stack))
+            else:
+                # The one reading came back as the two ended (vLLM's starved API server, a
+                # clean-clone CI once: usage 0.9+ of what they were counted for): near 1.0 it
+                # cannot tell a learned ratio from 1.0. Judged instead: the ratio fell from
+                # 1.0, and not below what their two prompts alone held.
+                assert wait_for(fell_within_what_they_held, timeout_s=20), (
+                    real,
+                    _held(stack),
+                )
         else:
             # vLLM's API server, starved by its own engine, answered no read of its usage
             # gauge while the two ran (CI, once: not one in 20 s; the breaker's scrapes
