@@ -23,6 +23,7 @@ from policy._access import (
     parse_tiers,
     parse_tls,
 )
+from policy._ahead import parse_ahead
 from policy._data_path import parse_data_path
 from policy._engines import parse_engines
 from policy._fleet import (
@@ -141,6 +142,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
     candidate = parse_candidate(root.raw("candidate"), root.child("candidate"))
     telemetry = parse_telemetry(root.section("telemetry"))
     data_path = parse_data_path(root.section("data_path"))
+    ahead = parse_ahead(root.raw("ahead"), root.child("ahead"))
     root.close()
 
     return Policy(
@@ -181,6 +183,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         candidate=candidate,
         telemetry=telemetry,
         data_path=data_path,
+        ahead=ahead,
     )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from policy._ahead import AheadConfig
 from policy._data_path import DataPathConfig
 from policy._keystore import KeyStoreConfig
 from policy._telemetry import TelemetryConfig
@@ -322,6 +323,9 @@ class Policy:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     # `data_path:` one or two ext_proc messages, the Lua or native usage tap (policy._data_path).
     data_path: DataPathConfig = field(default_factory=DataPathConfig)
+    # `ahead:` the business calendar and quotas moved before a ramp (policy._ahead); None:
+    # the quota controller only reacts.
+    ahead: AheadConfig | None = None
 
     def slo_ms(self, tier: Tier, bucket: str, tenant: str | None = None) -> float | None:
         """The P99 TTFT objective of a request: its tenant's where it sets one, else its
