@@ -13,9 +13,11 @@ returns what admission applies.
   policy limits, and headroom is reserved for it: the sheddable tier's multiplier capped at
   `squeeze` and its KV share at `reserve_kv_share` (sheddable first; a sheddable tenant
   ramping squeezes nobody). Moves: "raised by forecast" / "raised by calendar event X".
-- Given back: a lead after the outlook last expected the ramp (ahead, or now while a
-  declared event runs): the ramp has come and the reactive controller carries on from
-  there ("given back").
+- Given back: a lead after the ramp came (the tenant's demand up at `rise` x its level at
+  the raise, three intervals in a row), or a lead after the outlook last expected it
+  (ahead, or now while a declared event runs), whichever is first: the ramping tenant's
+  requests are in by then, and the reactive controller carries on ("given back"); not
+  raised again until the outlook stops expecting that ramp.
 - A wrong forecast is bounded: a raise whose tenant's demand has not risen to `rise` x
   within lead + grace of the raise expires ("given back: the ramp did not come") and is
   not raised again until the outlook stops expecting that ramp. So a ramp that never
@@ -45,8 +47,12 @@ from policy.domain import ApiKey
 
 SHEDDABLE = "sheddable"
 QUIET_SCORE = 0.5  # the load score under which the fleet counts as quiet enough to lend
-RECENT = 2  # intervals of demand averaged to say whether a ramp came
-BEFORE = 5  # intervals of demand averaged as the level a raise started from
+# Whether a ramp came: the mean of the last RECENT intervals' demand at `rise` x the mean of
+# the BEFORE intervals before the raise, on CONFIRM intervals in a row (one noisy interval
+# of a few requests must not pass for a ramp and keep a wrong raise alive).
+RECENT = 5
+BEFORE = 15
+CONFIRM = 3
 
 
 def reason_of(expected: Expected) -> str:
@@ -54,6 +60,18 @@ def reason_of(expected: Expected) -> str:
     if expected.reason.startswith("calendar:"):
         return f"raised by calendar event {expected.reason.split(':', 1)[1]}"
     return f"raised by {expected.reason}"
+
+
+def reason_label(reason: str) -> str:
+    """A move's reason as a bounded label (a metric's, a table's): forecast, calendar (the
+    event's name is in the log and `slogate status`), given_back, expired, lent."""
+    if reason.startswith("raised by calendar"):
+        return "calendar"
+    if reason.startswith("raised by"):
+        return "forecast"
+    if reason.startswith("lent"):
+        return "lent"
+    return "expired" if "did not come" in reason else "given_back"
 
 
 @dataclass(slots=True)
@@ -65,9 +83,14 @@ class Raise:
     source: str  # Expected.reason: "forecast" or "calendar:<event>"
     multiple: float
     since_s: float
-    baseline: float  # its demand per interval when raised
+    baseline: float | None  # its demand per interval when raised (None: none measured yet)
     expected_s: float  # when the outlook last expected the ramp
-    came: bool = False
+    came_s: float | None = None  # when its demand rose: the ramp came
+    rising: int = 0  # intervals in a row its demand has been up
+
+    @property
+    def came(self) -> bool:
+        return self.came_s is not None
 
     @property
     def reason(self) -> str:
@@ -86,6 +109,9 @@ class AheadPlanner:
     # expected (no second raise for the same wrong expectation).
     expired: dict[str, str] = field(default_factory=dict)
     lending: bool = False
+    # Tenant -> the expectation already served (its raise given back or expired): no second
+    # raise for it until the outlook stops expecting that ramp.
+    _served: dict[str, str] = field(default_factory=dict)
     _demand: dict[str, deque[float]] = field(default_factory=dict)
 
     @classmethod
@@ -137,11 +163,13 @@ class AheadPlanner:
         if held is None:
             if expected is None:
                 self.expired.pop(tenant, None)
+                self._served.pop(tenant, None)
                 return []
-            if self.expired.get(tenant) == expected.reason:
+            if self._served.get(tenant) == expected.reason:
                 return []
-            history = self._demand.get(tenant, deque())
-            baseline = sum(history) / len(history) if history else 0.0
+            # Before this interval's demand: the level the ramp is to rise from.
+            history = list(self._demand.get(tenant, ()))[:-1]  # BEFORE - 1 intervals
+            baseline = sum(history) / len(history) if history else None
             held = self.raises[tenant] = Raise(
                 tenant, tier, expected.reason, expected.multiple, now_s, baseline, now_s
             )
@@ -150,13 +178,21 @@ class AheadPlanner:
         if expected is not None:
             held.expected_s = now_s
         recent = self._recent(tenant)
-        held.came = held.came or (recent > 0 and recent >= self.config.rise * held.baseline)
+        if held.baseline is None:  # raised on the first interval: measure from here
+            held.baseline = recent
+        elif held.came_s is None:
+            up = recent > 0 and recent >= self.config.rise * held.baseline
+            held.rising = held.rising + 1 if up else 0
+            if held.rising >= CONFIRM:
+                held.came_s = now_s
         if not held.came and now_s - held.since_s >= self.lead_s + self.grace_s:
             del self.raises[tenant]
-            self.expired[tenant] = held.source
+            self.expired[tenant] = self._served[tenant] = held.source
             return [self._give_back(held, now_s, "given back: the ramp did not come")]
-        if now_s - held.expected_s >= self.lead_s:
+        over = now_s - held.expected_s >= self.lead_s
+        if over or (held.came_s is not None and now_s - held.came_s >= self.lead_s):
             del self.raises[tenant]
+            self._served[tenant] = held.source
             return [self._give_back(held, now_s, "given back")]
         return []
 
@@ -196,7 +232,8 @@ class AheadPlanner:
     def _move(
         self, held: Raise, reason: str, before: float, after: float, now_s: float
     ) -> Adjustment:
-        inputs = {"multiple": held.multiple, "baseline": held.baseline, "at_s": now_s}
+        baseline = -1.0 if held.baseline is None else held.baseline
+        inputs = {"multiple": held.multiple, "baseline": baseline, "at_s": now_s}
         return Adjustment(f"ahead:{held.tenant}", before, after, inputs, reason)
 
     def _give_back(self, held: Raise, now_s: float, reason: str) -> Adjustment:
