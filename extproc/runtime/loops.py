@@ -20,7 +20,7 @@ from collections.abc import Callable
 from admission.kv.step import KvStep
 from breaker.board import BreakerBoard
 from breaker.levels import BreakerLevel, Transition
-from budget.ahead import AheadSeat
+from budget.ahead import AheadSeat, reason_label
 from budget.key_quotas import KeyQuotas
 from budget.quotas import Adjustment, TierMultipliers
 from extproc.service.metrics import SidecarMetrics
@@ -143,7 +143,7 @@ class QuotaLoop:
             self._metrics.quota_multiplier(tier).set(adjustment.after)
         consumed = self._key_quotas.take_consumed()
         self._step_ahead(policy, consumed, score)
-        await self._step_keys(list(policy.keys.values()), consumed, memory_usage)
+        await self._step_keys(list(policy.keys.values()), memory_usage, consumed)
         lowest = self._key_quotas.lowest_safety_factor()
         if lowest is not None:
             self._metrics.safety_factor.set(lowest)
@@ -188,15 +188,20 @@ class QuotaLoop:
             move.after,
             ", ".join(f"{k} {v:.2f}" for k, v in sorted(move.inputs.items())),
         )
-        self._metrics.quota_ahead_moves(ahead_reason_label(move.reason)).inc()
+        self._metrics.quota_ahead_moves(reason_label(move.reason)).inc()
 
     async def _step_keys(
-        self, keys: list[ApiKey], consumed: dict[str, float], memory_usage: float | None
+        self,
+        keys: list[ApiKey],
+        memory_usage: float | None,
+        consumed: dict[str, float] | None = None,
     ) -> None:
         """Every key's budget, in slices with the loop's other work between them: ten
         thousand keys took 80-280 ms in one go, and every request waited behind it (the
         only >20 ms answers of a 10,000-key policy, measured every 5 s). A tenant's demand
-        is the sum of its keys'."""
+        is the sum of its keys'. `consumed`: the interval's, already taken (None: take it)."""
+        if consumed is None:
+            consumed = self._key_quotas.take_consumed()
         stepped: set[str] = set()
         counted: set[str] = set()
         demand: dict[str, tuple[float, float | None]] = {}
@@ -221,15 +226,3 @@ class QuotaLoop:
             self._metrics.tenant_demand(tenant, "actual").set(actual)
             if forecast is not None:
                 self._metrics.tenant_demand(tenant, "forecast").set(forecast)
-
-
-def ahead_reason_label(reason: str) -> str:
-    """A move's reason as a bounded metric label: forecast, calendar (the event's name is in
-    the log and `slogate status`), given_back, expired, lent."""
-    if reason.startswith("raised by calendar"):
-        return "calendar"
-    if reason.startswith("raised by"):
-        return "forecast"
-    if reason.startswith("lent"):
-        return "lent"
-    return "expired" if "did not come" in reason else "given_back"
