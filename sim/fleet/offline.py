@@ -31,7 +31,8 @@ from admission.kv.book import LocalBook
 from admission.kv.dispatch import ROOM_TICK_S
 from breaker.board import BreakerBoard
 from breaker.latency import ResponseWindows
-from budget.ahead import AheadPlanner
+from budget.ahead import AheadCeilings, AheadPlanner
+from budget.key_quotas import KeyQuotas
 from budget.quotas import Adjustment, TierMultipliers
 from budget.store import InProcessStore
 from engines.kv_events import EventBatch
@@ -76,6 +77,7 @@ class OfflineFleet(FleetRequests):
         kv_events_delay_s: float | None = None,
         prefill_queue: bool = False,
         ahead: AheadPlanner | None = None,
+        key_budgets: bool = False,
     ) -> None:
         """`waiting_room`: the sidecars hold requests refused only for capacity until room
         frees (False: they refuse them at once). `client_retries`: how many times a client
@@ -99,7 +101,9 @@ class OfflineFleet(FleetRequests):
         prefills wait for each other as on a GPU whose compute they saturate (False: each
         request's TTFT is its own, whatever else the engine prefills); `ahead`: the quotas
         moved ahead of forecast or declared ramps (budget.ahead, stepped with the controller;
-        its outlook's clock is this fleet's virtual one)."""
+        its outlook's clock is this fleet's virtual one); `key_budgets`: the per-key dynamic
+        budgets (budget.key_quotas) fed and stepped as in the sidecar, enforced where the
+        policy says (`breaker.controller_key_budgets`), a raised tenant's lifted."""
         self.policy = policy
         self.client_retries = client_retries
         self.seed = seed
@@ -154,6 +158,11 @@ class OfflineFleet(FleetRequests):
         self.applied: dict[str, float] = dict(self.quotas.values)
         self.ahead_moves: list[Adjustment] = []
         self._asked: dict[str, float] = {}
+        interval_s = policy.breaker.controller_interval_s
+        self.key_quotas = KeyQuotas(interval_s) if key_budgets else None
+        ceilings = (
+            None if self.key_quotas is None else AheadCeilings(self.key_quotas, lambda: self.ahead)
+        )
         # The sidecar replicas: each request goes through one, drawn with the split's
         # weights (uneven load balancing across Envoys). Budgets are one shared store (Redis
         # shares them exactly), and so is the KV ledger unless told otherwise: Redis answers
@@ -186,6 +195,8 @@ class OfflineFleet(FleetRequests):
                 schedule=self._schedule if waiting_room else None,
                 book=book,
                 engines={n: [e.address for e in p.engines] for n, p in self.engines.items()},
+                key_quotas=self.key_quotas,
+                ceilings=ceilings,
             )
             for index in range(len(self.sidecar_split))
         ]
@@ -357,7 +368,7 @@ class OfflineFleet(FleetRequests):
 
     def _control(self) -> None:
         """One controller interval, from the same inputs the sidecar uses (board.fleet_load)."""
-        score, _ = self.board.fleet_load()
+        score, memory_usage = self.board.fleet_load()
         for sidecar in self.sidecars:  # every sidecar scrapes the same engines
             run_now(
                 sidecar.admission.kv.observe(
@@ -379,6 +390,8 @@ class OfflineFleet(FleetRequests):
         else:
             self.applied.update(self.quotas.values)
         self._asked = {}
+        if self.key_quotas is not None:
+            self.key_quotas.step(self.policy.keys.values(), memory_usage)
         if moved:
             self.multiplier_history.append((self.clock.now_s, dict(self.applied)))
 
