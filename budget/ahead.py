@@ -325,22 +325,27 @@ class AheadSeat:
     changes (a reload starts it afresh: no raise outlives the calendar that declared it); a
     new forecast replaces only its outlook.
     `forecast`: the seasonal fit's outlook, set by whoever refits it (None until then: the
-    calendar alone)."""
+    calendar alone); `learned`: the multiples of its `learn: true` events."""
 
     def __init__(self, forecast: Outlook | None = None) -> None:
         self.forecast = forecast
+        # The `learn: true` events' multiples (forecast.calendar.learn_multiples over the
+        # traffic record), set by whoever reads the record off the request path.
+        self.learned: dict[str, float] = {}
         self._config: AheadConfig | None = None
-        self._forecast_seen: Outlook | None = None
+        self._seen: tuple[Outlook | None, dict[str, float]] = (None, {})
         self.planner: AheadPlanner | None = None
 
     def current(self, config: AheadConfig | None) -> AheadPlanner | None:
         if config is None:
             self._config, self.planner = None, None
             return None
+        seen = (self.forecast, dict(self.learned))
         if config is not self._config or self.planner is None:
-            self._config, self._forecast_seen = config, self.forecast
-            self.planner = AheadPlanner.from_config(config, outlook_for(config, self.forecast))
-        elif self.forecast is not self._forecast_seen:  # a refit: the raises held stay
-            self._forecast_seen = self.forecast
-            self.planner.outlook = outlook_for(config, self.forecast)
+            self._config, self._seen = config, seen
+            outlook = outlook_for(config, self.forecast, learned=self.learned)
+            self.planner = AheadPlanner.from_config(config, outlook)
+        elif seen[0] is not self._seen[0] or seen[1] != self._seen[1]:
+            self._seen = seen  # a refit: the raises held stay
+            self.planner.outlook = outlook_for(config, self.forecast, learned=self.learned)
         return self.planner

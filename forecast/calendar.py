@@ -6,8 +6,9 @@ the traffic record: demand during its past occurrences over demand in the window
 before each), `CalendarOutlook` (an `Outlook` whose reason is "calendar:<event name>") and
 `CalendarFirst` (the calendar over another outlook: a declared event wins, a holiday
 suppresses what the other would expect). No I/O: the caller reads the record and passes
-its entries; times are the caller's clock, mapped to the calendar's by an origin and a
-time scale (the simulator plays a day in minutes).
+its entries (`learn_multiples`: every `learn: true` event's); times are the caller's
+clock, mapped to the calendar's by an origin and a time scale (the simulator plays a day
+in minutes).
 """
 
 from __future__ import annotations
@@ -104,6 +105,27 @@ def learned_multiple(
     if before <= 0.0:
         return None
     return during / before
+
+
+def learn_multiples(
+    config: AheadConfig,
+    entries: Iterable[RecordedRequest],
+    from_s: float,
+    to_s: float,
+) -> dict[str, float]:
+    """Every `learn: true` event's multiple from its occurrences between from_s and to_s in
+    the record (Unix seconds); an event with nothing to learn from is left out."""
+    zone = zoneinfo.ZoneInfo(config.timezone)
+    kept = list(entries)
+    learned = {}
+    for event in config.events:
+        if not event.learn:
+            continue
+        spans = occurrences(event, zone, from_s, to_s, config.holidays)
+        multiple = learned_multiple(spans, event.tenants, kept)
+        if multiple is not None:
+            learned[event.name] = multiple
+    return learned
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from forecast.calendar import (
     CalendarClock,
     CalendarFirst,
     CalendarOutlook,
+    learn_multiples,
     learned_multiple,
     occurrences,
     outlook_for,
@@ -85,6 +86,7 @@ def test_a_multiple_is_learned_from_past_occurrences() -> None:
     assert learned_multiple(spans, ["classes"], []) is None  # nothing to learn from
     learned = CalendarEvent("class", ("classes",), 60.0, None, at=dt.time(9), days=CLASS.days)
     config = AheadConfig(timezone="Europe/Paris", events=(learned,))
+    assert learn_multiples(config, entries, at(2026, 11, 1), at(2026, 11, 11)) == {"class": 8.0}
     assert CalendarOutlook(config).expected("classes", 0.0, at(2026, 11, 9, 9, 30)) is None
     taught = CalendarOutlook(config, learned={"class": 8.0})
     found = taught.expected("classes", 0.0, at(2026, 11, 9, 9, 30))
