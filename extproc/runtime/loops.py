@@ -104,12 +104,14 @@ class QuotaLoop:
         applied: dict[str, float] | None = None,
         ahead: AheadSeat | None = None,
         wall_clock: Callable[[], float] = time.time,
+        on_ahead_move: Callable[[str, str, float, float], None] | None = None,
     ) -> None:
         """`kv_cache_usage(pool)`: the engines' KV usage the footprint ratio is learned
         from (None: engine metrics are not scraped). `applied`: the tier multipliers
         admission reads (the reactive ones through the planner; None: the reactive ones
         are read directly); `ahead`: the planner's seat (budget.ahead), stepped on
-        `wall_clock`, the clock the business calendar is on."""
+        `wall_clock`, the clock the business calendar is on; `on_ahead_move(what, reason,
+        before, after)`: told of each of its moves (the decision log's)."""
         self._policy = policy
         self._board = board
         self._quotas = quotas
@@ -120,6 +122,7 @@ class QuotaLoop:
         self._applied = applied
         self._ahead = ahead
         self._wall_clock = wall_clock
+        self._on_ahead_move = on_ahead_move
         for tier, value in quotas.values.items():
             metrics.quota_multiplier(tier).set(value)
 
@@ -189,6 +192,8 @@ class QuotaLoop:
             ", ".join(f"{k} {v:.2f}" for k, v in sorted(move.inputs.items())),
         )
         self._metrics.quota_ahead_moves(reason_label(move.reason)).inc()
+        if self._on_ahead_move is not None:
+            self._on_ahead_move(move.what, move.reason, move.before, move.after)
 
     async def _step_keys(
         self,

@@ -283,6 +283,7 @@ def build_control(
     path: RequestPath,
     clock: Callable[[], float],
     siblings: Siblings | None,
+    decision_log: DecisionLog | None = None,
 ) -> Control:
     watch = signals.engine_watch
     breaker_loop = BreakerLoop(signals.board, metrics)
@@ -297,6 +298,7 @@ def build_control(
         metrics=metrics,
         applied=signals.applied,
         ahead=signals.ahead,
+        on_ahead_move=None if decision_log is None else decision_log.quota_moved,
     )
     admin = AdminService(
         policy=policy,

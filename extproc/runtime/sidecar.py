@@ -135,6 +135,7 @@ class Sidecar:
             path=self.path,
             clock=self.clock,
             siblings=self.siblings,
+            decision_log=self.observers.decision_log,
         )
         self._exact_executor = executor
         self._exact_tokenizer = exact_tokenizer

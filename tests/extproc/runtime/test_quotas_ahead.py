@@ -1,12 +1,13 @@
 """The sidecar's quotas ahead of ramps: a calendar event declared in the policy raises its
 tenant at the controller's next interval; admission applies the held and squeezed
 multipliers and the KV share cap; the move is counted by reason and shown by the admin
-API's status, each raise with its reason."""
+API's status, each raise with its reason, and written to the decision log."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 from pathlib import Path
 
 from extproc.adminpb import admin_pb2 as pb
@@ -32,6 +33,7 @@ def test_a_declared_event_raises_its_tenant_and_status_says_why(tmp_path: Path) 
             }
         ],
     }
+    policy["decision_log"] = {"dir": str(tmp_path / "decisions"), "sample_rate": 0.0}
     path = write_policy(tmp_path / "policy.yaml", policy)
 
     async def scenario() -> None:
@@ -56,3 +58,12 @@ def test_a_declared_event_raises_its_tenant_and_status_says_why(tmp_path: Path) 
         await sidecar.stop()
 
     asyncio.run(scenario())
+    # The decision log has the move (each one, whatever the requests' sample rate).
+    lines = [
+        json.loads(line)
+        for file in (tmp_path / "decisions").glob("decisions-*.jsonl")
+        for line in file.read_text().splitlines()
+    ]
+    assert [(r["decision"], r["tenant"], r["reason"]) for r in lines] == [
+        ("quota_ahead", "demo-standard", "raised by calendar event launch")
+    ]
