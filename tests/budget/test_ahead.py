@@ -63,9 +63,9 @@ def test_raised_within_the_lead_squeezing_sheddable_first_then_given_back() -> N
     assert run(plan, 420, ramp, from_s=420) == [(420.0, "raised by calendar event class")]
     applied = plan.multipliers(REACTIVE)
     assert applied["standard"] == 1.0  # held at its contract, whatever the reaction says
-    assert applied["sheddable"] == 0.1  # squeezed to make room ...
+    assert applied["sheddable"] == 0.5  # squeezed to make room ...
     assert applied["critical"] == 1.0  # ... and critical untouched
-    assert plan.kv_share_caps() == {"sheddable": 0.5}
+    assert plan.kv_share_caps() == {"sheddable": 0.7}
     assert plan.status()["raised"] == {
         "classes": {
             "reason": "raised by calendar event class",
@@ -126,7 +126,7 @@ def test_idle_hours_are_lent_to_batch_and_taken_back_a_lead_before_the_ramp() ->
     # A lead before the ramp: the lending is given back and the raise squeezes.
     moves = run(plan, 2500, quiet, from_s=2400)
     assert moves == [(2400.0, "raised by forecast"), (2400.0, "given back")]
-    assert plan.multipliers(REACTIVE)["sheddable"] == 0.1
+    assert plan.multipliers(REACTIVE)["sheddable"] == 0.5
     # A busy fleet lends nothing; neither does an outlook that knows nothing.
     busy = planner(Ramp(start_s=3000.0, known={"support"}), lend=3.0)
     assert run(busy, 600, {"classes": 100.0}, score=0.9) == []

@@ -40,12 +40,12 @@ def test_a_declared_event_raises_its_tenant_and_status_says_why(tmp_path: Path) 
         sidecar = Sidecar(path, metrics_port=None, admin_address=None)
         await sidecar.control.quota_loop.step()
         applied = sidecar.signals.applied
-        assert applied["standard"] == 1.0 and applied["sheddable"] == 0.1
-        assert sidecar.path.admission.kv.share_caps == {"sheddable": 0.5}
+        assert applied["standard"] == 1.0 and applied["sheddable"] == 0.5
+        assert sidecar.path.admission.kv.share_caps == {"sheddable": 0.7}
         value = sidecar.metrics.registry.get_sample_value
         assert value("slogate_quota_ahead_moves_total", {"reason": "calendar"}) == 1.0
         assert value("slogate_quota_ahead_raised_tenants") == 1.0
-        assert value("slogate_quota_ahead_kv_share_cap", {"tier": "sheddable"}) == 0.5
+        assert value("slogate_quota_ahead_kv_share_cap", {"tier": "sheddable"}) == 0.7
         reply = await sidecar.control.admin.Status(pb.StatusRequest(), None)  # type: ignore[arg-type]
         (raised,) = reply.ahead_raises
         assert (raised.tenant, raised.reason, raised.multiple) == (
@@ -53,7 +53,7 @@ def test_a_declared_event_raises_its_tenant_and_status_says_why(tmp_path: Path) 
             "raised by calendar event launch",
             4.0,
         )
-        assert reply.quota_multipliers["sheddable"] == 0.1  # what admission applies
+        assert reply.quota_multipliers["sheddable"] == 0.5  # what admission applies
         assert "ahead: demo-standard raised by calendar event launch" in status_table(reply)
         await sidecar.stop()
 
