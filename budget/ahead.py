@@ -341,7 +341,7 @@ class AheadSeat:
             self._config, self.planner = None, None
             return None
         seen = (self.forecast, dict(self.learned))
-        if config is not self._config or self.planner is None:
+        if config != self._config or self.planner is None:  # a reload that changed it
             self._config, self._seen = config, seen
             outlook = outlook_for(config, self.forecast, learned=self.learned)
             self.planner = AheadPlanner.from_config(config, outlook)
