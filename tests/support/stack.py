@@ -76,7 +76,16 @@ def settled(stack: LocalStack) -> dict[tuple[str, tuple[tuple[str, str], ...]], 
         routed = metric(now, "slogate_decisions_total")
         return routed == metric(now, "slogate_access_log_entries_total", kind="routed")
 
-    assert wait_for(all_logged), "a routed request never produced an access-log entry"
+    # 30 s, not the default 10: a CI machine once held the sidecar's loop 4 s waiting for a
+    # CPU, and Envoy batches entries; the wait ends as soon as the counts agree.
+    if not wait_for(all_logged, timeout_s=30.0):
+        now = scrape(stack.metrics_url)
+        seen = {
+            (name, labels): value
+            for (name, labels), value in now.items()
+            if name.startswith(("slogate_access_log", "slogate_decisions", "slogate_inflight"))
+        }
+        raise AssertionError(f"a routed request never produced an access-log entry: {seen}")
     return scrape(stack.metrics_url)
 
 

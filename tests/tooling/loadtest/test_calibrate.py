@@ -65,7 +65,10 @@ async def test_calibrating_a_simulated_pool_finds_its_model(tmp_path: Path) -> N
     truth = LatencyConfig()
     fit = measured.fit
     assert fit is not None
-    assert fit.base_latency_ms == pytest.approx(truth.base_latency_ms * scale, rel=0.2)
+    # One-sided above: a loaded machine only adds time to the pool's sleeps (a clean-clone CI
+    # once fitted 36.5 ms for 30), while a fit that missed the scale would be 5x off.
+    base_ms = truth.base_latency_ms * scale
+    assert 0.8 * base_ms <= fit.base_latency_ms <= 1.5 * base_ms, fit
     assert fit.prefill_ms_per_1k_tokens == pytest.approx(
         truth.prefill_ms_per_1k_tokens * scale, rel=0.25
     )
