@@ -172,6 +172,7 @@ class ForecastRefitter:
         self.refits = 0
         self.failures = 0
         self.last_pid: int | None = None  # the last refit's process, for the tests
+        self.tried = asyncio.Event()  # set once a refit has ended, either way
 
     def due(self, now_s: float) -> bool:
         config = self._policy().forecast
@@ -226,5 +227,6 @@ class ForecastRefitter:
                     await self.refit_once()
                 except Exception:  # never the loop's end: the next one is due in time
                     log.exception("forecast refit failed")
+                self.tried.set()
             self.export()
             await asyncio.sleep(EXPORT_INTERVAL_S)
