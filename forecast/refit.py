@@ -29,11 +29,17 @@ class RefitSettings:
     models: tuple[Model, ...] = MODELS
 
 
-def history_window(now_s: float, settings: RefitSettings) -> tuple[float, float]:
+def history_window(
+    now_s: float, settings: RefitSettings, first_s: float | None = None
+) -> tuple[float, float]:
     """[start, end): from the UTC midnight `history_days` days before today's to the last
-    whole bin before now (the daily model's weekdays count from a midnight)."""
+    whole bin before now (the daily model's weekdays count from a midnight). `first_s`: the
+    record's first request; a record younger than the history starts at its first midnight
+    (one within a bin of it counts): days before it would read as days without demand."""
     start = (math.floor(now_s / DAY_S) - settings.history_days) * DAY_S
-    end = start + math.floor((now_s - start) / settings.bin_s) * settings.bin_s
+    if first_s is not None:
+        start = max(start, math.ceil((first_s - settings.bin_s) / DAY_S) * DAY_S)
+    end = start + max(0, math.floor((now_s - start) / settings.bin_s)) * settings.bin_s
     return float(start), float(end)
 
 
@@ -55,8 +61,9 @@ def refit(
     cost_weight: Callable[[str | None], float] | Mapping[str, float] | None = None,
     problems: tuple[str, ...] = (),
 ) -> Refit:
-    start_s, end_s = history_window(now_s, settings)
     listed = list(entries)
+    first_s = min((entry.t for entry in listed), default=None)
+    start_s, end_s = history_window(now_s, settings, first_s)
     series = demand_series(
         listed, bin_s=settings.bin_s, start_s=start_s, end_s=end_s, cost_weight=cost_weight
     )

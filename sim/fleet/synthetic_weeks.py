@@ -3,8 +3,10 @@
 What lives here: `TenantShape` (what one tenant sends per minute at a time of day and week),
 `WEEKLY_TENANTS` (a bank's business hours, a school's 09:00 class ramp, a night batch
 tenant, a steady one), `synthetic_weeks` (the record's entries, drawn directly: no fleet is
-played, so three weeks take seconds) and `write_record` (those entries as a traffic record
-directory, the files `slogate serve` writes, for `slogate forecast --record` and the tests).
+played, so three weeks take seconds), `expected_tokens_per_minute` (the demand they are
+drawn around: the noise floor of any forecast's error on them) and `write_record` (those
+entries as a traffic record directory, the files `slogate serve` writes, for
+`slogate forecast --record` and the tests).
 
 The shape, in UTC: weekday business-hours peaks, low nights, quiet weekends; on weekdays
 the class's demand rises to 8x in the five minutes before 09:00 and holds the class's hour;
@@ -98,6 +100,51 @@ WEEKLY_TENANTS: tuple[TenantShape, ...] = (
 )
 
 
+MAX_TOKENS = 1024  # every request's completion limit
+_PROMPT_SIGMA = 0.6
+_COMPLETION_SIGMA = 0.5
+
+
+def _moment(minute: int, first_weekday: int, holidays: frozenset[int]) -> Moment:
+    day = minute // 1440
+    return Moment((minute % 1440 + 0.5) / 60, (first_weekday + day) % 7, day in holidays)
+
+
+def _mean_capped_lognormal(median: float, sigma: float, cap: float) -> float:
+    """E[min(X, cap)] for X lognormal with this median: E[X; X < cap] + cap P(X >= cap)."""
+    mu = math.log(median)
+
+    def below(z: float) -> float:  # the standard normal's CDF
+        return 0.5 * (1 + math.erf(z / math.sqrt(2)))
+
+    z = (math.log(cap) - mu) / sigma
+    return math.exp(mu + sigma**2 / 2) * below(z - sigma) + cap * (1 - below(z))
+
+
+def expected_tokens_per_minute(
+    shape: TenantShape,
+    bin_s: float,
+    days: int = 19,
+    start_s: float = MONDAY_S,
+    holiday_days: Sequence[int] = (9,),
+    scale: float = 1.0,
+) -> list[float]:
+    """What `synthetic_weeks` draws around, per bin: the shape's rate x a request's mean
+    tokens. No forecast can beat it but by luck: its error on the drawn demand is the
+    record's noise floor."""
+    per_request = shape.prompt_tokens * math.exp(_PROMPT_SIGMA**2 / 2) + _mean_capped_lognormal(
+        shape.completion_tokens, _COMPLETION_SIGMA, MAX_TOKENS
+    )
+    first_weekday = dt.datetime.fromtimestamp(start_s, dt.UTC).weekday()
+    holidays = frozenset(holiday_days)
+    per_bin = round(bin_s / 60)
+    minutes = [
+        shape.rate_per_minute(_moment(minute, first_weekday, holidays)) * scale * per_request
+        for minute in range(days * 1440)
+    ]
+    return [sum(minutes[i : i + per_bin]) / per_bin for i in range(0, len(minutes), per_bin)]
+
+
 def synthetic_weeks(
     seed: int,
     days: int = 19,
@@ -116,16 +163,17 @@ def synthetic_weeks(
     for shape in tenants:
         rates = np.empty(days * 1440)
         for minute in range(days * 1440):
-            day = minute // 1440
-            moment = Moment((minute % 1440 + 0.5) / 60, (first_weekday + day) % 7, day in holidays)
+            moment = _moment(minute, first_weekday, holidays)
             rates[minute] = shape.rate_per_minute(moment) * scale
         counts = rng.poisson(rates)
         total = int(counts.sum())
         minutes = np.repeat(np.arange(days * 1440), counts)
         arrivals = start_s + (minutes + rng.random(total)) * 60.0
-        prompts = np.maximum(1, rng.lognormal(math.log(shape.prompt_tokens), 0.6, total))
-        completions = np.maximum(1, rng.lognormal(math.log(shape.completion_tokens), 0.5, total))
-        max_tokens = 1024
+        prompts = np.maximum(1, rng.lognormal(math.log(shape.prompt_tokens), _PROMPT_SIGMA, total))
+        completions = np.maximum(
+            1, rng.lognormal(math.log(shape.completion_tokens), _COMPLETION_SIGMA, total)
+        )
+        max_tokens = MAX_TOKENS
         for i in range(total):
             prompt = int(prompts[i])
             entries.append(
