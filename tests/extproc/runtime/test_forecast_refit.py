@@ -13,8 +13,11 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 
+from extproc.runtime.forecast_refit import RefitFailed, refit_elsewhere
+from forecast.refit import RefitSettings
 from forecast.seasonal import DAY_S
 from sim.fleet.synthetic_weeks import WEEKLY_TENANTS, synthetic_weeks, write_record
 from tests.support.in_process import in_process
@@ -61,3 +64,10 @@ async def test_the_refit_runs_in_its_own_process_and_its_error_is_exported(
         )
         error = done.forecasts["steady"].error
         assert error is not None and error < 0.5
+
+
+async def test_a_refit_that_fails_in_its_process_says_why(tmp_path: Path) -> None:
+    # A bin of 0 s: the child divides by it; the sidecar gets its traceback.
+    settings = RefitSettings(history_days=2, bin_s=0.0, held_back_days=1)
+    with pytest.raises(RefitFailed, match="ZeroDivisionError"):
+        await refit_elsewhere(tmp_path, settings, {}, time.time())
