@@ -16,7 +16,9 @@ policy's build did: extproc.runtime.policy_build). A fresh child per refit (spaw
 forked: the sidecar's gRPC and its threads must not be copied), niced and in a session of
 its own for the same reasons as the policy builder; what comes back is the Refit, pickled
 (a few kilobytes a tenant). A refit that fails or takes longer than REFIT_TIMEOUT_S is
-counted and logged; the last forecast stays until a refit succeeds.
+counted and logged; the last forecast stays until a refit succeeds. (Spawning starts
+multiprocessing's resource tracker once: one small idle child beside the sidecar from its
+first refit on. Each `serve --workers` worker refits for itself.)
 """
 
 from __future__ import annotations
