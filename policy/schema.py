@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from policy._data_path import DataPathConfig
+from policy._forecast import ForecastConfig
 from policy._keystore import KeyStoreConfig
 from policy._telemetry import TelemetryConfig
 from policy._traffic import TrafficRecordConfig
@@ -322,6 +323,8 @@ class Policy:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     # `data_path:` one or two ext_proc messages, the Lua or native usage tap (policy._data_path).
     data_path: DataPathConfig = field(default_factory=DataPathConfig)
+    # `forecast:` each tenant's seasonal demand forecast from the traffic record (policy._forecast).
+    forecast: ForecastConfig = field(default_factory=ForecastConfig)
 
     def slo_ms(self, tier: Tier, bucket: str, tenant: str | None = None) -> float | None:
         """The P99 TTFT objective of a request: its tenant's where it sets one, else its

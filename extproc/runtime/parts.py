@@ -5,10 +5,10 @@ the engines' watch, the breaker board, the tiers' and keys' quotas), `Observers`
 records the decisions and outcomes beside Prometheus: the tracer, the decision log, the
 traffic record), `RequestPath` (the tokenizer's threads, the prompt counter, the admission
 chain, the candidate policy's judge, the Decider and the outcome recorder) and `Control`
-(the breaker and quota loops and the admin API's servicer), with `build_signals`,
-`build_observers`, `build_request_path` and `build_control`. The stores are built in
-extproc.runtime.stores, the servers in extproc.runtime.grpc_servers, the loops in
-extproc.runtime.periodic; extproc.runtime.sidecar puts them together and runs them.
+(the breaker and quota loops, the forecast's refits and the admin API's servicer), with
+`build_signals`, `build_observers`, `build_request_path` and `build_control`. The stores
+are built in extproc.runtime.stores, the servers in extproc.runtime.grpc_servers, the loops
+in extproc.runtime.periodic; extproc.runtime.sidecar puts them together and runs them.
 
 What must not happen here: a business rule. A builder connects what the owning modules
 made; a formula or a choice of the policy's lives with the concept it belongs to.
@@ -40,6 +40,7 @@ from extproc.request.tokens.prompt import PromptCounter
 from extproc.runtime.candidate_holder import CandidateHolder
 from extproc.runtime.engine_watch import EngineWatch, watch_engines
 from extproc.runtime.events import MetricsEvents
+from extproc.runtime.forecast_refit import ForecastHolder, ForecastRefitter
 from extproc.runtime.gpu import GpuMemory
 from extproc.runtime.key_store import KeyStore
 from extproc.runtime.loop_lag import LoopLagCollector
@@ -53,6 +54,7 @@ from extproc.service.admin import AdminService
 from extproc.service.candidate_metrics import CandidateMetrics
 from extproc.service.decision_log import DECISION_FILES, DecisionLog
 from extproc.service.engine_metrics import EngineCollector
+from extproc.service.forecast_metrics import ForecastMetrics
 from extproc.service.genai_metrics import GenAiMetrics
 from extproc.service.known_series import held_by_pool, policy_series, start_series, waiting_by_pool
 from extproc.service.metrics import SidecarMetrics
@@ -74,6 +76,9 @@ class Signals:
     board: BreakerBoard
     quotas: TierMultipliers
     key_quotas: KeyQuotas
+    # Each tenant's seasonal demand forecast (forecast.outlook.Outlook), refitted from the
+    # traffic record by Control.forecast; answers None until the first refit.
+    outlook: ForecastHolder
 
 
 def build_signals(
@@ -100,7 +105,7 @@ def build_signals(
         engines_up=fleet.up_fraction,
     )
     key_quotas = KeyQuotas(initial.breaker.controller_interval_s)
-    return Signals(windows, gpu, watch, board, TierMultipliers(), key_quotas)
+    return Signals(windows, gpu, watch, board, TierMultipliers(), key_quotas, ForecastHolder())
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +270,7 @@ class Control:
     breaker_loop: BreakerLoop
     quota_loop: QuotaLoop
     admin: AdminService
+    forecast: ForecastRefitter  # refits Signals.outlook on the policy's schedule
 
 
 def build_control(
@@ -275,6 +281,7 @@ def build_control(
     stores: Stores,
     path: RequestPath,
     clock: Callable[[], float],
+    wall_clock: Callable[[], float],
     siblings: Siblings | None,
 ) -> Control:
     watch = signals.engine_watch
@@ -306,7 +313,8 @@ def build_control(
         fleet=watch.fleet,
     )
     breaker_loop.on_transition = admin.note_transition
-    return Control(breaker_loop, quota_loop, admin)
+    forecast = ForecastRefitter(policy, signals.outlook, ForecastMetrics(metrics), wall_clock)
+    return Control(breaker_loop, quota_loop, admin, forecast)
 
 
 def _new_future() -> asyncio.Future[None]:
