@@ -120,8 +120,13 @@ RESPONSE_METADATA_HEADERS = (
 ACCESS_LOG_NAME = "slogate"
 # Access-log custom tags, by name, and the Envoy formatter that fills each.
 ACCESS_LOG_TAGS: dict[str, str] = {
-    # First upstream body byte = first token of a stream: TTFT as the pool delivered it.
+    # The first upstream body byte, from the request's start: the whole answer of a JSON
+    # body, but not the first token of every stream (a Responses stream opens with events
+    # sent before any token)...
     "ttft_ms": "%COMMON_DURATION(DS_RX_BEG:US_RX_BODY_BEG:ms)%",
+    # ... so the usage tap adds how long after that byte a stream's first output event came
+    # (usage_tap.lua): TTFT = ttft_ms + first_output_delay_ms, for every API.
+    "first_output_delay_ms": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:first_output_delay_ms)%",
     "prompt_tokens": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:prompt_tokens)%",
     "completion_tokens": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:completion_tokens)%",
     # SSE events the stream sent (usage_tap.lua): what a stream cut before its usage is
