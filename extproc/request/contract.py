@@ -191,9 +191,11 @@ ENVOY_PIECES: tuple[EnvoyPiece, ...] = (
         "JSON bodies under 1 MB and the Lua for the rest)",
         f"HTTP filter `{USAGE_TAP_FILTER}`, after ext_proc, before the router",
         f"reads `usage` out of JSON and SSE responses into metadata `{USAGE_NAMESPACE}`, "
-        "counts stream events, drops the usage event a client did not ask for",
+        "counts stream events, times each stream's first output event, drops the usage "
+        "event a client did not ask for",
         "reservations settle at their reserved size, never at the tokens used; streamed "
-        "clients see a usage event they did not ask for",
+        "clients see a usage event they did not ask for; TTFT is the first byte's (~0 for "
+        "a Responses stream)",
     ),
     EnvoyPiece(
         "gRPC access log",
