@@ -216,7 +216,7 @@ class SidecarMetrics:
         )
         self.ttft_seconds = histogram(
             "slogate_upstream_ttft_seconds",
-            "Time to the first upstream response body byte (first token when streaming).",
+            "Time to the first token: a stream's first output event, a JSON answer's first byte.",
             ["pool", "bucket", "tier"],
             _LATENCY_BUCKETS_S,
         )
