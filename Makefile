@@ -83,7 +83,10 @@ TIMING_TESTS ?= \
 	tests/e2e/test_hostile.py::test_32_concurrent_crafted_prompts_do_not_move_the_critical_p99 \
 	tests/sim/server/test_pool.py tests/e2e/test_latency_signal.py tests/e2e/test_engine_latency.py \
 	tests/e2e/test_waiting_room.py tests/extproc/runtime/test_sidecar.py \
-	tests/extproc/runtime/test_engine_watch.py tests/e2e/test_supervision.py
+	tests/extproc/runtime/test_engine_watch.py tests/e2e/test_supervision.py \
+	tests/e2e/test_vllm.py::test_each_api_s_ttft_is_vllm_s_time_to_its_first_token \
+	tests/e2e/test_usage_tap.py::test_every_api_s_stream_is_timed_at_its_first_output_event \
+	tests/e2e/test_endpoint_picker.py::test_a_responses_stream_is_timed_at_its_first_output_event
 test-under-load: $(VLLM_STAMP)
 	$(PYTHON) -c "while True: pass" & busy=$$!; trap "kill $$busy" EXIT; failed=0; \
 	for round in $$(seq $(ROUNDS)); do \

@@ -32,6 +32,15 @@
 -- When the sidecar added `stream_options.include_usage` itself (metadata strip_usage), the
 -- client never asked for the usage chunk: it is read here, then cut out of the stream, so
 -- clients written against the plain OpenAI stream see exactly that.
+--
+-- A stream's time to first token is timed at its first output event, not at its first byte:
+-- a Responses stream sends `response.created` and `response.in_progress` as soon as it
+-- starts, before any token, so its first byte says nothing about prefill. The tap notes the
+-- time of the first body chunk and of the first event that carries output (OUTPUT_EVENTS, by
+-- the API the stream's events name) and writes the difference (`first_output_delay_ms`);
+-- the sidecar adds it to the first byte's time, which the access log measures from the
+-- request's start (Lua has no clock of the request's start, only `timestamp()`: ms, wall
+-- clock). Only streams are looked at, and only until their first output event.
 
 local TAIL_BYTES = 96
 local EVENT = "\ndata:"
@@ -45,6 +54,51 @@ local function without_usage_events(data)
     end
     return nil
   end)
+end
+
+-- The first event of a stream says its API; until it has, no output is looked for (a
+-- Responses stream's opening events echo the request's metadata, which could read as output).
+local STREAM_APIS = {
+  { api = "responses", marker = "\"type\":%s*\"response%." },
+  { api = "messages", marker = "\"type\":%s*\"message_start\"" },
+  { api = "openai", marker = "\"object\":%s*\"chat%.completion%.chunk\"" },
+  { api = "openai", marker = "\"object\":%s*\"text_completion\"" },
+}
+-- What marks an event carrying output (a token of text, reasoning or a tool call), by API.
+-- Not output: chat's opening chunk (`"role":"assistant","content":""`), the Responses API's
+-- created / in_progress / output_item.added / content_part.added, Anthropic's message_start
+-- and content_block_start (their text is empty). A bare quote is needed: JSON-escaped text
+-- (\"content\":...) cannot match.
+local OUTPUT_EVENTS = {
+  -- response.output_text.delta, .reasoning_text.delta, .function_call_arguments.delta, ...
+  responses = { "\"type\":%s*\"response%.[%w_%.]*delta\"" },
+  messages = { "\"type\":%s*\"content_block_delta\"" },
+  -- chat (content, reasoning, tool calls) and completions (text); an empty string is not
+  openai = {
+    "\"content\":%s*\"[^\"]",
+    "\"reasoning_content\":%s*\"[^\"]",
+    "\"reasoning\":%s*\"[^\"]",
+    "\"tool_calls\":%s*%[%s*{",
+    "\"text\":%s*\"[^\"]",
+  },
+}
+
+local function stream_api(data)
+  for _, known in ipairs(STREAM_APIS) do
+    if string.find(data, known.marker) ~= nil then
+      return known.api
+    end
+  end
+  return nil
+end
+
+local function carries_output(data, api)
+  for _, pattern in ipairs(OUTPUT_EVENTS[api]) do
+    if string.find(data, pattern) ~= nil then
+      return true
+    end
+  end
+  return false
 end
 
 local function count(haystack, needle)
@@ -96,7 +150,13 @@ function envoy_on_response(response_handle)
   local cache_read = nil
   local cache_written = nil
   local events = 0
+  local first_byte_ms = nil -- when the first body chunk came (ms, Envoy's wall clock)
+  local api = nil -- the stream's API, once its events named it
+  local output_seen = false
   for chunk in response_handle:bodyChunks() do
+    if first_byte_ms == nil then
+      first_byte_ms = response_handle:timestamp()
+    end
     local bytes = chunk:getBytes(0, chunk:length())
     local data = tail .. bytes
     -- Markers wholly inside the tail were counted with the previous chunk.
@@ -104,6 +164,13 @@ function envoy_on_response(response_handle)
     if new_events > 0 then
       events = events + new_events
       publish(response_handle, "stream_events", events)
+    end
+    if events > 0 and not output_seen then
+      api = api or stream_api(data)
+      if api ~= nil and carries_output(data, api) then
+        output_seen = true
+        publish(response_handle, "first_output_delay_ms", response_handle:timestamp() - first_byte_ms)
+      end
     end
     if string.find(data, "_tokens\"", 1, true) ~= nil then
       input = last_count(data, "prompt_tokens", input)

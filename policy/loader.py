@@ -37,6 +37,7 @@ from policy._fleet import (
     parse_tpot_slos,
     parse_waiting_room,
 )
+from policy._forecast import parse_forecast
 from policy._keystore import parse_key_store
 from policy._reader import PolicyError, Section, positive
 from policy._telemetry import parse_telemetry
@@ -142,6 +143,9 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
     candidate = parse_candidate(root.raw("candidate"), root.child("candidate"))
     telemetry = parse_telemetry(root.section("telemetry"))
     data_path = parse_data_path(root.section("data_path"))
+    forecast = parse_forecast(
+        root.section("forecast"), None if traffic_record is None else traffic_record.keep_days
+    )
     ahead = parse_ahead(root.raw("ahead"), root.child("ahead"))
     root.close()
 
@@ -183,6 +187,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         candidate=candidate,
         telemetry=telemetry,
         data_path=data_path,
+        forecast=forecast,
         ahead=ahead,
     )
 

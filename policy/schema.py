@@ -14,6 +14,7 @@ from enum import StrEnum
 
 from policy._ahead import AheadConfig
 from policy._data_path import DataPathConfig
+from policy._forecast import ForecastConfig
 from policy._keystore import KeyStoreConfig
 from policy._telemetry import TelemetryConfig
 from policy._traffic import TrafficRecordConfig
@@ -323,6 +324,8 @@ class Policy:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     # `data_path:` one or two ext_proc messages, the Lua or native usage tap (policy._data_path).
     data_path: DataPathConfig = field(default_factory=DataPathConfig)
+    # `forecast:` each tenant's seasonal demand forecast from the traffic record (policy._forecast).
+    forecast: ForecastConfig = field(default_factory=ForecastConfig)
     # `ahead:` the business calendar and quotas moved before a ramp (policy._ahead); None:
     # the quota controller only reacts.
     ahead: AheadConfig | None = None

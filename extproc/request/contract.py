@@ -120,8 +120,13 @@ RESPONSE_METADATA_HEADERS = (
 ACCESS_LOG_NAME = "slogate"
 # Access-log custom tags, by name, and the Envoy formatter that fills each.
 ACCESS_LOG_TAGS: dict[str, str] = {
-    # First upstream body byte = first token of a stream: TTFT as the pool delivered it.
+    # The first upstream body byte, from the request's start: the whole answer of a JSON
+    # body, but not the first token of every stream (a Responses stream opens with events
+    # sent before any token)...
     "ttft_ms": "%COMMON_DURATION(DS_RX_BEG:US_RX_BODY_BEG:ms)%",
+    # ... so the usage tap adds how long after that byte a stream's first output event came
+    # (usage_tap.lua): TTFT = ttft_ms + first_output_delay_ms, for every API.
+    "first_output_delay_ms": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:first_output_delay_ms)%",
     "prompt_tokens": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:prompt_tokens)%",
     "completion_tokens": f"%DYNAMIC_METADATA({USAGE_NAMESPACE}:completion_tokens)%",
     # SSE events the stream sent (usage_tap.lua): what a stream cut before its usage is
@@ -186,9 +191,11 @@ ENVOY_PIECES: tuple[EnvoyPiece, ...] = (
         "JSON bodies under 1 MB and the Lua for the rest)",
         f"HTTP filter `{USAGE_TAP_FILTER}`, after ext_proc, before the router",
         f"reads `usage` out of JSON and SSE responses into metadata `{USAGE_NAMESPACE}`, "
-        "counts stream events, drops the usage event a client did not ask for",
+        "counts stream events, times each stream's first output event, drops the usage "
+        "event a client did not ask for",
         "reservations settle at their reserved size, never at the tokens used; streamed "
-        "clients see a usage event they did not ask for",
+        "clients see a usage event they did not ask for; TTFT is the first byte's (~0 for "
+        "a Responses stream)",
     ),
     EnvoyPiece(
         "gRPC access log",

@@ -5,10 +5,10 @@ the engines' watch, the breaker board, the tiers' and keys' quotas), `Observers`
 records the decisions and outcomes beside Prometheus: the tracer, the decision log, the
 traffic record), `RequestPath` (the tokenizer's threads, the prompt counter, the admission
 chain, the candidate policy's judge, the Decider and the outcome recorder) and `Control`
-(the breaker and quota loops and the admin API's servicer), with `build_signals`,
-`build_observers`, `build_request_path` and `build_control`. The stores are built in
-extproc.runtime.stores, the servers in extproc.runtime.grpc_servers, the loops in
-extproc.runtime.periodic; extproc.runtime.sidecar puts them together and runs them.
+(the breaker and quota loops, the forecast's refits and the admin API's servicer), with
+`build_signals`, `build_observers`, `build_request_path` and `build_control`. The stores
+are built in extproc.runtime.stores, the servers in extproc.runtime.grpc_servers, the loops
+in extproc.runtime.periodic; extproc.runtime.sidecar puts them together and runs them.
 
 What must not happen here: a business rule. A builder connects what the owning modules
 made; a formula or a choice of the policy's lives with the concept it belongs to.
@@ -41,6 +41,7 @@ from extproc.request.tokens.prompt import PromptCounter
 from extproc.runtime.candidate_holder import CandidateHolder
 from extproc.runtime.engine_watch import EngineWatch, watch_engines
 from extproc.runtime.events import MetricsEvents
+from extproc.runtime.forecast_refit import ForecastHolder, ForecastRefitter
 from extproc.runtime.gpu import GpuMemory
 from extproc.runtime.key_store import KeyStore
 from extproc.runtime.loop_lag import LoopLagCollector
@@ -54,6 +55,7 @@ from extproc.service.admin import AdminService
 from extproc.service.candidate_metrics import CandidateMetrics
 from extproc.service.decision_log import DECISION_FILES, DecisionLog
 from extproc.service.engine_metrics import EngineCollector
+from extproc.service.forecast_metrics import ForecastMetrics
 from extproc.service.genai_metrics import GenAiMetrics
 from extproc.service.known_series import held_by_pool, policy_series, start_series, waiting_by_pool
 from extproc.service.metrics import SidecarMetrics
@@ -75,9 +77,12 @@ class Signals:
     board: BreakerBoard
     quotas: TierMultipliers
     key_quotas: KeyQuotas
+    # Each tenant's seasonal demand forecast (forecast.outlook.Outlook), refitted from the
+    # traffic record by Control.forecast; answers None until the first refit.
+    outlook: ForecastHolder
     # What admission applies: the reactive multipliers through the planner of quotas ahead
     # of ramps (budget.ahead), whose seat takes the seasonal forecast's outlook when a
-    # refit sets `ahead.forecast` (None until then: the policy's calendar alone).
+    # refit fills `outlook` (None until then: the policy's calendar alone).
     applied: dict[str, float]
     ahead: AheadSeat
 
@@ -107,7 +112,18 @@ def build_signals(
     )
     key_quotas = KeyQuotas(initial.breaker.controller_interval_s)
     quotas = TierMultipliers()
-    return Signals(windows, gpu, watch, board, quotas, key_quotas, dict(quotas.values), AheadSeat())
+    outlook = ForecastHolder()
+    return Signals(
+        windows,
+        gpu,
+        watch,
+        board,
+        quotas,
+        key_quotas,
+        outlook,
+        dict(quotas.values),
+        AheadSeat(forecast=outlook),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +288,7 @@ class Control:
     breaker_loop: BreakerLoop
     quota_loop: QuotaLoop
     admin: AdminService
+    forecast: ForecastRefitter  # refits Signals.outlook on the policy's schedule
 
 
 def build_control(
@@ -282,6 +299,7 @@ def build_control(
     stores: Stores,
     path: RequestPath,
     clock: Callable[[], float],
+    wall_clock: Callable[[], float],
     siblings: Siblings | None,
     decision_log: DecisionLog | None = None,
 ) -> Control:
@@ -319,7 +337,8 @@ def build_control(
         fleet=watch.fleet,
     )
     breaker_loop.on_transition = admin.note_transition
-    return Control(breaker_loop, quota_loop, admin)
+    forecast = ForecastRefitter(policy, signals.outlook, ForecastMetrics(metrics), wall_clock)
+    return Control(breaker_loop, quota_loop, admin, forecast)
 
 
 def _new_future() -> asyncio.Future[None]:

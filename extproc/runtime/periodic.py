@@ -100,6 +100,8 @@ async def start_loops(
         asyncio.create_task(every(breaker_interval, control.breaker_loop.tick)),
         asyncio.create_task(every(controller_interval, control_step)),
         asyncio.create_task(every(lambda: RERANK_INTERVAL_S, rerank_tenants)),
+        # The seasonal forecasts' refits, each in a process of its own (idle while off).
+        asyncio.create_task(control.forecast.run()),
     ]
     spend = path.admission.spend
     if spend is not None:  # settlements the spend store could not take yet, retried

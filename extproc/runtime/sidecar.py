@@ -134,6 +134,7 @@ class Sidecar:
             stores=self.stores,
             path=self.path,
             clock=self.clock,
+            wall_clock=self._wall_clock,
             siblings=self.siblings,
             decision_log=self.observers.decision_log,
         )

@@ -59,6 +59,21 @@ def _tag_ms(tags: Mapping[str, str], name: str) -> float | None:
     return None if value is None else value / 1000.0
 
 
+def _time_to_first_token_s(tags: Mapping[str, str], duration_s: float) -> float | None:
+    """To a stream's first output event where the usage tap saw one (the first body byte
+    plus the tap's delay after it: a Responses stream's first bytes come before any token),
+    else to the first body byte (a JSON body's first byte is its whole answer; a stream
+    that sent no output, or an Envoy whose tap does not time it, keeps the old reading)."""
+    first_byte_s = _tag_ms(tags, "ttft_ms")
+    delay_s = _tag_ms(tags, "first_output_delay_ms")
+    if first_byte_s is None or delay_s is None:
+        return first_byte_s
+    # Two clocks (Envoy's monotonic one for the byte, the tap's wall clock in ms): their sum
+    # may pass the request's end by a millisecond, which would make TPOT negative.
+    ttft_s = first_byte_s + delay_s
+    return min(ttft_s, duration_s) if duration_s > 0 else ttft_s
+
+
 def _prompt_in_parts(tags: Mapping[str, str]) -> int | None:
     """The native tap's prompt (tooling.render.envoy_config.usage_tap): `input_tokens` plus the
     prompt cache Anthropic leaves out of it (the Lua tap writes the sum as prompt_tokens)."""
@@ -117,7 +132,7 @@ def outcome_from_entry(
         status=entry.response.response_code.value,
         prompt_tokens=prompt,
         completion_tokens=completion,
-        ttft_s=_tag_ms(tags, "ttft_ms"),
+        ttft_s=_time_to_first_token_s(tags, duration_s),
         duration_s=duration_s,
         details=entry.response.response_code_details,
         stream_events=_tag_int(tags, "stream_events"),

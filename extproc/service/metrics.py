@@ -216,7 +216,7 @@ class SidecarMetrics:
         )
         self.ttft_seconds = histogram(
             "slogate_upstream_ttft_seconds",
-            "Time to the first upstream response body byte (first token when streaming).",
+            "Time to the first token: a stream's first output event, a JSON answer's first byte.",
             ["pool", "bucket", "tier"],
             _LATENCY_BUCKETS_S,
         )
@@ -372,7 +372,9 @@ class SidecarMetrics:
                 "slogate_tenant_demand_tokens_per_minute",
                 "Weighted tokens per minute a tenant's keys settled in the last controller "
                 "interval (actual) and the Holt-Winters forecast 3 intervals ahead (forecast); "
-                "keys with a tokens-per-minute limit.",
+                "keys with a tokens-per-minute limit. With `forecast.enabled`, the seasonal "
+                "forecast from the traffic record now (seasonal) and its highest bin in the "
+                "next hour (seasonal_next_hour).",
                 ["tenant", "kind"],
                 registry=r,
             ),

@@ -23,6 +23,7 @@ from admission.errors import InternalError, RequestRejected
 from admission.waiting_room import WaitNotice
 from extproc.envoypb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from extproc.request.first_output import FirstOutput
 from extproc.request.flow import RequestFlow
 from extproc.request.response_usage import ResponseUsage
 from extproc.request.verdicts import HeaderVerdict, Routed
@@ -90,7 +91,8 @@ class StreamedServicer(Protocol):
 class StreamedExchange:
     """One stream in the endpoint picker protocol's streaming mode: the request body
     gathered until its end, the headers' reply held until then, what was seen of the
-    response (status, the endpoint that served, its usage, when its first byte came)."""
+    response (status, the endpoint that served, its usage, when its first byte and its
+    first output event came)."""
 
     servicer: StreamedServicer
     response_streamed: bool  # response bodies go back as streamed_response too
@@ -102,6 +104,8 @@ class StreamedExchange:
     served: str = ""
     usage: ResponseUsage = field(default_factory=ResponseUsage)
     first_byte_s: float | None = None
+    first_output: FirstOutput = field(default_factory=FirstOutput)
+    first_output_s: float | None = None  # a stream's first output event (first_output)
     ended: bool = False
 
     def closed(self, flow: RequestFlow, _: object) -> None:
@@ -186,6 +190,8 @@ class StreamedExchange:
             chunk = request.response_body
             if self.first_byte_s is None:
                 self.first_byte_s = time.time()
+            if self.first_output.feed(chunk.body):
+                self.first_output_s = time.time()
             self.usage.feed(chunk.body)
             if chunk.end_of_stream:  # before the last reply: Envoy may close the stream
                 self.end_soon(flow, "via_upstream")
@@ -240,7 +246,10 @@ class StreamedExchange:
         if routed is None or ends is None:
             return
         now_s = time.time()
-        ttft_s = None if self.first_byte_s is None else self.first_byte_s - flow.arrived_s
+        # A stream's first token is its first output event (a Responses stream's first
+        # bytes come before any token); a JSON answer's is its first byte.
+        first_s = self.first_output_s if self.first_output_s is not None else self.first_byte_s
+        ttft_s = None if first_s is None else first_s - flow.arrived_s
         status = self.status
 
         def outcome(decision: RoutingDecision) -> RequestOutcome:

@@ -4,8 +4,8 @@ What lives here:
 - `clock` (the virtual clock), `arrivals` (Poisson and shaped arrivals, P99), `prompts` and
   `conversations` (prompt texts counted with the sidecar's counter; chats and RAG with
   shared prefixes), `workload_files` (sim/workloads/*.yaml -> a policy and arrivals),
-  `workload_fit` (a workload fitted to a traffic record), `traffic` (reading traffic
-  records back);
+  `workload_fit` (a workload fitted to a traffic record), `synthetic_weeks` (a seeded
+  traffic record of weeks of daily traffic with a weekly shape, for the forecasts);
 - `sidecar` (a simulated sidecar: the admission chain, breaker board and engine picking the
   real one runs), `engine_pool` (the fleet's engines and how Envoy reaches one),
   `fleet_requests` (a request's life in the fleet), `fleet_types` (what a run returns),

@@ -29,13 +29,13 @@ from typing import Any
 
 from admission.decision import CountKind
 from extproc.request.tokens.prompt import PromptCount, PromptCounter
+from extproc.service.traffic_read import TrafficEntry
 from policy.domain import ApiKey
 from policy.schema import Policy
 from sim.fleet.arrivals import Arrival, RecordedAnswer
 from sim.fleet.fleet_types import Served
 from sim.fleet.offline import OfflineFleet
 from sim.fleet.run_summary import summarize, within_objective
-from sim.fleet.traffic import TrafficEntry
 from sim.fleet.workload_files import Workload
 from sim.server.config import PoolConfig
 from sim.server.model import LatencyConfig

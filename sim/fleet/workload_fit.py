@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.fleet.traffic import TrafficEntry
+from extproc.service.traffic_read import TrafficEntry
 
 DAY_S = 86_400.0
 # A bin whose rate is over BURST_FACTOR x the tenant's median bin rate is part of a burst

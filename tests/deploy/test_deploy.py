@@ -19,6 +19,7 @@ from extproc.runtime.spend_metrics import SpendMetrics
 from extproc.service.candidate_metrics import CandidateMetrics
 from extproc.service.decision_log import DECISION_FILES
 from extproc.service.engine_metrics import EngineCollector
+from extproc.service.forecast_metrics import ForecastMetrics
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.record_files import dropped_counter
 from extproc.service.traffic_record import TRAFFIC_FILES
@@ -41,6 +42,7 @@ def exported_metrics() -> set[str]:
     KeyStore(KeyStoreConfig(file="keys.yaml"), None, metrics.registry)  # its own series
     SpendMetrics(metrics.registry)  # the spend step's
     CandidateMetrics(metrics.registry)  # the candidate policy's (shadow mode)
+    ForecastMetrics(metrics)  # the forecasts' refits (when they are on)
     dropped_counter(metrics.registry, TRAFFIC_FILES)  # the traffic record's (when it is on)
     dropped_counter(metrics.registry, DECISION_FILES)  # the decision log's (when it is on)
     lag = LoopLagCollector(LoopLag(time.monotonic), time.monotonic)  # the sidecar registers it

@@ -28,8 +28,11 @@ from tests.support.http import CHAT, Reply, chat_body, metric, post, scrape
 from tests.support.stack import (
     admin_status,
     example_policy,
+    fault,
+    recorded_ttft_s,
     slogate,
     start_stack,
+    time_first_output,
     wait_for,
     write_policy,
 )
@@ -315,6 +318,27 @@ def test_a_streamed_answer_passes_through_and_is_settled_on_its_usage(
     # Its end came with its stream (no access log here), its usage read from the chunks.
     after = usage_seen(gateway)
     assert after[0] > completion and after[1] == missing and after[2] == ended + 1
+
+
+def test_a_responses_stream_is_timed_at_its_first_output_event(gateway: LocalStack) -> None:
+    """Its first bytes (`response.created`, `response.in_progress`) come before the engine's
+    first token: the TTFT the sidecar records from the streamed chunks is the latter's."""
+    prefill_s = 0.3
+    client: list[float | None] = []
+
+    def send() -> None:
+        body = {"input": "time me", "max_output_tokens": 8}
+        client.append(
+            time_first_output(gateway.listen_port, "/v1/responses", body, "sk-demo-critical")[0]
+        )
+
+    fault(gateway, "default", latency_ms=prefill_s * 1000)
+    try:
+        ttft_s = recorded_ttft_s(gateway, send, "slogate_upstream_ttft_seconds", pool="default")
+    finally:
+        fault(gateway, "default")
+    (client_s,) = client
+    assert client_s is not None and prefill_s * 0.99 <= ttft_s <= client_s + 0.005
 
 
 def test_a_subset_hint_narrows_the_choice(gateway: LocalStack) -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from extproc.service.traffic_read import read_traffic
 from policy.loader import load_policy
 from sim.fleet.replay import replay
-from sim.fleet.traffic import read_traffic
 from tests.support.http import CHAT, chat_body, post
 from tests.support.stack import EXAMPLE_POLICY, start_stack, wait_for
 from tooling.stack.local import LocalStack

@@ -1,7 +1,9 @@
 """Both usage taps (`data_path.usage_tap: lua | native`) through the real Envoy and the
 simulated vLLM: every API's usage, streamed and not, reaches the sidecar and settles the
 caller's key at exactly what the engine reported; the usage event the sidecar asked for stays
-hidden; and `native` really reads the JSON bodies with Envoy's json_to_metadata."""
+hidden; `native` really reads the JSON bodies with Envoy's json_to_metadata; and every API's
+stream is timed at its first output event (a Responses stream's first bytes come before any
+token)."""
 
 from __future__ import annotations
 
@@ -16,9 +18,12 @@ from tests.e2e.test_paths import _sse_events, _usage_total, call, key_usage_1m
 from tests.support.http import chat_body, metric
 from tests.support.stack import (
     example_policy,
+    fault,
     read_stream,
+    recorded_ttft_s,
     settled,
     start_stack,
+    time_first_output,
     usage_events,
     write_policy,
 )
@@ -162,3 +167,30 @@ def test_a_usage_event_the_client_did_not_ask_for_is_read_and_hidden(tap: Tap) -
         before, "slogate_tokens_total", kind="completion"
     )
     assert completion == len(content) > 0  # the simulator sends one token per chunk
+
+
+PREFILL_S = 0.3  # the simulated engine's added time to first token (real seconds)
+
+
+@pytest.mark.parametrize("name", [name for name, case in CASES.items() if case[2]])
+def test_every_api_s_stream_is_timed_at_its_first_output_event(tap: Tap, name: str) -> None:
+    """The engine takes PREFILL_S more to its first token; a Responses stream has sent
+    `response.created` and `response.in_progress` by then (its first byte: ~0 s)."""
+    path, body, _ = CASES[name]
+    client: list[float | None] = []
+
+    def send() -> None:
+        first_output_s, events = time_first_output(tap.stack.listen_port, path, body, _key(name))
+        client.append(first_output_s)
+        assert events
+
+    fault(tap.stack, "default", latency_ms=PREFILL_S * 1000)
+    try:
+        ttft_s = recorded_ttft_s(tap.stack, send, "slogate_tenant_ttft_seconds", tenant=f"t-{name}")
+    finally:
+        fault(tap.stack, "default")
+    (client_s,) = client
+    assert client_s is not None
+    # Envoy times from the request's first byte to the first output event as it passed:
+    # within what the client saw (ms rounding aside), and never before the engine's delay.
+    assert PREFILL_S * 0.99 <= ttft_s <= client_s + 0.005, (ttft_s, client_s)

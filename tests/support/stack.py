@@ -76,7 +76,16 @@ def settled(stack: LocalStack) -> dict[tuple[str, tuple[tuple[str, str], ...]], 
         routed = metric(now, "slogate_decisions_total")
         return routed == metric(now, "slogate_access_log_entries_total", kind="routed")
 
-    assert wait_for(all_logged), "a routed request never produced an access-log entry"
+    # 30 s, not the default 10: a CI machine once held the sidecar's loop 4 s waiting for a
+    # CPU, and Envoy batches entries; the wait ends as soon as the counts agree.
+    if not wait_for(all_logged, timeout_s=30.0):
+        now = scrape(stack.metrics_url)
+        seen = {
+            (name, labels): value
+            for (name, labels), value in now.items()
+            if name.startswith(("slogate_access_log", "slogate_decisions", "slogate_inflight"))
+        }
+        raise AssertionError(f"a routed request never produced an access-log entry: {seen}")
     return scrape(stack.metrics_url)
 
 
@@ -165,6 +174,64 @@ def read_stream(
     conn.close()
     events = [e for e in buffer.decode().split("\n\n") if e.startswith("data: ")]
     return response, arrivals, events
+
+
+def is_output_event(event: dict[str, Any]) -> bool:
+    """An event that carries a token of output, by each API's own shape (read here from the
+    decoded JSON, apart from the sidecar's and the tap's byte patterns): a chat delta with
+    text, reasoning or a tool call; completions' text; a Responses `response.*delta`;
+    Anthropic's `content_block_delta`."""
+    kind = str(event.get("type", ""))
+    if kind.startswith("response.") or kind.startswith(("message_", "content_block_")):
+        return kind.endswith("delta") and kind != "message_delta"
+    for choice in event.get("choices") or []:
+        delta = choice.get("delta") or {}
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if choice.get("text") or delta.get("content") or reasoning or delta.get("tool_calls"):
+            return True
+    return False
+
+
+def time_first_output(
+    port: int, path: str, body: dict[str, Any], key: str
+) -> tuple[float | None, list[dict[str, Any]]]:
+    """Stream `body` to `path`: the seconds from sending it to its first output event as
+    the client read it (None: none came), and its decoded events."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    started = time.monotonic()
+    conn.request("POST", path, body=json.dumps({**body, "stream": True}), headers=headers)
+    response = conn.getresponse()
+    assert response.status == 200, response.read()
+    first_output_s: float | None = None
+    events: list[dict[str, Any]] = []
+    buffer = b""
+    while chunk := response.read1(65536):
+        buffer += chunk
+        *whole, buffer = buffer.split(b"\n\n")
+        for raw in whole:
+            data = [line[6:] for line in raw.decode().split("\n") if line.startswith("data: ")]
+            if not data or data[0] == "[DONE]":
+                continue
+            events.append(json.loads(data[0]))
+            if first_output_s is None and is_output_event(events[-1]):
+                first_output_s = time.monotonic() - started
+    conn.close()
+    return first_output_s, events
+
+
+def recorded_ttft_s(
+    stack: LocalStack, send: Callable[[], object], name: str, **labels: str
+) -> float:
+    """The TTFT the sidecar recorded for the one request `send` makes: what its histogram
+    `name` (with `labels`) gained (no other request may land there meanwhile)."""
+    before = scrape(stack.metrics_url)
+    count, total = (metric(before, f"{name}_{part}", **labels) for part in ("count", "sum"))
+    send()
+    assert wait_for(lambda: metric(scrape(stack.metrics_url), f"{name}_count", **labels) > count)
+    after = scrape(stack.metrics_url)
+    assert metric(after, f"{name}_count", **labels) == count + 1
+    return metric(after, f"{name}_sum", **labels) - total
 
 
 def usage_events(events: list[str]) -> list[dict[str, object]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sim.fleet.traffic import TrafficRead
+    from extproc.service.traffic_read import TrafficRead
 
 
 class Signalled:
@@ -126,7 +126,7 @@ def add_time_window(parser: argparse.ArgumentParser) -> None:
 
 def time_window(args: argparse.Namespace) -> tuple[float | None, float | None]:
     """--from and --to in Unix seconds (None: open); ValueError when one is not a time."""
-    from sim.fleet.traffic import parse_time
+    from extproc.service.traffic_read import parse_time
 
     from_s = None if args.from_t is None else parse_time(args.from_t)
     return from_s, None if args.to_t is None else parse_time(args.to_t)
@@ -137,7 +137,7 @@ def read_record(
 ) -> TrafficRead | None:
     """The traffic record in `paths` between the two times, each problem in it printed;
     None (printed why) when no record file was found."""
-    from sim.fleet.traffic import read_traffic
+    from extproc.service.traffic_read import read_traffic
 
     read = read_traffic(paths, from_s, to_s)
     for problem in read.problems:

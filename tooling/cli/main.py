@@ -25,6 +25,7 @@ from tooling.cli import (
     calibrate,
     engine,
     envoy_config,
+    forecast,
     fuzz,
     k8s,
     loadtest,
@@ -53,6 +54,7 @@ COMMANDS = (
     simulate,  # simulate: the offline fleet
     replay,  # replay: a traffic record under a policy
     workload,  # workload fit: a workload from a record
+    forecast,  # forecast: each tenant's seasonal forecast from a record, its error
     loadtest,  # loadtest: a workload against a live stack
     preflight,  # preflight: the field's checklists, live
     calibrate,  # calibrate: endpoints' latency model

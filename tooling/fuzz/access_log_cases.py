@@ -42,7 +42,9 @@ def built_entry(draw: st.DrawFn) -> accesslog_pb2.HTTPAccessLogEntry:
     if draw(st.booleans()):
         common.time_to_last_downstream_tx_byte.seconds = draw(st.integers(-(10**6), 10**6))
     # The usage counts the response path reads, and the sidecar's own tags beside them.
-    tag_names = st.sampled_from([*USAGE_COUNT_NAMES, "ttft_ms", "stream_events"])
+    tag_names = st.sampled_from(
+        [*USAGE_COUNT_NAMES, "ttft_ms", "first_output_delay_ms", "stream_events"]
+    )
     tag_values = (
         st.sampled_from(
             ["-", "0", "7", "-3", "1e308", "inf", "nan", "1e400", "9" * 400, "0x10", " 5 "]

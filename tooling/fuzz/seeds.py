@@ -194,6 +194,7 @@ def access_log_entry(
         common.metadata.filter_metadata[METADATA_NAMESPACE].update({TRACKING_ID_FIELD: tracking})
     tags = common.custom_tags
     tags["ttft_ms"] = "120"
+    tags["first_output_delay_ms"] = "30"
     tags["stream_events"] = "5"
     for name, value in usage.items():
         tags[name] = str(value)

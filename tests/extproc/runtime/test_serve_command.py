@@ -22,6 +22,7 @@ def test_the_forbidden_set() -> None:
     assert forbidden("tooling.stack.local") and forbidden("tooling.render.envoy_config")
     assert not forbidden("tooling.cli.simulate") and not forbidden("tooling")
     assert not forbidden("simplejson") and not forbidden("extproc.runtime.supervisor")
+    assert forbidden("statsmodels.tsa.holtwinters") and not forbidden("forecast.seasonal")
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as 
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from extproc.request.contract import POOL_HEADER, REASON_HEADER
 from extproc.runtime.sidecar import Sidecar
-from sim.fleet.traffic import read_traffic
+from extproc.service.traffic_read import read_traffic
 from tests.support.in_process import in_process
 from tests.support.stack import example_policy, write_policy
 from tooling.benchmarks.driver import SidecarDriver, _headers_message

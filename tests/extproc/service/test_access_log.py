@@ -71,6 +71,25 @@ def test_entry_becomes_outcome_of_its_decision() -> None:
     assert outcome.ttft_s == 0.12 and outcome.duration_s == 0.9 and outcome.has_usage
 
 
+@pytest.mark.parametrize(
+    ("first_byte_ms", "delay_ms", "ttft_s"),
+    [
+        ("4", "310", 0.314),  # a Responses stream: its first bytes came before any token
+        ("120", "0", 0.12),  # a chat stream: its first chunk carried output
+        ("120", "-", 0.12),  # no output event seen (a JSON answer; a tap that does not time)
+        ("120", "-3", 0.12),  # Envoy's wall clock stepped back: not believed
+        ("-", "310", None),  # no first byte, no TTFT
+        ("880", "30", 0.9),  # the sum never passes the request's end (two clocks, ms each)
+    ],
+)
+def test_ttft_is_timed_at_the_first_output_event_where_the_tap_saw_one(
+    first_byte_ms: str, delay_ms: str, ttft_s: float | None
+) -> None:
+    tags = {"ttft_ms": first_byte_ms, "first_output_delay_ms": delay_ms}
+    outcome = outcome_from_entry(DECISION, "t1", entry(tags=tags, duration_ms=900))
+    assert outcome.ttft_s == (None if ttft_s is None else pytest.approx(ttft_s))
+
+
 def test_missing_tags_mean_not_reported() -> None:
     outcome = outcome_from_entry(
         DECISION, "t1", entry(tags={"ttft_ms": "-", "completion_tokens": "x"})

@@ -16,12 +16,12 @@ import pytest
 from admission.decision import CandidateNote, CountKind, RequestOutcome, RoutingDecision
 from admission.errors import RateLimited
 from extproc.service.record_files import RecordFiles
+from extproc.service.traffic_read import CandidateVerdict, TrafficEntry, read_traffic
 from extproc.service.traffic_record import TRAFFIC_FILES, TrafficRecorder
 from policy._reader import PolicyError
 from policy.domain import ApiKey, ContextBucket, Tier
 from policy.loader import load_policy, parse_policy
 from sim.fleet.replay import replay
-from sim.fleet.traffic import CandidateVerdict, TrafficEntry, read_traffic
 from tests.support.clock import VirtualClock
 from tests.support.decisions import Seen
 from tests.support.record_writers import Drops, StuckFiles

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from sim.fleet.traffic import TrafficEntry, read_traffic
+from extproc.service.traffic_read import TrafficEntry, read_traffic
 from sim.fleet.workload_files import (
     SIMULATION_POLICY,
     WORKLOADS,

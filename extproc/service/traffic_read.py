@@ -5,7 +5,9 @@ What lives here: `TrafficEntry` (one record), `read_traffic` (files -> entries a
 problems found, as `file:line: what is wrong`) and `parse_time` (for --from / --to). A
 bad line is reported and skipped; a file whose compressed data breaks off (a crash in the
 middle of a write, a truncated copy) gives its readable prefix and one problem naming the
-line where it broke. Nothing here writes.
+line where it broke. Nothing here writes. It lives beside the writer, below the runtime, so
+that the sidecar's forecast refit (extproc.runtime.forecast_refit), the simulator's replay and
+the tools all read the record the one way.
 """
 
 from __future__ import annotations
