@@ -1,7 +1,8 @@
 """Quotas ahead of time, measured: reactive only vs with a forecast vs with the calendar vs wrong.
 
-What lives here: `ShapeOutlook` (a forecast read off a workload's own declared rates: the
-best a seasonal fit could do, standing in for it where the study says so), `week_document`
+What lives here: `fitted_week_forecast` (the seasonal fit, forecast.refit, on weeks recorded
+before the simulated one), `ShapeOutlook` (a forecast read off a workload's own declared
+rates: a perfect one, for the ramps minutes long that have no weeks of history), `week_document`
 (a week of daily traffic with a weekly shape, a day played in `DAY_S` seconds: the source
 of sim/workloads/week-daily.yaml, and of its variants with the morning ramp an hour late
 or a day whose ramp never comes), `sharp_ramp_document` (the class start in 10 s beside
@@ -17,6 +18,7 @@ import concurrent.futures
 import copy
 import dataclasses
 import datetime as dt
+import functools
 import multiprocessing
 import zoneinfo
 from collections import Counter
@@ -29,6 +31,8 @@ import numpy as np
 from budget.ahead import AheadPlanner, reason_label
 from forecast.calendar import CalendarClock, CalendarFirst, CalendarOutlook
 from forecast.outlook import Expected, Outlook
+from forecast.refit import RefitSettings, refit
+from forecast.seasonal_outlook import SeasonalOutlook
 from policy._ahead import AheadConfig, CalendarEvent, Holiday
 from policy.domain import Tier
 from sim.fleet.fleet_runs import run_fleet, with_kv_admission
@@ -44,6 +48,56 @@ HOUR_S = DAY_S / 24
 WEEK_SCALE = 86_400.0 / DAY_S  # calendar seconds per simulated second
 MORNING_H = (8.0, 11.0)  # the weekday mornings whose attainment the night's lending must keep
 NIGHT_H = (0.0, 7.0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Recorded:
+    """An arrival as the traffic record would have it (forecast.demand.RecordedRequest)."""
+
+    t: float
+    tenant: str | None
+    prompt: int | None
+    max_tokens: int
+    bucket: str | None = None
+    n: int = 1
+    usage_prompt: int | None = None
+    usage_completion: int | None = None
+
+
+PRIOR_WEEKS = 3
+
+
+@functools.lru_cache(maxsize=1)
+def fitted_week_forecast(seed: int = 11) -> SeasonalOutlook:
+    """The seasonal forecast (forecast.refit: Holt-Winters weekly / daily x weekday vs seasonal
+    naive, the best per tenant on the held-back week) fitted on PRIOR_WEEKS weeks of the
+    usual week (`week_document`, other seeds) recorded before the simulated one, in calendar
+    time: what `slogate serve` would have refitted at the week's start."""
+    entries: list[_Recorded] = []
+    for back in range(1, PRIOR_WEEKS + 1):
+        week = workload_from(week_document(), SIMULATION_POLICY, seed * 100 + back, source="prior")
+        start_s = WEEK_ORIGIN - back * 7 * 86_400.0
+        entries += [
+            _Recorded(start_s + a.at_s * WEEK_SCALE, a.key.tenant, a.prompt_tokens, a.max_tokens)
+            for a in week.arrivals
+        ]
+    # Hourly bins: a day played in 6 min puts a few requests in a 5-minute bin, and their
+    # noise read as ramps (a quiet tenant's 1 request against 3: "3x").
+    settings = RefitSettings(
+        history_days=7 * PRIOR_WEEKS, bin_s=3600.0, held_back_days=7, ahead_s=8 * 86_400.0
+    )
+    return SeasonalOutlook(refit(entries, WEEK_ORIGIN, settings).forecasts)
+
+
+class OnCalendarClock:
+    """An outlook on Unix seconds asked in the simulator's: its clock mapped to the calendar's."""
+
+    def __init__(self, outlook: Outlook, clock: CalendarClock) -> None:
+        self.outlook = outlook
+        self.clock = clock
+
+    def expected(self, tenant: str, now_s: float, at_s: float) -> Expected | None:
+        return self.outlook.expected(tenant, self.clock.unix(now_s), self.clock.unix(at_s))
 
 
 class ShapeOutlook:
@@ -185,9 +239,11 @@ RAMP_CALENDAR = AheadConfig(
         ),
     ),
 )
+# A grace of an hour: the fitted forecast's bins are an hour long, so it expects the 08:30
+# ramp from 07:00 (the 08:00 bin holds half of it), up to an hour before it comes.
 WEEK_CALENDAR = AheadConfig(
     lead_min=60.0,
-    grace_min=30.0,
+    grace_min=60.0,
     timezone=ZONE,
     events=(
         CalendarEvent(
@@ -368,7 +424,11 @@ def _planner(arm: Arm, fitted: dict[str, Any]) -> AheadPlanner | None:
     config = dataclasses.replace(calendar_config, lend=arm.lend)
     if arm.outlook == "forecast+calendar":
         config = dataclasses.replace(config, holidays=(WEDNESDAY_OFF,))
-    forecast = ShapeOutlook(fitted)
+    # The week's forecast is the seasonal fit on weeks before it; the ramps' (minutes long,
+    # no weeks of history) the workload's declared rates, a perfect forecast.
+    forecast: Outlook = (
+        OnCalendarClock(fitted_week_forecast(), clock) if family == "week" else ShapeOutlook(fitted)
+    )
     calendar = CalendarOutlook(config, clock)
     outlooks: dict[str, Outlook] = {
         "forecast": forecast,
