@@ -7,7 +7,7 @@ the time and what it measured. It composes with the reactive controller (budget.
 TierMultipliers) and never changes it: `multipliers` takes the reactive values and
 returns what admission applies.
 
-- A raise: when the outlook expects a tenant at `rise` x or more within the lead (or now,
+- A raise: when the outlook expects a tenant at `expect` x or more within the lead (or now,
   while a declared event runs), its tier's multiplier is held at its contract (1.0: the
   reactive controller may not cut it), its keys' dynamic ceilings are lifted to their
   policy limits, and headroom is reserved for it: the sheddable tier's multiplier capped at
@@ -146,10 +146,9 @@ class AheadPlanner:
         """A ramp of `tenant` expected within the lead, or running now (a declared event)."""
         if self.outlook is None:
             return None
-        rise = self.config.rise
         for at_s in (now_s + self.lead_s, now_s):
             expected = self.outlook.expected(tenant, now_s, at_s)
-            if expected is not None and expected.multiple >= rise:
+            if expected is not None and expected.multiple >= self.config.expect:
                 return expected
         return None
 
@@ -227,7 +226,7 @@ class AheadPlanner:
         """Known not to rise within the lead (no knowledge is no promise)."""
         assert self.outlook is not None
         expected = self.outlook.expected(tenant, now_s, now_s + self.lead_s)
-        return expected is not None and expected.multiple < self.config.rise
+        return expected is not None and expected.multiple < self.config.expect
 
     def _move(
         self, held: Raise, reason: str, before: float, after: float, now_s: float

@@ -61,6 +61,7 @@ class Holiday:
 class AheadConfig:
     lead_min: float = 10.0  # how long before a ramp the budgets move
     grace_min: float = 15.0  # a raise whose ramp has not come by lead + grace is given back
+    expect: float = 2.0  # an outlook's multiple at least this within the lead: a ramp
     rise: float = 1.5  # measured demand this many times its level at the raise: it came
     # The sheddable tier's multiplier cap while a raise holds, and its KV share cap (the
     # headroom kept for the ramp). Measured (bench/results/ahead-*.md): 0.1 and 0.5 won the
@@ -82,10 +83,11 @@ def parse_ahead(raw: object, path: str) -> AheadConfig | None:
         return None
     sec = Section(raw, path)
     config = sec.config(AheadConfig, events=(), holidays=())
-    for name in ("lead_min", "grace_min", "rise", "squeeze", "reserve_kv_share", "lend"):
+    for name in ("lead_min", "grace_min", "squeeze", "reserve_kv_share", "lend"):
         positive(getattr(config, name), sec.child(name))
-    if config.rise <= 1.0:
-        raise PolicyError(f"{sec.child('rise')}: must be > 1, got {config.rise}")
+    for name in ("expect", "rise"):
+        if getattr(config, name) <= 1.0:
+            raise PolicyError(f"{sec.child(name)}: must be > 1, got {getattr(config, name)}")
     for name in ("squeeze", "reserve_kv_share"):
         if getattr(config, name) > 1.0:
             raise PolicyError(f"{sec.child(name)}: must be in (0, 1], got {getattr(config, name)}")
@@ -109,6 +111,7 @@ def parse_ahead(raw: object, path: str) -> AheadConfig | None:
     return AheadConfig(
         config.lead_min,
         config.grace_min,
+        config.expect,
         config.rise,
         config.squeeze,
         config.reserve_kv_share,

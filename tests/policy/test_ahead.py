@@ -67,6 +67,7 @@ def test_the_calendar_is_read_in_its_time_zone() -> None:
         ({"leed_min": 5}, "ahead.leed_min: unknown field"),
         ({"squeeze": 1.5}, "ahead.squeeze: must be in (0, 1]"),
         ({"lend": 0.5}, "ahead.lend: must be >= 1"),
+        ({"expect": 1.0}, "ahead.expect: must be > 1"),
         ({"calendar": {"name": "x"}}, "ahead.calendar: expected a list"),
         (
             {"calendar": [{"name": "x", "tenants": ["a"], "duration_min": 5, "multiple": 2}]},
