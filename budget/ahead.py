@@ -22,8 +22,10 @@ returns what admission applies.
   within lead + grace of the raise expires ("given back: the ramp did not come") and is
   not raised again until the outlook stops expecting that ramp. So a ramp that never
   comes, or comes an hour late, costs at most lead + grace of sheddable work squeezed to
-  `squeeze` per expected ramp; the ramping and the critical tenants get no less than
-  under the reaction, and after the expiry the controller is the reactive one alone.
+  `squeeze` per expected ramp (2 x lead + grace where noise in the measured demand passed
+  for the ramp: it is given back a lead after that); the ramping and the critical tenants
+  get no less than under the reaction, and after the expiry the controller is the reactive
+  one alone.
 - Lending (the night case): with `lend` > 1, while no raise holds, the fleet is quiet
   (load score under `QUIET_SCORE`) and every non-sheddable tenant has an expectation that
   it will not rise within the lead, the sheddable tier's multiplier is the reactive one x
