@@ -37,10 +37,11 @@ FLOORS = {"sheddable": 0.1, "standard": 0.3, "critical": 0.6}
 class Adjustment:
     """One value the controller moved, and why."""
 
-    what: str  # e.g. "multiplier:sheddable", "safety:key-ab12"
+    what: str  # e.g. "multiplier:sheddable", "safety:key-ab12", "ahead:classes"
     before: float
     after: float
     inputs: dict[str, float]
+    reason: str = ""  # in words where the inputs alone do not say it ("raised by forecast")
 
 
 class HoltWinters:

@@ -23,6 +23,7 @@ from policy._access import (
     parse_tiers,
     parse_tls,
 )
+from policy._ahead import parse_ahead
 from policy._data_path import parse_data_path
 from policy._engines import parse_engines
 from policy._fleet import (
@@ -145,6 +146,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
     forecast = parse_forecast(
         root.section("forecast"), None if traffic_record is None else traffic_record.keep_days
     )
+    ahead = parse_ahead(root.raw("ahead"), root.child("ahead"))
     root.close()
 
     return Policy(
@@ -186,6 +188,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         telemetry=telemetry,
         data_path=data_path,
         forecast=forecast,
+        ahead=ahead,
     )
 
 

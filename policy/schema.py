@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from policy._ahead import AheadConfig
 from policy._data_path import DataPathConfig
 from policy._forecast import ForecastConfig
 from policy._keystore import KeyStoreConfig
@@ -325,6 +326,9 @@ class Policy:
     data_path: DataPathConfig = field(default_factory=DataPathConfig)
     # `forecast:` each tenant's seasonal demand forecast from the traffic record (policy._forecast).
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
+    # `ahead:` the business calendar and quotas moved before a ramp (policy._ahead); None:
+    # the quota controller only reacts.
+    ahead: AheadConfig | None = None
 
     def slo_ms(self, tier: Tier, bucket: str, tenant: str | None = None) -> float | None:
         """The P99 TTFT objective of a request: its tenant's where it sets one, else its

@@ -55,15 +55,18 @@ class RoomDispatcher:
         owner: str,
         wait_cap_s: float,
         live: Callable[[Pool], Pool],
+        share: Callable[[Policy, Tier], float] | None = None,
     ) -> None:
         """`offer`: the KV step's hold. `owner`: this replica in the fleet's ledger, whose
         blocked heads it publishes (the step holds as the same owner, so this replica's
         admissions never leave room free for its own heads). `wait_cap_s`: no request waits
         longer, whatever a reloaded policy says (it bounds the Retry-After too). `live`: a
-        pool as its serving engines make it."""
+        pool as its serving engines make it. `share`: a tier's KV share (the KV step's; None:
+        the policy's)."""
         self._events = events
         self._clock = clock
         self._policy = policy
+        self._share = share or (lambda policy, tier: policy.breaker.kv_shares[tier])
         self._book = book
         self._offer = offer
         self._owner = owner
@@ -104,7 +107,7 @@ class RoomDispatcher:
         policy = self._policy()
         now_s = self._clock()
         room = policy.waiting_room
-        shares = policy.breaker.kv_shares
+        share = self._share
         dispatched = 0
         for name in [pool] if pool is not None else self.room.pools():
             spec = policy.pools.get(name)
@@ -112,7 +115,7 @@ class RoomDispatcher:
             capacity = self._book.capacity(spec) or PoolCapacity(None, None)
 
             async def fits(entry: Waiting, spec: Pool = spec) -> bool:
-                held = await self._offer(entry, spec, shares[entry.tier])
+                held = await self._offer(entry, spec, share(policy, entry.tier))
                 if not held and entry.request_id not in self.room:
                     # It left (gone, timed out) while the ledger answered: give it back.
                     await self._book.release(entry.request_id)
@@ -120,7 +123,9 @@ class RoomDispatcher:
                 return not held
 
             def in_time(head: Waiting, capacity: PoolCapacity = capacity) -> bool:
-                return self._room_in_time(head, capacity, shares[head.tier], now_s, room.hold_s)
+                return self._room_in_time(
+                    head, capacity, share(policy, head.tier), now_s, room.hold_s
+                )
 
             for entry in await self.room.dispatch(
                 name, fits, now_s, room.backfill_s, room.tenant_weights, in_time

@@ -81,6 +81,9 @@ class KvStep:
         # This replica in the fleet's ledger: whose blocked heads of line others leave room
         # for (admission.kv.book).
         self.owner = uuid.uuid4().hex[:12]
+        # Caps on a tier's KV share (tier name -> share) that the quota controller sets
+        # while it reserves headroom ahead of a ramp (budget.ahead): read at each admission.
+        self.share_caps: dict[str, float] = {}
         self.dispatcher = RoomDispatcher(
             events=events,
             clock=clock,
@@ -90,7 +93,13 @@ class KvStep:
             owner=self.owner,
             wait_cap_s=wait_cap_s,
             live=self._live,
+            share=self.share,
         )
+
+    def share(self, policy: Policy, tier: Tier) -> float:
+        """The share of a pool's KV capacity `tier` may fill: the policy's, or less while
+        the controller reserves headroom for a ramp."""
+        return min(policy.breaker.kv_shares[tier], self.share_caps.get(tier.value, 1.0))
 
     def _spec(self, policy: Policy, pool: str) -> Pool | None:
         spec = policy.pools.get(pool)
@@ -116,7 +125,7 @@ class KvStep:
         if capacity is None:
             return Admitted(decision)
         tier = decision.caller.tier
-        share = policy.breaker.kv_shares[tier]
+        share = self.share(policy, tier)
         now_s = self._clock()
         service = self._service(decision, policy)
         room = self.dispatcher.room

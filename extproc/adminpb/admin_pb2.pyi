@@ -70,7 +70,7 @@ class Breaker(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., level: _Optional[int] = ..., signal_level: _Optional[int] = ..., probing: _Optional[bool] = ..., drill_level: _Optional[int] = ..., drill_remaining_s: _Optional[float] = ..., signals: _Optional[_Union[Signals, _Mapping]] = ..., last_transition: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("breakers", "budget_store", "redis_up", "policy_source", "keys", "inflight_requests", "gpu_available", "quota_multipliers", "load_score", "load_forecast", "admission", "kv_ledger", "engines")
+    __slots__ = ("breakers", "budget_store", "redis_up", "policy_source", "keys", "inflight_requests", "gpu_available", "quota_multipliers", "load_score", "load_forecast", "admission", "kv_ledger", "engines", "ahead_raises", "ahead_kv_share_caps", "ahead_lent", "ahead_expired")
     class QuotaMultipliersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,20 @@ class StatusReply(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class AheadKvShareCapsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class AheadExpiredEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     BREAKERS_FIELD_NUMBER: _ClassVar[int]
     BUDGET_STORE_FIELD_NUMBER: _ClassVar[int]
     REDIS_UP_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +105,10 @@ class StatusReply(_message.Message):
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
     KV_LEDGER_FIELD_NUMBER: _ClassVar[int]
     ENGINES_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_RAISES_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_KV_SHARE_CAPS_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_LENT_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_EXPIRED_FIELD_NUMBER: _ClassVar[int]
     breakers: _containers.RepeatedCompositeFieldContainer[Breaker]
     budget_store: str
     redis_up: bool
@@ -104,7 +122,25 @@ class StatusReply(_message.Message):
     admission: _containers.RepeatedCompositeFieldContainer[PoolAdmission]
     kv_ledger: str
     engines: _containers.RepeatedCompositeFieldContainer[EngineReading]
-    def __init__(self, breakers: _Optional[_Iterable[_Union[Breaker, _Mapping]]] = ..., budget_store: _Optional[str] = ..., redis_up: _Optional[bool] = ..., policy_source: _Optional[str] = ..., keys: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., gpu_available: _Optional[bool] = ..., quota_multipliers: _Optional[_Mapping[str, float]] = ..., load_score: _Optional[float] = ..., load_forecast: _Optional[float] = ..., admission: _Optional[_Iterable[_Union[PoolAdmission, _Mapping]]] = ..., kv_ledger: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineReading, _Mapping]]] = ...) -> None: ...
+    ahead_raises: _containers.RepeatedCompositeFieldContainer[AheadRaise]
+    ahead_kv_share_caps: _containers.ScalarMap[str, float]
+    ahead_lent: float
+    ahead_expired: _containers.ScalarMap[str, str]
+    def __init__(self, breakers: _Optional[_Iterable[_Union[Breaker, _Mapping]]] = ..., budget_store: _Optional[str] = ..., redis_up: _Optional[bool] = ..., policy_source: _Optional[str] = ..., keys: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., gpu_available: _Optional[bool] = ..., quota_multipliers: _Optional[_Mapping[str, float]] = ..., load_score: _Optional[float] = ..., load_forecast: _Optional[float] = ..., admission: _Optional[_Iterable[_Union[PoolAdmission, _Mapping]]] = ..., kv_ledger: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineReading, _Mapping]]] = ..., ahead_raises: _Optional[_Iterable[_Union[AheadRaise, _Mapping]]] = ..., ahead_kv_share_caps: _Optional[_Mapping[str, float]] = ..., ahead_lent: _Optional[float] = ..., ahead_expired: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class AheadRaise(_message.Message):
+    __slots__ = ("tenant", "reason", "multiple", "since_s", "ramp_came")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MULTIPLE_FIELD_NUMBER: _ClassVar[int]
+    SINCE_S_FIELD_NUMBER: _ClassVar[int]
+    RAMP_CAME_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    reason: str
+    multiple: float
+    since_s: float
+    ramp_came: bool
+    def __init__(self, tenant: _Optional[str] = ..., reason: _Optional[str] = ..., multiple: _Optional[float] = ..., since_s: _Optional[float] = ..., ramp_came: _Optional[bool] = ...) -> None: ...
 
 class EngineReading(_message.Message):
     __slots__ = ("pool", "endpoint", "engine", "age_s", "kv_cache_usage", "running", "waiting", "prefix_cache_hit_rate", "first_tokens", "state", "dead_reason", "kv_capacity_tokens", "held_tokens", "held_requests", "picked", "answered", "failed")

@@ -2,10 +2,11 @@
 
 What lives here: `BreakerLoop` (evaluates the board on an interval, exports levels,
 transitions and signals to Prometheus, applies drills) and `QuotaLoop` (each controller
-interval: the fleet's load score -> tier multipliers, the KV footprint ratio learned from
-the engines, the per-key dynamic quotas; every move logged and exported). The decisions
-themselves are pure (breaker.board, budget.quotas, budget.key_quotas); this module
-runs them on the clock and tells Prometheus.
+interval: the fleet's load score -> tier multipliers, the quotas moved ahead of forecast
+or declared ramps (budget.ahead: what admission applies), the KV footprint ratio learned
+from the engines, the per-key dynamic quotas; every move logged and exported). The
+decisions themselves are pure (breaker.board, budget.quotas, budget.ahead,
+budget.key_quotas); this module runs them on the clock and tells Prometheus.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from collections.abc import Callable
 from admission.kv.step import KvStep
 from breaker.board import BreakerBoard
 from breaker.levels import BreakerLevel, Transition
+from budget.ahead import AheadSeat, reason_label
 from budget.key_quotas import KeyQuotas
-from budget.quotas import TierMultipliers
+from budget.quotas import Adjustment, TierMultipliers
 from extproc.service.metrics import SidecarMetrics
 from policy.domain import ApiKey
 from policy.schema import Policy
@@ -99,9 +101,17 @@ class QuotaLoop:
         kv: KvStep,
         kv_cache_usage: Callable[[str], float | None] | None,
         metrics: SidecarMetrics,
+        applied: dict[str, float] | None = None,
+        ahead: AheadSeat | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        on_ahead_move: Callable[[str, str, float, float], None] | None = None,
     ) -> None:
         """`kv_cache_usage(pool)`: the engines' KV usage the footprint ratio is learned
-        from (None: engine metrics are not scraped)."""
+        from (None: engine metrics are not scraped). `applied`: the tier multipliers
+        admission reads (the reactive ones through the planner; None: the reactive ones
+        are read directly); `ahead`: the planner's seat (budget.ahead), stepped on
+        `wall_clock`, the clock the business calendar is on; `on_ahead_move(what, reason,
+        before, after)`: told of each of its moves (the decision log's)."""
         self._policy = policy
         self._board = board
         self._quotas = quotas
@@ -109,6 +119,10 @@ class QuotaLoop:
         self._kv = kv
         self._kv_cache_usage = kv_cache_usage
         self._metrics = metrics
+        self._applied = applied
+        self._ahead = ahead
+        self._wall_clock = wall_clock
+        self._on_ahead_move = on_ahead_move
         for tier, value in quotas.values.items():
             metrics.quota_multiplier(tier).set(value)
 
@@ -130,7 +144,9 @@ class QuotaLoop:
             )
             self._metrics.quota_adjustments(tier, direction).inc()
             self._metrics.quota_multiplier(tier).set(adjustment.after)
-        await self._step_keys(list(policy.keys.values()), memory_usage)
+        consumed = self._key_quotas.take_consumed()
+        self._step_ahead(policy, consumed, score)
+        await self._step_keys(list(policy.keys.values()), memory_usage, consumed)
         lowest = self._key_quotas.lowest_safety_factor()
         if lowest is not None:
             self._metrics.safety_factor.set(lowest)
@@ -140,12 +156,57 @@ class QuotaLoop:
             if forecast is not None:
                 self._metrics.load_score("forecast").set(forecast)
 
-    async def _step_keys(self, keys: list[ApiKey], memory_usage: float | None) -> None:
+    def _step_ahead(self, policy: Policy, consumed: dict[str, float], score: float | None) -> None:
+        """The planner's interval: each tenant's demand (the weighted tokens its keys
+        settled), its moves logged and counted, and what admission applies written."""
+        planner = None if self._ahead is None else self._ahead.current(policy.ahead)
+        if planner is None:
+            if self._applied is not None:
+                self._applied.update(self._quotas.values)
+                self._kv.share_caps.clear()
+            return
+        tiers: dict[str, str] = {}
+        demand: dict[str, float] = {}
+        counted: set[str] = set()
+        for key in policy.keys.values():
+            tiers.setdefault(key.tenant, key.tier.value)
+            if key.budget_id not in counted:
+                counted.add(key.budget_id)
+                demand[key.tenant] = demand.get(key.tenant, 0.0) + consumed.get(key.budget_id, 0.0)
+        for move in planner.step(self._wall_clock(), tiers, demand, score):
+            self._note_ahead(move)
+        if self._applied is not None:
+            planner.apply(self._quotas.values, self._applied, self._kv.share_caps)
+        self._metrics.quota_ahead_raised.set(len(planner.raises))
+        self._metrics.quota_ahead_lent.set(planner.config.lend if planner.lending else 1.0)
+        for tier in ("sheddable", "standard"):
+            self._metrics.quota_ahead_kv_share(tier).set(self._kv.share_caps.get(tier, 1.0))
+
+    def _note_ahead(self, move: Adjustment) -> None:
+        log.info(
+            "quota ahead %s: %s (%.2f -> %.2f; %s)",
+            move.what.split(":", 1)[1],
+            move.reason,
+            move.before,
+            move.after,
+            ", ".join(f"{k} {v:.2f}" for k, v in sorted(move.inputs.items())),
+        )
+        self._metrics.quota_ahead_moves(reason_label(move.reason)).inc()
+        if self._on_ahead_move is not None:
+            self._on_ahead_move(move.what, move.reason, move.before, move.after)
+
+    async def _step_keys(
+        self,
+        keys: list[ApiKey],
+        memory_usage: float | None,
+        consumed: dict[str, float] | None = None,
+    ) -> None:
         """Every key's budget, in slices with the loop's other work between them: ten
         thousand keys took 80-280 ms in one go, and every request waited behind it (the
         only >20 ms answers of a 10,000-key policy, measured every 5 s). A tenant's demand
-        is the sum of its keys'."""
-        consumed = self._key_quotas.take_consumed()
+        is the sum of its keys'. `consumed`: the interval's, already taken (None: take it)."""
+        if consumed is None:
+            consumed = self._key_quotas.take_consumed()
         stepped: set[str] = set()
         counted: set[str] = set()
         demand: dict[str, tuple[float, float | None]] = {}

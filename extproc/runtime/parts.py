@@ -27,6 +27,7 @@ from admission.assembly import AssembledChain, build_admission, expiry_s
 from admission.chain import OutcomeSink
 from breaker.board import BreakerBoard
 from breaker.latency import ResponseWindows
+from budget.ahead import AheadCeilings, AheadSeat
 from budget.key_quotas import KeyQuotas
 from budget.prefixed_store import PrefixedStore
 from budget.quotas import TierMultipliers
@@ -79,6 +80,11 @@ class Signals:
     # Each tenant's seasonal demand forecast (forecast.outlook.Outlook), refitted from the
     # traffic record by Control.forecast; answers None until the first refit.
     outlook: ForecastHolder
+    # What admission applies: the reactive multipliers through the planner of quotas ahead
+    # of ramps (budget.ahead), whose seat takes the seasonal forecast's outlook when a
+    # refit fills `outlook` (None until then: the policy's calendar alone).
+    applied: dict[str, float]
+    ahead: AheadSeat
 
 
 def build_signals(
@@ -105,7 +111,19 @@ def build_signals(
         engines_up=fleet.up_fraction,
     )
     key_quotas = KeyQuotas(initial.breaker.controller_interval_s)
-    return Signals(windows, gpu, watch, board, TierMultipliers(), key_quotas, ForecastHolder())
+    quotas = TierMultipliers()
+    outlook = ForecastHolder()
+    return Signals(
+        windows,
+        gpu,
+        watch,
+        board,
+        quotas,
+        key_quotas,
+        outlook,
+        dict(quotas.values),
+        AheadSeat(forecast=outlook),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,8 +207,8 @@ def build_request_path(
         events=MetricsEvents(metrics, signals.key_quotas),
         clock=clock,
         ttl_s=ttl_s,
-        multipliers=signals.quotas.values,
-        ceilings=signals.key_quotas,
+        multipliers=signals.applied,
+        ceilings=AheadCeilings(signals.key_quotas, lambda: signals.ahead.planner),
         rng=rng,
         policy=policy,
         new_waiter=_new_future,
@@ -283,6 +301,7 @@ def build_control(
     clock: Callable[[], float],
     wall_clock: Callable[[], float],
     siblings: Siblings | None,
+    decision_log: DecisionLog | None = None,
 ) -> Control:
     watch = signals.engine_watch
     breaker_loop = BreakerLoop(signals.board, metrics)
@@ -295,6 +314,9 @@ def build_control(
         # The footprint ratio is learned from the engines' KV usage, when it is scraped.
         kv_cache_usage=watch.fleet.fresh_kv_usage if watch.scraper else None,
         metrics=metrics,
+        applied=signals.applied,
+        ahead=signals.ahead,
+        on_ahead_move=None if decision_log is None else decision_log.quota_moved,
     )
     admin = AdminService(
         policy=policy,
@@ -304,6 +326,8 @@ def build_control(
         gpu=signals.gpu,
         quotas=signals.quotas,
         key_quotas=signals.key_quotas,
+        applied=signals.applied,
+        ahead=signals.ahead,
         book=path.admission.kv.book,
         room=path.admission.kv.dispatcher.room,
         clock=clock,

@@ -136,6 +136,7 @@ class Sidecar:
             clock=self.clock,
             wall_clock=self._wall_clock,
             siblings=self.siblings,
+            decision_log=self.observers.decision_log,
         )
         self._exact_executor = executor
         self._exact_tokenizer = exact_tokenizer

@@ -12,7 +12,7 @@ extproc.service.admin_client.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sized
+from collections.abc import Callable, Mapping, Sized
 from typing import Protocol
 
 import grpc
@@ -22,6 +22,7 @@ from admission.waiting_room import WaitingRoom
 from breaker.board import BreakerBoard
 from breaker.engine import EngineReadings
 from breaker.levels import BreakerLevel, Transition
+from budget.ahead import AheadSeat
 from budget.failover import FailoverStore
 from budget.key_quotas import KeyQuotas
 from budget.quotas import TierMultipliers
@@ -73,6 +74,8 @@ class AdminService(pb_grpc.AdminServicer):
         quotas: TierMultipliers,
         key_quotas: KeyQuotas,
         book: KvBook,
+        applied: Mapping[str, float] | None = None,
+        ahead: AheadSeat | None = None,
         room: WaitingRoom,
         clock: Callable[[], float],
         on_drill: Callable[[], None],
@@ -83,7 +86,9 @@ class AdminService(pb_grpc.AdminServicer):
         """`siblings`: the other workers of `slogate serve --workers N`, told of every drill,
         drain and reload made here (None: this process alone). `engines`: the scraped
         engine metrics (None: scraping is off); `fleet`: the pools' engines and their
-        state."""
+        state. `applied`: the multipliers admission applies (the reactive ones through the
+        planner of quotas ahead of ramps; None: the reactive ones); `ahead`: that planner's
+        seat (budget.ahead)."""
         self._siblings = siblings
         self._arguments = dict(
             policy=policy,
@@ -93,6 +98,8 @@ class AdminService(pb_grpc.AdminServicer):
             gpu=gpu,
             quotas=quotas,
             key_quotas=key_quotas,
+            applied=applied,
+            ahead=ahead,
             book=book,
             room=room,
             clock=clock,
@@ -109,6 +116,8 @@ class AdminService(pb_grpc.AdminServicer):
         self._gpu = gpu
         self._quotas = quotas
         self._key_quotas = key_quotas
+        self._applied = applied
+        self._ahead = ahead
         self._book = book
         self._room = room
         self._clock = clock
@@ -140,7 +149,10 @@ class AdminService(pb_grpc.AdminServicer):
             gpu_available=self._gpu.available,
             kv_ledger=_ledger_label(self._book),
         )
-        reply.quota_multipliers.update(self._quotas.values)
+        reply.quota_multipliers.update(
+            self._applied if self._applied is not None else self._quotas.values
+        )
+        self._add_ahead(reply)
         forecaster = self._quotas.forecaster
         if forecaster.level is not None:
             reply.load_score = forecaster.level
@@ -189,6 +201,24 @@ class AdminService(pb_grpc.AdminServicer):
             held.oldest_wait_s = self._room.oldest_wait_s(name, self._clock())
         self._add_engines(reply, policy)
         return reply
+
+    def _add_ahead(self, reply: pb.StatusReply) -> None:
+        """What the quotas ahead of ramps hold now, each raise with its reason."""
+        planner = None if self._ahead is None else self._ahead.planner
+        if planner is None:
+            return
+        for tenant, held in sorted(planner.raises.items()):
+            reply.ahead_raises.add(
+                tenant=tenant,
+                reason=held.reason,
+                multiple=held.multiple,
+                since_s=held.since_s,
+                ramp_came=held.came,
+            )
+        reply.ahead_kv_share_caps.update(planner.kv_share_caps())
+        if planner.lending:
+            reply.ahead_lent = planner.config.lend
+        reply.ahead_expired.update(planner.expired)
 
     def _add_engines(self, reply: pb.StatusReply, policy: Policy) -> None:
         if self._fleet is None:

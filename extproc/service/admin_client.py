@@ -103,6 +103,23 @@ def _number(message: Any, field: str, fmt: str = "{:.3g}") -> str:
     return fmt.format(getattr(message, field)) if message.HasField(field) else "-"
 
 
+def _ahead_lines(reply: pb.StatusReply) -> str:
+    """The quotas moved ahead of ramps: each raise and why, the reservation, the lending."""
+    lines = [
+        f"\nahead: {r.tenant} {r.reason} (x{r.multiple:g}, "
+        f"{'ramp came' if r.ramp_came else 'waiting for the ramp'})"
+        for r in reply.ahead_raises
+    ]
+    if reply.ahead_kv_share_caps:
+        caps = ", ".join(f"{t} {v:.2f}" for t, v in sorted(reply.ahead_kv_share_caps.items()))
+        lines.append(f"\nahead: KV reserved, share caps {caps}")
+    if reply.HasField("ahead_lent"):
+        lines.append(f"\nahead: idle hours lent to sheddable (x{reply.ahead_lent:g})")
+    for tenant, source in sorted(reply.ahead_expired.items()):
+        lines.append(f"\nahead: {tenant} given back, the ramp did not come ({source})")
+    return "".join(lines)
+
+
 def status_table(reply: pb.StatusReply) -> str:
     rows = [
         (
@@ -128,6 +145,7 @@ def status_table(reply: pb.StatusReply) -> str:
         "quota multipliers: "
         + ", ".join(f"{t} {v:.2f}" for t, v in sorted(reply.quota_multipliers.items()))
         + f" (load {_number(reply, 'load_score')}, forecast {_number(reply, 'load_forecast')})"
+        + _ahead_lines(reply)
     )
     text = (
         head

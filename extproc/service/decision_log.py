@@ -1,7 +1,8 @@
 """A sampled log of decisions for incident review: JSON lines, one file per UTC day.
 
 What lives here: `DecisionLog`, a RequestObserver (extproc.service.observers): a line per
-answered request (routed, with usage and latency, or expired) and per refusal. Each line:
+answered request (routed, with usage and latency, or expired), per refusal, and per move
+of the quotas ahead of a ramp (`quota_ahead`: whose, why, before and after). Each line:
 time, request id, key id (never the key), tenant, tier, bucket, prompt estimate and how it
 was counted, decision, pool, status, usage, TTFT, duration, whether its spend budget was
 checked (a refusal names its reason: `spend_unverified` when the spend store did not
@@ -120,6 +121,19 @@ class DecisionLog:
                 "decision": "refused",
                 "reason": error.reason,
                 "status": error.status,
+            }
+        )
+
+    def quota_moved(self, what: str, reason: str, before: float, after: float) -> None:
+        """A move of the quotas ahead of a ramp (budget.ahead), each one written (a few a
+        day): `what` names the tenant (or the tier lent to), `reason` says why."""
+        self._write(
+            {
+                "decision": "quota_ahead",
+                "tenant": what.split(":", 1)[1] if ":" in what else what,
+                "reason": reason,
+                "before": before,
+                "after": after,
             }
         )
 

@@ -430,6 +430,29 @@ class SidecarMetrics:
             "Controller moves of a tier multiplier, by tier and direction (shrink, grow).",
             ["tier", "direction"],
         )
+        # Quotas ahead of time (budget.ahead): its moves by reason, and what it holds now.
+        self.quota_ahead_moves = counter(
+            "slogate_quota_ahead_moves_total",
+            "Moves of the quotas ahead of a ramp, by reason (forecast, calendar: raised; "
+            "given_back; expired: the ramp did not come within lead + grace; lent: idle "
+            "hours lent to the sheddable tier).",
+            ["reason"],
+        )
+        self.quota_ahead_raised = Gauge(
+            "slogate_quota_ahead_raised_tenants",
+            "Tenants whose budgets are raised ahead of a forecast or declared ramp now.",
+            registry=r,
+        )
+        self.quota_ahead_kv_share = gauge(
+            "slogate_quota_ahead_kv_share_cap",
+            "The KV share a tier is capped at while headroom is reserved for a ramp (1: none).",
+            ["tier"],
+        )
+        self.quota_ahead_lent = Gauge(
+            "slogate_quota_ahead_lent",
+            "The factor on the sheddable tier's multiplier while idle hours are lent (1: none).",
+            registry=r,
+        )
         self.gpu_available = Gauge(
             "slogate_gpu_available",
             "1 when NVML reports a GPU on this node; 0: GPU memory signal unavailable.",

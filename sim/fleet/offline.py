@@ -31,7 +31,9 @@ from admission.kv.book import LocalBook
 from admission.kv.dispatch import ROOM_TICK_S
 from breaker.board import BreakerBoard
 from breaker.latency import ResponseWindows
-from budget.quotas import TierMultipliers
+from budget.ahead import AheadCeilings, AheadPlanner
+from budget.key_quotas import KeyQuotas
+from budget.quotas import Adjustment, TierMultipliers
 from budget.store import InProcessStore
 from engines.kv_events import EventBatch
 from extproc.request.tokens.prompt import PromptCounter
@@ -74,6 +76,8 @@ class OfflineFleet(FleetRequests):
         block_size: int | None = None,
         kv_events_delay_s: float | None = None,
         prefill_queue: bool = False,
+        ahead: AheadPlanner | None = None,
+        key_budgets: bool = False,
     ) -> None:
         """`waiting_room`: the sidecars hold requests refused only for capacity until room
         frees (False: they refuse them at once). `client_retries`: how many times a client
@@ -95,7 +99,11 @@ class OfflineFleet(FleetRequests):
         they publish nothing); `prefill_queue`: each engine prefills one prompt after
         another (a prompt's uncached tokens at the latency model's prefill cost), so that
         prefills wait for each other as on a GPU whose compute they saturate (False: each
-        request's TTFT is its own, whatever else the engine prefills)."""
+        request's TTFT is its own, whatever else the engine prefills); `ahead`: the quotas
+        moved ahead of forecast or declared ramps (budget.ahead, stepped with the controller;
+        its outlook's clock is this fleet's virtual one); `key_budgets`: the per-key dynamic
+        budgets (budget.key_quotas) fed and stepped as in the sidecar, enforced where the
+        policy says (`breaker.controller_key_budgets`), a raised tenant's lifted."""
         self.policy = policy
         self.client_retries = client_retries
         self.seed = seed
@@ -144,6 +152,17 @@ class OfflineFleet(FleetRequests):
         self.quotas = TierMultipliers()
         if fixed_multipliers is not None:  # a static quota: set once, never stepped
             self.quotas.values.update(fixed_multipliers)
+        # What admission applies: the reactive multipliers, through the planner when there
+        # is one (as in the sidecar's QuotaLoop); each tenant's demand asked per interval.
+        self.ahead = ahead
+        self.applied: dict[str, float] = dict(self.quotas.values)
+        self.ahead_moves: list[Adjustment] = []
+        self._asked: dict[str, float] = {}
+        interval_s = policy.breaker.controller_interval_s
+        self.key_quotas = KeyQuotas(interval_s) if key_budgets else None
+        ceilings = (
+            None if self.key_quotas is None else AheadCeilings(self.key_quotas, lambda: self.ahead)
+        )
         # The sidecar replicas: each request goes through one, drawn with the split's
         # weights (uneven load balancing across Envoys). Budgets are one shared store (Redis
         # shares them exactly), and so is the KV ledger unless told otherwise: Redis answers
@@ -171,11 +190,13 @@ class OfflineFleet(FleetRequests):
                 store,
                 counter,
                 self.clock,
-                self.quotas.values,
+                self.applied,
                 random.Random(seed * 100 + index),
                 schedule=self._schedule if waiting_room else None,
                 book=book,
                 engines={n: [e.address for e in p.engines] for n, p in self.engines.items()},
+                key_quotas=self.key_quotas,
+                ceilings=ceilings,
             )
             for index in range(len(self.sidecar_split))
         ]
@@ -286,6 +307,10 @@ class OfflineFleet(FleetRequests):
         sidecar = self.sidecars[self._sidecar_index(request_id, arrival)]
         texts = arrival.texts or library(arrival.crafted).messages(arrival.counted)
         self._attempts[request_id] = self._attempts.get(request_id, 0) + 1
+        if self._attempts[request_id] == 1:  # demand: what the tenant asks, refused or not
+            tenant = arrival.key.tenant
+            asked = arrival.prompt_tokens + arrival.max_tokens
+            self._asked[tenant] = self._asked.get(tenant, 0.0) + asked
         self._attempt_at[request_id] = self.clock.now_s
         request = chat(
             texts,
@@ -336,14 +361,14 @@ class OfflineFleet(FleetRequests):
                 kv_usage={n: p.usage_perc() for n, p in self.engines.items()},
                 waiting={n: p.num_waiting for n, p in self.engines.items()},
                 levels={n: int(self.board.level(n)) for n in self.engines},
-                multipliers=dict(self.quotas.values),
+                multipliers=dict(self.applied),
                 score=self._last_score,
             )
         )
 
     def _control(self) -> None:
         """One controller interval, from the same inputs the sidecar uses (board.fleet_load)."""
-        score, _ = self.board.fleet_load()
+        score, memory_usage = self.board.fleet_load()
         for sidecar in self.sidecars:  # every sidecar scrapes the same engines
             run_now(
                 sidecar.admission.kv.observe(
@@ -351,8 +376,24 @@ class OfflineFleet(FleetRequests):
                 )
             )
         self._last_score = score
-        if self.quotas.step(score):
-            self.multiplier_history.append((self.clock.now_s, dict(self.quotas.values)))
+        moved = bool(self.quotas.step(score))
+        if self.ahead is not None:
+            tiers = {k.tenant: k.tier.value for k in self.policy.keys.values()}
+            steps = self.ahead.step(self.clock.now_s, tiers, self._asked, score)
+            self.ahead_moves += steps
+            moved = moved or bool(steps)
+            caps: dict[str, float] = {}
+            self.ahead.apply(self.quotas.values, self.applied, caps)
+            for sidecar in self.sidecars:
+                sidecar.admission.kv.share_caps.clear()
+                sidecar.admission.kv.share_caps.update(caps)
+        else:
+            self.applied.update(self.quotas.values)
+        self._asked = {}
+        if self.key_quotas is not None:
+            self.key_quotas.step(self.policy.keys.values(), memory_usage)
+        if moved:
+            self.multiplier_history.append((self.clock.now_s, dict(self.applied)))
 
     def _sidecar_index(self, request_id: str, arrival: Arrival) -> int:
         index = self._sidecar_of.get(request_id)

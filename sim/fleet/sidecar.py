@@ -17,11 +17,14 @@ from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from admission.assembly import AssembledChain, build_admission, expiry_s
-from admission.decision import RequestOutcome
+from admission.budget_step import KeyCeilings
+from admission.decision import RequestOutcome, RoutingDecision
 from admission.errors import RequestRejected
 from admission.events import NoEvents
 from admission.kv.book import KvBook
 from breaker.board import BreakerBoard
+from budget.key_quotas import KeyQuotas
+from budget.ledger import Charge
 from budget.store import BudgetStore
 from engines.picker import EnginePicker
 from engines.state import EngineFleet
@@ -130,6 +133,17 @@ class _NoIdentity:
         raise NotImplementedError
 
 
+class SettledToKeyQuotas(NoEvents):
+    """The one event the simulator listens to: settled tokens, into the per-key dynamic
+    budgets (as the sidecar's MetricsEvents does)."""
+
+    def __init__(self, key_quotas: KeyQuotas) -> None:
+        self._key_quotas = key_quotas
+
+    def tokens_settled(self, decision: RoutingDecision, charge: Charge) -> None:
+        self._key_quotas.observe(decision.caller.budget_id, charge.weighted_tokens)
+
+
 class SimulatedSidecar:
     def __init__(
         self,
@@ -143,12 +157,16 @@ class SimulatedSidecar:
         schedule: Callable[[Callable[[], None]], None] | None = None,
         book: KvBook | None = None,
         engines: Mapping[str, Sequence[str]] | None = None,
+        key_quotas: KeyQuotas | None = None,
+        ceilings: KeyCeilings | None = None,
     ) -> None:
         """`schedule`: how a resumed admission is put on the virtual clock's queue; None:
         no waiting room (a full pool refuses at once). `book`: the KV ledger, shared by the
         fleet's sidecars (None: this sidecar's own, against its part of each pool).
         `engines`: each pool's engine addresses: this replica's own view of them (their
-        state, what it holds on each, its prefix index) and the sidecar's picker over it."""
+        state, what it holds on each, its prefix index) and the sidecar's picker over it.
+        `key_quotas`: the per-key dynamic budgets its settlements feed; `ceilings`: what
+        its budget step caps keys at (enforced as `breaker.controller_key_budgets` says)."""
         self.policy = policy
         ttl_s = expiry_s(policy)
         self.fleet = EngineFleet(
@@ -167,10 +185,11 @@ class SimulatedSidecar:
         self.admission: AssembledChain = build_admission(
             board=board,
             store=store,
-            events=NoEvents(),
+            events=NoEvents() if key_quotas is None else SettledToKeyQuotas(key_quotas),
             clock=clock,
             ttl_s=ttl_s,
             multipliers=multipliers,
+            ceilings=ceilings,
             rng=rng,
             policy=lambda: policy,
             new_waiter=new_waiter,

@@ -60,6 +60,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "an engine killed mid-run (bench/results/simulate-engines.*)",
     )
     simulate.add_argument(
+        "--ahead",
+        action="store_true",
+        help="quotas ahead of ramps: the class-start ramp (5 min and 10 s) and a week of daily "
+        "traffic (a day in 6 min), reactive only vs with the forecast vs with the calendar "
+        "vs a wrong forecast (bench/results/ahead-*.md/json; --workload is not read)",
+    )
+    simulate.add_argument(
         "--prefix-state",
         action="store_true",
         help="llm-d's precise-prefix case scaled down: Envoy's round robin, slogate's "
@@ -78,6 +85,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         return _engines(args)
     if args.prefix_state:
         return _prefix_state(args)
+    if args.ahead:
+        return _ahead(args)
     path = workload_path(args.workload)
     if not path.exists():
         names = ", ".join(sorted(p.stem for p in WORKLOADS.glob("*.yaml")))
@@ -184,6 +193,21 @@ def _write_report(
     out.with_suffix(".md").write_text(f"# {title}\n\n{text}\n")
     print(text)
     print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0
+
+
+def _ahead(args: argparse.Namespace) -> int:
+    from sim.studies.ahead import ramp_arms, run_arms, sharp_arms, table, week_arms
+
+    studies = (
+        ("class-start-ramp", "the class-start ramp (8x over 5 min)", ramp_arms()),
+        ("class-start-sharp", "the class start in 10 s beside long reports", sharp_arms()),
+        ("week-daily", "a week of daily traffic, a day in 6 min", week_arms()),
+    )
+    for name, what, arms in studies:
+        rows = run_arms(arms, seed=args.seed, processes=os.cpu_count() or 1)
+        title = f"slogate simulate --ahead --seed {args.seed}: {what}"
+        _write_report(args, f"ahead-{name}", title, {"rows": rows}, table(rows))
     return 0
 
 
