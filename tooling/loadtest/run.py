@@ -170,6 +170,7 @@ def run_live(
         time_scale,
         workload.name,
         processes=sampler.summary() if sampler is not None else None,
+        cpu=sampler.cpu() if sampler is not None else None,
         after_drain=left,
         faults=windows,
         stalls=played.stalls,
