@@ -208,3 +208,10 @@ def test_capacity_plays_the_workload_at_each_multiple_of_its_rates() -> None:
     assert 3.0 < high["requests"] / low["requests"] < 5.0  # Poisson draws around 4x
     assert high["goodput_tokens_per_s"] > low["goodput_tokens_per_s"]
     assert capacity_table(rows).count("\n") == 3  # header, rule, two rows
+
+
+def test_a_scale_that_is_not_above_zero_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from tooling.cli.main import main
+
+    assert main(["loadtest", "--workload", "smoke", "--scale", "0"]) == 2
+    assert "--scale must be above 0" in capsys.readouterr().err
