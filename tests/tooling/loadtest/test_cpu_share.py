@@ -8,6 +8,7 @@ import pytest
 from policy.loader import parse_policy
 from tooling.loadtest.cpu_share import IDLE, OTHERS, MachineReading, cpu_shares, read_machine
 from tooling.loadtest.report import compare_table, report
+from tooling.loadtest.scrape import ProcessSampler
 from tooling.loadtest.shots import Shot
 
 
@@ -65,3 +66,23 @@ def test_the_report_says_why_a_tier_missed_and_what_each_process_got() -> None:
     text = compare_table({"protected": result, "unprotected": result})
     assert "| vllm-default | 1.20 (60%) | 1.20 (60%) |" in text
     assert "protected: critical's misses: refused 429 budget_concurrency: 1" in text
+
+
+def test_the_sampler_shares_out_each_process_from_its_first_to_its_last_sample() -> None:
+    sampler = ProcessSampler(dict)
+    # (CPU seconds, RSS MiB) per name; "sidecar" restarted with a new name half-way.
+    sampler.samples = [
+        (0.0, {"vllm": (5.0, 100.0), "sidecar": (1.0, 50.0)}),
+        (5.0, {"vllm": (8.0, 100.0), "sidecar-restart1": (0.0, 50.0)}),
+        (10.0, {"vllm": (15.0, 100.0), "sidecar-restart1": (0.5, 50.0)}),
+    ]
+    sampler.machine = [MachineReading(0.0, 0.0, 2.0), MachineReading(16.0, 20.0, 4.0)]
+    cpu = sampler.cpu()
+    assert cpu is not None and cpu["wall_s"] == 10.0
+    assert cpu["rows"]["vllm"]["cores"] == pytest.approx(1.0)
+    assert cpu["rows"]["sidecar-restart1"]["cpu_s"] == pytest.approx(0.5)
+    assert cpu["rows"]["sidecar"]["cpu_s"] == 0.0  # seen once: nothing to measure
+    # 16 s busy, 10.5 s of it ours: 5.5 s everyone else's, 4 s idle.
+    assert cpu["rows"][OTHERS]["cpu_s"] == pytest.approx(5.5)
+    assert cpu["rows"][IDLE]["cpu_s"] == pytest.approx(4.0)
+    assert cpu["load1_max"] == 4.0
