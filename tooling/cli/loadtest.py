@@ -29,6 +29,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     loadtest.add_argument("--duration-s", type=float, default=None, help="the first S seconds")
     loadtest.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="every stream's arrival rate times this (reports named <workload>-xN)",
+    )
+    loadtest.add_argument(
         "--url", default=None, help="a running stack (default: start a local one)"
     )
     loadtest.add_argument(
@@ -120,10 +126,15 @@ def run_loadtest(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"slogate loadtest: no workload {args.workload!r}", file=sys.stderr)
         return 2
-    args.workload = path.stem  # the name the reports are written under
     if args.capacity is not None:
+        args.workload = path.stem  # the name the reports are written under
         return _capacity(args, path)
-    workload = load_workload(path, SIMULATION_POLICY, seed=args.seed)
+    if args.scale <= 0:
+        print("slogate loadtest: --scale must be above 0", file=sys.stderr)
+        return 2
+    # The name the reports are written under: a file's stem, and the scale when not 1.
+    args.workload = path.stem + (f"-x{args.scale:g}" if args.scale != 1.0 else "")
+    workload = load_workload(path, SIMULATION_POLICY, seed=args.seed, scale=args.scale)
     if args.duration_s is not None:
         workload = workload.first(args.duration_s)
     # SIGTERM as Ctrl-C: run_live's `finally` stops the stack it started.

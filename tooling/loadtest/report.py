@@ -11,17 +11,67 @@ from breaker.objectives import latency_objective_s
 from policy.domain import Tier
 from policy.quantiles import quantile
 from policy.schema import Policy
-from tooling.loadtest.shots import Shot
+from tooling.loadtest.cpu_share import IDLE, OTHERS
+from tooling.loadtest.shots import GENERATOR_STALL_S, Shot
+
+
+def _objective_s(policy: Policy, shot: Shot) -> float | None:
+    bucket = policy.bucket_for(shot.prompt_tokens + shot.max_tokens).name
+    return latency_objective_s(
+        policy, Tier(shot.tier), bucket, shot.stream, shot.completion_tokens, shot.tenant
+    )
 
 
 def _within(policy: Policy, shot: Shot, time_scale: float) -> bool:
-    bucket = policy.bucket_for(shot.prompt_tokens + shot.max_tokens).name
-    objective = latency_objective_s(
-        policy, Tier(shot.tier), bucket, shot.stream, shot.completion_tokens, shot.tenant
-    )
+    objective = _objective_s(policy, shot)
     if objective is None or shot.ttft_s is None:
         return objective is None
     return shot.ttft_s / time_scale <= objective
+
+
+def misses(shots: Sequence[Shot], policy: Policy, time_scale: float) -> dict[str, Any]:
+    """Why requests missed their objective: refused (4xx, by status and reason), failed
+    (5xx or no answer, by status and reason), or served late. For the late ones: by how much
+    (TTFT over the objective, workload seconds, median and max), where their time went
+    (median seconds to the response's headers: the generator, Envoy, the sidecar and its
+    waiting room; then to the first token: the engine's queue and prefill — vLLM sends a
+    stream's headers with its first output, so this split is a lower bound on the part
+    before the engine), and how many left late or lived through a stall of the generator."""
+    refused: dict[str, int] = {}
+    failed: dict[str, int] = {}
+    late: list[tuple[Shot, float]] = []
+    for shot in shots:
+        name = str(shot.status) + (f" {shot.reason}" if shot.reason else "")
+        if shot.status == 0 or shot.status >= 500:
+            failed[name] = failed.get(name, 0) + 1
+        elif shot.status != 200:
+            refused[name] = refused.get(name, 0) + 1
+        elif shot.ttft_s is not None and not _within(policy, shot, time_scale):
+            objective = _objective_s(policy, shot)
+            late.append((shot, shot.ttft_s / time_scale - (objective or 0.0)))
+
+    def median(values: list[float]) -> float | None:
+        return quantile(values, 0.5, empty=None)
+
+    return {
+        "refused": dict(sorted(refused.items())),
+        "failed": dict(sorted(failed.items())),
+        "late": len(late),
+        "late_over_objective_p50_s": median([over for _, over in late]),
+        "late_over_objective_max_s": max((over for _, over in late), default=None),
+        "late_to_headers_p50_s": median(
+            [s.headers_s / time_scale for s, _ in late if s.headers_s is not None]
+        ),
+        "late_headers_to_first_token_p50_s": median(
+            [
+                (s.ttft_s - s.headers_s) / time_scale
+                for s, _ in late
+                if s.headers_s is not None and s.ttft_s is not None
+            ]
+        ),
+        "late_left_late": sum(1 for s, _ in late if s.lag_s > GENERATOR_STALL_S),
+        "late_generator_held": sum(1 for s, _ in late if s.generator_held),
+    }
 
 
 def _summary(
@@ -74,6 +124,7 @@ def report(
     time_scale: float,
     workload: str,
     processes: Mapping[str, Mapping[str, float]] | None = None,
+    cpu: Mapping[str, Any] | None = None,
     after_drain: Mapping[str, int] | None = None,
     faults: Sequence[Mapping[str, Any]] = (),
     stalls: Sequence[tuple[float, float]] = (),
@@ -107,6 +158,7 @@ def report(
         "signals": dict(signals or {}),
         "timeline": list(timeline),
         "processes": dict(processes or {}),
+        "cpu": dict(cpu or {}),
         "after_drain": dict(after_drain or {}),
         "workload": workload,
         "time_scale": time_scale,
@@ -114,6 +166,10 @@ def report(
             tier.value: _summary(
                 [s for s in shots if s.tier == tier.value], policy, time_scale, duration_s
             )
+            for tier in Tier
+        },
+        "misses": {
+            tier.value: misses([s for s in shots if s.tier == tier.value], policy, time_scale)
             for tier in Tier
         },
         "tenants": {
@@ -162,6 +218,62 @@ def _format(value: float | None, pattern: str = "{:.2f}") -> str:
     return "-" if value is None else pattern.format(value)
 
 
+def cpu_table(runs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """ "CPU share per process", one column per run: each process tree's cores (CPU seconds
+    per wall second) and its share of the machine, then everyone else's and idle; the load
+    average read meanwhile."""
+    cpus = {mode: run.get("cpu") or {} for mode, run in runs.items()}
+    names: list[str] = []
+    for cpu in cpus.values():
+        names += [n for n in cpu.get("rows", {}) if n not in names]
+    order = [n for n in names if n not in (OTHERS, IDLE)] + [
+        n for n in (OTHERS, IDLE) if n in names
+    ]
+    rows = []
+    for name in order:
+        cells = []
+        for cpu in cpus.values():
+            row = cpu.get("rows", {}).get(name)
+            cells.append("-" if row is None else f"{row['cores']:.2f} ({row['share']:.0%})")
+        rows.append((name, *cells))
+    lines = _markdown(("CPU share per process: cores (of the machine)", *cpus), rows)
+    if lines:
+        cores = {int(cpu["cores"]) for cpu in cpus.values() if cpu.get("cores")}
+        loads = "; ".join(
+            f"{mode} mean {_format(cpu.get('load1_mean'))}, max {_format(cpu.get('load1_max'))}"
+            for mode, cpu in cpus.items()
+        )
+        lines += [
+            "",
+            f"the machine's cores: {', '.join(str(c) for c in sorted(cores))}; its 1-minute "
+            f"load average over the run: {loads}",
+        ]
+    return lines
+
+
+def misses_lines(runs: Mapping[str, Mapping[str, Any]], tier: str) -> list[str]:
+    """One line per run: why `tier`'s requests missed (report.misses)."""
+    lines = []
+    for mode, run in runs.items():
+        got = (run.get("misses") or {}).get(tier)
+        if not got:
+            continue
+        refused = ", ".join(f"{k}: {v}" for k, v in got["refused"].items()) or "none"
+        failed = ", ".join(f"{k}: {v}" for k, v in got["failed"].items()) or "none"
+        late = f"served late {got['late']}"
+        if got["late"]:
+            late += (
+                f" (over the objective by p50 {_format(got['late_over_objective_p50_s'])} s, "
+                f"max {_format(got['late_over_objective_max_s'])} s; p50 "
+                f"{_format(got['late_to_headers_p50_s'])} s to the headers, then "
+                f"{_format(got['late_headers_to_first_token_p50_s'])} s to the first token; "
+                f"{got['late_left_late']} left late, {got['late_generator_held']} lived "
+                f"through a stall of the generator)"
+            )
+        lines.append(f"{mode}: {tier}'s misses: refused {refused}; failed {failed}; {late}")
+    return ["", *lines] if lines else []
+
+
 def table(result: dict[str, Any]) -> str:
     lines = [
         f"loadtest {result['workload']} at time scale {result['time_scale']} (times in "
@@ -191,6 +303,8 @@ def table(result: dict[str, Any]) -> str:
             for name, r in processes.items()
         ],
     )
+    lines += cpu_table({"run": result})
+    lines += misses_lines({"run": result}, Tier.CRITICAL.value)
     signals = result.get("signals") or {}
     answered = result.get("pools") or {}
     columns = ("pool", "routed", "served", "5xx", "KV mean", "KV max", "running mean")
@@ -300,4 +414,6 @@ def compare_table(runs: Mapping[str, Mapping[str, Any]]) -> str:
             f"arrivals late by p99 {_format(run['lag_p99_s'], '{:.3f}')} s"
         )
     lines += ["", *extra]
+    lines += misses_lines(runs, Tier.CRITICAL.value)
+    lines += cpu_table(runs)
     return "\n".join(lines)

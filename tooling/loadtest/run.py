@@ -85,6 +85,18 @@ VLLM_POLICY: dict[str, Any] = {
         {"name": "32k-128k", "max_tokens": 131072, "cost_weight": 2.5, "kv_weight": 1.0},
         {"name": "128k+", "cost_weight": 3.0, "kv_weight": 1.0},
     ],
+    # The engine's latency at empty load, as `slogate calibrate` measured the tiny model on
+    # this 2-core machine (2026-12-05, load average 10: 0-4k TTFT P99 342 ms): the waiting
+    # room derives each tier's longest wait from what the SLO leaves after the expected
+    # prefill; without a model it assumes half the SLO is prefill (standard waited 0.5 s and
+    # was refused `queue_timeout` at a burst's peak that the engine served in time).
+    "latency_model": {
+        "default": {
+            "base_latency_ms": 8.4,
+            "prefill_ms_per_1k_tokens": 65.9,
+            "bucket_slopes": {"0-4k": 1.0, "4-8k": 2.891},
+        }
+    },
     "pools": {
         "default": {"endpoints": ["127.0.0.1:18001"], "priority_scheduling": True},
         "long": {"endpoints": ["127.0.0.1:18002"]},
@@ -170,6 +182,7 @@ def run_live(
         time_scale,
         workload.name,
         processes=sampler.summary() if sampler is not None else None,
+        cpu=sampler.cpu() if sampler is not None else None,
         after_drain=left,
         faults=windows,
         stalls=played.stalls,

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
 
+from tooling.loadtest.cpu_share import MachineReading, cpu_shares, read_machine
 from tooling.stack.processes import process_table, tree_usage
 
 
@@ -22,6 +24,7 @@ class ProcessSampler:
     def __init__(self, pids: Callable[[], Mapping[str, int]]) -> None:
         self.pids = pids  # asked at every sample: a restarted process is a new name
         self.samples: list[tuple[float, dict[str, tuple[float, float]]]] = []
+        self.machine: list[MachineReading] = []  # the whole machine, at each sample
 
     def sample(self) -> None:
         table = process_table()
@@ -29,6 +32,9 @@ class ProcessSampler:
         others = set(roots.values())
         now = {name: tree_usage(pid, table, others) for name, pid in roots.items()}
         self.samples.append((time.monotonic(), {k: v for k, v in now.items() if v is not None}))
+        machine = read_machine()
+        if machine is not None:
+            self.machine.append(machine)
 
     async def run(self, interval_s: float = 1.0) -> None:
         while True:
@@ -55,6 +61,25 @@ class ProcessSampler:
                 "rss_slope_mib_per_min": (last[1] - first[1]) / wall * 60,
             }
         return out
+
+    def cpu(self) -> dict[str, Any] | None:
+        """The CPU share per process over the whole run (tooling.loadtest.cpu_share): each
+        process tree's, everyone else's on the machine, and idle; None before two samples."""
+        if len(self.samples) < 2:
+            return None
+        first_at, last_at = self.samples[0][0], self.samples[-1][0]
+        spans: dict[str, tuple[float, float]] = {}
+        for _, values in self.samples:
+            for name, (cpu_s, _) in values.items():
+                spans[name] = (spans.get(name, (cpu_s, cpu_s))[0], cpu_s)
+        machine = (self.machine[0], self.machine[-1]) if len(self.machine) >= 2 else None
+        return cpu_shares(
+            spans,
+            machine,
+            last_at - first_at,
+            os.cpu_count() or 1,
+            [m.load1 for m in self.machine],
+        )
 
 
 class SignalSampler:

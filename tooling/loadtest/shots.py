@@ -38,6 +38,10 @@ class Shot:
     reason: str = ""  # x-slogate-reason of a refusal
     error_json: bool = True  # a refusal came as an OpenAI JSON error with a message
     error_code: str = ""  # its `code` (or `type`): slogate's reason, or the engine's
+    # The response's headers: the request got through Envoy and the sidecar (its waiting
+    # room included) and the engine took it; TTFT minus this is the engine's queue and
+    # prefill (vLLM sends a stream's headers before its first token).
+    headers_s: float | None = None
     ttft_s: float | None = None  # first content event; a JSON answer: the whole answer
     latency_s: float | None = None
     completion_tokens: int | None = None
@@ -100,6 +104,7 @@ async def fire(
     started = time.monotonic()
     try:
         async with session.post(f"{url}{CHAT}", json=body, headers=headers) as reply:
+            shot.headers_s = time.monotonic() - started
             shot.status = reply.status
             shot.reason = reply.headers.get("x-slogate-reason", "")
             shot.pool = reply.headers.get("x-slogate-pool", "")

@@ -208,3 +208,24 @@ def test_capacity_plays_the_workload_at_each_multiple_of_its_rates() -> None:
     assert 3.0 < high["requests"] / low["requests"] < 5.0  # Poisson draws around 4x
     assert high["goodput_tokens_per_s"] > low["goodput_tokens_per_s"]
     assert capacity_table(rows).count("\n") == 3  # header, rule, two rows
+
+
+def test_a_scale_that_is_not_above_zero_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from tooling.cli.main import main
+
+    assert main(["loadtest", "--workload", "smoke", "--scale", "0"]) == 2
+    assert "--scale must be above 0" in capsys.readouterr().err
+
+
+def test_the_vllm_policy_waits_by_the_engines_calibrated_prefill_not_half_the_slo() -> None:
+    from policy.domain import Tier
+    from tooling.loadtest.run import VLLM_POLICY
+
+    path = WORKLOADS / "vllm-burst.yaml"
+    policy = parse_policy(workload_policy(path, {**SIMULATION_POLICY, **VLLM_POLICY}))
+    # A 1,500-token prompt: ~107 ms of expected prefill leaves most of each SLO to wait in.
+    critical = policy.max_wait_s(Tier.CRITICAL, "default", "0-4k", 1500)
+    standard = policy.max_wait_s(Tier.STANDARD, "default", "0-4k", 1500)
+    assert 1.0 < critical < 2.0 and 0.5 < standard < 1.0
+    unprotected = parse_policy(unprotected_policy(workload_policy(path, VLLM_POLICY)))
+    assert unprotected.max_wait_s(Tier.CRITICAL, "default", "0-4k", 1500) == 0.0

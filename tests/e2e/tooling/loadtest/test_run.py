@@ -66,6 +66,11 @@ def test_the_smoke_scenario_keeps_its_invariants(tmp_path: Path) -> None:
         "reservations_outstanding": 0,
     }
     assert {"sidecar", "sidecar-restart1", "envoy", "pool-default"} <= set(result["processes"])
+    # What each process got of the machine, and what everyone else took meanwhile.
+    cpu = result["cpu"]
+    assert {"sidecar", "envoy", "loadgen", "other processes", "idle"} <= set(cpu["rows"])
+    assert cpu["rows"]["sidecar"]["cpu_s"] > 0 and cpu["load1_max"] is not None
+    assert "CPU share per process" in (tmp_path / "loadtest-smoke.md").read_text()
     # The engines and the breaker were watched over the run.
     pools = result["signals"]["pools"]
     assert set(pools) == {"default", "long", "fallback"} and pools["default"]["running_max"] >= 1
