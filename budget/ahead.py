@@ -331,7 +331,7 @@ class AheadSeat:
     def __init__(self, forecast: Outlook | None = None) -> None:
         self.forecast = forecast
         # The `learn: true` events' multiples (forecast.calendar.learn_multiples over the
-        # traffic record), set by whoever reads the record off the request path.
+        # traffic record), set by the forecast's refit (extproc.runtime.forecast_refit).
         self.learned: dict[str, float] = {}
         self._config: AheadConfig | None = None
         self._seen: tuple[Outlook | None, dict[str, float]] = (None, {})

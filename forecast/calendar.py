@@ -6,9 +6,9 @@ the traffic record: demand during its past occurrences over demand in the window
 before each), `CalendarOutlook` (an `Outlook` whose reason is "calendar:<event name>") and
 `CalendarFirst` (the calendar over another outlook: a declared event wins, a holiday
 suppresses what the other would expect). No I/O: the caller reads the record and passes
-its entries (`learn_multiples`: every `learn: true` event's); times are the caller's
-clock, mapped to the calendar's by an origin and a time scale (the simulator plays a day
-in minutes).
+its entries (`learn_multiples`: every `learn: true` event's, called by forecast.refit in
+the sidecar's refit); times are the caller's clock, mapped to the calendar's by an origin
+and a time scale (the simulator plays a day in minutes).
 """
 
 from __future__ import annotations
@@ -17,27 +17,12 @@ import datetime as dt
 import zoneinfo
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
+from forecast.demand import RecordedRequest, request_tokens
 from forecast.outlook import Expected, Outlook
 from policy._ahead import AheadConfig, CalendarEvent, Holiday
 
 DAY_S = 86_400.0
-
-
-class RecordedRequest(Protocol):
-    """What learning needs of a traffic-record entry (sim.fleet.traffic.TrafficEntry)."""
-
-    @property
-    def t(self) -> float: ...
-    @property
-    def tenant(self) -> str | None: ...
-    @property
-    def prompt(self) -> int | None: ...
-    @property
-    def max_tokens(self) -> int: ...
-    @property
-    def usage_completion(self) -> int | None: ...
 
 
 def occurrences(
@@ -76,21 +61,15 @@ def holiday_on(holidays: Iterable[Holiday], zone: dt.tzinfo, at_s: float) -> Hol
     return next((h for h in holidays if local in h.dates), None)
 
 
-def request_tokens(entry: RecordedRequest) -> float:
-    """A recorded request's demand: its prompt and its completion (asked, where the engine's
-    count is missing: a refusal asked for it too)."""
-    completion = entry.usage_completion if entry.usage_completion is not None else entry.max_tokens
-    return float((entry.prompt or 0) + completion)
-
-
 def learned_multiple(
     spans: Iterable[tuple[float, float]],
     tenants: Iterable[str],
     entries: Iterable[RecordedRequest],
 ) -> float | None:
     """Demand during the past occurrences / demand in an equally long window just before
-    each, over the event's tenants (refused requests count: they are demand too). None:
-    no occurrence has a window before it with demand in it (nothing to learn from)."""
+    each, over the event's tenants, in tokens (forecast.demand.request_tokens, unweighted:
+    refused requests count, they are demand too). None: no occurrence has a window before
+    it with demand in it (nothing to learn from)."""
     spans = list(spans)
     names = set(tenants)
     during = before = 0.0
@@ -99,9 +78,9 @@ def learned_multiple(
             continue
         for start, end in spans:
             if start <= entry.t < end:
-                during += request_tokens(entry)
+                during += request_tokens(entry, 1.0)
             elif start - (end - start) <= entry.t < start:
-                before += request_tokens(entry)
+                before += request_tokens(entry, 1.0)
     if before <= 0.0:
         return None
     return during / before
@@ -113,15 +92,20 @@ def learn_multiples(
     from_s: float,
     to_s: float,
 ) -> dict[str, float]:
-    """Every `learn: true` event's multiple from its occurrences between from_s and to_s in
-    the record (Unix seconds); an event with nothing to learn from is left out."""
+    """Every `learn: true` event's multiple from its occurrences the record [from_s, to_s)
+    (Unix seconds) holds whole, with the window before each: one cut by either end would
+    read as a ramp too small or too large. An event with nothing to learn from is left out."""
     zone = zoneinfo.ZoneInfo(config.timezone)
     kept = list(entries)
     learned = {}
     for event in config.events:
         if not event.learn:
             continue
-        spans = occurrences(event, zone, from_s, to_s, config.holidays)
+        spans = [
+            (start, end)
+            for start, end in occurrences(event, zone, from_s, to_s, config.holidays)
+            if start - (end - start) >= from_s and end <= to_s
+        ]
         multiple = learned_multiple(spans, event.tenants, kept)
         if multiple is not None:
             learned[event.name] = multiple

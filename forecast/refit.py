@@ -2,9 +2,11 @@
 
 What lives here: `RefitSettings` (the history, bins and held-back days a refit uses),
 `history_window` (which part of the record a refit at `now_s` reads), `Refit` (what a refit
-made: each tenant's forecast, what it read) and `refit` (entries -> demand series ->
-per-tenant fits). No I/O: the sidecar reads the record and calls this in a process of its
-own (extproc.runtime.forecast_refit); `slogate forecast` calls it on a record directory.
+made: each tenant's forecast, the business calendar's learned multiples, what it read) and
+`refit` (entries -> demand series -> per-tenant fits; the same entries -> the multiples of
+the policy's `learn: true` events, forecast.calendar.learn_multiples). No I/O: the sidecar
+reads the record and calls this in a process of its own (extproc.runtime.forecast_refit);
+`slogate forecast` calls it on a record directory.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from forecast.calendar import learn_multiples
 from forecast.demand import RecordedRequest, demand_series
 from forecast.seasonal import DAY_S, MODELS, Model, TenantForecast, fit_tenant
+from policy._ahead import AheadConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +56,9 @@ class Refit:
     forecasts: dict[str, TenantForecast] = field(default_factory=dict)
     left_out: int = 0  # tenants past max_tenants, not fitted
     problems: tuple[str, ...] = ()  # what the record's reader skipped (first few)
+    # The `learn: true` calendar events' multiples from the same window (event name ->
+    # multiple; an event with no whole occurrence in it is left out).
+    learned: dict[str, float] = field(default_factory=dict)
 
 
 def refit(
@@ -60,7 +67,10 @@ def refit(
     settings: RefitSettings,
     cost_weight: Callable[[str | None], float] | Mapping[str, float] | None = None,
     problems: tuple[str, ...] = (),
+    calendar: AheadConfig | None = None,
 ) -> Refit:
+    """`calendar`: the policy's `ahead:` section, whose `learn: true` events are learned
+    from the same entries (None: none)."""
     listed = list(entries)
     first_s = min((entry.t for entry in listed), default=None)
     start_s, end_s = history_window(now_s, settings, first_s)
@@ -81,4 +91,5 @@ def refit(
         forecasts,
         left_out=len(ranked) - len(fitted),
         problems=problems,
+        learned={} if calendar is None else learn_multiples(calendar, listed, start_s, end_s),
     )

@@ -147,6 +147,15 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         root.section("forecast"), None if traffic_record is None else traffic_record.keep_days
     )
     ahead = parse_ahead(root.raw("ahead"), root.child("ahead"))
+    learning = [e.name for e in (ahead.events if ahead is not None else ()) if e.learn]
+    if learning and not forecast.enabled:
+        # The forecast's refit is what reads the record and learns the multiple: without it
+        # the event would never raise anything, silently.
+        raise PolicyError(
+            f"{root.child('ahead')}.calendar[{learning[0]}].learn: a learned multiple is "
+            "learned by the forecast's refit from the traffic record: enable the forecast "
+            "(forecast.enabled: true, with a traffic_record) or give the event a multiple"
+        )
     root.close()
 
     return Policy(

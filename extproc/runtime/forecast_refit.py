@@ -5,7 +5,9 @@ What lives here: `ForecastHolder` (the forecast the quota controller asks: a
 forecast.outlook.Outlook whose answers come from the last refit; none yet, it answers None),
 `refit_elsewhere` (one refit in a child process: it reads the record and fits) and
 `ForecastRefitter` (the loop: a refit every `forecast.refit_interval_s` while the policy
-enables it, the result installed on the event loop, the forecast's metrics kept current).
+enables it, the result installed on the event loop, the forecast's metrics kept current;
+the same refit learns the multiples of the business calendar's `learn: true` events from
+the same record entries, set on the quotas-ahead seat, budget.ahead.AheadSeat).
 What must not: the fit itself (forecast.seasonal, forecast.refit) or the controller's use
 of it.
 
@@ -33,12 +35,14 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from budget.ahead import AheadSeat
 from extproc.service.forecast_metrics import ForecastMetrics
 from extproc.service.traffic_read import read_traffic
 from forecast.outlook import Expected
 from forecast.refit import Refit, RefitSettings, history_window, refit
 from forecast.seasonal import DAY_S
 from forecast.seasonal_outlook import SeasonalOutlook
+from policy._ahead import AheadConfig
 from policy._forecast import ForecastConfig
 from policy.schema import Policy
 
@@ -92,13 +96,18 @@ def record_directory(policy: Policy) -> Path | None:
 
 
 def refit_from_record(
-    directory: Path, settings: RefitSettings, weights: Mapping[str, float], now_s: float
+    directory: Path,
+    settings: RefitSettings,
+    weights: Mapping[str, float],
+    now_s: float,
+    calendar: AheadConfig | None = None,
 ) -> Refit:
-    """What the child does: read the record's window, fit every tenant."""
+    """What the child does: read the record's window, fit every tenant, learn the
+    calendar's `learn: true` events."""
     start_s, end_s = history_window(now_s, settings)
     read = read_traffic([directory], from_s=start_s, to_s=end_s)
     problems = tuple(read.problems[:_PROBLEMS_KEPT])
-    return refit(read.entries, now_s, settings, weights, problems)
+    return refit(read.entries, now_s, settings, weights, problems, calendar)
 
 
 def _child(
@@ -107,11 +116,12 @@ def _child(
     settings: RefitSettings,
     weights: dict[str, float],
     now_s: float,
+    calendar: AheadConfig | None,
 ) -> None:
     os.setsid()  # out of the sidecar's session (autogroup): see the module's docstring
     os.nice(_NICENESS)
     try:
-        answer.send(("ok", refit_from_record(directory, settings, weights, now_s)))
+        answer.send(("ok", refit_from_record(directory, settings, weights, now_s, calendar)))
     except Exception:
         answer.send(("failed", traceback.format_exc(limit=5)))
     finally:
@@ -124,13 +134,15 @@ async def refit_elsewhere(
     weights: Mapping[str, float],
     now_s: float,
     timeout_s: float = REFIT_TIMEOUT_S,
+    calendar: AheadConfig | None = None,
 ) -> tuple[Refit, int]:
-    """One refit in a child process of its own: the Refit and the child's pid."""
+    """One refit in a child process of its own: the Refit and the child's pid. `calendar`:
+    the policy's `ahead:` section, its `learn: true` events learned in the same child."""
     context = multiprocessing.get_context("spawn")
     receiving, sending = context.Pipe(duplex=False)
     child = context.Process(
         target=_child,
-        args=(sending, directory, settings, dict(weights), now_s),
+        args=(sending, directory, settings, dict(weights), now_s, calendar),
         name="slogate-forecast-refit",
         daemon=True,  # never outlives the sidecar
     )
@@ -157,7 +169,8 @@ async def refit_elsewhere(
 
 
 class ForecastRefitter:
-    """Refits on the policy's schedule; installs each result in `holder`."""
+    """Refits on the policy's schedule; installs each result in `holder`, and its learned
+    calendar multiples in `ahead` (the planner's outlook follows at its next step)."""
 
     def __init__(
         self,
@@ -165,9 +178,11 @@ class ForecastRefitter:
         holder: ForecastHolder,
         metrics: ForecastMetrics,
         wall_clock: Callable[[], float] = time.time,
+        ahead: AheadSeat | None = None,
     ) -> None:
         self._policy = policy
         self.holder = holder
+        self.ahead = ahead
         self._metrics = metrics
         self._wall_clock = wall_clock
         self._last_try_s: float | None = None
@@ -193,7 +208,7 @@ class ForecastRefitter:
         started = time.monotonic()
         try:
             done, self.last_pid = await refit_elsewhere(
-                directory, settings_of(policy.forecast), weights, now_s
+                directory, settings_of(policy.forecast), weights, now_s, calendar=policy.ahead
             )
         except (RefitFailed, OSError) as error:
             self.failures += 1
@@ -202,6 +217,13 @@ class ForecastRefitter:
             return None
         took_s = time.monotonic() - started
         self.holder.install(done)
+        if self.ahead is not None:
+            # What a refit could not learn (no whole occurrence in its window) keeps what
+            # an earlier one did; an event no longer `learn: true` is dropped.
+            learning = {e.name for e in (policy.ahead.events if policy.ahead else ()) if e.learn}
+            kept = {e: m for e, m in self.ahead.learned.items() if e in learning}
+            self.ahead.learned = kept | done.learned
+            self._metrics.learned(self.ahead.learned)
         self.refits += 1
         self._metrics.refitted(done, took_s)
         for problem in done.problems:
@@ -212,6 +234,8 @@ class ForecastRefitter:
             done.entries,
             took_s,
         )
+        for event, multiple in sorted(done.learned.items()):
+            log.info("calendar event %s: learned multiple %.2f", event, multiple)
         return done
 
     def export(self) -> None:
@@ -224,6 +248,9 @@ class ForecastRefitter:
         while True:
             if not self._policy().forecast.enabled and self.holder.last is not None:
                 self.holder.clear()  # turned off by a reload: the controller reacts only
+                if self.ahead is not None:
+                    self.ahead.learned = {}
+                    self._metrics.learned({})
             if self.due(self._wall_clock()):
                 try:
                     await self.refit_once()

@@ -82,7 +82,8 @@ class Signals:
     outlook: ForecastHolder
     # What admission applies: the reactive multipliers through the planner of quotas ahead
     # of ramps (budget.ahead), whose seat takes the seasonal forecast's outlook when a
-    # refit fills `outlook` (None until then: the policy's calendar alone).
+    # refit fills `outlook` (None until then: the policy's calendar alone), and the
+    # multiples of its `learn: true` events that the same refit learns (Control.forecast).
     applied: dict[str, float]
     ahead: AheadSeat
 
@@ -288,7 +289,8 @@ class Control:
     breaker_loop: BreakerLoop
     quota_loop: QuotaLoop
     admin: AdminService
-    forecast: ForecastRefitter  # refits Signals.outlook on the policy's schedule
+    # Refits Signals.outlook on the policy's schedule; sets Signals.ahead.learned.
+    forecast: ForecastRefitter
 
 
 def build_control(
@@ -337,7 +339,9 @@ def build_control(
         fleet=watch.fleet,
     )
     breaker_loop.on_transition = admin.note_transition
-    forecast = ForecastRefitter(policy, signals.outlook, ForecastMetrics(metrics), wall_clock)
+    forecast = ForecastRefitter(
+        policy, signals.outlook, ForecastMetrics(metrics), wall_clock, ahead=signals.ahead
+    )
     return Control(breaker_loop, quota_loop, admin, forecast)
 
 

@@ -5,12 +5,15 @@ model's WAPE on the held-back days at the last refit (forecast.accuracy; a tenan
 into "other" has none of its own); the forecast demand, as two more kinds of
 `slogate_tenant_demand_tokens_per_minute` (`seasonal`: now; `seasonal_next_hour`: the
 highest bin of the next hour); `slogate_forecast_refits_total{result}`,
-`slogate_forecast_last_refit_timestamp_seconds` and `slogate_forecast_refit_seconds`.
+`slogate_forecast_last_refit_timestamp_seconds` and `slogate_forecast_refit_seconds`;
+`slogate_calendar_learned_multiple{event}`: each `learn: true` calendar event's multiple
+as the refits learned it (the events are the policy's: a bounded label).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from prometheus_client import Counter, Gauge
 
@@ -56,6 +59,20 @@ class ForecastMetrics:
             "How long the last successful refit took, in its own process (read and fit).",
             registry=r,
         )
+
+        self.learned_multiple = Gauge(
+            "slogate_calendar_learned_multiple",
+            "The multiple a `learn: true` business calendar event was learned at from the "
+            "traffic record (demand during its past occurrences over demand just before), "
+            "by event; absent: not learned yet (the event raises nothing).",
+            ["event"],
+            registry=r,
+        )
+
+    def learned(self, multiples: Mapping[str, float]) -> None:
+        self.learned_multiple.clear()  # an event dropped from the policy leaves no series
+        for event, multiple in multiples.items():
+            self.learned_multiple.labels(event).set(multiple)
 
     def refitted(self, done: Refit, took_s: float) -> None:
         self.refits.labels("ok").inc()

@@ -4,7 +4,8 @@ What lives here: `TenantShape` (what one tenant sends per minute at a time of da
 `WEEKLY_TENANTS` (a bank's business hours, a school's 09:00 class ramp, a night batch
 tenant, a steady one), `synthetic_weeks` (the record's entries, drawn directly: no fleet is
 played, so three weeks take seconds), `expected_tokens_per_minute` (the demand they are
-drawn around: the noise floor of any forecast's error on them) and `write_record` (those
+drawn around: the noise floor of any forecast's error on them), `expected_multiple` (a
+calendar event's multiple they are drawn around) and `write_record` (those
 entries as a traffic record directory, the files `slogate serve` writes, for
 `slogate forecast --record` and the tests).
 
@@ -143,6 +144,26 @@ def expected_tokens_per_minute(
         for minute in range(days * 1440)
     ]
     return [sum(minutes[i : i + per_bin]) / per_bin for i in range(0, len(minutes), per_bin)]
+
+
+def expected_multiple(
+    shape: TenantShape,
+    spans: Sequence[tuple[float, float]],
+    days: int = 19,
+    start_s: float = MONDAY_S,
+    holiday_days: Sequence[int] = (9,),
+) -> float:
+    """What a calendar event's learned multiple (forecast.calendar.learned_multiple) is
+    drawn around on `synthetic_weeks`' record: the shape's expected demand during `spans`
+    (whole minutes, Unix seconds) over the equally long windows just before them."""
+    minutes = expected_tokens_per_minute(shape, 60.0, days, start_s, holiday_days)
+
+    def demand(from_s: float, to_s: float) -> float:
+        return sum(minutes[round((from_s - start_s) / 60) : round((to_s - start_s) / 60)])
+
+    during = sum(demand(start, end) for start, end in spans)
+    before = sum(demand(2 * start - end, start) for start, end in spans)
+    return during / before
 
 
 def synthetic_weeks(

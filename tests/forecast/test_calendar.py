@@ -73,6 +73,9 @@ class Entry:
     prompt: int | None = 900
     max_tokens: int = 100
     usage_completion: int | None = None
+    bucket: str | None = None
+    n: int = 1
+    usage_prompt: int | None = None
 
 
 def test_a_multiple_is_learned_from_past_occurrences() -> None:
@@ -87,6 +90,10 @@ def test_a_multiple_is_learned_from_past_occurrences() -> None:
     learned = CalendarEvent("class", ("classes",), 60.0, None, at=dt.time(9), days=CLASS.days)
     config = AheadConfig(timezone="Europe/Paris", events=(learned,))
     assert learn_multiples(config, entries, at(2026, 11, 1), at(2026, 11, 11)) == {"class": 8.0}
+    # An occurrence the record holds only in part, or without the hour before it, is not
+    # learned from: Monday's class cut at 09:30 would read as a ramp half as large.
+    assert learn_multiples(config, entries, at(2026, 11, 9, 8), at(2026, 11, 9, 9, 30)) == {}
+    assert learn_multiples(config, entries, at(2026, 11, 9, 8, 30), at(2026, 11, 10)) == {}
     assert CalendarOutlook(config).expected("classes", 0.0, at(2026, 11, 9, 9, 30)) is None
     taught = CalendarOutlook(config, learned={"class": 8.0})
     found = taught.expected("classes", 0.0, at(2026, 11, 9, 9, 30))

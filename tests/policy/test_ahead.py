@@ -14,8 +14,15 @@ from policy.loader import parse_policy
 from policy.schema import Policy
 
 
-def policy_with(ahead: Any) -> Policy:
-    return parse_policy({"keys": [], "ahead": ahead})
+def policy_with(ahead: Any, **sections: Any) -> Policy:
+    return parse_policy({"keys": [], "ahead": ahead, **sections})
+
+
+# A learned multiple is learned by the forecast's refit from the traffic record.
+LEARNING = {
+    "traffic_record": {"dir": "record", "keep_days": 21},
+    "forecast": {"enabled": True},
+}
 
 
 def test_the_calendar_is_read_in_its_time_zone() -> None:
@@ -45,7 +52,8 @@ def test_the_calendar_is_read_in_its_time_zone() -> None:
                     "suppresses": ["class"],
                 },
             ],
-        }
+        },
+        **LEARNING,
     ).ahead
     assert ahead is not None and ahead.lead_min == 10 and ahead.timezone == "Europe/Paris"
     recurring, one_off = ahead.events
@@ -207,3 +215,13 @@ def test_the_calendar_is_read_in_its_time_zone() -> None:
 def test_a_bad_entry_names_its_path(ahead: Any, message: str) -> None:
     with pytest.raises(PolicyError, match=re.escape(message)):
         policy_with(ahead)
+
+
+def test_a_learned_event_without_the_forecast_is_refused_naming_the_fix() -> None:
+    launch = {"name": "launch", "tenants": ["p"], "on": "2026-12-10T14:00", "duration_min": 60}
+    learning = {"calendar": [{**launch, "learn": True}]}
+    with pytest.raises(PolicyError, match=re.escape("ahead.calendar[launch].learn:")) as refused:
+        policy_with(learning)
+    assert "forecast.enabled: true" in str(refused.value) and "multiple" in str(refused.value)
+    assert policy_with(learning, **LEARNING).ahead is not None
+    assert policy_with({"calendar": [{**launch, "multiple": 3}]}).ahead is not None
