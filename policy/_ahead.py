@@ -14,7 +14,7 @@ ahead:
   calendar:
     - {name: morning-class, tenants: [classes], days: weekdays, at: "09:00",
        duration_min: 60, multiple: 8}
-    - {name: launch, tenants: [product], on: "2026-12-10T14:00", duration_min: 120, learn: true}
+    - {name: launch, tenants: [product], on: "2026-12-10T14:00", duration_min: 120, multiple: 4}
     - {name: christmas, dates: ["2026-12-24", "2026-12-25"]}   # a holiday
 ```
 """
@@ -177,6 +177,13 @@ def _event(sec: Section, name: str, kind: str) -> CalendarEvent:
     if kind == "on":
         if sec.raw("days") is not None:
             raise PolicyError(f"{sec.child('days')}: a one-off event (on) has no days")
+        if learn:
+            # Learning reads the event's past occurrences; a one-off has none, so it would
+            # never raise anything, silently.
+            raise PolicyError(
+                f"{sec.child('learn')}: a one-off event (on) has no past occurrences to learn "
+                "from: give it a multiple"
+            )
         on = _datetime(sec.raw("on"), sec.child("on"))
         return CalendarEvent(name, tenants, duration, multiple, on=on)
     at = _time(sec.raw("at"), sec.child("at"))

@@ -44,7 +44,7 @@ def test_the_calendar_is_read_in_its_time_zone() -> None:
                     "tenants": ["product"],
                     "on": "2026-12-10T14:00",
                     "duration_min": 120,
-                    "learn": True,
+                    "multiple": 3,
                 },
                 {
                     "name": "christmas",
@@ -62,7 +62,7 @@ def test_the_calendar_is_read_in_its_time_zone() -> None:
         frozenset(range(5)),
         8.0,
     )
-    assert one_off.on == dt.datetime(2026, 12, 10, 14, 0) and one_off.learn
+    assert one_off.on == dt.datetime(2026, 12, 10, 14, 0) and one_off.multiple == 3.0
     assert ahead.holidays[0].dates == {dt.date(2026, 12, 24), dt.date(2026, 12, 25)}
     assert parse_policy({"keys": []}).ahead is None  # absent: the controller only reacts
 
@@ -218,10 +218,19 @@ def test_a_bad_entry_names_its_path(ahead: Any, message: str) -> None:
 
 
 def test_a_learned_event_without_the_forecast_is_refused_naming_the_fix() -> None:
-    launch = {"name": "launch", "tenants": ["p"], "on": "2026-12-10T14:00", "duration_min": 60}
+    launch = {"name": "launch", "tenants": ["p"], "at": "14:00", "duration_min": 60}
     learning = {"calendar": [{**launch, "learn": True}]}
     with pytest.raises(PolicyError, match=re.escape("ahead.calendar[launch].learn:")) as refused:
         policy_with(learning)
     assert "forecast.enabled: true" in str(refused.value) and "multiple" in str(refused.value)
     assert policy_with(learning, **LEARNING).ahead is not None
     assert policy_with({"calendar": [{**launch, "multiple": 3}]}).ahead is not None
+
+
+def test_a_one_off_event_cannot_learn_its_multiple() -> None:
+    """A one-off has no past occurrence: learning would leave it never raising, silently."""
+    once = {"name": "launch", "tenants": ["p"], "on": "2026-12-10T14:00", "duration_min": 60}
+    with pytest.raises(PolicyError, match="has no past occurrences to learn from") as refused:
+        policy_with({"calendar": [{**once, "learn": True}]}, **LEARNING)
+    assert "ahead.calendar[0].learn" in str(refused.value), refused.value
+    assert policy_with({"calendar": [{**once, "multiple": 3}]}).ahead is not None
