@@ -191,6 +191,8 @@ class OfflineFleet(FleetRequests):
         self._accounted_s = 0.0
         self.until_s = math.inf
         self.multiplier_history: list[tuple[float, dict[str, float]]] = []
+        # (time, replica, "kv_lend:<pool>", the share now lent to sheddable): budget.lending
+        self.lending_history: list[tuple[float, int, str, float]] = []
         self.results: dict[str, Served] = {}
         self._outputs: dict[str, int] = {}  # request id -> output tokens it will generate
         self._arrivals: dict[str, Arrival] = {}
@@ -341,6 +343,9 @@ class OfflineFleet(FleetRequests):
             )
         )
 
+    def _scraped_kv(self, pool: str) -> float | None:
+        return self._scraped.get(pool, (None, None))[0]
+
     def _control(self) -> None:
         """One controller interval, from the same inputs the sidecar uses (board.fleet_load)."""
         score, _ = self.board.fleet_load()
@@ -353,6 +358,10 @@ class OfflineFleet(FleetRequests):
         self._last_score = score
         if self.quotas.step(score):
             self.multiplier_history.append((self.clock.now_s, dict(self.quotas.values)))
+        for index, sidecar in enumerate(self.sidecars):  # each replica lends from its own room
+            kv = sidecar.admission.kv
+            for moved in kv.step_lending(self.policy, score, self._scraped_kv):
+                self.lending_history.append((self.clock.now_s, index, moved.what, moved.after))
 
     def _sidecar_index(self, request_id: str, arrival: Arrival) -> int:
         index = self._sidecar_of.get(request_id)
