@@ -286,8 +286,8 @@ class KvStep:
         """`tier`'s share of the pool for a request of `tokens` and `sequences`: a loan is
         lent in small pieces. A request holding an eighth or more of its tier's own share
         is admitted against that share: a large footprint times the footprint ratio's
-        error is what ran a lent pool out of memory (measured: one OOM each on
-        generous-max-tokens and mix-1k-128k, none without the loan or with this)."""
+        error is what ran a lent pool out of memory (measured on mix-1k-128k, seed 7: one
+        OOM with the loan, none without it or with this)."""
         share = self.share(policy, spec.name, tier)
         base = policy.breaker.kv_shares[tier]
         capacity = self.book.capacity(spec)
