@@ -150,9 +150,11 @@ class KvStep:
         calls back what the tiers below it borrowed (budget.lending)."""
         waited_s = self._clock() - entered_s
         tier = decision.caller.tier
+        # Of the wait it may take, the part it took (refused at once, with no wait: all).
+        waited = waited_s / max_wait_s if max_wait_s > 0 else 1.0
         for borrower, lending in self.lending.items():
             if tier in _ABOVE[borrower]:
-                lending.note_wait(decision.pool, waited_s / max(max_wait_s, 1e-9))
+                lending.note_wait(decision.pool, waited)
         return waited_s
 
     def _spec(self, policy: Policy, pool: str) -> Pool | None:
@@ -211,6 +213,8 @@ class KvStep:
         wait_s = policy.max_wait_s(tier, d.pool, d.bucket.name, d.prompt_tokens, d.caller.tenant)
         max_wait_s = min(self._wait_cap_s, wait_s)
         if never or self._new_waiter is None or max_wait_s <= 0:
+            if not never:  # refused for room it could have had: as if it waited it all
+                self._note_wait(decision, now_s, 0.0)
             raise _pool_full(decision, never or limit)
         entry = Waiting(
             request_id=request_id,

@@ -8,7 +8,10 @@ import asyncio
 import dataclasses
 from typing import Any
 
+import pytest
+
 from admission.decision import Applicant
+from admission.errors import Overloaded
 from admission.events import NoEvents
 from admission.kv.step import KvStep
 from policy.domain import Tier
@@ -142,3 +145,24 @@ async def test_the_loan_is_lent_in_small_pieces_and_not_where_engines_hold_more(
     lent = pool.kv.lending[Tier.SHEDDABLE].lent["default"]
     pool.kv.step_lending(pool.policy, CALM, lambda name: 0.99)  # the ceiling is 0.96
     assert pool.kv.lending[Tier.SHEDDABLE].lent["default"] < lent
+
+
+async def test_without_a_waiting_room_a_refusal_above_calls_the_loan_back() -> None:
+    """Refused at once for room (no waiting room): nothing ever waits, so the refusal itself
+    counts as a whole wait (without it, a simulated refuse-at-once fleet lent on while
+    standard was refused: burst handling 0.76 -> 0.50)."""
+    policy = slots_policy()
+    kv = KvStep(NoEvents(), VirtualClock(), ttl_s=660, policy=lambda: policy)
+    for _ in range(10):
+        kv.step_lending(policy, CALM)
+    lent = kv.lending[Tier.SHEDDABLE].lent["default"]
+    for i in range(96):
+        d = dataclasses.replace(
+            decision(1000, tier=Tier.SHEDDABLE, policy=policy), caller=caller(Tier.SHEDDABLE)
+        )
+        await kv.admit(Applicant(d, f"s{i}", policy))
+    standard = decision(1000, tier=Tier.STANDARD, policy=policy)
+    with pytest.raises(Overloaded):
+        await kv.admit(Applicant(standard, "t", policy))
+    kv.step_lending(policy, CALM)
+    assert kv.lending[Tier.SHEDDABLE].lent["default"] < lent
