@@ -40,7 +40,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -251,6 +251,18 @@ class WaitingRoom:
         """How long the oldest request waiting in `pool` has waited (0: none waits)."""
         entered = [e.entered_s for e in self._by_id.values() if e.pool == pool]
         return now_s - min(entered) if entered else 0.0
+
+    def longest_wait_share(self, pool: str, now_s: float, tiers: Collection[Tier]) -> float:
+        """Of the requests of `tiers` waiting in `pool`, the largest part of the wait each
+        may take that it has waited (0: none waits; 1: at its deadline)."""
+        return max(
+            (
+                (now_s - e.entered_s) / max(e.deadline_s - e.entered_s, 1e-9)
+                for e in self._by_id.values()
+                if e.pool == pool and e.tier in tiers
+            ),
+            default=0.0,
+        )
 
     def note_end(self, pool: str, now_s: float, tokens: int, sequences: int, ends: int = 1) -> None:
         """`ends` admitted requests of `pool` ended (the whole fleet's, with a shared

@@ -9,6 +9,7 @@ pool now. Metrics and timers live with the caller (admission.breaker_step).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -209,9 +210,18 @@ class BreakerBoard:
         """Step every breaker once; the caller runs this every evaluate_interval_s."""
         now_s = self._clock()
         transitions = []
+        pools = self._policy().pools
         for name in self.names():
             signals = self.signals(name)
-            transition = step(self._state(name), signals, now_s)
+            judged = signals
+            spec = pools.get(name)
+            if spec is not None and spec.kv_capacity_tokens and signals.kv_cache_usage is not None:
+                # A pool with KV admission holds its cache to the tiers' shares by itself (a
+                # stale engine reads as full there too: the ledger's ratio rises): a cache at
+                # those shares is full by design, not a reason to halve sheddable budgets
+                # (the controller's load score leaves it out alike, fleet_load).
+                judged = dataclasses.replace(signals, kv_cache_usage=None)
+            transition = step(self._state(name), judged, now_s)
             self.readings[name] = Reading(signals, transition)
             if transition is not None:
                 transitions.append(transition)

@@ -239,6 +239,8 @@ def parse_breaker(sec: Section) -> BreakerConfig:
         "controller_interval_s",
     ):
         positive(getattr(config, name), sec.child(name))
+    if not 0.0 <= config.kv_lend_up_to <= 1.0:
+        raise PolicyError(f"{sec.child('kv_lend_up_to')}: a share of the KV cache, in [0, 1]")
     if config.scrape_interval_s > 15.0:
         raise PolicyError(f"{sec.child('scrape_interval_s')}: at most 15 s")
     sec.close()

@@ -145,6 +145,10 @@ class BreakerConfig:
     kv_shares: Mapping[Tier, float] = field(
         default_factory=lambda: {Tier.CRITICAL: 1.0, Tier.STANDARD: 0.95, Tier.SHEDDABLE: 0.85}
     )
+    # How far a tier's share may grow while no tier above waits for room (budget.lending):
+    # standard's into critical's reserve, sheddable's up to what standard may fill. At or
+    # under a tier's own share: nothing is lent to it.
+    kv_lend_up_to: float = 0.96
 
 
 # The name of the breaker above every pool (metrics, drills, the admin API): no pool has it.

@@ -55,23 +55,23 @@ class RoomDispatcher:
         owner: str,
         wait_cap_s: float,
         live: Callable[[Pool], Pool],
-        share: Callable[[Policy, Tier], float] | None = None,
+        share: Callable[[Policy, str, Tier], float] | None = None,
     ) -> None:
         """`offer`: the KV step's hold. `owner`: this replica in the fleet's ledger, whose
         blocked heads it publishes (the step holds as the same owner, so this replica's
         admissions never leave room free for its own heads). `wait_cap_s`: no request waits
         longer, whatever a reloaded policy says (it bounds the Retry-After too). `live`: a
-        pool as its serving engines make it. `share`: a tier's KV share (the KV step's; None:
-        the policy's)."""
+        pool as its serving engines make it. `share(policy, pool, tier)`: the share of the
+        pool a tier may fill now (None: the policy's `kv_shares`)."""
         self._events = events
         self._clock = clock
         self._policy = policy
-        self._share = share or (lambda policy, tier: policy.breaker.kv_shares[tier])
         self._book = book
         self._offer = offer
         self._owner = owner
         self._wait_cap_s = wait_cap_s
         self._live = live
+        self._share = share or _policy_share
         self.room = WaitingRoom(AttainedService(policy().waiting_room.half_life_s))
         self.room.service.sharing = book.fleet_wide
         # One dispatch pass at a time: a shared ledger answers over the network, and a pass
@@ -107,25 +107,29 @@ class RoomDispatcher:
         policy = self._policy()
         now_s = self._clock()
         room = policy.waiting_room
-        share = self._share
         dispatched = 0
         for name in [pool] if pool is not None else self.room.pools():
+            shares = {tier: self._share(policy, name, tier) for tier in Tier}
             spec = policy.pools.get(name)
             spec = Pool(name=name, endpoints=()) if spec is None else self._live(spec)
             capacity = self._book.capacity(spec) or PoolCapacity(None, None)
 
-            async def fits(entry: Waiting, spec: Pool = spec) -> bool:
-                held = await self._offer(entry, spec, share(policy, entry.tier))
+            async def fits(
+                entry: Waiting, spec: Pool = spec, shares: dict[Tier, float] = shares
+            ) -> bool:
+                held = await self._offer(entry, spec, shares[entry.tier])
                 if not held and entry.request_id not in self.room:
                     # It left (gone, timed out) while the ledger answered: give it back.
                     await self._book.release(entry.request_id)
                     return False
                 return not held
 
-            def in_time(head: Waiting, capacity: PoolCapacity = capacity) -> bool:
-                return self._room_in_time(
-                    head, capacity, share(policy, head.tier), now_s, room.hold_s
-                )
+            def in_time(
+                head: Waiting,
+                capacity: PoolCapacity = capacity,
+                shares: dict[Tier, float] = shares,
+            ) -> bool:
+                return self._room_in_time(head, capacity, shares[head.tier], now_s, room.hold_s)
 
             for entry in await self.room.dispatch(
                 name, fits, now_s, room.backfill_s, room.tenant_weights, in_time
@@ -245,3 +249,7 @@ class RoomDispatcher:
                 wait_s = math.inf if drain.sequences <= 0 else short / drain.sequences
                 needed_s = max(needed_s, wait_s)
         return needed_s <= left_s
+
+
+def _policy_share(policy: Policy, pool: str, tier: Tier) -> float:
+    return policy.breaker.kv_shares[tier]

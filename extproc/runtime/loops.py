@@ -146,6 +146,20 @@ class QuotaLoop:
             self._metrics.quota_multiplier(tier).set(adjustment.after)
         consumed = self._key_quotas.take_consumed()
         self._step_ahead(policy, consumed, score)
+        for moved in self._kv.step_lending(policy, score, self._kv_cache_usage):
+            _, tier, pool = moved.what.split(":", 2)
+            if moved.after < moved.before:  # grows are small and frequent: the gauge shows them
+                log.info(
+                    "KV share lent to %s in pool %s called back %.2f -> %.2f (a tier above "
+                    "waited %.0f%% of its wait, score %.2f)",
+                    tier,
+                    pool,
+                    moved.before,
+                    moved.after,
+                    100 * moved.inputs["waited"],
+                    moved.inputs["score"],
+                )
+            self._metrics.kv_lent(pool, tier).set(moved.after)
         await self._step_keys(list(policy.keys.values()), memory_usage, consumed)
         lowest = self._key_quotas.lowest_safety_factor()
         if lowest is not None:

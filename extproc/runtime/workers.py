@@ -51,6 +51,7 @@ _HIGHEST = frozenset(
         "slogate_safety_factor",
         "slogate_fleet_replicas",
         "slogate_kv_footprint_ratio",
+        "slogate_kv_lent",
         "slogate_wait_alert_seconds",
         "slogate_tenant_demand_tokens_per_minute",
         "slogate_prompt_correction",

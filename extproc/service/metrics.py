@@ -386,6 +386,12 @@ class SidecarMetrics:
             "max_tokens), learned per pool; 1.0: the upper bound.",
             ["pool"],
         )
+        self.kv_lent = gauge(
+            "slogate_kv_lent",
+            "Share of the pool's KV cache lent to a tier on top of its kv_shares while no "
+            "tier above waits for room (budget.lending); 0: nothing lent.",
+            ["pool", "tier"],
+        )
         # Read from the admission ledger when Prometheus scrapes, not set per request.
         self.admission = AdmissionCollector()
         r.register(self.admission)

@@ -45,6 +45,8 @@ def run_once(
     if timeline:  # for plots: every 5th breaker evaluation, P99 TTFT per 10 s of arrivals
         report["timeline"] = [dataclasses.asdict(sample) for sample in fleet.timeline[::5]]
         report["p99_ttft_series"] = p99_series(results.values(), workload.duration_s)
+        if fleet.lending_history:  # the KV share lent to sheddable (budget.lending), per move
+            report["kv_lending"] = [list(move) for move in fleet.lending_history]
     return report
 
 

@@ -212,6 +212,8 @@ class OfflineFleet(FleetRequests):
         self._accounted_s = 0.0
         self.until_s = math.inf
         self.multiplier_history: list[tuple[float, dict[str, float]]] = []
+        # (time, replica, "kv_lend:<pool>", the share now lent to sheddable): budget.lending
+        self.lending_history: list[tuple[float, int, str, float]] = []
         self.results: dict[str, Served] = {}
         self._outputs: dict[str, int] = {}  # request id -> output tokens it will generate
         self._arrivals: dict[str, Arrival] = {}
@@ -366,6 +368,9 @@ class OfflineFleet(FleetRequests):
             )
         )
 
+    def _scraped_kv(self, pool: str) -> float | None:
+        return self._scraped.get(pool, (None, None))[0]
+
     def _control(self) -> None:
         """One controller interval, from the same inputs the sidecar uses (board.fleet_load)."""
         score, memory_usage = self.board.fleet_load()
@@ -394,6 +399,10 @@ class OfflineFleet(FleetRequests):
             self.key_quotas.step(self.policy.keys.values(), memory_usage)
         if moved:
             self.multiplier_history.append((self.clock.now_s, dict(self.applied)))
+        for index, sidecar in enumerate(self.sidecars):  # each replica lends from its own room
+            kv = sidecar.admission.kv
+            for loan in kv.step_lending(self.policy, score, self._scraped_kv):
+                self.lending_history.append((self.clock.now_s, index, loan.what, loan.after))
 
     def _sidecar_index(self, request_id: str, arrival: Arrival) -> int:
         index = self._sidecar_of.get(request_id)

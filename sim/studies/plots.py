@@ -12,7 +12,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from policy.domain import Tier
 from policy.quantiles import quantile
+from policy.schema import BreakerConfig
 
 RUNS = (("static_best", "static (best sweep)", "tab:gray"), ("dynamic", "dynamic", "tab:blue"))
 
@@ -78,6 +80,23 @@ def draw_comparison(comparison: dict[str, Any], out: Path) -> Path:
                 linestyle="--",
                 label="dynamic: sheddable multiplier",
             )
+            # What sheddable may fill: its share plus the KV reserve lent to it (budget.lending).
+            lent = [
+                (t, value)
+                for t, _, what, value in report.get("kv_lending") or []
+                if what == f"kv_lend:sheddable:{busiest}"
+            ]
+            if lent:
+                base = BreakerConfig().kv_shares[Tier.SHEDDABLE]  # the simulator's policy's
+                load.step(
+                    [0.0, *(t for t, _ in lent)],
+                    [base, *(base + value for _, value in lent)],
+                    where="post",
+                    color=colour,
+                    linestyle="-.",
+                    linewidth=0.8,
+                    label="dynamic: sheddable KV share (lent)",
+                )
     for start, end in comparison.get("bursts", []):
         for axis in (load, latency, level):
             axis.axvspan(start, end, color="tab:orange", alpha=0.15)

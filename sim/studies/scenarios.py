@@ -102,6 +102,41 @@ def gains(comparison: dict[str, Any]) -> dict[str, float | None]:
     }
 
 
+# The field's published result of dynamic against static quotas (/work/shared/DESIGN.md,
+# "Numbers from the field"): GPU utilisation, P99 latency, burst handling (bursts served).
+FIELD = {"utilisation": (0.41, 0.68), "p99_ms": (920, 650), "burst_handling": (0.3, 0.8)}
+
+
+def field_table(comparison: dict[str, Any]) -> str:
+    """The field's three rows, static -> dynamic, with this comparison's beside them: the
+    best static quota of the sweep against slogate's dynamic control. The field names one
+    P99; ours are per tier (P99 TTFT of the critical and the standard tier)."""
+    static, dynamic = comparison["static_best"]["report"], comparison["dynamic"]
+
+    def p99_ms(report: dict[str, Any], tier: str) -> str:
+        value = report["tiers"][tier]["p99_ttft_s"]
+        return "-" if value is None else f"{value * 1000:.0f}"
+
+    def share(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1%}"
+
+    u, p, b = FIELD["utilisation"], FIELD["p99_ms"], FIELD["burst_handling"]
+    seed = comparison["seed"]
+    return "\n".join(
+        [
+            f"| metric | field: static -> dynamic | ours (seed {seed}): static -> dynamic |",
+            "| --- | --- | --- |",
+            f"| GPU utilisation | {u[0]:.0%} -> {u[1]:.0%} | "
+            f"{share(static['gpu_utilisation'])} -> {share(dynamic['gpu_utilisation'])} |",
+            f"| P99 latency ms (ours: TTFT, critical / standard) | {p[0]} -> {p[1]} | "
+            f"{p99_ms(static, 'critical')} / {p99_ms(static, 'standard')} -> "
+            f"{p99_ms(dynamic, 'critical')} / {p99_ms(dynamic, 'standard')} |",
+            f"| burst handling (served within SLO) | {b[0] * 10:.0f}/10 -> {b[1] * 10:.0f}/10 | "
+            f"{share(static['burst_handling'])} -> {share(dynamic['burst_handling'])} |",
+        ]
+    )
+
+
 def table(comparison: dict[str, Any]) -> str:
     columns = [
         ("static (contract, 1.0)", comparison["static_contract"]["report"]),
@@ -139,4 +174,36 @@ def table(comparison: dict[str, Any]) -> str:
         f", burst handling {g['burst_handling_static']} -> {g['burst_handling_dynamic']}, "
         f"OOM events under dynamic control: {g['oom_events_dynamic']}"
     )
+    lines += ["", "Against the field's published result:", "", field_table(comparison)]
+    lending = loan_summary(comparison["dynamic"])
+    if lending:
+        lines += ["", lending]
     return "\n".join(lines)
+
+
+def loan_summary(report: dict[str, Any]) -> str:
+    """What was lent of the KV reserve in the busiest pool (budget.lending), from the moves
+    a run with a timeline records: each borrower's mean loan over the run and its moves."""
+    moves = report.get("kv_lending") or []
+    if not moves:
+        return ""
+    by_pool = report["utilisation_by_pool"]
+    pool = max(by_pool, key=lambda name: by_pool[name])
+    timeline = report.get("timeline") or []
+    span_s = timeline[-1]["at_s"] if timeline else None
+    parts = []
+    for borrower in ("standard", "sheddable"):
+        mine = [(t, value) for t, _, what, value in moves if what == f"kv_lend:{borrower}:{pool}"]
+        if not mine:
+            continue
+        end_s = span_s or mine[-1][0]
+        held = sum(
+            value * (min(end_s, (mine[i + 1][0] if i + 1 < len(mine) else end_s)) - t)
+            for i, (t, value) in enumerate(mine)
+        )
+        calls = sum(1 for i in range(1, len(mine)) if mine[i][1] < mine[i - 1][1])
+        parts.append(
+            f"{borrower}: mean {held / end_s:.3f} of the pool lent, at most "
+            f"{max(v for _, v in mine):.2f}, {len(mine)} moves ({calls} called back)"
+        )
+    return f"KV reserve lent in pool {pool!r} (budget.lending): " + "; ".join(parts)

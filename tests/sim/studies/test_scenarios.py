@@ -171,6 +171,10 @@ def test_the_comparison_prints_and_draws(burst: dict[str, Any], tmp_path: Path) 
     assert burst["dynamic"]["timeline"] and burst["dynamic"]["p99_ttft_series"]
     text = table(burst)
     assert "dynamic vs best static" in text and "static (contract, 1.0)" in text
+    # The field's three rows, ours beside them (the seed's own numbers, as percentages).
+    assert "| GPU utilisation | 41% -> 68% | 68.1% -> 85.1% |" in text
+    assert "| burst handling (served within SLO) | 3/10 -> 8/10 | 25.3% -> 82.3% |" in text
+    assert "920 -> 650" in text and "KV reserve lent in pool 'default'" in text
     pytest.importorskip("matplotlib")
     from sim.studies.plots import draw_comparison
 
@@ -181,16 +185,19 @@ def test_the_comparison_prints_and_draws(burst: dict[str, Any], tmp_path: Path) 
 def test_dynamic_beats_the_best_static_quota_on_the_burst_workload(
     burst: dict[str, Any],
 ) -> None:
-    """Margins, not numbers: measured at seed 7, +13% utilisation, +13% goodput, burst
-    handling 0.25 -> 0.83, no OOM (bench/results/simulate-burst-10x.json)."""
+    """Measured at seed 7: utilisation 0.68 -> 0.85 (+25%), goodput +18%, burst handling
+    0.25 -> 0.82, no OOM, critical attainment 1.0 (bench/results/simulate-burst-10x.json).
+    The issue's goal is held as it is stated: at least 0.85 with critical >= 0.999 and no
+    OOM (the KV reserve lent while no tier above waits: budget.lending)."""
     static, dynamic = burst["static_best"]["report"], burst["dynamic"]
     g = gains(burst)
-    assert g["utilisation_relative"] is not None and g["utilisation_relative"] > 0.05
-    assert g["goodput_relative"] is not None and g["goodput_relative"] > 0.05
+    assert g["utilisation_relative"] is not None and g["utilisation_relative"] > 0.2
+    assert dynamic["gpu_utilisation"] >= 0.85
+    assert g["goodput_relative"] is not None and g["goodput_relative"] > 0.1
     assert dynamic["burst_handling"] > static["burst_handling"] + 0.3
     assert dynamic["oom_events"] == 0
     critical = dynamic["tiers"]["critical"]
-    assert critical["slo_attainment"] >= 0.99
+    assert critical["slo_attainment"] >= 0.999
     # Not ahead on critical P99 (the engines run fuller, and TTFT grows with the batch),
     # but held well inside the 2 s SLO.
     assert critical["p99_ttft_s"] < 0.5 * 2.0
