@@ -166,3 +166,18 @@ async def test_without_a_waiting_room_a_refusal_above_calls_the_loan_back() -> N
         await kv.admit(Applicant(standard, "t", policy))
     kv.step_lending(policy, CALM)
     assert kv.lending[Tier.SHEDDABLE].lent["default"] < lent
+
+
+async def test_a_reservation_ahead_of_a_ramp_caps_the_loan_and_calls_it_back() -> None:
+    """The quota controller's cap (budget.ahead: headroom kept for a ramping tenant) wins over
+    the loan, and the loan does not grow unseen behind it, to land whole when it lifts."""
+    pool = Pool(slots_policy())
+    await pool.calm(10)
+    assert pool.kv.share(pool.policy, "default", Tier.SHEDDABLE) == 0.96
+    pool.kv.share_caps["sheddable"] = 0.7
+    assert pool.kv.share(pool.policy, "default", Tier.SHEDDABLE) == 0.7
+    await pool.calm(10)
+    assert pool.kv.lending[Tier.SHEDDABLE].lent["default"] == 0.0
+    pool.kv.share_caps.clear()  # given back: sheddable at its policy share, the loan regrows
+    assert pool.kv.share(pool.policy, "default", Tier.SHEDDABLE) == 0.85
+    assert pool.kv.share(pool.policy, "default", Tier.STANDARD) == 0.96  # never capped
