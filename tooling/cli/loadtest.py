@@ -66,7 +66,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="protected,unprotected",
         help="the same workload and seed through slogate and through the same Envoy and "
-        "sidecar with admission off (routing only), one stack after the other; side by side",
+        "sidecar with admission off (routing only), one stack after the other; side by side. "
+        "Or quotas ahead of the workload's first burst, any of reactive,calendar,"
+        "reactive-never,wrong-calendar: without an ahead: calendar, with a one-off event "
+        "declared at the burst's wall time, and both on the same traffic whose ramp never "
+        "comes (loadtest-<workload>-ahead; lead, grace and controller interval x the time scale)",
     )
     loadtest.set_defaults(handler=run_loadtest)
 
@@ -117,6 +121,7 @@ def run_loadtest(args: argparse.Namespace) -> int:
         workload_path,
         workload_policy,
     )
+    from tooling.loadtest.ahead_arms import AHEAD_ARMS
     from tooling.loadtest.faults import load_faults
     from tooling.loadtest.predict import prediction_table, under
     from tooling.loadtest.report import compare_table, table
@@ -175,6 +180,8 @@ def run_loadtest(args: argparse.Namespace) -> int:
     protected = workload_policy(path, base)
     if args.compare is not None:
         modes = [m.strip() for m in args.compare.split(",")]
+        if any(m in AHEAD_ARMS for m in modes):
+            return _ahead(args, modes, path, protected, keys, store)
         if sorted(modes) != ["protected", "unprotected"] or args.url is not None:
             print(
                 "slogate loadtest: --compare protected,unprotected, on the local stack",
@@ -225,6 +232,66 @@ def run_loadtest(args: argparse.Namespace) -> int:
     out.with_suffix(".md").write_text(f"# slogate loadtest --workload {args.workload}\n\n{text}\n")
     print(text)
     print(f"wrote {out} and {out.with_suffix('.md')}{_draw({'live': result}, out)}")
+    return 0
+
+
+# The seconds a run's stack is given to start and its prompts to be built before its first
+# arrival is due (the calendar arms' event is declared against that time).
+LEAD_IN_S = 45.0
+
+
+def _ahead(
+    args: argparse.Namespace,
+    arms: list[str],
+    path: Path,
+    protected: dict[str, Any],
+    keys: dict[str, str],
+    store: BudgetStoreKind | None,
+) -> int:
+    import time
+
+    import yaml
+
+    from sim.fleet.workload_files import SIMULATION_POLICY, workload_from
+    from tooling.loadtest.ahead_arms import AHEAD_ARMS, ahead_document, ahead_policy, ahead_table
+    from tooling.loadtest.predict import live_utilisation
+    from tooling.loadtest.run import run_live
+
+    document = yaml.safe_load(path.read_text())
+    unknown = [a for a in arms if a not in AHEAD_ARMS]
+    if unknown or args.url is not None or args.engine != "sim" or not document.get("bursts"):
+        print(
+            f"slogate loadtest: --compare {','.join(AHEAD_ARMS)} (any of them), on the local "
+            "stack's simulated pools, for a workload with bursts",
+            file=sys.stderr,
+        )
+        return 2
+    runs: dict[str, Any] = {}
+    for arm in arms:
+        raw = ahead_document(document, arm)
+        workload = workload_from(raw, SIMULATION_POLICY, args.seed, source=str(path))
+        if args.duration_s is not None:
+            workload = workload.first(args.duration_s)
+        start_unix = time.time() + LEAD_IN_S
+        policy = ahead_policy(protected, raw, arm, start_unix, args.time_scale)
+        print(f"slogate loadtest: arm {arm}, ahead: {policy.get('ahead')}", flush=True)
+        run = run_live(workload, policy, keys, args.time_scale, (), store, start_unix=start_unix)
+        run["ahead"] = policy.get("ahead")
+        run["controller_interval_s"] = policy["breaker"]["controller_interval_s"]
+        runs[arm] = run
+    used = {arm: live_utilisation(run["timeline"]).get("default", 0.0) for arm, run in runs.items()}
+    for arm, run in runs.items():
+        run["utilisation_default"] = used[arm]
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / f"loadtest-{args.workload}-ahead.json"
+    _write_result({"modes": runs}, out)
+    from tooling.loadtest.report import compare_table
+
+    text = ahead_table(runs, used) + "\n\n" + compare_table(runs)
+    title = f"slogate loadtest --workload {args.workload} --compare {args.compare}"
+    out.with_suffix(".md").write_text(f"# {title}\n\n{text}\n")
+    print(text)
+    print(f"wrote {out} and {out.with_suffix('.md')}{_draw(runs, out)}")
     return 0
 
 

@@ -115,11 +115,14 @@ def run_live(
     url: str | None = None,
     engine: str = "sim",
     admission: bool = True,
+    start_unix: float | None = None,
 ) -> dict[str, Any]:
     """One loadtest: against `url`, or a local stack started for it under `policy_raw`
     (stopped afterwards: after the drain, what it still holds is read first); `engine`
     "vllm": the stack's default pool is a real vLLM (tooling.stack.vllm_engine); `admission`
-    False: the unprotected run (see unprotected_policy)."""
+    False: the unprotected run (see unprotected_policy); `start_unix`: the wall time the
+    first arrival is due (a policy's calendar was declared against it; see
+    tooling.loadtest.ahead_arms)."""
     stack = None
     if url is None:
         work_dir = Path(tempfile.mkdtemp(prefix="slogate-loadtest-"))
@@ -166,6 +169,7 @@ def run_live(
                 sampler=sampler,
                 alongside=injector,
                 watch=signals.run if stack else None,
+                start_unix=start_unix,
             )
         )
         if stack is not None:
@@ -176,7 +180,7 @@ def run_live(
     shots = played.shots
     windows = injector.windows if injector is not None else []
     mark_faults(shots, windows)
-    return report(
+    result = report(
         shots,
         workload.policy,
         time_scale,
@@ -192,3 +196,8 @@ def run_live(
         bursts=workload.bursts,
         burst_tenants=workload.burst_tenants,
     )
+    # The machine is shared: what else ran shows here (1, 5, 15 min), read at the end.
+    result["load_average"] = [round(v, 2) for v in os.getloadavg()]
+    if start_unix is not None:
+        result["started_late_s"] = round(played.started_late_s, 3)
+    return result

@@ -129,6 +129,10 @@ class SignalSampler:
                     row["breakers"][sample.labels["pool"]] = sample.value
                 elif sample.name == "slogate_quota_multiplier":
                     row["multipliers"][sample.labels["tier"]] = sample.value
+                elif sample.name == "slogate_quota_ahead_moves_total":
+                    row.setdefault("ahead_moves", {})[sample.labels["reason"]] = sample.value
+                elif sample.name == "slogate_quota_ahead_raised_tenants":
+                    row["ahead_raised"] = sample.value
                 elif sample.name == "slogate_decision_seconds_bucket":
                     bound = float(sample.labels["le"])
                     decisions.setdefault(sample.labels["phase"], []).append((bound, sample.value))
@@ -176,6 +180,12 @@ class SignalSampler:
             tier: min(r["multipliers"][tier] for r in self.timeline if tier in r["multipliers"])
             for tier in sorted(tiers)
         }
+        # The planner's moves (budget.ahead) by reason: cumulative, the last scrape's; and
+        # the seconds (real) a raise held.
+        moves: dict[str, float] = next(
+            (r["ahead_moves"] for r in reversed(self.timeline) if "ahead_moves" in r), {}
+        )
+        raised_s = sum(step for r in self.timeline if r.get("ahead_raised", 0.0) > 0)
         decision = {
             phase: {f"p{round(q * 100)}_ms": _bucket_quantile(buckets, q) for q in (0.5, 0.99)}
             for phase, buckets in sorted(self.decisions.items())
@@ -183,6 +193,8 @@ class SignalSampler:
         return {
             "pools": pools,
             "breakers": breakers,
+            "ahead_moves": {reason: n for reason, n in sorted(moves.items()) if n},
+            "ahead_raised_s": raised_s,
             "lowest_multipliers": multipliers,
             "decision": decision,
         }

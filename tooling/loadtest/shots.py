@@ -76,6 +76,7 @@ class Played:
 
     shots: list[Shot]
     stalls: list[tuple[float, float]]
+    started_late_s: float = 0.0  # after `start_unix`, when play was given one
 
 
 def messages(arrival: Arrival, nonce: int) -> list[dict[str, str]]:
@@ -148,12 +149,15 @@ async def play(
     sampler: ProcessSampler | None = None,
     alongside: Callable[[float], Coroutine[Any, Any, None]] | None = None,
     watch: Callable[[float], Coroutine[Any, Any, None]] | None = None,
+    start_unix: float | None = None,
 ) -> Played:
     """Every arrival sent at its scaled time; returns when the last one is answered.
     Given the clock's start: `alongside` runs meanwhile and is waited for (a fault
     schedule), `watch` runs until the end (a sampler). The generator watches its own loop
     as the sidecar does (a stall over a second is logged with where its threads were), and
-    marks each request that lived through one of its stalls."""
+    marks each request that lived through one of its stalls. `start_unix`: the wall time
+    the first arrival is due (a policy declared ramps against it); later if the prompts
+    took longer to build, as `Played.started_late_s` says."""
     sampling = asyncio.create_task(sampler.run()) if sampler is not None else None
     own_lag = LoopLag(time.monotonic, kept_s=math.inf)
     lagging = asyncio.create_task(own_lag.run())
@@ -165,7 +169,9 @@ async def play(
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     shots: list[Shot] = []
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        start = time.monotonic() + 0.2
+        wait_s = 0.2 if start_unix is None else start_unix - time.time()
+        started_late_s = max(0.0, -wait_s)
+        start = time.monotonic() + max(0.2, wait_s)
         if alongside is not None:
             side = asyncio.create_task(alongside(start))
         if watch is not None:
@@ -203,4 +209,4 @@ async def play(
         sampling.cancel()
         assert sampler is not None
         sampler.sample()
-    return Played(shots, stalls)
+    return Played(shots, stalls, started_late_s)
