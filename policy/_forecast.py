@@ -7,9 +7,13 @@ traffic record (`traffic_record:`), so it needs one, kept for `history_days` at 
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 from policy._reader import PolicyError, Section, positive
+
+# What the refit imports (forecast/seasonal.py); an extra, so it may be missing.
+FIT_LIBRARY = "statsmodels"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,14 @@ def parse_forecast(sec: Section, traffic_record_keep_days: int | None) -> Foreca
             f"{config.history_days} history days to fit on"
         )
     if config.enabled:
+        if not fit_library_installed():
+            # Refused here, not at the first refit an hour later: a sidecar that took the
+            # policy would run on without a forecast and say so only in a metric.
+            raise PolicyError(
+                f"{sec.child('enabled')}: forecasts are fitted with {FIT_LIBRARY}, which is "
+                "not installed: pip install 'slogate[forecast]' (the image: build it with "
+                "--build-arg WITH_FORECAST=1)"
+            )
         if traffic_record_keep_days is None:
             raise PolicyError(f"{sec.child('enabled')}: a forecast needs a traffic_record")
         if traffic_record_keep_days < config.history_days:
@@ -49,3 +61,8 @@ def parse_forecast(sec: Section, traffic_record_keep_days: int | None) -> Foreca
                 f"record keeps {traffic_record_keep_days} (traffic_record.keep_days)"
             )
     return config
+
+
+def fit_library_installed() -> bool:
+    """Whether the refit's library can be imported (looked up, not imported: it takes ~2 s)."""
+    return importlib.util.find_spec(FIT_LIBRARY) is not None

@@ -50,3 +50,20 @@ def test_bad_forecast_settings_are_named_by_path(
         parse_policy(raw)
     assert str(info.value).startswith(path + ":"), str(info.value)
     assert reason in str(info.value)
+
+
+def test_a_forecast_without_its_fitting_library_is_refused_naming_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """statsmodels is an extra (the image leaves it out unless built with WITH_FORECAST=1):
+    where it is missing the policy is refused at load, not at the first refit an hour on.
+    The lookup is the module's own, so this stands in for a machine without the extra."""
+    import policy._forecast as forecast_section
+
+    raw = {**RECORD, "forecast": {"enabled": True}}
+    assert forecast_section.fit_library_installed()  # the test environment has the extra
+    assert parse_policy(raw).forecast.enabled
+    monkeypatch.setattr(forecast_section, "FIT_LIBRARY", "statsmodels_not_installed_here")
+    with pytest.raises(PolicyError, match=r"forecast\.enabled: .*slogate\[forecast\]"):
+        parse_policy(raw)
+    assert parse_policy({**RECORD, "forecast": {"enabled": False}}).forecast.enabled is False
