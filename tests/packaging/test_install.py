@@ -20,7 +20,7 @@ from tooling.cli.main import main
 from tooling.stack import processes
 
 # The extras a user may add; `vllm` is installed apart (make vllm) and brings its own world.
-OUR_EXTRAS = ("sim", "bench", "tracing", "stack", "test")
+OUR_EXTRAS = ("sim", "bench", "tracing", "stack", "forecast", "test")
 
 
 def _installed(name: str) -> metadata.Distribution | None:
@@ -77,3 +77,12 @@ def test_no_installed_distribution_ships_a_slogate_top_level_name() -> None:
     claims = metadata.packages_distributions()
     taken = {name: claims[name] for name in PACKAGES if set(claims.get(name, [])) - {"slogate"}}
     assert not taken, f"top-level names also installed by: {taken}"
+
+
+def test_the_image_build_context_lets_every_package_in() -> None:
+    """.containerignore ignores everything but what it names: a package it leaves out is
+    missing from the image, whose every command then fails to import (forecast/ was, once)."""
+    lines = (ROOT / ".containerignore").read_text().splitlines()
+    let_in = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    assert "*" in lines
+    assert set(PACKAGES) <= let_in, set(PACKAGES) - let_in
