@@ -124,7 +124,7 @@ class QuotaLoop:
         self._wall_clock = wall_clock
         self._on_ahead_move = on_ahead_move
         for tier, value in quotas.values.items():
-            metrics.quota_multiplier(tier).set(value)
+            metrics.quotas.quota_multiplier(tier).set(value)
 
     async def step(self) -> None:
         policy = self._policy()
@@ -142,8 +142,8 @@ class QuotaLoop:
                 adjustment.inputs["score"],
                 adjustment.inputs["forecast"],
             )
-            self._metrics.quota_adjustments(tier, direction).inc()
-            self._metrics.quota_multiplier(tier).set(adjustment.after)
+            self._metrics.quotas.quota_adjustments(tier, direction).inc()
+            self._metrics.quotas.quota_multiplier(tier).set(adjustment.after)
         consumed = self._key_quotas.take_consumed()
         self._step_ahead(policy, consumed, score)
         for moved in self._kv.step_lending(policy, score, self._kv_cache_usage):
@@ -159,16 +159,16 @@ class QuotaLoop:
                     100 * moved.inputs["waited"],
                     moved.inputs["score"],
                 )
-            self._metrics.kv_lent(pool, tier).set(moved.after)
+            self._metrics.quotas.kv_lent(pool, tier).set(moved.after)
         await self._step_keys(list(policy.keys.values()), memory_usage, consumed)
         lowest = self._key_quotas.lowest_safety_factor()
         if lowest is not None:
-            self._metrics.safety_factor.set(lowest)
+            self._metrics.quotas.safety_factor.set(lowest)
         if score is not None:
-            self._metrics.load_score("measured").set(score)
+            self._metrics.quotas.load_score("measured").set(score)
             forecast = self._quotas.forecaster.forecast(self._quotas.horizon)
             if forecast is not None:
-                self._metrics.load_score("forecast").set(forecast)
+                self._metrics.quotas.load_score("forecast").set(forecast)
 
     def _step_ahead(self, policy: Policy, consumed: dict[str, float], score: float | None) -> None:
         """The planner's interval: each tenant's demand (the weighted tokens its keys
@@ -191,10 +191,10 @@ class QuotaLoop:
             self._note_ahead(move)
         if self._applied is not None:
             planner.apply(self._quotas.values, self._applied, self._kv.share_caps)
-        self._metrics.quota_ahead_raised.set(len(planner.raises))
-        self._metrics.quota_ahead_lent.set(planner.config.lend if planner.lending else 1.0)
+        self._metrics.quotas.quota_ahead_raised.set(len(planner.raises))
+        self._metrics.quotas.quota_ahead_lent.set(planner.config.lend if planner.lending else 1.0)
         for tier in ("sheddable", "standard"):
-            self._metrics.quota_ahead_kv_share(tier).set(self._kv.share_caps.get(tier, 1.0))
+            self._metrics.quotas.quota_ahead_kv_share(tier).set(self._kv.share_caps.get(tier, 1.0))
 
     def _note_ahead(self, move: Adjustment) -> None:
         log.info(
@@ -205,7 +205,7 @@ class QuotaLoop:
             move.after,
             ", ".join(f"{k} {v:.2f}" for k, v in sorted(move.inputs.items())),
         )
-        self._metrics.quota_ahead_moves(reason_label(move.reason)).inc()
+        self._metrics.quotas.quota_ahead_moves(reason_label(move.reason)).inc()
         if self._on_ahead_move is not None:
             self._on_ahead_move(move.what, move.reason, move.before, move.after)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from extproc.service.metrics import Family
+from extproc.service.loop_metrics import Family
 from extproc.service.tenant_family import TenantFamily
 from extproc.service.tenant_series import TenantSeries
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry
 
 from admission.decision import RequestOutcome
-from extproc.service.metrics import Family, LoopHistogram
+from extproc.service.loop_metrics import Family, LoopHistogram
 from policy.apis import BodyShape
 from policy.schema import Policy
 

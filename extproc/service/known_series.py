@@ -57,7 +57,7 @@ def start_series(metrics: SidecarMetrics, policy: Policy) -> None:
         metrics.registry.unregister(metrics.redis_up)
         metrics.registry.unregister(metrics.kv_ledger_shared)
     # No key with a tokens-per-minute limit has been stepped yet: no factor (not 0).
-    metrics.safety_factor.set(math.nan)
+    metrics.quotas.safety_factor.set(math.nan)
     for result in ("ok", "rejected"):
         metrics.policy_reloads(result)
     # Only here: a reload must not overwrite what the breaker loop read since.
@@ -83,7 +83,7 @@ def policy_series(metrics: SidecarMetrics, policy: Policy) -> None:
         for reason in SHED_REASONS:
             metrics.shed(tier, reason)
         for direction in ("shrink", "grow"):
-            metrics.quota_adjustments(tier, direction)
+            metrics.quotas.quota_adjustments(tier, direction)
     for pool in (*policy.pools, GLOBAL_BREAKER):
         metrics.breaker_level(pool)  # a pool starts at L0, undrilled
         metrics.breaker_drill(pool)

@@ -25,7 +25,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from extproc.service.metrics import _LATENCY_BUCKETS_S, Family, SidecarMetrics
+from extproc.service.loop_metrics import Family
+from extproc.service.metrics import _LATENCY_BUCKETS_S, SidecarMetrics
 from extproc.service.tenant_series import TABLE_FACTOR, TenantSeries
 from tooling.benchmarks.reports import write_report
 

@@ -8,7 +8,7 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from extproc.service.metrics import LoopCounter, LoopHistogram
+from extproc.service.loop_metrics import LoopCounter, LoopHistogram
 
 BOUNDS = (0.025, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0)
 
