@@ -37,7 +37,7 @@ returns what admission applies.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -74,6 +74,15 @@ def reason_label(reason: str) -> str:
     if reason.startswith("lent"):
         return "lent"
     return "expired" if "did not come" in reason else "given_back"
+
+
+def tenant_tiers(keys: Iterable[ApiKey]) -> dict[str, str]:
+    """Each tenant's tier, as the planner steps them: its first key's (the sidecar and the
+    simulator alike; a tenant whose keys sit on several tiers is raised as its first)."""
+    tiers: dict[str, str] = {}
+    for key in keys:
+        tiers.setdefault(key.tenant, key.tier.value)
+    return tiers
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from admission.kv.step import KvStep
 from breaker.board import BreakerBoard
 from breaker.levels import BreakerLevel, Transition
-from budget.ahead import AheadSeat, reason_label
+from budget.ahead import AheadSeat, reason_label, tenant_tiers
 from budget.key_quotas import KeyQuotas
 from budget.quotas import Adjustment, TierMultipliers
 from extproc.service.metrics import SidecarMetrics
@@ -179,11 +179,10 @@ class QuotaLoop:
                 self._applied.update(self._quotas.values)
                 self._kv.share_caps.clear()
             return
-        tiers: dict[str, str] = {}
+        tiers = tenant_tiers(policy.keys.values())
         demand: dict[str, float] = {}
         counted: set[str] = set()
         for key in policy.keys.values():
-            tiers.setdefault(key.tenant, key.tier.value)
             if key.budget_id not in counted:
                 counted.add(key.budget_id)
                 demand[key.tenant] = demand.get(key.tenant, 0.0) + consumed.get(key.budget_id, 0.0)

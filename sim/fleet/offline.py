@@ -31,7 +31,7 @@ from admission.kv.book import LocalBook
 from admission.kv.dispatch import ROOM_TICK_S
 from breaker.board import BreakerBoard
 from breaker.latency import ResponseWindows
-from budget.ahead import AheadCeilings, AheadPlanner
+from budget.ahead import AheadCeilings, AheadPlanner, tenant_tiers
 from budget.key_quotas import KeyQuotas
 from budget.quotas import Adjustment, TierMultipliers
 from budget.store import InProcessStore
@@ -383,7 +383,7 @@ class OfflineFleet(FleetRequests):
         self._last_score = score
         moved = bool(self.quotas.step(score))
         if self.ahead is not None:
-            tiers = {k.tenant: k.tier.value for k in self.policy.keys.values()}
+            tiers = tenant_tiers(self.policy.keys.values())
             steps = self.ahead.step(self.clock.now_s, tiers, self._asked, score)
             self.ahead_moves += steps
             moved = moved or bool(steps)

@@ -9,32 +9,17 @@ ramps minutes long that have no weeks of history).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from extproc.service.traffic_read import TrafficEntry
 from forecast.calendar import CalendarClock
 from forecast.outlook import Expected, Outlook
 from forecast.refit import RefitSettings, refit
 from forecast.seasonal_outlook import SeasonalOutlook
 from sim.fleet.workload_files import SIMULATION_POLICY, workload_from
 from sim.studies.ahead_workloads import WEEK_ORIGIN, WEEK_SCALE, week_document
-
-
-@dataclass(frozen=True, slots=True)
-class _Recorded:
-    """An arrival as the traffic record would have it (forecast.demand.RecordedRequest)."""
-
-    t: float
-    tenant: str | None
-    prompt: int | None
-    max_tokens: int
-    bucket: str | None = None
-    n: int = 1
-    usage_prompt: int | None = None
-    usage_completion: int | None = None
-
 
 PRIOR_WEEKS = 3
 
@@ -45,12 +30,19 @@ def fitted_week_forecast(seed: int = 11) -> SeasonalOutlook:
     naive, the best per tenant on the held-back week) fitted on PRIOR_WEEKS weeks of the
     usual week (`week_document`, other seeds) recorded before the simulated one, in calendar
     time: what `slogate serve` would have refitted at the week's start."""
-    entries: list[_Recorded] = []
+    entries: list[TrafficEntry] = []
     for back in range(1, PRIOR_WEEKS + 1):
         week = workload_from(week_document(), SIMULATION_POLICY, seed * 100 + back, source="prior")
         start_s = WEEK_ORIGIN - back * 7 * 86_400.0
         entries += [
-            _Recorded(start_s + a.at_s * WEEK_SCALE, a.key.tenant, a.prompt_tokens, a.max_tokens)
+            TrafficEntry(
+                v=1,
+                t=start_s + a.at_s * WEEK_SCALE,
+                outcome="admitted",
+                tenant=a.key.tenant,
+                prompt=a.prompt_tokens,
+                max_tokens=a.max_tokens,
+            )
             for a in week.arrivals
         ]
     # Hourly bins: a day played in 6 min puts a few requests in a 5-minute bin, and their

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from budget.ahead import AheadCeilings, AheadPlanner, AheadSeat, reason_label
+from budget.ahead import AheadCeilings, AheadPlanner, AheadSeat, reason_label, tenant_tiers
 from forecast.outlook import Expected
 from policy._ahead import AheadConfig
 from policy.domain import ApiKey, Limits, Tier
+from policy.loader import parse_policy
 
 TIERS = {"support": "critical", "classes": "standard", "reports": "sheddable"}
 REACTIVE = {"critical": 1.0, "standard": 0.6, "sheddable": 0.8}
@@ -171,3 +172,17 @@ def test_the_seat_rebuilds_on_a_new_section_and_keeps_raises_across_a_refit() ->
     seat.forecast = Ramp(reason="forecast")
     assert seat.current(config) is first and first.outlook is seat.forecast  # a refit
     assert seat.current(AheadConfig(lead_min=5)) is not first  # a reload
+
+
+def test_a_tenant_is_stepped_at_its_first_keys_tier() -> None:
+    """The sidecar and the simulator read a tenant's tier the same way (budget.ahead)."""
+    policy = parse_policy(
+        {
+            "keys": [
+                {"key": "sk-a1", "tenant": "a", "tier": "standard"},
+                {"key": "sk-a2", "tenant": "a", "tier": "critical"},
+                {"key": "sk-b", "tenant": "b", "tier": "sheddable"},
+            ]
+        }
+    )
+    assert tenant_tiers(policy.keys.values()) == {"a": "standard", "b": "sheddable"}
