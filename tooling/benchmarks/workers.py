@@ -39,7 +39,7 @@ from tooling.benchmarks.levers import bench_policy
 from tooling.benchmarks.overhead import HOST, _wrk_script, front_envoy
 from tooling.benchmarks.reports import write_report
 from tooling.benchmarks.wrk import require_load_tools, start_envoy, upstream_bootstrap, wrk
-from tooling.stack.processes import free_port, process_table, tree_usage
+from tooling.stack.processes import free_port, process_table, read_machine, tree_usage
 from tooling.stack.redis import redis_server_binary, start_redis
 
 ENVOY_THREADS = 4
@@ -88,11 +88,10 @@ def redis_policy(work: Path, redis_port: int) -> Path:
 
 def _machine_busy_s() -> tuple[float, float]:
     """(busy, all) CPU seconds of the whole machine since boot, from /proc/stat."""
-    with open("/proc/stat", encoding="ascii") as stat:
-        fields = [int(v) for v in stat.readline().split()[1:]]
-    ticks = os.sysconf("SC_CLK_TCK")
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / ticks, sum(fields[:8]) / ticks
+    machine = read_machine()
+    if machine is None:
+        raise OSError("the machine's CPU time is unreadable: /proc/stat (Linux) is needed")
+    return machine.busy_s, machine.total_s
 
 
 def _children_cpu_s() -> float:

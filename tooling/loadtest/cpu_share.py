@@ -1,11 +1,11 @@
 """`slogate loadtest`'s CPU share per process: what each part of the stack, the load
 generator and the rest of the machine got of its cores over a run.
 
-What lives here: `MachineReading` and `read_machine` (the whole machine's busy and total CPU
-seconds and its load average, from /proc/stat and /proc/loadavg: Linux) and `cpu_shares`,
-the arithmetic, pure. On a shared 2-core machine a live run's numbers depend on who else
-ran: a real engine starved of CPU answers late whatever slogate decides, so the report says
-what each process got and what everyone else on the machine took meanwhile.
+What lives here: `cpu_shares`, the arithmetic, pure, over the whole machine's readings
+(tooling.stack.processes.read_machine: /proc/stat and /proc/loadavg, Linux). On a shared
+2-core machine a live run's numbers depend on who else ran: a real engine starved of CPU
+answers late whatever slogate decides, so the report says what each process got and what
+everyone else on the machine took meanwhile.
 
 The rows: each named process tree's CPU seconds over the window (utime + stime of the tree,
 from tooling.loadtest.scrape.ProcessSampler) as cores (seconds / wall seconds) and as a share
@@ -15,41 +15,13 @@ less the named ones' (another user's work, the kernel's); "idle" what nobody use
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+from tooling.stack.processes import MachineReading
 
 OTHERS = "other processes"
 IDLE = "idle"
-
-
-@dataclass(frozen=True, slots=True)
-class MachineReading:
-    """The machine's CPU seconds since boot, all cores together: busy (not idle, not
-    waiting on I/O) and in all; its 1-minute load average."""
-
-    busy_s: float
-    total_s: float
-    load1: float
-
-
-def read_machine() -> MachineReading | None:
-    """Now, from /proc/stat's `cpu` line and /proc/loadavg; None where there is no /proc."""
-    try:
-        with open("/proc/stat", encoding="ascii") as stat:
-            first = stat.readline().split()
-        with open("/proc/loadavg", encoding="ascii") as loadavg:
-            load1 = float(loadavg.read().split()[0])
-    except (OSError, IndexError, ValueError):
-        return None
-    if not first or first[0] != "cpu":
-        return None
-    ticks = [int(v) for v in first[1:9]]  # user nice system idle iowait irq softirq steal
-    per_second = os.sysconf("SC_CLK_TCK")
-    total = sum(ticks)
-    idle = ticks[3] + ticks[4]
-    return MachineReading((total - idle) / per_second, total / per_second, load1)
 
 
 def cpu_shares(

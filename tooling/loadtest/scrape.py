@@ -12,8 +12,8 @@ from typing import Any
 
 import aiohttp
 
-from tooling.loadtest.cpu_share import MachineReading, cpu_shares, read_machine
-from tooling.stack.processes import process_table, tree_usage
+from tooling.loadtest.cpu_share import cpu_shares
+from tooling.stack.processes import MachineReading, process_table, read_machine, tree_usage
 
 
 class ProcessSampler:

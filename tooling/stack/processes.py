@@ -1,10 +1,12 @@
 """The local stack's processes: free ports, what they use, Envoy's binary, the sidecar.
 
 What lives here: `free_port`, `proc_stat` / `process_table` / `tree_usage` (CPU and RSS of a
-process tree, from /proc), `envoy_binary`, and `start_sidecar` (`slogate serve` as a child,
-its ports read from its ready line). Used by `slogate up`, the benchmarks and the test
-fixtures alike, so all three run the stack the same way. Starting and stopping one child is
-extproc.runtime.processes' `ManagedProcess`; Redis servers are tooling.stack.redis'.
+process tree, from /proc), `read_machine` (the whole machine's CPU seconds and load average,
+what a run's share per process is read against), `envoy_binary`, and `start_sidecar`
+(`slogate serve` as a child, its ports read from its ready line). Used by `slogate up`, the
+benchmarks and the test fixtures alike, so all three run the stack the same way. Starting
+and stopping one child is extproc.runtime.processes' `ManagedProcess`; Redis servers are
+tooling.stack.redis'.
 """
 
 from __future__ import annotations
@@ -25,6 +27,34 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True, slots=True)
+class MachineReading:
+    """The machine's CPU seconds since boot, all cores together: busy (not idle, not
+    waiting on I/O) and in all; its 1-minute load average."""
+
+    busy_s: float
+    total_s: float
+    load1: float
+
+
+def read_machine() -> MachineReading | None:
+    """Now, from /proc/stat's `cpu` line and /proc/loadavg; None where there is no /proc."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            first = stat.readline().split()
+        with open("/proc/loadavg", encoding="ascii") as loadavg:
+            load1 = float(loadavg.read().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    if not first or first[0] != "cpu":
+        return None
+    ticks = [int(v) for v in first[1:9]]  # user nice system idle iowait irq softirq steal
+    per_second = os.sysconf("SC_CLK_TCK")
+    total = sum(ticks)
+    idle = ticks[3] + ticks[4]
+    return MachineReading((total - idle) / per_second, total / per_second, load1)
 
 
 def proc_stat(pid: int) -> tuple[int, float, float] | None:

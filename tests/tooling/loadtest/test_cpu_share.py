@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from policy.loader import parse_policy
-from tooling.loadtest.cpu_share import IDLE, OTHERS, MachineReading, cpu_shares, read_machine
+from tooling.loadtest.cpu_share import IDLE, OTHERS, cpu_shares
 from tooling.loadtest.report import compare_table, report
 from tooling.loadtest.scrape import ProcessSampler
 from tooling.loadtest.shots import Shot
+from tooling.stack.processes import MachineReading, read_machine
 
 
 def test_each_process_gets_its_cores_and_the_rest_of_the_machine_is_others_and_idle() -> None:
