@@ -15,11 +15,13 @@ import os
 import time
 import zoneinfo
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
 
 from extproc.runtime.forecast_refit import RefitFailed, refit_elsewhere
+from extproc.service.traffic_read import TrafficEntry
 from forecast.calendar import occurrences
 from forecast.refit import RefitSettings
 from forecast.seasonal import DAY_S
@@ -34,16 +36,12 @@ from tests.support.in_process import in_process
 from tests.support.stack import example_policy, write_policy
 
 
-async def test_the_refit_runs_in_its_own_process_and_its_error_is_exported(
-    tmp_path: Path,
-) -> None:
-    today_s = math.floor(time.time() / DAY_S) * DAY_S
-    shapes = [s for s in WEEKLY_TENANTS if s.tenant in ("school", "steady")]
-    start_s = today_s - 9 * DAY_S
-    entries = synthetic_weeks(seed=2, days=10, start_s=start_s, tenants=shapes, scale=0.2)
+def forecasting_policy(tmp_path: Path, entries: list[TrafficEntry]) -> dict[str, Any]:
+    """The example policy refitting hourly from nine days of `entries` (those already past,
+    written as the traffic record), with no pools scraped (none run here)."""
     write_record([e for e in entries if e.t < time.time()], tmp_path / "record")
     policy = example_policy()
-    policy["breaker"]["scrape_metrics"] = False  # no pools run here
+    policy["breaker"]["scrape_metrics"] = False
     policy["traffic_record"] = {"dir": "record", "keep_days": 9}
     policy["forecast"] = {
         "enabled": True,
@@ -52,6 +50,17 @@ async def test_the_refit_runs_in_its_own_process_and_its_error_is_exported(
         "bin_s": 3600,
         "refit_interval_s": 3600,
     }
+    return policy
+
+
+async def test_the_refit_runs_in_its_own_process_and_its_error_is_exported(
+    tmp_path: Path,
+) -> None:
+    today_s = math.floor(time.time() / DAY_S) * DAY_S
+    shapes = [s for s in WEEKLY_TENANTS if s.tenant in ("school", "steady")]
+    start_s = today_s - 9 * DAY_S
+    entries = synthetic_weeks(seed=2, days=10, start_s=start_s, tenants=shapes, scale=0.2)
+    policy = forecasting_policy(tmp_path, entries)
     path = tmp_path / "policy.yaml"
     write_policy(path, policy)
     async with in_process(path, exact_tokenizer=False) as (sidecar, _driver, _address):
@@ -83,17 +92,7 @@ async def test_a_learn_true_event_gets_its_multiple_from_the_recorded_history(
     school = [s for s in WEEKLY_TENANTS if s.tenant == "school"]  # 8x from 09:00 UTC
     start_s = today_s - 9 * DAY_S
     entries = synthetic_weeks(seed=4, days=10, start_s=start_s, tenants=school, holiday_days=())
-    write_record([e for e in entries if e.t < time.time()], tmp_path / "record")
-    policy = example_policy()
-    policy["breaker"]["scrape_metrics"] = False  # no pools run here
-    policy["traffic_record"] = {"dir": "record", "keep_days": 9}
-    policy["forecast"] = {
-        "enabled": True,
-        "history_days": 9,
-        "held_back_days": 1,
-        "bin_s": 3600,
-        "refit_interval_s": 3600,
-    }
+    policy = forecasting_policy(tmp_path, entries)
     event = {"name": "class", "tenants": ["school"], "days": "weekdays", "at": "09:00"}
     policy["ahead"] = {
         "timezone": "UTC",
