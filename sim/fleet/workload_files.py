@@ -3,12 +3,15 @@
 What lives here: `Workload`, `load_workload` / `workload_from` (a workload document -> the
 policy its tenants' keys make and their Poisson arrivals), `workload_policy` /
 `policy_document` (that policy as data), `workload_path` (a name on the command line -> its
-file) and `SIMULATION_POLICY`, the breaker timings the offline comparisons run under.
+file), `ramp_never_comes` (a document without its ramp) and `SIMULATION_POLICY`, the
+breaker timings the offline comparisons run under.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +98,22 @@ def workload_path(name: str) -> Path:
     if name.endswith((".yaml", ".yml")) or "/" in name:
         return Path(name)
     return WORKLOADS / f"{name}.yaml"
+
+
+def ramp_never_comes(document: Mapping[str, Any]) -> dict[str, Any]:
+    """The same workload with its ramp taken out: the burst tenants' shaped streams held at
+    their first level for the whole run (same tenants, seed and bursts window), what a
+    forecast or a declared event that expects the ramp is measured against when it is wrong."""
+    raw = copy.deepcopy(dict(document))
+    duration_s = float(raw["duration_s"])
+    for tenant in raw["tenants"]:
+        if tenant["tenant"] not in raw["burst_tenants"]:
+            continue
+        for stream in tenant["streams"]:
+            if "shape" in stream:
+                first = float(stream["shape"][0][1])
+                stream["shape"] = [[0, first], [duration_s, first]]
+    return raw
 
 
 def workload_from(

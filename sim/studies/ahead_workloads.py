@@ -16,7 +16,7 @@ import zoneinfo
 from collections.abc import Sequence
 from typing import Any
 
-from sim.fleet.workload_files import workload_path
+from sim.fleet.workload_files import ramp_never_comes, workload_path
 
 ZONE = "Europe/Paris"
 # The ramp workload starts on a Monday at 09:00 in ZONE; the week at Monday 00:00.
@@ -151,18 +151,12 @@ def sharp_ramp_document() -> dict[str, Any]:
 
 
 def ramp_document(never: bool) -> dict[str, Any]:
+    """class-start-ramp, or the same traffic whose ramp never comes."""
     import yaml
 
     raw: dict[str, Any] = yaml.safe_load(workload_path("class-start-ramp").read_text())
-    if never:
-        for tenant in raw["tenants"]:
-            for stream in tenant["streams"]:
-                if "shape" in stream:
-                    stream["shape"] = [[0, 0.125], [900, 0.125]]
-    return raw
+    return ramp_never_comes(raw) if never else raw
 
 
 def sharp_never_document() -> dict[str, Any]:
-    raw = sharp_ramp_document()
-    raw["tenants"][1]["streams"][0]["shape"] = [[0, 0.125], [120, 0.125]]
-    return raw
+    return ramp_never_comes(sharp_ramp_document())

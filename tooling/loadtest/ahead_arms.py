@@ -23,10 +23,13 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-# The simulator's class-start calendar (sim.studies.ahead.RAMP_CALENDAR), in workload time.
-LEAD_MIN = 3.0
-GRACE_MIN = 3.0
-MULTIPLE = 8.0
+from sim.fleet.workload_files import ramp_never_comes
+from sim.studies.ahead import RAMP_CALENDAR
+
+# The simulator's class-start calendar, in workload time: its lead, grace and multiple.
+LEAD_MIN = RAMP_CALENDAR.lead_min
+GRACE_MIN = RAMP_CALENDAR.grace_min
+MULTIPLE = RAMP_CALENDAR.events[0].multiple
 CONTROLLER_INTERVAL_S = 5.0  # the policy's default, in workload seconds
 
 # name -> (declares the event, the ramp comes)
@@ -76,22 +79,11 @@ def ahead_policy(
 
 
 def ahead_document(document: Mapping[str, Any], arm: str) -> dict[str, Any]:
-    """The arm's workload: the document itself, or (the ramp never comes) the burst
-    tenants' streams held at their first level for the whole run, as the simulator's
-    "ramp never comes" arms are (same tenants, same seed, same bursts window)."""
+    """The arm's workload: the document itself, or (the ramp never comes) the same traffic
+    without its ramp, as the simulator's "ramp never comes" arms play it
+    (sim.fleet.workload_files.ramp_never_comes)."""
     _, comes = AHEAD_ARMS[arm]
-    raw = copy.deepcopy(dict(document))
-    if comes:
-        return raw
-    duration_s = float(raw["duration_s"])
-    for tenant in raw["tenants"]:
-        if tenant["tenant"] not in raw["burst_tenants"]:
-            continue
-        for stream in tenant["streams"]:
-            if "shape" in stream:
-                first = float(stream["shape"][0][1])
-                stream["shape"] = [[0, first], [duration_s, first]]
-    return raw
+    return copy.deepcopy(dict(document)) if comes else ramp_never_comes(document)
 
 
 # Each arm read against the reactive arm on the same traffic (same run).
