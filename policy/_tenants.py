@@ -20,9 +20,17 @@ from dataclasses import dataclass, field, fields
 from typing import TypeVar
 
 from policy._access import parse_limits, parse_tier
-from policy._reader import PolicyError, Section, expect, kind_of, positive
+from policy._reader import PolicyError, Section, expect, kind_of, one_of, positive
 from policy._spend import check_units, merged_spend, read_prices, read_spend, spend_limits
-from policy.domain import Limits, Tenant, TenantBook, TenantWeights, Tier, tier_objective
+from policy.domain import (
+    BudgetScope,
+    Limits,
+    Tenant,
+    TenantBook,
+    TenantWeights,
+    Tier,
+    tier_objective,
+)
 
 T = TypeVar("T")
 _LIMIT_NAMES = tuple(f.name for f in fields(Limits))
@@ -45,6 +53,7 @@ class _Entry:
     spend: Mapping[str, object] = field(default_factory=dict)  # policy._spend's fields
     shared_limits: bool | None = None
     inference_objective: str | None = None
+    scope: BudgetScope | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +180,9 @@ def _read_entry(
         spend=read_spend(sec.raw("spend"), sec.child("spend")),
         shared_limits=_optional(sec, "shared_limits", bool),
         inference_objective=_objective(sec),
+        scope=None
+        if sec.raw("scope") is None
+        else BudgetScope(one_of(sec, "scope", BudgetScope, BudgetScope.REGION)),
     )
     sec.close()
     return entry
@@ -252,6 +264,7 @@ def _merge(own: _Entry, base: _Entry, named_weight: float | None = None) -> _Ent
         spend=merged_spend(own.spend, base.spend),
         shared_limits=_pick(own.shared_limits, base.shared_limits),
         inference_objective=_pick(own.inference_objective, base.inference_objective),
+        scope=_pick(own.scope, base.scope),
     )
 
 
@@ -268,4 +281,5 @@ def _tenant(entry: _Entry) -> Tenant:
         spend=spend_limits(entry.spend),
         shared_limits=bool(entry.shared_limits),
         inference_objective=entry.inference_objective,
+        scope=entry.scope or BudgetScope.REGION,
     )

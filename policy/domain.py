@@ -17,6 +17,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 
+class BudgetScope(StrEnum):
+    """Where a tenant's limits and spend budget count (the `regions:` section)."""
+
+    REGION = "region"  # each region enforces them on its own (one region: as always)
+    GLOBAL = "global"  # one budget worldwide, spent by each region from its lease
+
+
 class Tier(StrEnum):
     CRITICAL = "critical"
     STANDARD = "standard"
@@ -296,6 +303,8 @@ class Tenant:
     # The InferenceObjective (Gateway API inference extension) its requests name to an
     # endpoint picker; its priority is its tier's. None: its tier's objective.
     inference_objective: str | None = None
+    # Where its limits and spend budget count: per region, or one budget worldwide.
+    scope: BudgetScope = BudgetScope.REGION
 
     def limits_over(self, base: Limits) -> Limits:
         """`base` (its tier's limits) with the fields this tenant sets replaced."""

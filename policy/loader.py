@@ -40,10 +40,11 @@ from policy._fleet import (
 from policy._forecast import parse_forecast
 from policy._keystore import parse_key_store
 from policy._reader import PolicyError, Section, positive
+from policy._regions import parse_regions
 from policy._telemetry import parse_telemetry
 from policy._tenants import parse_tenants
 from policy._traffic import parse_traffic_record
-from policy.domain import FailureMode, TenantBook
+from policy.domain import BudgetScope, FailureMode, TenantBook
 from policy.schema import CandidateConfig, Policy
 
 
@@ -156,6 +157,15 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
             "learned by the forecast's refit from the traffic record: enable the forecast "
             "(forecast.enabled: true, with a traffic_record) or give the event a multiple"
         )
+    regions = parse_regions(root.section("regions"))
+    if not regions.enabled and book is not None:
+        global_ones = sorted(n for n, t in book.listed.items() if t.scope is BudgetScope.GLOBAL)
+        if global_ones or (book.default is not None and book.default.scope is BudgetScope.GLOBAL):
+            where = f"list.{global_ones[0]}" if global_ones else "defaults"
+            raise PolicyError(
+                f"{root.child('tenants')}.{where}.scope: global needs the regions section "
+                "(in one region its budgets are already the fleet's)"
+            )
     root.close()
 
     return Policy(
@@ -198,6 +208,7 @@ def parse_policy(raw: object, source: str = "<memory>") -> Policy:
         data_path=data_path,
         forecast=forecast,
         ahead=ahead,
+        regions=regions,
     )
 
 

@@ -16,6 +16,7 @@ from policy._ahead import AheadConfig
 from policy._data_path import DataPathConfig
 from policy._forecast import ForecastConfig
 from policy._keystore import KeyStoreConfig
+from policy._regions import RegionsConfig
 from policy._telemetry import TelemetryConfig
 from policy._traffic import TrafficRecordConfig
 from policy.apis import KNOWN_APIS, PathTable
@@ -333,6 +334,9 @@ class Policy:
     # `ahead:` the business calendar and quotas moved before a ramp (policy._ahead); None:
     # the quota controller only reacts.
     ahead: AheadConfig | None = None
+    # `regions:` the fleet's regions, the global ledger's leases, crossing (policy._regions);
+    # absent: one region.
+    regions: RegionsConfig = field(default_factory=RegionsConfig)
 
     def slo_ms(self, tier: Tier, bucket: str, tenant: str | None = None) -> float | None:
         """The P99 TTFT objective of a request: its tenant's where it sets one, else its
