@@ -26,6 +26,7 @@ from admission.access import AccessStep
 from admission.breaker_step import BreakerStep
 from admission.budget_step import BudgetStep, KeyCeilings
 from admission.chain import AdmissionChain, Step
+from admission.crossing import Crossing
 from admission.events import BreakerEvents, BudgetEvents, KvEvents
 from admission.kv.book import KvBook
 from admission.kv.step import KvStep
@@ -79,6 +80,7 @@ def build_admission(
     largest_engine: Callable[[Pool], float | None] | None = None,
     spend: tuple[SpendStore, SpendEvents] | None = None,
     wall_clock: Callable[[], float] = time.time,
+    crossing: Crossing | None = None,
 ) -> AssembledChain:
     """`board` None: no breaker step; `store` None: no budget step (simulated runs only);
     `new_waiter` None: no waiting room (a full pool refuses at once); `book`: where the KV
@@ -87,11 +89,15 @@ def build_admission(
     `largest_engine`: the KV cache of its largest serving engine (EngineFleet.
     largest_kv_tokens; None: not checked);
     `spend`: the tenants' spend budgets' store and events (None: no spend step), the step
-    right after the key budgets, `wall_clock` telling it the UTC day and month."""
-    breaker = BreakerStep(board, events, rng) if board is not None else None
+    right after the key budgets, `wall_clock` telling it the UTC day and month;
+    `crossing`: where saturated pools' tolerant requests may go to another region (the
+    breaker step asks it at the crossing level, the KV step where it would refuse for want
+    of room; None: nothing crosses)."""
+    breaker = BreakerStep(board, events, rng, crossing) if board is not None else None
     budget = BudgetStep(store, events, ttl_s, multipliers, ceilings) if store is not None else None
     spending = SpendStep(*spend, ttl_s, wall_clock) if spend is not None else None
     kv = KvStep(events, clock, ttl_s, policy, new_waiter, book, wait_cap_s, live, largest_engine)
+    kv.crossing = crossing
     chosen = (AccessStep(), breaker, budget, spending, kv)
     steps: list[Step] = [s for s in chosen if s is not None]
     return AssembledChain(AdmissionChain(steps), kv, breaker, budget, spending)

@@ -12,6 +12,7 @@ no business rule: every formula lives in the module that owns the concept.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from grpc_health.v1 import health
 
+from admission.crossing import NoPeers, PeerRooms
 from extproc.request.tokens.native import exact_counter
 from extproc.runtime.grpc_servers import (
     ListenerTls,
@@ -34,6 +36,7 @@ from extproc.runtime.grpc_servers import (
 )
 from extproc.runtime.key_store import build_key_store
 from extproc.runtime.parts import build_control, build_observers, build_request_path, build_signals
+from extproc.runtime.peer_probe import PeerProbe
 from extproc.runtime.periodic import start_loops
 from extproc.runtime.policy_holder import PolicyHolder
 from extproc.runtime.stores import build_stores
@@ -79,12 +82,15 @@ class Sidecar:
         health_port: int | None = None,
         grpc_socket: Path | None = None,
         health_host: str | None = None,
+        peer_rooms: PeerRooms | None = None,
     ) -> None:
         """`worker`: this process is one of `slogate serve --workers N`
         (extproc.runtime.workers). `tls`: the gRPC port speaks TLS; `health_port`: a
         plain-text port with grpc.health.v1 alone on `health_host` (default: `host`; the
         kubelet's probes speak no TLS and dial the pod's address); `grpc_socket`: ext_proc
-        and the access log on this Unix socket instead of `host`:`grpc_port`."""
+        and the access log on this Unix socket instead of `host`:`grpc_port`; `peer_rooms`:
+        the other regions' pools' room, which crossing reads (admission.crossing; None:
+        none reported, nothing crosses)."""
         self.worker = worker
         # Injected for tests that run this object graph on a virtual clock beside the
         # simulator's (tests/sim/fleet/test_sidecar.py); a process uses the real ones.
@@ -126,6 +132,7 @@ class Sidecar:
             rng=rng or random.Random(),
             worker=worker,
             injected_clock=clock,
+            peer_rooms=peer_rooms or NoPeers(),
         )
         self.control = build_control(
             policy=self.policy,
@@ -245,6 +252,10 @@ class Sidecar:
             stores=self.stores,
             metrics=self.metrics,
         )
+        if any(p.ingress for p in self.policy().regions.peers()):
+            probe = PeerProbe(self.policy, self.path.links, self.path.crossing)
+            task = asyncio.create_task(probe.run(), name="peer-probe")
+            exits.push_async_callback(_cancelled, task)
         return SidecarAddress(
             self._host, port, metrics_port, admin_at, health_port, self._grpc_socket
         )
@@ -256,3 +267,9 @@ class Sidecar:
         the budget store, the observers, the tokenizer's threads. Safe unstarted."""
         self._grace_s = grace_s
         await self._exits.aclose()
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
