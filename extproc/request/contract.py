@@ -103,11 +103,17 @@ FORWARDED_HEADERS = (
     "authorization",
     "x-api-key",
     *TRACE_HEADERS,
+    CROSSED_HEADER,  # a request another region sent: where it was charged
 )
 # ... and with the headers skipped Envoy drops the body reply's header mutations: the sidecar
 # puts what it would set into METADATA_NAMESPACE under each header's name, and the pool routes
 # render them upstream (overwriting a client's copy).
-UPSTREAM_METADATA_HEADERS = (*SIDECAR_SET_HEADERS, "content-length", *TRACE_HEADERS)
+UPSTREAM_METADATA_HEADERS = (
+    *SIDECAR_SET_HEADERS,
+    "content-length",
+    *TRACE_HEADERS,
+    CROSSED_HEADER,  # on a request sent to another region (the region routes render it)
+)
 
 # OpenAI's rate-limit response headers. The sidecar puts each into METADATA_NAMESPACE under
 # its own name; the route renders them, so no response message goes to the sidecar.

@@ -170,6 +170,8 @@ def region_routes(policy: Policy) -> list[route.Route]:
     ingress (its Envoy), which decides it again. The response says which region served
     it; the rate-limit headers are the origin's, which charged it."""
     timeout = dt.timedelta(seconds=policy.upstream_timeout_s)
+    one = policy.data_path.messages is ExtProcMessages.ONE
+    upstream = upstream_headers_from_metadata() if one else []
     return [
         route.Route(
             name=f"{POOL_ROUTE_PREFIX}{crossing_pool(peer.name)}",
@@ -190,6 +192,7 @@ def region_routes(policy: Policy) -> list[route.Route]:
                 timeout=timeout,
                 regex_rewrite=_NO_TRAILING_SLASH,
             ),
+            request_headers_to_add=upstream,
             response_headers_to_add=[_header(REGION_HEADER, peer.name), *_rate_limit_headers()],
         )
         for peer in policy.regions.peers()
