@@ -285,6 +285,8 @@ class KvStep:
         pool and room would give it (admission.crossing); None: it is refused here."""
         if self.crossing is None:
             return None
+        if decision.level >= applicant.policy.regions.crossing.from_level:
+            return None  # the breaker step asked at this level already: the same answer
         asked = dataclasses.replace(applicant, decision=decision)
         return self.crossing.reroute(asked, int(decision.level), waiting_full=True)
 

@@ -355,3 +355,16 @@ async def test_a_request_crossed_in_is_not_charged_and_never_crosses_again() -> 
 
 def test_no_region_agent_means_no_peer() -> None:
     assert NoPeers().peers() == {}
+
+
+async def test_a_request_the_breaker_kept_is_not_asked_about_again_by_the_kv_step() -> None:
+    """At L2 the breaker step asked already; the KV step refusing it for room asks nothing
+    (the same answer), so a request is counted once."""
+    skips = Skips()
+    admission, _ = chain(BreakerLevel.L2, {"us": ROOMY}, skips)
+    await admission.chain.admit(
+        Applicant(request(Tier.CRITICAL, "fill", context=4_700), "fill", POLICY)
+    )
+    with pytest.raises(Overloaded):
+        await admission.chain.admit(Applicant(request(Tier.CRITICAL, "c"), "c", POLICY))
+    assert skips.seen == ["not_tolerant", "not_tolerant"]  # the filler's and its own
