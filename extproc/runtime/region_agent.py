@@ -39,6 +39,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from admission.waiting_room import WaitingRoom
+from breaker.board import BreakerBoard
 from budget.global_ledger import GlobalLedger, RedisGlobalLedger
 from budget.lease_holder import LeaseHolder
 from budget.leases import Lease, LeaseSettings, PoolRoom, Report, TenantLease, TenantReport
@@ -50,7 +52,7 @@ from extproc.runtime.region_store import RegionStore
 from extproc.service.region_metrics import RegionMetrics, RegionView, TenantLeaseView
 from extproc.service.tenant_series import TenantSeries
 from policy._regions import Fallback, LedgerConfig
-from policy.domain import BudgetScope
+from policy.domain import BudgetScope, Tier
 from policy.schema import Policy
 
 log = logging.getLogger("slogate.regions")
@@ -79,6 +81,18 @@ def redis_ledger(config: LedgerConfig) -> GlobalLedger:
     # The URL may carry a password: deployments pass it through the environment.
     url = os.environ.get("SLOGATE_GLOBAL_LEDGER_URL") or config.url
     return RedisGlobalLedger(url, settings_of(config), config.timeout_ms / 1000.0)
+
+
+def pool_rooms(policy: Policy, board: BreakerBoard, room: WaitingRoom) -> dict[str, PoolRoom]:
+    """What this region tells its peers of its pools: each one's breaker level, and whether
+    its waiting room is full for any tier (a crossing peer must have room)."""
+    bound = policy.waiting_room.max_waiting
+    return {
+        name: PoolRoom(
+            int(board.level(name)), any(room.waiting(name, tier) >= bound for tier in Tier)
+        )
+        for name in policy.pools
+    }
 
 
 # -- the Lease in the region's store ---------------------------------------------------
@@ -197,14 +211,14 @@ class RegionAgent:
     # -- what admission and crossing read --------------------------------------------------
 
     def share(self, tenant: str) -> float | None:
-        """The tenant's share from the lease; before the region has one that names the
-        tenant, the policy's `min_share` (the least the global ledger grants a region)."""
+        """The tenant's share from the lease; 0 before a lease names the tenant (one
+        report's round trip after start, or after the policy made it global): a share
+        not granted by the ledger could be the other regions' (budget.lease_holder)."""
         setup = self._ensure()
         holder = self._holder
         if setup is None or holder is None:
             return None
-        share = holder.share(tenant, self._clock())
-        return setup.ledger.min_share if share is None else share
+        return holder.share(tenant, self._clock()) or 0.0
 
     def spend_limit(self, tenant: str, window_id: str, limit: float) -> float | None:
         self._ensure()
@@ -243,12 +257,13 @@ class RegionAgent:
                     None if leased is None else leased.global_usage,
                 )
             )
+        state = holder.state(now_s)
         return RegionView(
             setup.region,
-            holder.state(now_s),
+            state,
             self.holds_lock,
             self._seq,
-            holder.expires_in_s(now_s),
+            None if state == "none" else holder.expires_in_s(now_s),
             tuple(rows),
         )
 
@@ -380,13 +395,16 @@ class RegionAgent:
                     demand=totals.demand.get(tenant, 0.0),
                     usage=totals.usage.get(tenant, 0.0),
                     spend=self._spent.get(tenant, {}),
-                    applied=holder.share(tenant, now_s) or 0.0,
+                    applied=holder.applied(tenant, now_s),
                     spend_limit=self._spend_limits(policy, tenant),
                     spend_applied=holder.spend_ceilings(tenant, now_s),
                 )
             )
         report = Report(
-            region, self._seq + 1, tuple(lines), dict(self._pools()) if self._pools else {}
+            region,
+            max(self._seq, holder.seq) + 1,
+            tuple(lines),
+            dict(self._pools()) if self._pools else {},
         )
         holder.sent(now_s)
         try:
@@ -445,9 +463,7 @@ class RegionAgent:
             return
         now_s = self._clock()
         self._meter().ledger_state(holder.state(now_s))
-        expires = holder.expires_in_s(now_s)
-        if expires is not None:
-            self._meter().expires_in.set(expires)
+        self._meter().expires_in.set(holder.expires_in_s(now_s))
         for tenant in self._global_tenants():
             share = holder.share(tenant, now_s)
             if share is not None:
