@@ -98,12 +98,13 @@ def pool_rooms(policy: Policy, board: BreakerBoard, room: WaitingRoom) -> dict[s
 # -- the Lease in the region's store ---------------------------------------------------
 
 
-def lease_json(lease: Lease, answered: bool) -> str:
-    """The Lease, and whether the holder's latest report was answered (False: the holder
-    is cut off; the readers say so too)."""
+def lease_json(lease: Lease, answered: bool, usage: Mapping[str, float]) -> str:
+    """The Lease, whether the holder's latest report was answered (False: the holder is
+    cut off; the readers say so too) and the region's usage it reported (for status)."""
     return json.dumps(
         {
             "answered": answered,
+            "usage": dict(usage),
             "region": lease.region,
             "seq": lease.seq,
             "lease_s": lease.lease_s,
@@ -126,7 +127,7 @@ def lease_json(lease: Lease, answered: bool) -> str:
     )
 
 
-def lease_from_json(text: str) -> tuple[Lease, bool]:
+def lease_from_json(text: str) -> tuple[Lease, bool, dict[str, float]]:
     raw: dict[str, Any] = json.loads(text)
     lease = Lease(
         region=raw["region"],
@@ -147,7 +148,8 @@ def lease_from_json(text: str) -> tuple[Lease, bool]:
         },
         rebalanced=int(raw["rebalanced"]),
     )
-    return lease, bool(raw["answered"])
+    usage = {tenant: float(v) for tenant, v in raw.get("usage", {}).items()}
+    return lease, bool(raw["answered"]), usage
 
 
 # -- the agent ---------------------------------------------------------------------------
@@ -431,7 +433,7 @@ class RegionAgent:
         if lease is None:
             return
         try:
-            await self._store.put_lease(region, lease_json(lease, answered))
+            await self._store.put_lease(region, lease_json(lease, answered, self._usage))
         except BudgetStoreError as error:
             log.warning("region %s: the lease could not be stored: %s", region, error)
 
@@ -445,7 +447,8 @@ class RegionAgent:
         now_s = self._clock()
         if stored is None:
             return
-        lease, answered = lease_from_json(stored)
+        lease, answered, usage = lease_from_json(stored)
+        self._usage = usage
         if lease.seq > self._seq:
             # Sent at most an interval and a timeout ago: measured from then, it ends no
             # later than the holder's own.

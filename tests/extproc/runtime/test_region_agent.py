@@ -20,13 +20,15 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from admission.budget_step import BudgetStep
-from admission.decision import Applicant, CountKind, RoutingDecision
-from admission.errors import RateLimited
+from admission.decision import Applicant, CountKind, RequestOutcome, RoutingDecision
+from admission.errors import RateLimited, SpendExhausted
 from admission.events import NoEvents
+from admission.spend_step import SpendStep
 from budget.global_ledger import GlobalLedger, InProcessGlobalLedger
 from budget.leases import MOVE_REPORTS
 from budget.redis_store import connect
 from budget.region_demand import RegionDemand
+from budget.spend_store import InProcessSpendStore
 from budget.store import InProcessStore
 from extproc.adminpb import admin_pb2 as pb
 from extproc.runtime.processes import ManagedProcess
@@ -45,6 +47,7 @@ from tooling.stack.redis import start_redis
 NOW_S = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.UTC).timestamp()
 LIMIT = 60_000  # acme's tokens per minute, worldwide
 CHARGE = 1500.0  # one request's weighted tokens (decision below)
+SPEND = 30_000  # acme's spend budget per day, worldwide (token-equivalents at price 1)
 
 
 def policy(this: str = "eu", url: str = "redis://127.0.0.1:1/0", **ledger: Any) -> Policy:
@@ -56,10 +59,17 @@ def policy(this: str = "eu", url: str = "redis://127.0.0.1:1/0", **ledger: Any) 
                 "ledger": {"url": url, "fallback_for_s": 60, **ledger},
             },
             "tenants": {
+                "prices": {
+                    "tokens": {"prompt": 1, "cached_prompt": 1, "completion": 1, "reasoning": 1}
+                },
                 "list": {
-                    "acme": {"scope": "global", "limits": {"tokens_per_minute": LIMIT}},
+                    "acme": {
+                        "scope": "global",
+                        "limits": {"tokens_per_minute": LIMIT},
+                        "spend": {"per_day": SPEND},
+                    },
                     "local": {"limits": {"tokens_per_minute": LIMIT}},  # its region's own
-                }
+                },
             },
             "keys": [],
         }
@@ -102,6 +112,7 @@ class Region:
         """`pinned`: `name` as `slogate serve --region` gives it; else the policy's."""
         self.clock = clock
         self.registry = CollectorRegistry()
+        self.spend_store = InProcessSpendStore(lambda: NOW_S)
         self.agent = RegionAgent(
             policy=current,
             store=store,
@@ -110,6 +121,7 @@ class Region:
             tenants=TenantSeries(),
             clock=clock,
             wall_clock=lambda: NOW_S,
+            spend=self.spend_store,
             region=name if pinned else None,
             ledger=ledger,
         )
@@ -117,7 +129,23 @@ class Region:
         self.budgets = BudgetStep(
             InProcessStore(clock), NoEvents(), 600, shares=self.agent, demand=self.agent.demand
         )
+        self.spending = SpendStep(self.spend_store, NoSpendEvents(), 600, lambda: NOW_S, self.agent)
         self._ids = 0
+
+    async def spend(self) -> bool:
+        """One request of acme against its spend budget (settled at what it reserved)."""
+        self._ids += 1
+        try:
+            admitted = await self.spending.admit(
+                Applicant(decision("acme"), f"s{self._ids}", self.current())
+            )
+        except SpendExhausted:
+            return False
+        outcome = RequestOutcome(
+            admitted.decision, f"s{self._ids}", 200, 1000, 500, 0.1, 1.0, "via_upstream"
+        )
+        await self.spending.settle(outcome)
+        return True
 
     async def ask(self, tenant: str = "acme") -> bool:
         """One request of `tenant`: admitted, or refused for its budget."""
@@ -201,6 +229,24 @@ async def test_a_tenant_moving_to_the_other_region_gets_its_budget_back_in_a_few
         await rounds((eu, us), 1)
         moved += 1
         assert moved <= MOVE_REPORTS, f"{us.share():.2f} of the limit after {moved} reports"
+
+
+async def test_a_global_spend_budget_is_split_by_ceilings_that_never_sum_past_it() -> None:
+    clock = Clock()
+    eu, us = in_process_regions(clock)
+    await rounds((eu, us), 2)
+    spent = 0
+    for _ in range(30):  # both regions spend, each up to its ceiling
+        for region in (eu, us):
+            spent += await region.spend()
+        await rounds((eu, us), 1)
+    day = "day:2026-12-05"
+    ceilings = [r.agent.spend_limit("acme", day, SPEND) or 0.0 for r in (eu, us)]
+    # A region's limit is its ceiling, or what it spent once a last request took it past
+    # (a window admits while under its limit): one request each past the budget at most.
+    assert sum(ceilings) <= SPEND + 2 * CHARGE, ceilings
+    assert spent * CHARGE <= SPEND + 2 * CHARGE
+    assert spent * CHARGE >= SPEND - 2 * CHARGE  # and the budget is not stranded
 
 
 @pytest.fixture
@@ -364,3 +410,9 @@ def chat(content: str, max_tokens: int) -> dict[str, object]:
         "messages": [{"role": "user", "content": content}],
         "max_tokens": max_tokens,
     }
+
+
+class NoSpendEvents:
+    def spend_used(self, tenant: str, window: str, share: float, before: float) -> None: ...
+    def spend_unverified(self, tenant: str, action: str, cause: str) -> None: ...
+    def spend_backlog(self, waiting: int, settled: int, lost: int) -> None: ...
