@@ -315,21 +315,44 @@ class RegionAgent:
         return setup
 
     def _replace(self, setup: _Setup | None) -> None:
-        ledger = self._ledger
+        """A new holder (and ledger) for `setup`. The same region on the same ledger (a
+        reload that changed a setting) keeps its lease, as of when it was sent: its global
+        tenants are not refused for a report's round trip. Another region or ledger starts
+        with none."""
+        old, before, lease = self._setup, self._holder, self._lease
+        same = (
+            old is not None
+            and setup is not None
+            and (old.region, old.ledger.url) == (setup.region, setup.ledger.url)
+        )
+        if same and self._ledger is not None and setup is not None:
+            ledger: GlobalLedger | None = self._ledger
+        else:
+            self._close_ledger()
+            ledger = None if setup is None else self._new_ledger(setup.ledger)
+            self._seq = 0
+            lease = None
+        self._setup, self._ledger, self._lease = setup, ledger, lease
+        self._holder = None if setup is None else new_holder(setup.ledger)
+        if self._holder is not None and before is not None and lease is not None:
+            now_s = self._clock()
+            self._holder.sent(now_s + before.expires_in_s(now_s) - lease.lease_s)
+            self._holder.received(lease)
+        if setup is None:
+            self.holds_lock = False
+            if self._metrics is not None:
+                self._metrics.ledger_state("none")
+            return
+        if self._metrics is None:
+            self._metrics = RegionMetrics(self._registry, self._tenants)
+        log.info("region %s: leases from the global ledger (new)", setup.region)
+
+    def _close_ledger(self) -> None:
+        ledger, self._ledger = self._ledger, None
         if ledger is not None:  # closed off the caller's path (admission may be asking)
             task = asyncio.ensure_future(ledger.close())
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
-        self._setup = setup
-        self._holder = None if setup is None else new_holder(setup.ledger)
-        self._ledger = None if setup is None else self._new_ledger(setup.ledger)
-        self._lease = None
-        self._seq = 0
-        self.holds_lock = False
-        if setup is not None:
-            if self._metrics is None:
-                self._metrics = RegionMetrics(self._registry, self._tenants)
-            log.info("region %s: leases from the global ledger %s", setup.region, setup.ledger.url)
 
     async def _flush(self, region: str) -> None:
         parts = self.demand.take()
