@@ -44,6 +44,7 @@ from breaker.board import BreakerBoard
 from budget.global_ledger import GlobalLedger, RedisGlobalLedger
 from budget.lease_holder import LeaseHolder
 from budget.leases import Lease, LeaseSettings, PoolRoom, Report, TenantLease, TenantReport
+from budget.redis_store import connect
 from budget.region_demand import Flushed, RegionDemand
 from budget.spend import windows
 from budget.spend_store import SpendStore
@@ -80,7 +81,10 @@ def new_holder(config: LedgerConfig) -> LeaseHolder:
 def redis_ledger(config: LedgerConfig) -> GlobalLedger:
     # The URL may carry a password: deployments pass it through the environment.
     url = os.environ.get("SLOGATE_GLOBAL_LEDGER_URL") or config.url
-    return RedisGlobalLedger(url, settings_of(config), config.timeout_ms / 1000.0)
+    # Every call is bounded by the report's timeout (the ledger's Scripts): no socket
+    # timeouts of redis-py's own on top.
+    client = connect(url, socket_timeout_s=None)
+    return RedisGlobalLedger(client, settings_of(config), config.timeout_ms / 1000.0)
 
 
 def pool_rooms(policy: Policy, board: BreakerBoard, room: WaitingRoom) -> dict[str, PoolRoom]:
