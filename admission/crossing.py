@@ -4,8 +4,9 @@ and the clock-free policy come in; a region name (or why not) goes out.
 
 What lives here: `cross_to` (the rule), `Crossing` (the rule as the admission steps ask
 it: it re-routes the decision to the peer's crossing pool, `region:<peer>`), `RoundTrips`
-(each peer's measured round trip, an EWMA), the protocols of what it reads (`PeerRooms`:
-the peers' room, from the region agent; `LinkTimes`) and the events it reports.
+(each peer's measured round trip, an EWMA), `LinkTimes` (what it reads of them), `NoPeers`
+and the events it reports. The peers' room is admission.regions.PeerRooms (the region
+agent answers it from the latest lease).
 
 The rule (docs/contributors/regions.md, "Crossing"):
 - only when the request's own pool is saturated: its breaker level is at
@@ -35,12 +36,14 @@ access log), and Envoy's route for that metadata value goes to the peer's ingres
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
 from admission.decision import Applicant, RoutingDecision
+from admission.regions import PeerRooms
+from budget.leases import PoolRoom
 from policy._regions import CrossingConfig, RegionsConfig
 from policy.domain import Tier
 
@@ -60,27 +63,10 @@ def crossed_to(pool: str) -> str | None:
     return pool[len(CROSSING_POOL_PREFIX) :] if pool.startswith(CROSSING_POOL_PREFIX) else None
 
 
-class Room(Protocol):
-    """What a region reports of one of its pools (budget.leases.PoolRoom has this shape)."""
-
-    @property
-    def level(self) -> int: ...
-
-    @property
-    def waiting_full(self) -> bool: ...
-
-
-class PeerRooms(Protocol):
-    """The other regions' pools' room as last reported (the region agent, from the latest
-    lease); empty when that is stale."""
-
-    def peers(self) -> Mapping[str, Mapping[str, Room]]: ...
-
-
 class NoPeers:
     """No peer reported anything (no region agent): nothing crosses."""
 
-    def peers(self) -> Mapping[str, Mapping[str, Room]]:
+    def peers(self) -> Mapping[str, Mapping[str, PoolRoom]]:
         return {}
 
 
@@ -118,17 +104,19 @@ def tolerant(config: CrossingConfig, tier: Tier, tenant: str) -> bool:
 def cross_to(
     *,
     regions: RegionsConfig,
+    this: str | None,
     pool: str,
     tier: Tier,
     tenant: str,
     may_cross: bool,
     level: int,
     waiting_full: bool,
-    peers: Mapping[str, Mapping[str, Room]],
+    peers: Mapping[str, Mapping[str, PoolRoom]],
     links: LinkTimes,
 ) -> Choice:
     """Where a request of `pool` goes when its pool is at breaker `level` (and its waiting
-    room would refuse it: `waiting_full`): a peer region, or why not."""
+    room would refuse it: `waiting_full`): a peer region, or why not. `this`: the region
+    deciding (`slogate serve --region`, else the policy's `regions.this`)."""
     config = regions.crossing
     if not regions.enabled or not config.enabled:
         return Choice()
@@ -142,7 +130,7 @@ def cross_to(
     for name, rooms in peers.items():
         region = regions.regions.get(name)
         room = rooms.get(pool)
-        if name == regions.this or region is None or region.ingress is None or room is None:
+        if name == this or region is None or region.ingress is None or room is None:
             continue
         if room.level < config.from_level and not room.waiting_full:
             with_room.append(name)
@@ -162,7 +150,20 @@ def cross_to(
 class Crossing:
     """The rule as the admission steps ask it, with what it reads wired in."""
 
-    def __init__(self, rooms: PeerRooms, links: LinkTimes, events: CrossingEvents) -> None:
+    def __init__(
+        self,
+        rooms: PeerRooms,
+        links: LinkTimes,
+        events: CrossingEvents,
+        this: str | None = None,
+        routable: Collection[str] = (),
+    ) -> None:
+        """`this`: `slogate serve --region` (None: the policy's `regions.this`);
+        `routable`: the peers Envoy has a route to (those with an ingress in the policy it
+        was rendered from, the one the sidecar started with): a peer a reload added is not
+        crossed to until both restart."""
+        self._this = this
+        self._routable = frozenset(routable)
         self._rooms = rooms
         self._links = links
         self._events = events
@@ -177,13 +178,14 @@ class Crossing:
         decision = applicant.decision
         choice = cross_to(
             regions=regions,
+            this=self._this or regions.this,
             pool=decision.pool,
             tier=decision.caller.tier,
             tenant=decision.caller.tenant,
             may_cross=decision.may_cross,
             level=level,
             waiting_full=waiting_full,
-            peers=self._rooms.peers(),
+            peers={p: r for p, r in self._rooms.peers().items() if p in self._routable},
             links=self._links,
         )
         if choice.skipped is not None:

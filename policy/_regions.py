@@ -16,7 +16,7 @@ regions:
     lease_s: 10.0
     fallback_for_s: 600.0
     limits_fallback: share      # share | closed
-    fallback_share: last        # last (the share last held) | a fraction of the limit
+    fallback_share: last        # last (the share last held) | a fraction, capped at the share held
     spend_fallback: closed      # closed | share
   crossing:
     enabled: true
@@ -66,7 +66,8 @@ class LedgerConfig:
     min_share: float = 0.05  # every region's floor, so a region without demand can start
     fallback_for_s: float = 600.0  # after the lease, a cut-off region's fallback lasts this
     limits_fallback: str = Fallback.SHARE.value
-    # The fallback share of the limits: None = the share the region last held.
+    # The fallback share of the limits: None = the share the region last held; a fraction
+    # is capped at the share held (more could already be the other regions').
     fallback_share: float | None = None
     spend_fallback: str = Fallback.CLOSED.value
 
@@ -94,8 +95,10 @@ class RegionsConfig:
     def enabled(self) -> bool:
         return self.this is not None
 
-    def peers(self) -> tuple[Region, ...]:
-        return tuple(r for name, r in sorted(self.regions.items()) if name != self.this)
+    def peers(self, this: str | None = None) -> tuple[Region, ...]:
+        """The other regions than `this` (`slogate serve --region`; None: `self.this`)."""
+        this = this or self.this
+        return tuple(r for name, r in sorted(self.regions.items()) if name != this)
 
 
 def _name(value: str, path: str) -> str:

@@ -101,8 +101,14 @@ HOME = Arrival()
 
 class CrossingDesk:
     def __init__(
-        self, secret: bytes, wall_clock: Callable[[], float], counts: CrossingCounts
+        self,
+        secret: bytes,
+        wall_clock: Callable[[], float],
+        counts: CrossingCounts,
+        this: str | None = None,
     ) -> None:
+        """`this`: `slogate serve --region` (None: the policy's `regions.this`)."""
+        self._this = this
         self._secret = secret
         self._clock = wall_clock
         self._counts = counts
@@ -111,7 +117,8 @@ class CrossingDesk:
         token = headers.get(CROSSED_HEADER)
         if token is None:
             return HOME
-        peers = {name: region for name, region in regions.regions.items() if name != regions.this}
+        this = self._this or regions.this
+        peers = {name: region for name, region in regions.regions.items() if name != this}
         verdict = verify(self._secret, token, self._clock(), peers)
         if isinstance(verdict, Rejected):
             self._counts.token_rejected(verdict.value)
@@ -123,8 +130,9 @@ class CrossingDesk:
     ) -> dict[str, str]:
         """The headers a request re-routed to a peer carries there; none for a local one."""
         peer = crossed_to(decision.pool)
-        if peer is None or regions.this is None:
+        this = self._this or regions.this
+        if peer is None or this is None:
             return {}
         self._counts.crossed(peer, decision.caller.tier.value)
         expires_s = self._clock() + regions.crossing.token_ttl_s
-        return {CROSSED_HEADER: mint(self._secret, regions.this, request_id, expires_s)}
+        return {CROSSED_HEADER: mint(self._secret, this, request_id, expires_s)}

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from admission.assembly import AssembledChain, build_admission, expiry_s
 from admission.chain import OutcomeSink
-from admission.crossing import Crossing, PeerRooms, RoundTrips
+from admission.crossing import Crossing, NoPeers, RoundTrips
+from admission.regions import PeerRooms
 from breaker.board import BreakerBoard
 from breaker.latency import ResponseWindows
 from budget.ahead import AheadCeilings, AheadSeat
@@ -49,6 +50,7 @@ from extproc.runtime.key_store import KeyStore
 from extproc.runtime.loop_lag import LoopLagCollector
 from extproc.runtime.loops import BreakerLoop, QuotaLoop
 from extproc.runtime.policy_holder import PolicyHolder
+from extproc.runtime.region_agent import RegionAgent
 from extproc.runtime.spend_metrics import SpendMetrics
 from extproc.runtime.stores import Stores
 from extproc.runtime.workers import Siblings, WorkerSlot
@@ -202,20 +204,32 @@ def build_request_path(
     rng: random.Random,
     worker: WorkerSlot | None,
     injected_clock: Callable[[], float] | None,
-    peer_rooms: PeerRooms,
+    region: RegionAgent | None = None,
+    peer_rooms: PeerRooms | None = None,
+    region_name: str | None = None,
 ) -> RequestPath:
     """`executor`: the tokenizer's threads. `injected_clock`: the clock a test passed in
     (None: each part's own default), which the candidate's budgets keep as the budget
-    stores do. `peer_rooms`: the other regions' pools' room (the region agent's)."""
+    stores do. `region`: this region's shares of the global tenants, and where their
+    demand is counted (idle while the policy has no `regions:`); the peers' room crossing
+    reads is its (`peer_rooms`: another view, a test's). `region_name`: `slogate serve
+    --region` (None: the policy's `regions.this`)."""
     initial = policy()
     ttl_s = expiry_s(initial)
     watch = signals.engine_watch
     links = RoundTrips()
     crossing_metrics = CrossingMetrics(metrics.registry)
     secret = read_secret(initial.regions.crossing.secret_file)
-    desk = None if secret is None else CrossingDesk(secret, wall_clock, crossing_metrics)
+    desk = (
+        None if secret is None else CrossingDesk(secret, wall_clock, crossing_metrics, region_name)
+    )
     # Without the secret no token can be minted: nothing crosses.
-    crossing = None if desk is None else Crossing(peer_rooms, links, crossing_metrics)
+    rooms = peer_rooms or region or NoPeers()
+    # The peers Envoy routes to: rendered from the policy this sidecar starts with.
+    routable = [p.name for p in initial.regions.peers(region_name) if p.ingress is not None]
+    crossing = (
+        None if desk is None else Crossing(rooms, links, crossing_metrics, region_name, routable)
+    )
     admission = build_admission(
         board=signals.board,
         store=stores.budgets,
@@ -234,6 +248,8 @@ def build_request_path(
         largest_engine=watch.fleet.largest_kv_tokens,
         spend=None if stores.spend is None else (stores.spend, SpendMetrics(metrics.registry)),
         wall_clock=wall_clock,
+        shares=region,
+        demand=None if region is None else region.demand,
         crossing=crossing,
     )
     _known_series(metrics, policy, admission)
@@ -329,6 +345,7 @@ def build_control(
     wall_clock: Callable[[], float],
     siblings: Siblings | None,
     decision_log: DecisionLog | None = None,
+    region: RegionAgent | None = None,
 ) -> Control:
     watch = signals.engine_watch
     breaker_loop = BreakerLoop(signals.board, metrics)
@@ -362,6 +379,7 @@ def build_control(
         siblings=siblings,
         engines=watch.scraper,
         fleet=watch.fleet,
+        region=None if region is None else region.view,
     )
     breaker_loop.on_transition = admin.note_transition
     forecast = ForecastRefitter(

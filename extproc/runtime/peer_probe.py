@@ -38,14 +38,18 @@ class PeerProbe:
         links: RoundTrips,
         metrics: CrossingMetrics,
         clock: Callable[[], float] = time.perf_counter,
+        this: str | None = None,
     ) -> None:
+        """`this`: `slogate serve --region` (None: the policy's `regions.this`)."""
+        self._this = this
         self._policy = policy
         self._links = links
         self._metrics = metrics
         self._clock = clock
 
     async def probe_once(self, session: aiohttp.ClientSession) -> None:
-        peers = [p for p in self._policy().regions.peers() if p.ingress is not None]
+        regions = self._policy().regions
+        peers = [p for p in regions.peers(self._this) if p.ingress is not None]
         await asyncio.gather(*(self._probe(session, p.name, str(p.ingress)) for p in peers))
 
     async def _probe(self, session: aiohttp.ClientSession, peer: str, ingress: str) -> None:

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from grpc_health.v1 import health
 
-from admission.crossing import NoPeers, PeerRooms
+from admission.regions import PeerRooms
+from budget.region_demand import RegionDemand
 from extproc.request.tokens.native import exact_counter
 from extproc.runtime.grpc_servers import (
     ListenerTls,
@@ -39,6 +40,8 @@ from extproc.runtime.parts import build_control, build_observers, build_request_
 from extproc.runtime.peer_probe import PeerProbe
 from extproc.runtime.periodic import start_loops
 from extproc.runtime.policy_holder import PolicyHolder
+from extproc.runtime.region_agent import RegionAgent, pool_rooms
+from extproc.runtime.region_store import InProcessRegionStore
 from extproc.runtime.stores import build_stores
 from extproc.runtime.warm_up import warm_up
 from extproc.runtime.workers import Siblings, WorkerSlot
@@ -82,15 +85,17 @@ class Sidecar:
         health_port: int | None = None,
         grpc_socket: Path | None = None,
         health_host: str | None = None,
+        region: str | None = None,
         peer_rooms: PeerRooms | None = None,
     ) -> None:
-        """`worker`: this process is one of `slogate serve --workers N`
+        """`region`: this deployment's region (`slogate serve --region`; None: the
+        policy's `regions.this`). `worker`: this process is one of `slogate serve --workers N`
         (extproc.runtime.workers). `tls`: the gRPC port speaks TLS; `health_port`: a
         plain-text port with grpc.health.v1 alone on `health_host` (default: `host`; the
         kubelet's probes speak no TLS and dial the pod's address); `grpc_socket`: ext_proc
         and the access log on this Unix socket instead of `host`:`grpc_port`; `peer_rooms`:
-        the other regions' pools' room, which crossing reads (admission.crossing; None:
-        none reported, nothing crosses)."""
+        the other regions' pools' room, which crossing reads (admission.crossing; None: as
+        the region agent last heard from the global ledger; a test hands in its own)."""
         self.worker = worker
         # Injected for tests that run this object graph on a virtual clock beside the
         # simulator's (tests/sim/fleet/test_sidecar.py); a process uses the real ones.
@@ -116,6 +121,22 @@ class Sidecar:
         if self.keys is not None:
             self._exits.push_async_callback(self.keys.close)
         self._exits.push_async_callback(self.stores.leave)  # the fleet's count, first
+        # This replica's part in the region's lease of the global budgets (idle without
+        # `regions:`); its pools' room, for the peers' crossing, read from the parts below.
+        self.region = RegionAgent(
+            policy=self.policy,
+            store=self.stores.region or InProcessRegionStore(),
+            demand=RegionDemand(),
+            registry=self.metrics.registry,
+            tenants=self.metrics.tenants,
+            clock=self.clock,
+            wall_clock=self._wall_clock,
+            spend=self.stores.spend,
+            pools=lambda: pool_rooms(
+                self.policy(), self.signals.board, self.path.admission.kv.dispatcher.room
+            ),
+            region=region,
+        )
         self.siblings = Siblings(worker) if worker is not None else None
         if self.siblings is not None:
             self._exits.push_async_callback(self.siblings.close)
@@ -132,7 +153,9 @@ class Sidecar:
             rng=rng or random.Random(),
             worker=worker,
             injected_clock=clock,
-            peer_rooms=peer_rooms or NoPeers(),
+            region=self.region,
+            peer_rooms=peer_rooms,
+            region_name=region,
         )
         self.control = build_control(
             policy=self.policy,
@@ -144,6 +167,7 @@ class Sidecar:
             wall_clock=self._wall_clock,
             siblings=self.siblings,
             decision_log=self.observers.decision_log,
+            region=self.region,
         )
         self._exact_executor = executor
         self._exact_tokenizer = exact_tokenizer
@@ -160,6 +184,7 @@ class Sidecar:
         self._watch_interval_s = watch_interval_s
         self._health = health.aio.HealthServicer()
         self._grace_s = 5.0  # how long stop lets the streams in flight finish
+        self._region = region  # `slogate serve --region`: the peers are the others
 
     async def start(self) -> SidecarAddress:
         """Ready to serve: the tokenizer loaded, the engines and stored keys known and the
@@ -251,9 +276,10 @@ class Sidecar:
             engine_watch=watch,
             stores=self.stores,
             metrics=self.metrics,
+            region=self.region,
         )
-        if any(p.ingress for p in self.policy().regions.peers()):
-            probe = PeerProbe(self.policy, self.path.links, self.path.crossing)
+        if any(p.ingress for p in self.policy().regions.peers(self._region)):
+            probe = PeerProbe(self.policy, self.path.links, self.path.crossing, this=self._region)
             task = asyncio.create_task(probe.run(), name="peer-probe")
             exits.push_async_callback(_cancelled, task)
         return SidecarAddress(

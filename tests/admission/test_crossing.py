@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -16,7 +15,6 @@ from admission.assembly import build_admission
 from admission.crossing import (
     Crossing,
     NoPeers,
-    Room,
     RoundTrips,
     Skip,
     cross_to,
@@ -30,6 +28,7 @@ from admission.waiting_room import Waiter
 from breaker.board import BreakerBoard
 from breaker.latency import ResponseWindows
 from breaker.levels import BreakerLevel
+from budget.leases import PoolRoom
 from budget.store import InProcessStore
 from policy._reader import PolicyError
 from policy.domain import Limits, Tier
@@ -71,13 +70,7 @@ def regions_policy(**crossing: Any) -> Policy:
 POLICY = regions_policy()
 
 
-@dataclass(frozen=True)
-class PoolRoom:  # the shape budget.leases.PoolRoom has
-    level: int
-    waiting_full: bool = False
-
-
-ROOMY = {"default": PoolRoom(0)}
+ROOMY = {"default": PoolRoom(0, False)}
 
 
 class Links:
@@ -90,10 +83,10 @@ class Links:
 
 
 class Rooms:
-    def __init__(self, peers: Mapping[str, Mapping[str, Room]]) -> None:
+    def __init__(self, peers: Mapping[str, Mapping[str, PoolRoom]]) -> None:
         self.rooms = peers
 
-    def peers(self) -> Mapping[str, Mapping[str, Room]]:
+    def peers(self) -> Mapping[str, Mapping[str, PoolRoom]]:
         return self.rooms
 
 
@@ -112,12 +105,13 @@ def choose(
     level: int = 2,
     waiting_full: bool = False,
     may_cross: bool = True,
-    peers: Mapping[str, Mapping[str, Room]] | None = None,
+    peers: Mapping[str, Mapping[str, PoolRoom]] | None = None,
     links: Links | None = None,
     policy: Policy = POLICY,
 ) -> tuple[str | None, Skip | None]:
     choice = cross_to(
         regions=policy.regions,
+        this="eu",
         pool="default",
         tier=tier,
         tenant=tenant,
@@ -175,9 +169,9 @@ def test_a_request_that_crossed_never_crosses_again() -> None:
     ("peers", "skipped"),
     [
         ({}, Skip.NO_PEER_ROOM),  # nothing fresh reported (the agent's stale lease: empty)
-        ({"us": {"default": PoolRoom(2)}}, Skip.NO_PEER_ROOM),  # saturated there too
-        ({"us": {"default": PoolRoom(0, waiting_full=True)}}, Skip.NO_PEER_ROOM),
-        ({"us": {"long": PoolRoom(0)}}, Skip.NO_PEER_ROOM),  # another pool's room
+        ({"us": {"default": PoolRoom(2, False)}}, Skip.NO_PEER_ROOM),  # saturated there too
+        ({"us": {"default": PoolRoom(0, True)}}, Skip.NO_PEER_ROOM),
+        ({"us": {"long": PoolRoom(0, False)}}, Skip.NO_PEER_ROOM),  # another pool's room
         ({"dark": ROOMY}, Skip.NO_PEER_ROOM),  # no ingress to send it to
         ({"eu": ROOMY}, Skip.NO_PEER_ROOM),  # itself
         ({"mars": ROOMY}, Skip.NO_PEER_ROOM),  # not in regions.list
@@ -185,7 +179,7 @@ def test_a_request_that_crossed_never_crosses_again() -> None:
     ],
 )
 def test_only_a_peer_reporting_room_within_reach_is_chosen(
-    peers: Mapping[str, Mapping[str, Room]], skipped: Skip
+    peers: Mapping[str, Mapping[str, PoolRoom]], skipped: Skip
 ) -> None:
     far = Links(us=250, ap=201)  # max_added_ms is 200
     assert choose(peers=peers, links=far if skipped is Skip.TOO_FAR else None) == (None, skipped)
@@ -226,13 +220,13 @@ def board_at(level: BreakerLevel, clock: VirtualClock) -> BreakerBoard:
 
 def chain(
     level: BreakerLevel,
-    peers: Mapping[str, Mapping[str, Room]],
+    peers: Mapping[str, Mapping[str, PoolRoom]],
     skips: Skips,
     new_waiter: Callable[[], Waiter] | None = None,
 ) -> Any:
     clock = VirtualClock()
     store = InProcessStore(clock)
-    crossing = Crossing(Rooms(peers), Links(us=80), skips)
+    crossing = Crossing(Rooms(peers), Links(us=80), skips, routable=["us", "ap"])
     admission = build_admission(
         board=board_at(level, clock),
         store=store,
@@ -282,7 +276,7 @@ async def test_at_the_crossing_level_a_sheddable_request_crosses_charged_here() 
 
 async def test_without_a_peer_with_room_the_breaker_sheds_as_before() -> None:
     skips = Skips()
-    admission, _ = chain(BreakerLevel.L2, {"us": {"default": PoolRoom(3)}}, skips)
+    admission, _ = chain(BreakerLevel.L2, {"us": {"default": PoolRoom(3, False)}}, skips)
     with pytest.raises(Shed):
         await admission.chain.admit(Applicant(request(Tier.SHEDDABLE, "r1"), "r1", POLICY))
     assert skips.seen == ["no_peer_room"]
@@ -368,3 +362,30 @@ async def test_a_request_the_breaker_kept_is_not_asked_about_again_by_the_kv_ste
     with pytest.raises(Overloaded):
         await admission.chain.admit(Applicant(request(Tier.CRITICAL, "c"), "c", POLICY))
     assert skips.seen == ["not_tolerant", "not_tolerant"]  # the filler's and its own
+
+
+def test_a_region_named_by_serve_region_never_crosses_to_itself() -> None:
+    """One policy file for every region (`slogate serve --region ap`): ap is this region."""
+    choice = cross_to(
+        regions=POLICY.regions,
+        this="ap",
+        pool="default",
+        tier=Tier.SHEDDABLE,
+        tenant="t",
+        may_cross=True,
+        level=2,
+        waiting_full=False,
+        peers={"ap": ROOMY, "eu": ROOMY},
+        links=Links(ap=10, eu=90),
+    )
+    assert choice.peer == "eu"
+
+
+def test_a_peer_envoy_has_no_route_to_is_not_crossed_to() -> None:
+    """A region a reload added: Envoy, rendered from the policy the sidecar started with,
+    has no route for it (the request would fall to the default pool)."""
+    skips = Skips()
+    crossing = Crossing(Rooms({"us": ROOMY}), Links(us=80), skips, routable=["ap"])
+    applicant = Applicant(request(Tier.SHEDDABLE, "r"), "r", POLICY)
+    assert crossing.reroute(applicant, 2, False) is None
+    assert skips.seen == ["no_peer_room"]

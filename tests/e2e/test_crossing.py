@@ -1,14 +1,16 @@
 """Crossing regions through real Envoys: two regions on 127.0.0.1, each its own simulated
-pools, Envoy and sidecar (in this process, so that the peers' room can be handed to it: the
-region agent that reports it from the global ledger is not part of this test, a static
-`PeerRooms` stands in), each probing the other's ingress for the round trip.
+pools, Envoy and sidecar (in this process), one global ledger (a real Redis-compatible
+server) through which each region's agent tells the other its pools' room, each sidecar
+probing the other's ingress for the round trip.
 
 Region a's `default` pool is held at L2 (a breaker drill):
 - a sheddable request crosses to b: b's engine serves it, the response says so
   (x-slogate-region: b, x-slogate-pool: default from b's route); a charges its tenant, b
   does not;
 - a critical request stays in a;
-- with b at L2 too, a request a sends there is shed by b, never sent back;
+- with b at L2 too while both still believe the other has room (as reports a second old
+  would say: the two views are frozen so), a request a sends there is shed by b, never
+  sent back;
 - a client's own crossing token is not trusted: the request is a's own, and is shed at L2.
 """
 
@@ -25,8 +27,10 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
-from admission.crossing import Room
+from admission.crossing import NoPeers
+from admission.regions import PeerRooms
 from breaker.levels import BreakerLevel
+from budget.leases import PoolRoom
 from extproc.request.contract import CROSSED_HEADER, REASON_HEADER, REGION_HEADER
 from extproc.runtime.sidecar import Sidecar
 from tests.support.http import CHAT, Reply, chat_body, metric, parse, post, scrape
@@ -36,18 +40,23 @@ from tooling.stack.pool_engines import HOST
 from tooling.stack.processes import free_port
 
 
-@dataclass(frozen=True)
-class PoolRoom:  # what the region agent reports of a peer's pool (budget.leases.PoolRoom)
-    level: int
-    waiting_full: bool = False
-
-
 class StaticRooms:
-    def __init__(self, peers: Mapping[str, Mapping[str, Room]]) -> None:
+    def __init__(self, peers: Mapping[str, Mapping[str, PoolRoom]]) -> None:
         self._peers = peers
 
-    def peers(self) -> Mapping[str, Mapping[str, Room]]:
+    def peers(self) -> Mapping[str, Mapping[str, PoolRoom]]:
         return self._peers
+
+
+class Relay:
+    """The peers' room as the region agent heard it from the global ledger, until the test
+    freezes a view of its own."""
+
+    def __init__(self) -> None:
+        self.source: PeerRooms = NoPeers()
+
+    def peers(self) -> Mapping[str, Mapping[str, PoolRoom]]:
+        return self.source.peers()
 
 
 class EnginesAndEnvoy(LocalStack):
@@ -58,12 +67,14 @@ class EnginesAndEnvoy(LocalStack):
         replica.grpc_port = replica.grpc_port or free_port(HOST)
 
 
-def region_policy(tmp: Path, this: str, ingress: Mapping[str, int], secret: Path) -> Path:
+def region_policy(
+    tmp: Path, this: str, ingress: Mapping[str, int], secret: Path, ledger: str
+) -> Path:
     raw: dict[str, Any] = example_policy()
     raw["regions"] = {
         "this": this,
         "list": {name: {"ingress": f"{HOST}:{port}"} for name, port in ingress.items()},
-        "ledger": {"url": "redis://127.0.0.1:1/0"},  # not reached: no region agent here
+        "ledger": {"url": ledger},
         "crossing": {"enabled": True, "secret_file": str(secret), "max_added_ms": 1000},
     }
     (tmp / this).mkdir()
@@ -86,6 +97,7 @@ async def until(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
 class Region:
     stack: LocalStack
     sidecar: Sidecar
+    rooms: Relay
 
     def served(self) -> float:
         """Requests the region's default pool's engines completed."""
@@ -108,10 +120,12 @@ class Region:
 
 
 @contextlib.asynccontextmanager
-async def two_regions(tmp: Path) -> AsyncIterator[tuple[Region, Region]]:
+async def two_regions(tmp: Path, redis_port: int) -> AsyncIterator[tuple[Region, Region]]:
     secret = tmp / "regions.key"
     secret.write_bytes(os.urandom(32).hex().encode())
     ingress = {"a": free_port(HOST), "b": free_port(HOST)}
+    # A database of its own on the session's server: the ledger's keys are the test's.
+    ledger = f"redis://{HOST}:{redis_port}/11"
     stacks: dict[str, LocalStack] = {}
     sidecars: list[Sidecar] = []
     try:
@@ -119,7 +133,7 @@ async def two_regions(tmp: Path) -> AsyncIterator[tuple[Region, Region]]:
             ports = random_ports()
             ports.listen = ingress[name]
             stack = EnginesAndEnvoy(
-                region_policy(tmp, name, ingress, secret),
+                region_policy(tmp, name, ingress, secret, ledger),
                 tmp / name,
                 ports,
                 time_scale=0.05,
@@ -128,20 +142,22 @@ async def two_regions(tmp: Path) -> AsyncIterator[tuple[Region, Region]]:
             stacks[name] = stack
             await asyncio.to_thread(stack.start)
         regions = []
-        for name, peer in (("a", "b"), ("b", "a")):
+        for name in ("a", "b"):
             stack = stacks[name]
             assert stack.sidecar_policy_path is not None
+            rooms = Relay()
             sidecar = Sidecar(
                 stack.sidecar_policy_path,
                 grpc_port=stack.grpc_port,
                 metrics_port=None,
                 admin_address=None,
                 exact_tokenizer=False,
-                peer_rooms=StaticRooms({peer: {"default": PoolRoom(0)}}),
+                peer_rooms=rooms,
             )
+            rooms.source = sidecar.region
             sidecars.append(sidecar)
             await sidecar.start()
-            regions.append(Region(stack, sidecar))
+            regions.append(Region(stack, sidecar, rooms))
         yield regions[0], regions[1]
     except BaseException:
         for stack in stacks.values():
@@ -155,14 +171,18 @@ async def two_regions(tmp: Path) -> AsyncIterator[tuple[Region, Region]]:
 
 
 async def test_a_saturated_regions_sheddable_traffic_crosses_and_critical_stays(
-    tmp_path: Path,
+    tmp_path: Path, redis_port: int
 ) -> None:
-    async with two_regions(tmp_path) as (a, b):
-        # Each measured the other's ingress (Envoy answers the ping itself).
+    async with two_regions(tmp_path, redis_port) as (a, b):
+        # Each measured the other's ingress (Envoy answers the ping itself) ...
         await until(lambda: a.sidecar.path.links.rtt_s("b") is not None)
         await until(lambda: b.sidecar.path.links.rtt_s("a") is not None)
         assert a.metric("slogate_region_link_rtt_seconds", peer="b") > 0
         a.sidecar.signals.board.drill("default", BreakerLevel.L2, duration_s=600)
+        # ... and heard of the other's pools through the global ledger: b's has room; a's
+        # is at L2 (its next report says so).
+        await until(lambda: a.rooms.peers().get("b", {}).get("default") == PoolRoom(0, False))
+        await until(lambda: b.rooms.peers().get("a", {}).get("default") == PoolRoom(2, False))
         served_a, served_b = a.served(), b.served()
 
         crossed = await a.ask("sk-demo-batch")
@@ -190,6 +210,8 @@ async def test_a_saturated_regions_sheddable_traffic_crosses_and_critical_stays(
         # b saturated too (its agent's report not yet in a's view): b sheds what a sent
         # rather than sending it back.
         b.sidecar.signals.board.drill("default", BreakerLevel.L2, duration_s=600)
+        roomy = {"default": PoolRoom(0, False)}
+        a.rooms.source, b.rooms.source = StaticRooms({"b": roomy}), StaticRooms({"a": roomy})
         shed = await a.ask("sk-demo-batch")
         assert shed.status == 429, shed.body
         assert shed.headers[REASON_HEADER] == "shed_tier_shed"

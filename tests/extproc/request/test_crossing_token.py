@@ -106,3 +106,14 @@ def test_the_origin_signs_what_it_sends_the_peer_verifies_it() -> None:
     forged = {CROSSED_HEADER: headers[CROSSED_HEADER][:-1] + "x"}
     assert us.arrival(forged, regions("us")) == Arrival(None, may_cross=False)
     assert counts.rejected == ["unknown_origin", "expired", "forged"]
+
+
+def test_serve_region_names_the_origin_one_policy_serving_every_region() -> None:
+    clock = VirtualClock(NOW)
+    counts = Counts()
+    as_us = CrossingDesk(SECRET, clock, counts, this="us")
+    crossed = dataclasses.replace(decision(), pool=crossing_pool("eu"))
+    headers = as_us.departure(crossed, "r1", regions("eu"))
+    assert headers[CROSSED_HEADER].startswith("us.r1.")
+    as_eu = CrossingDesk(SECRET, clock, counts, this="eu")
+    assert as_eu.arrival(headers, regions("eu")) == Arrival("us", may_cross=False)

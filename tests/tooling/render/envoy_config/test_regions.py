@@ -5,6 +5,8 @@ peers' probes. A real Envoy runs them in tests/e2e/test_crossing.py."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +17,8 @@ from policy.loader import parse_policy
 from policy.schema import start_only_changes
 from tests.support.envoy_config import bootstrap_manager
 from tests.support.messages import with_messages
-from tests.support.stack import example_policy
+from tests.support.stack import example_policy, write_policy
+from tooling.cli.main import main
 from tooling.render.envoy_config.bootstrap import build_bootstrap
 from tooling.render.envoy_config.fragment import build_fragment
 
@@ -93,10 +96,28 @@ def test_the_fragment_carries_the_peers_too() -> None:
     assert "slogate_pool_region:us" in {r["name"] for r in fragment["poolRoutes"]}
 
 
-def test_a_reload_cannot_change_what_envoy_was_written_from() -> None:
-    """A reload turning crossing on would route requests to `region:<peer>` where Envoy has
-    no route for it (they would fall to the default pool): refused, as data_path is."""
-    assert start_only_changes(regions(), regions(crossing=False)) == ["regions.crossing"]
+def test_a_reload_cannot_turn_crossing_on_or_change_its_secret() -> None:
+    """Envoy has routes to the peers only where crossing was on when it was rendered, and
+    the secret is read at start: refused, as data_path is. The peers listed may change (a
+    new one is crossed to after a restart: admission.crossing.Crossing's routable)."""
+    assert start_only_changes(regions(), regions(crossing=False)) == ["regions.crossing.enabled"]
     moved = regions()
     moved = dataclasses.replace(moved, regions=dataclasses.replace(moved.regions, regions={}))
-    assert start_only_changes(regions(), moved) == ["regions.regions"]
+    assert start_only_changes(regions(), moved) == []
+
+
+def test_envoy_config_renders_another_regions_peers_with_region(tmp_path: Path) -> None:
+    """One policy for every region, as `serve --region`: the Envoy of `us` routes to `eu`."""
+    raw = example_policy()
+    raw["regions"] = {
+        "this": "eu",
+        "list": {"eu": {"ingress": "10.0.1.10:10000"}, "us": {"ingress": "10.0.2.10:10000"}},
+        "ledger": {"url": "redis://global:6379/0"},
+        "crossing": {"enabled": True, "secret_file": "/etc/slogate/regions.key"},
+    }
+    policy = write_policy(tmp_path / "policy.yaml", raw)
+    out = tmp_path / "bootstrap.json"
+    assert main(["envoy-config", "--policy", str(policy), "--region", "us", "--out", str(out)]) == 0
+    clusters = {c["name"] for c in json.loads(out.read_text())["staticResources"]["clusters"]}
+    assert "region:eu" in clusters and "region:us" not in clusters
+    assert main(["envoy-config", "--policy", str(policy), "--region", "mars"]) == 2
