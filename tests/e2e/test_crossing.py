@@ -207,8 +207,8 @@ async def test_a_saturated_regions_sheddable_traffic_crosses_and_critical_stays(
         assert a.served() == served_a + 1
         assert a.metric("slogate_region_crossing_skipped_total", reason="not_tolerant") == 1
 
-        # b saturated too (its agent's report not yet in a's view): b sheds what a sent
-        # rather than sending it back.
+        # b saturated too while each still believes the other has room (views frozen as a
+        # report a second old leaves them): b sheds what a sent rather than send it back.
         b.sidecar.signals.board.drill("default", BreakerLevel.L2, duration_s=600)
         roomy = {"default": PoolRoom(0, False)}
         a.rooms.source, b.rooms.source = StaticRooms({"b": roomy}), StaticRooms({"a": roomy})
