@@ -17,6 +17,7 @@ from extproc.runtime.kv_subscriber import KvEventsCollector, KvSubscriber
 from extproc.runtime.loop_lag import LoopLag, LoopLagCollector
 from extproc.runtime.spend_metrics import SpendMetrics
 from extproc.service.candidate_metrics import CandidateMetrics
+from extproc.service.crossing_metrics import CrossingMetrics
 from extproc.service.decision_log import DECISION_FILES
 from extproc.service.engine_metrics import EngineCollector
 from extproc.service.forecast_metrics import ForecastMetrics
@@ -43,6 +44,7 @@ def exported_metrics() -> set[str]:
     KeyStore(KeyStoreConfig(file="keys.yaml"), None, metrics.registry)  # its own series
     SpendMetrics(metrics.registry)  # the spend step's
     RegionMetrics(metrics.registry, metrics.tenants)  # the region agent's (with regions:)
+    CrossingMetrics(metrics.registry)  # crossing's (with regions.crossing)
     CandidateMetrics(metrics.registry)  # the candidate policy's (shadow mode)
     ForecastMetrics(metrics)  # the forecasts' refits (when they are on)
     dropped_counter(metrics.registry, TRAFFIC_FILES)  # the traffic record's (when it is on)
