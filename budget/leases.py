@@ -39,16 +39,18 @@ Why it holds:
 
 Demand is smoothed by a **peak with halving decay** on the ledger's clock: at its report a
 region's demand becomes `max(reported, previous x 0.5^(t / report_interval_s))`, `t` the
-time since its previous report. A region that starts needing a tenant's budget weighs in
-at its next report, with no lag; one that goes quiet for one interval keeps half its
-weight, so one quiet interval does not hand its share away. The targets compare each
-live region's demand as it stands for the interval after its report (it is that
-interval's rate), decaying at the same rate only once a region has missed a report: so
-the split does not depend on the order of the reports. (Decaying on report counts alone,
-the region reporting first always looked quieter: the shares of an idle tenant summed to
-0.9, 0.1 held by nobody.) Demand that has decayed below `IDLE_DEMAND` everywhere is none:
-the tenant's regions share equally. An EWMA would also lag the rise, which is the moving
-tenant's wait.
+time since its previous report, and it keeps decaying so between reports. A region that
+starts needing a tenant's budget weighs in at its next report, with no lag; one that goes
+quiet for one interval keeps half its weight, so one quiet interval does not hand its
+share away. The targets weigh each live region by the larger of that decaying peak and
+its last reported demand, which is the rate of the interval after its report and decays
+only once a report is missed. So the split does not depend on when in the interval each
+region reports: equal demand splits evenly, and a tenant going quiet everywhere decays
+everywhere at once. (Decaying on report counts alone, the first region to report always
+looked quieter: an idle tenant's shares summed to 0.9, 0.1 held by nobody; decaying the
+reported rate at once favoured whoever reported last.) Demand below `IDLE_DEMAND`
+everywhere is none: the tenant's regions share equally. An EWMA would also lag the rise,
+which is the moving tenant's wait.
 
 A tenant moving from region A to region B (A's demand drops to 0, B's takes the whole):
 B's lease reaches 0.9 of the limit within `MOVE_REPORTS` = 7 report intervals (with
@@ -152,6 +154,7 @@ class RegionTenant:
 
     demand: float = 0.0  # smoothed (DEMAND_DECAY), as of demand_at
     demand_at: float = 0.0
+    rate: float = 0.0  # the demand last reported, as it was reported
     usage: float = 0.0  # as last reported (cumulative)
     spend: dict[str, float] = field(default_factory=dict)  # window -> as last reported
     windows: tuple[str, ...] = ()  # the windows of the region's last report
@@ -184,10 +187,18 @@ class LedgerBook:
     tenants: dict[str, dict[str, RegionTenant]] = field(default_factory=dict)  # -> region ->
 
 
-def decayed_demand(rec: RegionTenant, now_s: float, interval_s: float, grace_s: float) -> float:
-    """The region's smoothed demand as of `now_s`, decaying once `grace_s` has passed
-    since its report."""
-    return rec.demand * DEMAND_DECAY ** (max(0.0, now_s - rec.demand_at - grace_s) / interval_s)
+def decayed_demand(rec: RegionTenant, now_s: float, interval_s: float) -> float:
+    """The region's smoothed demand (its decaying peak) as of `now_s`."""
+    return rec.demand * DEMAND_DECAY ** (max(0.0, now_s - rec.demand_at) / interval_s)
+
+
+def demand_weight(rec: RegionTenant, now_s: float, interval_s: float) -> float:
+    """What the region weighs in the split at `now_s`: its decaying peak, or its last
+    reported rate while that is current (one interval; then it decays too)."""
+    late_s = max(0.0, now_s - rec.demand_at - interval_s)
+    return max(
+        decayed_demand(rec, now_s, interval_s), rec.rate * DEMAND_DECAY ** (late_s / interval_s)
+    )
 
 
 def target_share(
@@ -198,7 +209,7 @@ def target_share(
     demand."""
     interval_s = settings.report_interval_s
     demands = {
-        name: decayed_demand(rec, now_s, interval_s, interval_s)
+        name: demand_weight(rec, now_s, interval_s)
         for name, rec in sorted(regions.items())  # the Lua's order: the same float sum
         if rec.expires_s > now_s
     }
@@ -224,9 +235,8 @@ def apply_report(book: LedgerBook, report: Report, now_s: float, settings: Lease
         regions = book.tenants.setdefault(line.tenant, {})
         own = regions.setdefault(report.region, RegionTenant())
         before = own.hold(now_s)
-        own.demand = max(
-            max(0.0, line.demand), decayed_demand(own, now_s, settings.report_interval_s, 0.0)
-        )
+        own.rate = max(0.0, line.demand)
+        own.demand = max(own.rate, decayed_demand(own, now_s, settings.report_interval_s))
         own.demand_at = now_s
         own.usage = float(line.usage)
         own.spend.update({window: float(spent) for window, spent in line.spend.items()})

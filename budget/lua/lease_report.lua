@@ -59,20 +59,27 @@ local function tenant_lease(records, share, ceilings)
   return {share = share, global_usage = usage, global_spend = spend, spend_ceiling = ceilings}
 end
 
--- The region's smoothed demand as of now, decaying once grace_s has passed since its report
--- (records written before demand_at existed: as they are).
-local function decayed(rec, grace_s)
-  return rec.demand * decay ^ (math.max(0, now - (rec.demand_at or now) - grace_s) / interval_s)
+-- The region's smoothed demand (its decaying peak) as of now (records written before
+-- demand_at existed: as they are).
+local function decayed(rec)
+  return rec.demand * decay ^ (math.max(0, now - (rec.demand_at or now)) / interval_s)
+end
+
+-- What the region weighs in the split now: its decaying peak, or its last reported rate
+-- while that is current (one interval; then it decays too).
+local function weight(rec)
+  local late_s = math.max(0, now - (rec.demand_at or now) - interval_s)
+  return math.max(decayed(rec), (rec.rate or 0) * decay ^ (late_s / interval_s))
 end
 
 local function target_share(records)
   local live, total = 0, 0
   for _, name in ipairs(sorted_keys(records)) do
     local rec = records[name]
-    if rec.expires_s > now then live = live + 1; total = total + decayed(rec, interval_s) end
+    if rec.expires_s > now then live = live + 1; total = total + weight(rec) end
   end
   if total < idle_demand or live * min_share >= 1 then return 1 / live end
-  return min_share + (1 - live * min_share) * decayed(records[region], interval_s) / total
+  return min_share + (1 - live * min_share) * weight(records[region]) / total
 end
 
 -- Returns the regions whose records it changed (they are written back with the reporter's).
@@ -147,12 +154,13 @@ for i, line in ipairs(report.tenants) do
   local records = load(key)
   local own = records[region]
   if not own then
-    own = {demand = 0, demand_at = now, usage = 0, spend = {}, windows = {}, ceiling = {}, held = 0, granted = 0,
+    own = {demand = 0, demand_at = now, rate = 0, usage = 0, spend = {}, windows = {}, ceiling = {}, held = 0, granted = 0,
       fallback = 0, expires_s = 0, fallback_until_s = 0}
     records[region] = own
   end
   local before = hold(own)
-  own.demand = math.max(math.max(0, line.demand), decayed(own, 0))
+  own.rate = math.max(0, line.demand)
+  own.demand = math.max(own.rate, decayed(own))
   own.demand_at = now
   own.usage = line.usage
   local windows = {}
