@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _CHUNK_BYTES = 65536
+_SHAPE = "LISTEN_HOST:PORT=TARGET_HOST:PORT@MS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +47,9 @@ class LinkSpec:
             thost, _, tport = target.rpartition(":")
             spec = cls(lhost, int(lport), thost, int(tport), float(delay or 0) / 1000.0)
         except ValueError as err:
-            raise ValueError(f"expected LISTEN_HOST:PORT=TARGET_HOST:PORT@MS, got {text!r}") from err
+            raise ValueError(f"expected {_SHAPE}, got {text!r}") from err
         if not spec.listen_host or not spec.target_host or spec.delay_s < 0:
-            raise ValueError(f"expected LISTEN_HOST:PORT=TARGET_HOST:PORT@MS, got {text!r}")
+            raise ValueError(f"expected {_SHAPE}, got {text!r}")
         return spec
 
 

@@ -186,8 +186,8 @@ class NetLab:
         for ns in reversed(self.namespaces):
             _ip("netns", "del", ns, check=False)
         for link in self.links:  # deleting one end deletes its peer; a gone one: no error
-            for name, ns in ((link.name_a, link.ns_a), (link.name_b, link.ns_b)):
-                if ns is None:
+            for name, where in ((link.name_a, link.ns_a), (link.name_b, link.ns_b)):
+                if where is None:
                     _ip("link", "del", name, check=False)
         atexit.unregister(self.close)
 

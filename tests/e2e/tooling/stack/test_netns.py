@@ -40,9 +40,7 @@ def lab() -> Iterator[NetLab]:
         yield made
 
 
-def test_tcp_crosses_a_veth_is_cut_healed_and_nothing_is_left(
-    lab: NetLab, tmp_path: Path
-) -> None:
+def test_tcp_crosses_a_veth_is_cut_healed_and_nothing_is_left(lab: NetLab, tmp_path: Path) -> None:
     octet = free_subnet()
     a, b = lab.namespace("a"), lab.namespace("b")
     link = lab.veth(a, f"10.{octet}.1.1", b, f"10.{octet}.1.2")
