@@ -53,6 +53,7 @@ class LedgerTiming:
     lease_s: float = 10.0
     timeout_ms: float = 500.0
     fallback_for_s: float = 600.0
+    min_share: float = 0.05
 
 
 def region_policy(
