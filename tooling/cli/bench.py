@@ -154,6 +154,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "regions: the sum)",
     )
     regions.add_argument("--tokens-per-minute", type=int, default=120_000, help="global limit")
+    regions.add_argument(
+        "--request-tokens", type=int, default=2000, help="each request's output (ignore_eos)"
+    )
     regions.add_argument("--spread-s", type=float, default=45.0, help="phase a")
     regions.add_argument("--move-s", type=float, default=25.0, help="phase b")
     regions.add_argument("--lease-s", type=float, default=4.0, help="phase c cuts 2x this")
@@ -282,6 +285,7 @@ def run_bench(args: argparse.Namespace) -> int:
             regions=args.regions,
             delays_ms=tuple(float(d) for d in args.delays_ms.split(",")),
             tokens_per_minute=args.tokens_per_minute,
+            request_tokens=args.request_tokens,
             spread_s=args.spread_s,
             move_s=args.move_s,
             report_interval_s=args.report_interval_s,

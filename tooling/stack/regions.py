@@ -18,6 +18,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import secrets
+import time
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from extproc.runtime.processes import ManagedProcess
+from extproc.runtime.processes import ManagedProcess, ProcessFailed
 from policy.loader import load_policy
 from policy.schema import BudgetStoreKind
 from tooling.stack.local import LocalStack, StackPorts
@@ -141,6 +143,23 @@ def region_ports(ports: StackPorts, index: int) -> StackPorts:
     )
 
 
+def ledger_state(metrics_url: str) -> str | None:
+    """The region's state with the global ledger from a sidecar's /metrics (`leased`,
+    `cut_off`, `fallback`, `closed`, `none`); None: the sidecar has no region agent.
+    Unreachable: `none`."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=2.0) as reply:
+            text = reply.read().decode("utf-8", errors="replace")
+    except OSError:
+        return "none"
+    if "# TYPE slogate_region_ledger_state " not in text:
+        return None
+    for line in text.splitlines():
+        if line.startswith("slogate_region_ledger_state{") and line.rstrip().endswith(" 1.0"):
+            return line.split('state="', 1)[1].split('"', 1)[0]
+    return "none"
+
+
 @dataclass
 class RegionsStack:
     """A global Redis and `count` regions, each a LocalStack with its own Redis, on 127.0.0.1."""
@@ -192,10 +211,31 @@ class RegionsStack:
                 )
             for stack in self.regions.values():
                 stack.start()
+            self.wait_leased()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def wait_leased(self, timeout_s: float = 30.0) -> None:
+        """Until every region's sidecar holds a lease of the global ledger (a global tenant
+        is refused before: its region holds no share yet), as its /metrics says; at once
+        where the sidecar has no region agent (no `slogate_region_ledger_state`)."""
+        deadline = time.monotonic() + timeout_s
+        waiting = dict(self.regions)
+        while waiting:
+            for name, stack in list(waiting.items()):
+                state = ledger_state(stack.metrics_url)
+                if state in (None, "leased"):
+                    del waiting[name]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise ProcessFailed(
+                    f"regions {', '.join(waiting)} hold no lease of the global ledger after "
+                    f"{timeout_s:g} s (their sidecars' logs: {self.work_dir})"
+                )
+            time.sleep(0.2)
 
     def ready_lines(self) -> str:
         lines = [f"  global ledger: {self.ledger_url}"]

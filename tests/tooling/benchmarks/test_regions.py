@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tooling.benchmarks.regions import (
     Sample,
     Shot,
     has_metric,
+    mean_share_sum,
     overshoot,
     read_sample,
     seconds_to_share,
@@ -38,6 +41,8 @@ def test_time_to_share_and_the_states_a_region_went_through() -> None:
     assert seconds_to_share(samples, "eu", 10.0, 0.9) == 2.5
     assert seconds_to_share(samples, "eu", 10.0, 0.99) is None
     assert states_seen(samples, "eu", 10.5, 20.0) == ["cut_off", "fallback", "leased"]
+    # eu held 0.3, 0.6 and 0.92 in [10, 13), us 0.95.
+    assert mean_share_sum(samples, 10.0, 13.0) == pytest.approx((0.3 + 0.6 + 0.92) / 3 + 0.95)
 
 
 def test_a_metrics_page_is_read_and_a_missing_metric_is_none() -> None:
