@@ -196,7 +196,21 @@ def read_sample(text: str, t_s: float, region: str, tenant: str) -> Sample:
 
 
 def has_metric(text: str, name: str) -> bool:
-    return f"# TYPE {name} " in text
+    """Whether the page declares the metric (a counter's as `<name>_total`, as
+    prometheus_client writes it)."""
+    return f"# TYPE {name} " in text or f"# TYPE {name}_total " in text
+
+
+def labelled(text: str, name: str, label: str) -> dict[str, float]:
+    """`name`'s samples on the page by the value of `label` (summed over the others)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and label in s.labels:
+                found[s.labels[label]] = found.get(s.labels[label], 0.0) + s.value
+    return found
 
 
 def read_global_usage(redis_url: str, tenant: str) -> dict[str, float] | None:
@@ -445,8 +459,10 @@ class Load:
                 )
                 if reply.status != 200:
                     raw = await reply.read()
-                    with contextlib.suppress(ValueError, AttributeError):
-                        shot.error = str(json.loads(raw)["error"].get("code", ""))
+                    shot.error = reply.headers.get("x-slogate-reason", "")  # the sidecar's why
+                    if not shot.error:
+                        with contextlib.suppress(ValueError, AttributeError, KeyError):
+                            shot.error = str(json.loads(raw)["error"].get("code", ""))
                 elif stream:
                     first = await reply.content.readany()
                     shot.ttft_s = time.monotonic() - began
@@ -524,6 +540,18 @@ class Row:
     measurement: str
     value: str
     note: str = ""
+
+
+def _why_not(skipped: Mapping[str, float], rtts: Mapping[str, float]) -> str:
+    """The saturated region's reasons not to cross and its measured round trips."""
+    said = ""
+    if skipped:
+        said += "; not crossed: " + ", ".join(f"{k} {v:g}" for k, v in sorted(skipped.items()))
+    if rtts:
+        said += "; round trips: " + ", ".join(
+            f"{k} {v * 1000:.0f} ms" for k, v in sorted(rtts.items())
+        )
+    return said
 
 
 def _fmt(value: float | None, digits: int = 2, unit: str = "") -> str:
@@ -684,6 +712,10 @@ async def scenario(lab: RegionLab) -> tuple[list[Row], dict[str, Any]]:
             ),
         )
         await load.settle()
+        sat_page = await load.metrics_text(sat)
+        skipped = labelled(sat_page, "slogate_region_crossing_skipped_total", "reason")
+        rtts = labelled(sat_page, "slogate_region_link_rtt_seconds", "peer")
+        facts["crossing_seen"] = {"skipped": skipped, "link_rtt_s": rtts}
         shed = [s for s in load.shots if s.phase == "d-sheddable"]
         crossed = [s for s in shed if s.status == 200 and s.served not in (None, sat.name)]
         local = [s for s in shed if s.status == 200 and s.served == sat.name]
@@ -701,7 +733,7 @@ async def scenario(lab: RegionLab) -> tuple[list[Row], dict[str, Any]]:
                 f"{len(crossed)}/{len(shed)}" if crossing else NEEDS_CROSSING,
                 f"served at {sat.name}: {len(local)}, refused: {len(refused)} "
                 f"({', '.join(sorted({s.error or str(s.status) for s in refused})) or '-'}); "
-                f"{sat.name}'s pool: 4 batch slots, waiting room 4",
+                f"{sat.name}'s pool: 4 batch slots, waiting room 4{_why_not(skipped, rtts)}",
             )
         )
         added = (

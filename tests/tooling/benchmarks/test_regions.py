@@ -8,6 +8,7 @@ from tooling.benchmarks.regions import (
     Sample,
     Shot,
     has_metric,
+    labelled,
     mean_share_sum,
     overshoot,
     read_sample,
@@ -57,3 +58,8 @@ def test_a_metrics_page_is_read_and_a_missing_metric_is_none() -> None:
     assert (got.share, got.state, got.usage, got.crossed) == (0.5, "leased", None, None)
     assert has_metric(page, "slogate_region_ledger_state")
     assert not has_metric(page, "slogate_region_crossed")
+    counter = "# TYPE slogate_region_crossed_total counter\n"
+    counter += 'slogate_region_crossed_total{peer="eu",tier="sheddable"} 3.0\n'
+    counter += 'slogate_region_crossed_total{peer="us",tier="sheddable"} 1.0\n'
+    assert has_metric(counter, "slogate_region_crossed")
+    assert labelled(counter, "slogate_region_crossed_total", "peer") == {"eu": 3.0, "us": 1.0}
