@@ -62,6 +62,10 @@ RELAY_LEDGER_PORT = 6400  # region i reaches the ledger at its WAN peer address 
 RELAY_PEER_BASE = 7000  # ... and region j's Envoy at RELAY_PEER_BASE + j
 SHEDDABLE_KEY = "sk-demo-batch"
 CRITICAL_KEY = "sk-demo-critical"
+# Phase d's region squeezed to this (region_host): few slots, a waiting room that fills
+# before its requests time out, so a sheddable request finds it full and may cross.
+SQUEEZE_SLOTS = 3
+SQUEEZE_WAITING = 2
 NEEDS_AGENT = "not available (needs leases, region-agent)"
 NEEDS_CROSSING = "not available (needs crossing)"
 
@@ -268,7 +272,7 @@ class RegionLab:
 
     @property
     def saturated(self) -> LabRegion:
-        """Phase d's region: the last (squeezed then to 4 batch slots, a waiting room of 4)."""
+        """Phase d's region: the last (squeezed then: tooling.stack.region_host)."""
         return self.regions[-1]
 
     @property
@@ -322,6 +326,8 @@ class RegionLab:
                 "--work-dir", str(region_dir),
                 "--region", region.name,
                 "--time-scale", str(self.shape.time_scale),
+                "--squeeze-slots", str(SQUEEZE_SLOTS),
+                "--squeeze-waiting", str(SQUEEZE_WAITING),
             )  # fmt: skip
             region.host = self.net.start(region.ns, f"region-{region.name}", argv, self.work_dir)
         for region in self.regions:  # started together, waited for together
@@ -377,7 +383,8 @@ class RegionLab:
         )
 
     def squeeze(self, region: LabRegion) -> None:
-        """The region's pool down to 4 batch slots and a waiting room of 4 (region_host)."""
+        """The region's pool down to SQUEEZE_SLOTS batch slots and a waiting room of
+        SQUEEZE_WAITING (region_host)."""
         assert region.host is not None
         region.host.signal(signal.SIGUSR1)
         region.host.wait_for_line("region squeezed", timeout_s=30.0)
@@ -545,8 +552,9 @@ class Row:
 def _why_not(skipped: Mapping[str, float], rtts: Mapping[str, float]) -> str:
     """The saturated region's reasons not to cross and its measured round trips."""
     said = ""
-    if skipped:
-        said += "; not crossed: " + ", ".join(f"{k} {v:g}" for k, v in sorted(skipped.items()))
+    counted = {k: v for k, v in sorted(skipped.items()) if v}
+    if counted:
+        said += "; not crossed: " + ", ".join(f"{k} {v:g}" for k, v in counted.items())
     if rtts:
         said += "; round trips: " + ", ".join(
             f"{k} {v * 1000:.0f} ms" for k, v in sorted(rtts.items())
@@ -696,7 +704,7 @@ async def scenario(lab: RegionLab) -> tuple[list[Row], dict[str, Any]]:
             ),
             load.offer(
                 "d-critical",
-                0.5,
+                0.3,
                 shape.saturate_s,
                 lambda k: (sat, CRITICAL_KEY),
                 long_tokens,
@@ -733,7 +741,8 @@ async def scenario(lab: RegionLab) -> tuple[list[Row], dict[str, Any]]:
                 f"{len(crossed)}/{len(shed)}" if crossing else NEEDS_CROSSING,
                 f"served at {sat.name}: {len(local)}, refused: {len(refused)} "
                 f"({', '.join(sorted({s.error or str(s.status) for s in refused})) or '-'}); "
-                f"{sat.name}'s pool: 4 batch slots, waiting room 4{_why_not(skipped, rtts)}",
+                f"{sat.name}'s pool: {SQUEEZE_SLOTS} batch slots, waiting room {SQUEEZE_WAITING}"
+                f"{_why_not(skipped, rtts)}",
             )
         )
         added = (
