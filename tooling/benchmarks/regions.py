@@ -630,18 +630,16 @@ async def scenario(lab: RegionLab) -> tuple[list[Row], dict[str, Any]]:
         await load.offer("c-healed", rate, heal_s, spread, shape.request_tokens)
         await load.settle()
         await asyncio.sleep(2 * shape.report_interval_s + 2.0)  # settled, then reported
-        while_cut = sum(
-            s.tokens
-            for s in load.shots
-            if s.phase == "c-cut" and s.region == cut.name and s.status == 200
-        )
+        sent_cut = [s for s in load.shots if s.phase == "c-cut" and s.region == cut.name]
+        while_cut = sum(s.tokens for s in sent_cut if s.status == 200)
         rows.append(
             Row(
                 "c",
                 f"tokens {cut.name} admitted while cut off ({cut_s:g} s)",
                 str(while_cut),
+                f"{sum(s.status == 200 for s in sent_cut)} of {len(sent_cut)} requests; "
                 f"{while_cut / (cut_s / 60) / limit:.2f} of the global limit per minute; "
-                f"lease_s {shape.lease_s:g}, fallback share: its last",
+                f"lease_s {shape.lease_s:g}, then its fallback (the share it last held)",
             )
         )
         states = states_seen(load.samples, cut.name, c_start, c_heal + heal_s)
