@@ -11,7 +11,6 @@ import pytest
 
 from tooling.stack.netns import NetLab, free_subnet, netns_unavailable
 
-
 ECHO_SERVER = """
 import socket, sys
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
