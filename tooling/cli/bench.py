@@ -141,6 +141,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     decisions.add_argument(
         "--census-requests", type=int, default=100, help="requests whose round trips are counted"
     )
+    regions = bench_sub.add_parser(
+        "regions",
+        help="2-3 regions in network namespaces, delayed WAN links: global budget, a move, "
+        "a partition, crossing (needs root)",
+    )
+    regions.add_argument("--regions", type=int, default=3, choices=(2, 3))
+    regions.add_argument(
+        "--delays-ms",
+        default="20,40,75",
+        help="one-way delay of each region to the WAN hub, comma-separated (between two "
+        "regions: the sum)",
+    )
+    regions.add_argument("--tokens-per-minute", type=int, default=120_000, help="global limit")
+    regions.add_argument(
+        "--request-tokens", type=int, default=2000, help="each request's output (ignore_eos)"
+    )
+    regions.add_argument("--spread-s", type=float, default=45.0, help="phase a")
+    regions.add_argument("--move-s", type=float, default=25.0, help="phase b")
+    regions.add_argument("--lease-s", type=float, default=4.0, help="phase c cuts 2x this")
+    regions.add_argument("--report-interval-s", type=float, default=0.5)
+    regions.add_argument("--saturate-s", type=float, default=25.0, help="phase d")
+    regions.add_argument("--name", default="regions", help="results file name")
+    regions.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     bench.set_defaults(handler=run_bench)
 
 
@@ -254,6 +277,22 @@ def run_bench(args: argparse.Namespace) -> int:
         from tooling.benchmarks.decisions import run as run_decisions
 
         run_decisions(args.out_dir, args.calls, args.rounds, args.census_requests)
+    elif args.bench == "regions":
+        from tooling.benchmarks.regions import LabShape
+        from tooling.benchmarks.regions import run as run_regions
+
+        shape = LabShape(
+            regions=args.regions,
+            delays_ms=tuple(float(d) for d in args.delays_ms.split(",")),
+            tokens_per_minute=args.tokens_per_minute,
+            request_tokens=args.request_tokens,
+            spread_s=args.spread_s,
+            move_s=args.move_s,
+            report_interval_s=args.report_interval_s,
+            lease_s=args.lease_s,
+            saturate_s=args.saturate_s,
+        )
+        return run_regions(args.out_dir, shape, args.name)
     else:
         from tooling.benchmarks.estimator import run as run_estimator
 

@@ -21,7 +21,7 @@ from policy.schema import BudgetStoreKind
 from tooling.cli.common import Signalled, add_engine, vllm_ready
 
 if TYPE_CHECKING:
-    from tooling.stack.local import LocalStack
+    from tooling.stack.local import LocalStack, StackPorts
     from tooling.stack.prometheus_server import PrometheusServer
 
 
@@ -51,6 +51,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=1,
         help="Envoy + sidecar pairs on consecutive ports (10000, 10001, ...)",
+    )
+    up.add_argument(
+        "--regions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N regions on 127.0.0.1: a global ledger (Redis) and per region its Redis, pools, "
+        "sidecar and Envoy, each with a regions policy and the global tenant sk-demo-global; "
+        "region i's ports are the documented ones + 1000 x i",
     )
     up.add_argument(
         "--budget-store",
@@ -128,6 +137,8 @@ def run_up(args: argparse.Namespace) -> int:
             "add --budget-store redis for the fleet's shared ones",
             file=sys.stderr,
         )
+    if args.regions:
+        return _run_regions(args, work_dir, ports)
     if args.engine == "vllm" and not vllm_ready():
         return 2
     from tooling.stack import processes
@@ -199,6 +210,72 @@ def run_up(args: argparse.Namespace) -> int:
     finally:
         if prometheus is not None:
             prometheus.stop()
+        stack.stop()
+        print("slogate up: stopped", flush=True)
+    return code
+
+
+def _run_regions(args: argparse.Namespace, work_dir: Path, ports: StackPorts) -> int:
+    """`up --regions N`: tooling.stack.regions' RegionsStack until Ctrl-C."""
+    from tooling.stack import processes
+    from tooling.stack.regions import GLOBAL_KEY, RegionsStack
+
+    refused = [
+        flag
+        for flag, given in (
+            ("--replicas", args.replicas != 1),
+            ("--engine vllm", args.engine == "vllm"),
+            ("--record", args.record is not None),
+            ("--prometheus", args.prometheus is not None),
+            ("--pool-port", bool(args.pool_port)),
+            ("--failure-mode", args.failure_mode is not None),
+        )
+        if given
+    ]
+    if args.regions < 1 or refused:
+        print(
+            "slogate up --regions: N must be 1 or more, and it runs one replica of simulated "
+            f"pools per region (not with {', '.join(refused) or '-'})",
+            file=sys.stderr,
+        )
+        return 2
+    if shutil.which(processes.envoy_binary()) is None:
+        print(f"slogate up: no envoy binary: {processes.ENVOY_INSTALL_HINT}", file=sys.stderr)
+        return 2
+    stack = RegionsStack(
+        args.policy,
+        work_dir,
+        args.regions,
+        ports,
+        args.time_scale,
+        sidecar_args=("--log-format", args.log_format, "--log-level", args.log_level),
+        admin_token_file=up_token_file(),
+    )
+    signals = Signalled()
+    stack.start()
+    first = next(iter(stack.regions.values()))
+    print(
+        f"slogate up: {args.regions} regions (logs {work_dir})\n{stack.ready_lines()}\n"
+        f"  try: curl -s {first.url}/v1/chat/completions -H 'Authorization: Bearer "
+        f"{GLOBAL_KEY}' -H 'content-type: application/json' -d '{{\"model\": "
+        '"deepseek-v4", "messages": [{"role": "user", "content": "hello"}], '
+        '"max_tokens": 16}\' -i',
+        flush=True,
+    )
+    code = 0
+    try:
+        while not signals.stopping:
+            for name in stack.supervise():
+                print(f"slogate up: {name} died; restarted on the same ports", flush=True)
+            dead = stack.failed()
+            if dead is not None:
+                print(
+                    f"{dead.name} exited; stopping the stack. Its log:\n{dead.log_text()[-3000:]}"
+                )
+                code = 1
+                break
+            time.sleep(0.5)
+    finally:
         stack.stop()
         print("slogate up: stopped", flush=True)
     return code

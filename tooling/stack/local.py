@@ -138,6 +138,12 @@ class LocalStack(Pair):
     # The Envoy configuration for the (runtime) policy and ports: slogate's own bootstrap,
     # or, in tests, an operator's with slogate's fragment merged in.
     bootstrap: Callable[[Policy, EnvoyPorts], dict[str, Any]] = build_bootstrap
+    # The region this stack is (tooling.stack.regions): its simulated engines are named
+    # `<region>-<pool>` (their `x-sim-pool` header says which region served a request).
+    region: str | None = None
+    # Where Envoy's client listener binds; None: 127.0.0.1 (a region in a network namespace:
+    # 0.0.0.0, reached over its veths).
+    listen_host: str | None = None
 
     @property
     def url(self) -> str:
@@ -285,7 +291,13 @@ class LocalStack(Pair):
         replica.admin_port = _next(self.ports.admin, i) or free_port(HOST)
         config = self.bootstrap(
             self.runtime_policy(policy),
-            EnvoyPorts(replica.listen_port, replica.admin_port, replica.grpc_port, HOST),
+            EnvoyPorts(
+                replica.listen_port,
+                replica.admin_port,
+                replica.grpc_port,
+                HOST,
+                listen_host=self.listen_host,
+            ),
         )
         name = "envoy" if i == 0 else f"envoy-{i}"
         config_path = self.work_dir / f"{name}.json"

@@ -54,7 +54,7 @@ def start_sim_pool(
         port = first if index == 0 else (endpoint_port if first else 0)
         argv = python_module(
             "sim.server.pool",
-            "--name", pool.name,
+            "--name", f"{stack.region}-{pool.name}" if stack.region else pool.name,
             "--host", HOST,
             "--port", str(port),
             "--seed", str(index),

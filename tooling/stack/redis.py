@@ -8,6 +8,7 @@ MEET), on `redis-server` when installed, else the valkey-server inside the valke
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from extproc.runtime.processes import ManagedProcess, ProcessFailed
@@ -30,19 +31,27 @@ def redis_server_binary() -> str:
 
 
 def start_redis(
-    log_dir: Path, name: str = "redis", port: int = 0, bus_port: int | None = None
+    log_dir: Path,
+    name: str = "redis",
+    port: int = 0,
+    bus_port: int | None = None,
+    bind: str = "127.0.0.1",
+    wrap: Sequence[str] = (),
 ) -> tuple[ManagedProcess, int]:
     """A real Redis-compatible server on 127.0.0.1, no persistence; returns it and its port.
 
-    With `bus_port` it runs as a cluster node whose cluster bus listens there.
+    With `bus_port` it runs as a cluster node whose cluster bus listens there. `bind`:
+    another address (0.0.0.0: every interface of a network namespace); `wrap`: the command
+    it runs under (`ip netns exec NS`; then give `port`, as a free one is looked for here).
     """
     port = port or free_port()
     data_dir = log_dir / f"{name}-data"
     data_dir.mkdir(parents=True, exist_ok=True)
     argv = [
+        *wrap,
         redis_server_binary(),
         "--bind",
-        "127.0.0.1",
+        bind,
         "--port",
         str(port),
         "--save",
