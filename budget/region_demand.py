@@ -53,11 +53,3 @@ class RegionDemand:
         """Every tenant's part since the last take; empties it (the caller adds it up)."""
         taken, self._tenants = self._tenants, {}
         return taken
-
-    def give_back(self, taken: dict[str, Flushed]) -> None:
-        """A flush that did not reach the store: its parts wait for the next one (usage is
-        a total the region reports, so none of it may be lost)."""
-        for tenant, part in taken.items():
-            own = self._of(tenant)
-            own.demand += part.demand
-            own.usage += part.usage

@@ -194,6 +194,9 @@ class RegionAgent:
         self._override = region
         self._new_ledger = ledger
         self.holder_id = holder_id or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        # The batch being flushed (id, parts) until the region's store took it.
+        self._unsent: tuple[str, dict[str, Flushed]] | None = None
+        self._batches = 0
         self._setup: _Setup | None = None
         self._holder: LeaseHolder | None = None
         self._ledger: GlobalLedger | None = None
@@ -350,16 +353,22 @@ class RegionAgent:
             task.add_done_callback(self._closing.discard)
 
     async def _flush(self, region: str) -> None:
-        parts = self.demand.take()
-        if not parts:
-            return
+        if self._unsent is None:
+            parts = self.demand.take()
+            if not parts:
+                return
+            self._batches += 1
+            self._unsent = (f"{self.holder_id}:{self._batches}", parts)
+        batch, parts = self._unsent
         try:
-            await self._store.flush(region, parts)
+            await self._store.flush(region, parts, batch)
         except BudgetStoreError as error:
-            # Kept for the next flush: the region's usage is a total, none of it may go.
-            self.demand.give_back(parts)
+            # Sent again at the next flush under the same id, until it lands: a timeout
+            # may hide a batch that landed, and the store adds a batch once. (Given back
+            # into the next batch instead, it was counted twice when it had landed.)
             log.warning("region %s: flush to the region's store failed: %s", region, error)
             return
+        self._unsent = None
         self._count_usage(parts)
 
     def _count_usage(self, parts: Mapping[str, Flushed]) -> None:

@@ -7,6 +7,8 @@ process is the whole region). Each keeps:
 
 - the demand the replicas flushed since the lease holder last took it, per tenant (taken
   and reset at once);
+- each flushed batch's id for a while (`BATCH_MEMORY_S`): a batch sent again after a
+  timeout (it may have landed) is added once;
 - the usage they flushed, per tenant, cumulative (never reset: what the region reports is
   a total, so a report repeated or lost changes nothing at the global ledger);
 - the lock naming the region's lease holder, for a time (`SET NX PX`, extended by its
@@ -29,6 +31,23 @@ from redis import exceptions as redis_errors
 from budget.region_demand import Flushed
 from budget.store import BudgetStoreError
 
+# How long a flushed batch's id is remembered: a replica sends a failed batch again at its
+# next flush (an interval later) and goes on until it lands, so this outlasts any outage
+# the region's Redis comes back from with its keys.
+BATCH_MEMORY_S = 3600
+
+# Add a batch of demand and usage once: its id is set with NX first; a batch already seen
+# (sent again after a timeout that had landed) changes nothing. KEYS: demand, usage, the
+# batch's id; ARGV: the memory in s, then tenant, demand, usage per tenant.
+_FLUSH = """
+if not redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[1]) then return 0 end
+for i = 2, #ARGV, 3 do
+  if tonumber(ARGV[i + 1]) ~= 0 then redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1]) end
+  if tonumber(ARGV[i + 2]) ~= 0 then redis.call('HINCRBYFLOAT', KEYS[2], ARGV[i], ARGV[i + 2]) end
+end
+return 1
+"""
+
 # Take the lock, or extend it when this replica holds it already: one round trip.
 _HOLD = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
@@ -47,8 +66,9 @@ class RegionTotals:
 
 
 class RegionStore(Protocol):
-    async def flush(self, region: str, parts: Mapping[str, Flushed]) -> None:
-        """This replica's demand and usage since its last flush, added to the region's."""
+    async def flush(self, region: str, parts: Mapping[str, Flushed], batch: str) -> None:
+        """This replica's demand and usage since its last flush, added to the region's
+        once per `batch` id (the same batch sent again adds nothing)."""
         ...
 
     async def take(self, region: str) -> RegionTotals:
@@ -77,6 +97,7 @@ class RedisRegionStore:
         self._client = client
         self._timeout_s = timeout_s
         self._hold = client.register_script(_HOLD)
+        self._flush = client.register_script(_FLUSH)
 
     async def _run(self, what: str, call: Any) -> Any:
         try:
@@ -87,16 +108,14 @@ class RedisRegionStore:
                 f"redis region {what}: {type(error).__name__}: {error}"
             ) from error
 
-    async def flush(self, region: str, parts: Mapping[str, Flushed]) -> None:
+    async def flush(self, region: str, parts: Mapping[str, Flushed], batch: str) -> None:
         if not parts:
             return
-        pipe = self._client.pipeline(transaction=True)
+        keys = [_key(region, "demand"), _key(region, "usage"), _key(region, f"batch:{batch}")]
+        args: list[str | int] = [BATCH_MEMORY_S]
         for tenant, part in parts.items():
-            if part.demand:
-                pipe.hincrbyfloat(_key(region, "demand"), tenant, part.demand)
-            if part.usage:
-                pipe.hincrbyfloat(_key(region, "usage"), tenant, part.usage)
-        await self._run("flush", pipe.execute())
+            args += [tenant, repr(float(part.demand)), repr(float(part.usage))]
+        await self._run("flush", self._flush(keys=keys, args=args))
 
     async def take(self, region: str) -> RegionTotals:
         pipe = self._client.pipeline(transaction=True)
@@ -128,7 +147,8 @@ class InProcessRegionStore:
         self._usage: dict[str, dict[str, float]] = {}
         self._leases: dict[str, str] = {}
 
-    async def flush(self, region: str, parts: Mapping[str, Flushed]) -> None:
+    async def flush(self, region: str, parts: Mapping[str, Flushed], batch: str) -> None:
+        # In process a flush cannot half-land: nothing to remember.
         demand = self._demand.setdefault(region, {})
         usage = self._usage.setdefault(region, {})
         for tenant, part in parts.items():

@@ -27,7 +27,7 @@ from admission.spend_step import SpendStep
 from budget.global_ledger import GlobalLedger, InProcessGlobalLedger
 from budget.leases import MOVE_REPORTS, LeaseSettings
 from budget.redis_store import connect
-from budget.region_demand import RegionDemand
+from budget.region_demand import Flushed, RegionDemand
 from budget.spend_store import InProcessSpendStore
 from budget.store import InProcessStore
 from extproc.adminpb import admin_pb2 as pb
@@ -324,6 +324,20 @@ async def test_a_partition_cuts_a_region_off_then_back_with_nothing_counted_twic
         # Every region's cumulative usage, stored not added: each settled token once.
         assert acme.global_usage == pytest.approx(settled["eu"] + settled["us"])
         assert region.share() > 0.0
+
+
+async def test_a_batch_sent_again_after_a_timeout_is_added_once(regional: Any) -> None:
+    """A flush that timed out may have landed: the replica sends the same batch again, and
+    the region's store adds it once (given back into the next batch, it counted twice)."""
+    store = RedisRegionStore(regional, 1.0)
+    batch = {"acme": Flushed(demand=100.0, usage=80.0)}
+    await store.flush("eu", batch, "replica-1:1")
+    await store.flush("eu", batch, "replica-1:1")  # the same batch, sent again
+    await store.flush("eu", {"acme": Flushed(demand=5.0, usage=4.0)}, "replica-1:2")
+    await store.flush("eu", batch, "replica-2:1")  # another replica's first batch
+    totals = await store.take("eu")
+    assert totals.demand == {"acme": 205.0}
+    assert totals.usage == {"acme": 164.0}
 
 
 async def test_one_replica_reports_for_its_region_and_the_others_read_its_lease(
