@@ -34,7 +34,7 @@ from breaker.latency import ResponseWindows
 from budget.ahead import AheadCeilings, AheadPlanner, tenant_tiers
 from budget.key_quotas import KeyQuotas
 from budget.quotas import Adjustment, TierMultipliers
-from budget.store import InProcessStore
+from budget.store import BudgetStore, InProcessStore
 from engines.kv_events import EventBatch
 from extproc.request.tokens.prompt import PromptCounter
 from extproc.request.verdicts import Routed
@@ -78,6 +78,8 @@ class OfflineFleet(FleetRequests):
         prefill_queue: bool = False,
         ahead: AheadPlanner | None = None,
         key_budgets: bool = False,
+        clock: VirtualClock | None = None,
+        store: BudgetStore | None = None,
     ) -> None:
         """`waiting_room`: the sidecars hold requests refused only for capacity until room
         frees (False: they refuse them at once). `client_retries`: how many times a client
@@ -103,12 +105,15 @@ class OfflineFleet(FleetRequests):
         moved ahead of forecast or declared ramps (budget.ahead, stepped with the controller;
         its outlook's clock is this fleet's virtual one); `key_budgets`: the per-key dynamic
         budgets (budget.key_quotas) fed and stepped as in the sidecar, enforced where the
-        policy says (`breaker.controller_key_budgets`), a raised tenant's lifted."""
+        policy says (`breaker.controller_key_budgets`), a raised tenant's lifted. `clock`: a
+        virtual clock shared with other fleets (sim.fleet.regions: regions on one clock;
+        None: its own); `store`: the budget store its sidecars share (None: a fresh
+        in-process one; not read when `budgets` is False)."""
         self.policy = policy
         self.client_retries = client_retries
         self.seed = seed
         self.use_breaker = breaker
-        self.clock = VirtualClock()
+        self.clock = clock or VirtualClock()
         self.latency = latency or LatencyConfig()
         # overcommit_ratio > 1: the engine admits past its real KV capacity, and requests
         # started in that region fail like an OOM (a 500), as in the simulated pool.
@@ -171,7 +176,10 @@ class OfflineFleet(FleetRequests):
         # once per controller interval, as the shared ledger's guard lets it (kv_ratio.lua).
         # The prompt counter is the sidecar's.
         self.sidecar_split = [w / sum(sidecar_split) for w in sidecar_split]
-        store = InProcessStore(self.clock) if budgets else None
+        if budgets and store is None:
+            store = InProcessStore(self.clock)
+        elif not budgets:
+            store = None
         book = (
             LocalBook(
                 self.clock,
@@ -228,6 +236,15 @@ class OfflineFleet(FleetRequests):
         heapq.heappush(self._events, (self.clock.now_s, number, "call", str(number)))
 
     def run(self, arrivals: Iterable[Arrival], until_s: float) -> dict[str, Served]:
+        self.begin(arrivals, until_s)
+        while self.step():
+            pass
+        return self.results
+
+    def begin(self, arrivals: Iterable[Arrival], until_s: float) -> None:
+        """Put the run's arrivals and periodic events on the queue; `step` then plays them
+        one by one (`run` does both; sim.fleet.regions interleaves several fleets' steps on
+        one clock)."""
         for index, arrival in enumerate(arrivals):
             request_id = f"r{index}"
             self._arrivals[request_id] = arrival
@@ -250,36 +267,44 @@ class OfflineFleet(FleetRequests):
                 if outage.until_s < until_s:
                     self._push(outage.until_s, "up", str(number))
         self.until_s = until_s
-        while self._events:
-            at_s, _, kind, request_id = heapq.heappop(self._events)
-            self._account(at_s)
-            self.clock.now_s = at_s
-            if kind == "arrive":
-                self._arrive(request_id)
-            elif kind == "call":
-                self._calls.pop(int(request_id))()
-            elif kind == "room":
-                self._tick_pending = False
-                for sidecar in self.sidecars:
-                    run_now(sidecar.admission.kv.dispatcher.tick())
-                self._tick_room()
-            elif kind == "finish":
-                self._finish(request_id)
-            elif kind == "kv":
-                self._deliver(int(request_id))
-            elif kind == "evaluate":
-                if self.use_breaker:
-                    self.board.evaluate()
-                self._sample()
-            elif kind == "control" and self.use_controller:
-                self._control()
-            elif kind == "scrape":
-                self._scrape()
-            elif kind == "probe":
-                probe(self.engines, [s.fleet for s in self.sidecars])
-            elif kind in ("down", "up"):
-                self._outage(self.outages[int(request_id)], kind == "up")
-        return self.results
+
+    def next_event_s(self) -> float | None:
+        """When the next queued event happens; None: nothing left."""
+        return self._events[0][0] if self._events else None
+
+    def step(self) -> bool:
+        """Play the next event; False when none was left."""
+        if not self._events:
+            return False
+        at_s, _, kind, request_id = heapq.heappop(self._events)
+        self._account(at_s)
+        self.clock.now_s = at_s
+        if kind == "arrive":
+            self._arrive(request_id)
+        elif kind == "call":
+            self._calls.pop(int(request_id))()
+        elif kind == "room":
+            self._tick_pending = False
+            for sidecar in self.sidecars:
+                run_now(sidecar.admission.kv.dispatcher.tick())
+            self._tick_room()
+        elif kind == "finish":
+            self._finish(request_id)
+        elif kind == "kv":
+            self._deliver(int(request_id))
+        elif kind == "evaluate":
+            if self.use_breaker:
+                self.board.evaluate()
+            self._sample()
+        elif kind == "control" and self.use_controller:
+            self._control()
+        elif kind == "scrape":
+            self._scrape()
+        elif kind == "probe":
+            probe(self.engines, [s.fleet for s in self.sidecars])
+        elif kind in ("down", "up"):
+            self._outage(self.outages[int(request_id)], kind == "up")
+        return True
 
     def _scrape(self) -> None:
         """Every sidecar scrapes every engine (the pools' signals, each engine's state)."""
