@@ -1,0 +1,368 @@
+"""Regions on one virtual clock: each a fleet with its own sidecar and budget store, one
+global ledger reached over a link with a one-way delay.
+
+What lives here: `RegionsFleet`, which plays each region's arrivals through its own
+`OfflineFleet` (the sidecar's admission chain, its own in-process budget store) and, every
+`report_interval_s`, sends the region's report to one `InProcessGlobalLedger` (budget.
+global_ledger: budget.leases' `apply_report`, what the Lua script on the global Redis
+does): the report arrives `delay_s` later, its lease comes back `delay_s` after that and
+goes into the region's `LeaseHolder` (budget.lease_holder), whose share of each global
+tenant scales the tenant's limits in the region. A `Cut` loses every report and lease on a
+region's link for a while (a partition); a region that dies stops reporting and serving.
+`ShareScaledStore` is where the share meets the budget limits (see its note). The design
+is docs/contributors/regions.md; what the runs measure is sim.studies.regions'.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from budget.lease_holder import LeaseHolder
+from budget.leases import (
+    Lease,
+    LeaseSettings,
+    LedgerBook,
+    PoolRoom,
+    Report,
+    TenantReport,
+    apply_report,
+)
+from budget.ledger import Charge, Verdict, scale_limits
+from budget.store import USAGE_WINDOWS_S, InProcessStore
+from policy._regions import Fallback
+from policy.domain import BudgetScope, Limits
+from policy.schema import Policy
+from sim.fleet.arrivals import Arrival
+from sim.fleet.clock import VirtualClock
+from sim.fleet.offline import OfflineFleet
+from sim.fleet.sidecar import run_now
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """A region's link to the global ledger down from `at_s` to `until_s`: what is sent or
+    arrives meanwhile is lost, as on a cut TCP connection."""
+
+    region: str
+    at_s: float
+    until_s: float
+
+    def holds(self, region: str, now_s: float) -> bool:
+        return region == self.region and self.at_s <= now_s < self.until_s
+
+
+@dataclass(frozen=True, slots=True)
+class RegionSample:
+    """One region's lease as its holder sees it at one moment."""
+
+    at_s: float
+    region: str
+    state: str  # LeaseHolder.state: leased, cut_off, fallback, closed, none
+    share: float | None  # of the tenant followed (RegionsFleet.tenant); None: no lease
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseSent:
+    """A lease the global ledger answered a report with (whether it reached the region or
+    not): when, to whom, for which report."""
+
+    at_s: float
+    region: str
+    report_sent_s: float
+    lease: Lease
+
+
+class InProcessLedger:
+    """STAND-IN until budget.global_ledger's InProcessGlobalLedger is committed: the same
+    `report(report) -> Lease` over budget.leases' book and apply_report, on a clock."""
+
+    def __init__(self, settings: LeaseSettings, clock: Callable[[], float]) -> None:
+        self._settings = settings
+        self._clock = clock
+        self._book = LedgerBook()
+
+    async def report(self, report: Report) -> Lease:
+        return apply_report(self._book, report, self._clock(), self._settings)
+
+
+class LeaseShares:
+    """This region's share of each global tenant now, read from its lease holder on the
+    virtual clock: the `share(tenant)` that admission.regions' RegionShares asks for. A
+    tenant no lease names yet is enforced at 0 (budget.lease_holder: a share before the
+    first answer would be unbacked)."""
+
+    def __init__(self, holder: LeaseHolder, clock: Callable[[], float]) -> None:
+        self._holder = holder
+        self._clock = clock
+
+    def share(self, tenant: str) -> float:
+        share = self._holder.share(tenant, self._clock())
+        return 0.0 if share is None else share
+
+
+class ShareScaledStore:
+    """THE ADAPTER, until admission.budget_step reads a RegionShares (the region-agent
+    helper's `shares=` / `demand=` of admission.assembly.build_admission): a global
+    tenant's limits scaled by the region's share where the budget store is reached, and
+    its demand (weighted tokens reserved or refused) and usage (settled) counted for the
+    region's report. Everything else is the region's in-process store, unchanged. When the
+    budget step does it, the region passes `LeaseShares` to its sidecars instead and this
+    class goes."""
+
+    def __init__(
+        self,
+        inner: InProcessStore,
+        shares: LeaseShares,
+        global_budgets: Mapping[str, str],
+        retry_s: float,
+    ) -> None:
+        """`global_budgets`: budget id -> tenant, for the keys of global tenants."""
+        self._inner = inner
+        self._shares = shares
+        self._global = dict(global_budgets)
+        self._retry_s = retry_s
+        self._limits: dict[str, Limits] = {}  # reservation -> the limits it was reserved under
+        self.demand: dict[str, float] = {}  # tenant -> since the last report
+        self.settled: dict[str, float] = {}  # tenant -> settled, cumulative
+
+    @property
+    def global_tenants(self) -> frozenset[str]:
+        return frozenset(self._global.values())
+
+    def take_demand(self) -> dict[str, float]:
+        taken, self.demand = self.demand, {}
+        return taken
+
+    async def reserve(
+        self, key_id: str, limits: Limits, charge: Charge, reservation_id: str, ttl_s: float
+    ) -> Verdict:
+        tenant = self._global.get(key_id)
+        if tenant is None:
+            return await self._inner.reserve(key_id, limits, charge, reservation_id, ttl_s)
+        self.demand[tenant] = self.demand.get(tenant, 0.0) + charge.weighted_tokens
+        share = self._shares.share(tenant)
+        if share == 0.0:  # the region holds none of it: refused outright
+            return Verdict(False, "region_share", self._retry_s, None, None, None, None, 0.0)
+        limits = scale_limits(limits, share)
+        verdict = await self._inner.reserve(key_id, limits, charge, reservation_id, ttl_s)
+        if verdict.admitted:
+            self._limits[reservation_id] = limits
+        return verdict
+
+    async def settle(
+        self, key_id: str, limits: Limits, reservation_id: str, actual: Charge | None
+    ) -> bool:
+        tenant = self._global.get(key_id)
+        limits = self._limits.pop(reservation_id, limits)
+        settled = await self._inner.settle(key_id, limits, reservation_id, actual)
+        if tenant is not None and settled and actual is not None:
+            self.settled[tenant] = self.settled.get(tenant, 0.0) + actual.weighted_tokens
+        return settled
+
+    async def usage(
+        self, key_id: str, windows_s: Sequence[int] = USAGE_WINDOWS_S
+    ) -> dict[int, float]:
+        return await self._inner.usage(key_id, windows_s)
+
+    async def outstanding(self, key_id: str) -> int:
+        return await self._inner.outstanding(key_id)
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+@dataclass(slots=True)
+class RegionSeat:
+    """One region: its fleet, its lease holder and what it has sent and heard."""
+
+    name: str
+    fleet: OfflineFleet
+    holder: LeaseHolder
+    store: ShareScaledStore
+    seq: int = 0
+    sent_s: dict[int, float] = field(default_factory=dict)  # report seq -> when it left
+    answered: dict[int, float] = field(default_factory=dict)  # seq -> when its lease came
+    reports: dict[int, Report] = field(default_factory=dict)  # seq -> what it sent
+    in_flight: int | None = None  # the report awaiting its answer (one at a time)
+    dead_at_s: float = math.inf
+
+
+class RegionsFleet:
+    def __init__(
+        self,
+        policies: Mapping[str, Policy],
+        delay_s: float,
+        tenant: str,
+        seed: int = 0,
+        cuts: Sequence[Cut] = (),
+        deaths: Mapping[str, float] | None = None,
+        sample_s: float = 0.1,
+        late_duplicates: bool = True,
+        **fleet_options: Any,
+    ) -> None:
+        """`policies`: each region's policy (its `regions.this` naming it; the same ledger
+        settings in all); `delay_s`: the link's one-way delay to the global ledger;
+        `tenant`: the global tenant whose share is sampled every `sample_s`; `cuts`: the
+        partitions; `deaths`: region -> when it stops (no more reports; its arrivals are
+        the caller's to stop); `late_duplicates`: when a cut heals, the last report sent
+        before it reaches the ledger once more after the region's first new one (a
+        retried request arriving late), which must change nothing; `fleet_options`: for
+        every region's OfflineFleet."""
+        first = next(iter(policies.values()))
+        self.settings = LeaseSettings.of(first.regions.ledger)
+        self.interval_s = first.regions.ledger.report_interval_s
+        self.timeout_s = first.regions.ledger.timeout_ms / 1000.0
+        self.delay_s = delay_s
+        self.tenant = tenant
+        self.clock = VirtualClock()
+        self.ledger = InProcessLedger(self.settings, self.clock)
+        self.cuts = tuple(cuts)
+        self.late_duplicates = late_duplicates
+        self.sample_s = sample_s
+        self.seats: dict[str, RegionSeat] = {}
+        for index, (name, policy) in enumerate(policies.items()):
+            ledger = policy.regions.ledger
+            holder = LeaseHolder(
+                self.settings, Fallback(ledger.limits_fallback), Fallback(ledger.spend_fallback)
+            )
+            store = ShareScaledStore(
+                InProcessStore(self.clock),
+                LeaseShares(holder, self.clock),
+                {
+                    key.budget_id: key.tenant
+                    for key in policy.keys.values()
+                    if _scope(policy, key.tenant) is BudgetScope.GLOBAL
+                },
+                retry_s=float(math.ceil(self.interval_s)),
+            )
+            fleet = OfflineFleet(
+                policy, seed=seed * 10 + index, clock=self.clock, store=store, **fleet_options
+            )
+            seat = RegionSeat(name, fleet, holder, store)
+            seat.dead_at_s = (deaths or {}).get(name, math.inf)
+            self.seats[name] = seat
+        self.samples: list[RegionSample] = []
+        self.leases: list[LeaseSent] = []
+        self.duplicates: list[tuple[float, Lease]] = []  # (when, the ledger's answer to one)
+        self._events: list[tuple[float, int, str, str, Any]] = []
+        self._sequence = itertools.count()
+
+    def _push(self, at_s: float, kind: str, region: str, payload: Any = None) -> None:
+        heapq.heappush(self._events, (at_s, next(self._sequence), kind, region, payload))
+
+    def _cut(self, region: str, now_s: float) -> bool:
+        return any(cut.holds(region, now_s) for cut in self.cuts)
+
+    def run(self, arrivals: Mapping[str, Sequence[Arrival]], until_s: float) -> None:
+        """Play every region's arrivals and the link until `until_s`; reports go on to the
+        end, so the last ones carry every request's settled usage."""
+        names = list(self.seats)
+        for index, (name, seat) in enumerate(self.seats.items()):
+            seat.fleet.begin(arrivals.get(name, ()), until_s)
+            # Each region's holder reports on its own phase, as separate processes do.
+            offset_s = self.interval_s * (index + 1) / (len(names) + 1)
+            for tick in range(math.ceil((until_s - offset_s) / self.interval_s)):
+                self._push(offset_s + tick * self.interval_s, "report", name)
+        for tick in range(math.ceil(until_s / self.sample_s) + 1):
+            self._push(tick * self.sample_s, "sample", "")
+        if self.late_duplicates:
+            for cut in self.cuts:
+                self._push(cut.until_s + 2 * self.delay_s, "duplicate", cut.region, cut.at_s)
+        fleets = [seat.fleet for seat in self.seats.values()]
+        while True:
+            fleet_at = [f.next_event_s() for f in fleets]
+            soonest = min((at for at in fleet_at if at is not None), default=math.inf)
+            link_at = self._events[0][0] if self._events else math.inf
+            if soonest == math.inf and link_at == math.inf:
+                return
+            if link_at <= soonest:
+                at_s, _, kind, region, payload = heapq.heappop(self._events)
+                self.clock.now_s = at_s
+                self._link(kind, region, payload)
+            else:
+                fleets[fleet_at.index(soonest)].step()
+
+    def _link(self, kind: str, region: str, payload: Any) -> None:
+        now_s = self.clock.now_s
+        if kind == "sample":
+            for seat in self.seats.values():
+                state = seat.holder.state(now_s)
+                share = seat.holder.share(self.tenant, now_s)
+                self.samples.append(RegionSample(now_s, seat.name, state, share))
+            return
+        seat = self.seats[region]
+        if now_s >= seat.dead_at_s:
+            return  # a dead region sends nothing and hears nothing
+        if kind == "report":
+            self._send(seat, now_s)
+        elif kind == "timeout":
+            self._timed_out(seat, now_s)
+        elif kind == "at_ledger":
+            if not self._cut(region, now_s):
+                lease = run_now(self.ledger.report(payload))
+                self.leases.append(LeaseSent(now_s, region, seat.sent_s[payload.seq], lease))
+                self._push(now_s + self.delay_s, "lease", region, lease)
+        elif kind == "lease":
+            if not self._cut(region, now_s) and seat.in_flight == payload.seq:
+                seat.in_flight = None
+                seat.answered[payload.seq] = now_s
+                seat.holder.received(payload)
+        elif kind == "duplicate":
+            # The last report sent before the cut began, delivered again after the heal.
+            before = [seq for seq, sent_s in seat.sent_s.items() if sent_s < payload]
+            if before:
+                stale = seat.reports[max(before)]
+                self.duplicates.append((now_s, run_now(self.ledger.report(stale))))
+
+    def _timed_out(self, seat: RegionSeat, now_s: float) -> None:
+        """The report in flight has had its `timeout_ms`: failed (its answer, if it
+        comes later, is dropped)."""
+        if seat.in_flight is None or now_s < seat.sent_s[seat.in_flight] + self.timeout_s:
+            return
+        seat.in_flight = None
+        seat.holder.failed(now_s)
+
+    def _send(self, seat: RegionSeat, now_s: float) -> None:
+        """The region's report leaves, unless one is still in flight (the holder sends one
+        at a time: this tick is skipped)."""
+        self._timed_out(seat, now_s)
+        if seat.in_flight is not None:
+            return
+        demand = seat.store.take_demand()
+        tenants = sorted(set(demand) | set(seat.store.settled) | seat.store.global_tenants)
+        seat.seq = max(seat.seq, seat.holder.seq) + 1
+        report = Report(
+            region=seat.name,
+            seq=seat.seq,
+            tenants=tuple(
+                TenantReport(
+                    tenant=tenant,
+                    demand=demand.get(tenant, 0.0),
+                    usage=seat.store.settled.get(tenant, 0.0),
+                    spend={},
+                    applied=seat.holder.applied(tenant, now_s),
+                )
+                for tenant in tenants
+            ),
+            pools={
+                pool: PoolRoom(level=int(seat.fleet.board.level(pool)), waiting_full=False)
+                for pool in seat.fleet.engines
+            },
+        )
+        seat.reports[report.seq] = report
+        seat.sent_s[report.seq] = now_s
+        seat.in_flight = report.seq
+        seat.holder.sent(now_s)
+        self._push(now_s + self.timeout_s, "timeout", seat.name, report.seq)
+        if not self._cut(seat.name, now_s):
+            self._push(now_s + self.delay_s, "at_ledger", seat.name, report)
+
+
+def _scope(policy: Policy, tenant: str) -> BudgetScope:
+    entry = policy.tenants.listed.get(tenant) or policy.tenants.default
+    return BudgetScope.REGION if entry is None else entry.scope

@@ -1,0 +1,473 @@
+"""Regions in the simulator: the lab's phases (`slogate bench regions`) on the virtual clock.
+
+What lives here: `RegionsSetup` (the regions, the link, the lease settings, the tenant and
+its traffic), `play` (one run of the phases: (a) one global tenant spending from every
+region at once at twice its global limit, (b) the tenant moving to one region, (c) one
+region cut off from the global ledger for about twice lease_s and healed), `death` (a
+region dying while the others spend), `sweep` (the link delays and report intervals) and
+`table`. The regions are sim.fleet.regions': each a fleet running the sidecar's admission
+chain with its own budget store, one in-process global ledger (budget.leases'
+apply_report), each region's lease holder (budget.lease_holder) over a link with a delay.
+
+What is measured, as the lab measures it:
+- (a) the fleet's admitted weighted tokens in every minute (and every 10 s) from the
+  second minute on, over the global limit: the global overshoot (the first minute starts
+  with full buckets: one bucket at the global limit admits twice its limit there too);
+- (b) seconds from the move until the region admits at least 90% of the global limit (its
+  enforced share reaching 0.9; and the first 5 s of admissions at that rate);
+- (c) what the cut-off region admitted while cut off, against the share it held, how long
+  it served on its lease, then on its fallback, how soon after the heal it held a lease
+  again, and reconciliation: the global ledger's usage for the tenant against the sum of
+  the regions' settled usage, after a late duplicate of a report from before the cut;
+- death: what the other regions lose (the dead region's share they cannot take) and when
+  they get it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from budget.leases import MOVE_REPORTS
+from policy.loader import parse_policy
+from policy.schema import Policy
+from sim.fleet.arrivals import Arrival, poisson_arrivals
+from sim.fleet.fleet_types import Served
+from sim.fleet.regions import Cut, RegionsFleet
+from sim.fleet.workload_files import SIMULATION_POLICY
+
+TENANT = "acme"
+DELAYS_S = (0.04, 0.08, 0.15)  # one way, as the lab's relay delays the WAN
+INTERVALS_S = (0.5, 1.0, 2.0)
+RAMP_TARGET = 0.9  # (b): the moved tenant's region at 90% of the global limit
+
+
+_NAMES = ("eu", "us", "ap", "sa", "af", "me")
+
+
+def region_names(count: int) -> tuple[str, ...]:
+    """`count` region names: eu, us, ap, ... then r7, r8, ..."""
+    return tuple(_NAMES[i] if i < len(_NAMES) else f"r{i + 1}" for i in range(count))
+
+
+@dataclass(frozen=True, slots=True)
+class RegionsSetup:
+    regions: tuple[str, ...] = ("eu", "us", "ap")
+    delay_s: float = 0.08  # the link's one-way delay to the global ledger
+    interval_s: float = 1.0  # report_interval_s
+    lease_s: float = 10.0
+    fallback_for_s: float = 600.0
+    # Every region's floor; with three regions a region alone can hold 1 - 2 x 0.02 = 0.96
+    # (at the policy's default 0.05 it would be 0.90, exactly (b)'s target).
+    min_share: float = 0.02
+    limit_tpm: int = 600_000  # the tenant's global tokens per minute
+    demand_x: float = 2.0  # the tenant asks this many times its limit
+    prompt_tokens: tuple[int, int] = (900, 1100)
+    output_tokens: int = 100  # each request generates its max_tokens: reserved = settled
+    spread_s: float = 150.0  # (a): from every region
+    moved_s: float = 90.0  # (b): from the first region only
+    rejoined_s: float = 60.0  # (c): from every region again before the cut
+    after_heal_s: float = 60.0  # (c): after the heal
+    tail_s: float = 30.0  # no arrivals: the last requests settle and are reported
+    seed: int = 7
+
+    @property
+    def cut_s(self) -> float:
+        return 2 * self.lease_s
+
+    @property
+    def move_at_s(self) -> float:
+        return self.spread_s
+
+    @property
+    def cut_at_s(self) -> float:
+        return self.spread_s + self.moved_s + self.rejoined_s
+
+    @property
+    def heal_at_s(self) -> float:
+        return self.cut_at_s + self.cut_s
+
+    @property
+    def arrivals_end_s(self) -> float:
+        return self.heal_at_s + self.after_heal_s
+
+
+def region_policy(setup: RegionsSetup, this: str) -> Policy:
+    """The policy of region `this`: the simulator's breaker timings, the regions and their
+    ledger, one global tenant with its tokens-per-minute limit and one key."""
+    document: dict[str, Any] = dict(SIMULATION_POLICY)
+    document["regions"] = {
+        "this": this,
+        "list": {name: {} for name in setup.regions},
+        "ledger": {
+            "url": "redis://global-ledger:6379/0",  # not reached: the ledger is in-process
+            "report_interval_s": setup.interval_s,
+            "lease_s": setup.lease_s,
+            "fallback_for_s": setup.fallback_for_s,
+            "min_share": setup.min_share,
+        },
+    }
+    document["tenants"] = {
+        "list": {
+            TENANT: {
+                "scope": "global",
+                "tier": "standard",
+                "limits": {"tokens_per_minute": setup.limit_tpm},
+            }
+        }
+    }
+    document["keys"] = [{"key": f"sk-{TENANT}", "tenant": TENANT, "tier": "standard"}]
+    return parse_policy(document, source=f"regions study ({this})")
+
+
+def _stream(
+    setup: RegionsSetup, policy: Policy, start_s: float, end_s: float, share: float, seed: int
+) -> list[Arrival]:
+    """The tenant's requests in one region from `start_s` to `end_s`: `share` of its whole
+    demand (demand_x times its limit)."""
+    key = policy.key_for(f"sk-{TENANT}")
+    assert key is not None
+    per_request = sum(setup.prompt_tokens) / 2 + setup.output_tokens
+    rate = setup.demand_x * setup.limit_tpm / 60.0 / per_request * share
+    return poisson_arrivals(
+        key,
+        rate,
+        start_s,
+        end_s,
+        list(setup.prompt_tokens),
+        setup.output_tokens,
+        seed=seed,
+        output_tokens=[setup.output_tokens, setup.output_tokens],
+    )
+
+
+def _fleet(setup: RegionsSetup, **options: Any) -> tuple[RegionsFleet, dict[str, Policy]]:
+    policies = {name: region_policy(setup, name) for name in setup.regions}
+    fleet = RegionsFleet(
+        policies,
+        setup.delay_s,
+        TENANT,
+        seed=setup.seed,
+        # Engines with room to spare: the budget, not the KV cache, is what binds here.
+        kv_capacity_tokens=2_000_000,
+        max_running=512,
+        **options,
+    )
+    return fleet, policies
+
+
+def _admitted(fleet: RegionsFleet, policy: Policy) -> dict[str, list[tuple[float, float]]]:
+    """Per region, each request the budget admitted that ran: (when, weighted tokens)."""
+
+    def tokens(served: Served) -> float:
+        raw = served.arrival.prompt_tokens + served.output_tokens
+        return raw * policy.bucket_for(raw).cost_weight
+
+    return {
+        name: sorted(
+            (s.arrival.at_s, tokens(s))
+            for s in seat.fleet.results.values()
+            if s.outcome == "served"
+        )
+        for name, seat in fleet.seats.items()
+    }
+
+
+def _window_max(
+    points: Sequence[tuple[float, float]], start_s: float, end_s: float, width_s: float
+) -> float:
+    """The most admitted in any `width_s` window starting each 0.1 s in [start_s, end_s -
+    width_s]."""
+    best = 0.0
+    steps = round((end_s - width_s - start_s) / 0.1)
+    for step in range(steps + 1):
+        lo = start_s + step * 0.1
+        best = max(best, _sum_between(points, lo, lo + width_s))
+    return best
+
+
+def _sum_between(points: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
+    return sum(tokens for at_s, tokens in points if lo <= at_s < hi)
+
+
+def play(setup: RegionsSetup) -> dict[str, Any]:
+    """Phases (a), (b) and (c) in one run (see the module's note); their numbers."""
+    fleet, policies = _fleet(setup, cuts=(Cut(setup.regions[-1], setup.cut_at_s, setup.heal_at_s),))
+    first, cut_off = setup.regions[0], setup.regions[-1]
+    arrivals: dict[str, list[Arrival]] = {}
+    even = 1.0 / len(setup.regions)
+    for index, name in enumerate(setup.regions):
+        policy = policies[name]
+        seed = setup.seed * 1000 + index * 10
+        arrivals[name] = _stream(setup, policy, 0.0, setup.move_at_s, even, seed)
+        if name == first:
+            arrivals[name] += _stream(
+                setup, policy, setup.move_at_s, setup.move_at_s + setup.moved_s, 1.0, seed + 1
+            )
+        rejoin_s = setup.move_at_s + setup.moved_s
+        arrivals[name] += _stream(setup, policy, rejoin_s, setup.arrivals_end_s, even, seed + 2)
+    until_s = setup.arrivals_end_s + setup.tail_s
+    fleet.run(arrivals, until_s)
+    policy = policies[first]
+    admitted = _admitted(fleet, policy)
+    everyone = sorted(p for points in admitted.values() for p in points)
+    limit = float(setup.limit_tpm)
+    report: dict[str, Any] = {
+        "delay_ms": round(setup.delay_s * 1000),
+        "interval_s": setup.interval_s,
+        "max_share_sum": _max_share_sum(fleet),
+    }
+    # (a): from the second minute on (every region's bucket drained by then at 2x).
+    spread = (60.0, setup.move_at_s)
+    report["a"] = {
+        "first_minute_over_limit": _sum_between(everyone, 0.0, 60.0) / limit,
+        "max_minute_over_limit": _window_max(everyone, *spread, 60.0) / limit,
+        "max_10s_over_limit": _window_max(everyone, *spread, 10.0) / (limit / 6),
+        "mean_minute_over_limit": _sum_between(everyone, *spread)
+        / (limit * (spread[1] - spread[0]) / 60),
+    }
+    report["b"] = _moved(setup, fleet, admitted[first], limit)
+    report["c"] = _cut(setup, fleet, admitted, everyone, cut_off, limit)
+    return report
+
+
+def _max_share_sum(fleet: RegionsFleet) -> float:
+    """The most the regions' enforced shares of the tenant ever summed to (sampled)."""
+    by_time: dict[float, float] = {}
+    for sample in fleet.samples:
+        by_time[sample.at_s] = by_time.get(sample.at_s, 0.0) + (sample.share or 0.0)
+    return max(by_time.values(), default=0.0)
+
+
+def _first(samples: Sequence[tuple[float, Any]], test: Callable[[Any], bool]) -> float | None:
+    return next((at_s for at_s, value in samples if test(value)), None)
+
+
+def _moved(
+    setup: RegionsSetup,
+    fleet: RegionsFleet,
+    points: Sequence[tuple[float, float]],
+    limit: float,
+) -> dict[str, Any]:
+    """(b): seconds from the move until the first region holds 90% of the tenant, and until
+    a 5 s window of its admissions runs at 90% of the limit."""
+    start_s, end_s = setup.move_at_s, setup.move_at_s + setup.moved_s
+    shares = [
+        (s.at_s, s.share or 0.0)
+        for s in fleet.samples
+        if s.region == setup.regions[0] and start_s <= s.at_s < end_s
+    ]
+    held = _first(shares, lambda share: share >= RAMP_TARGET - 1e-9)
+    width_s = 5.0
+    rate_at: float | None = None
+    steps = round((end_s - width_s - start_s) / 0.1)
+    for step in range(steps + 1):
+        lo = start_s + step * 0.1
+        if _sum_between(points, lo, lo + width_s) >= RAMP_TARGET * limit * width_s / 60:
+            rate_at = lo
+            break
+    return {
+        "share_s": None if held is None else held - start_s,
+        "admitted_s": None if rate_at is None else rate_at - start_s,
+        "final_share": shares[-1][1] if shares else None,
+        "bound_s": recovery_bound_s(setup),
+    }
+
+
+def recovery_bound_s(setup: RegionsSetup) -> float:
+    """How soon a moved tenant's region must hold 90% of it, by budget.leases: within
+    MOVE_REPORTS report intervals, plus a round trip for the others' last report to reach
+    the ledger and one for the region's answer to come back."""
+    return MOVE_REPORTS * setup.interval_s + 2 * (2 * setup.delay_s)
+
+
+def _cut(
+    setup: RegionsSetup,
+    fleet: RegionsFleet,
+    admitted: dict[str, list[tuple[float, float]]],
+    everyone: Sequence[tuple[float, float]],
+    region: str,
+    limit: float,
+) -> dict[str, Any]:
+    """(c): the cut-off region's numbers and the reconciliation."""
+    at_s, heal_s = setup.cut_at_s, setup.heal_at_s
+    states = [(s.at_s, s.state) for s in fleet.samples if s.region == region]
+    shares = [(s.at_s, s.share or 0.0) for s in fleet.samples if s.region == region]
+    held_at_cut = next((share for t, share in reversed(shares) if t <= at_s), 0.0)
+    seat = fleet.seats[region]
+    answered_sent = [seat.sent_s[seq] for seq in seat.answered if seat.sent_s[seq] < at_s]
+    last_ok_s = max(answered_sent, default=math.nan)
+    cut_states = [(t, state) for t, state in states if at_s <= t]
+    fallback_at = _first(cut_states, lambda state: state in ("fallback", "closed"))
+    leased_again = _first(
+        [(t, state) for t, state in states if t >= heal_s], lambda state: state == "leased"
+    )
+    on_fallback_s = sum(
+        fleet.sample_s for t, state in states if at_s <= t < heal_s + 30 and state == "fallback"
+    )
+    cut_tokens = _sum_between(admitted[region], at_s, heal_s)
+    expected = held_at_cut * limit * setup.cut_s / 60
+    window = (at_s - 30.0, heal_s + 30.0)
+    return {
+        "region": region,
+        "held_share": held_at_cut,
+        "admitted_cut_off": cut_tokens,
+        "admitted_over_held": cut_tokens / expected if expected else None,
+        "last_answered_report_s": last_ok_s,
+        "fallback_after_s": None if fallback_at is None else fallback_at - last_ok_s,
+        "on_fallback_s": on_fallback_s,
+        "leased_again_after_heal_s": None if leased_again is None else leased_again - heal_s,
+        "max_minute_over_limit": _window_max(everyone, *window, 60.0) / limit,
+        **reconciliation(fleet),
+    }
+
+
+def reconciliation(fleet: RegionsFleet) -> dict[str, Any]:
+    """The global ledger's usage of the tenant (its last lease) against the sum of what
+    the regions settled, and against what the regions' served requests used; and whether
+    late duplicates changed it."""
+    last = max(fleet.leases, key=lambda sent: sent.at_s)
+    ledger_usage = last.lease.tenants[fleet.tenant].global_usage
+    settled = sum(seat.store.settled.get(fleet.tenant, 0.0) for seat in fleet.seats.values())
+    duplicates_changed = False
+    for at_s, answer in fleet.duplicates:
+        before = [s for s in fleet.leases if s.at_s <= at_s]
+        if before and fleet.tenant in answer.tenants:
+            current = max(before, key=lambda sent: sent.at_s).lease.tenants[fleet.tenant]
+            duplicates_changed |= answer.tenants[fleet.tenant].global_usage != current.global_usage
+    return {
+        "ledger_usage": ledger_usage,
+        "regions_settled": settled,
+        "reconciled": ledger_usage == settled,
+        "duplicates": len(fleet.duplicates),
+        "duplicates_changed_usage": duplicates_changed,
+    }
+
+
+def death(setup: RegionsSetup) -> dict[str, Any]:
+    """Every region spending at twice the limit between them; at 90 s the second region
+    dies (no more reports, no more traffic). What the others hold of the tenant from then
+    on, and when they get the dead region's share back."""
+    dies, dead_at_s = setup.regions[1], 90.0
+    back_s = setup.lease_s + setup.fallback_for_s
+    end_s = dead_at_s + back_s + 60.0
+    fleet, policies = _fleet(setup, deaths={dies: dead_at_s})
+    even = 1.0 / len(setup.regions)
+    arrivals = {
+        name: _stream(
+            setup,
+            policies[name],
+            0.0,
+            dead_at_s if name == dies else end_s,
+            even,
+            setup.seed * 1000 + index * 10,
+        )
+        for index, name in enumerate(setup.regions)
+    }
+    fleet.run(arrivals, end_s + setup.tail_s)
+    others = [name for name in setup.regions if name != dies]
+    by_time: dict[float, float] = {}
+    for sample in fleet.samples:
+        if sample.region in others and sample.at_s >= dead_at_s:
+            by_time[sample.at_s] = by_time.get(sample.at_s, 0.0) + (sample.share or 0.0)
+    held = [(t, by_time[t]) for t in sorted(by_time)]
+    back_at = _first(held, lambda total: total >= 1.0 - 1e-6)
+    # What the others hold while the ledger still holds the dead region's share for it
+    # (its hold: what it enforced or was granted last, whichever is more).
+    waiting = [total for t, total in held if dead_at_s + 15.0 <= t < (back_at or end_s) - 5.0]
+    others_share = sum(waiting) / len(waiting) if waiting else None
+    admitted = _admitted(fleet, policies[setup.regions[0]])
+    others_points = sorted(p for name in others for p in admitted[name])
+    limit = float(setup.limit_tpm)
+    return {
+        "delay_ms": round(setup.delay_s * 1000),
+        "interval_s": setup.interval_s,
+        "region": dies,
+        "others_share": others_share,
+        "others_minute_over_limit": _sum_between(others_points, dead_at_s + 60.0, dead_at_s + 120.0)
+        / limit,
+        "back_after_s": None if back_at is None else back_at - dead_at_s,
+        "expected_back_s": back_s,
+        "others_minute_over_limit_after_back": None
+        if back_at is None
+        else _sum_between(others_points, back_at + 5.0, back_at + 65.0) / limit,
+        "max_share_sum": _max_share_sum(fleet),
+    }
+
+
+def sweep(
+    base: RegionsSetup,
+    delays_s: Sequence[float] = DELAYS_S,
+    intervals_s: Sequence[float] = INTERVALS_S,
+    progress: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
+    """(a)-(c) at every link delay and report interval; the death at the base's."""
+    rows = []
+    for delay_s in delays_s:
+        for interval_s in intervals_s:
+            setup = dataclasses.replace(base, delay_s=delay_s, interval_s=interval_s)
+            rows.append(play(setup))
+            progress(f"  {delay_s * 1000:.0f} ms one way, reports every {interval_s:g} s: done")
+    return {
+        "setup": dataclasses.asdict(base),
+        "rows": rows,
+        "death": death(base),
+        "crossing": "not available",
+    }
+
+
+def _n(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _reconciled(cut: dict[str, Any]) -> str:
+    text = "exact" if cut["reconciled"] else "NO"
+    if cut["duplicates"]:
+        text += "; late duplicate " + ("COUNTED" if cut["duplicates_changed_usage"] else "ignored")
+    return text
+
+
+def table(report: dict[str, Any]) -> str:
+    setup = report["setup"]
+    lines = [
+        f"{len(setup['regions'])} regions ({', '.join(setup['regions'])}), one global tenant "
+        f"at {setup['limit_tpm']:,} tokens/min asking {setup['demand_x']:g}x it; lease_s "
+        f"{setup['lease_s']:g}, fallback_for_s {setup['fallback_for_s']:g}, min_share "
+        f"{setup['min_share']:g}; seed {setup['seed']}.",
+        "",
+        "| one-way delay | interval | (a) max minute / limit | (a) max 10 s / limit | "
+        "(a) first minute / limit | (b) s to 90% share | (b) s to 90% admitted | "
+        "(b) bound s | (c) admitted cut off / held share | (c) fallback after lease s | "
+        "(c) on fallback s | (c) leased again after heal s | (c) ledger = regions | "
+        "max sum of shares |",
+        "| --- |" + " --- |" * 13,
+    ]
+    for row in report["rows"]:
+        a, b, c = row["a"], row["b"], row["c"]
+        lines.append(
+            f"| {row['delay_ms']} ms | {row['interval_s']:g} s | "
+            f"{_n(a['max_minute_over_limit'], 3)} | {_n(a['max_10s_over_limit'], 3)} | "
+            f"{_n(a['first_minute_over_limit'])} | {_n(b['share_s'], 1)} | "
+            f"{_n(b['admitted_s'], 1)} | {_n(b['bound_s'], 1)} | "
+            f"{_n(c['admitted_over_held'])} | {_n(c['fallback_after_s'], 1)} | "
+            f"{_n(c['on_fallback_s'], 1)} | {_n(c['leased_again_after_heal_s'], 1)} | "
+            f"{_reconciled(c)} | "
+            f"{_n(row['max_share_sum'], 4)} |"
+        )
+    d = report["death"]
+    lines += [
+        "",
+        f"Region death ({d['delay_ms']} ms, reports every {d['interval_s']:g} s): "
+        f"{d['region']} dies; the ledger keeps its share for it, so the other two hold "
+        f"{_n(d['others_share'])} of the tenant meanwhile (admitting "
+        f"{_n(d['others_minute_over_limit'])} of the limit per minute) and get "
+        f"its share back {_n(d['back_after_s'], 1)} s after the death (lease_s + "
+        f"fallback_for_s = {d['expected_back_s']:g} s), then admit "
+        f"{_n(d['others_minute_over_limit_after_back'])} of the limit per minute.",
+        "",
+        f"(d) crossing: {report['crossing']}.",
+    ]
+    return "\n".join(lines)
