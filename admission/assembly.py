@@ -29,9 +29,11 @@ from admission.chain import AdmissionChain, Step
 from admission.events import BreakerEvents, BudgetEvents, KvEvents
 from admission.kv.book import KvBook
 from admission.kv.step import KvStep
+from admission.regions import RegionShares
 from admission.spend_step import SpendEvents, SpendStep
 from admission.waiting_room import Waiter
 from breaker.board import BreakerBoard
+from budget.region_demand import RegionDemand
 from budget.spend_store import SpendStore
 from budget.store import BudgetStore
 from policy.domain import Pool
@@ -79,6 +81,8 @@ def build_admission(
     largest_engine: Callable[[Pool], float | None] | None = None,
     spend: tuple[SpendStore, SpendEvents] | None = None,
     wall_clock: Callable[[], float] = time.time,
+    shares: RegionShares | None = None,
+    demand: RegionDemand | None = None,
 ) -> AssembledChain:
     """`board` None: no breaker step; `store` None: no budget step (simulated runs only);
     `new_waiter` None: no waiting room (a full pool refuses at once); `book`: where the KV
@@ -87,10 +91,16 @@ def build_admission(
     `largest_engine`: the KV cache of its largest serving engine (EngineFleet.
     largest_kv_tokens; None: not checked);
     `spend`: the tenants' spend budgets' store and events (None: no spend step), the step
-    right after the key budgets, `wall_clock` telling it the UTC day and month."""
+    right after the key budgets, `wall_clock` telling it the UTC day and month;
+    `shares`: this region's share of each global tenant's limits and spend (None: one
+    region), `demand`: where the budget step counts the global tenants' demand and usage."""
     breaker = BreakerStep(board, events, rng) if board is not None else None
-    budget = BudgetStep(store, events, ttl_s, multipliers, ceilings) if store is not None else None
-    spending = SpendStep(*spend, ttl_s, wall_clock) if spend is not None else None
+    budget = (
+        BudgetStep(store, events, ttl_s, multipliers, ceilings, shares, demand)
+        if store is not None
+        else None
+    )
+    spending = SpendStep(*spend, ttl_s, wall_clock, shares) if spend is not None else None
     kv = KvStep(events, clock, ttl_s, policy, new_waiter, book, wait_cap_s, live, largest_engine)
     chosen = (AccessStep(), breaker, budget, spending, kv)
     steps: list[Step] = [s for s in chosen if s is not None]

@@ -4,9 +4,10 @@ What lives here: `BudgetStep`, which reserves a request's weighted tokens in the
 budget (429 with Retry-After when it does not fit), refunds them when a later step refuses
 or the request dies, and settles them with the real usage; `effective_limits` (the key's
 limits scaled by the breaker level the request met and the quota controller's tier
-multiplier, capped by the key's dynamic ceiling when the policy enforces it); and the pure
-rules for what a request is charged. The limits a request was reserved under travel in its
-decision, so it is settled against them, whatever has changed since.
+multiplier, capped by the key's dynamic ceiling when the policy enforces it, and for a
+tenant whose scope is global, scaled by this region's share of it: admission.regions);
+and the pure rules for what a request is charged. The limits a request was reserved under
+travel in its decision, so it is settled against them, whatever has changed since.
 
 Charges: reserved = (prompt count + completions x max_tokens) x the context bucket's cost
 weight. Settled = (prompt + completion tokens from upstream usage) x the same weight (see
@@ -24,8 +25,10 @@ from typing import Protocol
 from admission.decision import Admitted, Applicant, RequestOutcome, RoutingDecision
 from admission.errors import ContextLengthExceeded, RateLimited
 from admission.events import BudgetEvents
+from admission.regions import RegionShares, global_tenant
 from breaker.shedding import budget_multiplier
 from budget.ledger import Charge, Verdict, scale_limits
+from budget.region_demand import RegionDemand
 from budget.store import BudgetStore
 from policy.domain import ApiKey, Limits
 from policy.schema import Policy
@@ -96,14 +99,21 @@ def effective_limits(
     policy: Policy,
     multipliers: Mapping[str, float],
     ceilings: KeyCeilings | None,
+    shares: RegionShares | None = None,
 ) -> Limits:
     """The key's limits for this request: times the breaker level's multiplier for its tier
     and the controller's tier multiplier; its tokens per minute capped by the dynamic
-    ceiling when `breaker.controller_key_budgets` is on."""
+    ceiling when `breaker.controller_key_budgets` is on. A global tenant's limits are also
+    times this region's share of them (`shares`; a share of 0 leaves every rate at its
+    floor of 1: BudgetStep refuses such a tenant outright)."""
     caller = decision.caller
     factor = budget_multiplier(decision.level, caller.tier) * multipliers.get(
         caller.tier.value, 1.0
     )
+    if shares is not None and global_tenant(policy, caller.tenant):
+        share = shares.share(caller.tenant)
+        if share is not None:
+            factor *= share
     limits = scale_limits(caller.limits, factor)
     if policy.breaker.controller_key_budgets and ceilings is not None:
         ceiling = ceilings.tokens_per_minute(caller)
@@ -122,7 +132,12 @@ class BudgetStep:
         ttl_s: float,
         multipliers: Mapping[str, float] | None = None,
         ceilings: KeyCeilings | None = None,
+        shares: RegionShares | None = None,
+        demand: RegionDemand | None = None,
     ) -> None:
+        """`shares`: this region's share of each global tenant (None: one region);
+        `demand`: where the global tenants' demand and usage are counted for the region's
+        report to the global ledger."""
         self._store = store
         self._events = events
         self._ttl_s = ttl_s  # a reservation outlives the longest request by this
@@ -130,11 +145,14 @@ class BudgetStep:
         # read at each admission: a change applies to the next request.
         self._multipliers: Mapping[str, float] = multipliers if multipliers is not None else {}
         self._ceilings = ceilings
+        self._shares = shares
+        self._demand = demand
 
     async def admit(self, applicant: Applicant) -> Admitted:
         decision = applicant.decision
         caller = decision.caller
-        limits = effective_limits(decision, applicant.policy, self._multipliers, self._ceilings)
+        policy = applicant.policy
+        limits = effective_limits(decision, policy, self._multipliers, self._ceilings, self._shares)
         if limits.max_context_tokens is not None and decision.context_tokens > (
             limits.max_context_tokens
         ):
@@ -143,8 +161,11 @@ class BudgetStep:
                 f"per request; you requested {decision.context_tokens}.",
                 reason="key_context_limit",
             )
+        charge = reserved_charge(decision)
+        if global_tenant(policy, caller.tenant):
+            self._regional(caller.tenant, caller.tenant_label, charge, policy)
         verdict = await self._store.reserve(
-            caller.budget_id, limits, reserved_charge(decision), applicant.request_id, self._ttl_s
+            caller.budget_id, limits, charge, applicant.request_id, self._ttl_s
         )
         headers = rate_limit_headers(verdict)
         self._events.budget_decision(caller.tenant_label, verdict.reason)
@@ -169,6 +190,23 @@ class BudgetStep:
             headers=headers,
         )
 
+    def _regional(self, tenant: str, label: str, charge: Charge, policy: Policy) -> None:
+        """A global tenant's request: its demand counted for the region's report (reserved
+        or refused alike: what it asked of this region), refused outright while this
+        region holds no share of it."""
+        if self._demand is not None:
+            self._demand.asked(tenant, charge.weighted_tokens)
+        if self._shares is not None and self._shares.share(tenant) == 0.0:
+            self._events.budget_decision(label, "region_share")
+            raise RateLimited(
+                f"Rate limit reached for tenant {tenant!r}: its budget is global and "
+                "this region holds no share of it now (the region is cut off from the "
+                "global ledger past its lease, or the other regions hold it all). "
+                f"Please try again in {math.ceil(policy.regions.ledger.report_interval_s)}s.",
+                reason="budget_region_share",
+                retry_after_s=max(1, math.ceil(policy.regions.ledger.report_interval_s)),
+            )
+
     async def release(self, decision: RoutingDecision, request_id: str) -> None:
         """A later step refused, or the request died: the whole reservation is refunded."""
         await self._store.settle(
@@ -191,3 +229,5 @@ class BudgetStep:
             return
         if settled and actual is not None:
             self._events.tokens_settled(decision, actual)
+            if self._demand is not None:  # counted only for a tenant it counted demand of
+                self._demand.settled(decision.caller.tenant, actual.weighted_tokens)

@@ -25,6 +25,10 @@ request's reservation unknown: the command was sent and may still land. The poli
   hold (the chain), and its own reservation, should it land late, is refunded from the
   backlog.
 Either way it is counted (`SpendEvents.spend_unverified`), and the decision log says so.
+
+A tenant whose scope is global has one spend budget worldwide: this region's limit in each
+window is what the region spent plus its share of what the world has left, as of its lease
+(admission.regions.RegionShares.spend_limit); the store checks against that.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from admission.decision import (
     RoutingDecision,
 )
 from admission.errors import SpendExhausted, SpendUnverified
+from admission.regions import RegionShares, global_tenant
 from budget.spend import (
     WARNING_SHARES,
     SpendHold,
@@ -110,6 +115,23 @@ def warning_header(shares: Mapping[str, float]) -> dict[str, str]:
     return {SPEND_WARNING_HEADER: ", ".join(reached)} if reached else {}
 
 
+# A window's limit in a region holding none of it: above 0, as the used shares divide by it.
+_NO_ALLOWANCE = 1e-9
+
+
+def _regional(
+    shares: RegionShares, tenant: str, spans: tuple[SpendWindow, ...]
+) -> tuple[SpendWindow, ...]:
+    """A global tenant's windows with this region's limits in them."""
+    regional = []
+    for span in spans:
+        limit = shares.spend_limit(tenant, span.id, span.limit)
+        if limit is not None:
+            span = dataclasses.replace(span, limit=max(_NO_ALLOWANCE, min(span.limit, limit)))
+        regional.append(span)
+    return tuple(regional)
+
+
 def _places(unit: str) -> int:
     """Dollars to the cent, tokens whole."""
     return 2 if unit == "usd" else 0
@@ -126,11 +148,14 @@ class SpendStep:
         events: SpendEvents,
         ttl_s: float,
         wall_clock: Callable[[], float],
+        shares: RegionShares | None = None,
     ) -> None:
+        """`shares`: this region's part of each global tenant's spend (None: one region)."""
         self._store = store
         self._events = events
         self._ttl_s = ttl_s  # a reservation outlives the longest request by this
         self._wall_clock = wall_clock  # UTC time: which day and month a request falls in
+        self._shares = shares
         self.backlog = SpendBacklog()
         # The store failed its last call: one warning an outage, not one a request.
         self._unanswered = False
@@ -143,6 +168,8 @@ class SpendStep:
             return Admitted(decision)
         now_s = self._wall_clock()
         spans = windows(tenant.spend.windows(), now_s)
+        if self._shares is not None and global_tenant(policy, caller.tenant):
+            spans = _regional(self._shares, caller.tenant, spans)
         per_token = policy.tenants.prices.per_token(tenant.spend.unit)
         amount = reserved_cost(
             decision.prompt_tokens, decision.sequences * decision.max_tokens, per_token

@@ -70,7 +70,7 @@ class Breaker(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., level: _Optional[int] = ..., signal_level: _Optional[int] = ..., probing: _Optional[bool] = ..., drill_level: _Optional[int] = ..., drill_remaining_s: _Optional[float] = ..., signals: _Optional[_Union[Signals, _Mapping]] = ..., last_transition: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("breakers", "budget_store", "redis_up", "policy_source", "keys", "inflight_requests", "gpu_available", "quota_multipliers", "load_score", "load_forecast", "admission", "kv_ledger", "engines", "ahead_raises", "ahead_kv_share_caps", "ahead_lent", "ahead_expired")
+    __slots__ = ("breakers", "budget_store", "redis_up", "policy_source", "keys", "inflight_requests", "gpu_available", "quota_multipliers", "load_score", "load_forecast", "admission", "kv_ledger", "engines", "ahead_raises", "ahead_kv_share_caps", "ahead_lent", "ahead_expired", "region")
     class QuotaMultipliersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,7 @@ class StatusReply(_message.Message):
     AHEAD_KV_SHARE_CAPS_FIELD_NUMBER: _ClassVar[int]
     AHEAD_LENT_FIELD_NUMBER: _ClassVar[int]
     AHEAD_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
     breakers: _containers.RepeatedCompositeFieldContainer[Breaker]
     budget_store: str
     redis_up: bool
@@ -126,7 +127,36 @@ class StatusReply(_message.Message):
     ahead_kv_share_caps: _containers.ScalarMap[str, float]
     ahead_lent: float
     ahead_expired: _containers.ScalarMap[str, str]
-    def __init__(self, breakers: _Optional[_Iterable[_Union[Breaker, _Mapping]]] = ..., budget_store: _Optional[str] = ..., redis_up: _Optional[bool] = ..., policy_source: _Optional[str] = ..., keys: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., gpu_available: _Optional[bool] = ..., quota_multipliers: _Optional[_Mapping[str, float]] = ..., load_score: _Optional[float] = ..., load_forecast: _Optional[float] = ..., admission: _Optional[_Iterable[_Union[PoolAdmission, _Mapping]]] = ..., kv_ledger: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineReading, _Mapping]]] = ..., ahead_raises: _Optional[_Iterable[_Union[AheadRaise, _Mapping]]] = ..., ahead_kv_share_caps: _Optional[_Mapping[str, float]] = ..., ahead_lent: _Optional[float] = ..., ahead_expired: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    region: RegionStatus
+    def __init__(self, breakers: _Optional[_Iterable[_Union[Breaker, _Mapping]]] = ..., budget_store: _Optional[str] = ..., redis_up: _Optional[bool] = ..., policy_source: _Optional[str] = ..., keys: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., gpu_available: _Optional[bool] = ..., quota_multipliers: _Optional[_Mapping[str, float]] = ..., load_score: _Optional[float] = ..., load_forecast: _Optional[float] = ..., admission: _Optional[_Iterable[_Union[PoolAdmission, _Mapping]]] = ..., kv_ledger: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineReading, _Mapping]]] = ..., ahead_raises: _Optional[_Iterable[_Union[AheadRaise, _Mapping]]] = ..., ahead_kv_share_caps: _Optional[_Mapping[str, float]] = ..., ahead_lent: _Optional[float] = ..., ahead_expired: _Optional[_Mapping[str, str]] = ..., region: _Optional[_Union[RegionStatus, _Mapping]] = ...) -> None: ...
+
+class RegionStatus(_message.Message):
+    __slots__ = ("region", "ledger_state", "holder", "seq", "lease_expires_in_s", "tenants")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_STATE_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    ledger_state: str
+    holder: bool
+    seq: int
+    lease_expires_in_s: float
+    tenants: _containers.RepeatedCompositeFieldContainer[RegionTenant]
+    def __init__(self, region: _Optional[str] = ..., ledger_state: _Optional[str] = ..., holder: _Optional[bool] = ..., seq: _Optional[int] = ..., lease_expires_in_s: _Optional[float] = ..., tenants: _Optional[_Iterable[_Union[RegionTenant, _Mapping]]] = ...) -> None: ...
+
+class RegionTenant(_message.Message):
+    __slots__ = ("tenant", "share", "usage", "global_usage")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_USAGE_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    share: float
+    usage: float
+    global_usage: float
+    def __init__(self, tenant: _Optional[str] = ..., share: _Optional[float] = ..., usage: _Optional[float] = ..., global_usage: _Optional[float] = ...) -> None: ...
 
 class AheadRaise(_message.Message):
     __slots__ = ("tenant", "reason", "multiple", "since_s", "ramp_came")

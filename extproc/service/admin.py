@@ -31,6 +31,7 @@ from engines.engine import Engine, EngineState
 from engines.state import EngineFleet
 from extproc.adminpb import admin_pb2 as pb
 from extproc.adminpb import admin_pb2_grpc as pb_grpc
+from extproc.service.region_metrics import RegionView
 from policy.domain import LIMIT_FIELDS, Limits, Tier
 from policy.schema import Policy
 
@@ -82,13 +83,15 @@ class AdminService(pb_grpc.AdminServicer):
         siblings: FanOut | None = None,
         engines: EngineReadings | None = None,
         fleet: EngineFleet | None = None,
+        region: Callable[[], RegionView | None] | None = None,
     ) -> None:
         """`siblings`: the other workers of `slogate serve --workers N`, told of every drill,
         drain and reload made here (None: this process alone). `engines`: the scraped
         engine metrics (None: scraping is off); `fleet`: the pools' engines and their
         state. `applied`: the multipliers admission applies (the reactive ones through the
         planner of quotas ahead of ramps; None: the reactive ones); `ahead`: that planner's
-        seat (budget.ahead)."""
+        seat (budget.ahead). `region`: this region's lease of the global budgets, as the
+        region agent holds it now (None, or answering None: one region)."""
         self._siblings = siblings
         self._arguments = dict(
             policy=policy,
@@ -106,8 +109,10 @@ class AdminService(pb_grpc.AdminServicer):
             on_drill=on_drill,
             engines=engines,
             fleet=fleet,
+            region=region,
         )
         self._policy = policy
+        self._region = region
         self._engines = engines
         self._fleet = fleet
         self._board = board
@@ -200,7 +205,26 @@ class AdminService(pb_grpc.AdminServicer):
                 held.waiting[tier.value] = self._room.waiting(name, tier)
             held.oldest_wait_s = self._room.oldest_wait_s(name, self._clock())
         self._add_engines(reply, policy)
+        self._add_region(reply)
         return reply
+
+    def _add_region(self, reply: pb.StatusReply) -> None:
+        view = None if self._region is None else self._region()
+        if view is None:
+            return
+        region = reply.region
+        region.region = view.region
+        region.ledger_state = view.state
+        region.holder = view.holder
+        region.seq = view.seq
+        if view.lease_expires_in_s is not None:
+            region.lease_expires_in_s = view.lease_expires_in_s
+        for tenant in view.tenants:
+            row = region.tenants.add(tenant=tenant.tenant, usage=tenant.usage)
+            if tenant.share is not None:
+                row.share = tenant.share
+            if tenant.global_usage is not None:
+                row.global_usage = tenant.global_usage
 
     def _add_ahead(self, reply: pb.StatusReply) -> None:
         """What the quotas ahead of ramps hold now, each raise with its reason."""

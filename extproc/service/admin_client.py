@@ -223,7 +223,38 @@ def status_table(reply: pb.StatusReply) -> str:
             ),
             engine_rows,
         )
-    return text
+    return text + _region_lines(reply)
+
+
+def _region_lines(reply: pb.StatusReply) -> str:
+    """With regions: the region, its state with the global ledger, each global tenant's
+    share of its limits, the region's usage and the world's."""
+    if not reply.HasField("region"):
+        return ""
+    r = reply.region
+    expires = (
+        f", lease expires in {r.lease_expires_in_s:.1f} s"
+        if r.HasField("lease_expires_in_s") and r.lease_expires_in_s >= 0
+        else (
+            f", lease expired {-r.lease_expires_in_s:.1f} s ago"
+            if r.HasField("lease_expires_in_s")
+            else ""
+        )
+    )
+    holder = "this replica reports for it" if r.holder else "another replica reports for it"
+    head = f"\n\nregion {r.region}: {r.ledger_state} (lease #{r.seq}{expires}; {holder})\n"
+    rows = [
+        (
+            t.tenant,
+            _number(t, "share", "{:.3f}"),
+            f"{t.usage:.0f}",
+            _number(t, "global_usage", "{:.0f}"),
+        )
+        for t in r.tenants
+    ]
+    if not rows:
+        return head + "no global tenants yet"
+    return head + table(("global tenant", "share", "region usage", "global usage"), rows)
 
 
 _TIERS = ("critical", "standard", "sheddable")

@@ -22,6 +22,7 @@ from extproc.service.engine_metrics import EngineCollector
 from extproc.service.forecast_metrics import ForecastMetrics
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.record_files import dropped_counter
+from extproc.service.region_metrics import RegionMetrics
 from extproc.service.traffic_record import TRAFFIC_FILES
 from policy._keystore import KeyStoreConfig
 from policy.loader import parse_policy
@@ -41,6 +42,7 @@ def exported_metrics() -> set[str]:
     metrics = SidecarMetrics()
     KeyStore(KeyStoreConfig(file="keys.yaml"), None, metrics.registry)  # its own series
     SpendMetrics(metrics.registry)  # the spend step's
+    RegionMetrics(metrics.registry, metrics.tenants)  # the region agent's (with regions:)
     CandidateMetrics(metrics.registry)  # the candidate policy's (shadow mode)
     ForecastMetrics(metrics)  # the forecasts' refits (when they are on)
     dropped_counter(metrics.registry, TRAFFIC_FILES)  # the traffic record's (when it is on)

@@ -37,6 +37,7 @@ NEED_TRAFFIC = {
     "slogate_engine_prefix_cache_queries_total",
     "slogate_redis_up",  # only with budget.store: redis (the example runs without)
     "slogate_budget_store_decisions_total",
+    "slogate_region_ledger_state",  # only with regions: (the example is one region)
 }
 
 

@@ -1,0 +1,454 @@
+"""The region agent: a replica's part in the region's lease of the global budgets.
+
+What lives here: `RegionAgent`, run each `regions.ledger.report_interval_s` by the
+sidecar's loops (extproc.runtime.periodic), and the Lease's JSON form in the region's
+store. Each interval, on every replica:
+
+1. this replica's demand and usage of the global tenants (budget.region_demand, fed by the
+   budget step) are flushed into the region's store (extproc.runtime.region_store: its
+   Redis, one transaction of HINCRBYFLOATs; in-process, directly);
+2. the replica that holds the region's lock (`SET NX PX` in the region's Redis; with the
+   in-process store, the process itself) is the region's **lease holder**: it takes the
+   region's demand and usage, reads its spend, reports them to the global ledger
+   (budget.global_ledger: RedisGlobalLedger at `regions.ledger.url`; a report unanswered
+   within `timeout_ms` is a failure: LeaseHolder.failed) and writes the Lease it gets
+   into the region's store;
+3. every other replica reads that Lease into its own LeaseHolder (budget.lease_holder),
+   which is what admission reads (admission.regions.RegionShares) and what crossing reads
+   of the peers' pools (`peers`).
+
+A replica that reads a lease takes it as sent one interval plus one timeout before it read
+it (it cannot know when the holder sent it): its lease ends no later than the holder's.
+
+The agent reads the policy each interval: a reload that changes `regions:` (the region,
+the ledger's URL or its settings) takes effect at the next one (a new LeaseHolder, a new
+ledger connection); a policy without `regions:` stops it. `slogate serve --region NAME`
+overrides `regions.this`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from budget.global_ledger import GlobalLedger, RedisGlobalLedger
+from budget.lease_holder import LeaseHolder
+from budget.leases import Lease, LeaseSettings, PoolRoom, Report, TenantLease, TenantReport
+from budget.region_demand import Flushed, RegionDemand
+from budget.spend import windows
+from budget.spend_store import SpendStore
+from budget.store import BudgetStoreError
+from extproc.runtime.region_store import RegionStore
+from extproc.service.region_metrics import RegionMetrics, RegionView, TenantLeaseView
+from extproc.service.tenant_series import TenantSeries
+from policy._regions import Fallback, LedgerConfig
+from policy.domain import BudgetScope
+from policy.schema import Policy
+
+log = logging.getLogger("slogate.regions")
+
+# The lock outlives a few intervals: a holder that misses one keeps it, one that died
+# hands it over within this many intervals.
+HOLD_INTERVALS = 3
+
+
+def settings_of(config: LedgerConfig) -> LeaseSettings:
+    return LeaseSettings(
+        lease_s=config.lease_s,
+        fallback_for_s=config.fallback_for_s,
+        min_share=config.min_share,
+        fallback_share=config.fallback_share,
+    )
+
+
+def new_holder(config: LedgerConfig) -> LeaseHolder:
+    return LeaseHolder(
+        settings_of(config), Fallback(config.limits_fallback), Fallback(config.spend_fallback)
+    )
+
+
+def redis_ledger(config: LedgerConfig) -> GlobalLedger:
+    # The URL may carry a password: deployments pass it through the environment.
+    url = os.environ.get("SLOGATE_GLOBAL_LEDGER_URL") or config.url
+    return RedisGlobalLedger(url, settings_of(config), config.timeout_ms / 1000.0)
+
+
+# -- the Lease in the region's store ---------------------------------------------------
+
+
+def lease_json(lease: Lease, answered: bool) -> str:
+    """The Lease, and whether the holder's latest report was answered (False: the holder
+    is cut off; the readers say so too)."""
+    return json.dumps(
+        {
+            "answered": answered,
+            "region": lease.region,
+            "seq": lease.seq,
+            "lease_s": lease.lease_s,
+            "rebalanced": lease.rebalanced,
+            "tenants": {
+                name: {
+                    "share": t.share,
+                    "global_usage": t.global_usage,
+                    "global_spend": dict(t.global_spend),
+                    "spend_ceiling": dict(t.spend_ceiling),
+                }
+                for name, t in lease.tenants.items()
+            },
+            "peers": {
+                peer: {pool: [room.level, room.waiting_full] for pool, room in pools.items()}
+                for peer, pools in lease.peers.items()
+            },
+        },
+        separators=(",", ":"),
+    )
+
+
+def lease_from_json(text: str) -> tuple[Lease, bool]:
+    raw: dict[str, Any] = json.loads(text)
+    lease = Lease(
+        region=raw["region"],
+        seq=int(raw["seq"]),
+        lease_s=float(raw["lease_s"]),
+        tenants={
+            name: TenantLease(
+                share=float(t["share"]),
+                global_usage=float(t["global_usage"]),
+                global_spend={k: float(v) for k, v in t["global_spend"].items()},
+                spend_ceiling={k: float(v) for k, v in t["spend_ceiling"].items()},
+            )
+            for name, t in raw["tenants"].items()
+        },
+        peers={
+            peer: {pool: PoolRoom(int(r[0]), bool(r[1])) for pool, r in pools.items()}
+            for peer, pools in raw["peers"].items()
+        },
+        rebalanced=int(raw["rebalanced"]),
+    )
+    return lease, bool(raw["answered"])
+
+
+# -- the agent ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """What a change of which rebuilds the agent's holder and ledger."""
+
+    region: str
+    ledger: LedgerConfig
+
+
+class RegionAgent:
+    def __init__(
+        self,
+        *,
+        policy: Callable[[], Policy],
+        store: RegionStore,
+        demand: RegionDemand,
+        registry: CollectorRegistry,
+        tenants: TenantSeries,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+        spend: SpendStore | None = None,
+        pools: Callable[[], Mapping[str, PoolRoom]] | None = None,
+        region: str | None = None,
+        ledger: Callable[[LedgerConfig], GlobalLedger] = redis_ledger,
+        holder_id: str | None = None,
+    ) -> None:
+        """`region`: `slogate serve --region` (None: the policy's `regions.this`);
+        `ledger`: the global ledger for the policy's ledger settings (tests pass an
+        in-process one); `pools`: what this region says of its pools to its peers;
+        `holder_id`: this replica's name in the region's lock."""
+        self._policy = policy
+        self._store = store
+        self.demand = demand
+        self._registry = registry
+        self._tenants = tenants
+        # Registered once regions are on: a one-region sidecar exports none of them.
+        self._metrics: RegionMetrics | None = None
+        self._closing: set[asyncio.Future[None]] = set()
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._spend = spend
+        self._pools = pools
+        self._override = region
+        self._new_ledger = ledger
+        self.holder_id = holder_id or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self._setup: _Setup | None = None
+        self._holder: LeaseHolder | None = None
+        self._ledger: GlobalLedger | None = None
+        self._seq = 0  # the latest lease's seq this replica knows
+        self._lease: Lease | None = None
+        self.holds_lock = False
+        # The region's own spend of each global tenant's windows, read each interval.
+        self._spent: dict[str, dict[str, float]] = {}
+        # The region's cumulative usage per tenant as last reported (the holder's).
+        self._usage: dict[str, float] = {}
+
+    # -- what admission and crossing read --------------------------------------------------
+
+    def share(self, tenant: str) -> float | None:
+        """The tenant's share from the lease; before the region has one that names the
+        tenant, the policy's `min_share` (the least the global ledger grants a region)."""
+        setup = self._ensure()
+        holder = self._holder
+        if setup is None or holder is None:
+            return None
+        share = holder.share(tenant, self._clock())
+        return setup.ledger.min_share if share is None else share
+
+    def spend_limit(self, tenant: str, window_id: str, limit: float) -> float | None:
+        self._ensure()
+        holder = self._holder
+        if holder is None:
+            return None
+        own = self._spent.get(tenant, {}).get(window_id, 0.0)
+        return holder.spend_allowance(tenant, window_id, limit, own, self._clock())
+
+    def peers(self) -> Mapping[str, Mapping[str, PoolRoom]]:
+        """The other live regions' pools, from the latest lease; empty once it is stale
+        (past its lease: what the peers said is as old)."""
+        holder, lease = self._holder, self._lease
+        if holder is None or lease is None:
+            return {}
+        if holder.state(self._clock()) not in ("leased", "cut_off"):
+            return {}
+        return lease.peers
+
+    def view(self) -> RegionView | None:
+        """The region for `slogate status` (None: one region)."""
+        setup, holder = self._setup, self._holder
+        if setup is None or holder is None:
+            return None
+        now_s = self._clock()
+        lease = self._lease
+        tenants = sorted(set(self._global_tenants()) | set(lease.tenants if lease else ()))
+        rows = []
+        for tenant in tenants:
+            leased = lease.tenants.get(tenant) if lease else None
+            rows.append(
+                TenantLeaseView(
+                    tenant,
+                    holder.share(tenant, now_s),
+                    self._usage.get(tenant, 0.0),
+                    None if leased is None else leased.global_usage,
+                )
+            )
+        return RegionView(
+            setup.region,
+            holder.state(now_s),
+            self.holds_lock,
+            self._seq,
+            holder.expires_in_s(now_s),
+            tuple(rows),
+        )
+
+    # -- each interval -----------------------------------------------------------------------
+
+    def _meter(self) -> RegionMetrics:
+        assert self._metrics is not None  # registered when regions came on
+        return self._metrics
+
+    def interval_s(self) -> float:
+        return self._policy().regions.ledger.report_interval_s
+
+    async def step(self) -> None:
+        setup = self._ensure()
+        if setup is None:
+            return
+        region = setup.region
+        policy = self._policy()
+        await self._flush(region)
+        await self._read_spend(policy)
+        try:
+            self.holds_lock = await self._store.hold(
+                region, self.holder_id, HOLD_INTERVALS * setup.ledger.report_interval_s
+            )
+        except BudgetStoreError as error:
+            log.warning("region %s: the region's store did not answer: %s", region, error)
+            self.holds_lock = False
+        if self.holds_lock:
+            await self._report(policy, setup)
+        else:
+            await self._read_lease(setup)
+        self._export()
+
+    async def close(self) -> None:
+        self._replace(None)
+        await asyncio.gather(*self._closing)
+
+    def _ensure(self) -> _Setup | None:
+        """The holder and ledger for the policy's regions as they are now: rebuilt when a
+        reload changed them, dropped when it removed them (None)."""
+        regions = self._policy().regions
+        setup = None
+        if regions.enabled:
+            setup = _Setup(self._override or str(regions.this), regions.ledger)
+        if setup != self._setup:
+            self._replace(setup)
+        return setup
+
+    def _replace(self, setup: _Setup | None) -> None:
+        ledger = self._ledger
+        if ledger is not None:  # closed off the caller's path (admission may be asking)
+            task = asyncio.ensure_future(ledger.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        self._setup = setup
+        self._holder = None if setup is None else new_holder(setup.ledger)
+        self._ledger = None if setup is None else self._new_ledger(setup.ledger)
+        self._lease = None
+        self._seq = 0
+        self.holds_lock = False
+        if setup is not None:
+            if self._metrics is None:
+                self._metrics = RegionMetrics(self._registry, self._tenants)
+            log.info("region %s: leases from the global ledger %s", setup.region, setup.ledger.url)
+
+    async def _flush(self, region: str) -> None:
+        parts = self.demand.take()
+        if not parts:
+            return
+        try:
+            await self._store.flush(region, parts)
+        except BudgetStoreError as error:
+            # Kept for the next flush: the region's usage is a total, none of it may go.
+            self.demand.give_back(parts)
+            log.warning("region %s: flush to the region's store failed: %s", region, error)
+            return
+        self._count_usage(parts)
+
+    def _count_usage(self, parts: Mapping[str, Flushed]) -> None:
+        for tenant, part in parts.items():
+            if part.usage:
+                self._meter().usage(tenant).inc(part.usage)
+
+    def _global_tenants(self) -> list[str]:
+        tenants = self._policy().tenants.listed
+        return sorted(n for n, t in tenants.items() if t.scope is BudgetScope.GLOBAL)
+
+    async def _read_spend(self, policy: Policy) -> None:
+        """The region's spend in each global tenant's windows now (its store is the
+        region's): what the holder reports and what a spend limit is measured from."""
+        if self._spend is None:
+            return
+        now_s = self._wall_clock()
+        for tenant in self._global_tenants():
+            entry = policy.tenants.get(tenant)
+            if entry is None or entry.spend is None:
+                self._spent.pop(tenant, None)
+                continue
+            spans = windows(entry.spend.windows(), now_s)
+            try:
+                used = await self._spend.used(tenant, [s.id for s in spans])
+            except BudgetStoreError:
+                continue  # the last reading stands
+            self._spent[tenant] = dict(used)
+
+    def _spend_limits(self, policy: Policy, tenant: str) -> dict[str, float]:
+        entry = policy.tenants.get(tenant)
+        if entry is None or entry.spend is None:
+            return {}
+        return {s.id: s.limit for s in windows(entry.spend.windows(), self._wall_clock())}
+
+    async def _report(self, policy: Policy, setup: _Setup) -> None:
+        holder, ledger = self._holder, self._ledger
+        assert holder is not None and ledger is not None
+        region = setup.region
+        try:
+            totals = await self._store.take(region)
+        except BudgetStoreError as error:
+            log.warning("region %s: the region's store did not answer: %s", region, error)
+            return
+        now_s = self._clock()
+        tenants = sorted(set(self._global_tenants()) | set(totals.demand) | set(totals.usage))
+        lines = []
+        for tenant in tenants:
+            self._usage[tenant] = totals.usage.get(tenant, 0.0)
+            lines.append(
+                TenantReport(
+                    tenant=tenant,
+                    demand=totals.demand.get(tenant, 0.0),
+                    usage=totals.usage.get(tenant, 0.0),
+                    spend=self._spent.get(tenant, {}),
+                    applied=holder.share(tenant, now_s) or 0.0,
+                    spend_limit=self._spend_limits(policy, tenant),
+                    spend_applied=holder.spend_ceilings(tenant, now_s),
+                )
+            )
+        report = Report(
+            region, self._seq + 1, tuple(lines), dict(self._pools()) if self._pools else {}
+        )
+        holder.sent(now_s)
+        try:
+            async with asyncio.timeout(setup.ledger.timeout_ms / 1000.0):
+                lease = await ledger.report(report)
+        except Exception as error:  # a timeout, a refused connection, a Redis error
+            holder.failed(self._clock())
+            log.warning("region %s: report #%d unanswered: %r", region, report.seq, error)
+            await self._write(region, None)
+            return
+        self._meter().report_seconds.observe(max(0.0, self._clock() - now_s))
+        holder.received(lease)
+        self._seq = max(self._seq, lease.seq)
+        self._lease = lease
+        if lease.rebalanced:
+            self._meter().rebalances.inc(lease.rebalanced)
+        await self._write(region, lease)
+
+    async def _write(self, region: str, lease: Lease | None) -> None:
+        """The holder's latest lease for the region's other replicas; after a failure, the
+        one before it marked unanswered."""
+        answered = lease is not None
+        lease = lease or self._lease
+        if lease is None:
+            return
+        try:
+            await self._store.put_lease(region, lease_json(lease, answered))
+        except BudgetStoreError as error:
+            log.warning("region %s: the lease could not be stored: %s", region, error)
+
+    async def _read_lease(self, setup: _Setup) -> None:
+        holder = self._holder
+        assert holder is not None
+        try:
+            stored = await self._store.lease(setup.region)
+        except BudgetStoreError:
+            stored = None
+        now_s = self._clock()
+        if stored is None:
+            return
+        lease, answered = lease_from_json(stored)
+        if lease.seq > self._seq:
+            # Sent at most an interval and a timeout ago: measured from then, it ends no
+            # later than the holder's own.
+            late_s = setup.ledger.report_interval_s + setup.ledger.timeout_ms / 1000.0
+            holder.sent(now_s - late_s)
+            holder.received(lease)
+            self._seq = lease.seq
+            self._lease = lease
+        elif not answered:
+            holder.failed(now_s)
+
+    def _export(self) -> None:
+        holder = self._holder
+        if holder is None:
+            return
+        now_s = self._clock()
+        self._meter().ledger_state(holder.state(now_s))
+        expires = holder.expires_in_s(now_s)
+        if expires is not None:
+            self._meter().expires_in.set(expires)
+        for tenant in self._global_tenants():
+            share = holder.share(tenant, now_s)
+            if share is not None:
+                self._meter().share(tenant).set(share)
