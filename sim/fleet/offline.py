@@ -29,12 +29,14 @@ import numpy as np
 
 from admission.kv.book import LocalBook
 from admission.kv.dispatch import ROOM_TICK_S
+from admission.regions import RegionShares
 from breaker.board import BreakerBoard
 from breaker.latency import ResponseWindows
 from budget.ahead import AheadCeilings, AheadPlanner, tenant_tiers
 from budget.key_quotas import KeyQuotas
 from budget.quotas import Adjustment, TierMultipliers
-from budget.store import BudgetStore, InProcessStore
+from budget.region_demand import RegionDemand
+from budget.store import InProcessStore
 from engines.kv_events import EventBatch
 from extproc.request.tokens.prompt import PromptCounter
 from extproc.request.verdicts import Routed
@@ -79,7 +81,8 @@ class OfflineFleet(FleetRequests):
         ahead: AheadPlanner | None = None,
         key_budgets: bool = False,
         clock: VirtualClock | None = None,
-        store: BudgetStore | None = None,
+        shares: RegionShares | None = None,
+        demand: RegionDemand | None = None,
     ) -> None:
         """`waiting_room`: the sidecars hold requests refused only for capacity until room
         frees (False: they refuse them at once). `client_retries`: how many times a client
@@ -107,8 +110,9 @@ class OfflineFleet(FleetRequests):
         budgets (budget.key_quotas) fed and stepped as in the sidecar, enforced where the
         policy says (`breaker.controller_key_budgets`), a raised tenant's lifted. `clock`: a
         virtual clock shared with other fleets (sim.fleet.regions: regions on one clock;
-        None: its own); `store`: the budget store its sidecars share (None: a fresh
-        in-process one; not read when `budgets` is False)."""
+        None: its own); `shares`, `demand`: its region's share of each global tenant and
+        where its sidecars count those tenants' demand and usage (sim.fleet.regions; None:
+        one region)."""
         self.policy = policy
         self.client_retries = client_retries
         self.seed = seed
@@ -176,10 +180,7 @@ class OfflineFleet(FleetRequests):
         # once per controller interval, as the shared ledger's guard lets it (kv_ratio.lua).
         # The prompt counter is the sidecar's.
         self.sidecar_split = [w / sum(sidecar_split) for w in sidecar_split]
-        if budgets and store is None:
-            store = InProcessStore(self.clock)
-        elif not budgets:
-            store = None
+        store = InProcessStore(self.clock) if budgets else None
         book = (
             LocalBook(
                 self.clock,
@@ -205,6 +206,8 @@ class OfflineFleet(FleetRequests):
                 engines={n: [e.address for e in p.engines] for n, p in self.engines.items()},
                 key_quotas=self.key_quotas,
                 ceilings=ceilings,
+                shares=shares,
+                demand=demand,
             )
             for index in range(len(self.sidecar_split))
         ]

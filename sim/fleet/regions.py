@@ -2,15 +2,15 @@
 global ledger reached over a link with a one-way delay.
 
 What lives here: `RegionsFleet`, which plays each region's arrivals through its own
-`OfflineFleet` (the sidecar's admission chain, its own in-process budget store) and, every
-`report_interval_s`, sends the region's report to one `InProcessGlobalLedger` (budget.
-global_ledger: budget.leases' `apply_report`, what the Lua script on the global Redis
-does): the report arrives `delay_s` later, its lease comes back `delay_s` after that and
-goes into the region's `LeaseHolder` (budget.lease_holder), whose share of each global
-tenant scales the tenant's limits in the region. A `Cut` loses every report and lease on a
-region's link for a while (a partition); a region that dies stops reporting and serving.
-`ShareScaledStore` is where the share meets the budget limits (see its note). The design
-is docs/contributors/regions.md; what the runs measure is sim.studies.regions'.
+`OfflineFleet` (the sidecar's admission chain with the region's `LeaseShares` and
+`RegionDemand`, as the region agent wires them; its own in-process budget store) and,
+every `report_interval_s`, sends the region's report to one in-process global ledger
+(budget.leases' `apply_report`, what the Lua script on the global Redis does): the report
+arrives `delay_s` later, its lease comes back `delay_s` after that and goes into the
+region's `LeaseHolder` (budget.lease_holder), whose share of each global tenant scales
+the tenant's limits in the region's budget step. A `Cut` loses every report and lease on
+a region's link for a while (a partition); a region that dies stops reporting. What the
+runs measure is sim.studies.regions'; the design is docs/contributors/regions.md.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from admission.regions import global_tenant
 from budget.lease_holder import LeaseHolder
 from budget.leases import (
     Lease,
@@ -32,10 +33,8 @@ from budget.leases import (
     TenantReport,
     apply_report,
 )
-from budget.ledger import Charge, Verdict, scale_limits
-from budget.store import USAGE_WINDOWS_S, InProcessStore
+from budget.region_demand import RegionDemand
 from policy._regions import Fallback
-from policy.domain import BudgetScope, Limits
 from policy.schema import Policy
 from sim.fleet.arrivals import Arrival
 from sim.fleet.clock import VirtualClock
@@ -91,89 +90,23 @@ class InProcessLedger:
 
 
 class LeaseShares:
-    """This region's share of each global tenant now, read from its lease holder on the
-    virtual clock: the `share(tenant)` that admission.regions' RegionShares asks for. A
-    tenant no lease names yet is enforced at 0 (budget.lease_holder: a share before the
-    first answer would be unbacked)."""
+    """This region's share of each global tenant now, from its lease holder on the virtual
+    clock: the admission.regions.RegionShares its sidecars' budget steps read, answering
+    as the region agent does (extproc.runtime.region_agent.RegionAgent.share /
+    spend_limit): before a lease names the tenant, the policy's `min_share`."""
 
-    def __init__(self, holder: LeaseHolder, clock: Callable[[], float]) -> None:
+    def __init__(self, holder: LeaseHolder, clock: Callable[[], float], min_share: float) -> None:
         self._holder = holder
         self._clock = clock
+        self._min_share = min_share
 
-    def share(self, tenant: str) -> float:
+    def share(self, tenant: str) -> float | None:
         share = self._holder.share(tenant, self._clock())
-        return 0.0 if share is None else share
+        return self._min_share if share is None else share
 
-
-class ShareScaledStore:
-    """THE ADAPTER, until admission.budget_step reads a RegionShares (the region-agent
-    helper's `shares=` / `demand=` of admission.assembly.build_admission): a global
-    tenant's limits scaled by the region's share where the budget store is reached, and
-    its demand (weighted tokens reserved or refused) and usage (settled) counted for the
-    region's report. Everything else is the region's in-process store, unchanged. When the
-    budget step does it, the region passes `LeaseShares` to its sidecars instead and this
-    class goes."""
-
-    def __init__(
-        self,
-        inner: InProcessStore,
-        shares: LeaseShares,
-        global_budgets: Mapping[str, str],
-        retry_s: float,
-    ) -> None:
-        """`global_budgets`: budget id -> tenant, for the keys of global tenants."""
-        self._inner = inner
-        self._shares = shares
-        self._global = dict(global_budgets)
-        self._retry_s = retry_s
-        self._limits: dict[str, Limits] = {}  # reservation -> the limits it was reserved under
-        self.demand: dict[str, float] = {}  # tenant -> since the last report
-        self.settled: dict[str, float] = {}  # tenant -> settled, cumulative
-
-    @property
-    def global_tenants(self) -> frozenset[str]:
-        return frozenset(self._global.values())
-
-    def take_demand(self) -> dict[str, float]:
-        taken, self.demand = self.demand, {}
-        return taken
-
-    async def reserve(
-        self, key_id: str, limits: Limits, charge: Charge, reservation_id: str, ttl_s: float
-    ) -> Verdict:
-        tenant = self._global.get(key_id)
-        if tenant is None:
-            return await self._inner.reserve(key_id, limits, charge, reservation_id, ttl_s)
-        self.demand[tenant] = self.demand.get(tenant, 0.0) + charge.weighted_tokens
-        share = self._shares.share(tenant)
-        if share == 0.0:  # the region holds none of it: refused outright
-            return Verdict(False, "region_share", self._retry_s, None, None, None, None, 0.0)
-        limits = scale_limits(limits, share)
-        verdict = await self._inner.reserve(key_id, limits, charge, reservation_id, ttl_s)
-        if verdict.admitted:
-            self._limits[reservation_id] = limits
-        return verdict
-
-    async def settle(
-        self, key_id: str, limits: Limits, reservation_id: str, actual: Charge | None
-    ) -> bool:
-        tenant = self._global.get(key_id)
-        limits = self._limits.pop(reservation_id, limits)
-        settled = await self._inner.settle(key_id, limits, reservation_id, actual)
-        if tenant is not None and settled and actual is not None:
-            self.settled[tenant] = self.settled.get(tenant, 0.0) + actual.weighted_tokens
-        return settled
-
-    async def usage(
-        self, key_id: str, windows_s: Sequence[int] = USAGE_WINDOWS_S
-    ) -> dict[int, float]:
-        return await self._inner.usage(key_id, windows_s)
-
-    async def outstanding(self, key_id: str) -> int:
-        return await self._inner.outstanding(key_id)
-
-    async def close(self) -> None:
-        await self._inner.close()
+    def spend_limit(self, tenant: str, window_id: str, limit: float) -> float | None:
+        # The simulated sidecars run no spend step (sim.fleet.sidecar): nothing is spent.
+        return self._holder.spend_allowance(tenant, window_id, limit, 0.0, self._clock())
 
 
 @dataclass(slots=True)
@@ -183,7 +116,10 @@ class RegionSeat:
     name: str
     fleet: OfflineFleet
     holder: LeaseHolder
-    store: ShareScaledStore
+    shares: LeaseShares  # what its sidecars' budget steps enforce
+    demand: RegionDemand  # what its sidecars' budget steps counted since the last report
+    global_tenants: frozenset[str]
+    usage: dict[str, float] = field(default_factory=dict)  # tenant -> settled, cumulative
     seq: int = 0
     sent_s: dict[int, float] = field(default_factory=dict)  # report seq -> when it left
     answered: dict[int, float] = field(default_factory=dict)  # seq -> when its lease came
@@ -230,20 +166,20 @@ class RegionsFleet:
             holder = LeaseHolder(
                 self.settings, Fallback(ledger.limits_fallback), Fallback(ledger.spend_fallback)
             )
-            store = ShareScaledStore(
-                InProcessStore(self.clock),
-                LeaseShares(holder, self.clock),
-                {
-                    key.budget_id: key.tenant
-                    for key in policy.keys.values()
-                    if _scope(policy, key.tenant) is BudgetScope.GLOBAL
-                },
-                retry_s=float(math.ceil(self.interval_s)),
-            )
+            demand = RegionDemand()
+            shares = LeaseShares(holder, self.clock, ledger.min_share)
             fleet = OfflineFleet(
-                policy, seed=seed * 10 + index, clock=self.clock, store=store, **fleet_options
+                policy,
+                seed=seed * 10 + index,
+                clock=self.clock,
+                shares=shares,
+                demand=demand,
+                **fleet_options,
             )
-            seat = RegionSeat(name, fleet, holder, store)
+            tenants = frozenset(
+                key.tenant for key in policy.keys.values() if global_tenant(policy, key.tenant)
+            )
+            seat = RegionSeat(name, fleet, holder, shares, demand, tenants)
             seat.dead_at_s = (deaths or {}).get(name, math.inf)
             self.seats[name] = seat
         self.samples: list[RegionSample] = []
@@ -292,7 +228,7 @@ class RegionsFleet:
         if kind == "sample":
             for seat in self.seats.values():
                 state = seat.holder.state(now_s)
-                share = seat.holder.share(self.tenant, now_s)
+                share = seat.shares.share(self.tenant)
                 self.samples.append(RegionSample(now_s, seat.name, state, share))
             return
         seat = self.seats[region]
@@ -333,8 +269,11 @@ class RegionsFleet:
         self._timed_out(seat, now_s)
         if seat.in_flight is not None:
             return
-        demand = seat.store.take_demand()
-        tenants = sorted(set(demand) | set(seat.store.settled) | seat.store.global_tenants)
+        # The region's store adds every flush to its cumulative usage (region_store).
+        flushed = seat.demand.take()
+        for tenant, part in flushed.items():
+            seat.usage[tenant] = seat.usage.get(tenant, 0.0) + part.usage
+        tenants = sorted(set(flushed) | set(seat.usage) | seat.global_tenants)
         seat.seq = max(seat.seq, seat.holder.seq) + 1
         report = Report(
             region=seat.name,
@@ -342,8 +281,8 @@ class RegionsFleet:
             tenants=tuple(
                 TenantReport(
                     tenant=tenant,
-                    demand=demand.get(tenant, 0.0),
-                    usage=seat.store.settled.get(tenant, 0.0),
+                    demand=flushed[tenant].demand if tenant in flushed else 0.0,
+                    usage=seat.usage.get(tenant, 0.0),
                     spend={},
                     applied=seat.holder.applied(tenant, now_s),
                 )
@@ -361,8 +300,3 @@ class RegionsFleet:
         self._push(now_s + self.timeout_s, "timeout", seat.name, report.seq)
         if not self._cut(seat.name, now_s):
             self._push(now_s + self.delay_s, "at_ledger", seat.name, report)
-
-
-def _scope(policy: Policy, tenant: str) -> BudgetScope:
-    entry = policy.tenants.listed.get(tenant) or policy.tenants.default
-    return BudgetScope.REGION if entry is None else entry.scope

@@ -22,9 +22,11 @@ from admission.decision import RequestOutcome, RoutingDecision
 from admission.errors import RequestRejected
 from admission.events import NoEvents
 from admission.kv.book import KvBook
+from admission.regions import RegionShares
 from breaker.board import BreakerBoard
 from budget.key_quotas import KeyQuotas
 from budget.ledger import Charge
+from budget.region_demand import RegionDemand
 from budget.store import BudgetStore
 from engines.picker import EnginePicker
 from engines.state import EngineFleet
@@ -159,6 +161,8 @@ class SimulatedSidecar:
         engines: Mapping[str, Sequence[str]] | None = None,
         key_quotas: KeyQuotas | None = None,
         ceilings: KeyCeilings | None = None,
+        shares: RegionShares | None = None,
+        demand: RegionDemand | None = None,
     ) -> None:
         """`schedule`: how a resumed admission is put on the virtual clock's queue; None:
         no waiting room (a full pool refuses at once). `book`: the KV ledger, shared by the
@@ -166,7 +170,10 @@ class SimulatedSidecar:
         `engines`: each pool's engine addresses: this replica's own view of them (their
         state, what it holds on each, its prefix index) and the sidecar's picker over it.
         `key_quotas`: the per-key dynamic budgets its settlements feed; `ceilings`: what
-        its budget step caps keys at (enforced as `breaker.controller_key_budgets` says)."""
+        its budget step caps keys at (enforced as `breaker.controller_key_budgets` says).
+        `shares`: its region's share of each global tenant (sim.fleet.regions; None: one
+        region); `demand`: where its budget step counts the global tenants' demand and
+        usage for the region's report."""
         self.policy = policy
         ttl_s = expiry_s(policy)
         self.fleet = EngineFleet(
@@ -197,6 +204,8 @@ class SimulatedSidecar:
             wait_cap_s=policy.longest_wait_s,
             live=self.fleet.live_pool,
             largest_engine=self.fleet.largest_kv_tokens,
+            shares=shares,
+            demand=demand,
         )
         self.decider = Decider(
             lambda: policy,

@@ -36,6 +36,7 @@ from policy.loader import parse_policy
 from policy.schema import Policy
 from sim.fleet.arrivals import Arrival, poisson_arrivals
 from sim.fleet.fleet_types import Served
+from sim.fleet.offline import OfflineFleet
 from sim.fleet.regions import Cut, RegionsFleet
 from sim.fleet.workload_files import SIMULATION_POLICY
 
@@ -161,19 +162,19 @@ def _fleet(setup: RegionsSetup, **options: Any) -> tuple[RegionsFleet, dict[str,
 
 def _admitted(fleet: RegionsFleet, policy: Policy) -> dict[str, list[tuple[float, float]]]:
     """Per region, each request the budget admitted that ran: (when, weighted tokens)."""
+    return {name: _admitted_of(seat.fleet, policy) for name, seat in fleet.seats.items()}
+
+
+def _admitted_of(fleet: OfflineFleet, policy: Policy) -> list[tuple[float, float]]:
+    """What the region's engines ran, by the served requests themselves (not by the
+    budget's counts): (arrival, its prompt and output tokens at its bucket's weight)."""
 
     def tokens(served: Served) -> float:
         raw = served.arrival.prompt_tokens + served.output_tokens
         return raw * policy.bucket_for(raw).cost_weight
 
-    return {
-        name: sorted(
-            (s.arrival.at_s, tokens(s))
-            for s in seat.fleet.results.values()
-            if s.outcome == "served"
-        )
-        for name, seat in fleet.seats.items()
-    }
+    ran = [s for s in fleet.results.values() if s.outcome == "served"]
+    return sorted((s.arrival.at_s, tokens(s)) for s in ran)
 
 
 def _window_max(
@@ -193,10 +194,10 @@ def _sum_between(points: Sequence[tuple[float, float]], lo: float, hi: float) ->
     return sum(tokens for at_s, tokens in points if lo <= at_s < hi)
 
 
-def play(setup: RegionsSetup) -> dict[str, Any]:
-    """Phases (a), (b) and (c) in one run (see the module's note); their numbers."""
+def run_phases(setup: RegionsSetup) -> tuple[RegionsFleet, dict[str, Policy]]:
+    """Phases (a), (b) and (c) played in one run (see the module's note)."""
     fleet, policies = _fleet(setup, cuts=(Cut(setup.regions[-1], setup.cut_at_s, setup.heal_at_s),))
-    first, cut_off = setup.regions[0], setup.regions[-1]
+    first = setup.regions[0]
     arrivals: dict[str, list[Arrival]] = {}
     even = 1.0 / len(setup.regions)
     for index, name in enumerate(setup.regions):
@@ -211,6 +212,13 @@ def play(setup: RegionsSetup) -> dict[str, Any]:
         arrivals[name] += _stream(setup, policy, rejoin_s, setup.arrivals_end_s, even, seed + 2)
     until_s = setup.arrivals_end_s + setup.tail_s
     fleet.run(arrivals, until_s)
+    return fleet, policies
+
+
+def play(setup: RegionsSetup) -> dict[str, Any]:
+    """Phases (a), (b) and (c) in one run; their numbers."""
+    fleet, policies = run_phases(setup)
+    first, cut_off = setup.regions[0], setup.regions[-1]
     policy = policies[first]
     admitted = _admitted(fleet, policy)
     everyone = sorted(p for points in admitted.values() for p in points)
@@ -219,6 +227,7 @@ def play(setup: RegionsSetup) -> dict[str, Any]:
         "delay_ms": round(setup.delay_s * 1000),
         "interval_s": setup.interval_s,
         "max_share_sum": _max_share_sum(fleet),
+        "starting_share_sum": _max_share_sum(fleet, starting=True),
     }
     # (a): from the second minute on (every region's bucket drained by then at 2x).
     spread = (60.0, setup.move_at_s)
@@ -234,12 +243,20 @@ def play(setup: RegionsSetup) -> dict[str, Any]:
     return report
 
 
-def _max_share_sum(fleet: RegionsFleet) -> float:
-    """The most the regions' enforced shares of the tenant ever summed to (sampled)."""
+def _max_share_sum(fleet: RegionsFleet, starting: bool = False) -> float:
+    """The most the regions' enforced shares of the tenant ever summed to (sampled), once
+    every region had its first lease; `starting`: before that instead, while a region
+    without one enforces `min_share` (as the region agent does: RegionAgent.share), which
+    the ledger does not hold for it."""
     by_time: dict[float, float] = {}
+    before: set[float] = set()
     for sample in fleet.samples:
         by_time[sample.at_s] = by_time.get(sample.at_s, 0.0) + (sample.share or 0.0)
-    return max(by_time.values(), default=0.0)
+        if sample.state == "none":
+            before.add(sample.at_s)
+    return max(
+        (total for at_s, total in by_time.items() if (at_s in before) == starting), default=0.0
+    )
 
 
 def _first(samples: Sequence[tuple[float, Any]], test: Callable[[Any], bool]) -> float | None:
@@ -331,7 +348,12 @@ def reconciliation(fleet: RegionsFleet) -> dict[str, Any]:
     late duplicates changed it."""
     last = max(fleet.leases, key=lambda sent: sent.at_s)
     ledger_usage = last.lease.tenants[fleet.tenant].global_usage
-    settled = sum(seat.store.settled.get(fleet.tenant, 0.0) for seat in fleet.seats.values())
+    settled = sum(seat.usage.get(fleet.tenant, 0.0) for seat in fleet.seats.values())
+    served = sum(
+        tokens
+        for seat in fleet.seats.values()
+        for _, tokens in _admitted_of(seat.fleet, seat.fleet.policy)
+    )
     duplicates_changed = False
     for at_s, answer in fleet.duplicates:
         before = [s for s in fleet.leases if s.at_s <= at_s]
@@ -341,19 +363,22 @@ def reconciliation(fleet: RegionsFleet) -> dict[str, Any]:
     return {
         "ledger_usage": ledger_usage,
         "regions_settled": settled,
-        "reconciled": ledger_usage == settled,
+        "served_tokens": served,
+        # Exact: every count is a whole number of tokens (weight 1 below 8k tokens).
+        "reconciled": ledger_usage == settled == served,
         "duplicates": len(fleet.duplicates),
         "duplicates_changed_usage": duplicates_changed,
     }
 
 
-def death(setup: RegionsSetup) -> dict[str, Any]:
-    """Every region spending at twice the limit between them; at 90 s the second region
-    dies (no more reports, no more traffic). What the others hold of the tenant from then
-    on, and when they get the dead region's share back."""
-    dies, dead_at_s = setup.regions[1], 90.0
-    back_s = setup.lease_s + setup.fallback_for_s
-    end_s = dead_at_s + back_s + 60.0
+DEATH_AT_S = 90.0
+
+
+def run_death(setup: RegionsSetup) -> tuple[RegionsFleet, dict[str, Policy]]:
+    """Every region spending at twice the limit between them; at DEATH_AT_S the second
+    region dies (no more reports, no more traffic); a minute past its share's return."""
+    dies, dead_at_s = setup.regions[1], DEATH_AT_S
+    end_s = dead_at_s + setup.lease_s + setup.fallback_for_s + 60.0
     fleet, policies = _fleet(setup, deaths={dies: dead_at_s})
     even = 1.0 / len(setup.regions)
     arrivals = {
@@ -368,6 +393,16 @@ def death(setup: RegionsSetup) -> dict[str, Any]:
         for index, name in enumerate(setup.regions)
     }
     fleet.run(arrivals, end_s + setup.tail_s)
+    return fleet, policies
+
+
+def death(setup: RegionsSetup) -> dict[str, Any]:
+    """A region's death (run_death): what the others hold of the tenant from then on, and
+    when they get the dead region's share back."""
+    fleet, policies = run_death(setup)
+    dies, dead_at_s = setup.regions[1], DEATH_AT_S
+    back_s = setup.lease_s + setup.fallback_for_s
+    end_s = dead_at_s + back_s + 60.0
     others = [name for name in setup.regions if name != dies]
     by_time: dict[float, float] = {}
     for sample in fleet.samples:
