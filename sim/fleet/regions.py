@@ -125,6 +125,7 @@ class RegionSeat:
     answered: dict[int, float] = field(default_factory=dict)  # seq -> when its lease came
     reports: dict[int, Report] = field(default_factory=dict)  # seq -> what it sent
     in_flight: int | None = None  # the report awaiting its answer (one at a time)
+    delivered: set[int] = field(default_factory=set)  # the reports that reached the ledger
     dead_at_s: float = math.inf
 
 
@@ -240,6 +241,7 @@ class RegionsFleet:
             self._timed_out(seat, now_s)
         elif kind == "at_ledger":
             if not self._cut(region, now_s):
+                seat.delivered.add(payload.seq)
                 lease = run_now(self.ledger.report(payload))
                 self.leases.append(LeaseSent(now_s, region, seat.sent_s[payload.seq], lease))
                 self._push(now_s + self.delay_s, "lease", region, lease)
@@ -249,8 +251,10 @@ class RegionsFleet:
                 seat.answered[payload.seq] = now_s
                 seat.holder.received(payload)
         elif kind == "duplicate":
-            # The last report sent before the cut began, delivered again after the heal.
-            before = [seq for seq, sent_s in seat.sent_s.items() if sent_s < payload]
+            # The last report that reached the ledger before the cut, delivered again
+            # after the heal (one lost in the cut would be news to the ledger, not a
+            # duplicate).
+            before = [seq for seq in seat.delivered if seat.sent_s[seq] < payload]
             if before:
                 stale = seat.reports[max(before)]
                 self.duplicates.append((now_s, run_now(self.ledger.report(stale))))

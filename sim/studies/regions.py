@@ -237,6 +237,7 @@ def play(setup: RegionsSetup) -> dict[str, Any]:
         "max_10s_over_limit": _window_max(everyone, *spread, 10.0) / (limit / 6),
         "mean_minute_over_limit": _sum_between(everyone, *spread)
         / (limit * (spread[1] - spread[0]) / 60),
+        "mean_share_sum": _mean_share_sum(fleet, *spread),
     }
     report["b"] = _moved(setup, fleet, admitted[first], limit)
     report["c"] = _cut(setup, fleet, admitted, everyone, cut_off, limit)
@@ -257,6 +258,17 @@ def _max_share_sum(fleet: RegionsFleet, starting: bool = False) -> float:
     return max(
         (total for at_s, total in by_time.items() if (at_s in before) == starting), default=0.0
     )
+
+
+def _mean_share_sum(fleet: RegionsFleet, start_s: float, end_s: float) -> float:
+    """What the regions' enforced shares summed to on average from `start_s` to `end_s`:
+    below 1, the part of the limit no region could use (held for a region that had
+    asked for it, or granted to one whose demand has fallen)."""
+    by_time: dict[float, float] = {}
+    for sample in fleet.samples:
+        if start_s <= sample.at_s < end_s:
+            by_time[sample.at_s] = by_time.get(sample.at_s, 0.0) + (sample.share or 0.0)
+    return sum(by_time.values()) / max(1, len(by_time))
 
 
 def _first(samples: Sequence[tuple[float, Any]], test: Callable[[Any], bool]) -> float | None:
@@ -474,24 +486,39 @@ def table(report: dict[str, Any]) -> str:
         f"{setup['min_share']:g}; seed {setup['seed']}.",
         "",
         "| one-way delay | interval | (a) max minute / limit | (a) max 10 s / limit | "
-        "(a) first minute / limit | (b) s to 90% share | (b) s to 90% admitted | "
+        "(a) first minute / limit | (a) mean sum of shares | (b) s to 90% share | "
+        "(b) s to 90% admitted | "
         "(b) bound s | (c) admitted cut off / held share | (c) fallback after lease s | "
         "(c) on fallback s | (c) leased again after heal s | (c) ledger = regions | "
         "max sum of shares |",
-        "| --- |" + " --- |" * 13,
+        "| --- |" + " --- |" * 14,
     ]
     for row in report["rows"]:
         a, b, c = row["a"], row["b"], row["c"]
         lines.append(
             f"| {row['delay_ms']} ms | {row['interval_s']:g} s | "
             f"{_n(a['max_minute_over_limit'], 3)} | {_n(a['max_10s_over_limit'], 3)} | "
-            f"{_n(a['first_minute_over_limit'])} | {_n(b['share_s'], 1)} | "
+            f"{_n(a['first_minute_over_limit'])} | {_n(a['mean_share_sum'], 3)} | "
+            f"{_n(b['share_s'], 1)} | "
             f"{_n(b['admitted_s'], 1)} | {_n(b['bound_s'], 1)} | "
             f"{_n(c['admitted_over_held'])} | {_n(c['fallback_after_s'], 1)} | "
             f"{_n(c['on_fallback_s'], 1)} | {_n(c['leased_again_after_heal_s'], 1)} | "
             f"{_reconciled(c)} | "
             f"{_n(row['max_share_sum'], 4)} |"
         )
+    rows = report["rows"]
+    starting = max(row["starting_share_sum"] for row in rows)
+    means = [row["a"]["mean_share_sum"] for row in rows]
+    lines += [
+        "",
+        f"The shares enforced never summed past 1 once every region had a lease; before "
+        f"that they reached {starting:.2f} (a region without a lease enforces min_share, as "
+        "RegionAgent.share does, which the ledger does not hold for it). Under contention "
+        f"the shares enforced sum to {min(means):.2f}-{max(means):.2f} on average, and the "
+        "fleet admits about that fraction of the limit: as the regions' asks move, a share "
+        "one region gives up is freed at its next report (until then it still enforces it) "
+        "and taken by another only at that one's next report.",
+    ]
     d = report["death"]
     lines += [
         "",
