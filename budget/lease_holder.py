@@ -150,6 +150,14 @@ class LeaseHolder:
             return own_spent_now
         return min(ceiling, limit)
 
+    def ends_s(self, tenant: str) -> tuple[float, float] | None:
+        """When `tenant`'s lease ends and when its fallback ends (None: no lease names it)."""
+        held = self._tenants.get(tenant)
+        if held is None:
+            return None
+        end = held.sent_s + held.lease_s
+        return end, end + self._settings.fallback_for_s
+
     def global_lease(self, tenant: str) -> TenantLease | None:
         """The latest lease line for `tenant` (global usage and spend, for status)."""
         held = self._tenants.get(tenant)
