@@ -62,7 +62,8 @@ class RegionSample:
     at_s: float
     region: str
     state: str  # LeaseHolder.state: leased, cut_off, fallback, closed, none
-    share: float | None  # of the tenant followed (RegionsFleet.tenant); None: no lease
+    # The followed tenant's share (RegionsFleet.tenant), as the budget step enforces it.
+    share: float | None
 
 
 @dataclass(frozen=True, slots=True)
