@@ -200,8 +200,9 @@ class BudgetStep:
             self._events.budget_decision(label, "region_share")
             raise RateLimited(
                 f"Rate limit reached for tenant {tenant!r}: its budget is global and "
-                "this region holds no share of it now (the region is cut off from the "
-                "global ledger past its lease, or the other regions hold it all). "
+                "this region holds no share of it now (no lease for it yet, the region is "
+                "cut off from the global ledger past its lease, or the other regions hold "
+                "it all). "
                 f"Please try again in {math.ceil(policy.regions.ledger.report_interval_s)}s.",
                 reason="budget_region_share",
                 retry_after_s=max(1, math.ceil(policy.regions.ledger.report_interval_s)),

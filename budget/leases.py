@@ -182,7 +182,7 @@ def apply_report(book: LedgerBook, report: Report, now_s: float, settings: Lease
     """Record `report` in `book` (changed in place) and answer the reporting region's lease."""
     entry = book.regions.get(report.region)
     if entry is not None and report.seq <= entry.seq:
-        return _stored_lease(book, report.region, entry.seq, now_s)
+        return _stored_lease(book, report, entry.seq, now_s)
     if entry is None:
         entry = book.regions[report.region] = RegionEntry()
     entry.seq = report.seq
@@ -282,12 +282,13 @@ def _peers(book: LedgerBook, region: str, now_s: float) -> dict[str, Mapping[str
     }
 
 
-def _stored_lease(book: LedgerBook, region: str, seq: int, now_s: float) -> Lease:
-    """The answer to a report that is not newer than the stored one: what is stored, with
-    lease_s 0, so the region extends nothing on it (its lease may outlive the stored hold)."""
-    tenants = {
-        tenant: _tenant_lease(regions, regions[region].granted, {})
-        for tenant, regions in sorted(book.tenants.items())
-        if region in regions
-    }
-    return Lease(region, seq, 0.0, tenants, _peers(book, region, now_s), 0)
+def _stored_lease(book: LedgerBook, report: Report, seq: int, now_s: float) -> Lease:
+    """The answer to a report that is not newer than the stored one: what is stored for the
+    report's tenants, with lease_s 0, so the region extends nothing on it (its lease could
+    outlive the stored hold)."""
+    tenants: dict[str, TenantLease] = {}
+    for line in report.tenants:
+        regions = book.tenants.get(line.tenant, {})
+        if report.region in regions:
+            tenants[line.tenant] = _tenant_lease(regions, regions[report.region].granted, {})
+    return Lease(report.region, seq, 0.0, tenants, _peers(book, report.region, now_s), 0)

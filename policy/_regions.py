@@ -16,7 +16,7 @@ regions:
     lease_s: 10.0
     fallback_for_s: 600.0
     limits_fallback: share      # share | closed
-    fallback_share: last        # last (the share last held) | a fraction of the limit
+    fallback_share: last        # last (the share last held) | a fraction, capped at the share held
     spend_fallback: closed      # closed | share
   crossing:
     enabled: true
@@ -66,7 +66,8 @@ class LedgerConfig:
     min_share: float = 0.05  # every region's floor, so a region without demand can start
     fallback_for_s: float = 600.0  # after the lease, a cut-off region's fallback lasts this
     limits_fallback: str = Fallback.SHARE.value
-    # The fallback share of the limits: None = the share the region last held.
+    # The fallback share of the limits: None = the share the region last held; a fraction
+    # is capped at the share held (more could already be the other regions').
     fallback_share: float | None = None
     spend_fallback: str = Fallback.CLOSED.value
 

@@ -47,6 +47,7 @@ from extproc.runtime.key_store import KeyStore
 from extproc.runtime.loop_lag import LoopLagCollector
 from extproc.runtime.loops import BreakerLoop, QuotaLoop
 from extproc.runtime.policy_holder import PolicyHolder
+from extproc.runtime.region_agent import RegionAgent
 from extproc.runtime.spend_metrics import SpendMetrics
 from extproc.runtime.stores import Stores
 from extproc.runtime.workers import Siblings, WorkerSlot
@@ -195,10 +196,12 @@ def build_request_path(
     rng: random.Random,
     worker: WorkerSlot | None,
     injected_clock: Callable[[], float] | None,
+    region: RegionAgent | None = None,
 ) -> RequestPath:
     """`executor`: the tokenizer's threads. `injected_clock`: the clock a test passed in
     (None: each part's own default), which the candidate's budgets keep as the budget
-    stores do."""
+    stores do. `region`: this region's shares of the global tenants, and where their
+    demand is counted (idle while the policy has no `regions:`)."""
     initial = policy()
     ttl_s = expiry_s(initial)
     watch = signals.engine_watch
@@ -220,6 +223,8 @@ def build_request_path(
         largest_engine=watch.fleet.largest_kv_tokens,
         spend=None if stores.spend is None else (stores.spend, SpendMetrics(metrics.registry)),
         wall_clock=wall_clock,
+        shares=region,
+        demand=None if region is None else region.demand,
     )
     _known_series(metrics, policy, admission)
     counter = PromptCounter(None, initial.counting, executor)
@@ -304,6 +309,7 @@ def build_control(
     wall_clock: Callable[[], float],
     siblings: Siblings | None,
     decision_log: DecisionLog | None = None,
+    region: RegionAgent | None = None,
 ) -> Control:
     watch = signals.engine_watch
     breaker_loop = BreakerLoop(signals.board, metrics)
@@ -337,6 +343,7 @@ def build_control(
         siblings=siblings,
         engines=watch.scraper,
         fleet=watch.fleet,
+        region=None if region is None else region.view,
     )
     breaker_loop.on_transition = admin.note_transition
     forecast = ForecastRefitter(

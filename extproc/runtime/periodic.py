@@ -6,9 +6,9 @@ whose access log never came, the KV holds' safety net) and `start_loops`, which 
 them all with their intervals read from the live policy: the waiting room's tick, the
 breaker's evaluation, the quota controller, the engine scrapes, probes and discovery, the
 key store's sync, the spend settlements' retries, the re-rank of the tenants that keep
-metric labels of their own, the fleet's heartbeat, and registers their cancelling on the
-sidecar's exit stack. Split from the composition root (extproc.runtime.sidecar), which
-starts them once its servers listen.
+metric labels of their own, the fleet's heartbeat, the region agent's reports, and
+registers their cancelling on the sidecar's exit stack. Split from the composition root
+(extproc.runtime.sidecar), which starts them once its servers listen.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from extproc.runtime.key_store import KeyStore
 from extproc.runtime.kv_subscriber import start_kv_subscriber
 from extproc.runtime.parts import Control, RequestPath
 from extproc.runtime.policy_holder import PolicyHolder
+from extproc.runtime.region_agent import RegionAgent
 from extproc.runtime.stores import Stores
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.tenant_series import RERANK_INTERVAL_S
@@ -75,10 +76,12 @@ async def start_loops(
     engine_watch: EngineWatch,
     stores: Stores,
     metrics: SidecarMetrics,
+    region: RegionAgent | None = None,
 ) -> None:
     """Every periodic task of a sidecar, started; cancelled on the way out. With a shared
     store, this replica's heartbeat into the fleet's count, the first beat counted before
-    this returns."""
+    this returns. With `regions:`, the region agent's first report (or read of the
+    region's lease) before this returns too: a global tenant has no share until then."""
 
     def breaker_interval() -> float:
         return policy().breaker.evaluate_interval_s
@@ -116,7 +119,15 @@ async def start_loops(
         # The engines' KV events, for pools whose policy has kv_events (none: it idles).
         start_kv_subscriber(engine_watch.picker, policy, metrics.registry),
     ]
+    if region is not None:  # closed after its loop's task is cancelled (last first)
+        exits.push_async_callback(region.close)
     exits.callback(_cancel, tasks)
+    if region is not None:
+        try:
+            await region.step()
+        except Exception:
+            log.exception("the region agent's first step failed; it runs again each interval")
+        tasks.append(asyncio.create_task(every(region.interval_s, region.step)))
     members = stores.members
     if members is not None:
 

@@ -39,9 +39,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from admission.waiting_room import WaitingRoom
+from breaker.board import BreakerBoard
 from budget.global_ledger import GlobalLedger, RedisGlobalLedger
 from budget.lease_holder import LeaseHolder
 from budget.leases import Lease, LeaseSettings, PoolRoom, Report, TenantLease, TenantReport
+from budget.redis_store import connect
 from budget.region_demand import Flushed, RegionDemand
 from budget.spend import windows
 from budget.spend_store import SpendStore
@@ -50,7 +53,7 @@ from extproc.runtime.region_store import RegionStore
 from extproc.service.region_metrics import RegionMetrics, RegionView, TenantLeaseView
 from extproc.service.tenant_series import TenantSeries
 from policy._regions import Fallback, LedgerConfig
-from policy.domain import BudgetScope
+from policy.domain import BudgetScope, Tier
 from policy.schema import Policy
 
 log = logging.getLogger("slogate.regions")
@@ -78,18 +81,34 @@ def new_holder(config: LedgerConfig) -> LeaseHolder:
 def redis_ledger(config: LedgerConfig) -> GlobalLedger:
     # The URL may carry a password: deployments pass it through the environment.
     url = os.environ.get("SLOGATE_GLOBAL_LEDGER_URL") or config.url
-    return RedisGlobalLedger(url, settings_of(config), config.timeout_ms / 1000.0)
+    # Every call is bounded by the report's timeout (the ledger's Scripts): no socket
+    # timeouts of redis-py's own on top.
+    client = connect(url, socket_timeout_s=None)
+    return RedisGlobalLedger(client, settings_of(config), config.timeout_ms / 1000.0)
+
+
+def pool_rooms(policy: Policy, board: BreakerBoard, room: WaitingRoom) -> dict[str, PoolRoom]:
+    """What this region tells its peers of its pools: each one's breaker level, and whether
+    its waiting room is full for any tier (a crossing peer must have room)."""
+    bound = policy.waiting_room.max_waiting
+    return {
+        name: PoolRoom(
+            int(board.level(name)), any(room.waiting(name, tier) >= bound for tier in Tier)
+        )
+        for name in policy.pools
+    }
 
 
 # -- the Lease in the region's store ---------------------------------------------------
 
 
-def lease_json(lease: Lease, answered: bool) -> str:
-    """The Lease, and whether the holder's latest report was answered (False: the holder
-    is cut off; the readers say so too)."""
+def lease_json(lease: Lease, answered: bool, usage: Mapping[str, float]) -> str:
+    """The Lease, whether the holder's latest report was answered (False: the holder is
+    cut off; the readers say so too) and the region's usage it reported (for status)."""
     return json.dumps(
         {
             "answered": answered,
+            "usage": dict(usage),
             "region": lease.region,
             "seq": lease.seq,
             "lease_s": lease.lease_s,
@@ -112,7 +131,7 @@ def lease_json(lease: Lease, answered: bool) -> str:
     )
 
 
-def lease_from_json(text: str) -> tuple[Lease, bool]:
+def lease_from_json(text: str) -> tuple[Lease, bool, dict[str, float]]:
     raw: dict[str, Any] = json.loads(text)
     lease = Lease(
         region=raw["region"],
@@ -133,7 +152,8 @@ def lease_from_json(text: str) -> tuple[Lease, bool]:
         },
         rebalanced=int(raw["rebalanced"]),
     )
-    return lease, bool(raw["answered"])
+    usage = {tenant: float(v) for tenant, v in raw.get("usage", {}).items()}
+    return lease, bool(raw["answered"]), usage
 
 
 # -- the agent ---------------------------------------------------------------------------
@@ -197,14 +217,14 @@ class RegionAgent:
     # -- what admission and crossing read --------------------------------------------------
 
     def share(self, tenant: str) -> float | None:
-        """The tenant's share from the lease; before the region has one that names the
-        tenant, the policy's `min_share` (the least the global ledger grants a region)."""
+        """The tenant's share from the lease; 0 before a lease names the tenant (one
+        report's round trip after start, or after the policy made it global): a share
+        not granted by the ledger could be the other regions' (budget.lease_holder)."""
         setup = self._ensure()
         holder = self._holder
         if setup is None or holder is None:
             return None
-        share = holder.share(tenant, self._clock())
-        return setup.ledger.min_share if share is None else share
+        return holder.share(tenant, self._clock()) or 0.0
 
     def spend_limit(self, tenant: str, window_id: str, limit: float) -> float | None:
         self._ensure()
@@ -243,12 +263,13 @@ class RegionAgent:
                     None if leased is None else leased.global_usage,
                 )
             )
+        state = holder.state(now_s)
         return RegionView(
             setup.region,
-            holder.state(now_s),
+            state,
             self.holds_lock,
             self._seq,
-            holder.expires_in_s(now_s),
+            None if state == "none" else holder.expires_in_s(now_s),
             tuple(rows),
         )
 
@@ -298,21 +319,44 @@ class RegionAgent:
         return setup
 
     def _replace(self, setup: _Setup | None) -> None:
-        ledger = self._ledger
+        """A new holder (and ledger) for `setup`. The same region on the same ledger (a
+        reload that changed a setting) keeps its lease, as of when it was sent: its global
+        tenants are not refused for a report's round trip. Another region or ledger starts
+        with none."""
+        old, before, lease = self._setup, self._holder, self._lease
+        same = (
+            old is not None
+            and setup is not None
+            and (old.region, old.ledger.url) == (setup.region, setup.ledger.url)
+        )
+        if same and self._ledger is not None and setup is not None:
+            ledger: GlobalLedger | None = self._ledger
+        else:
+            self._close_ledger()
+            ledger = None if setup is None else self._new_ledger(setup.ledger)
+            self._seq = 0
+            lease = None
+        self._setup, self._ledger, self._lease = setup, ledger, lease
+        self._holder = None if setup is None else new_holder(setup.ledger)
+        if self._holder is not None and before is not None and lease is not None:
+            now_s = self._clock()
+            self._holder.sent(now_s + before.expires_in_s(now_s) - lease.lease_s)
+            self._holder.received(lease)
+        if setup is None:
+            self.holds_lock = False
+            if self._metrics is not None:
+                self._metrics.ledger_state("none")
+            return
+        if self._metrics is None:
+            self._metrics = RegionMetrics(self._registry, self._tenants)
+        log.info("region %s: leases from the global ledger (new)", setup.region)
+
+    def _close_ledger(self) -> None:
+        ledger, self._ledger = self._ledger, None
         if ledger is not None:  # closed off the caller's path (admission may be asking)
             task = asyncio.ensure_future(ledger.close())
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
-        self._setup = setup
-        self._holder = None if setup is None else new_holder(setup.ledger)
-        self._ledger = None if setup is None else self._new_ledger(setup.ledger)
-        self._lease = None
-        self._seq = 0
-        self.holds_lock = False
-        if setup is not None:
-            if self._metrics is None:
-                self._metrics = RegionMetrics(self._registry, self._tenants)
-            log.info("region %s: leases from the global ledger %s", setup.region, setup.ledger.url)
 
     async def _flush(self, region: str) -> None:
         parts = self.demand.take()
@@ -380,13 +424,16 @@ class RegionAgent:
                     demand=totals.demand.get(tenant, 0.0),
                     usage=totals.usage.get(tenant, 0.0),
                     spend=self._spent.get(tenant, {}),
-                    applied=holder.share(tenant, now_s) or 0.0,
+                    applied=holder.applied(tenant, now_s),
                     spend_limit=self._spend_limits(policy, tenant),
                     spend_applied=holder.spend_ceilings(tenant, now_s),
                 )
             )
         report = Report(
-            region, self._seq + 1, tuple(lines), dict(self._pools()) if self._pools else {}
+            region,
+            max(self._seq, holder.seq) + 1,
+            tuple(lines),
+            dict(self._pools()) if self._pools else {},
         )
         holder.sent(now_s)
         try:
@@ -413,7 +460,7 @@ class RegionAgent:
         if lease is None:
             return
         try:
-            await self._store.put_lease(region, lease_json(lease, answered))
+            await self._store.put_lease(region, lease_json(lease, answered, self._usage))
         except BudgetStoreError as error:
             log.warning("region %s: the lease could not be stored: %s", region, error)
 
@@ -427,7 +474,8 @@ class RegionAgent:
         now_s = self._clock()
         if stored is None:
             return
-        lease, answered = lease_from_json(stored)
+        lease, answered, usage = lease_from_json(stored)
+        self._usage = usage
         if lease.seq > self._seq:
             # Sent at most an interval and a timeout ago: measured from then, it ends no
             # later than the holder's own.
@@ -445,9 +493,7 @@ class RegionAgent:
             return
         now_s = self._clock()
         self._meter().ledger_state(holder.state(now_s))
-        expires = holder.expires_in_s(now_s)
-        if expires is not None:
-            self._meter().expires_in.set(expires)
+        self._meter().expires_in.set(holder.expires_in_s(now_s))
         for tenant in self._global_tenants():
             share = holder.share(tenant, now_s)
             if share is not None:

@@ -69,9 +69,7 @@ def _key(region: str, what: str) -> str:
 
 
 def _floats(raw: Mapping[Any, Any]) -> dict[str, float]:
-    return {
-        (k.decode() if isinstance(k, bytes) else str(k)): float(v) for k, v in raw.items()
-    }
+    return {(k.decode() if isinstance(k, bytes) else str(k)): float(v) for k, v in raw.items()}
 
 
 class RedisRegionStore:
@@ -85,7 +83,9 @@ class RedisRegionStore:
             async with asyncio.timeout(self._timeout_s):
                 return await call
         except (redis_errors.RedisError, OSError, TimeoutError) as error:
-            raise BudgetStoreError(f"redis region {what}: {type(error).__name__}: {error}") from error
+            raise BudgetStoreError(
+                f"redis region {what}: {type(error).__name__}: {error}"
+            ) from error
 
     async def flush(self, region: str, parts: Mapping[str, Flushed]) -> None:
         if not parts:

@@ -32,6 +32,7 @@ async def run_sidecar(
     health_port: int | None = None,
     grpc_socket: Path | None = None,
     health_host: str | None = None,
+    region: str | None = None,
 ) -> None:
     """`slogate serve`: run until SIGINT/SIGTERM; SIGHUP reloads the policy."""
     sidecar = Sidecar(
@@ -47,6 +48,7 @@ async def run_sidecar(
         health_port=health_port,
         grpc_socket=grpc_socket,
         health_host=health_host,
+        region=region,
     )
     address = await sidecar.start()
     freeze_at_start()  # what lives as long as the process leaves the collector's walks

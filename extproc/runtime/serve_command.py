@@ -109,6 +109,12 @@ def serve_arguments(serve: argparse.ArgumentParser) -> None:
         "stays on loopback or a Unix socket",
     )
     serve.add_argument(
+        "--region",
+        default=None,
+        help="this deployment's region, one of the policy's regions.list (default: its "
+        "regions.this): the same policy file can serve every region",
+    )
+    serve.add_argument(
         "--no-exact-tokenizer",
         action="store_true",
         help="never load the real tokenizer; decide on the fast estimate alone",
@@ -142,13 +148,15 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def listener_arguments(args: argparse.Namespace) -> tuple[str, ...]:
-    """The gRPC listener's options as serve's arguments, for each worker of --workers."""
+    """The gRPC listener's options (and the region) as serve's arguments, for each worker
+    of --workers."""
     named = {
         "--tls-cert": args.tls_cert,
         "--tls-key": args.tls_key,
         "--tls-client-ca": args.tls_client_ca,
         "--health-port": args.health_port,
         "--health-host": args.health_host,
+        "--region": args.region,
     }
     return tuple(part for flag, v in named.items() if v is not None for part in (flag, str(v)))
 
@@ -188,6 +196,16 @@ def serve_sidecar(args: argparse.Namespace) -> int:
         unreadable = [str(f) for f in (tls.cert, tls.key, tls.client_ca) if f and not f.is_file()]
         if unreadable:
             print(f"slogate serve: no such file: {', '.join(unreadable)}", file=sys.stderr)
+            return 2
+    if args.region is not None:
+        regions = load_policy(args.policy).regions
+        if args.region not in regions.regions:
+            known = ", ".join(sorted(regions.regions)) or "none: the policy has no regions:"
+            print(
+                f"slogate serve: --region {args.region!r} is not in the policy's "
+                f"regions.list ({known})",
+                file=sys.stderr,
+            )
             return 2
     if args.workers > 1:
         if load_policy(args.policy).budget.store is BudgetStoreKind.MEMORY:
@@ -231,6 +249,7 @@ def serve_sidecar(args: argparse.Namespace) -> int:
                 health_port=args.health_port,
                 grpc_socket=args.grpc_socket,
                 health_host=args.health_host,
+                region=args.region,
             )
         )
     except PortTaken as taken:  # one line naming the port, not a traceback

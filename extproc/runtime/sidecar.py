@@ -22,6 +22,7 @@ from pathlib import Path
 
 from grpc_health.v1 import health
 
+from budget.region_demand import RegionDemand
 from extproc.request.tokens.native import exact_counter
 from extproc.runtime.grpc_servers import (
     ListenerTls,
@@ -36,6 +37,8 @@ from extproc.runtime.key_store import build_key_store
 from extproc.runtime.parts import build_control, build_observers, build_request_path, build_signals
 from extproc.runtime.periodic import start_loops
 from extproc.runtime.policy_holder import PolicyHolder
+from extproc.runtime.region_agent import RegionAgent, pool_rooms
+from extproc.runtime.region_store import InProcessRegionStore
 from extproc.runtime.stores import build_stores
 from extproc.runtime.warm_up import warm_up
 from extproc.runtime.workers import Siblings, WorkerSlot
@@ -79,8 +82,10 @@ class Sidecar:
         health_port: int | None = None,
         grpc_socket: Path | None = None,
         health_host: str | None = None,
+        region: str | None = None,
     ) -> None:
-        """`worker`: this process is one of `slogate serve --workers N`
+        """`region`: this deployment's region (`slogate serve --region`; None: the
+        policy's `regions.this`). `worker`: this process is one of `slogate serve --workers N`
         (extproc.runtime.workers). `tls`: the gRPC port speaks TLS; `health_port`: a
         plain-text port with grpc.health.v1 alone on `health_host` (default: `host`; the
         kubelet's probes speak no TLS and dial the pod's address); `grpc_socket`: ext_proc
@@ -110,6 +115,22 @@ class Sidecar:
         if self.keys is not None:
             self._exits.push_async_callback(self.keys.close)
         self._exits.push_async_callback(self.stores.leave)  # the fleet's count, first
+        # This replica's part in the region's lease of the global budgets (idle without
+        # `regions:`); its pools' room, for the peers' crossing, read from the parts below.
+        self.region = RegionAgent(
+            policy=self.policy,
+            store=self.stores.region or InProcessRegionStore(),
+            demand=RegionDemand(),
+            registry=self.metrics.registry,
+            tenants=self.metrics.tenants,
+            clock=self.clock,
+            wall_clock=self._wall_clock,
+            spend=self.stores.spend,
+            pools=lambda: pool_rooms(
+                self.policy(), self.signals.board, self.path.admission.kv.dispatcher.room
+            ),
+            region=region,
+        )
         self.siblings = Siblings(worker) if worker is not None else None
         if self.siblings is not None:
             self._exits.push_async_callback(self.siblings.close)
@@ -126,6 +147,7 @@ class Sidecar:
             rng=rng or random.Random(),
             worker=worker,
             injected_clock=clock,
+            region=self.region,
         )
         self.control = build_control(
             policy=self.policy,
@@ -137,6 +159,7 @@ class Sidecar:
             wall_clock=self._wall_clock,
             siblings=self.siblings,
             decision_log=self.observers.decision_log,
+            region=self.region,
         )
         self._exact_executor = executor
         self._exact_tokenizer = exact_tokenizer
@@ -244,6 +267,7 @@ class Sidecar:
             engine_watch=watch,
             stores=self.stores,
             metrics=self.metrics,
+            region=self.region,
         )
         return SidecarAddress(
             self._host, port, metrics_port, admin_at, health_port, self._grpc_socket

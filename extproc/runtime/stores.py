@@ -1,11 +1,12 @@
 """The shared state the policy asks for, built once at start: budgets and the KV ledger.
 
-What lives here: `build_stores`: with the in-process store, budgets and the KV ledger live in
-this process (each of `budget.replicas` replicas admitting against its part of each pool);
-with Redis, both are the fleet's, each behind its failover (local shares while Redis is
-unreachable, divided by the live replicas' count from their heartbeats), with the metrics
-of which one decided. `Stores.leave` takes this replica out of the fleet's count on the way
-out, `Stores.close` closes the budgets' connections.
+What lives here: `build_stores`: with the in-process store, budgets, the KV ledger and the
+region's store (extproc.runtime.region_store) live in this process (each of
+`budget.replicas` replicas admitting against its part of each pool); with Redis, they are
+the fleet's, the budgets and the KV ledger each behind its failover (local shares while
+Redis is unreachable, divided by the live replicas' count from their heartbeats), with the
+metrics of which one decided. `Stores.leave` takes this replica out of the fleet's count on
+the way out, `Stores.close` closes the budgets' connections.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from budget.redis_store import RedisStore, connect
 from budget.spend_redis import RedisSpendStore
 from budget.spend_store import InProcessSpendStore, SpendStore
 from budget.store import BudgetStore, InProcessStore
+from extproc.runtime.region_store import InProcessRegionStore, RedisRegionStore, RegionStore
 from extproc.service.metrics import SidecarMetrics
 from policy.schema import BudgetStoreKind, Policy
 
@@ -32,6 +34,9 @@ class Stores:
     members: FleetMembers | None  # None: no shared store, no heartbeats
     # The tenants' spend budgets: this process's, or the fleet's in Redis (no failover).
     spend: SpendStore | None = None
+    # The region's demand, usage, lock and lease (extproc.runtime.region_agent): in this
+    # process, or the region's Redis (the budgets'), which all its replicas share.
+    region: RegionStore | None = None
 
     async def leave(self) -> None:
         """Out of the fleet's count: the others' local shares grow at once."""
@@ -60,6 +65,7 @@ def build_stores(
             LocalBook(clock, lambda: policy().budget.replicas),
             None,
             InProcessSpendStore(wall_clock),
+            InProcessRegionStore(),
         )
 
     def on_budget(degraded: bool) -> None:
@@ -95,4 +101,5 @@ def build_stores(
     )
     # A spend check's own, longer wait: it has no local share to fall back on.
     spend = RedisSpendStore(client, timeout_s=config.spend_timeout_ms / 1000.0)
-    return Stores(budgets, book, members, spend)
+    region = RedisRegionStore(client, timeout_s=timeout_s)
+    return Stores(budgets, book, members, spend, region)

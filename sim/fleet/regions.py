@@ -4,7 +4,7 @@ global ledger reached over a link with a one-way delay.
 What lives here: `RegionsFleet`, which plays each region's arrivals through its own
 `OfflineFleet` (the sidecar's admission chain with the region's `LeaseShares` and
 `RegionDemand`, as the region agent wires them; its own in-process budget store) and,
-every `report_interval_s`, sends the region's report to one in-process global ledger
+every `report_interval_s`, sends the region's report to one `InProcessGlobalLedger`
 (budget.leases' `apply_report`, what the Lua script on the global Redis does): the report
 arrives `delay_s` later, its lease comes back `delay_s` after that and goes into the
 region's `LeaseHolder` (budget.lease_holder), whose share of each global tenant scales
@@ -23,18 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from admission.regions import global_tenant
+from budget.global_ledger import InProcessGlobalLedger
 from budget.lease_holder import LeaseHolder
-from budget.leases import (
-    Lease,
-    LeaseSettings,
-    LedgerBook,
-    PoolRoom,
-    Report,
-    TenantReport,
-    apply_report,
-)
+from budget.leases import Lease, Report, TenantReport
 from budget.region_demand import RegionDemand
-from policy._regions import Fallback
+from extproc.runtime.region_agent import new_holder, pool_rooms, settings_of
 from policy.schema import Policy
 from sim.fleet.arrivals import Arrival
 from sim.fleet.clock import VirtualClock
@@ -77,33 +70,18 @@ class LeaseSent:
     lease: Lease
 
 
-class InProcessLedger:
-    """STAND-IN until budget.global_ledger's InProcessGlobalLedger is committed: the same
-    `report(report) -> Lease` over budget.leases' book and apply_report, on a clock."""
-
-    def __init__(self, settings: LeaseSettings, clock: Callable[[], float]) -> None:
-        self._settings = settings
-        self._clock = clock
-        self._book = LedgerBook()
-
-    async def report(self, report: Report) -> Lease:
-        return apply_report(self._book, report, self._clock(), self._settings)
-
-
 class LeaseShares:
     """This region's share of each global tenant now, from its lease holder on the virtual
     clock: the admission.regions.RegionShares its sidecars' budget steps read, answering
     as the region agent does (extproc.runtime.region_agent.RegionAgent.share /
-    spend_limit): before a lease names the tenant, the policy's `min_share`."""
+    spend_limit): 0 before a lease names the tenant."""
 
-    def __init__(self, holder: LeaseHolder, clock: Callable[[], float], min_share: float) -> None:
+    def __init__(self, holder: LeaseHolder, clock: Callable[[], float]) -> None:
         self._holder = holder
         self._clock = clock
-        self._min_share = min_share
 
     def share(self, tenant: str) -> float | None:
-        share = self._holder.share(tenant, self._clock())
-        return self._min_share if share is None else share
+        return self._holder.share(tenant, self._clock()) or 0.0
 
     def spend_limit(self, tenant: str, window_id: str, limit: float) -> float | None:
         # The simulated sidecars run no spend step (sim.fleet.sidecar): nothing is spent.
@@ -152,24 +130,22 @@ class RegionsFleet:
         retried request arriving late), which must change nothing; `fleet_options`: for
         every region's OfflineFleet."""
         first = next(iter(policies.values()))
-        self.settings = LeaseSettings.of(first.regions.ledger)
+        self.settings = settings_of(first.regions.ledger)
         self.interval_s = first.regions.ledger.report_interval_s
         self.timeout_s = first.regions.ledger.timeout_ms / 1000.0
         self.delay_s = delay_s
         self.tenant = tenant
         self.clock = VirtualClock()
-        self.ledger = InProcessLedger(self.settings, self.clock)
+        self.ledger = InProcessGlobalLedger(self.settings, self.clock)
         self.cuts = tuple(cuts)
         self.late_duplicates = late_duplicates
         self.sample_s = sample_s
         self.seats: dict[str, RegionSeat] = {}
         for index, (name, policy) in enumerate(policies.items()):
             ledger = policy.regions.ledger
-            holder = LeaseHolder(
-                self.settings, Fallback(ledger.limits_fallback), Fallback(ledger.spend_fallback)
-            )
+            holder = new_holder(ledger)  # as the region agent makes it
             demand = RegionDemand()
-            shares = LeaseShares(holder, self.clock, ledger.min_share)
+            shares = LeaseShares(holder, self.clock)
             fleet = OfflineFleet(
                 policy,
                 seed=seed * 10 + index,
@@ -293,10 +269,11 @@ class RegionsFleet:
                 )
                 for tenant in tenants
             ),
-            pools={
-                pool: PoolRoom(level=int(seat.fleet.board.level(pool)), waiting_full=False)
-                for pool in seat.fleet.engines
-            },
+            pools=pool_rooms(
+                seat.fleet.policy,
+                seat.fleet.board,
+                seat.fleet.sidecars[0].admission.kv.dispatcher.room,
+            ),
         )
         seat.reports[report.seq] = report
         seat.sent_s[report.seq] = now_s

@@ -246,9 +246,7 @@ def play(setup: RegionsSetup) -> dict[str, Any]:
 
 def _max_share_sum(fleet: RegionsFleet, starting: bool = False) -> float:
     """The most the regions' enforced shares of the tenant ever summed to (sampled), once
-    every region had its first lease; `starting`: before that instead, while a region
-    without one enforces `min_share` (as the region agent does: RegionAgent.share), which
-    the ledger does not hold for it."""
+    every region had its first lease; `starting`: before that instead."""
     by_time: dict[float, float] = {}
     before: set[float] = set()
     for sample in fleet.samples:
@@ -511,9 +509,10 @@ def table(report: dict[str, Any]) -> str:
     means = [row["a"]["mean_share_sum"] for row in rows]
     lines += [
         "",
-        f"The shares enforced never summed past 1 once every region had a lease; before "
-        f"that they reached {starting:.2f} (a region without a lease enforces min_share, as "
-        "RegionAgent.share does, which the ledger does not hold for it). Under contention "
+        f"The shares enforced summed to at most {max(r['max_share_sum'] for r in rows):.4f} "
+        f"({starting:.4f} before every region had its first lease: a region enforces 0 "
+        "until then). The first minute starts from full buckets (one bucket at the global "
+        "limit would admit up to 2x its limit in it). Under contention "
         f"the shares enforced sum to {min(means):.2f}-{max(means):.2f} on average, and the "
         "fleet admits about that fraction of the limit: as the regions' asks move, a share "
         "one region gives up is freed at its next report (until then it still enforces it) "

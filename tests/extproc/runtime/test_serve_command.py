@@ -33,6 +33,7 @@ def test_the_forbidden_set() -> None:
         (["--tls-cert", "c.pem", "--tls-key", "k.pem"], "no such file: c.pem, k.pem"),
         (["--health-host", "0.0.0.0"], "--health-host needs --health-port"),
         (["--grpc-socket", "g.sock", "--workers", "2"], "--grpc-socket takes one process"),
+        (["--region", "eu"], "--region 'eu' is not in the policy's regions.list (none"),
     ],
 )
 def test_listener_options_that_cannot_serve_are_refused_before_anything_starts(
@@ -43,5 +44,5 @@ def test_listener_options_that_cannot_serve_are_refused_before_anything_starts(
     args = parser.parse_args(["--policy", str(EXAMPLE_POLICY), *flags])
     assert serve_sidecar(args) == 2
     assert says in capsys.readouterr().err
-    each_worker = ["--health-port", "9003", "--health-host", "0.0.0.0"]
+    each_worker = ["--health-port", "9003", "--health-host", "0.0.0.0", "--region", "eu"]
     assert listener_arguments(parser.parse_args(each_worker)) == tuple(each_worker)
