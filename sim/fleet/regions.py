@@ -112,7 +112,7 @@ class RegionsFleet:
     def __init__(
         self,
         policies: Mapping[str, Policy],
-        delay_s: float,
+        delay_s: float | Mapping[str, float],
         tenant: str,
         seed: int = 0,
         cuts: Sequence[Cut] = (),
@@ -122,7 +122,8 @@ class RegionsFleet:
         **fleet_options: Any,
     ) -> None:
         """`policies`: each region's policy (its `regions.this` naming it; the same ledger
-        settings in all); `delay_s`: the link's one-way delay to the global ledger;
+        settings in all); `delay_s`: the link's one-way delay to the global ledger (or
+        each region's);
         `tenant`: the global tenant whose share is sampled every `sample_s`; `cuts`: the
         partitions; `deaths`: region -> when it stops (no more reports; its arrivals are
         the caller's to stop); `late_duplicates`: when a cut heals, the last report sent
@@ -133,7 +134,10 @@ class RegionsFleet:
         self.settings = settings_of(first.regions.ledger)
         self.interval_s = first.regions.ledger.report_interval_s
         self.timeout_s = first.regions.ledger.timeout_ms / 1000.0
-        self.delay_s = delay_s
+        self.delays_s = {
+            name: delay_s if isinstance(delay_s, float | int) else delay_s[name]
+            for name in policies
+        }
         self.tenant = tenant
         self.clock = VirtualClock()
         self.ledger = InProcessGlobalLedger(self.settings, self.clock)
@@ -186,7 +190,8 @@ class RegionsFleet:
             self._push(tick * self.sample_s, "sample", "")
         if self.late_duplicates:
             for cut in self.cuts:
-                self._push(cut.until_s + 2 * self.delay_s, "duplicate", cut.region, cut.at_s)
+                at_s = cut.until_s + 2 * self.delays_s[cut.region]
+                self._push(at_s, "duplicate", cut.region, cut.at_s)
         fleets = [seat.fleet for seat in self.seats.values()]
         while True:
             fleet_at = [f.next_event_s() for f in fleets]
@@ -221,7 +226,7 @@ class RegionsFleet:
                 seat.delivered.add(payload.seq)
                 lease = run_now(self.ledger.report(payload))
                 self.leases.append(LeaseSent(now_s, region, seat.sent_s[payload.seq], lease))
-                self._push(now_s + self.delay_s, "lease", region, lease)
+                self._push(now_s + self.delays_s[region], "lease", region, lease)
         elif kind == "lease":
             if not self._cut(region, now_s) and seat.in_flight == payload.seq:
                 seat.in_flight = None
@@ -281,4 +286,4 @@ class RegionsFleet:
         seat.holder.sent(now_s)
         self._push(now_s + self.timeout_s, "timeout", seat.name, report.seq)
         if not self._cut(seat.name, now_s):
-            self._push(now_s + self.delay_s, "at_ledger", seat.name, report)
+            self._push(now_s + self.delays_s[seat.name], "at_ledger", seat.name, report)

@@ -58,6 +58,9 @@ def region_names(count: int) -> tuple[str, ...]:
 class RegionsSetup:
     regions: tuple[str, ...] = ("eu", "us", "ap")
     delay_s: float = 0.08  # the link's one-way delay to the global ledger
+    # Each region's own one-way delay instead (the lab's: eu 20, us 40, ap 75 ms).
+    delays_s: tuple[float, ...] | None = None
+    cut_index: int = -1  # (c): the region cut off
     interval_s: float = 1.0  # report_interval_s
     lease_s: float = 10.0
     fallback_for_s: float = 600.0
@@ -74,6 +77,17 @@ class RegionsSetup:
     after_heal_s: float = 60.0  # (c): after the heal
     tail_s: float = 30.0  # no arrivals: the last requests settle and are reported
     seed: int = 7
+
+    @property
+    def links_s(self) -> dict[str, float]:
+        """Each region's one-way delay."""
+        if self.delays_s is None:
+            return dict.fromkeys(self.regions, self.delay_s)
+        return dict(zip(self.regions, self.delays_s, strict=True))
+
+    @property
+    def cut_region(self) -> str:
+        return self.regions[self.cut_index]
 
     @property
     def cut_s(self) -> float:
@@ -94,6 +108,36 @@ class RegionsSetup:
     @property
     def arrivals_end_s(self) -> float:
         return self.heal_at_s + self.after_heal_s
+
+
+def lab_setup(seed: int = 7) -> RegionsSetup:
+    """The live lab's setup (`slogate bench regions`: tooling.benchmarks.regions'
+    RegionsBenchConfig and scenario, whose numbers are copied here: the simulator does not
+    import the tools): eu, us, ap at 20 / 40 / 75 ms one way from the global ledger, a
+    limit of 120,000 tokens a minute asked twice over in ~2,020-token requests, reports
+    every 0.5 s, lease_s 4, fallback_for_s 30, min_share 0.02; (a) 45 s after the buckets
+    are drained, (b) 25 s at eu, (c) us cut off for 2 x lease_s right after, healed 3 s."""
+    return RegionsSetup(
+        delays_s=(0.02, 0.04, 0.075),
+        limit_tpm=120_000,
+        prompt_tokens=(15, 25),
+        output_tokens=2000,
+        interval_s=0.5,
+        lease_s=4.0,
+        fallback_for_s=30.0,
+        min_share=0.02,
+        spread_s=60.0 + 45.0,
+        moved_s=25.0,
+        rejoined_s=0.0,
+        after_heal_s=3.0,
+        tail_s=200.0,  # 2,000 output tokens take the simulated engine a while
+        cut_index=1,
+        seed=seed,
+    )
+
+
+def _delay_text(setup: RegionsSetup) -> str:
+    return "/".join(f"{round(d * 1000)}" for d in dict.fromkeys(setup.links_s.values()))
 
 
 def region_policy(setup: RegionsSetup, this: str) -> Policy:
@@ -149,7 +193,7 @@ def _fleet(setup: RegionsSetup, **options: Any) -> tuple[RegionsFleet, dict[str,
     policies = {name: region_policy(setup, name) for name in setup.regions}
     fleet = RegionsFleet(
         policies,
-        setup.delay_s,
+        setup.links_s,
         TENANT,
         seed=setup.seed,
         # Engines with room to spare: the budget, not the KV cache, is what binds here.
@@ -181,13 +225,15 @@ def _window_max(
     points: Sequence[tuple[float, float]], start_s: float, end_s: float, width_s: float
 ) -> float:
     """The most admitted in any `width_s` window starting each 0.1 s in [start_s, end_s -
-    width_s]."""
+    width_s]; a span shorter than `width_s` is one window, scaled to `width_s` (the lab's
+    45 s of phase (a) read per minute)."""
+    span_s = min(width_s, end_s - start_s)
     best = 0.0
-    steps = round((end_s - width_s - start_s) / 0.1)
+    steps = round((end_s - span_s - start_s) / 0.1)
     for step in range(steps + 1):
         lo = start_s + step * 0.1
-        best = max(best, _sum_between(points, lo, lo + width_s))
-    return best
+        best = max(best, _sum_between(points, lo, lo + span_s))
+    return best * width_s / span_s
 
 
 def _sum_between(points: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
@@ -196,7 +242,7 @@ def _sum_between(points: Sequence[tuple[float, float]], lo: float, hi: float) ->
 
 def run_phases(setup: RegionsSetup) -> tuple[RegionsFleet, dict[str, Policy]]:
     """Phases (a), (b) and (c) played in one run (see the module's note)."""
-    fleet, policies = _fleet(setup, cuts=(Cut(setup.regions[-1], setup.cut_at_s, setup.heal_at_s),))
+    fleet, policies = _fleet(setup, cuts=(Cut(setup.cut_region, setup.cut_at_s, setup.heal_at_s),))
     first = setup.regions[0]
     arrivals: dict[str, list[Arrival]] = {}
     even = 1.0 / len(setup.regions)
@@ -218,13 +264,13 @@ def run_phases(setup: RegionsSetup) -> tuple[RegionsFleet, dict[str, Policy]]:
 def play(setup: RegionsSetup) -> dict[str, Any]:
     """Phases (a), (b) and (c) in one run; their numbers."""
     fleet, policies = run_phases(setup)
-    first, cut_off = setup.regions[0], setup.regions[-1]
+    first, cut_off = setup.regions[0], setup.cut_region
     policy = policies[first]
     admitted = _admitted(fleet, policy)
     everyone = sorted(p for points in admitted.values() for p in points)
     limit = float(setup.limit_tpm)
     report: dict[str, Any] = {
-        "delay_ms": round(setup.delay_s * 1000),
+        "delay_ms": _delay_text(setup),
         "interval_s": setup.interval_s,
         "max_share_sum": _max_share_sum(fleet),
         "starting_share_sum": _max_share_sum(fleet, starting=True),
@@ -308,7 +354,7 @@ def recovery_bound_s(setup: RegionsSetup) -> float:
     """How soon a moved tenant's region must hold 90% of it, by budget.leases: within
     MOVE_REPORTS report intervals, plus a round trip for the others' last report to reach
     the ledger and one for the region's answer to come back."""
-    return MOVE_REPORTS * setup.interval_s + 2 * (2 * setup.delay_s)
+    return MOVE_REPORTS * setup.interval_s + 2 * (2 * max(setup.links_s.values()))
 
 
 def _cut(
@@ -428,7 +474,7 @@ def death(setup: RegionsSetup) -> dict[str, Any]:
     others_points = sorted(p for name in others for p in admitted[name])
     limit = float(setup.limit_tpm)
     return {
-        "delay_ms": round(setup.delay_s * 1000),
+        "delay_ms": _delay_text(setup),
         "interval_s": setup.interval_s,
         "region": dies,
         "others_share": others_share,
@@ -456,12 +502,17 @@ def sweep(
             setup = dataclasses.replace(base, delay_s=delay_s, interval_s=interval_s)
             rows.append(play(setup))
             progress(f"  {delay_s * 1000:.0f} ms one way, reports every {interval_s:g} s: done")
-    return {
+    lab = lab_setup(base.seed)
+    report = {
         "setup": dataclasses.asdict(base),
         "rows": rows,
         "death": death(base),
+        "lab_setup": dataclasses.asdict(lab),
+        "lab": play(lab),
         "crossing": "not available",
     }
+    progress("  the region's death and the lab's setup: done")
+    return report
 
 
 def _n(value: float | None, digits: int = 2) -> str:
@@ -475,36 +526,69 @@ def _reconciled(cut: dict[str, Any]) -> str:
     return text
 
 
+_HEADER = (
+    "| one-way delay | interval | (a) max minute / limit | (a) max 10 s / limit | "
+    "(a) first minute / limit | (a) mean sum of shares | (b) s to 90% share | "
+    "(b) s to 90% admitted | (b) bound s | (c) admitted cut off / held share | "
+    "(c) fallback after lease s | (c) on fallback s | (c) leased again after heal s | "
+    "(c) ledger = regions | max sum of shares |\n"
+    "| --- |" + " --- |" * 14
+)
+
+
+def _line(row: dict[str, Any]) -> str:
+    a, b, c = row["a"], row["b"], row["c"]
+    return (
+        f"| {row['delay_ms']} ms | {row['interval_s']:g} s | "
+        f"{_n(a['max_minute_over_limit'], 3)} | {_n(a['max_10s_over_limit'], 3)} | "
+        f"{_n(a['first_minute_over_limit'])} | {_n(a['mean_share_sum'], 3)} | "
+        f"{_n(b['share_s'], 1)} | {_n(b['admitted_s'], 1)} | {_n(b['bound_s'], 1)} | "
+        f"{_n(c['admitted_over_held'])} | {_n(c['fallback_after_s'], 1)} | "
+        f"{_n(c['on_fallback_s'], 1)} | {_n(c['leased_again_after_heal_s'], 1)} | "
+        f"{_reconciled(c)} | {_n(row['max_share_sum'], 4)} |"
+    )
+
+
+def _lab_lines(report: dict[str, Any]) -> list[str]:
+    lab = report["lab_setup"]
+    return [
+        "",
+        "The live lab's setup (`slogate bench regions`: one-way delays "
+        f"{report['lab']['delay_ms']} ms for {', '.join(lab['regions'])}, "
+        f"{lab['limit_tpm']:,} tokens/min asked {lab['demand_x']:g}x in "
+        f"~{sum(lab['prompt_tokens']) // 2 + lab['output_tokens']:,}-token requests, "
+        f"reports every {lab['interval_s']:g} s, lease_s {lab['lease_s']:g}, "
+        f"fallback_for_s {lab['fallback_for_s']:g}, min_share {lab['min_share']:g}; (a) "
+        f"{lab['spread_s'] - 60:g} s after the buckets drained, (b) {lab['moved_s']:g} s, "
+        f"(c) {lab['regions'][lab['cut_index']]} cut off for {2 * lab['lease_s']:g} s) in "
+        "the simulator, for the lab's table beside it:",
+        "",
+        _HEADER,
+        _line(report["lab"]),
+        "",
+        "Few large requests (about two a second fleet-wide asked, one admitted) make each "
+        "region's ask per report lumpy: the shares enforced sum to "
+        f"{report['lab']['a']['mean_share_sum']:.2f} on average in (a), and each region "
+        "admits a request only once its bucket has refilled all of it, so over 45 s the "
+        f"fleet admits {report['lab']['a']['mean_minute_over_limit']:.2f} of the limit a "
+        "minute: expect the lab's (a) well under 1 too.",
+    ]
+
+
 def table(report: dict[str, Any]) -> str:
     setup = report["setup"]
+    rows = report["rows"]
     lines = [
         f"{len(setup['regions'])} regions ({', '.join(setup['regions'])}), one global tenant "
         f"at {setup['limit_tpm']:,} tokens/min asking {setup['demand_x']:g}x it; lease_s "
         f"{setup['lease_s']:g}, fallback_for_s {setup['fallback_for_s']:g}, min_share "
         f"{setup['min_share']:g}; seed {setup['seed']}.",
         "",
-        "| one-way delay | interval | (a) max minute / limit | (a) max 10 s / limit | "
-        "(a) first minute / limit | (a) mean sum of shares | (b) s to 90% share | "
-        "(b) s to 90% admitted | "
-        "(b) bound s | (c) admitted cut off / held share | (c) fallback after lease s | "
-        "(c) on fallback s | (c) leased again after heal s | (c) ledger = regions | "
-        "max sum of shares |",
-        "| --- |" + " --- |" * 14,
+        _HEADER,
+        *(_line(row) for row in rows),
     ]
-    for row in report["rows"]:
-        a, b, c = row["a"], row["b"], row["c"]
-        lines.append(
-            f"| {row['delay_ms']} ms | {row['interval_s']:g} s | "
-            f"{_n(a['max_minute_over_limit'], 3)} | {_n(a['max_10s_over_limit'], 3)} | "
-            f"{_n(a['first_minute_over_limit'])} | {_n(a['mean_share_sum'], 3)} | "
-            f"{_n(b['share_s'], 1)} | "
-            f"{_n(b['admitted_s'], 1)} | {_n(b['bound_s'], 1)} | "
-            f"{_n(c['admitted_over_held'])} | {_n(c['fallback_after_s'], 1)} | "
-            f"{_n(c['on_fallback_s'], 1)} | {_n(c['leased_again_after_heal_s'], 1)} | "
-            f"{_reconciled(c)} | "
-            f"{_n(row['max_share_sum'], 4)} |"
-        )
-    rows = report["rows"]
+    if "lab" in report:
+        lines += _lab_lines(report)
     starting = max(row["starting_share_sum"] for row in rows)
     means = [row["a"]["mean_share_sum"] for row in rows]
     lines += [
