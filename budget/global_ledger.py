@@ -24,6 +24,7 @@ import msgspec
 
 from budget.leases import (
     DEMAND_DECAY,
+    IDLE_DEMAND,
     Lease,
     LeaseSettings,
     LedgerBook,
@@ -91,6 +92,8 @@ class RedisGlobalLedger:
             repr(DEMAND_DECAY),
             str(KEY_TTL_S),
             encode_report(report),
+            repr(float(settings.report_interval_s)),
+            repr(IDLE_DEMAND),
         ]
         reply = await self._scripts.run(self.SCRIPT, keys, args)
         return decode_lease(reply)

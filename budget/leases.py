@@ -37,18 +37,26 @@ Why it holds:
   (The share-of-the-remaining rule alone, without the cap, overshoots: regions that report
   in turn each see the others' spend one interval stale; two regions can reach 1.25x.)
 
-Demand is smoothed by a **peak with halving decay**, per report: `demand = max(reported,
-0.5 x previous)`. A region that starts needing a tenant's budget weighs in at its next
-report, with no lag; one that goes quiet for one interval keeps half its weight, so one
-quiet interval does not hand its share away. An EWMA would also lag the rise, which is the
-moving tenant's wait.
+Demand is smoothed by a **peak with halving decay** on the ledger's clock: at its report a
+region's demand becomes `max(reported, previous x 0.5^(t / report_interval_s))`, `t` the
+time since its previous report. A region that starts needing a tenant's budget weighs in
+at its next report, with no lag; one that goes quiet for one interval keeps half its
+weight, so one quiet interval does not hand its share away. The targets compare each
+live region's demand as it stands for the interval after its report (it is that
+interval's rate), decaying at the same rate only once a region has missed a report: so
+the split does not depend on the order of the reports. (Decaying on report counts alone,
+the region reporting first always looked quieter: the shares of an idle tenant summed to
+0.9, 0.1 held by nobody.) Demand that has decayed below `IDLE_DEMAND` everywhere is none:
+the tenant's regions share equally. An EWMA would also lag the rise, which is the moving
+tenant's wait.
 
 A tenant moving from region A to region B (A's demand drops to 0, B's takes the whole):
 B's lease reaches 0.9 of the limit within `MOVE_REPORTS` = 7 report intervals (with
-min_share 0.05, two regions, reports in any order within each interval): A's held share
-must fall to <= 0.1, which takes A's weight `0.5^m <= 0.0588` at the report *before* (A
-enforces its previous grant until the answer, so the ledger holds that), m - 1 >= 5; then
-B's next report takes the room. tests/budget/test_leases.py checks it.
+min_share 0.05, two regions, each reporting once per interval at any moment of it): A's
+held share must fall to <= 0.1, which takes A's weight `0.5^t <= 0.0588` (t >= 4.1
+intervals of A's silence, as A's own report sees it; A enforces its previous grant until
+the answer, so the ledger holds that one interval longer); then B's next report takes the
+room. The worst of 300 random report orders took 7 (tests/budget/test_leases.py checks 20).
 """
 
 from __future__ import annotations
@@ -60,8 +68,10 @@ from policy._regions import LedgerConfig
 
 # Shares are floats; sums of them may exceed 1 by rounding, never by more than this.
 EPSILON = 1e-9
-# A region's smoothed demand falls by this factor per report without demand.
+# A region's smoothed demand falls by this factor per report interval without demand.
 DEMAND_DECAY = 0.5
+# Weighted tokens per interval under which a tenant's demand, everywhere, counts as none.
+IDLE_DEMAND = 0.5
 # Report intervals for a moved tenant to reach 0.9 of its limit in its new region (above).
 MOVE_REPORTS = 7
 
@@ -123,17 +133,25 @@ class LeaseSettings:  # from policy.regions.ledger
     min_share: float
     # A cut-off region's share after its lease: at most this (None: the share it held).
     fallback_share: float | None = None
+    report_interval_s: float = 1.0  # the demand's decay runs on this period
 
     @classmethod
     def of(cls, ledger: LedgerConfig) -> LeaseSettings:
-        return cls(ledger.lease_s, ledger.fallback_for_s, ledger.min_share, ledger.fallback_share)
+        return cls(
+            ledger.lease_s,
+            ledger.fallback_for_s,
+            ledger.min_share,
+            ledger.fallback_share,
+            ledger.report_interval_s,
+        )
 
 
 @dataclass(slots=True)
 class RegionTenant:
     """One region's record of one tenant in the book."""
 
-    demand: float = 0.0  # smoothed (DEMAND_DECAY)
+    demand: float = 0.0  # smoothed (DEMAND_DECAY), as of demand_at
+    demand_at: float = 0.0
     usage: float = 0.0  # as last reported (cumulative)
     spend: dict[str, float] = field(default_factory=dict)  # window -> as last reported
     windows: tuple[str, ...] = ()  # the windows of the region's last report
@@ -166,16 +184,28 @@ class LedgerBook:
     tenants: dict[str, dict[str, RegionTenant]] = field(default_factory=dict)  # -> region ->
 
 
+def decayed_demand(rec: RegionTenant, now_s: float, interval_s: float, grace_s: float) -> float:
+    """The region's smoothed demand as of `now_s`, decaying once `grace_s` has passed
+    since its report."""
+    return rec.demand * DEMAND_DECAY ** (max(0.0, now_s - rec.demand_at - grace_s) / interval_s)
+
+
 def target_share(
-    regions: Mapping[str, RegionTenant], region: str, now_s: float, min_share: float
+    regions: Mapping[str, RegionTenant], region: str, now_s: float, settings: LeaseSettings
 ) -> float:
     """`region`'s target among the tenant's live regions (lease not expired): `min_share`
-    each, the rest by smoothed demand; equal shares while nobody has demand."""
-    live = [name for name, rec in regions.items() if rec.expires_s > now_s]
-    total = sum(regions[name].demand for name in live)
-    if total <= 0.0 or len(live) * min_share >= 1.0:
-        return 1.0 / len(live)
-    return min_share + (1.0 - len(live) * min_share) * regions[region].demand / total
+    each, the rest by their demands decayed to `now_s`; equal shares while nobody has
+    demand."""
+    interval_s = settings.report_interval_s
+    demands = {
+        name: decayed_demand(rec, now_s, interval_s, interval_s)
+        for name, rec in sorted(regions.items())  # the Lua's order: the same float sum
+        if rec.expires_s > now_s
+    }
+    total = sum(demands.values())
+    if total < IDLE_DEMAND or len(demands) * settings.min_share >= 1.0:
+        return 1.0 / len(demands)
+    return settings.min_share + (1.0 - len(demands) * settings.min_share) * demands[region] / total
 
 
 def apply_report(book: LedgerBook, report: Report, now_s: float, settings: LeaseSettings) -> Lease:
@@ -194,14 +224,17 @@ def apply_report(book: LedgerBook, report: Report, now_s: float, settings: Lease
         regions = book.tenants.setdefault(line.tenant, {})
         own = regions.setdefault(report.region, RegionTenant())
         before = own.hold(now_s)
-        own.demand = max(max(0.0, line.demand), DEMAND_DECAY * own.demand)
+        own.demand = max(
+            max(0.0, line.demand), decayed_demand(own, now_s, settings.report_interval_s, 0.0)
+        )
+        own.demand_at = now_s
         own.usage = float(line.usage)
         own.spend.update({window: float(spent) for window, spent in line.spend.items()})
         own.windows = tuple(sorted(set(line.spend) | set(line.spend_limit)))
         own.expires_s = now_s + settings.lease_s
         own.fallback_until_s = own.expires_s + settings.fallback_for_s
         others = sum(rec.hold(now_s) for name, rec in regions.items() if name != report.region)
-        target = target_share(regions, report.region, now_s, settings.min_share)
+        target = target_share(regions, report.region, now_s, settings)
         grant = max(0.0, min(target, 1.0 - others))
         if abs(grant - own.granted) > EPSILON:
             rebalanced += 1

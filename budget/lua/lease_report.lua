@@ -5,7 +5,7 @@
 -- KEYS[1]: the regions hash (region -> {seq, pools, expires_s});
 -- KEYS[1 + i]: the hash of the report's i-th tenant (region -> its RegionTenant).
 -- ARGV: now (time.lua), lease_s, fallback_for_s, min_share, fallback_share (< 0: none),
---       demand_decay, ttl_s, the report. Returns the lease. Every value is MessagePack
+--       demand_decay, ttl_s, the report, report_interval_s, idle_demand. Returns the lease. Every value is MessagePack
 --       (cmsgpack): doubles cross exactly (budget/global_ledger.py says why).
 
 local now = clock(ARGV[1])
@@ -16,6 +16,8 @@ local fallback_share = tonumber(ARGV[5])
 local decay = tonumber(ARGV[6])
 local ttl_s = tonumber(ARGV[7])
 local report = cmsgpack.unpack(ARGV[8])
+local interval_s = tonumber(ARGV[9])
+local idle_demand = tonumber(ARGV[10])
 local region = report.region
 local EPSILON = 1e-9
 
@@ -57,13 +59,20 @@ local function tenant_lease(records, share, ceilings)
   return {share = share, global_usage = usage, global_spend = spend, spend_ceiling = ceilings}
 end
 
+-- The region's smoothed demand as of now, decaying once grace_s has passed since its report
+-- (records written before demand_at existed: as they are).
+local function decayed(rec, grace_s)
+  return rec.demand * decay ^ (math.max(0, now - (rec.demand_at or now) - grace_s) / interval_s)
+end
+
 local function target_share(records)
   local live, total = 0, 0
-  for _, rec in pairs(records) do
-    if rec.expires_s > now then live = live + 1; total = total + rec.demand end
+  for _, name in ipairs(sorted_keys(records)) do
+    local rec = records[name]
+    if rec.expires_s > now then live = live + 1; total = total + decayed(rec, interval_s) end
   end
-  if total <= 0 or live * min_share >= 1 then return 1 / live end
-  return min_share + (1 - live * min_share) * records[region].demand / total
+  if total < idle_demand or live * min_share >= 1 then return 1 / live end
+  return min_share + (1 - live * min_share) * decayed(records[region], interval_s) / total
 end
 
 -- Returns the regions whose records it changed (they are written back with the reporter's).
@@ -138,12 +147,13 @@ for i, line in ipairs(report.tenants) do
   local records = load(key)
   local own = records[region]
   if not own then
-    own = {demand = 0, usage = 0, spend = {}, windows = {}, ceiling = {}, held = 0, granted = 0,
+    own = {demand = 0, demand_at = now, usage = 0, spend = {}, windows = {}, ceiling = {}, held = 0, granted = 0,
       fallback = 0, expires_s = 0, fallback_until_s = 0}
     records[region] = own
   end
   local before = hold(own)
-  own.demand = math.max(math.max(0, line.demand), decay * own.demand)
+  own.demand = math.max(math.max(0, line.demand), decayed(own, 0))
+  own.demand_at = now
   own.usage = line.usage
   local windows = {}
   for _, w in ipairs(sorted_keys(line.spend)) do own.spend[w] = line.spend[w]; windows[w] = true end

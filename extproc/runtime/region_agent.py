@@ -63,18 +63,9 @@ log = logging.getLogger("slogate.regions")
 HOLD_INTERVALS = 3
 
 
-def settings_of(config: LedgerConfig) -> LeaseSettings:
-    return LeaseSettings(
-        lease_s=config.lease_s,
-        fallback_for_s=config.fallback_for_s,
-        min_share=config.min_share,
-        fallback_share=config.fallback_share,
-    )
-
-
 def new_holder(config: LedgerConfig) -> LeaseHolder:
     return LeaseHolder(
-        settings_of(config), Fallback(config.limits_fallback), Fallback(config.spend_fallback)
+        LeaseSettings.of(config), Fallback(config.limits_fallback), Fallback(config.spend_fallback)
     )
 
 
@@ -84,7 +75,7 @@ def redis_ledger(config: LedgerConfig) -> GlobalLedger:
     # Every call is bounded by the report's timeout (the ledger's Scripts): no socket
     # timeouts of redis-py's own on top.
     client = connect(url, socket_timeout_s=None)
-    return RedisGlobalLedger(client, settings_of(config), config.timeout_ms / 1000.0)
+    return RedisGlobalLedger(client, LeaseSettings.of(config), config.timeout_ms / 1000.0)
 
 
 def pool_rooms(policy: Policy, board: BreakerBoard, room: WaitingRoom) -> dict[str, PoolRoom]:

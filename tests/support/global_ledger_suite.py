@@ -101,9 +101,12 @@ async def test_shares_by_demand_and_peers_with_their_pools(
     eu = await ledger.report(report("eu", 2, line(300, applied=1.0)))
     assert share(eu) == pytest.approx(0.05 + 0.9 * 0.75)
     assert eu.rebalanced == 1
-    clock.advance(1.0)
-    await ledger.report(report("eu", 3, line(300, applied=share(eu))))
-    us = await ledger.report(report("us", 2, line(100)))
+    # us missed a report: its demand counts half at eu's next; eu then holds the larger
+    # share until it reports having applied the smaller one.
+    for seq in (3, 4, 5):
+        clock.advance(1.0)
+        eu = await ledger.report(report("eu", seq, line(300, applied=share(eu))))
+        us = await ledger.report(report("us", seq - 1, line(100)))
     assert share(us) == pytest.approx(0.05 + 0.9 * 0.25)
     assert share(eu) + share(us) <= 1.0 + 1e-9
 

@@ -25,14 +25,14 @@ from admission.errors import RateLimited, SpendExhausted
 from admission.events import NoEvents
 from admission.spend_step import SpendStep
 from budget.global_ledger import GlobalLedger, InProcessGlobalLedger
-from budget.leases import MOVE_REPORTS
+from budget.leases import MOVE_REPORTS, LeaseSettings
 from budget.redis_store import connect
 from budget.region_demand import RegionDemand
 from budget.spend_store import InProcessSpendStore
 from budget.store import InProcessStore
 from extproc.adminpb import admin_pb2 as pb
 from extproc.runtime.processes import ManagedProcess
-from extproc.runtime.region_agent import RegionAgent, redis_ledger, settings_of
+from extproc.runtime.region_agent import RegionAgent, redis_ledger
 from extproc.runtime.region_store import InProcessRegionStore, RedisRegionStore, RegionStore
 from extproc.service.admin_client import status_table
 from extproc.service.tenant_series import TenantSeries
@@ -175,7 +175,7 @@ def in_process_regions(clock: Clock) -> tuple[Region, Region]:
 
     def ledger(config: LedgerConfig) -> GlobalLedger:
         if not shared:
-            shared.append(InProcessGlobalLedger(settings_of(config), clock))
+            shared.append(InProcessGlobalLedger(LeaseSettings.of(config), clock))
         return shared[0]
 
     current = policy()
@@ -334,7 +334,7 @@ async def test_one_replica_reports_for_its_region_and_the_others_read_its_lease(
 
     def ledger(config: LedgerConfig) -> GlobalLedger:
         if not shared:
-            shared.append(InProcessGlobalLedger(settings_of(config), clock))
+            shared.append(InProcessGlobalLedger(LeaseSettings.of(config), clock))
         return shared[0]
 
     current = [policy(report_interval_s=0.1, lease_s=1.0)]
