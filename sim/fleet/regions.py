@@ -25,9 +25,9 @@ from typing import Any
 from admission.regions import global_tenant
 from budget.global_ledger import InProcessGlobalLedger
 from budget.lease_holder import LeaseHolder
-from budget.leases import Lease, Report, TenantReport
+from budget.leases import Lease, LeaseSettings, Report, TenantReport
 from budget.region_demand import RegionDemand
-from extproc.runtime.region_agent import new_holder, pool_rooms, settings_of
+from extproc.runtime.region_agent import new_holder, pool_rooms
 from policy.schema import Policy
 from sim.fleet.arrivals import Arrival
 from sim.fleet.clock import VirtualClock
@@ -131,7 +131,7 @@ class RegionsFleet:
         retried request arriving late), which must change nothing; `fleet_options`: for
         every region's OfflineFleet."""
         first = next(iter(policies.values()))
-        self.settings = settings_of(first.regions.ledger)
+        self.settings = LeaseSettings.of(first.regions.ledger)
         self.interval_s = first.regions.ledger.report_interval_s
         self.timeout_s = first.regions.ledger.timeout_ms / 1000.0
         self.delays_s = {
