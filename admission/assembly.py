@@ -26,6 +26,7 @@ from admission.access import AccessStep
 from admission.breaker_step import BreakerStep
 from admission.budget_step import BudgetStep, KeyCeilings
 from admission.chain import AdmissionChain, Step
+from admission.crossing import Crossing
 from admission.events import BreakerEvents, BudgetEvents, KvEvents
 from admission.kv.book import KvBook
 from admission.kv.step import KvStep
@@ -83,6 +84,7 @@ def build_admission(
     wall_clock: Callable[[], float] = time.time,
     shares: RegionShares | None = None,
     demand: RegionDemand | None = None,
+    crossing: Crossing | None = None,
 ) -> AssembledChain:
     """`board` None: no breaker step; `store` None: no budget step (simulated runs only);
     `new_waiter` None: no waiting room (a full pool refuses at once); `book`: where the KV
@@ -93,8 +95,11 @@ def build_admission(
     `spend`: the tenants' spend budgets' store and events (None: no spend step), the step
     right after the key budgets, `wall_clock` telling it the UTC day and month;
     `shares`: this region's share of each global tenant's limits and spend (None: one
-    region), `demand`: where the budget step counts the global tenants' demand and usage."""
-    breaker = BreakerStep(board, events, rng) if board is not None else None
+    region), `demand`: where the budget step counts the global tenants' demand and usage;
+    `crossing`: where saturated pools' tolerant requests may go to another region (the
+    breaker step asks it at the crossing level, the KV step where it would refuse for want
+    of room; None: nothing crosses)."""
+    breaker = BreakerStep(board, events, rng, crossing) if board is not None else None
     budget = (
         BudgetStep(store, events, ttl_s, multipliers, ceilings, shares, demand)
         if store is not None
@@ -102,6 +107,7 @@ def build_admission(
     )
     spending = SpendStep(*spend, ttl_s, wall_clock, shares) if spend is not None else None
     kv = KvStep(events, clock, ttl_s, policy, new_waiter, book, wait_cap_s, live, largest_engine)
+    kv.crossing = crossing
     chosen = (AccessStep(), breaker, budget, spending, kv)
     steps: list[Step] = [s for s in chosen if s is not None]
     return AssembledChain(AdmissionChain(steps), kv, breaker, budget, spending)

@@ -7,8 +7,11 @@ endpoint picker protocol's answer for traffic to drop; 503 for the others), or r
 traffic to the fallback pool with the fallback model at L3; in half-open it lets
 `probe_fraction` of what it would shed through as probes. The level goes into the decision,
 so the budget step scales limits by it and settlement uses the same level. It holds
-nothing, so releasing and settling are no-ops. Evaluating the board and exporting its state
-is the sidecar's loop (extproc.runtime.loops), not this step's.
+nothing, so releasing and settling are no-ops. At the policy's
+`regions.crossing.from_level` and above, a latency-tolerant request is first offered to a
+peer region with room (admission.crossing): re-routed there, it is neither shed nor
+re-routed here. Evaluating the board and exporting its state is the sidecar's loop
+(extproc.runtime.loops), not this step's.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import dataclasses
 import math
 import random
 
+from admission.crossing import Crossing
 from admission.decision import DEGRADED_HEADER, Admitted, Applicant, RequestOutcome, RoutingDecision
 from admission.errors import Overloaded, Shed
 from admission.events import BreakerEvents
 from breaker.board import BreakerBoard
+from breaker.levels import BreakerLevel
 from breaker.shedding import Action, shed
 from policy.domain import Tier
 
@@ -35,8 +40,13 @@ _MESSAGES = {
 
 class BreakerStep:
     def __init__(
-        self, board: BreakerBoard, events: BreakerEvents, rng: random.Random | None = None
+        self,
+        board: BreakerBoard,
+        events: BreakerEvents,
+        rng: random.Random | None = None,
+        crossing: Crossing | None = None,
     ) -> None:
+        self._crossing = crossing
         self._board = board
         self._events = events
         self._rng = rng or random.Random()
@@ -48,6 +58,12 @@ class BreakerStep:
         level = self._board.level(decision.pool)
         if level is not decision.level:
             decision = dataclasses.replace(decision, level=level)
+        if self._crossing is not None and level is not BreakerLevel.L0:
+            crossed = self._crossing.reroute(
+                dataclasses.replace(applicant, decision=decision), int(level), False
+            )
+            if crossed is not None:
+                return Admitted(crossed)
         verdict = shed(level, decision.caller.tier, decision.context_tokens)
         if verdict.action is Action.ADMIT:
             return Admitted(decision)

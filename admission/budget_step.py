@@ -150,6 +150,8 @@ class BudgetStep:
 
     async def admit(self, applicant: Applicant) -> Admitted:
         decision = applicant.decision
+        if not decision.charged_here:
+            return Admitted(decision)  # crossed from its origin, which reserved it
         caller = decision.caller
         policy = applicant.policy
         limits = effective_limits(decision, policy, self._multipliers, self._ceilings, self._shares)
@@ -210,6 +212,8 @@ class BudgetStep:
 
     async def release(self, decision: RoutingDecision, request_id: str) -> None:
         """A later step refused, or the request died: the whole reservation is refunded."""
+        if not decision.charged_here:
+            return
         await self._store.settle(
             decision.caller.budget_id, decision.limits or decision.caller.limits, request_id, None
         )
@@ -219,6 +223,8 @@ class BudgetStep:
         if outcome.expired:
             return  # the store expires the reservation itself (slot freed, charge kept)
         decision = outcome.decision
+        if not decision.charged_here:
+            return  # its origin settles it from its own access log
         actual = settled_charge(outcome)
         limits = decision.limits or decision.caller.limits
         try:

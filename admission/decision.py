@@ -89,6 +89,12 @@ class RoutingDecision:
     engines: tuple[str, ...] = ()
     # What it reserved against its tenant's spend budget (admission.spend_step); None: none.
     spend: SpendHold | None = None
+    # Crossing regions (admission.crossing): the region that sent it here with a verified
+    # token, where it was charged (the budget and spend steps charge nothing here); and
+    # whether it may still be sent to another region (False once it crossed, or arrived
+    # with any crossing token, verified or not: a request never crosses twice).
+    crossed_from: str | None = None
+    may_cross: bool = True
     # The candidate policy's verdict on it, when a candidate is evaluated (filled in after).
     candidate: CandidateNote | None = field(default=None, compare=False, hash=False)
 
@@ -107,6 +113,13 @@ class RoutingDecision:
         """Everything the request can make the engine hold and generate: the prompt once
         (the completions share it) plus each completion's limit."""
         return self.prompt_tokens + self.sequences * self.max_tokens
+
+    @property
+    def charged_here(self) -> bool:
+        """False for a request another region charged and sent here (a verified crossing
+        token): the budget and spend steps let it through as they do a request with
+        nothing to charge; its origin settles it from its own access log."""
+        return self.crossed_from is None
 
     @property
     def meters_tokens(self) -> bool:

@@ -19,6 +19,7 @@ error rate leaves the same engines out, breaker.board.error_rate).
 
 from __future__ import annotations
 
+from admission.crossing import crossed_to
 from admission.decision import RequestOutcome
 from breaker.latency import SLO_RATIO, ResponseWindows
 from breaker.objectives import latency_objective_s
@@ -37,6 +38,8 @@ def record_signals(
     for its output (breaker.objectives) — unless its engine is one of `engines_out`, the
     pool's engines taken out of it when the answer came (engines.state.EngineFleet.out)."""
     d = outcome.decision
+    if crossed_to(d.pool) is not None:
+        return  # served by another region: it says nothing of this region's pools
     pool, tier, bucket = d.pool, d.caller.tier.value, d.bucket.name
     windows.record_response(pool, outcome.status, outcome.upstream)
     if outcome.status >= 400 or not d.meters_tokens or outcome.upstream in engines_out:

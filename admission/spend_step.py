@@ -164,7 +164,14 @@ class SpendStep:
         decision, policy = applicant.decision, applicant.policy
         caller = decision.caller
         tenant = policy.tenants.get(caller.tenant)
-        if tenant is None or tenant.spend is None or not decision.meters_tokens:
+        # Nothing to charge here: no spend budget, a cheap API, or a request crossed from
+        # the region that charged it (its hold stays None, so settling is a no-op too).
+        if (
+            tenant is None
+            or tenant.spend is None
+            or not decision.meters_tokens
+            or not decision.charged_here
+        ):
             return Admitted(decision)
         now_s = self._wall_clock()
         spans = windows(tenant.spend.windows(), now_s)

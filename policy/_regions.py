@@ -95,8 +95,10 @@ class RegionsConfig:
     def enabled(self) -> bool:
         return self.this is not None
 
-    def peers(self) -> tuple[Region, ...]:
-        return tuple(r for name, r in sorted(self.regions.items()) if name != self.this)
+    def peers(self, this: str | None = None) -> tuple[Region, ...]:
+        """The other regions than `this` (`slogate serve --region`; None: `self.this`)."""
+        this = this or self.this
+        return tuple(r for name, r in sorted(self.regions.items()) if name != this)
 
 
 def _name(value: str, path: str) -> str:
@@ -153,6 +155,13 @@ def _crossing(sec: Section, regions: Mapping[str, Region]) -> CrossingConfig:
                     f"{sec.child('tiers')}: {name!r} is not a tier ({', '.join(sorted(known))})"
                 )
         tiers = frozenset(Tier(n) for n in names)
+        if Tier.CRITICAL in tiers:
+            # Critical traffic is the latency-sensitive kind that stays local; a critical
+            # tenant that tolerates the added latency is listed by name instead.
+            raise PolicyError(
+                f"{sec.child('tiers')}: the critical tier never crosses by its tier; "
+                "list the tenants that may cross in crossing.tenants"
+            )
     tenants_raw = sec.raw("tenants")
     tenants = frozenset(
         expect(t, str, sec.child("tenants"))

@@ -439,6 +439,11 @@ START_ONLY_SETTINGS = (
     "key_store",
     "telemetry.tracing",  # the tracer and its exporter are built once
     "data_path",  # Envoy's bootstrap is written from it
+    # Envoy's cluster and route per peer region are written where crossing is on, and the
+    # crossing secret is read at start (docs/operators/crossing.md). The peers a sidecar
+    # sends requests to are those it started with (admission.crossing.Crossing).
+    "regions.crossing.enabled",
+    "regions.crossing.secret_file",
 )
 
 

@@ -19,7 +19,11 @@ hang. A request that could not fit even an empty pool is refused at once (`kv_ca
 `sequences_full`): waiting cannot help it. Nor can it help a request whose footprint is
 larger than the pool's largest engine's KV cache (two engines of 8k hold 16k between them,
 but no 11k request): a 400 (`context_length_exceeded`, reason `engine_kv_exceeded`), the
-answer vLLM itself would give, before anything is held. Whatever ends a wait early (the client gone,
+answer vLLM itself would give, before anything is held.
+Where the policy lets requests cross regions, a tolerant request that would get one of
+those 503s for want of room (`queue_full`, `kv_cache_full`, `sequences_full`; never
+`queue_timeout`: it has waited already) goes to a peer region with room instead
+(admission.crossing), holding nothing here. Whatever ends a wait early (the client gone,
 Envoy's timer) takes the request out of the room and gives back anything it was just given.
 A request holding a large part of its pool (an eighth or more of its tier's share, in KV
 or batch slots), admitted where another of its footprint would not fit now or after a
@@ -37,6 +41,7 @@ import math
 import uuid
 from collections.abc import Callable
 
+from admission.crossing import Crossing
 from admission.decision import QUEUED_HEADER, Admitted, Applicant, RequestOutcome, RoutingDecision
 from admission.errors import ContextLengthExceeded, Overloaded
 from admission.events import KvEvents
@@ -71,6 +76,9 @@ class KvStep:
         the capacity admitted against (a dead or draining engine's room is not there).
         `largest_engine`: the KV cache of the pool's largest serving engine (None: unknown;
         engines.state.EngineFleet.largest_kv_tokens), which no request may exceed."""
+        # Where a request its pool and room refuse may cross to another region
+        # (admission.crossing); None: no crossing. Set by the assembly.
+        self.crossing: Crossing | None = None
         self._live = live or _as_given
         self._largest_engine = largest_engine
         self._events = events
@@ -227,6 +235,9 @@ class KvStep:
         max_wait_s = min(self._wait_cap_s, wait_s)
         if never or self._new_waiter is None or max_wait_s <= 0:
             if not never:  # refused for room it could have had: as if it waited it all
+                crossed = self._cross(applicant, decision)
+                if crossed is not None:
+                    return Admitted(crossed)
                 self._note_wait(decision, now_s, 0.0)
             raise _pool_full(decision, never or limit)
         entry = Waiting(
@@ -247,6 +258,9 @@ class KvStep:
         try:
             room.enter(entry, RoomBounds(bounds.max_waiting, bounds.max_waiting_bytes))
         except QueueFull as full:
+            crossed = self._cross(applicant, decision)
+            if crossed is not None:
+                return Admitted(crossed)
             self._events.waited(tier.value, "full", 0.0)
             raise self._queue_full(decision, full.what, now_s, policy) from None
         await self.dispatcher.dispatch(decision.pool)  # it may already fit in its turn
@@ -265,6 +279,16 @@ class KvStep:
         prompt = _large(capacity, share, tokens, decision.sequences)
         decision = dataclasses.replace(decision, waited_s=waited_s, settle_promptly=prompt)
         return Admitted(decision, {QUEUED_HEADER: str(round(waited_s * 1000))})
+
+    def _cross(self, applicant: Applicant, decision: RoutingDecision) -> RoutingDecision | None:
+        """The request re-routed to a peer region with room instead of the 503 its full
+        pool and room would give it (admission.crossing); None: it is refused here."""
+        if self.crossing is None:
+            return None
+        if decision.level >= applicant.policy.regions.crossing.from_level:
+            return None  # the breaker step asked at this level already: the same answer
+        asked = dataclasses.replace(applicant, decision=decision)
+        return self.crossing.reroute(asked, int(decision.level), waiting_full=True)
 
     async def _hold(
         self,

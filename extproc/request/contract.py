@@ -53,6 +53,16 @@ JWT_PAYLOAD_KEY = "jwt_payload"
 SLOGATE_HEADER_PREFIX = "x-slogate-"  # only slogate sets these; client copies are removed
 POOL_HEADER = "x-slogate-pool"  # request: the route; response: the pool that served it
 REASON_HEADER = "x-slogate-reason"  # on every rejection slogate answers itself
+# On a request one region sends to another (admission.crossing): the origin's token
+# (extproc.request.crossing_token); the receiving sidecar reads it before it removes every
+# x-slogate-* header, and the origin's body reply sets it after its header reply removed the
+# client's copy.
+CROSSED_HEADER = "x-slogate-crossed"
+# On the response of a request that crossed: the region that served it (the origin's route).
+REGION_HEADER = "x-slogate-region"
+# Answered by Envoy itself where regions are on: the path a peer's probe measures the
+# round trip with (extproc.runtime.peer_probe); no sidecar, no engine.
+REGION_PING_PATH = "/slogate/region-ping"
 # What the sidecar tells the pool on an admitted request (extproc.service.replies).
 TENANT_HEADER = "x-slogate-tenant"
 TIER_HEADER = "x-slogate-tier"
@@ -93,11 +103,17 @@ FORWARDED_HEADERS = (
     "authorization",
     "x-api-key",
     *TRACE_HEADERS,
+    CROSSED_HEADER,  # a request another region sent: where it was charged
 )
 # ... and with the headers skipped Envoy drops the body reply's header mutations: the sidecar
 # puts what it would set into METADATA_NAMESPACE under each header's name, and the pool routes
 # render them upstream (overwriting a client's copy).
-UPSTREAM_METADATA_HEADERS = (*SIDECAR_SET_HEADERS, "content-length", *TRACE_HEADERS)
+UPSTREAM_METADATA_HEADERS = (
+    *SIDECAR_SET_HEADERS,
+    "content-length",
+    *TRACE_HEADERS,
+    CROSSED_HEADER,  # on a request sent to another region (the region routes render it)
+)
 
 # OpenAI's rate-limit response headers. The sidecar puts each into METADATA_NAMESPACE under
 # its own name; the route renders them, so no response message goes to the sidecar.

@@ -41,6 +41,7 @@ from extproc.request.bodies.parse import parse_inference_body
 from extproc.request.bodies.request import InferenceRequest
 from extproc.request.bodies.rewrite import adds_usage, rewritten_body
 from extproc.request.contract import DESTINATION_HEADER, SLOGATE_HEADER_PREFIX
+from extproc.request.crossing_token import HOME, Arrival, CrossingDesk
 from extproc.request.identity import IdentityResolver
 from extproc.request.inflight import InFlight
 from extproc.request.routing import engine_priority, request_decision, route
@@ -72,9 +73,13 @@ class Decider:
         corrections: PromptCorrections | None = None,
         picker: EnginePicker | None = None,
         candidate: CandidatePolicy | None = None,
+        crossing: CrossingDesk | None = None,
     ) -> None:
         """`picker`: names the engine of each admitted request in pools where slogate
-        picks (None: Envoy balances everywhere); `candidate`: a policy judged beside."""
+        picks (None: Envoy balances everywhere); `candidate`: a policy judged beside;
+        `crossing`: mints and verifies the crossing tokens of requests sent between
+        regions (None: no secret, nothing crosses and no token is trusted)."""
+        self.crossing = crossing
         self.policy = policy
         self.candidate = candidate
         self.picker = picker
@@ -210,6 +215,11 @@ class Decider:
                 await self.admission.release(admitted.decision, tracking_id)
                 raise
         inflight.put(tracking_id, admitted.decision)
+        upstream: dict[str, str] = {}
+        if self.crossing is not None:
+            upstream = self.crossing.departure(
+                admitted.decision, decision.request_id, policy.regions
+            )
         new_body = None
         if request is not None and body is not None:
             decided = admitted.decision
@@ -224,7 +234,9 @@ class Decider:
         hide_usage = request is not None and adds_usage(request)
         headers = admitted.response_headers
         proof = inflight.proof(tracking_id)
-        return Routed(admitted.decision, tracking_id, new_body, headers, hide_usage, proof)
+        return Routed(
+            admitted.decision, tracking_id, new_body, headers, hide_usage, proof, upstream
+        )
 
     def _hinted(self, spec: Pool | None, within: Collection[str]) -> None:
         """Raise NoEndpoint when slogate picks in the pool and no serving engine of it is
@@ -296,6 +308,8 @@ class RequestFlow:
         # the metadata Envoy forwards); None: no hint, any engine of the pool.
         self.subset_hint: frozenset[str] | None = None
         self.routed: Routed | None = None  # once admitted
+        # Where the request comes from: another region's (a crossing token), or this one's.
+        self.arrival = HOME
 
     @property
     def request_id(self) -> str:
@@ -327,6 +341,8 @@ class RequestFlow:
             h for h in headers if h.startswith(SLOGATE_HEADER_PREFIX) or h == DESTINATION_HEADER
         )
         request_id = headers.get("x-request-id", "")
+        if self._decider.crossing is not None:  # read before its header is removed
+            self.arrival = self._decider.crossing.arrival(headers, policy.regions)
         kind, api = policy.paths.classify(path)
         if kind is PathClass.PUBLIC:
             self._verdict = HeaderVerdict(False, strip, None, request_id)
@@ -348,7 +364,9 @@ class RequestFlow:
                 headers={"allow": allowed},
             )
         if not api.reads_body:
-            decision = self.shape = request_decision(policy, api, caller, request_id)
+            decision = self.shape = _arrived(
+                request_decision(policy, api, caller, request_id), self.arrival
+            )
             routed = await self._decider.admit(decision, policy)
             self._verdict = HeaderVerdict(False, strip, caller, request_id, routed)
             return self._verdict
@@ -376,6 +394,9 @@ class RequestFlow:
         counted = await decider.count_and_route(
             request, verdict.caller, verdict.request_id, api, policy, body
         )
+        if self.arrival is not HOME:
+            arrived = _arrived(counted.decision, self.arrival)
+            counted = dataclasses.replace(counted, decision=arrived)
         self.shape = counted.decision
         self.routed = await decider.admit_counted(counted, policy, on_wait, self.subset_hint)
         return self.routed
@@ -387,6 +408,16 @@ class RequestFlow:
         picker = self._decider.picker
         if routed is not None and picker is not None and address and routed.decision.engines:
             picker.served(routed.tracking_id, address)
+
+
+def _arrived(decision: RoutingDecision, arrival: Arrival) -> RoutingDecision:
+    """The decision of a request that came from another region: charged there (verified),
+    never sent on."""
+    if arrival is HOME:
+        return decision
+    return dataclasses.replace(
+        decision, crossed_from=arrival.crossed_from, may_cross=arrival.may_cross
+    )
 
 
 def _too_large(size_bytes: int, policy: Policy) -> BodyTooLarge:

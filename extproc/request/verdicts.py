@@ -54,6 +54,9 @@ class Routed:
     hide_usage: bool = False
     # The tracking id's proof (InFlight.proof): its access-log entry settles only with it.
     usage_proof: str = field(default="", repr=False)
+    # Headers for upstream beside the decision's own: a request sent to another region
+    # carries its crossing token (extproc.request.crossing_token).
+    upstream_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from admission.assembly import AssembledChain, build_admission, expiry_s
 from admission.chain import OutcomeSink
+from admission.crossing import Crossing, NoPeers, RoundTrips
+from admission.regions import PeerRooms
 from breaker.board import BreakerBoard
 from breaker.latency import ResponseWindows
 from budget.ahead import AheadCeilings, AheadSeat
@@ -32,6 +34,7 @@ from budget.key_quotas import KeyQuotas
 from budget.prefixed_store import PrefixedStore
 from budget.quotas import TierMultipliers
 from extproc.request.candidate import CANDIDATE_BUDGETS, CandidateJudge
+from extproc.request.crossing_token import MIN_SECRET_BYTES, CrossingDesk
 from extproc.request.engine_outcomes import EngineOutcomes
 from extproc.request.flow import Decider
 from extproc.request.identity import ApiKeyResolver
@@ -54,6 +57,7 @@ from extproc.runtime.workers import Siblings, WorkerSlot
 from extproc.service.access_log import OutcomeRecorder
 from extproc.service.admin import AdminService
 from extproc.service.candidate_metrics import CandidateMetrics
+from extproc.service.crossing_metrics import CrossingMetrics
 from extproc.service.decision_log import DECISION_FILES, DecisionLog
 from extproc.service.engine_metrics import EngineCollector
 from extproc.service.forecast_metrics import ForecastMetrics
@@ -180,6 +184,10 @@ class RequestPath:
     judge: CandidateJudge
     decider: Decider
     recorder: OutcomeRecorder
+    # Crossing regions: the peers' measured round trips (extproc.runtime.peer_probe fills
+    # them) and the metrics of what crossed.
+    links: RoundTrips
+    crossing: CrossingMetrics
 
 
 def build_request_path(
@@ -197,14 +205,31 @@ def build_request_path(
     worker: WorkerSlot | None,
     injected_clock: Callable[[], float] | None,
     region: RegionAgent | None = None,
+    peer_rooms: PeerRooms | None = None,
+    region_name: str | None = None,
 ) -> RequestPath:
     """`executor`: the tokenizer's threads. `injected_clock`: the clock a test passed in
     (None: each part's own default), which the candidate's budgets keep as the budget
     stores do. `region`: this region's shares of the global tenants, and where their
-    demand is counted (idle while the policy has no `regions:`)."""
+    demand is counted (idle while the policy has no `regions:`); the peers' room crossing
+    reads is its (`peer_rooms`: another view, a test's). `region_name`: `slogate serve
+    --region` (None: the policy's `regions.this`)."""
     initial = policy()
     ttl_s = expiry_s(initial)
     watch = signals.engine_watch
+    links = RoundTrips()
+    crossing_metrics = CrossingMetrics(metrics.registry)
+    secret = read_secret(initial.regions.crossing.secret_file)
+    desk = (
+        None if secret is None else CrossingDesk(secret, wall_clock, crossing_metrics, region_name)
+    )
+    # Without the secret no token can be minted: nothing crosses.
+    rooms = peer_rooms or region or NoPeers()
+    # The peers Envoy routes to: rendered from the policy this sidecar starts with.
+    routable = [p.name for p in initial.regions.peers(region_name) if p.ingress is not None]
+    crossing = (
+        None if desk is None else Crossing(rooms, links, crossing_metrics, region_name, routable)
+    )
     admission = build_admission(
         board=signals.board,
         store=stores.budgets,
@@ -225,6 +250,7 @@ def build_request_path(
         wall_clock=wall_clock,
         shares=region,
         demand=None if region is None else region.demand,
+        crossing=crossing,
     )
     _known_series(metrics, policy, admission)
     counter = PromptCounter(None, initial.counting, executor)
@@ -251,6 +277,7 @@ def build_request_path(
         inflight=InFlight(clock, ttl_s, worker.prefix if worker else None),
         picker=watch.picker,
         candidate=judge,
+        crossing=desk,
     )
     sinks: list[OutcomeSink] = [
         admission.chain,
@@ -269,7 +296,16 @@ def build_request_path(
         engines_out=watch.fleet.out,  # an engine out of its pool gives the pool no signals
     )
     return RequestPath(
-        executor, counter, corrections, admission, candidate, judge, decider, recorder
+        executor,
+        counter,
+        corrections,
+        admission,
+        candidate,
+        judge,
+        decider,
+        recorder,
+        links,
+        crossing_metrics,
     )
 
 
@@ -350,6 +386,19 @@ def build_control(
         policy, signals.outlook, ForecastMetrics(metrics), wall_clock, ahead=signals.ahead
     )
     return Control(breaker_loop, quota_loop, admin, forecast)
+
+
+def read_secret(path: str | None) -> bytes | None:
+    """The regions' shared crossing secret, read once at start (a new one needs a
+    restart, in every region at once); None: no file named."""
+    if path is None:
+        return None
+    secret = Path(path).read_bytes().strip()
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ValueError(
+            f"{path}: the regions' crossing secret must be at least {MIN_SECRET_BYTES} bytes"
+        )
+    return secret
 
 
 def _new_future() -> asyncio.Future[None]:

@@ -12,6 +12,7 @@ no business rule: every formula lives in the module that owns the concept.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from grpc_health.v1 import health
 
+from admission.regions import PeerRooms
 from budget.region_demand import RegionDemand
 from extproc.request.tokens.native import exact_counter
 from extproc.runtime.grpc_servers import (
@@ -35,6 +37,7 @@ from extproc.runtime.grpc_servers import (
 )
 from extproc.runtime.key_store import build_key_store
 from extproc.runtime.parts import build_control, build_observers, build_request_path, build_signals
+from extproc.runtime.peer_probe import PeerProbe
 from extproc.runtime.periodic import start_loops
 from extproc.runtime.policy_holder import PolicyHolder
 from extproc.runtime.region_agent import RegionAgent, pool_rooms
@@ -83,13 +86,16 @@ class Sidecar:
         grpc_socket: Path | None = None,
         health_host: str | None = None,
         region: str | None = None,
+        peer_rooms: PeerRooms | None = None,
     ) -> None:
         """`region`: this deployment's region (`slogate serve --region`; None: the
         policy's `regions.this`). `worker`: this process is one of `slogate serve --workers N`
         (extproc.runtime.workers). `tls`: the gRPC port speaks TLS; `health_port`: a
         plain-text port with grpc.health.v1 alone on `health_host` (default: `host`; the
         kubelet's probes speak no TLS and dial the pod's address); `grpc_socket`: ext_proc
-        and the access log on this Unix socket instead of `host`:`grpc_port`."""
+        and the access log on this Unix socket instead of `host`:`grpc_port`; `peer_rooms`:
+        the other regions' pools' room, which crossing reads (admission.crossing; None: as
+        the region agent last heard from the global ledger; a test hands in its own)."""
         self.worker = worker
         # Injected for tests that run this object graph on a virtual clock beside the
         # simulator's (tests/sim/fleet/test_sidecar.py); a process uses the real ones.
@@ -148,6 +154,8 @@ class Sidecar:
             worker=worker,
             injected_clock=clock,
             region=self.region,
+            peer_rooms=peer_rooms,
+            region_name=region,
         )
         self.control = build_control(
             policy=self.policy,
@@ -176,6 +184,7 @@ class Sidecar:
         self._watch_interval_s = watch_interval_s
         self._health = health.aio.HealthServicer()
         self._grace_s = 5.0  # how long stop lets the streams in flight finish
+        self._region = region  # `slogate serve --region`: the peers are the others
 
     async def start(self) -> SidecarAddress:
         """Ready to serve: the tokenizer loaded, the engines and stored keys known and the
@@ -269,6 +278,10 @@ class Sidecar:
             metrics=self.metrics,
             region=self.region,
         )
+        if any(p.ingress for p in self.policy().regions.peers(self._region)):
+            probe = PeerProbe(self.policy, self.path.links, self.path.crossing, this=self._region)
+            task = asyncio.create_task(probe.run(), name="peer-probe")
+            exits.push_async_callback(_cancelled, task)
         return SidecarAddress(
             self._host, port, metrics_port, admin_at, health_port, self._grpc_socket
         )
@@ -280,3 +293,9 @@ class Sidecar:
         the budget store, the observers, the tokenizer's threads. Safe unstarted."""
         self._grace_s = grace_s
         await self._exits.aclose()
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

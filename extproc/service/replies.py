@@ -139,6 +139,8 @@ def destination_endpoints(decision: RoutingDecision) -> str:
 def _route(reply: pb.ProcessingResponse, common: pb.CommonResponse, routed: Routed) -> None:
     """Upstream headers, the pool in metadata (the route matches on it) and a fresh route."""
     headers = upstream_headers(routed.decision)
+    # After the header reply removed any client copy (x-slogate-*): the sidecar's own.
+    headers.update(routed.upstream_headers)
     if routed.new_body is not None:
         headers["content-length"] = str(len(routed.new_body))
     destination = destination_endpoints(routed.decision)

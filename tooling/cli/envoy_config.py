@@ -4,6 +4,7 @@ an Envoy of yours (tooling.render.envoy_config renders them)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -73,6 +74,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--sidecar-tls-key",
     )
     config.add_argument("--sidecar-tls-key", default=None, metavar="FILE")
+    config.add_argument(
+        "--region",
+        default=None,
+        help="the region this Envoy serves, as `serve --region` (default: the policy's "
+        "regions.this): its peers get a cluster and a route each where crossing is on",
+    )
     config.set_defaults(handler=write_config)
 
 
@@ -111,6 +118,16 @@ def write_config(args: argparse.Namespace) -> int:
     if args.sidecar_tls_ca is not None:
         sidecar_tls = SidecarTls(args.sidecar_tls_ca, args.sidecar_tls_name, *client)
     policy = load_policy(args.policy)
+    if args.region is not None:
+        if args.region not in policy.regions.regions:
+            print(
+                f"slogate envoy-config: --region {args.region!r} is not in the policy's "
+                "regions.list",
+                file=sys.stderr,
+            )
+            return 2
+        regions = dataclasses.replace(policy.regions, this=args.region)
+        policy = dataclasses.replace(policy, regions=regions)
     ports = EnvoyPorts(
         args.listen_port,
         args.admin_port,

@@ -17,6 +17,7 @@ import envoy_data_plane.envoy.extensions.upstreams.http.v3 as upstream_http
 import envoy_data_plane.envoy.type.matcher.v3 as matcher
 import envoy_data_plane.google.protobuf as pb
 
+from admission.crossing import crossing_pool
 from extproc.request.contract import SIDECAR_CLUSTER
 from policy.domain import Pool
 from policy.schema import Policy
@@ -171,6 +172,20 @@ def _static_cluster(
     )
 
 
+def region_clusters(policy: Policy) -> list[cluster.Cluster]:
+    """Each peer region's ingress (its Envoy) that requests cross to, where crossing is on
+    (the route: tooling.render.envoy_config.routes.region_routes)."""
+    if not policy.regions.crossing.enabled:
+        return []
+    clusters = []
+    for peer in policy.regions.peers():
+        if peer.ingress is None:
+            continue
+        host, _, port = peer.ingress.rpartition(":")
+        clusters.append(_static_cluster(crossing_pool(peer.name), ((host, int(port)),)))
+    return clusters
+
+
 def sidecar_transport(sidecar_tls: SidecarTls) -> core.TransportSocket:
     """TLS to the sidecar: its certificate checked against the CA (and the name, when
     given), h2 offered by ALPN (gRPC's servers insist on it), Envoy's client certificate
@@ -239,6 +254,7 @@ def build_bootstrap(
     ports = ports or EnvoyPorts()
     manager = http_connection_manager(policy, profile)
     clusters = [pool_cluster(p, policy) for p in policy.pools.values()]
+    clusters += region_clusters(policy)
     clusters += slogate_clusters(
         policy, ports.host, ports.sidecar_port, ports.sidecar_tls, ports.sidecar_socket
     )

@@ -33,10 +33,20 @@ import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager
 from extproc.request.contract import ENVOY_PIECES, EXT_PROC_FILTER
 from policy._data_path import ExtProcMessages
 from policy.schema import Policy
-from tooling.render.envoy_config.bootstrap import manager_settings, pool_cluster, slogate_clusters
+from tooling.render.envoy_config.bootstrap import (
+    manager_settings,
+    pool_cluster,
+    region_clusters,
+    slogate_clusters,
+)
 from tooling.render.envoy_config.filters import access_logs, slogate_filters
 from tooling.render.envoy_config.profile import SidecarTls
-from tooling.render.envoy_config.routes import ext_proc_per_route, failure_modes, pool_routes
+from tooling.render.envoy_config.routes import (
+    ext_proc_per_route,
+    failure_modes,
+    pool_routes,
+    region_routes,
+)
 
 HCM_TYPE = (
     "type.googleapis.com/"
@@ -83,6 +93,7 @@ def build_fragment(policy: Policy, target: FragmentTarget | None = None) -> dict
         for pool in policy.pools.values()
         if pool.name not in target.pool_clusters
     ]
+    clusters += region_clusters(policy)
     by_path = [
         {"path": path, **_to_dict(ext_proc_per_route(mode))}
         for path, mode in failure_modes(policy)
@@ -98,7 +109,10 @@ def build_fragment(policy: Policy, target: FragmentTarget | None = None) -> dict
         "accessLog": manager.pop("accessLog"),
         "httpConnectionManager": manager,
         "clusters": [c.to_dict() for c in clusters],
-        "poolRoutes": [r.to_dict() for r in pool_routes(policy, target.pool_clusters)],
+        "poolRoutes": [
+            r.to_dict()
+            for r in [*pool_routes(policy, target.pool_clusters), *region_routes(policy)]
+        ],
         "routeSettings": {
             "forwardedPaths": sorted(policy.paths.forwarded_paths),
             "byPath": by_path,

@@ -15,12 +15,15 @@ import envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 as ext_proc
 import envoy_data_plane.envoy.type.matcher.v3 as matcher
 import envoy_data_plane.envoy.type.v3 as envoy_type
 
+from admission.crossing import crossing_pool
 from admission.errors import error_document
 from extproc.request.contract import (
     METADATA_NAMESPACE,
     POOL_FIELD,
     POOL_HEADER,
     POOL_ROUTE_PREFIX,
+    REGION_HEADER,
+    REGION_PING_PATH,
     RESPONSE_METADATA_HEADERS,
 )
 from policy._data_path import ExtProcMessages
@@ -161,9 +164,59 @@ def pool_routes(policy: Policy, clusters: Mapping[str, str] | None = None) -> li
     ]
 
 
+def region_routes(policy: Policy) -> list[route.Route]:
+    """One route per peer region with an ingress, matching the crossing pool the sidecar
+    puts in metadata for a request it sends there (admission.crossing): to the peer's
+    ingress (its Envoy), which decides it again. The response says which region served
+    it; the rate-limit headers are the origin's, which charged it."""
+    timeout = dt.timedelta(seconds=policy.upstream_timeout_s)
+    one = policy.data_path.messages is ExtProcMessages.ONE
+    upstream = upstream_headers_from_metadata() if one else []
+    return [
+        route.Route(
+            name=f"{POOL_ROUTE_PREFIX}{crossing_pool(peer.name)}",
+            match=route.RouteMatch(
+                prefix="/",
+                dynamic_metadata=[
+                    matcher.MetadataMatcher(
+                        filter=METADATA_NAMESPACE,
+                        path=[matcher.MetadataMatcherPathSegment(key=POOL_FIELD)],
+                        value=matcher.ValueMatcher(
+                            string_match=matcher.StringMatcher(exact=crossing_pool(peer.name))
+                        ),
+                    )
+                ],
+            ),
+            route=route.RouteAction(
+                cluster=crossing_pool(peer.name),
+                timeout=timeout,
+                regex_rewrite=_NO_TRAILING_SLASH,
+            ),
+            request_headers_to_add=upstream,
+            response_headers_to_add=[_header(REGION_HEADER, peer.name), *_rate_limit_headers()],
+        )
+        for peer in policy.regions.peers()
+        if peer.ingress is not None and policy.regions.crossing.enabled
+    ]
+
+
+def region_ping_route() -> route.Route:
+    """Answered by Envoy itself, ext_proc off: what peers' probes time (the round trip to
+    this region's ingress, extproc.runtime.peer_probe)."""
+    return route.Route(
+        name="region_ping",
+        match=route.RouteMatch(path=REGION_PING_PATH),
+        direct_response=route.DirectResponseAction(
+            status=200, body=core.DataSource(inline_string="ok")
+        ),
+        **ext_proc_per_route(None, disabled=True),
+    )
+
+
 def route_config(policy: Policy) -> route.RouteConfiguration:
     """Routes, in order:
-    - one per pool (`pool_routes`);
+    - one per pool (`pool_routes`), and one per peer region requests cross to
+      (`region_routes`); where regions are on, the peers' probe path (`region_ping_route`);
     - one per forwarded path without a sidecar decision, to the default pool: public paths,
       and the first match of every API request (it carries the path's failure mode; when the
       sidecar answers, its decision re-routes the request to a pool route);
@@ -173,7 +226,9 @@ def route_config(policy: Policy) -> route.RouteConfiguration:
     (tooling.render.envoy_config.one_message).
     """
     timeout = dt.timedelta(seconds=policy.upstream_timeout_s)
-    routes = pool_routes(policy)
+    routes = pool_routes(policy) + region_routes(policy)
+    if policy.regions.enabled:
+        routes.append(region_ping_route())
     one = policy.data_path.messages is ExtProcMessages.ONE
     for path, mode in failure_modes(policy):
         match = _path_match(path)
