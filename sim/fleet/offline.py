@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from admission.crossing import Crossing
 from admission.kv.book import LocalBook
 from admission.kv.dispatch import ROOM_TICK_S
 from admission.regions import RegionShares
@@ -38,6 +39,7 @@ from budget.quotas import Adjustment, TierMultipliers
 from budget.region_demand import RegionDemand
 from budget.store import InProcessStore
 from engines.kv_events import EventBatch
+from extproc.request.crossing_token import CrossingDesk
 from extproc.request.tokens.prompt import PromptCounter
 from extproc.request.verdicts import Routed
 from policy.schema import Policy
@@ -83,6 +85,8 @@ class OfflineFleet(FleetRequests):
         clock: VirtualClock | None = None,
         shares: RegionShares | None = None,
         demand: RegionDemand | None = None,
+        crossing: Crossing | None = None,
+        desk: CrossingDesk | None = None,
     ) -> None:
         """`waiting_room`: the sidecars hold requests refused only for capacity until room
         frees (False: they refuse them at once). `client_retries`: how many times a client
@@ -112,7 +116,9 @@ class OfflineFleet(FleetRequests):
         virtual clock shared with other fleets (sim.fleet.regions: regions on one clock;
         None: its own); `shares`, `demand`: its region's share of each global tenant and
         where its sidecars count those tenants' demand and usage (sim.fleet.regions; None:
-        one region)."""
+        one region); `crossing`, `desk`: where its sidecars send saturated pools' tolerant
+        requests and their crossing tokens (a request re-routed to a peer goes to
+        `cross_out`, set by sim.fleet.regions; None: nothing crosses)."""
         self.policy = policy
         self.client_retries = client_retries
         self.seed = seed
@@ -208,10 +214,18 @@ class OfflineFleet(FleetRequests):
                 ceilings=ceilings,
                 shares=shares,
                 demand=demand,
+                crossing=crossing,
+                desk=desk,
             )
             for index in range(len(self.sidecar_split))
         ]
         self._calls: dict[int, Callable[[], None]] = {}
+        # Crossing regions (sim.fleet.regions): where a request re-routed to a peer goes
+        # (request id, peer, the headers it carries), and what a request that came from
+        # a peer tells its origin when it ends here (its result, the status it ended with).
+        self.cross_out: Callable[[str, str, Mapping[str, str]], None] | None = None
+        self._from_peer: dict[str, Callable[[Served, int], None]] = {}
+        self._headers: dict[str, Mapping[str, str]] = {}
         self._tick_pending = False
         self._attempts: dict[str, int] = {}
         self._attempt_at: dict[str, float] = {}
@@ -270,6 +284,20 @@ class OfflineFleet(FleetRequests):
                 if outage.until_s < until_s:
                     self._push(outage.until_s, "up", str(number))
         self.until_s = until_s
+
+    def arrive_from_peer(
+        self,
+        request_id: str,
+        arrival: Arrival,
+        headers: Mapping[str, str],
+        on_end: Callable[[Served, int], None],
+    ) -> None:
+        """A request a peer region re-routed here arrives now, with its crossing token;
+        `on_end` gets its result and status when it ends (refused, failed or served)."""
+        self._arrivals[request_id] = arrival
+        self._headers[request_id] = headers
+        self._from_peer[request_id] = on_end
+        self._push(self.clock.now_s, "arrive", request_id)
 
     def next_event_s(self) -> float | None:
         """When the next queued event happens; None: nothing left."""
@@ -350,7 +378,11 @@ class OfflineFleet(FleetRequests):
             arrival.chat_roles(len(texts)),
         )
         sidecar.submit(
-            arrival.key, request, request_id, lambda decided: self._decided(request_id, decided)
+            arrival.key,
+            request,
+            request_id,
+            lambda decided: self._decided(request_id, decided),
+            self._headers.get(request_id),
         )
         self._tick_room()
 

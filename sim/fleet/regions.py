@@ -15,22 +15,28 @@ runs measure is sim.studies.regions'; the design is docs/contributors/regions.md
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+from admission.crossing import Crossing
 from admission.regions import global_tenant
 from budget.global_ledger import InProcessGlobalLedger
 from budget.lease_holder import LeaseHolder
-from budget.leases import Lease, LeaseSettings, Report, TenantReport
+from budget.leases import Lease, LeaseSettings, PoolRoom, Report, TenantReport
 from budget.region_demand import RegionDemand
+from extproc.request.crossing_token import CrossingDesk
 from extproc.runtime.region_agent import new_holder, pool_rooms
 from policy.schema import Policy
 from sim.fleet.arrivals import Arrival
 from sim.fleet.clock import VirtualClock
+from sim.fleet.fleet_types import Served
 from sim.fleet.offline import OfflineFleet
 from sim.fleet.sidecar import run_now
 
@@ -88,6 +94,58 @@ class LeaseShares:
         return self._holder.spend_allowance(tenant, window_id, limit, 0.0, self._clock())
 
 
+# The regions' shared crossing secret (the HMAC key of the tokens; at least 32 bytes).
+CROSSING_SECRET = b"the simulated regions' shared key"
+
+
+class CrossingTally:
+    """What the crossing code reports (admission.crossing's events, the desk's counts),
+    counted: requests sent to each peer by tier, skips by reason, tokens rejected."""
+
+    def __init__(self) -> None:
+        self.crossed: Counter[tuple[str, str]] = Counter()
+        self.skipped: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter()
+
+    def crossed_to(self, peer: str, tier: str) -> None:
+        self.crossed[(peer, tier)] += 1
+
+    def crossing_skipped(self, reason: str) -> None:
+        self.skipped[reason] += 1
+
+    def token_rejected(self, reason: str) -> None:
+        self.rejected[reason] += 1
+
+
+class _DeskCounts:
+    """The desk's CrossingCounts onto a tally (its `crossed` is the tally's `crossed_to`)."""
+
+    def __init__(self, tally: CrossingTally) -> None:
+        self._tally = tally
+
+    def crossed(self, peer: str, tier: str) -> None:
+        self._tally.crossed_to(peer, tier)
+
+    def token_rejected(self, reason: str) -> None:
+        self._tally.token_rejected(reason)
+
+
+class WanLinks:
+    """The round trip from one region to another's ingress: through the WAN's hub, each
+    link's one-way delay there and back (as the lab's relays route it); what the peer
+    probe measures, here known exactly."""
+
+    def __init__(self, this: str, delays_s: Mapping[str, float]) -> None:
+        self._this = this
+        self._delays_s = delays_s
+
+    def one_way_s(self, peer: str) -> float:
+        return self._delays_s[self._this] + self._delays_s[peer]
+
+    def rtt_s(self, peer: str) -> float | None:
+        return 2 * self.one_way_s(peer) if peer in self._delays_s else None
+
+
 @dataclass(slots=True)
 class RegionSeat:
     """One region: its fleet, its lease holder and what it has sent and heard."""
@@ -106,6 +164,15 @@ class RegionSeat:
     in_flight: int | None = None  # the report awaiting its answer (one at a time)
     delivered: set[int] = field(default_factory=set)  # the reports that reached the ledger
     dead_at_s: float = math.inf
+    lease: Lease | None = None  # the latest lease received
+
+    def peers(self) -> Mapping[str, Mapping[str, PoolRoom]]:
+        """The peers' pools' room from the latest lease, empty once it is stale: what the
+        region agent answers (RegionAgent.peers), admission.regions.PeerRooms."""
+        now_s = self.fleet.clock.now_s
+        if self.lease is None or self.holder.state(now_s) not in ("leased", "cut_off"):
+            return {}
+        return self.lease.peers
 
 
 class RegionsFleet:
@@ -119,6 +186,7 @@ class RegionsFleet:
         deaths: Mapping[str, float] | None = None,
         sample_s: float = 0.1,
         late_duplicates: bool = True,
+        region_options: Mapping[str, Mapping[str, Any]] | None = None,
         **fleet_options: Any,
     ) -> None:
         """`policies`: each region's policy (its `regions.this` naming it; the same ledger
@@ -129,7 +197,10 @@ class RegionsFleet:
         the caller's to stop); `late_duplicates`: when a cut heals, the last report sent
         before it reaches the ledger once more after the region's first new one (a
         retried request arriving late), which must change nothing; `fleet_options`: for
-        every region's OfflineFleet."""
+        every region's OfflineFleet, `region_options`: for one region's (over those).
+        With `regions.crossing` enabled each region's sidecars send saturated pools'
+        tolerant requests to a peer (admission.crossing, with the real tokens), which
+        reach it one WAN link later (`WanLinks`) and answer back as late again."""
         first = next(iter(policies.values()))
         self.settings = LeaseSettings.of(first.regions.ledger)
         self.interval_s = first.regions.ledger.report_interval_s
@@ -145,19 +216,32 @@ class RegionsFleet:
         self.late_duplicates = late_duplicates
         self.sample_s = sample_s
         self.seats: dict[str, RegionSeat] = {}
+        self.crossing = CrossingTally()
+        self._crossed: dict[str, tuple[str, str]] = {}  # id at the peer -> (origin, its id)
         for index, (name, policy) in enumerate(policies.items()):
             ledger = policy.regions.ledger
             holder = new_holder(ledger)  # as the region agent makes it
             demand = RegionDemand()
             shares = LeaseShares(holder, self.clock)
+            links = WanLinks(name, self.delays_s)
+            crossing = desk = None
+            if policy.regions.crossing.enabled:
+                routable = [p.name for p in policy.regions.peers(name) if p.ingress is not None]
+                rooms = _SeatRooms(self, name)
+                crossing = Crossing(rooms, links, self.crossing, name, routable)
+                desk = CrossingDesk(CROSSING_SECRET, self.clock, _DeskCounts(self.crossing), name)
+            options = {**fleet_options, **(region_options or {}).get(name, {})}
             fleet = OfflineFleet(
                 policy,
                 seed=seed * 10 + index,
                 clock=self.clock,
                 shares=shares,
                 demand=demand,
-                **fleet_options,
+                crossing=crossing,
+                desk=desk,
+                **options,
             )
+            fleet.cross_out = partial(self._cross_out, name)
             tenants = frozenset(
                 key.tenant for key in policy.keys.values() if global_tenant(policy, key.tenant)
             )
@@ -215,6 +299,12 @@ class RegionsFleet:
                 self.samples.append(RegionSample(now_s, seat.name, state, share))
             return
         seat = self.seats[region]
+        if kind == "cross_in":
+            self._cross_in(region, *payload)
+            return
+        if kind == "cross_back":
+            seat.fleet.answered_by_peer(*payload)
+            return
         if now_s >= seat.dead_at_s:
             return  # a dead region sends nothing and hears nothing
         if kind == "report":
@@ -232,6 +322,7 @@ class RegionsFleet:
                 seat.in_flight = None
                 seat.answered[payload.seq] = now_s
                 seat.holder.received(payload)
+                seat.lease = payload
         elif kind == "duplicate":
             # The last report that reached the ledger before the cut, delivered again
             # after the heal (one lost in the cut would be news to the ledger, not a
@@ -240,6 +331,34 @@ class RegionsFleet:
             if before:
                 stale = seat.reports[max(before)]
                 self.duplicates.append((now_s, run_now(self.ledger.report(stale))))
+
+    def _cross_out(
+        self, origin: str, request_id: str, peer: str, headers: Mapping[str, str]
+    ) -> None:
+        """A request `origin` re-routed to `peer`: it reaches the peer one WAN link later."""
+        one_way_s = WanLinks(origin, self.delays_s).one_way_s(peer)
+        self._push(self.clock.now_s + one_way_s, "cross_in", peer, (origin, request_id, headers))
+
+    def _cross_in(
+        self, peer: str, origin: str, request_id: str, headers: Mapping[str, str]
+    ) -> None:
+        sent = self.seats[origin].fleet.results[request_id].arrival
+        arrival = dataclasses.replace(sent, at_s=self.clock.now_s)
+        here = f"{origin}:{request_id}"
+        self._crossed[here] = (origin, request_id)
+        on_end = partial(self._answered, peer, here)
+        self.seats[peer].fleet.arrive_from_peer(here, arrival, headers, on_end)
+
+    def _answered(self, peer: str, here: str, served: Served, status: int) -> None:
+        """A crossed request ended at `peer`: its answer reaches its origin one link later
+        (its first token too, one link after the peer sent it)."""
+        origin, request_id = self._crossed[here]
+        one_way_s = WanLinks(origin, self.delays_s).one_way_s(peer)
+        first_s = None
+        if served.ttft_s is not None:
+            first_s = served.arrival.at_s + served.ttft_s + one_way_s
+        payload = (request_id, served, status, first_s)
+        self._push(self.clock.now_s + one_way_s, "cross_back", origin, payload)
 
     def _timed_out(self, seat: RegionSeat, now_s: float) -> None:
         """The report in flight has had its `timeout_ms`: failed (its answer, if it
@@ -287,3 +406,14 @@ class RegionsFleet:
         self._push(now_s + self.timeout_s, "timeout", seat.name, report.seq)
         if not self._cut(seat.name, now_s):
             self._push(now_s + self.delays_s[seat.name], "at_ledger", seat.name, report)
+
+
+class _SeatRooms:
+    """A region's PeerRooms: its seat's latest lease (the seat is made after its fleet)."""
+
+    def __init__(self, fleet: RegionsFleet, region: str) -> None:
+        self._fleet = fleet
+        self._region = region
+
+    def peers(self) -> Mapping[str, Mapping[str, PoolRoom]]:
+        return self._fleet.seats[self._region].peers()

@@ -44,6 +44,7 @@ TENANT = "acme"
 DELAYS_S = (0.04, 0.08, 0.15)  # one way, as the lab's relay delays the WAN
 INTERVALS_S = (0.5, 1.0, 2.0)
 RAMP_TARGET = 0.9  # (b): the moved tenant's region at 90% of the global limit
+CROSSING_TENANTS = {"batch": "sheddable", "crit": "critical"}  # (d)
 
 
 _NAMES = ("eu", "us", "ap", "sa", "af", "me")
@@ -140,9 +141,13 @@ def _delay_text(setup: RegionsSetup) -> str:
     return "/".join(f"{round(d * 1000)}" for d in dict.fromkeys(setup.links_s.values()))
 
 
-def region_policy(setup: RegionsSetup, this: str) -> Policy:
+def region_policy(setup: RegionsSetup, this: str, crossing: bool = False) -> Policy:
     """The policy of region `this`: the simulator's breaker timings, the regions and their
-    ledger, one global tenant with its tokens-per-minute limit and one key."""
+    ledger, one global tenant with its tokens-per-minute limit and one key; `crossing`:
+    crossing on for sheddable requests (from L2 or a full waiting room, peers within
+    400 ms as the lab sets it), every region with an ingress, a small waiting room (8 per
+    pool and tier), and two more tenants of this region's own: batch (sheddable) and
+    crit (critical)."""
     document: dict[str, Any] = dict(SIMULATION_POLICY)
     document["regions"] = {
         "this": this,
@@ -165,6 +170,20 @@ def region_policy(setup: RegionsSetup, this: str) -> Policy:
         }
     }
     document["keys"] = [{"key": f"sk-{TENANT}", "tenant": TENANT, "tier": "standard"}]
+    if crossing:
+        document["regions"]["list"] = {
+            name: {"ingress": f"10.0.{index}.10:10000"} for index, name in enumerate(setup.regions)
+        }
+        document["regions"]["crossing"] = {
+            "enabled": True,
+            "tiers": ["sheddable"],
+            "max_added_ms": 400,
+            "secret_file": "/run/slogate/regions.key",  # never read: the simulator's own
+        }
+        document["waiting_room"] = {"max_waiting": 8}
+        for tenant, tier in CROSSING_TENANTS.items():
+            document["tenants"]["list"][tenant] = {"tier": tier}
+            document["keys"].append({"key": f"sk-{tenant}", "tenant": tenant, "tier": tier})
     return parse_policy(document, source=f"regions study ({this})")
 
 
@@ -489,6 +508,121 @@ def death(setup: RegionsSetup) -> dict[str, Any]:
     }
 
 
+CROSSING_S = 120.0  # (d)'s traffic
+CROSSING_WARM_S = 20.0  # (d) is read from then on: the saturated pool has reached L2
+
+
+def run_crossing(setup: RegionsSetup) -> tuple[RegionsFleet, dict[str, Policy]]:
+    """(d): the last region's pool saturated (an eighth of the others' KV and 8 batch
+    slots) by sheddable batch traffic (4 requests a second) beside critical traffic (1 a
+    second); the other regions' own sheddable traffic at 1 a second each."""
+    policies = {name: region_policy(setup, name, crossing=True) for name in setup.regions}
+    saturated = setup.regions[-1]
+    fleet = RegionsFleet(
+        policies,
+        setup.links_s,
+        TENANT,
+        seed=setup.seed,
+        kv_capacity_tokens=2_000_000,
+        max_running=512,
+        region_options={saturated: {"kv_capacity_tokens": 250_000, "max_running": 8}},
+    )
+    arrivals: dict[str, list[Arrival]] = {}
+    for index, name in enumerate(setup.regions):
+        rates = {"batch": 4.0, "crit": 1.0} if name == saturated else {"batch": 1.0}
+        arrivals[name] = []
+        for number, (tenant, rate) in enumerate(sorted(rates.items())):
+            key = policies[name].key_for(f"sk-{tenant}")
+            assert key is not None
+            arrivals[name] += poisson_arrivals(
+                key,
+                rate,
+                0.0,
+                CROSSING_S,
+                list(setup.prompt_tokens),
+                setup.output_tokens,
+                seed=setup.seed * 1000 + 500 + index * 10 + number,
+                output_tokens=[setup.output_tokens, setup.output_tokens],
+            )
+        arrivals[name].sort(key=lambda a: a.at_s)
+    fleet.run(arrivals, CROSSING_S + 60.0)
+    return fleet, policies
+
+
+def crossing(setup: RegionsSetup, played: RegionsFleet | None = None) -> dict[str, Any]:
+    """(d)'s numbers, from CROSSING_WARM_S on: the share of the saturated region's
+    sheddable requests that crossed and their time to first byte against the peers' own
+    sheddable requests' (the added time: the WAN there and back, and the peer's queue);
+    its critical requests, all kept local. `played`: run_crossing's fleet (None: play it)."""
+    fleet = played if played is not None else run_crossing(setup)[0]
+    saturated = setup.regions[-1]
+    results = [
+        s
+        for s in fleet.seats[saturated].fleet.results.values()
+        if s.arrival.at_s >= CROSSING_WARM_S
+    ]
+
+    def of(tenant: str) -> list[Served]:
+        return [s for s in results if s.arrival.key.tenant == tenant]
+
+    batch, crit = of("batch"), of("crit")
+    crossed = [s for s in batch if s.outcome.startswith("crossed")]
+    crossed_ttft = [s.ttft_s for s in crossed if s.ttft_s is not None]
+    local_ttft = [s.ttft_s for s in batch if s.outcome == "served" and s.ttft_s is not None]
+    peer_ttft = [
+        s.ttft_s
+        for name, seat in fleet.seats.items()
+        if name != saturated
+        for s in seat.fleet.results.values()
+        if s.arrival.at_s >= CROSSING_WARM_S
+        and s.arrival.key.tenant == "batch"
+        and ":" not in _request_id(seat.fleet, s)
+        and s.outcome == "served"
+        and s.ttft_s is not None
+    ]
+    links = setup.links_s
+    peers = [name for name in setup.regions if name != saturated]
+    crossed_p50, peer_p50 = _median(crossed_ttft), _median(peer_ttft)
+    return {
+        "region": saturated,
+        "sheddable": len(batch),
+        "crossed": len(crossed),
+        "crossed_share": len(crossed) / len(batch) if batch else None,
+        "crossed_failed": sum(1 for s in crossed if s.outcome != "crossed"),
+        "sheddable_served_locally": sum(1 for s in batch if s.outcome == "served"),
+        "sheddable_refused": sum(
+            1 for s in batch if s.outcome not in ("served",) and not s.outcome.startswith("crossed")
+        ),
+        "critical": len(crit),
+        "critical_crossed": sum(1 for s in crit if s.outcome.startswith("crossed")),
+        "critical_served_locally": sum(1 for s in crit if s.outcome == "served"),
+        "crossed_ttft_p50_s": crossed_p50,
+        "local_sheddable_ttft_p50_s": _median(local_ttft),
+        "peer_own_ttft_p50_s": peer_p50,
+        "added_ttft_p50_s": None
+        if crossed_p50 is None or peer_p50 is None
+        else crossed_p50 - peer_p50,
+        "link_rtt_s": {p: 2 * (links[saturated] + links[p]) for p in peers},
+        "crossed_to": {
+            f"{peer}/{tier}": count for (peer, tier), count in fleet.crossing.crossed.items()
+        },
+        "skipped": dict(fleet.crossing.skipped),
+        "tokens_rejected": dict(fleet.crossing.rejected),
+    }
+
+
+def _request_id(fleet: OfflineFleet, served: Served) -> str:
+    return next(rid for rid, s in fleet.results.items() if s is served)
+
+
+def _median(values: Sequence[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def sweep(
     base: RegionsSetup,
     delays_s: Sequence[float] = DELAYS_S,
@@ -509,7 +643,7 @@ def sweep(
         "death": death(base),
         "lab_setup": dataclasses.asdict(lab),
         "lab": play(lab),
-        "crossing": "not available",
+        "crossing": crossing(base),
     }
     progress("  the region's death and the lab's setup: done")
     return report
@@ -575,6 +709,26 @@ def _lab_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def _crossing_lines(d: dict[str, Any]) -> list[str]:
+    rtts = ", ".join(f"{peer} {rtt * 1000:.0f} ms" for peer, rtt in d["link_rtt_s"].items())
+    sent = ", ".join(f"{where}: {count}" for where, count in sorted(d["crossed_to"].items()))
+    return [
+        f"(d) Crossing (80 ms, reports every 1 s; {d['region']}'s pool at an eighth of the "
+        "others' KV and 8 batch slots, its waiting room 8 a tier; 4 sheddable and 1 "
+        "critical request a second there, 1 sheddable a second in each other region; read "
+        f"from {CROSSING_WARM_S:g} s on): {d['crossed']} of {d['region']}'s "
+        f"{d['sheddable']} sheddable requests crossed ({_n(d['crossed_share'])}; {sent}), "
+        f"{d['sheddable_served_locally']} were served there, {d['sheddable_refused']} "
+        f"refused; {d['critical_crossed']} of {d['critical']} critical requests crossed "
+        f"({d['critical_served_locally']} served there). Time to first byte, median: "
+        f"crossed {_n(d['crossed_ttft_p50_s'])} s, the peers' own sheddable "
+        f"{_n(d['peer_own_ttft_p50_s'])} s: {_n(d['added_ttft_p50_s'])} s added (round trip "
+        f"to the peer's ingress: {rtts}; the rest the peer's queue); {d['region']}'s "
+        f"sheddable served locally waited {_n(d['local_sheddable_ttft_p50_s'], 1)} s. "
+        f"Skipped: {d['skipped'] or 'none'}; tokens rejected: {d['tokens_rejected'] or 'none'}.",
+    ]
+
+
 def table(report: dict[str, Any]) -> str:
     setup = report["setup"]
     rows = report["rows"]
@@ -613,6 +767,6 @@ def table(report: dict[str, Any]) -> str:
         f"fallback_for_s = {d['expected_back_s']:g} s), then admit "
         f"{_n(d['others_minute_over_limit_after_back'])} of the limit per minute.",
         "",
-        f"(d) crossing: {report['crossing']}.",
+        *_crossing_lines(report["crossing"]),
     ]
     return "\n".join(lines)

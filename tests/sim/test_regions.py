@@ -19,9 +19,11 @@ from sim.fleet.regions import RegionsFleet
 from sim.studies.regions import (
     DEATH_AT_S,
     RegionsSetup,
+    crossing,
     death,
     play,
     recovery_bound_s,
+    run_crossing,
     run_phases,
 )
 
@@ -125,3 +127,28 @@ def test_a_dead_region_keeps_its_share_until_its_lease_and_fallback_end() -> Non
     assert back_s - setup.interval_s <= report["back_after_s"]
     assert report["back_after_s"] <= back_s + 2 * setup.interval_s + 4 * setup.delay_s
     assert DEATH_AT_S + report["back_after_s"] < DEATH_AT_S + back_s + 60.0
+
+
+def test_tolerant_requests_of_a_saturated_region_cross_and_critical_stay() -> None:
+    """(d): a region's pool saturated: its sheddable requests go to a peer (the crossing
+    decision and tokens are admission.crossing's and the desk's), each paying at least the
+    WAN's round trip, and never sent on; its critical ones stay."""
+    fleet, _ = run_crossing(SETUP)
+    report = crossing(SETUP, fleet)
+    assert report["crossed"] > 0 and report["crossed_failed"] == 0
+    assert report["critical"] > 0 and report["critical_crossed"] == 0
+    assert report["critical_served_locally"] == report["critical"]
+    assert report["tokens_rejected"] == {}
+    saturated = SETUP.regions[-1]
+    rtt_s = min(report["link_rtt_s"].values())
+    origin = fleet.seats[saturated].fleet.results.values()
+    crossed = [s for s in origin if s.outcome == "crossed"]
+    assert all(s.ttft_s is not None and s.ttft_s >= rtt_s for s in crossed)
+    assert report["added_ttft_p50_s"] >= rtt_s
+    for name, seat in fleet.seats.items():
+        arrived = [rid for rid in seat.fleet.results if ":" in rid]
+        if name == saturated:
+            assert not arrived
+            continue
+        # What came from the saturated region never crossed again.
+        assert all(not seat.fleet.results[rid].outcome.startswith("crossed") for rid in arrived)
