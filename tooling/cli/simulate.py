@@ -85,8 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="regions (default 3) sharing a global tenant by lease over a delayed link: its "
         "overshoot spending everywhere at 2x, a move to one region, a partition healed, a "
-        "region dying; link delay 40/80/150 ms x reports every 0.5/1/2 s "
-        "(bench/results/regions-sim.*; --workload is not read)",
+        "region dying, a saturated region's tolerant traffic crossing; link delay "
+        "40/80/150 ms x reports every 0.5/1/2 s (bench/results/regions-sim.*; --workload "
+        "is not read)",
     )
     simulate.set_defaults(handler=run_simulate)
 
