@@ -141,13 +141,15 @@ def _delay_text(setup: RegionsSetup) -> str:
     return "/".join(f"{round(d * 1000)}" for d in dict.fromkeys(setup.links_s.values()))
 
 
-def region_policy(setup: RegionsSetup, this: str, crossing: bool = False) -> Policy:
+def region_policy(
+    setup: RegionsSetup, this: str, crossing: bool = False, max_waiting: int | None = None
+) -> Policy:
     """The policy of region `this`: the simulator's breaker timings, the regions and their
     ledger, one global tenant with its tokens-per-minute limit and one key; `crossing`:
     crossing on for sheddable requests (from L2 or a full waiting room, peers within
-    400 ms as the lab sets it), every region with an ingress, a small waiting room (8 per
-    pool and tier), and two more tenants of this region's own: batch (sheddable) and
-    crit (critical)."""
+    400 ms as the lab sets it), every region with an ingress, and two more tenants of this
+    region's own: batch (sheddable) and crit (critical); `max_waiting`: its waiting room
+    per pool and tier (None: the policy's default)."""
     document: dict[str, Any] = dict(SIMULATION_POLICY)
     document["regions"] = {
         "this": this,
@@ -180,7 +182,8 @@ def region_policy(setup: RegionsSetup, this: str, crossing: bool = False) -> Pol
             "max_added_ms": 400,
             "secret_file": "/run/slogate/regions.key",  # never read: the simulator's own
         }
-        document["waiting_room"] = {"max_waiting": 8}
+        if max_waiting is not None:
+            document["waiting_room"] = {"max_waiting": max_waiting}
         for tenant, tier in CROSSING_TENANTS.items():
             document["tenants"]["list"][tenant] = {"tier": tier}
             document["keys"].append({"key": f"sk-{tenant}", "tenant": tenant, "tier": tier})
@@ -508,16 +511,36 @@ def death(setup: RegionsSetup) -> dict[str, Any]:
     }
 
 
-CROSSING_S = 120.0  # (d)'s traffic
-CROSSING_WARM_S = 20.0  # (d) is read from then on: the saturated pool has reached L2
+@dataclass(frozen=True, slots=True)
+class CrossingLoad:
+    """(d): the last region's pool saturated (its engine's KV and batch slots, its waiting
+    room) by sheddable requests beside critical ones; sheddable requests of the peers' own
+    in `own_in` (all peers when empty), as the baseline of their time to first byte."""
+
+    kv_tokens: int = 250_000  # an eighth of the others'
+    slots: int = 8
+    max_waiting: int = 8  # per pool and tier
+    sheddable_per_s: float = 4.0
+    critical_per_s: float = 1.0
+    own_per_s: float = 1.0
+    own_in: tuple[int, ...] = ()
+    output_tokens: int | None = None  # None: the setup's
+    duration_s: float = 120.0
+    warm_s: float = 20.0  # read from then on: the saturated pool has reached L2
 
 
-def run_crossing(setup: RegionsSetup) -> tuple[RegionsFleet, dict[str, Policy]]:
-    """(d): the last region's pool saturated (an eighth of the others' KV and 8 batch
-    slots) by sheddable batch traffic (4 requests a second) beside critical traffic (1 a
-    second); the other regions' own sheddable traffic at 1 a second each."""
-    policies = {name: region_policy(setup, name, crossing=True) for name in setup.regions}
+def run_crossing(
+    setup: RegionsSetup, load: CrossingLoad | None = None
+) -> tuple[RegionsFleet, dict[str, Policy]]:
+    """(d) played (CrossingLoad)."""
+    load = load or CrossingLoad()
     saturated = setup.regions[-1]
+    policies = {
+        name: region_policy(
+            setup, name, crossing=True, max_waiting=load.max_waiting if name == saturated else None
+        )
+        for name in setup.regions
+    }
     fleet = RegionsFleet(
         policies,
         setup.links_s,
@@ -525,11 +548,19 @@ def run_crossing(setup: RegionsSetup) -> tuple[RegionsFleet, dict[str, Policy]]:
         seed=setup.seed,
         kv_capacity_tokens=2_000_000,
         max_running=512,
-        region_options={saturated: {"kv_capacity_tokens": 250_000, "max_running": 8}},
+        region_options={
+            saturated: {"kv_capacity_tokens": load.kv_tokens, "max_running": load.slots}
+        },
     )
+    output = load.output_tokens or setup.output_tokens
     arrivals: dict[str, list[Arrival]] = {}
     for index, name in enumerate(setup.regions):
-        rates = {"batch": 4.0, "crit": 1.0} if name == saturated else {"batch": 1.0}
+        if name == saturated:
+            rates = {"batch": load.sheddable_per_s, "crit": load.critical_per_s}
+        elif not load.own_in or index in load.own_in:
+            rates = {"batch": load.own_per_s}
+        else:
+            rates = {}
         arrivals[name] = []
         for number, (tenant, rate) in enumerate(sorted(rates.items())):
             key = policies[name].key_for(f"sk-{tenant}")
@@ -538,28 +569,29 @@ def run_crossing(setup: RegionsSetup) -> tuple[RegionsFleet, dict[str, Policy]]:
                 key,
                 rate,
                 0.0,
-                CROSSING_S,
+                load.duration_s,
                 list(setup.prompt_tokens),
-                setup.output_tokens,
+                output,
                 seed=setup.seed * 1000 + 500 + index * 10 + number,
-                output_tokens=[setup.output_tokens, setup.output_tokens],
+                output_tokens=[output, output],
             )
         arrivals[name].sort(key=lambda a: a.at_s)
-    fleet.run(arrivals, CROSSING_S + 60.0)
+    fleet.run(arrivals, load.duration_s + 60.0 + output * 0.05)
     return fleet, policies
 
 
-def crossing(setup: RegionsSetup, played: RegionsFleet | None = None) -> dict[str, Any]:
-    """(d)'s numbers, from CROSSING_WARM_S on: the share of the saturated region's
+def crossing(
+    setup: RegionsSetup, played: RegionsFleet | None = None, load: CrossingLoad | None = None
+) -> dict[str, Any]:
+    """(d)'s numbers, from the load's warm_s on: the share of the saturated region's
     sheddable requests that crossed and their time to first byte against the peers' own
     sheddable requests' (the added time: the WAN there and back, and the peer's queue);
     its critical requests, all kept local. `played`: run_crossing's fleet (None: play it)."""
-    fleet = played if played is not None else run_crossing(setup)[0]
+    load = load or CrossingLoad()
+    fleet = played if played is not None else run_crossing(setup, load)[0]
     saturated = setup.regions[-1]
     results = [
-        s
-        for s in fleet.seats[saturated].fleet.results.values()
-        if s.arrival.at_s >= CROSSING_WARM_S
+        s for s in fleet.seats[saturated].fleet.results.values() if s.arrival.at_s >= load.warm_s
     ]
 
     def of(tenant: str) -> list[Served]:
@@ -574,7 +606,7 @@ def crossing(setup: RegionsSetup, played: RegionsFleet | None = None) -> dict[st
         for name, seat in fleet.seats.items()
         if name != saturated
         for s in seat.fleet.results.values()
-        if s.arrival.at_s >= CROSSING_WARM_S
+        if s.arrival.at_s >= load.warm_s
         and s.arrival.key.tenant == "batch"
         and ":" not in _request_id(seat.fleet, s)
         and s.outcome == "served"
@@ -585,6 +617,7 @@ def crossing(setup: RegionsSetup, played: RegionsFleet | None = None) -> dict[st
     crossed_p50, peer_p50 = _median(crossed_ttft), _median(peer_ttft)
     return {
         "region": saturated,
+        "load": dataclasses.asdict(load),
         "sheddable": len(batch),
         "crossed": len(crossed),
         "crossed_share": len(crossed) / len(batch) if batch else None,
@@ -709,23 +742,26 @@ def _lab_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
-def _crossing_lines(d: dict[str, Any]) -> list[str]:
+def _crossing_lines(d: dict[str, Any], where: str) -> list[str]:
+    load = d["load"]
     rtts = ", ".join(f"{peer} {rtt * 1000:.0f} ms" for peer, rtt in d["link_rtt_s"].items())
-    sent = ", ".join(f"{where}: {count}" for where, count in sorted(d["crossed_to"].items()))
+    sent = ", ".join(f"{to}: {count}" for to, count in sorted(d["crossed_to"].items()))
     return [
-        f"(d) Crossing (80 ms, reports every 1 s; {d['region']}'s pool at an eighth of the "
-        "others' KV and 8 batch slots, its waiting room 8 a tier; 4 sheddable and 1 "
-        "critical request a second there, 1 sheddable a second in each other region; read "
-        f"from {CROSSING_WARM_S:g} s on): {d['crossed']} of {d['region']}'s "
-        f"{d['sheddable']} sheddable requests crossed ({_n(d['crossed_share'])}; {sent}), "
-        f"{d['sheddable_served_locally']} were served there, {d['sheddable_refused']} "
-        f"refused; {d['critical_crossed']} of {d['critical']} critical requests crossed "
-        f"({d['critical_served_locally']} served there). Time to first byte, median: "
-        f"crossed {_n(d['crossed_ttft_p50_s'])} s, the peers' own sheddable "
-        f"{_n(d['peer_own_ttft_p50_s'])} s: {_n(d['added_ttft_p50_s'])} s added (round trip "
-        f"to the peer's ingress: {rtts}; the rest the peer's queue); {d['region']}'s "
-        f"sheddable served locally waited {_n(d['local_sheddable_ttft_p50_s'], 1)} s. "
-        f"Skipped: {d['skipped'] or 'none'}; tokens rejected: {d['tokens_rejected'] or 'none'}.",
+        f"(d) Crossing ({where}; {d['region']}'s pool {load['kv_tokens']:,} KV tokens and "
+        f"{load['slots']} batch slots, its waiting room {load['max_waiting']} a tier; "
+        f"{load['sheddable_per_s']:g} sheddable and {load['critical_per_s']:g} critical "
+        f"requests a second there, {load['own_per_s']:g} sheddable a second of the peers' "
+        f"own; {load['duration_s']:g} s read from {load['warm_s']:g} s on): {d['crossed']} "
+        f"of {d['region']}'s {d['sheddable']} sheddable requests crossed "
+        f"({_n(d['crossed_share'])}; {sent or 'none'}), {d['sheddable_served_locally']} were "
+        f"served there, {d['sheddable_refused']} refused; {d['critical_crossed']} of "
+        f"{d['critical']} critical requests crossed ({d['critical_served_locally']} served "
+        f"there). Time to first byte, median: crossed {_n(d['crossed_ttft_p50_s'])} s, the "
+        f"peers' own sheddable {_n(d['peer_own_ttft_p50_s'])} s: "
+        f"{_n(d['added_ttft_p50_s'])} s added (round trip to the peer's ingress: {rtts}; the "
+        f"rest the peer's queue); {d['region']}'s sheddable served locally waited "
+        f"{_n(d['local_sheddable_ttft_p50_s'], 1)} s. Skipped: {d['skipped'] or 'none'}; "
+        f"tokens rejected: {d['tokens_rejected'] or 'none'}.",
     ]
 
 
@@ -760,13 +796,13 @@ def table(report: dict[str, Any]) -> str:
     lines += [
         "",
         f"Region death ({d['delay_ms']} ms, reports every {d['interval_s']:g} s): "
-        f"{d['region']} dies; the ledger keeps its share for it, so the other two hold "
+        f"{d['region']} dies; the ledger keeps its share for it, so the others hold "
         f"{_n(d['others_share'])} of the tenant meanwhile (admitting "
         f"{_n(d['others_minute_over_limit'])} of the limit per minute) and get "
         f"its share back {_n(d['back_after_s'], 1)} s after the death (lease_s + "
         f"fallback_for_s = {d['expected_back_s']:g} s), then admit "
         f"{_n(d['others_minute_over_limit_after_back'])} of the limit per minute.",
         "",
-        *_crossing_lines(report["crossing"]),
+        *_crossing_lines(report["crossing"], "80 ms one way, reports every 1 s"),
     ]
     return "\n".join(lines)
