@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable, Mapping
 
+from admission.crossing import crossed_to
 from admission.decision import RequestOutcome
 from admission.errors import RequestRejected
 from admission.signals import record_signals
@@ -65,6 +67,8 @@ class FleetRequests:
     _batches: dict[int, tuple[str, EventBatch]]
     _pool_of: dict[str, str]
     _sequence: itertools.count[int]
+    cross_out: Callable[[str, str, Mapping[str, str]], None] | None
+    _from_peer: dict[str, Callable[[Served, int], None]]
 
     def _push(self, at_s: float, kind: str, request_id: str) -> None:
         heapq.heappush(self._events, (at_s, next(self._sequence), kind, request_id))
@@ -83,9 +87,20 @@ class FleetRequests:
             self.results[request_id] = Served(
                 arrival, pool, kind, attempts=attempts, reason=decided.reason
             )
+            self._tell_origin(request_id, decided.status)
             return
         self._routed[request_id] = decided
         pool = decided.decision.pool
+        peer = crossed_to(pool)
+        if peer is not None and self.cross_out is not None:
+            # Re-routed to a peer region (admission.crossing): Envoy's route takes it there
+            # with its token; its answer comes back through this region's access log.
+            waited_s = self.clock.now_s - self._attempt_at[request_id]
+            self.results[request_id] = Served(
+                arrival, pool, "crossed", waited_s=waited_s, attempts=attempts
+            )
+            self.cross_out(request_id, peer, decided.upstream_headers)
+            return
         detect_s = self.policy.engines.health.probe_interval_s * (
             self.policy.engines.health.unhealthy_after
         )
@@ -124,6 +139,28 @@ class FleetRequests:
             self._outputs.pop(request_id, None)
             self._on_engine.pop(request_id, None)
             self._end(request_id, status=503, output=None, engine=engine)
+
+    def _tell_origin(self, request_id: str, status: int) -> None:
+        """A request a peer sent here ended: its origin hears of it."""
+        on_end = self._from_peer.pop(request_id, None)
+        if on_end is not None:
+            on_end(self.results[request_id], status)
+
+    def answered_by_peer(
+        self, request_id: str, at_peer: Served, status: int, first_byte_s: float | None
+    ) -> None:
+        """The answer to a request this region sent to a peer is back now (`first_byte_s`:
+        when its first token reached this region; None: it failed there): the client's
+        result, then the access log's entry for it, as for one served here."""
+        served = self.results[request_id]
+        served.done_s = self.clock.now_s
+        served.output_tokens = at_peer.output_tokens
+        if first_byte_s is not None:
+            served.ttft_s = first_byte_s - served.arrival.at_s
+        if status >= 400:
+            served.outcome = f"crossed_{at_peer.outcome}"
+        output = at_peer.output_tokens if status < 400 else None
+        self._end(request_id, status, output)
 
     def _published(self, engine: SimEngine) -> None:
         """What the engine's paged cache stored, evicted or cleared since last asked, as one
@@ -246,6 +283,8 @@ class FleetRequests:
             upstream_failed=status == 503 and engine is not None and not engine.up,
         )
         # The engines out as the sidecar's access log sees them (admission.signals).
-        out = self.sidecars[0].fleet.out(routed.decision.pool)
+        pool = routed.decision.pool
+        out = frozenset() if crossed_to(pool) is not None else self.sidecars[0].fleet.out(pool)
         record_signals(self.windows, self.policy, outcome, out)
         self.sidecars[self._sidecar_of.get(request_id, 0)].finish(outcome)
+        self._tell_origin(request_id, status)

@@ -27,15 +27,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from admission.crossing import Crossing
 from admission.kv.book import LocalBook
 from admission.kv.dispatch import ROOM_TICK_S
+from admission.regions import RegionShares
 from breaker.board import BreakerBoard
 from breaker.latency import ResponseWindows
 from budget.ahead import AheadCeilings, AheadPlanner, tenant_tiers
 from budget.key_quotas import KeyQuotas
 from budget.quotas import Adjustment, TierMultipliers
+from budget.region_demand import RegionDemand
 from budget.store import InProcessStore
 from engines.kv_events import EventBatch
+from extproc.request.crossing_token import CrossingDesk
 from extproc.request.tokens.prompt import PromptCounter
 from extproc.request.verdicts import Routed
 from policy.schema import Policy
@@ -78,6 +82,11 @@ class OfflineFleet(FleetRequests):
         prefill_queue: bool = False,
         ahead: AheadPlanner | None = None,
         key_budgets: bool = False,
+        clock: VirtualClock | None = None,
+        shares: RegionShares | None = None,
+        demand: RegionDemand | None = None,
+        crossing: Crossing | None = None,
+        desk: CrossingDesk | None = None,
     ) -> None:
         """`waiting_room`: the sidecars hold requests refused only for capacity until room
         frees (False: they refuse them at once). `client_retries`: how many times a client
@@ -103,12 +112,18 @@ class OfflineFleet(FleetRequests):
         moved ahead of forecast or declared ramps (budget.ahead, stepped with the controller;
         its outlook's clock is this fleet's virtual one); `key_budgets`: the per-key dynamic
         budgets (budget.key_quotas) fed and stepped as in the sidecar, enforced where the
-        policy says (`breaker.controller_key_budgets`), a raised tenant's lifted."""
+        policy says (`breaker.controller_key_budgets`), a raised tenant's lifted. `clock`: a
+        virtual clock shared with other fleets (sim.fleet.regions: regions on one clock;
+        None: its own); `shares`, `demand`: its region's share of each global tenant and
+        where its sidecars count those tenants' demand and usage (sim.fleet.regions; None:
+        one region); `crossing`, `desk`: where its sidecars send saturated pools' tolerant
+        requests and their crossing tokens (a request re-routed to a peer goes to
+        `cross_out`, set by sim.fleet.regions; None: nothing crosses)."""
         self.policy = policy
         self.client_retries = client_retries
         self.seed = seed
         self.use_breaker = breaker
-        self.clock = VirtualClock()
+        self.clock = clock or VirtualClock()
         self.latency = latency or LatencyConfig()
         # overcommit_ratio > 1: the engine admits past its real KV capacity, and requests
         # started in that region fail like an OOM (a 500), as in the simulated pool.
@@ -197,10 +212,20 @@ class OfflineFleet(FleetRequests):
                 engines={n: [e.address for e in p.engines] for n, p in self.engines.items()},
                 key_quotas=self.key_quotas,
                 ceilings=ceilings,
+                shares=shares,
+                demand=demand,
+                crossing=crossing,
+                desk=desk,
             )
             for index in range(len(self.sidecar_split))
         ]
         self._calls: dict[int, Callable[[], None]] = {}
+        # Crossing regions (sim.fleet.regions): where a request re-routed to a peer goes
+        # (request id, peer, the headers it carries), and what a request that came from
+        # a peer tells its origin when it ends here (its result, the status it ended with).
+        self.cross_out: Callable[[str, str, Mapping[str, str]], None] | None = None
+        self._from_peer: dict[str, Callable[[Served, int], None]] = {}
+        self._headers: dict[str, Mapping[str, str]] = {}
         self._tick_pending = False
         self._attempts: dict[str, int] = {}
         self._attempt_at: dict[str, float] = {}
@@ -228,6 +253,15 @@ class OfflineFleet(FleetRequests):
         heapq.heappush(self._events, (self.clock.now_s, number, "call", str(number)))
 
     def run(self, arrivals: Iterable[Arrival], until_s: float) -> dict[str, Served]:
+        self.begin(arrivals, until_s)
+        while self.step():
+            pass
+        return self.results
+
+    def begin(self, arrivals: Iterable[Arrival], until_s: float) -> None:
+        """Put the run's arrivals and periodic events on the queue; `step` then plays them
+        one by one (`run` does both; sim.fleet.regions interleaves several fleets' steps on
+        one clock)."""
         for index, arrival in enumerate(arrivals):
             request_id = f"r{index}"
             self._arrivals[request_id] = arrival
@@ -250,36 +284,58 @@ class OfflineFleet(FleetRequests):
                 if outage.until_s < until_s:
                     self._push(outage.until_s, "up", str(number))
         self.until_s = until_s
-        while self._events:
-            at_s, _, kind, request_id = heapq.heappop(self._events)
-            self._account(at_s)
-            self.clock.now_s = at_s
-            if kind == "arrive":
-                self._arrive(request_id)
-            elif kind == "call":
-                self._calls.pop(int(request_id))()
-            elif kind == "room":
-                self._tick_pending = False
-                for sidecar in self.sidecars:
-                    run_now(sidecar.admission.kv.dispatcher.tick())
-                self._tick_room()
-            elif kind == "finish":
-                self._finish(request_id)
-            elif kind == "kv":
-                self._deliver(int(request_id))
-            elif kind == "evaluate":
-                if self.use_breaker:
-                    self.board.evaluate()
-                self._sample()
-            elif kind == "control" and self.use_controller:
-                self._control()
-            elif kind == "scrape":
-                self._scrape()
-            elif kind == "probe":
-                probe(self.engines, [s.fleet for s in self.sidecars])
-            elif kind in ("down", "up"):
-                self._outage(self.outages[int(request_id)], kind == "up")
-        return self.results
+
+    def arrive_from_peer(
+        self,
+        request_id: str,
+        arrival: Arrival,
+        headers: Mapping[str, str],
+        on_end: Callable[[Served, int], None],
+    ) -> None:
+        """A request a peer region re-routed here arrives now, with its crossing token;
+        `on_end` gets its result and status when it ends (refused, failed or served)."""
+        self._arrivals[request_id] = arrival
+        self._headers[request_id] = headers
+        self._from_peer[request_id] = on_end
+        self._push(self.clock.now_s, "arrive", request_id)
+
+    def next_event_s(self) -> float | None:
+        """When the next queued event happens; None: nothing left."""
+        return self._events[0][0] if self._events else None
+
+    def step(self) -> bool:
+        """Play the next event; False when none was left."""
+        if not self._events:
+            return False
+        at_s, _, kind, request_id = heapq.heappop(self._events)
+        self._account(at_s)
+        self.clock.now_s = at_s
+        if kind == "arrive":
+            self._arrive(request_id)
+        elif kind == "call":
+            self._calls.pop(int(request_id))()
+        elif kind == "room":
+            self._tick_pending = False
+            for sidecar in self.sidecars:
+                run_now(sidecar.admission.kv.dispatcher.tick())
+            self._tick_room()
+        elif kind == "finish":
+            self._finish(request_id)
+        elif kind == "kv":
+            self._deliver(int(request_id))
+        elif kind == "evaluate":
+            if self.use_breaker:
+                self.board.evaluate()
+            self._sample()
+        elif kind == "control" and self.use_controller:
+            self._control()
+        elif kind == "scrape":
+            self._scrape()
+        elif kind == "probe":
+            probe(self.engines, [s.fleet for s in self.sidecars])
+        elif kind in ("down", "up"):
+            self._outage(self.outages[int(request_id)], kind == "up")
+        return True
 
     def _scrape(self) -> None:
         """Every sidecar scrapes every engine (the pools' signals, each engine's state)."""
@@ -322,7 +378,11 @@ class OfflineFleet(FleetRequests):
             arrival.chat_roles(len(texts)),
         )
         sidecar.submit(
-            arrival.key, request, request_id, lambda decided: self._decided(request_id, decided)
+            arrival.key,
+            request,
+            request_id,
+            lambda decided: self._decided(request_id, decided),
+            self._headers.get(request_id),
         )
         self._tick_room()
 

@@ -12,23 +12,28 @@ simulated engine instead of Envoy's access log.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from admission.assembly import AssembledChain, build_admission, expiry_s
 from admission.budget_step import KeyCeilings
+from admission.crossing import Crossing
 from admission.decision import RequestOutcome, RoutingDecision
 from admission.errors import RequestRejected
 from admission.events import NoEvents
 from admission.kv.book import KvBook
+from admission.regions import RegionShares
 from breaker.board import BreakerBoard
 from budget.key_quotas import KeyQuotas
 from budget.ledger import Charge
+from budget.region_demand import RegionDemand
 from budget.store import BudgetStore
 from engines.picker import EnginePicker
 from engines.state import EngineFleet
 from extproc.request.bodies.request import InferenceRequest
+from extproc.request.crossing_token import CrossingDesk
 from extproc.request.engine_outcomes import EngineOutcomes
 from extproc.request.flow import Decider
 from extproc.request.inflight import InFlight
@@ -159,6 +164,10 @@ class SimulatedSidecar:
         engines: Mapping[str, Sequence[str]] | None = None,
         key_quotas: KeyQuotas | None = None,
         ceilings: KeyCeilings | None = None,
+        shares: RegionShares | None = None,
+        demand: RegionDemand | None = None,
+        crossing: Crossing | None = None,
+        desk: CrossingDesk | None = None,
     ) -> None:
         """`schedule`: how a resumed admission is put on the virtual clock's queue; None:
         no waiting room (a full pool refuses at once). `book`: the KV ledger, shared by the
@@ -166,7 +175,12 @@ class SimulatedSidecar:
         `engines`: each pool's engine addresses: this replica's own view of them (their
         state, what it holds on each, its prefix index) and the sidecar's picker over it.
         `key_quotas`: the per-key dynamic budgets its settlements feed; `ceilings`: what
-        its budget step caps keys at (enforced as `breaker.controller_key_budgets` says)."""
+        its budget step caps keys at (enforced as `breaker.controller_key_budgets` says).
+        `shares`: its region's share of each global tenant (sim.fleet.regions; None: one
+        region); `demand`: where its budget step counts the global tenants' demand and
+        usage for the region's report; `crossing`: where its saturated pools' tolerant
+        requests may go (admission.crossing), `desk`: the crossing tokens it mints for them
+        and verifies on requests that come from a peer (None: nothing crosses)."""
         self.policy = policy
         ttl_s = expiry_s(policy)
         self.fleet = EngineFleet(
@@ -197,6 +211,9 @@ class SimulatedSidecar:
             wait_cap_s=policy.longest_wait_s,
             live=self.fleet.live_pool,
             largest_engine=self.fleet.largest_kv_tokens,
+            shares=shares,
+            demand=demand,
+            crossing=crossing,
         )
         self.decider = Decider(
             lambda: policy,
@@ -205,10 +222,26 @@ class SimulatedSidecar:
             admission=self.admission.chain,
             inflight=InFlight(clock, ttl_s),
             picker=self.picker if engines else None,
+            crossing=desk,
         )
 
-    async def _decide(self, key: ApiKey, request: InferenceRequest, request_id: str) -> Routed:
+    async def _decide(
+        self,
+        key: ApiKey,
+        request: InferenceRequest,
+        request_id: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> Routed:
         counted = await self.decider.count_and_route(request, key, request_id, _CHAT, self.policy)
+        desk = self.decider.crossing
+        if headers and desk is not None:
+            # A request from a peer region: its token read as RequestFlow reads it (charged
+            # at its origin when verified; never sent on either way).
+            arrival = desk.arrival(headers, self.policy.regions)
+            arrived = dataclasses.replace(
+                counted.decision, crossed_from=arrival.crossed_from, may_cross=arrival.may_cross
+            )
+            counted = dataclasses.replace(counted, decision=arrived)
         return await self.decider.admit_counted(counted, self.policy)
 
     def attempt(
@@ -227,11 +260,13 @@ class SimulatedSidecar:
         request: InferenceRequest,
         request_id: str,
         on_done: Callable[[Routed | RequestRejected], None],
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         """The request (a `chat`) as the sidecar decides it, waiting in the waiting room if
         it must: `on_done` gets the decision when it is made (now, or when the room
-        dispatches or times it out)."""
-        drive(self._decide(key, request, request_id), on_done)
+        dispatches or times it out). `headers`: those it came with from a peer region (its
+        crossing token)."""
+        drive(self._decide(key, request, request_id, headers), on_done)
 
     @staticmethod
     def kind(refusal: RequestRejected) -> str:

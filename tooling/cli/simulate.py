@@ -76,6 +76,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         "arrivals at rising load (--duration-s: each load step, default 60 s; "
         "bench/results/simulate-prefix-state.*)",
     )
+    simulate.add_argument(
+        "--regions",
+        type=int,
+        nargs="?",
+        const=3,
+        default=None,
+        metavar="N",
+        help="regions (default 3) sharing a global tenant by lease over a delayed link: its "
+        "overshoot spending everywhere at 2x, a move to one region, a partition healed, a "
+        "region dying, a saturated region's tolerant traffic crossing; link delay "
+        "40/80/150 ms x reports every 0.5/1/2 s (bench/results/regions-sim.*; --workload "
+        "is not read)",
+    )
     simulate.set_defaults(handler=run_simulate)
 
 
@@ -89,6 +102,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         return _prefix_state(args)
     if args.ahead:
         return _ahead(args)
+    if args.regions is not None:
+        return _regions(args)
     path = workload_path(args.workload)
     if not path.exists():
         names = ", ".join(sorted(p.stem for p in WORKLOADS.glob("*.yaml")))
@@ -198,6 +213,21 @@ def _write_report(
     print(text)
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0
+
+
+def _regions(args: argparse.Namespace) -> int:
+    from sim.studies.regions import RegionsSetup, region_names, sweep, table
+
+    if args.regions < 2:
+        print("slogate: --regions needs at least 2 regions", file=sys.stderr)
+        return 2
+    setup = RegionsSetup(regions=region_names(args.regions), seed=args.seed)
+    report = sweep(setup, progress=lambda line: print(line))
+    title = (
+        f"slogate simulate --regions {args.regions} --seed {args.seed}: a global tenant's "
+        "lease over a delayed link (sim.studies.regions)"
+    )
+    return _write_report(args, "regions-sim", title, report, table(report))
 
 
 def _ahead(args: argparse.Namespace) -> int:
