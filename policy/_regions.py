@@ -14,7 +14,7 @@ regions:
     url: redis://global-ledger:6379/0
     report_interval_s: 1.0
     lease_s: 10.0
-    fallback_for_s: 600.0
+    fallback_for_s: 120.0
     limits_fallback: share      # share | closed
     fallback_share: last        # last (the share last held) | a fraction, capped at the share held
     spend_fallback: closed      # closed | share
@@ -63,8 +63,13 @@ class LedgerConfig:
     report_interval_s: float = 1.0
     lease_s: float = 10.0  # a region's shares hold this long after the report
     timeout_ms: float = 500.0  # one report's round trip; slower counts as cut off
-    min_share: float = 0.05  # every region's floor, so a region without demand can start
-    fallback_for_s: float = 600.0  # after the lease, a cut-off region's fallback lasts this
+    # Every region's floor, so a region without demand can start; small, since a region
+    # can hold at most 1 - (regions - 1) x this (0.96 of three regions').
+    min_share: float = 0.02
+    # After the lease, a cut-off region's fallback lasts this. The ledger holds the
+    # fallback share for it as long, so a region that died costs the others its share for
+    # lease_s + this: two minutes, not the ten it was (the simulator's finding).
+    fallback_for_s: float = 120.0
     limits_fallback: str = Fallback.SHARE.value
     # The fallback share of the limits: None = the share the region last held; a fraction
     # is capped at the share held (more could already be the other regions').

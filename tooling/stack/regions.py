@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from extproc.runtime.processes import ManagedProcess, ProcessFailed
+from policy._regions import LedgerConfig
 from policy.loader import load_policy
 from policy.schema import BudgetStoreKind
 from tooling.stack.local import LocalStack, StackPorts
@@ -47,15 +48,18 @@ def region_names(count: int) -> tuple[str, ...]:
     return tuple(_NAMES[i] if i < len(_NAMES) else f"r{i}" for i in range(count))
 
 
+_LEDGER = LedgerConfig()  # the policy's defaults
+
+
 @dataclass(frozen=True, slots=True)
 class LedgerTiming:
     """The `regions.ledger` settings the stack writes (the rest: the policy's defaults)."""
 
-    report_interval_s: float = 1.0
-    lease_s: float = 10.0
-    timeout_ms: float = 500.0
-    fallback_for_s: float = 600.0
-    min_share: float = 0.05
+    report_interval_s: float = _LEDGER.report_interval_s
+    lease_s: float = _LEDGER.lease_s
+    timeout_ms: float = _LEDGER.timeout_ms
+    fallback_for_s: float = _LEDGER.fallback_for_s
+    min_share: float = _LEDGER.min_share
 
 
 def region_policy(
