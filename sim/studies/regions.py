@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from budget.leases import MOVE_REPORTS
+from policy._regions import LedgerConfig
 from policy.loader import parse_policy
 from policy.schema import Policy
 from sim.fleet.arrivals import Arrival, poisson_arrivals
@@ -64,7 +65,7 @@ class RegionsSetup:
     cut_index: int = -1  # (c): the region cut off
     interval_s: float = 1.0  # report_interval_s
     lease_s: float = 10.0
-    fallback_for_s: float = 600.0
+    fallback_for_s: float = LedgerConfig().fallback_for_s  # the policy's default
     # Every region's floor; with three regions a region alone can hold 1 - 2 x 0.02 = 0.96
     # (at the policy's default 0.05 it would be 0.90, exactly (b)'s target).
     min_share: float = 0.02
