@@ -27,29 +27,7 @@ from budget.leases import (
     apply_report,
 )
 from policy._regions import Fallback
-
-SETTINGS = LeaseSettings(lease_s=10.0, fallback_for_s=30.0, min_share=0.05)
-DAY = "day:2026-12-05"
-
-
-def line(
-    demand: float,
-    applied: float = 0.0,
-    usage: float = 0.0,
-    spent: float = 0.0,
-    limit: float | None = None,
-    ceiling: float | None = None,
-    tenant: str = "acme",
-) -> TenantReport:
-    return TenantReport(
-        tenant,
-        demand,
-        usage,
-        {DAY: spent},
-        applied,
-        {} if limit is None else {DAY: limit},
-        {} if ceiling is None else {DAY: ceiling},
-    )
+from tests.support.global_ledger_suite import DAY, SETTINGS, line
 
 
 def report(region: str, seq: int, *lines: TenantReport) -> Report:

@@ -127,6 +127,20 @@ def _not_found(name: str, prefix: str, style: ErrorStyle) -> route.Route:
     )
 
 
+def _on_pool(pool: str) -> route.RouteMatch:
+    """Any path of a request the sidecar put `pool` in dynamic metadata for."""
+    return route.RouteMatch(
+        prefix="/",
+        dynamic_metadata=[
+            matcher.MetadataMatcher(
+                filter=METADATA_NAMESPACE,
+                path=[matcher.MetadataMatcherPathSegment(key=POOL_FIELD)],
+                value=matcher.ValueMatcher(string_match=matcher.StringMatcher(exact=pool)),
+            )
+        ],
+    )
+
+
 def pool_routes(policy: Policy, clusters: Mapping[str, str] | None = None) -> list[route.Route]:
     """One route per pool, matching the pool the sidecar put in dynamic metadata; the
     sidecar sets it only for requests on an enabled API that it admitted (clients can send
@@ -140,16 +154,7 @@ def pool_routes(policy: Policy, clusters: Mapping[str, str] | None = None) -> li
     return [
         route.Route(
             name=f"{POOL_ROUTE_PREFIX}{pool}",
-            match=route.RouteMatch(
-                prefix="/",
-                dynamic_metadata=[
-                    matcher.MetadataMatcher(
-                        filter=METADATA_NAMESPACE,
-                        path=[matcher.MetadataMatcherPathSegment(key=POOL_FIELD)],
-                        value=matcher.ValueMatcher(string_match=matcher.StringMatcher(exact=pool)),
-                    )
-                ],
-            ),
+            match=_on_pool(pool),
             route=route.RouteAction(
                 cluster=clusters.get(pool, pool),
                 timeout=timeout,
@@ -175,18 +180,7 @@ def region_routes(policy: Policy) -> list[route.Route]:
     return [
         route.Route(
             name=f"{POOL_ROUTE_PREFIX}{crossing_pool(peer.name)}",
-            match=route.RouteMatch(
-                prefix="/",
-                dynamic_metadata=[
-                    matcher.MetadataMatcher(
-                        filter=METADATA_NAMESPACE,
-                        path=[matcher.MetadataMatcherPathSegment(key=POOL_FIELD)],
-                        value=matcher.ValueMatcher(
-                            string_match=matcher.StringMatcher(exact=crossing_pool(peer.name))
-                        ),
-                    )
-                ],
-            ),
+            match=_on_pool(crossing_pool(peer.name)),
             route=route.RouteAction(
                 cluster=crossing_pool(peer.name),
                 timeout=timeout,
