@@ -10,9 +10,9 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from extproc.runtime.serve_command import add_log_arguments, policy_arg
 from policy.domain import FailureMode
@@ -21,6 +21,7 @@ from policy.schema import BudgetStoreKind
 from tooling.cli.common import Signalled, add_engine, vllm_ready
 
 if TYPE_CHECKING:
+    from extproc.runtime.processes import ManagedProcess
     from tooling.stack.local import LocalStack, StackPorts
     from tooling.stack.prometheus_server import PrometheusServer
 
@@ -109,7 +110,6 @@ def up_token_file(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    from extproc.runtime.processes import ProcessFailed
     from tooling.stack.local import LocalStack, StackPorts
 
     work_dir = Path(tempfile.mkdtemp(prefix="slogate-up-"))
@@ -189,30 +189,38 @@ def run_up(args: argparse.Namespace) -> int:
         '"max_tokens": 16}\' -i',
         flush=True,
     )
-    code = 0
     try:
-        while not signals.stopping:
-            try:
-                for name in stack.supervise():
-                    print(f"slogate up: {name} died; restarted on the same ports", flush=True)
-            except ProcessFailed as failed:
-                print(f"slogate up: a sidecar could not be restarted; stopping. {failed}")
-                code = 1
-                break
-            dead = stack.failed()
-            if dead is not None:
-                print(
-                    f"{dead.name} exited; stopping the stack. Its log:\n{dead.log_text()[-3000:]}"
-                )
-                code = 1
-                break
-            time.sleep(0.5)
+        return _supervise(stack, signals)
     finally:
         if prometheus is not None:
             prometheus.stop()
         stack.stop()
         print("slogate up: stopped", flush=True)
-    return code
+
+
+class _Supervised(Protocol):
+    def supervise(self) -> Iterable[str]: ...
+
+    def failed(self) -> ManagedProcess | None: ...
+
+
+def _supervise(stack: _Supervised, signals: Signalled) -> int:
+    """Restart what died and can be, until stopped (0) or something cannot be (1)."""
+    from extproc.runtime.processes import ProcessFailed
+
+    while not signals.stopping:
+        try:
+            for name in stack.supervise():
+                print(f"slogate up: {name} died; restarted on the same ports", flush=True)
+        except ProcessFailed as failed:
+            print(f"slogate up: a sidecar could not be restarted; stopping. {failed}")
+            return 1
+        dead = stack.failed()
+        if dead is not None:
+            print(f"{dead.name} exited; stopping the stack. Its log:\n{dead.log_text()[-3000:]}")
+            return 1
+        time.sleep(0.5)
+    return 0
 
 
 def _run_regions(args: argparse.Namespace, work_dir: Path, ports: StackPorts) -> int:
@@ -262,23 +270,11 @@ def _run_regions(args: argparse.Namespace, work_dir: Path, ports: StackPorts) ->
         '"max_tokens": 16}\' -i',
         flush=True,
     )
-    code = 0
     try:
-        while not signals.stopping:
-            for name in stack.supervise():
-                print(f"slogate up: {name} died; restarted on the same ports", flush=True)
-            dead = stack.failed()
-            if dead is not None:
-                print(
-                    f"{dead.name} exited; stopping the stack. Its log:\n{dead.log_text()[-3000:]}"
-                )
-                code = 1
-                break
-            time.sleep(0.5)
+        return _supervise(stack, signals)
     finally:
         stack.stop()
         print("slogate up: stopped", flush=True)
-    return code
 
 
 def _start_prometheus(stack: LocalStack, work_dir: Path, port: int) -> PrometheusServer:
