@@ -154,18 +154,20 @@ class BudgetStep:
             return Admitted(decision)  # crossed from its origin, which reserved it
         caller = decision.caller
         policy = applicant.policy
-        limits = effective_limits(decision, policy, self._multipliers, self._ceilings, self._shares)
-        if limits.max_context_tokens is not None and decision.context_tokens > (
-            limits.max_context_tokens
-        ):
+        # The context cap is not a rate: no multiplier or share scales it.
+        max_context = caller.limits.max_context_tokens
+        if max_context is not None and decision.context_tokens > max_context:
             raise ContextLengthExceeded(
-                f"This API key allows at most {limits.max_context_tokens} tokens of context "
+                f"This API key allows at most {max_context} tokens of context "
                 f"per request; you requested {decision.context_tokens}.",
                 reason="key_context_limit",
             )
         charge = reserved_charge(decision)
         if global_tenant(policy, caller.tenant):
-            self._regional(caller.tenant, caller.tenant_label, charge, policy)
+            # Before the limits: a tenant new to the region may wait here for the share
+            # they are scaled by.
+            await self._regional(caller.tenant, caller.tenant_label, charge, policy)
+        limits = effective_limits(decision, policy, self._multipliers, self._ceilings, self._shares)
         verdict = await self._store.reserve(
             caller.budget_id, limits, charge, applicant.request_id, self._ttl_s
         )
@@ -192,12 +194,20 @@ class BudgetStep:
             headers=headers,
         )
 
-    def _regional(self, tenant: str, label: str, charge: Charge, policy: Policy) -> None:
+    async def _regional(self, tenant: str, label: str, charge: Charge, policy: Policy) -> None:
         """A global tenant's request: its demand counted for the region's report (reserved
         or refused alike: what it asked of this region), refused outright while this
-        region holds no share of it."""
+        region holds no share of it. A tenant no lease names yet (new to this region)
+        waits for the region's next lease rather than being refused: two intervals and a
+        report's timeout at most (its demand, counted here, goes out with the region's
+        next report)."""
         if self._demand is not None:
             self._demand.asked(tenant, charge.weighted_tokens)
+        if self._shares is not None and self._shares.share(tenant) == 0.0:
+            ledger = policy.regions.ledger
+            await self._shares.first_lease(
+                tenant, 2 * ledger.report_interval_s + ledger.timeout_ms / 1000.0
+            )
         if self._shares is not None and self._shares.share(tenant) == 0.0:
             self._events.budget_decision(label, "region_share")
             raise RateLimited(

@@ -31,6 +31,12 @@ class RegionShares(Protocol):
         lease; 0 past it when the spend fallback is closed). None: the whole limit."""
         ...
 
+    async def first_lease(self, tenant: str, wait_s: float) -> None:
+        """Wait up to `wait_s` for a lease that names the tenant, when none does yet (a
+        tenant new to this region: its demand reaches the ledger with the region's next
+        report); at once when one does, or when no lease applies."""
+        ...
+
 
 class PeerRooms(Protocol):
     def peers(self) -> Mapping[str, Mapping[str, PoolRoom]]:

@@ -207,6 +207,8 @@ class RegionAgent:
         self._spent: dict[str, dict[str, float]] = {}
         # The region's cumulative usage per tenant as last reported (the holder's).
         self._usage: dict[str, float] = {}
+        # Set (and replaced) at each new lease: requests of a tenant no lease named wait on it.
+        self._new_lease = asyncio.Event()
 
     # -- what admission and crossing read --------------------------------------------------
 
@@ -227,6 +229,23 @@ class RegionAgent:
             return None
         own = self._spent.get(tenant, {}).get(window_id, 0.0)
         return holder.spend_allowance(tenant, window_id, limit, own, self._clock())
+
+    async def first_lease(self, tenant: str, wait_s: float) -> None:
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while self._holder is not None and self._holder.share(tenant, self._clock()) is None:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            try:
+                async with asyncio.timeout(left):
+                    await self._new_lease.wait()
+            except TimeoutError:
+                return
+
+    def _leased(self) -> None:
+        """A new lease is in the holder: whoever waits for one looks again."""
+        self._new_lease.set()
+        self._new_lease = asyncio.Event()
 
     def peers(self) -> Mapping[str, Mapping[str, PoolRoom]]:
         """The other live regions' pools, from the latest lease; empty once it is stale
@@ -448,6 +467,7 @@ class RegionAgent:
         holder.received(lease)
         self._seq = max(self._seq, lease.seq)
         self._lease = lease
+        self._leased()
         if lease.rebalanced:
             self._meter().rebalances.inc(lease.rebalanced)
         await self._write(region, lease)
@@ -484,6 +504,7 @@ class RegionAgent:
             holder.received(lease)
             self._seq = lease.seq
             self._lease = lease
+            self._leased()
         elif not answered:
             holder.failed(now_s)
 

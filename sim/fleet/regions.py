@@ -93,6 +93,12 @@ class LeaseShares:
         # The simulated sidecars run no spend step (sim.fleet.sidecar): nothing is spent.
         return self._holder.spend_allowance(tenant, window_id, limit, 0.0, self._clock())
 
+    async def first_lease(self, tenant: str, wait_s: float) -> None:
+        # The live sidecar waits for the region's next lease in real time; the simulated
+        # request does not (the fleet's clock is virtual): a tenant's first request in a
+        # region is refused here where live it might have waited for its first lease.
+        return None
+
 
 # The regions' shared crossing secret (the HMAC key of the tokens; at least 32 bytes).
 CROSSING_SECRET = b"the simulated regions' shared key"

@@ -51,6 +51,9 @@ class Shares:
     def spend_limit(self, tenant: str, window_id: str, limit: float) -> float | None:
         return self.ceilings.get(window_id)
 
+    async def first_lease(self, tenant: str, wait_s: float) -> None:
+        self.waited = wait_s
+
 
 def decision(tenant: str, prompt: int = 1000, max_tokens: int = 500) -> RoutingDecision:
     return RoutingDecision(

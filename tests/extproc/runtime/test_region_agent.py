@@ -326,6 +326,49 @@ async def test_a_partition_cuts_a_region_off_then_back_with_nothing_counted_twic
         assert region.share() > 0.0
 
 
+def newcomers_policy(**ledger: Any) -> Policy:
+    """Every tenant the policy does not list is global (keys made at run time, say)."""
+    return parse_policy(
+        {
+            "regions": {
+                "this": "eu",
+                "list": {"eu": {}, "us": {}},
+                "ledger": {"url": "redis://127.0.0.1:1/0", **ledger},
+            },
+            "tenants": {"defaults": {"scope": "global"}, "list": {"local": {}}},
+            "keys": [],
+        }
+    )
+
+
+@pytest.mark.parametrize("steps", [True, False])
+async def test_a_tenant_new_to_the_region_waits_for_its_first_lease_not_a_429(
+    steps: bool,
+) -> None:
+    """No lease names a tenant new to the region: its request waits for the next one (its
+    demand goes out with the next report) instead of a 429; refused only if that lease
+    does not come within two intervals and a report's timeout."""
+    clock = Clock()
+    current = newcomers_policy(report_interval_s=0.1, lease_s=1.0, timeout_ms=50)
+    ledgers: list[InProcessGlobalLedger] = []
+
+    def ledger(config: LedgerConfig) -> GlobalLedger:
+        ledgers.append(InProcessGlobalLedger(LeaseSettings.of(config), clock))
+        return ledgers[0]
+
+    eu = Region("eu", InProcessRegionStore(), ledger, clock, lambda: current)
+    await eu.agent.step()
+    assert eu.agent.share("newco") == 0.0  # the lease names nobody yet
+    asking = asyncio.create_task(eu.ask("newco"))
+    await asyncio.sleep(0.05)
+    assert not asking.done()  # waiting, not refused
+    if steps:
+        clock.now_s += 0.1
+        await eu.agent.step()  # its demand went out with this report: the lease names it
+        assert eu.agent.share("newco") == 1.0
+    assert await asyncio.wait_for(asking, 5.0) is steps
+
+
 async def test_a_batch_sent_again_after_a_timeout_is_added_once(regional: Any) -> None:
     """A flush that timed out may have landed: the replica sends the same batch again, and
     the region's store adds it once (given back into the next batch, it counted twice)."""
