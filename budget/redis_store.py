@@ -9,6 +9,7 @@ or timeout becomes a `BudgetStoreError`, so the caller can degrade to local budg
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,9 +47,7 @@ def connect(
 
     retry = Retry(NoBackoff(), 1)
     if cluster:
-        from redis.asyncio.cluster import RedisCluster
-
-        return RedisCluster.from_url(
+        return _waiting_cluster().from_url(
             url, max_connections=max_connections, socket_timeout=socket_timeout_s
         )
     from redis.asyncio import BlockingConnectionPool, Redis
@@ -63,6 +62,26 @@ def connect(
         socket_timeout=socket_timeout_s,
     )
     return Redis(connection_pool=pool)
+
+
+@functools.cache
+def _waiting_cluster() -> Any:
+    """redis-py's cluster client, made to wait for a free connection as the single server's
+    BlockingConnectionPool does: its own pool raises MaxConnectionsError once a node has
+    `max_connections` commands in flight (300 reservations gathered at once failed so, when
+    a loaded machine exhausted its retries). At most that many commands are in flight."""
+    from redis.asyncio.cluster import RedisCluster
+
+    class WaitingCluster(RedisCluster):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._in_flight = asyncio.Semaphore(kwargs.get("max_connections", 100))
+
+        async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+            async with self._in_flight:
+                return await super().execute_command(*args, **kwargs)
+
+    return WaitingCluster
 
 
 def _limit(value: int | None) -> int:

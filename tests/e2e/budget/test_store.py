@@ -6,6 +6,7 @@ Redis restart answered by reloading the scripts. In process: tests/budget/test_s
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from budget.ledger import Charge
-from budget.redis_store import RedisStore
+from budget.redis_store import RedisStore, connect
 from budget.store import BudgetStore
 from extproc.runtime.processes import ManagedProcess
 from policy.domain import Limits
@@ -71,3 +72,24 @@ def test_usage_slots_older_than_the_hour_leave_when_a_slot_opens(tmp_path: Path)
     finally:
         proc.stop()
     assert slots == [b"1003600"]
+
+
+async def test_a_cluster_client_waits_for_a_free_connection_instead_of_failing(
+    request: pytest.FixtureRequest,
+) -> None:
+    """More reservations at once than the client has connections: each waits its turn, as
+    with one server's pool (redis-py's cluster pool raised MaxConnectionsError: CI saw 300
+    gathered reservations fail so on a loaded machine)."""
+    ports = request.getfixturevalue("cluster_ports")
+    store = RedisStore(connect(f"redis://127.0.0.1:{ports[0]}", cluster=True, max_connections=4))
+    limits = Limits(requests_per_minute=10_000, concurrent_requests=10_000)
+    try:
+        verdicts = await asyncio.gather(
+            *(
+                store.reserve(uuid.uuid4().hex[:12], limits, Charge(1, 1), rid(), 60)
+                for _ in range(400)
+            )
+        )
+    finally:
+        await store.close()
+    assert all(v.admitted for v in verdicts)
