@@ -124,6 +124,31 @@ def encode_report(report: Report) -> bytes:
     )
 
 
+def encode_lease(lease: Lease) -> bytes:
+    """The Lease as the script answers it (decode_lease reads either)."""
+    return msgspec.msgpack.encode(
+        {
+            "region": lease.region,
+            "seq": lease.seq,
+            "lease_s": float(lease.lease_s),
+            "tenants": {
+                tenant: {
+                    "share": float(line.share),
+                    "global_usage": float(line.global_usage),
+                    "global_spend": _floats(line.global_spend),
+                    "spend_ceiling": _floats(line.spend_ceiling),
+                }
+                for tenant, line in lease.tenants.items()
+            },
+            "peers": {
+                region: {name: [room.level, room.waiting_full] for name, room in pools.items()}
+                for region, pools in lease.peers.items()
+            },
+            "rebalanced": lease.rebalanced,
+        }
+    )
+
+
 def decode_lease(raw: bytes) -> Lease:
     data = msgspec.msgpack.decode(raw)
     return Lease(

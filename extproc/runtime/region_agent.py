@@ -29,13 +29,11 @@ overrides `regions.this`.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -43,13 +41,13 @@ from admission.waiting_room import WaitingRoom
 from breaker.board import BreakerBoard
 from budget.global_ledger import GlobalLedger, RedisGlobalLedger
 from budget.lease_holder import LeaseHolder
-from budget.leases import Lease, LeaseSettings, PoolRoom, Report, TenantLease, TenantReport
+from budget.leases import Lease, LeaseSettings, PoolRoom, Report, TenantReport
 from budget.redis_store import connect
 from budget.region_demand import Flushed, RegionDemand
 from budget.spend import windows
 from budget.spend_store import SpendStore
 from budget.store import BudgetStoreError
-from extproc.runtime.region_store import RegionStore
+from extproc.runtime.region_store import LeaseRecord, RegionStore
 from extproc.service.region_metrics import RegionMetrics, RegionView, TenantLeaseView
 from extproc.service.tenant_series import TenantSeries
 from policy._regions import Fallback, LedgerConfig
@@ -88,63 +86,6 @@ def pool_rooms(policy: Policy, board: BreakerBoard, room: WaitingRoom) -> dict[s
         )
         for name in policy.pools
     }
-
-
-# -- the Lease in the region's store ---------------------------------------------------
-
-
-def lease_json(lease: Lease, answered: bool, usage: Mapping[str, float]) -> str:
-    """The Lease, whether the holder's latest report was answered (False: the holder is
-    cut off; the readers say so too) and the region's usage it reported (for status)."""
-    return json.dumps(
-        {
-            "answered": answered,
-            "usage": dict(usage),
-            "region": lease.region,
-            "seq": lease.seq,
-            "lease_s": lease.lease_s,
-            "rebalanced": lease.rebalanced,
-            "tenants": {
-                name: {
-                    "share": t.share,
-                    "global_usage": t.global_usage,
-                    "global_spend": dict(t.global_spend),
-                    "spend_ceiling": dict(t.spend_ceiling),
-                }
-                for name, t in lease.tenants.items()
-            },
-            "peers": {
-                peer: {pool: [room.level, room.waiting_full] for pool, room in pools.items()}
-                for peer, pools in lease.peers.items()
-            },
-        },
-        separators=(",", ":"),
-    )
-
-
-def lease_from_json(text: str) -> tuple[Lease, bool, dict[str, float]]:
-    raw: dict[str, Any] = json.loads(text)
-    lease = Lease(
-        region=raw["region"],
-        seq=int(raw["seq"]),
-        lease_s=float(raw["lease_s"]),
-        tenants={
-            name: TenantLease(
-                share=float(t["share"]),
-                global_usage=float(t["global_usage"]),
-                global_spend={k: float(v) for k, v in t["global_spend"].items()},
-                spend_ceiling={k: float(v) for k, v in t["spend_ceiling"].items()},
-            )
-            for name, t in raw["tenants"].items()
-        },
-        peers={
-            peer: {pool: PoolRoom(int(r[0]), bool(r[1])) for pool, r in pools.items()}
-            for peer, pools in raw["peers"].items()
-        },
-        rebalanced=int(raw["rebalanced"]),
-    )
-    usage = {tenant: float(v) for tenant, v in raw.get("usage", {}).items()}
-    return lease, bool(raw["answered"]), usage
 
 
 # -- the agent ---------------------------------------------------------------------------
@@ -480,7 +421,7 @@ class RegionAgent:
         if lease is None:
             return
         try:
-            await self._store.put_lease(region, lease_json(lease, answered, self._usage))
+            await self._store.put_lease(region, LeaseRecord(lease, answered, self._usage))
         except BudgetStoreError as error:
             log.warning("region %s: the lease could not be stored: %s", region, error)
 
@@ -494,7 +435,7 @@ class RegionAgent:
         now_s = self._clock()
         if stored is None:
             return
-        lease, answered, usage = lease_from_json(stored)
+        lease, answered, usage = stored.lease, stored.answered, dict(stored.usage)
         self._usage = usage
         if lease.seq > self._seq:
             # Sent at most an interval and a timeout ago: measured from then, it ends no

@@ -13,7 +13,8 @@ process is the whole region). Each keeps:
   a total, so a report repeated or lost changes nothing at the global ledger);
 - the lock naming the region's lease holder, for a time (`SET NX PX`, extended by its
   holder each interval; a holder that dies lets it lapse and another replica takes it);
-- the latest lease the holder received (JSON), which every replica reads each interval.
+- the latest lease the holder received (`LeaseRecord`: MessagePack, the global ledger's
+  own encoding of a Lease), which every replica reads each interval.
 
 Keys, in the region's Redis: `slogate:region:{<region>}:demand|usage|holder|lease` (the
 region's name as the hash tag: one slot in a cluster, so the take is one transaction).
@@ -26,8 +27,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import msgspec
 from redis import exceptions as redis_errors
 
+from budget.global_ledger import decode_lease, encode_lease
+from budget.leases import Lease
 from budget.region_demand import Flushed
 from budget.store import BudgetStoreError
 
@@ -60,6 +64,31 @@ return 0
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """The holder's latest Lease, whether its report was answered (False: the holder is cut
+    off; the readers say so too) and the region's usage it reported (for status)."""
+
+    lease: Lease
+    answered: bool
+    usage: Mapping[str, float]
+
+    def encode(self) -> bytes:
+        return msgspec.msgpack.encode(
+            {
+                "lease": encode_lease(self.lease),
+                "answered": self.answered,
+                "usage": dict(self.usage),
+            }
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes) -> LeaseRecord:
+        data = msgspec.msgpack.decode(raw)
+        usage = {tenant: float(v) for tenant, v in data["usage"].items()}
+        return cls(decode_lease(data["lease"]), bool(data["answered"]), usage)
+
+
+@dataclass(frozen=True, slots=True)
 class RegionTotals:
     demand: Mapping[str, float] = field(default_factory=dict)  # since the last take
     usage: Mapping[str, float] = field(default_factory=dict)  # cumulative
@@ -79,9 +108,9 @@ class RegionStore(Protocol):
         """Take or extend the region's lock for `holder`; False: another replica holds it."""
         ...
 
-    async def put_lease(self, region: str, lease: str) -> None: ...
+    async def put_lease(self, region: str, record: LeaseRecord) -> None: ...
 
-    async def lease(self, region: str) -> str | None: ...
+    async def lease(self, region: str) -> LeaseRecord | None: ...
 
 
 def _key(region: str, what: str) -> str:
@@ -131,12 +160,12 @@ class RedisRegionStore:
         )
         return bool(held)
 
-    async def put_lease(self, region: str, lease: str) -> None:
-        await self._run("put lease", self._client.set(_key(region, "lease"), lease))
+    async def put_lease(self, region: str, record: LeaseRecord) -> None:
+        await self._run("put lease", self._client.set(_key(region, "lease"), record.encode()))
 
-    async def lease(self, region: str) -> str | None:
+    async def lease(self, region: str) -> LeaseRecord | None:
         raw = await self._run("lease", self._client.get(_key(region, "lease")))
-        return raw.decode() if isinstance(raw, bytes) else raw
+        return None if raw is None else LeaseRecord.decode(raw)
 
 
 class InProcessRegionStore:
@@ -145,7 +174,7 @@ class InProcessRegionStore:
     def __init__(self) -> None:
         self._demand: dict[str, dict[str, float]] = {}
         self._usage: dict[str, dict[str, float]] = {}
-        self._leases: dict[str, str] = {}
+        self._leases: dict[str, LeaseRecord] = {}
 
     async def flush(self, region: str, parts: Mapping[str, Flushed], batch: str) -> None:
         # In process a flush cannot half-land: nothing to remember.
@@ -162,8 +191,8 @@ class InProcessRegionStore:
     async def hold(self, region: str, holder: str, ttl_s: float) -> bool:
         return True
 
-    async def put_lease(self, region: str, lease: str) -> None:
-        self._leases[region] = lease
+    async def put_lease(self, region: str, record: LeaseRecord) -> None:
+        self._leases[region] = record
 
-    async def lease(self, region: str) -> str | None:
+    async def lease(self, region: str) -> LeaseRecord | None:
         return self._leases.get(region)
