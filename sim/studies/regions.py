@@ -3,11 +3,12 @@
 What lives here: `RegionsSetup` (the regions, the link, the lease settings, the tenant and
 its traffic), `play` (one run of the phases: (a) one global tenant spending from every
 region at once at twice its global limit, (b) the tenant moving to one region, (c) one
-region cut off from the global ledger for about twice lease_s and healed), `death` (a
-region dying while the others spend), `sweep` (the link delays and report intervals) and
-`table`. The regions are sim.fleet.regions': each a fleet running the sidecar's admission
-chain with its own budget store, one in-process global ledger (budget.leases'
-apply_report), each region's lease holder (budget.lease_holder) over a link with a delay.
+region cut off from the global ledger for about twice lease_s and healed) and `death` (a
+region dying while the others spend); crossing (d) is sim.studies.regions_crossing, the
+sweep over link delays and report intervals and its table sim.studies.regions_report.
+The regions are sim.fleet.regions': each a fleet running the sidecar's admission chain
+with its own budget store, one in-process global ledger (budget.leases' apply_report),
+each region's lease holder (budget.lease_holder) over a link with a delay.
 
 What is measured, as the lab measures it:
 - (a) the fleet's admitted weighted tokens in every minute (and every 10 s) from the
@@ -25,7 +26,6 @@ What is measured, as the lab measures it:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -255,11 +255,11 @@ def _window_max(
     steps = round((end_s - span_s - start_s) / 0.1)
     for step in range(steps + 1):
         lo = start_s + step * 0.1
-        best = max(best, _sum_between(points, lo, lo + span_s))
+        best = max(best, sum_between(points, lo, lo + span_s))
     return best * width_s / span_s
 
 
-def _sum_between(points: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
+def sum_between(points: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
     return sum(tokens for at_s, tokens in points if lo <= at_s < hi)
 
 
@@ -295,16 +295,16 @@ def play(setup: RegionsSetup) -> dict[str, Any]:
     report: dict[str, Any] = {
         "delay_ms": _delay_text(setup),
         "interval_s": setup.interval_s,
-        "max_share_sum": _max_share_sum(fleet),
-        "starting_share_sum": _max_share_sum(fleet, starting=True),
+        "max_share_sum": max_share_sum(fleet),
+        "starting_share_sum": max_share_sum(fleet, starting=True),
     }
     # (a): from the second minute on (every region's bucket drained by then at 2x).
     spread = (60.0, setup.move_at_s)
     report["a"] = {
-        "first_minute_over_limit": _sum_between(everyone, 0.0, 60.0) / limit,
+        "first_minute_over_limit": sum_between(everyone, 0.0, 60.0) / limit,
         "max_minute_over_limit": _window_max(everyone, *spread, 60.0) / limit,
         "max_10s_over_limit": _window_max(everyone, *spread, 10.0) / (limit / 6),
-        "mean_minute_over_limit": _sum_between(everyone, *spread)
+        "mean_minute_over_limit": sum_between(everyone, *spread)
         / (limit * (spread[1] - spread[0]) / 60),
         "mean_share_sum": _mean_share_sum(fleet, *spread),
     }
@@ -313,7 +313,7 @@ def play(setup: RegionsSetup) -> dict[str, Any]:
     return report
 
 
-def _max_share_sum(fleet: RegionsFleet, starting: bool = False) -> float:
+def max_share_sum(fleet: RegionsFleet, starting: bool = False) -> float:
     """The most the regions' enforced shares of the tenant ever summed to (sampled), once
     every region had its first lease; `starting`: before that instead."""
     by_time: dict[float, float] = {}
@@ -362,7 +362,7 @@ def _moved(
     steps = round((end_s - width_s - start_s) / 0.1)
     for step in range(steps + 1):
         lo = start_s + step * 0.1
-        if _sum_between(points, lo, lo + width_s) >= RAMP_TARGET * limit * width_s / 60:
+        if sum_between(points, lo, lo + width_s) >= RAMP_TARGET * limit * width_s / 60:
             rate_at = lo
             break
     return {
@@ -404,7 +404,7 @@ def _cut(
     on_fallback_s = sum(
         fleet.sample_s for t, state in states if at_s <= t < heal_s + 30 and state == "fallback"
     )
-    cut_tokens = _sum_between(admitted[region], at_s, heal_s)
+    cut_tokens = sum_between(admitted[region], at_s, heal_s)
     expected = held_at_cut * limit * setup.cut_s / 60
     window = (at_s - 30.0, heal_s + 30.0)
     return {
@@ -501,309 +501,12 @@ def death(setup: RegionsSetup) -> dict[str, Any]:
         "interval_s": setup.interval_s,
         "region": dies,
         "others_share": others_share,
-        "others_minute_over_limit": _sum_between(others_points, dead_at_s + 60.0, dead_at_s + 120.0)
+        "others_minute_over_limit": sum_between(others_points, dead_at_s + 60.0, dead_at_s + 120.0)
         / limit,
         "back_after_s": None if back_at is None else back_at - dead_at_s,
         "expected_back_s": back_s,
         "others_minute_over_limit_after_back": None
         if back_at is None
-        else _sum_between(others_points, back_at + 5.0, back_at + 65.0) / limit,
-        "max_share_sum": _max_share_sum(fleet),
+        else sum_between(others_points, back_at + 5.0, back_at + 65.0) / limit,
+        "max_share_sum": max_share_sum(fleet),
     }
-
-
-@dataclass(frozen=True, slots=True)
-class CrossingLoad:
-    """(d): the last region's pool saturated (its engine's KV and batch slots, its waiting
-    room) by sheddable requests beside critical ones; sheddable requests of the peers' own
-    in `own_in` (all peers when empty), as the baseline of their time to first byte."""
-
-    kv_tokens: int = 250_000  # an eighth of the others'
-    slots: int = 8
-    max_waiting: int = 8  # per pool and tier
-    sheddable_per_s: float = 4.0
-    critical_per_s: float = 1.0
-    own_per_s: float = 1.0
-    own_in: tuple[int, ...] = ()
-    output_tokens: int | None = None  # None: the setup's
-    duration_s: float = 120.0
-    warm_s: float = 20.0  # read from then on: the saturated pool has reached L2
-
-
-def run_crossing(
-    setup: RegionsSetup, load: CrossingLoad | None = None
-) -> tuple[RegionsFleet, dict[str, Policy]]:
-    """(d) played (CrossingLoad)."""
-    load = load or CrossingLoad()
-    saturated = setup.regions[-1]
-    policies = {
-        name: region_policy(
-            setup, name, crossing=True, max_waiting=load.max_waiting if name == saturated else None
-        )
-        for name in setup.regions
-    }
-    fleet = RegionsFleet(
-        policies,
-        setup.links_s,
-        TENANT,
-        seed=setup.seed,
-        kv_capacity_tokens=2_000_000,
-        max_running=512,
-        region_options={
-            saturated: {"kv_capacity_tokens": load.kv_tokens, "max_running": load.slots}
-        },
-    )
-    output = load.output_tokens or setup.output_tokens
-    arrivals: dict[str, list[Arrival]] = {}
-    for index, name in enumerate(setup.regions):
-        if name == saturated:
-            rates = {"batch": load.sheddable_per_s, "crit": load.critical_per_s}
-        elif not load.own_in or index in load.own_in:
-            rates = {"batch": load.own_per_s}
-        else:
-            rates = {}
-        arrivals[name] = []
-        for number, (tenant, rate) in enumerate(sorted(rates.items())):
-            key = policies[name].key_for(f"sk-{tenant}")
-            assert key is not None
-            arrivals[name] += poisson_arrivals(
-                key,
-                rate,
-                0.0,
-                load.duration_s,
-                list(setup.prompt_tokens),
-                output,
-                seed=setup.seed * 1000 + 500 + index * 10 + number,
-                output_tokens=[output, output],
-            )
-        arrivals[name].sort(key=lambda a: a.at_s)
-    fleet.run(arrivals, load.duration_s + 60.0 + output * 0.05)
-    return fleet, policies
-
-
-def crossing(
-    setup: RegionsSetup, played: RegionsFleet | None = None, load: CrossingLoad | None = None
-) -> dict[str, Any]:
-    """(d)'s numbers, from the load's warm_s on: the share of the saturated region's
-    sheddable requests that crossed and their time to first byte against the peers' own
-    sheddable requests' (the added time: the WAN there and back, and the peer's queue);
-    its critical requests, all kept local. `played`: run_crossing's fleet (None: play it)."""
-    load = load or CrossingLoad()
-    fleet = played if played is not None else run_crossing(setup, load)[0]
-    saturated = setup.regions[-1]
-    results = [
-        s for s in fleet.seats[saturated].fleet.results.values() if s.arrival.at_s >= load.warm_s
-    ]
-
-    def of(tenant: str) -> list[Served]:
-        return [s for s in results if s.arrival.key.tenant == tenant]
-
-    batch, crit = of("batch"), of("crit")
-    crossed = [s for s in batch if s.outcome.startswith("crossed")]
-    crossed_ttft = [s.ttft_s for s in crossed if s.ttft_s is not None]
-    local_ttft = [s.ttft_s for s in batch if s.outcome == "served" and s.ttft_s is not None]
-    peer_ttft = [
-        s.ttft_s
-        for name, seat in fleet.seats.items()
-        if name != saturated
-        for s in seat.fleet.results.values()
-        if s.arrival.at_s >= load.warm_s
-        and s.arrival.key.tenant == "batch"
-        and ":" not in _request_id(seat.fleet, s)
-        and s.outcome == "served"
-        and s.ttft_s is not None
-    ]
-    links = setup.links_s
-    peers = [name for name in setup.regions if name != saturated]
-    crossed_p50, peer_p50 = _median(crossed_ttft), _median(peer_ttft)
-    return {
-        "region": saturated,
-        "load": dataclasses.asdict(load),
-        "sheddable": len(batch),
-        "crossed": len(crossed),
-        "crossed_share": len(crossed) / len(batch) if batch else None,
-        "crossed_failed": sum(1 for s in crossed if s.outcome != "crossed"),
-        "sheddable_served_locally": sum(1 for s in batch if s.outcome == "served"),
-        "sheddable_refused": sum(
-            1 for s in batch if s.outcome not in ("served",) and not s.outcome.startswith("crossed")
-        ),
-        "critical": len(crit),
-        "critical_crossed": sum(1 for s in crit if s.outcome.startswith("crossed")),
-        "critical_served_locally": sum(1 for s in crit if s.outcome == "served"),
-        "crossed_ttft_p50_s": crossed_p50,
-        "local_sheddable_ttft_p50_s": _median(local_ttft),
-        "peer_own_ttft_p50_s": peer_p50,
-        "added_ttft_p50_s": None
-        if crossed_p50 is None or peer_p50 is None
-        else crossed_p50 - peer_p50,
-        "link_rtt_s": {p: 2 * (links[saturated] + links[p]) for p in peers},
-        "crossed_to": {
-            f"{peer}/{tier}": count for (peer, tier), count in fleet.crossing.crossed.items()
-        },
-        "skipped": dict(fleet.crossing.skipped),
-        "tokens_rejected": dict(fleet.crossing.rejected),
-    }
-
-
-def _request_id(fleet: OfflineFleet, served: Served) -> str:
-    return next(rid for rid, s in fleet.results.items() if s is served)
-
-
-def _median(values: Sequence[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
-def sweep(
-    base: RegionsSetup,
-    delays_s: Sequence[float] = DELAYS_S,
-    intervals_s: Sequence[float] = INTERVALS_S,
-    progress: Callable[[str], None] = lambda line: None,
-) -> dict[str, Any]:
-    """(a)-(c) at every link delay and report interval; the death at the base's."""
-    rows = []
-    for delay_s in delays_s:
-        for interval_s in intervals_s:
-            setup = dataclasses.replace(base, delay_s=delay_s, interval_s=interval_s)
-            rows.append(play(setup))
-            progress(f"  {delay_s * 1000:.0f} ms one way, reports every {interval_s:g} s: done")
-    lab = lab_setup(base.seed)
-    report = {
-        "setup": dataclasses.asdict(base),
-        "rows": rows,
-        "death": death(base),
-        "lab_setup": dataclasses.asdict(lab),
-        "lab": play(lab),
-        "crossing": crossing(base),
-    }
-    progress("  the region's death and the lab's setup: done")
-    return report
-
-
-def _n(value: float | None, digits: int = 2) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def _reconciled(cut: dict[str, Any]) -> str:
-    text = "exact" if cut["reconciled"] else "NO"
-    if cut["duplicates"]:
-        text += "; late duplicate " + ("COUNTED" if cut["duplicates_changed_usage"] else "ignored")
-    return text
-
-
-_HEADER = (
-    "| one-way delay | interval | (a) max minute / limit | (a) max 10 s / limit | "
-    "(a) first minute / limit | (a) mean sum of shares | (b) s to 90% share | "
-    "(b) s to 90% admitted | (b) bound s | (c) admitted cut off / held share | "
-    "(c) fallback after lease s | (c) on fallback s | (c) leased again after heal s | "
-    "(c) ledger = regions | max sum of shares |\n"
-    "| --- |" + " --- |" * 14
-)
-
-
-def _line(row: dict[str, Any]) -> str:
-    a, b, c = row["a"], row["b"], row["c"]
-    return (
-        f"| {row['delay_ms']} ms | {row['interval_s']:g} s | "
-        f"{_n(a['max_minute_over_limit'], 3)} | {_n(a['max_10s_over_limit'], 3)} | "
-        f"{_n(a['first_minute_over_limit'])} | {_n(a['mean_share_sum'], 3)} | "
-        f"{_n(b['share_s'], 1)} | {_n(b['admitted_s'], 1)} | {_n(b['bound_s'], 1)} | "
-        f"{_n(c['admitted_over_held'])} | {_n(c['fallback_after_s'], 1)} | "
-        f"{_n(c['on_fallback_s'], 1)} | {_n(c['leased_again_after_heal_s'], 1)} | "
-        f"{_reconciled(c)} | {_n(row['max_share_sum'], 4)} |"
-    )
-
-
-def _lab_lines(report: dict[str, Any]) -> list[str]:
-    lab = report["lab_setup"]
-    return [
-        "",
-        "The live lab's setup (`slogate bench regions`: one-way delays "
-        f"{report['lab']['delay_ms']} ms for {', '.join(lab['regions'])}, "
-        f"{lab['limit_tpm']:,} tokens/min asked {lab['demand_x']:g}x in "
-        f"~{sum(lab['prompt_tokens']) // 2 + lab['output_tokens']:,}-token requests, "
-        f"reports every {lab['interval_s']:g} s, lease_s {lab['lease_s']:g}, "
-        f"fallback_for_s {lab['fallback_for_s']:g}, min_share {lab['min_share']:g}; (a) "
-        f"{lab['spread_s'] - 60:g} s after the buckets drained, (b) {lab['moved_s']:g} s, "
-        f"(c) {lab['regions'][lab['cut_index']]} cut off for {2 * lab['lease_s']:g} s) in "
-        "the simulator, for the lab's table beside it:",
-        "",
-        _HEADER,
-        _line(report["lab"]),
-        "",
-        "Few large requests (about two a second fleet-wide asked, one admitted) make each "
-        "region's ask per report lumpy: the shares enforced sum to "
-        f"{report['lab']['a']['mean_share_sum']:.2f} on average in (a), and each region "
-        "admits a request only once its bucket has refilled all of it, so over 45 s the "
-        f"fleet admits {report['lab']['a']['mean_minute_over_limit']:.2f} of the limit a "
-        "minute: expect the lab's (a) well under 1 too.",
-    ]
-
-
-def _crossing_lines(d: dict[str, Any], where: str) -> list[str]:
-    load = d["load"]
-    rtts = ", ".join(f"{peer} {rtt * 1000:.0f} ms" for peer, rtt in d["link_rtt_s"].items())
-    sent = ", ".join(f"{to}: {count}" for to, count in sorted(d["crossed_to"].items()))
-    return [
-        f"(d) Crossing ({where}; {d['region']}'s pool {load['kv_tokens']:,} KV tokens and "
-        f"{load['slots']} batch slots, its waiting room {load['max_waiting']} a tier; "
-        f"{load['sheddable_per_s']:g} sheddable and {load['critical_per_s']:g} critical "
-        f"requests a second there, {load['own_per_s']:g} sheddable a second of the peers' "
-        f"own; {load['duration_s']:g} s read from {load['warm_s']:g} s on): {d['crossed']} "
-        f"of {d['region']}'s {d['sheddable']} sheddable requests crossed "
-        f"({_n(d['crossed_share'])}; {sent or 'none'}), {d['sheddable_served_locally']} were "
-        f"served there, {d['sheddable_refused']} refused; {d['critical_crossed']} of "
-        f"{d['critical']} critical requests crossed ({d['critical_served_locally']} served "
-        f"there). Time to first byte, median: crossed {_n(d['crossed_ttft_p50_s'])} s, the "
-        f"peers' own sheddable {_n(d['peer_own_ttft_p50_s'])} s: "
-        f"{_n(d['added_ttft_p50_s'])} s added (round trip to the peer's ingress: {rtts}; the "
-        f"rest the peer's queue); {d['region']}'s sheddable served locally waited "
-        f"{_n(d['local_sheddable_ttft_p50_s'], 1)} s. Skipped: {d['skipped'] or 'none'}; "
-        f"tokens rejected: {d['tokens_rejected'] or 'none'}.",
-    ]
-
-
-def table(report: dict[str, Any]) -> str:
-    setup = report["setup"]
-    rows = report["rows"]
-    lines = [
-        f"{len(setup['regions'])} regions ({', '.join(setup['regions'])}), one global tenant "
-        f"at {setup['limit_tpm']:,} tokens/min asking {setup['demand_x']:g}x it; lease_s "
-        f"{setup['lease_s']:g}, fallback_for_s {setup['fallback_for_s']:g}, min_share "
-        f"{setup['min_share']:g}; seed {setup['seed']}.",
-        "",
-        _HEADER,
-        *(_line(row) for row in rows),
-    ]
-    if "lab" in report:
-        lines += _lab_lines(report)
-    starting = max(row["starting_share_sum"] for row in rows)
-    means = [row["a"]["mean_share_sum"] for row in rows]
-    lines += [
-        "",
-        f"The shares enforced summed to at most {max(r['max_share_sum'] for r in rows):.4f} "
-        f"({starting:.4f} before every region had its first lease: a region enforces 0 "
-        "until then). The first minute starts from full buckets (one bucket at the global "
-        "limit would admit up to 2x its limit in it). Under contention "
-        f"the shares enforced sum to {min(means):.2f}-{max(means):.2f} on average, and the "
-        "fleet admits about that fraction of the limit: as the regions' asks move, a share "
-        "one region gives up is freed at its next report (until then it still enforces it) "
-        "and taken by another only at that one's next report.",
-    ]
-    d = report["death"]
-    lines += [
-        "",
-        f"Region death ({d['delay_ms']} ms, reports every {d['interval_s']:g} s): "
-        f"{d['region']} dies; the ledger keeps its share for it, so the others hold "
-        f"{_n(d['others_share'])} of the tenant meanwhile (admitting "
-        f"{_n(d['others_minute_over_limit'])} of the limit per minute) and get "
-        f"its share back {_n(d['back_after_s'], 1)} s after the death (lease_s + "
-        f"fallback_for_s = {d['expected_back_s']:g} s), then admit "
-        f"{_n(d['others_minute_over_limit_after_back'])} of the limit per minute.",
-        "",
-        *_crossing_lines(report["crossing"], "80 ms one way, reports every 1 s"),
-    ]
-    return "\n".join(lines)

@@ -19,13 +19,12 @@ from sim.fleet.regions import RegionsFleet
 from sim.studies.regions import (
     DEATH_AT_S,
     RegionsSetup,
-    crossing,
     death,
     play,
     recovery_bound_s,
-    run_crossing,
     run_phases,
 )
+from sim.studies.regions_crossing import crossing, run_crossing
 
 # Short phases at half the study's rate: ~1 s of CPU per run.
 SETUP = RegionsSetup(
