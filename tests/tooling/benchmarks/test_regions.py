@@ -1,10 +1,11 @@
-"""The regions lab's summaries (tooling.benchmarks.regions), on made-up shots and samples."""
+"""The regions lab's summaries (tooling.benchmarks.regions_readings), on made-up shots and
+samples."""
 
 from __future__ import annotations
 
 import pytest
 
-from tooling.benchmarks.regions import (
+from tooling.benchmarks.regions_readings import (
     Sample,
     Shot,
     has_metric,
