@@ -4,9 +4,9 @@ What lives here: `candidate_path`, `load_candidate` and `checked_candidate`. A p
 its candidate with `candidate: {file: candidate.yaml}` (relative to the policy file's
 folder); the candidate is a whole policy, read and validated like one, with two more rules:
 - it names no candidate of its own (one level: what would be promoted is that file);
-- it changes no start-only setting (policy.START_ONLY_SETTINGS): those are read once at the
-  sidecar's start, so a candidate that changes them could neither be evaluated as written
-  nor promoted by a reload. It is refused, with the settings named.
+- it changes no start-only setting (policy.start_only.START_ONLY_SETTINGS): those are read
+  once at the sidecar's start, so a candidate that changes them could neither be evaluated
+  as written nor promoted by a reload. It is refused, with the settings named.
 The sidecar (extproc.runtime.candidate_holder) loads it after every load of the policy;
 a candidate that does not load is refused alone: the enforced policy applies regardless.
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from policy._reader import PolicyError
 from policy.loader import load_policy
-from policy.schema import Policy, start_only_changes
+from policy.schema import Policy
+from policy.start_only import start_only_changes
 
 
 def candidate_path(policy: Policy) -> Path | None:

@@ -2,8 +2,9 @@
 
 What lives here: `PolicyHolder`. Readers call it (a request flow once, at its start); a
 reload on file change, SIGHUP or the admin API replaces one reference. A new policy that
-does not load, or that changes a setting read only at start (policy.START_ONLY_SETTINGS),
-is refused as a whole and the running one stays, with the reason logged and counted.
+does not load, or that changes a setting read only at start
+(policy.start_only.START_ONLY_SETTINGS), is refused as a whole and the running one stays,
+with the reason logged and counted.
 
 A reload builds the new policy in the builder process (extproc.runtime.policy_build),
 which sends back only what changed, and swaps it in in one step on the event loop: a
@@ -28,7 +29,8 @@ from extproc.runtime.policy_build import BuildFailed, build_elsewhere, text_dige
 from extproc.service.metrics import SidecarMetrics
 from policy._reader import PolicyError
 from policy.loader import policy_from_text, read_policy_text
-from policy.schema import Policy, start_only_changes
+from policy.schema import Policy
+from policy.start_only import start_only_changes
 
 log = logging.getLogger("slogate.policy")
 

@@ -103,7 +103,8 @@ class Sidecar:
         self._wall_clock = clock or time.time  # UTC: the spend budgets' day and month
         self.metrics = SidecarMetrics()
         self.policy = PolicyHolder(policy_path, self.metrics)
-        initial = self.policy()  # what is read only at start (policy.START_ONLY_SETTINGS)
+        # What is read only at start: policy.start_only.START_ONLY_SETTINGS.
+        initial = self.policy()
         self.metrics.rerank_tenants(initial)  # the cap holds from the first request
         # What is built or started below and must be closed or stopped registers its undoing
         # here as it comes: `stop` runs them last first. Its order is the build order.

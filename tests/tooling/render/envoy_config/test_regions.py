@@ -14,7 +14,7 @@ import pytest
 from extproc.request.contract import CROSSED_HEADER, EXT_PROC_FILTER, REGION_PING_PATH
 from policy._data_path import ExtProcMessages
 from policy.loader import parse_policy
-from policy.schema import start_only_changes
+from policy.start_only import start_only_changes
 from tests.support.envoy_config import bootstrap_manager
 from tests.support.messages import with_messages
 from tests.support.stack import example_policy, write_policy
