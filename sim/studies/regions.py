@@ -212,8 +212,11 @@ def _stream(
     )
 
 
-def _fleet(setup: RegionsSetup, **options: Any) -> tuple[RegionsFleet, dict[str, Policy]]:
-    policies = {name: region_policy(setup, name) for name in setup.regions}
+def regions_fleet(
+    setup: RegionsSetup, policies: dict[str, Policy] | None = None, **options: Any
+) -> tuple[RegionsFleet, dict[str, Policy]]:
+    """The setup's regions as a fleet: each its policy (`policies`, else region_policy's)."""
+    policies = policies or {name: region_policy(setup, name) for name in setup.regions}
     fleet = RegionsFleet(
         policies,
         setup.links_s,
@@ -255,17 +258,19 @@ def _window_max(
     steps = round((end_s - span_s - start_s) / 0.1)
     for step in range(steps + 1):
         lo = start_s + step * 0.1
-        best = max(best, sum_between(points, lo, lo + span_s))
+        best = max(best, _sum_between(points, lo, lo + span_s))
     return best * width_s / span_s
 
 
-def sum_between(points: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
+def _sum_between(points: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
     return sum(tokens for at_s, tokens in points if lo <= at_s < hi)
 
 
 def run_phases(setup: RegionsSetup) -> tuple[RegionsFleet, dict[str, Policy]]:
     """Phases (a), (b) and (c) played in one run (see the module's note)."""
-    fleet, policies = _fleet(setup, cuts=(Cut(setup.cut_region, setup.cut_at_s, setup.heal_at_s),))
+    fleet, policies = regions_fleet(
+        setup, cuts=(Cut(setup.cut_region, setup.cut_at_s, setup.heal_at_s),)
+    )
     first = setup.regions[0]
     arrivals: dict[str, list[Arrival]] = {}
     even = 1.0 / len(setup.regions)
@@ -295,16 +300,16 @@ def play(setup: RegionsSetup) -> dict[str, Any]:
     report: dict[str, Any] = {
         "delay_ms": _delay_text(setup),
         "interval_s": setup.interval_s,
-        "max_share_sum": max_share_sum(fleet),
-        "starting_share_sum": max_share_sum(fleet, starting=True),
+        "max_share_sum": _max_share_sum(fleet),
+        "starting_share_sum": _max_share_sum(fleet, starting=True),
     }
     # (a): from the second minute on (every region's bucket drained by then at 2x).
     spread = (60.0, setup.move_at_s)
     report["a"] = {
-        "first_minute_over_limit": sum_between(everyone, 0.0, 60.0) / limit,
+        "first_minute_over_limit": _sum_between(everyone, 0.0, 60.0) / limit,
         "max_minute_over_limit": _window_max(everyone, *spread, 60.0) / limit,
         "max_10s_over_limit": _window_max(everyone, *spread, 10.0) / (limit / 6),
-        "mean_minute_over_limit": sum_between(everyone, *spread)
+        "mean_minute_over_limit": _sum_between(everyone, *spread)
         / (limit * (spread[1] - spread[0]) / 60),
         "mean_share_sum": _mean_share_sum(fleet, *spread),
     }
@@ -313,7 +318,7 @@ def play(setup: RegionsSetup) -> dict[str, Any]:
     return report
 
 
-def max_share_sum(fleet: RegionsFleet, starting: bool = False) -> float:
+def _max_share_sum(fleet: RegionsFleet, starting: bool = False) -> float:
     """The most the regions' enforced shares of the tenant ever summed to (sampled), once
     every region had its first lease; `starting`: before that instead."""
     by_time: dict[float, float] = {}
@@ -362,7 +367,7 @@ def _moved(
     steps = round((end_s - width_s - start_s) / 0.1)
     for step in range(steps + 1):
         lo = start_s + step * 0.1
-        if sum_between(points, lo, lo + width_s) >= RAMP_TARGET * limit * width_s / 60:
+        if _sum_between(points, lo, lo + width_s) >= RAMP_TARGET * limit * width_s / 60:
             rate_at = lo
             break
     return {
@@ -404,7 +409,7 @@ def _cut(
     on_fallback_s = sum(
         fleet.sample_s for t, state in states if at_s <= t < heal_s + 30 and state == "fallback"
     )
-    cut_tokens = sum_between(admitted[region], at_s, heal_s)
+    cut_tokens = _sum_between(admitted[region], at_s, heal_s)
     expected = held_at_cut * limit * setup.cut_s / 60
     window = (at_s - 30.0, heal_s + 30.0)
     return {
@@ -458,7 +463,7 @@ def run_death(setup: RegionsSetup) -> tuple[RegionsFleet, dict[str, Policy]]:
     region dies (no more reports, no more traffic); a minute past its share's return."""
     dies, dead_at_s = setup.regions[1], DEATH_AT_S
     end_s = dead_at_s + setup.lease_s + setup.fallback_for_s + 60.0
-    fleet, policies = _fleet(setup, deaths={dies: dead_at_s})
+    fleet, policies = regions_fleet(setup, deaths={dies: dead_at_s})
     even = 1.0 / len(setup.regions)
     arrivals = {
         name: _stream(
@@ -501,12 +506,12 @@ def death(setup: RegionsSetup) -> dict[str, Any]:
         "interval_s": setup.interval_s,
         "region": dies,
         "others_share": others_share,
-        "others_minute_over_limit": sum_between(others_points, dead_at_s + 60.0, dead_at_s + 120.0)
+        "others_minute_over_limit": _sum_between(others_points, dead_at_s + 60.0, dead_at_s + 120.0)
         / limit,
         "back_after_s": None if back_at is None else back_at - dead_at_s,
         "expected_back_s": back_s,
         "others_minute_over_limit_after_back": None
         if back_at is None
-        else sum_between(others_points, back_at + 5.0, back_at + 65.0) / limit,
-        "max_share_sum": max_share_sum(fleet),
+        else _sum_between(others_points, back_at + 5.0, back_at + 65.0) / limit,
+        "max_share_sum": _max_share_sum(fleet),
     }

@@ -18,7 +18,7 @@ from sim.fleet.arrivals import Arrival, poisson_arrivals
 from sim.fleet.fleet_types import Served
 from sim.fleet.offline import OfflineFleet
 from sim.fleet.regions import RegionsFleet
-from sim.studies.regions import TENANT, RegionsSetup, region_policy
+from sim.studies.regions import RegionsSetup, region_policy, regions_fleet
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +51,9 @@ def run_crossing(
         )
         for name in setup.regions
     }
-    fleet = RegionsFleet(
+    fleet, _ = regions_fleet(
+        setup,
         policies,
-        setup.links_s,
-        TENANT,
-        seed=setup.seed,
-        kv_capacity_tokens=2_000_000,
-        max_running=512,
         region_options={
             saturated: {"kv_capacity_tokens": load.kv_tokens, "max_running": load.slots}
         },
