@@ -48,9 +48,8 @@ from admission.events import KvEvents
 from admission.kv.book import HoldAsk, KvBook, LocalBook
 from admission.kv.capacity import Freed, PoolCapacity, kv_footprint, never_fits, pool_capacity
 from admission.kv.dispatch import RoomDispatcher
+from admission.kv.tier_shares import TierShares
 from admission.waiting_room import RANK, QueueFull, RoomBounds, Waiter, Waiting
-from budget.lending import KvLending
-from budget.quotas import Adjustment
 from policy.domain import Pool, Tier
 from policy.schema import Policy
 
@@ -91,13 +90,8 @@ class KvStep:
         # This replica in the fleet's ledger: whose blocked heads of line others leave room
         # for (admission.kv.book).
         self.owner = uuid.uuid4().hex[:12]
-        # Caps on a tier's KV share (tier name -> share) that the quota controller sets
-        # while it reserves headroom ahead of a ramp (budget.ahead): read at each admission.
-        self.share_caps: dict[str, float] = {}
-        # What of the reserve above them the standard and sheddable tiers may borrow while
-        # nobody above waits for it (budget.lending): this replica's own, from its own
-        # room's waits. Standard first: what it may fill bounds what sheddable may borrow.
-        self.lending = {tier: KvLending(tier.value) for tier in (Tier.STANDARD, Tier.SHEDDABLE)}
+        # The share of a pool each tier may fill now (caps ahead of a ramp, loans).
+        self.shares = TierShares(lambda: self.dispatcher.room, clock)
         self.dispatcher = RoomDispatcher(
             events=events,
             clock=clock,
@@ -107,75 +101,16 @@ class KvStep:
             owner=self.owner,
             wait_cap_s=wait_cap_s,
             live=self._live,
-            share=self.share,
+            share=self.shares.share,
         )
-
-    def share(self, policy: Policy, pool: str, tier: Tier) -> float:
-        """The share of `pool` that `tier` may fill now: the policy's, and for a tier below
-        critical what is lent to it on top (budget.lending), never past `kv_lend_up_to`
-        nor, for sheddable, past what standard may fill now; and never past the cap the
-        quota controller sets while it reserves headroom ahead of a ramp (budget.ahead):
-        the reservation wins over the loan."""
-        base = policy.breaker.kv_shares[tier]
-        cap = self.share_caps.get(tier.value, 1.0)
-        lending = self.lending.get(tier)
-        if lending is None or self.dispatcher.room.ahead(pool, _ABOVE[tier][-1]):
-            # While a tier above waits for room, nothing is lent: the room's backfill would
-            # otherwise let the borrower take what frees before them.
-            return min(base, cap)
-        return min(cap, lending.share(pool, base, self._lend_ceiling(policy, pool, tier)))
-
-    def _lend_ceiling(self, policy: Policy, pool: str, tier: Tier) -> float:
-        above = _ABOVE[tier][-1]
-        return min(policy.breaker.kv_lend_up_to, self.share(policy, pool, above))
-
-    def step_lending(
-        self,
-        policy: Policy,
-        score: float | None,
-        kv_cache_usage: Callable[[str], float | None] | None = None,
-    ) -> list[Adjustment]:
-        """One controller interval of the loans in every pool admitted against: standard's
-        first (sheddable's ceiling is what standard may fill), each called back where a
-        tier above it waited too long for room, or where the engines report holding more
-        than the ceiling (`kv_cache_usage(pool)`, scraped; None: not known)."""
-        now_s = self._clock()
-        moved = []
-        for tier, lending in self.lending.items():
-            base = policy.breaker.kv_shares[tier]
-            for name, spec in policy.pools.items():
-                if pool_capacity(spec) is None:
-                    continue
-                # A cap the quota controller holds ahead of a ramp (budget.ahead) bounds the
-                # loan too: under it the loan is called back at once instead of growing
-                # unseen behind the cap and landing whole when the cap lifts (measured on the
-                # sharp class start: burst handling 0.958 with the calendar, against 0.985
-                # reacting only).
-                ceiling = min(
-                    self._lend_ceiling(policy, name, tier), self.share_caps.get(tier.value, 1.0)
-                )
-                waiting = self.dispatcher.room.longest_wait_share(name, now_s, _ABOVE[tier])
-                usage = kv_cache_usage(name) if kv_cache_usage is not None else None
-                # A quarter of the way from the ceiling to a full cache: the ledger counts
-                # short. (Measured on generous-max-tokens, seed 7: at the ceiling itself no
-                # OOM, but burst-10x's utilisation fell to 0.846; at a quarter one OOM, as
-                # without the guard; calling the whole loan back there: 0.842.)
-                over = usage is not None and usage > ceiling + (1.0 - ceiling) / 4
-                adjustment = lending.step(name, waiting, score, ceiling - base, over)
-                if adjustment is not None:
-                    moved.append(adjustment)
-        return moved
 
     def _note_wait(self, decision: RoutingDecision, entered_s: float, max_wait_s: float) -> float:
         """How long the request waited; one kept waiting a good part of what it may wait
-        calls back what the tiers below it borrowed (budget.lending)."""
+        calls back what the tiers below it borrowed (admission.kv.tier_shares)."""
         waited_s = self._clock() - entered_s
-        tier = decision.caller.tier
         # Of the wait it may take, the part it took (refused at once, with no wait: all).
         waited = waited_s / max_wait_s if max_wait_s > 0 else 1.0
-        for borrower, lending in self.lending.items():
-            if tier in _ABOVE[borrower]:
-                lending.note_wait(decision.pool, waited)
+        self.shares.note_wait(decision.pool, decision.caller.tier, waited)
         return waited_s
 
     def _spec(self, policy: Policy, pool: str) -> Pool | None:
@@ -329,7 +264,7 @@ class KvStep:
         is admitted against that share: a large footprint times the footprint ratio's
         error is what ran a lent pool out of memory (measured on mix-1k-128k, seed 7: one
         OOM with the loan, none without it or with this)."""
-        share = self.share(policy, spec.name, tier)
+        share = self.shares.share(policy, spec.name, tier)
         base = policy.breaker.kv_shares[tier]
         capacity = self.book.capacity(spec)
         if share > base and capacity is not None and _large(capacity, base, tokens, sequences):
@@ -414,9 +349,6 @@ class KvStep:
 
 
 # The tiers above each borrower, the one right above it last.
-_ABOVE = {Tier.STANDARD: (Tier.CRITICAL,), Tier.SHEDDABLE: (Tier.CRITICAL, Tier.STANDARD)}
-
-
 def _as_given(spec: Pool) -> Pool:
     return spec
 

@@ -146,7 +146,7 @@ class QuotaLoop:
             self._metrics.quotas.quota_multiplier(tier).set(adjustment.after)
         consumed = self._key_quotas.take_consumed()
         self._step_ahead(policy, consumed, score)
-        for moved in self._kv.step_lending(policy, score, self._kv_cache_usage):
+        for moved in self._kv.shares.step(policy, score, self._kv_cache_usage):
             _, tier, pool = moved.what.split(":", 2)
             if moved.after < moved.before:  # grows are small and frequent: the gauge shows them
                 log.info(
@@ -177,7 +177,7 @@ class QuotaLoop:
         if planner is None:
             if self._applied is not None:
                 self._applied.update(self._quotas.values)
-                self._kv.share_caps.clear()
+                self._kv.shares.caps.clear()
             return
         tiers = tenant_tiers(policy.keys.values())
         demand: dict[str, float] = {}
@@ -189,11 +189,11 @@ class QuotaLoop:
         for move in planner.step(self._wall_clock(), tiers, demand, score):
             self._note_ahead(move)
         if self._applied is not None:
-            planner.apply(self._quotas.values, self._applied, self._kv.share_caps)
+            planner.apply(self._quotas.values, self._applied, self._kv.shares.caps)
         self._metrics.quotas.quota_ahead_raised.set(len(planner.raises))
         self._metrics.quotas.quota_ahead_lent.set(planner.config.lend if planner.lending else 1.0)
         for tier in ("sheddable", "standard"):
-            self._metrics.quotas.quota_ahead_kv_share(tier).set(self._kv.share_caps.get(tier, 1.0))
+            self._metrics.quotas.quota_ahead_kv_share(tier).set(self._kv.shares.caps.get(tier, 1.0))
 
     def _note_ahead(self, move: Adjustment) -> None:
         log.info(

@@ -450,8 +450,8 @@ class OfflineFleet(FleetRequests):
             caps: dict[str, float] = {}
             self.ahead.apply(self.quotas.values, self.applied, caps)
             for sidecar in self.sidecars:
-                sidecar.admission.kv.share_caps.clear()
-                sidecar.admission.kv.share_caps.update(caps)
+                sidecar.admission.kv.shares.caps.clear()
+                sidecar.admission.kv.shares.caps.update(caps)
         else:
             self.applied.update(self.quotas.values)
         self._asked = {}
@@ -461,7 +461,7 @@ class OfflineFleet(FleetRequests):
             self.multiplier_history.append((self.clock.now_s, dict(self.applied)))
         for index, sidecar in enumerate(self.sidecars):  # each replica lends from its own room
             kv = sidecar.admission.kv
-            for loan in kv.step_lending(self.policy, score, self._scraped_kv):
+            for loan in kv.shares.step(self.policy, score, self._scraped_kv):
                 self.lending_history.append((self.clock.now_s, index, loan.what, loan.after))
 
     def _sidecar_index(self, request_id: str, arrival: Arrival) -> int:

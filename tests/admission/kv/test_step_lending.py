@@ -76,7 +76,7 @@ class Pool:
 
     async def calm(self, intervals: int) -> None:
         for _ in range(intervals):
-            self.kv.step_lending(self.policy, CALM)
+            self.kv.shares.step(self.policy, CALM)
         await self.kv.dispatcher.dispatch()  # the room's tick offers what the loan freed
         await asyncio.sleep(0)
 
@@ -88,18 +88,18 @@ async def test_sheddable_fills_the_reserve_in_a_calm_and_yields_it_to_a_waiting_
     assert len(pool.admitted) == 85  # its policy share: 85 of 100 slots
     await pool.calm(10)
     assert len(pool.admitted) == 90  # lent: up to 96, five waited for it
-    assert pool.kv.share(pool.policy, "default", Tier.SHEDDABLE) == 0.96
-    assert pool.kv.share(pool.policy, "default", Tier.STANDARD) == 0.96  # critical's reserve
+    assert pool.kv.shares.share(pool.policy, "default", Tier.SHEDDABLE) == 0.96
+    assert pool.kv.shares.share(pool.policy, "default", Tier.STANDARD) == 0.96  # critical's reserve
     for i in range(7):
         await pool.send(f"t{i}", Tier.STANDARD)
     assert pool.admitted[-6:] == [f"t{i}" for i in range(6)]  # 96 of standard's 96
     # A standard request waits: from now on sheddable is held to its policy share.
-    assert pool.kv.share(pool.policy, "default", Tier.SHEDDABLE) == 0.85
+    assert pool.kv.shares.share(pool.policy, "default", Tier.SHEDDABLE) == 0.85
     await pool.send("s-late", Tier.SHEDDABLE)
     await pool.end("s0")
     assert pool.admitted[-1] == "t6" and "s-late" not in pool.admitted
     # Nobody above waits now: the loan applies again, and the next end lets s-late in.
-    assert pool.kv.share(pool.policy, "default", Tier.SHEDDABLE) == 0.96
+    assert pool.kv.shares.share(pool.policy, "default", Tier.SHEDDABLE) == 0.96
     await pool.end("s1")
     assert pool.admitted[-1] == "s-late"
 
@@ -107,21 +107,21 @@ async def test_sheddable_fills_the_reserve_in_a_calm_and_yields_it_to_a_waiting_
 async def test_a_tier_above_kept_waiting_calls_the_loan_back() -> None:
     pool = Pool(slots_policy())
     await pool.calm(10)
-    lent = pool.kv.lending[Tier.SHEDDABLE].lent["default"]
+    lent = pool.kv.shares.lending[Tier.SHEDDABLE].lent["default"]
     assert lent > 0.1
     for i in range(96):
         await pool.send(f"s{i}", Tier.SHEDDABLE)
     await pool.send("t", Tier.STANDARD)
     assert "t" not in pool.admitted
     pool.clock.now_s += 1.9  # 95% of its 2 s wait
-    moved = pool.kv.step_lending(pool.policy, CALM)
+    moved = pool.kv.shares.step(pool.policy, CALM)
     assert [m.what for m in moved] == ["kv_lend:sheddable:default"]  # standard waited, not critical
-    assert pool.kv.lending[Tier.SHEDDABLE].lent["default"] < lent
+    assert pool.kv.shares.lending[Tier.SHEDDABLE].lent["default"] < lent
     # A policy that lends nothing: the shares are the policy's, whatever the calm.
     quiet = Pool(slots_policy(lend_up_to=0.0))
     await quiet.calm(30)
-    assert quiet.kv.share(quiet.policy, "default", Tier.SHEDDABLE) == 0.85
-    assert quiet.kv.share(quiet.policy, "default", Tier.STANDARD) == 0.95
+    assert quiet.kv.shares.share(quiet.policy, "default", Tier.SHEDDABLE) == 0.85
+    assert quiet.kv.shares.share(quiet.policy, "default", Tier.STANDARD) == 0.95
 
 
 async def test_the_loan_is_lent_in_small_pieces_and_not_where_engines_hold_more() -> None:
@@ -142,9 +142,9 @@ async def test_the_loan_is_lent_in_small_pieces_and_not_where_engines_hold_more(
     task.cancel()
     await pool.send("small", Tier.SHEDDABLE)
     assert pool.admitted[-1] == "small"  # 81 of 96: the loan holds for a small one
-    lent = pool.kv.lending[Tier.SHEDDABLE].lent["default"]
-    pool.kv.step_lending(pool.policy, CALM, lambda name: 0.99)  # the ceiling is 0.96
-    assert pool.kv.lending[Tier.SHEDDABLE].lent["default"] < lent
+    lent = pool.kv.shares.lending[Tier.SHEDDABLE].lent["default"]
+    pool.kv.shares.step(pool.policy, CALM, lambda name: 0.99)  # the ceiling is 0.96
+    assert pool.kv.shares.lending[Tier.SHEDDABLE].lent["default"] < lent
 
 
 async def test_without_a_waiting_room_a_refusal_above_calls_the_loan_back() -> None:
@@ -154,8 +154,8 @@ async def test_without_a_waiting_room_a_refusal_above_calls_the_loan_back() -> N
     policy = slots_policy()
     kv = KvStep(NoEvents(), VirtualClock(), ttl_s=660, policy=lambda: policy)
     for _ in range(10):
-        kv.step_lending(policy, CALM)
-    lent = kv.lending[Tier.SHEDDABLE].lent["default"]
+        kv.shares.step(policy, CALM)
+    lent = kv.shares.lending[Tier.SHEDDABLE].lent["default"]
     for i in range(96):
         d = dataclasses.replace(
             decision(1000, tier=Tier.SHEDDABLE, policy=policy), caller=caller(Tier.SHEDDABLE)
@@ -164,8 +164,8 @@ async def test_without_a_waiting_room_a_refusal_above_calls_the_loan_back() -> N
     standard = decision(1000, tier=Tier.STANDARD, policy=policy)
     with pytest.raises(Overloaded):
         await kv.admit(Applicant(standard, "t", policy))
-    kv.step_lending(policy, CALM)
-    assert kv.lending[Tier.SHEDDABLE].lent["default"] < lent
+    kv.shares.step(policy, CALM)
+    assert kv.shares.lending[Tier.SHEDDABLE].lent["default"] < lent
 
 
 async def test_a_reservation_ahead_of_a_ramp_caps_the_loan_and_calls_it_back() -> None:
@@ -173,11 +173,11 @@ async def test_a_reservation_ahead_of_a_ramp_caps_the_loan_and_calls_it_back() -
     the loan, and the loan does not grow unseen behind it, to land whole when it lifts."""
     pool = Pool(slots_policy())
     await pool.calm(10)
-    assert pool.kv.share(pool.policy, "default", Tier.SHEDDABLE) == 0.96
-    pool.kv.share_caps["sheddable"] = 0.7
-    assert pool.kv.share(pool.policy, "default", Tier.SHEDDABLE) == 0.7
+    assert pool.kv.shares.share(pool.policy, "default", Tier.SHEDDABLE) == 0.96
+    pool.kv.shares.caps["sheddable"] = 0.7
+    assert pool.kv.shares.share(pool.policy, "default", Tier.SHEDDABLE) == 0.7
     await pool.calm(10)
-    assert pool.kv.lending[Tier.SHEDDABLE].lent["default"] == 0.0
-    pool.kv.share_caps.clear()  # given back: sheddable at its policy share, the loan regrows
-    assert pool.kv.share(pool.policy, "default", Tier.SHEDDABLE) == 0.85
-    assert pool.kv.share(pool.policy, "default", Tier.STANDARD) == 0.96  # never capped
+    assert pool.kv.shares.lending[Tier.SHEDDABLE].lent["default"] == 0.0
+    pool.kv.shares.caps.clear()  # given back: sheddable at its policy share, the loan regrows
+    assert pool.kv.shares.share(pool.policy, "default", Tier.SHEDDABLE) == 0.85
+    assert pool.kv.shares.share(pool.policy, "default", Tier.STANDARD) == 0.96  # never capped

@@ -41,7 +41,7 @@ def test_a_declared_event_raises_its_tenant_and_status_says_why(tmp_path: Path) 
         await sidecar.control.quota_loop.step()
         applied = sidecar.signals.applied
         assert applied["standard"] == 1.0 and applied["sheddable"] == 0.5
-        assert sidecar.path.admission.kv.share_caps == {"sheddable": 0.7}
+        assert sidecar.path.admission.kv.shares.caps == {"sheddable": 0.7}
         value = sidecar.metrics.registry.get_sample_value
         assert value("slogate_quota_ahead_moves_total", {"reason": "calendar"}) == 1.0
         assert value("slogate_quota_ahead_raised_tenants") == 1.0
