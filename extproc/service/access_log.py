@@ -37,6 +37,7 @@ from extproc.request.contract import METADATA_NAMESPACE, TRACKING_ID_FIELD, USAG
 from extproc.request.inflight import InFlight
 from extproc.request.response_usage import MAX_REPORTED_COUNT, ResponseUsage
 from extproc.service.metrics import SidecarMetrics
+from extproc.service.undelivered import UndeliveredReplies
 from policy.apis import ApiKind
 from policy.schema import Policy
 
@@ -231,11 +232,20 @@ class OutcomeRecorder:
         self._clock = clock
         self._unproven_logged_s: float | None = None
         self._unproven_unlogged = 0
+        self._undelivered: UndeliveredReplies[Callable[[RoutingDecision], RequestOutcome]] = (
+            UndeliveredReplies()
+        )
 
     def record_entry(self, entry: accesslog_pb2.HTTPAccessLogEntry) -> list[Awaitable[None]]:
         """Record one entry; returns the sinks' work, for the caller to await (batched)."""
         key = tracking_id(entry)
         if key is None:
+            request_id = entry.request.request_id
+            upstream = entry.common_properties.upstream_remote_address.socket_address.address
+            if request_id and not upstream:
+                suspect = self._undelivered.unrouted(request_id)
+                if suspect is not None:
+                    return self.ended(*suspect, kind="undelivered")
             self.metrics.access_log_entries("other").inc()
             status = entry.response.response_code.value
             details = entry.response.response_code_details
@@ -255,6 +265,7 @@ class OutcomeRecorder:
             self.metrics.access_log_entries("unmatched").inc()
             return []
         self.metrics.access_log_entries("routed").inc()
+        self._undelivered.delivered(decision.request_id, key)
         try:
             outcome = outcome_from_entry(decision, key, entry)
         except Exception:
@@ -285,20 +296,36 @@ class OutcomeRecorder:
         self._unproven_unlogged = 0
 
     def ended(
-        self, tracking: str, build: Callable[[RoutingDecision], RequestOutcome]
+        self,
+        tracking: str,
+        build: Callable[[RoutingDecision], RequestOutcome],
+        kind: str = "stream_end",
     ) -> list[Awaitable[None]]:
-        """A request whose end its ext_proc stream saw (streaming mode): recorded as an
-        access-log entry is, once (whichever of the two comes first takes the decision out
-        of the in-flight table; the other finds nothing)."""
+        """A request whose end its ext_proc stream saw (streaming mode), or whose reply
+        Envoy never took (`kind` undelivered): recorded as an access-log entry is, once
+        (whichever of the two comes first takes the decision out of the in-flight table;
+        the other finds nothing)."""
         decision = self.inflight.pop(tracking)
         if decision is None:
             return []
-        self.metrics.access_log_entries("stream_end").inc()
+        self.metrics.access_log_entries(kind).inc()
         return self.record(build(decision))
+
+    def maybe_undelivered(
+        self, tracking: str, request_id: str, build: Callable[[RoutingDecision], RequestOutcome]
+    ) -> list[Awaitable[None]]:
+        """A request whose body reply grpc may not have handed to Envoy (its stream ended
+        before grpc asked for more): ended now as `build` says where Envoy's entry without
+        it came already; otherwise the entry to come decides (extproc.service.undelivered).
+        A request without an id (not from Envoy) is ended now."""
+        if not request_id or self._undelivered.suspect(request_id, tracking, build):
+            return self.ended(tracking, build, kind="undelivered")
+        return []
 
     async def expire(self) -> int:
         """Settle the requests whose entry never came (the safety net); returns how many."""
         expired = self.inflight.expire()
+        self._undelivered.forget(self.inflight.__contains__)
         pending: list[Awaitable[None]] = []
         for tracking, decision in expired:
             self.metrics.inflight_expired.inc()

@@ -176,11 +176,12 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
                     observer.abandoned(flow)
 
     def _never_delivered(self, flow: RequestFlow) -> None:
-        """A decision made while its stream was being reset (the client left while it
-        waited, and the room let it in before grpc cancelled this stream): Envoy never took
-        the reply, so no access-log entry will name it. Ended now as a stream end is, or
-        what it holds stays held until it expires (a 128k prompt held its pool for minutes:
-        bench/results/overhead-128k.md)."""
+        """A decision whose stream ended before grpc asked for more: made while the stream
+        was being reset (the client left while it waited, and the room let it in before
+        grpc cancelled this stream; no access-log entry will name it), or taken by an Envoy
+        that closed the stream at once (the request was over in a moment). Envoy's entry
+        for the request tells which (extproc.service.undelivered); until it comes the
+        decision stays in flight."""
         routed = flow.routed
         if routed is None or self._ends is None:
             return
@@ -199,7 +200,10 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
                 "ext_proc_stream_closed",
             )
 
-        task = asyncio.get_running_loop().create_task(finish(self._ends.ended(tracking, outcome)))
+        ending = self._ends.maybe_undelivered(tracking, flow.request_id, outcome)
+        if not ending:
+            return
+        task = asyncio.get_running_loop().create_task(finish(ending))
         self._ending.add(task)
         task.add_done_callback(self._ending.discard)
 

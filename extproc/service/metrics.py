@@ -215,8 +215,9 @@ class SidecarMetrics:
         )
         self.access_log_entries = counter(
             "slogate_access_log_entries_total",
-            "Access-log entries received from Envoy, by kind (routed, unmatched, other), and "
-            "requests whose end their ext_proc stream saw (stream_end: streaming mode).",
+            "Access-log entries received from Envoy, by kind (routed, unmatched, other), "
+            "requests whose end their ext_proc stream saw (stream_end: streaming mode), and "
+            "requests whose reply Envoy never took (undelivered: ended with nothing used).",
             ["kind"],
         )
         self.access_log_unproven = Counter(

@@ -52,6 +52,10 @@ class RequestEnds(Protocol):
         self, tracking: str, build: Callable[[RoutingDecision], RequestOutcome]
     ) -> list[Awaitable[None]]: ...
 
+    def maybe_undelivered(
+        self, tracking: str, request_id: str, build: Callable[[RoutingDecision], RequestOutcome]
+    ) -> list[Awaitable[None]]: ...
+
 
 class StreamedServicer(Protocol):
     """What the streaming mode uses of the servicer (extproc.service.ext_proc): its

@@ -34,7 +34,7 @@ from budget.leases import PoolRoom
 from extproc.request.contract import CROSSED_HEADER, REASON_HEADER, REGION_HEADER
 from extproc.runtime.sidecar import Sidecar
 from tests.support.http import CHAT, Reply, chat_body, metric, parse, post, scrape
-from tests.support.stack import example_policy, random_ports, write_policy
+from tests.support.stack import every_decision_ended, example_policy, random_ports, write_policy
 from tooling.stack.local import LocalStack, Replica
 from tooling.stack.pool_engines import HOST
 from tooling.stack.processes import free_port
@@ -110,9 +110,7 @@ class Region:
         return metric(samples(self.sidecar), name, **labels)
 
     def settled_all(self) -> bool:
-        now = samples(self.sidecar)
-        decided = metric(now, "slogate_decisions_total")
-        return decided == metric(now, "slogate_access_log_entries_total", kind="routed")
+        return every_decision_ended(samples(self.sidecar))
 
     async def ask(self, key: str, headers: dict[str, str] | None = None) -> Reply:
         body = chat_body("What is the capital of France?", max_tokens=8)

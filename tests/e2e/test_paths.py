@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.http import Reply, chat_body, metric, scrape
 from tests.support.messages import MODE_IDS, MODES, with_messages
-from tests.support.stack import example_policy, slogate, start_stack, write_policy
+from tests.support.stack import example_policy, settled, slogate, start_stack, write_policy
 from tooling.stack.local import LocalStack
 
 CHAT = "/v1/chat/completions"
@@ -88,17 +88,6 @@ def call(
 
 def reached_engine(reply: Reply) -> bool:
     return "x-sim-pool" in reply.headers
-
-
-def wait_settled(stack: LocalStack) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        now = scrape(stack.metrics_url)
-        routed = metric(now, "slogate_decisions_total")
-        if routed == metric(now, "slogate_access_log_entries_total", kind="routed"):
-            return
-        time.sleep(0.05)
-    raise AssertionError("a routed request never produced an access-log entry")
 
 
 def key_usage_1m(stack: LocalStack, tenant: str) -> float:
@@ -265,7 +254,7 @@ def test_every_inference_api_reserves_and_settles(
         assert reached_engine(reply)
         assert int(reply.headers["x-ratelimit-remaining-requests"]) == RPM - 1 - i
         assert "x-ratelimit-remaining-tokens" in reply.headers
-    wait_settled(paths_stack)
+    settled(paths_stack)
     reported = sum(_usage_total(r.json()["usage"]) for r in replies)
     assert key_usage_1m(paths_stack, f"t-{name}") == reported > 0
 
@@ -286,7 +275,7 @@ def test_a_responses_stream_settles_with_its_usage(paths_stack: LocalStack) -> N
     events = _sse_events(reply.body)
     completed = [e for e in events if e["type"] == "response.completed"]
     assert len(completed) == 1
-    wait_settled(paths_stack)
+    settled(paths_stack)
     expected = _usage_total(completed[0]["response"]["usage"])
     assert key_usage_1m(paths_stack, "t-responses_stream") == expected > 0
 
@@ -298,7 +287,7 @@ def test_an_anthropic_stream_settles_with_its_usage(paths_stack: LocalStack) -> 
     events = _sse_events(reply.body)
     started = next(e for e in events if e["type"] == "message_start")
     final = [e for e in events if e["type"] == "message_delta"][-1]
-    wait_settled(paths_stack)
+    settled(paths_stack)
     expected = started["message"]["usage"]["input_tokens"] + final["usage"]["output_tokens"]
     assert key_usage_1m(paths_stack, "t-messages_stream") == expected > 0
 
@@ -335,7 +324,7 @@ def test_cheap_endpoints_are_authenticated_and_count_as_requests(
     remaining = [int(r.headers["x-ratelimit-remaining-requests"]) for r in (first, second)]
     refilled = elapsed_s * RPM / 60
     assert remaining[0] - 1 <= remaining[1] <= remaining[0] - 1 + math.ceil(refilled)
-    wait_settled(paths_stack)
+    settled(paths_stack)
 
 
 def test_a_request_without_max_tokens_reaches_the_pool_with_the_charged_limit(
@@ -363,7 +352,7 @@ def test_n_reserves_n_completions(paths_stack: LocalStack) -> None:
     assert spent(eight) >= 800 > spent(one) >= 100
     too_many = call(paths_stack, "POST", CHAT, chat_body("x", n=1000), key=API_KEYS["chat"])
     assert too_many.status == 400 and too_many.headers["x-slogate-reason"] == "too_many_sequences"
-    wait_settled(paths_stack)
+    settled(paths_stack)
 
 
 def test_a_request_its_pool_waits_for_is_settled_once_through_the_unbatched_log(
@@ -374,7 +363,7 @@ def test_a_request_its_pool_waits_for_is_settled_once_through_the_unbatched_log(
     settle_promptly, and its entry goes through Envoy's unbatched logger; every entry goes
     through exactly one of the two loggers (one through both would be settled, then come
     again as unmatched). Envoy ignores the metadata matcher's `invert` there: it did."""
-    wait_settled(paths_stack)  # the earlier tests' entries are in
+    settled(paths_stack)  # the earlier tests' entries are in
     before = scrape(paths_stack.metrics_url)
     key = API_KEYS["settle"]
     large = call(paths_stack, "POST", CHAT, chat_body("fill", max_tokens=110_000), key=key)
@@ -383,7 +372,7 @@ def test_a_request_its_pool_waits_for_is_settled_once_through_the_unbatched_log(
     # Batched after the large one's entry: once it is in, any copy of the large one is too.
     small = call(paths_stack, "POST", CHAT, chat_body("after"), key=key)
     assert small.status == 200, small.body
-    wait_settled(paths_stack)
+    settled(paths_stack)
     after = scrape(paths_stack.metrics_url)
     entries = "slogate_access_log_entries_total"
     assert metric(after, entries, kind="unmatched") == metric(before, entries, kind="unmatched")

@@ -68,13 +68,22 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
     return predicate()
 
 
+def every_decision_ended(now: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> bool:
+    """A sidecar's samples say each request it routed has ended (see `settled`)."""
+    ended = sum(
+        metric(now, "slogate_access_log_entries_total", kind=kind)
+        for kind in ("routed", "undelivered", "stream_end")
+    )
+    return metric(now, "slogate_decisions_total") == ended
+
+
 def settled(stack: LocalStack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Metrics once every routed request so far has come back through the access log."""
+    """Metrics once every routed request so far has ended: through its access-log entry,
+    or as one whose reply Envoy never took (a client gone as the waiting room let it in;
+    Envoy's entry without the reply's id ends it) or whose stream saw its end."""
 
     def all_logged() -> bool:
-        now = scrape(stack.metrics_url)
-        routed = metric(now, "slogate_decisions_total")
-        return routed == metric(now, "slogate_access_log_entries_total", kind="routed")
+        return every_decision_ended(scrape(stack.metrics_url))
 
     # 30 s, not the default 10: a CI machine once held the sidecar's loop 4 s waiting for a
     # CPU, and Envoy batches entries; the wait ends as soon as the counts agree.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -39,10 +40,16 @@ def entry(
     duration_ms: int = 900,
     details: str = "via_upstream",
     proof: str | None = None,
+    request_id: str = "",
+    upstream: str = "",
 ) -> accesslog_pb2.HTTPAccessLogEntry:
     """An entry as Envoy sends it; `proof`: the one it carries of `tracking` (see
-    `proven`, which gives an in-flight request's own)."""
+    `proven`, which gives an in-flight request's own); `upstream`: the engine's address
+    ("": the request reached none)."""
     e = accesslog_pb2.HTTPAccessLogEntry()
+    e.request.request_id = request_id
+    if upstream:
+        e.common_properties.upstream_remote_address.socket_address.address = upstream
     e.response.response_code.value = status
     e.response.response_code_details = details
     e.common_properties.duration.FromMilliseconds(duration_ms)
@@ -297,3 +304,65 @@ async def test_unproven_entries_are_logged_at_most_once_a_minute(
     assert warnings[0].startswith("unproven access-log entries: 1 ") and keys[0] in warnings[0]
     assert warnings[1].startswith("unproven access-log entries: 3 ") and keys[3] in warnings[1]
     assert rec.metrics.registry.get_sample_value("slogate_access_log_unproven_total") == 4
+
+
+def _nothing_used(tracking: str, decision: RoutingDecision) -> RequestOutcome:
+    return RequestOutcome(decision, tracking, 0, None, None, None, 0.0, "ext_proc_stream_closed")
+
+
+async def test_a_reply_envoy_took_before_closing_the_stream_is_settled_by_its_entry() -> None:
+    """The stream ended before grpc asked for more, but Envoy had the reply (an engine's
+    instant 404 closed it): the entry with the tracking id settles it with its usage."""
+    rec, inflight, sink, _ = recorder()
+    key = inflight.add(DECISION)
+    assert rec.maybe_undelivered(key, "r1", functools.partial(_nothing_used, key)) == []
+    assert key in inflight  # not ended on a guess
+    tags = {"prompt_tokens": "41000", "completion_tokens": "3"}
+    await finish(rec.record_entry(proven(inflight, key, tags=tags, request_id="r1")))
+    assert [o.completion_tokens for o in sink.seen] == [3]
+    value = rec.metrics.registry.get_sample_value
+    assert value("slogate_access_log_entries_total", {"kind": "routed"}) == 1
+    assert value("slogate_access_log_entries_total", {"kind": "undelivered"}) is None
+    # An unrouted entry of the same id later (a client reusing it) ends nothing.
+    await finish(
+        rec.record_entry(entry(status=0, details="downstream_remote_disconnect", request_id="r1"))
+    )
+    assert len(sink.seen) == 1
+
+
+@pytest.mark.parametrize("entry_first", [False, True])
+async def test_a_reply_envoy_never_took_ends_at_the_entry_without_an_upstream(
+    entry_first: bool,
+) -> None:
+    """The client left as the room let its request in: Envoy's entry names the request
+    but not the decision, and no engine; it ends the decision with nothing used, whether
+    it comes before or after the servicer's suspicion."""
+    rec, inflight, sink, _ = recorder()
+    key, other = inflight.add(DECISION), inflight.add(DECISION)
+    gone = entry(status=0, details="downstream_remote_disconnect", request_id="r1")
+    ending = functools.partial(_nothing_used, key)
+    if entry_first:
+        await finish(rec.record_entry(gone))
+        await finish(rec.maybe_undelivered(key, "r1", ending))
+    else:
+        await finish(rec.maybe_undelivered(key, "r1", ending))
+        assert key in inflight
+        # Another request's entries (one answered upstream, one of another id) end nothing.
+        await finish(rec.record_entry(entry(status=404, request_id="r1", upstream="10.0.0.9")))
+        await finish(rec.record_entry(entry(status=0, request_id="r2")))
+        assert key in inflight
+        await finish(rec.record_entry(gone))
+    assert key not in inflight and other in inflight
+    assert [o.tracking_id for o in sink.seen] == [key] and not sink.seen[0].has_usage
+    value = rec.metrics.registry.get_sample_value
+    assert value("slogate_access_log_entries_total", {"kind": "undelivered"}) == 1
+
+
+async def test_a_suspect_whose_entry_never_comes_expires_and_is_forgotten() -> None:
+    rec, inflight, sink, clock = recorder()
+    key = inflight.add(DECISION)
+    await finish(rec.maybe_undelivered(key, "r1", functools.partial(_nothing_used, key)))
+    clock.now_s += 61
+    assert await rec.expire() == 1
+    assert len(rec._undelivered) == 0
+    assert sink.seen[0].expired
