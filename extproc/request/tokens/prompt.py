@@ -38,7 +38,7 @@ import numpy as np
 
 from admission.decision import CountKind
 from engines.prefix import text_blocks
-from extproc.request.tokens.digest import text_digest
+from extproc.request.tokens.digest import utf8_key
 from policy.schema import CountingConfig
 
 
@@ -141,10 +141,8 @@ class PromptCounter:
         pending: list[tuple[int, bytes | None, str, int]] = []  # (index, key, text, bytes)
         pending_bytes = 0
         for index, text in enumerate(texts):
-            raw = text.encode("utf-8", "surrogatepass")
-            key = None
-            if len(raw) >= _CACHED_MIN_BYTES:
-                key = text_digest(raw)
+            size, key = utf8_key(text, _CACHED_MIN_BYTES)
+            if key is not None:
                 known = self._cache.get(key)
                 if known is not None and (known[1] is not None or not blocks_wanted):
                     self._cache.move_to_end(key)
@@ -152,8 +150,8 @@ class PromptCounter:
                     known_counts.append(known)
                     continue
             known_counts.append(None)
-            pending.append((index, key, text, len(raw)))
-            pending_bytes += len(raw)
+            pending.append((index, key, text, size))
+            pending_bytes += size
         if not pending:
             return self._result(total, CountKind.CACHED, known_counts, block_tokens)
         if self._counter is None or pending_bytes > config.max_bytes:

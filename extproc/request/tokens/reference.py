@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from extproc.request.tokens.digest import keeps_utf8
+
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
@@ -37,9 +39,9 @@ def encodable(text: str) -> str:
     UTF-8 on the wire either; they count as the U+FFFD a UTF-8 encoder/decoder makes of them."""
     if text.isascii():  # O(1) (CPython marks ASCII strings): no surrogate, no copy to check
         return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
+    # Checked by making the str's UTF-8, which it then keeps: the tokenizer reads that
+    # instead of encoding the text again (extproc.request.tokens.digest).
+    if not keeps_utf8(text):
         return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
     return text
 

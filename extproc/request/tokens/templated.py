@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from extproc.request.tokens.digest import text_digest
+from extproc.request.tokens.digest import utf8_key
 from extproc.request.tokens.native import FastokensBpe
 from extproc.request.tokens.prompt import IdCounter, PromptCounter
 from policy.domain import ChatTemplate, KvEvents
@@ -162,7 +162,5 @@ def _key(text: str) -> str | bytes:
     a long one by its digest (the counter's cache key for the same text)."""
     if len(text) * 4 < _DIGEST_MIN_BYTES:  # at most 4 bytes a character: short, not encoded
         return text
-    raw = text.encode("utf-8", "surrogatepass")
-    if len(raw) < _DIGEST_MIN_BYTES:
-        return text
-    return text_digest(raw)
+    _, digest = utf8_key(text, _DIGEST_MIN_BYTES)
+    return text if digest is None else digest
