@@ -69,11 +69,18 @@ class Limits:
     max_context_tokens: int | None = None
 
     def capacity(self, bucket: str) -> int | None:
-        return {
-            "requests": self.requests_per_minute,
-            "tokens": self.tokens_per_minute,
-            "hour": self.tokens_per_hour,
-        }[bucket]
+        # The field by name, not a dict of all three built per call: the budget ledger asks
+        # a dozen times per request.
+        limit: int | None = getattr(self, _CAPACITY_FIELDS[bucket])
+        return limit
+
+
+# The limit each budget bucket (budget.ledger) draws against.
+_CAPACITY_FIELDS = {
+    "requests": "requests_per_minute",
+    "tokens": "tokens_per_minute",
+    "hour": "tokens_per_hour",
+}
 
 
 # Every field of Limits, in the order the policy documents them.

@@ -281,7 +281,7 @@ class Decider:
             if within is not None:
                 self._hinted(spec, within)
             return admitted
-        return Admitted(dataclasses.replace(decided, engines=engines), admitted.response_headers)
+        return Admitted(decided.with_engines(engines), admitted.response_headers)
 
 
 class RequestFlow:

@@ -48,6 +48,10 @@ UNPROVEN_LOG_INTERVAL_S = 60.0  # unproven entries are logged at most this often
 
 def _tag_int(tags: Mapping[str, str], name: str) -> int | None:
     value = tags.get(name, "")
+    if not value or value == "-":
+        # Absent (no tag, or Envoy's "-"): most of an entry's eight tags. Answered before
+        # int(float()) raises on it: ~0.6 µs an exception, five of them per entry.
+        return None
     try:
         number = int(float(value))
     except (ValueError, OverflowError):

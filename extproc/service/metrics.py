@@ -244,7 +244,7 @@ class SidecarMetrics:
         # The one tenant family touched once per request: its calls are the traffic that
         # decides which tenants keep their own series.
         self.budget_decisions = TenantFamily(
-            Counter(
+            LoopCounter(  # the budget step's, on the loop: no lock per request
                 "slogate_budget_decisions_total",
                 "Budget reservations by tenant and result (ok, or the limit that refused: "
                 "requests, tokens, hour, concurrency).",

@@ -105,3 +105,11 @@ def test_limits_that_set_nothing_are_not_limits_of_its_own() -> None:
     found = policy.key_for("sk-e")
     assert found is not None and found.shared_budget
     assert found.budget_id == _stored("team", None, {}).budget_id == "tenant:team"
+
+
+def test_a_budget_bucket_draws_against_its_own_limit() -> None:
+    limits = Limits(requests_per_minute=1, tokens_per_minute=2, tokens_per_hour=3)
+    assert [limits.capacity(b) for b in ("requests", "tokens", "hour")] == [1, 2, 3]
+    assert Limits().capacity("tokens") is None  # unlimited
+    with pytest.raises(KeyError):
+        limits.capacity("concurrent_requests")  # not a bucket of the ledger

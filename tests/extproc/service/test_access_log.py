@@ -105,6 +105,27 @@ def test_missing_tags_mean_not_reported() -> None:
     assert not outcome.has_usage
 
 
+@pytest.mark.parametrize(
+    ("value", "read"),
+    [
+        (None, None),  # no such tag
+        ("", None),
+        ("-", None),  # Envoy's absent
+        ("-5", None),
+        ("x", None),
+        ("inf", None),
+        ("1e400", None),
+        ("12.7", 12),
+        ("0", 0),
+        (str(2**31 - 1), 2**31 - 1),
+        (str(2**31), None),  # over what an engine reports
+    ],
+)
+def test_a_tag_reads_as_a_count_or_not_reported(value: str | None, read: int | None) -> None:
+    tags = {} if value is None else {"completion_tokens": value}
+    assert access_log._tag_int(tags, "completion_tokens") == read
+
+
 class Sink:
     def __init__(self) -> None:
         self.seen: list[RequestOutcome] = []
