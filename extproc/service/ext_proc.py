@@ -253,7 +253,7 @@ class ExternalProcessorService(pb_grpc.ExternalProcessorServicer):
             routed = await flow.on_request_body(body, on_wait)
         if routed is None:  # a public path's body
             return passthrough_reply(request)
-        reply = routed_body_reply(routed)
+        reply = routed_body_reply(routed, headers_in_metadata=one_message)
         self._routed(flow, routed, reply)
         if one_message:
             headers_as_metadata(reply)

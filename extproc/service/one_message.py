@@ -36,15 +36,18 @@ def forwarded_headers(request: pb.ProcessingRequest) -> dict[str, str]:
 
 
 def headers_as_metadata(reply: pb.ProcessingResponse) -> None:
-    """Move the headers a body reply sets into METADATA_NAMESPACE under their names (the
-    pool routes render them: contract.UPSTREAM_METADATA_HEADERS) and keep the mutation
-    non-empty, so that clear_route_cache still routes again."""
+    """Move the headers a body reply still sets into METADATA_NAMESPACE under their names
+    (the pool routes render them: contract.UPSTREAM_METADATA_HEADERS) and keep the mutation
+    non-empty, so that clear_route_cache still routes again. The routed reply's own headers
+    are built there already (replies.routed_body_reply); what is left is an observer's (the
+    tracer's traceparent)."""
     common = reply.request_body.response
     mutation = common.header_mutation
     if not mutation.set_headers and not common.clear_route_cache:
         return
-    fields = reply.dynamic_metadata.fields[METADATA_NAMESPACE].struct_value.fields
-    for option in mutation.set_headers:
-        fields[option.header.key].string_value = option.header.raw_value.decode()
+    if mutation.set_headers:
+        fields = reply.dynamic_metadata.fields[METADATA_NAMESPACE].struct_value.fields
+        for option in mutation.set_headers:
+            fields[option.header.key].string_value = option.header.raw_value.decode()
     mutation.Clear()
     mutation.remove_headers.append(_ROUTE_CACHE_KEEPER)

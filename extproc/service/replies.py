@@ -103,12 +103,16 @@ def header_reply(verdict: HeaderVerdict) -> pb.ProcessingResponse:
     return reply
 
 
-def routed_body_reply(routed: Routed) -> pb.ProcessingResponse:
+def routed_body_reply(routed: Routed, headers_in_metadata: bool = False) -> pb.ProcessingResponse:
+    """`headers_in_metadata`: one ext_proc message per request (extproc.service.one_message),
+    where Envoy drops header mutations: the upstream headers go straight into the metadata
+    the pool routes render, instead of a mutation moved there afterwards (building and
+    reading back the mutation cost about as much as the rest of the reply)."""
     reply = pb.ProcessingResponse()
     common = reply.request_body.response
     if routed.new_body is not None:
         common.body_mutation.body = routed.new_body
-    _route(reply, common, routed)
+    _route(reply, common, routed, headers_in_metadata)
     return reply
 
 
@@ -136,8 +140,15 @@ def destination_endpoints(decision: RoutingDecision) -> str:
     return ",".join(decision.engines)
 
 
-def _route(reply: pb.ProcessingResponse, common: pb.CommonResponse, routed: Routed) -> None:
-    """Upstream headers, the pool in metadata (the route matches on it) and a fresh route."""
+def _route(
+    reply: pb.ProcessingResponse,
+    common: pb.CommonResponse,
+    routed: Routed,
+    headers_in_metadata: bool = False,
+) -> None:
+    """Upstream headers (`headers_in_metadata`: as METADATA_NAMESPACE fields named after
+    them, see routed_body_reply), the pool in metadata (the route matches on it) and a
+    fresh route."""
     headers = upstream_headers(routed.decision)
     # After the header reply removed any client copy (x-slogate-*): the sidecar's own.
     headers.update(routed.upstream_headers)
@@ -149,10 +160,14 @@ def _route(reply: pb.ProcessingResponse, common: pb.CommonResponse, routed: Rout
         headers[DESTINATION_HEADER] = destination
         lb = reply.dynamic_metadata.fields[DESTINATION_NAMESPACE].struct_value.fields
         lb[DESTINATION_KEY].string_value = destination
-    set_headers(common.header_mutation, headers)
     common.clear_route_cache = True
-    # The decision itself stays in the sidecar (extproc.request.inflight); only its id travels.
     fields = reply.dynamic_metadata.fields[METADATA_NAMESPACE].struct_value.fields
+    if headers_in_metadata:
+        for name, value in headers.items():
+            fields[name].string_value = value
+    else:
+        set_headers(common.header_mutation, headers)
+    # The decision itself stays in the sidecar (extproc.request.inflight); only its id travels.
     fields[TRACKING_ID_FIELD].string_value = routed.tracking_id
     # ... with its proof, which Envoy copies into the access-log entry and renders nowhere.
     fields[USAGE_PROOF_FIELD].string_value = routed.usage_proof

@@ -1,15 +1,17 @@
 """`slogate bench stages --in-process`: the request path's CPU per request without gRPC.
 
 The sidecar's own servicers (ExternalProcessorService, AccessLogService) driven in process
-with the messages Envoy sends: the header message, the body message, and the request's
+with the messages Envoy sends: the header message, the body message (`one_message`: the body
+alone, its headers forwarded as metadata, as with `data_path.messages: one`), and the request's
 access-log entry (in batches of four, as Envoy's buffer flushes them at this rate). The
 process's CPU time per phase (time.process_time_ns: a count handed to a worker thread is
 in it; a neighbour's load slows it far less than a wall clock); then the same requests
 again under cProfile (deterministic: every call counted), whose own time
 tooling.benchmarks.stage_map groups into its STAGES.
 
-Runs as a script too (`python request_path.py PROFILE REQUESTS`, printing JSON), which is
-how `--product-tree` runs another checkout's request path (a baseline commit's) with it.
+Runs as a script too (`python request_path.py PROFILE REQUESTS [DUMP [one]]`, printing
+JSON), which is how `--product-tree` runs another checkout's request path (a baseline
+commit's) with it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
 from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.request import contract
-from extproc.request.contract import METADATA_NAMESPACE, TRACKING_ID_FIELD
+from extproc.request.contract import FORWARDED_NAMESPACE, METADATA_NAMESPACE, TRACKING_ID_FIELD
 from extproc.request.tokens.bpe import DeepSeekBpe
 from extproc.request.tokens.native import exact_counter
 from extproc.runtime.sidecar import Sidecar
@@ -44,7 +46,7 @@ from extproc.service.access_log import AccessLogService
 from extproc.service.ext_proc import ExternalProcessorService
 from tooling.benchmarks import overhead
 from tooling.benchmarks.bodies import profile_bodies
-from tooling.benchmarks.levers import BENCH_KEY, bench_policy
+from tooling.benchmarks.levers import BENCH_KEY, LEVERS, bench_policy
 
 PHASES = ("request_headers", "request_body", "access_log")
 # The proof an entry carries of its id; None in a checkout (`--product-tree`) from before
@@ -53,8 +55,8 @@ PROOF_FIELD: str | None = getattr(contract, "USAGE_PROOF_FIELD", None)
 ENTRIES_PER_MESSAGE = 4
 
 
-def _headers(body: bytes, serial: int) -> pb.ProcessingRequest:
-    fields = {
+def _header_fields(body: bytes, serial: int) -> dict[str, str]:
+    return {
         ":method": "POST",
         ":path": "/v1/chat/completions",
         ":authority": "bench",
@@ -63,10 +65,25 @@ def _headers(body: bytes, serial: int) -> pb.ProcessingRequest:
         "authorization": f"Bearer {BENCH_KEY}",
         "x-request-id": f"bench-{serial}",
     }
+
+
+def _headers(body: bytes, serial: int) -> pb.ProcessingRequest:
+    fields = _header_fields(body, serial)
     header_map = core.HeaderMap(
         headers=[core.HeaderValue(key=k, raw_value=v.encode()) for k, v in fields.items()]
     )
     return pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=header_map))
+
+
+def _body_alone(body: bytes, serial: int) -> pb.ProcessingRequest:
+    """The body message of one message per request: the headers the sidecar reads ride
+    along as metadata (tooling.render.envoy_config.one_message's header_to_metadata)."""
+    request = pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+    forwarded = request.metadata_context.filter_metadata[FORWARDED_NAMESPACE].fields
+    for name, value in _header_fields(body, serial).items():
+        if name in contract.FORWARDED_HEADERS:
+            forwarded[name].string_value = value
+    return request
 
 
 def _entry(
@@ -100,8 +117,10 @@ async def _messages(items: Sequence[Any]) -> AsyncIterator[Any]:
 class _Path:
     """One sidecar's servicers, driven as Envoy drives them."""
 
-    def __init__(self, work: Path) -> None:
-        self.sidecar = Sidecar(bench_policy(work, None), metrics_port=None, admin_address=None)
+    def __init__(self, work: Path, one_message: bool = False) -> None:
+        lever = LEVERS["one_message"] if one_message else None
+        self.sidecar = Sidecar(bench_policy(work, lever), metrics_port=None, admin_address=None)
+        self.one_message = one_message
         path = self.sidecar.path
         path.counter.use(exact_counter(self.sidecar.policy().counting.engine))
         self.ext_proc = ExternalProcessorService(
@@ -116,17 +135,23 @@ class _Path:
         self.pending: list[accesslog_pb2.HTTPAccessLogEntry] = []
 
     async def request(self, body: bytes, serial: int, cpu: dict[str, list[int]]) -> None:
-        """One request's two messages (each timed), its entry kept for the next batch."""
+        """One request's two messages (each timed; with one message, the body's time is
+        the request_body phase's, its header phase included), its entry kept for the next
+        batch."""
         replies: list[pb.ProcessingResponse] = []
-        incoming = [_headers(body, serial), pb.ProcessingRequest(request_body=pb.HttpBody(
-            body=body, end_of_stream=True
-        ))]  # fmt: skip
+        if self.one_message:
+            incoming = [_body_alone(body, serial)]
+            cpu[PHASES[0]].append(0)
+        else:
+            incoming = [_headers(body, serial), pb.ProcessingRequest(request_body=pb.HttpBody(
+                body=body, end_of_stream=True
+            ))]  # fmt: skip
         stream = self.ext_proc.Process(_messages(incoming), self.context)
-        for phase in PHASES[:2]:
+        for phase in PHASES[2 - len(incoming) : 2]:
             started = time.process_time_ns()
             replies.append(await anext(stream))
             cpu[phase].append(time.process_time_ns() - started)
-        reply = replies[1]
+        reply = replies[-1]
         if reply.HasField("immediate_response"):
             raise RuntimeError(f"refused: {reply.immediate_response.body!r}")
         fields = reply.dynamic_metadata.fields[METADATA_NAMESPACE].struct_value.fields
@@ -155,9 +180,11 @@ class _Path:
         cpu["access_log"].extend([spent // entries] * entries)
 
 
-async def _measure(profile: str, requests: int, profiled: Path | None) -> dict[str, Any]:
+async def _measure(
+    profile: str, requests: int, profiled: Path | None, one_message: bool
+) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="slogate-request-path-"))
-    path = _Path(work)
+    path = _Path(work, one_message)
     if profile == "small":  # bench overhead's 4 KB chat body, the same each time
         bodies = [overhead._request_body().encode()] * requests
     else:
@@ -195,12 +222,17 @@ async def _measure(profile: str, requests: int, profiled: Path | None) -> dict[s
 
 
 def measure(
-    profile: str, requests: int, product_tree: Path | None = None, profiled: Path | None = None
+    profile: str,
+    requests: int,
+    product_tree: Path | None = None,
+    profiled: Path | None = None,
+    one_message: bool = False,
 ) -> dict[str, Any]:
     """Per phase, the CPU µs per request (mean and median); this checkout's request path,
-    or (`product_tree`) another's, run as a script with that checkout first on its path."""
+    or (`product_tree`) another's, run as a script with that checkout first on its path;
+    `one_message`: Envoy's one message per request (the body alone)."""
     if product_tree is None:
-        return asyncio.run(_measure(profile, requests, profiled))
+        return asyncio.run(_measure(profile, requests, profiled, one_message))
     # Run by path from the checkout's root: its packages first (the current directory
     # leads sys.path with -c), and this folder kept off sys.path (its profile.py would
     # shadow the standard library's, which cProfile imports).
@@ -209,6 +241,8 @@ def measure(
         "runpy.run_path(sys.argv[0], run_name='__main__')"
     )
     argv = [sys.executable, "-c", launch, __file__, profile, str(requests), str(profiled or "")]
+    if one_message:
+        argv.append("one")
     env = {**os.environ, "PYTHONPATH": str(product_tree)}
     done = subprocess.run(
         argv, env=env, cwd=product_tree, capture_output=True, text=True, check=True
@@ -235,4 +269,5 @@ def own_time(path: Path, stage_of: Any) -> dict[str, float]:
 
 if __name__ == "__main__":
     name, count, dump = sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else ""
-    print(json.dumps(measure(name, count, None, Path(dump) if dump else None)))
+    one = len(sys.argv) > 4 and sys.argv[4] == "one"
+    print(json.dumps(measure(name, count, None, Path(dump) if dump else None, one)))

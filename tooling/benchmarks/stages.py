@@ -52,6 +52,7 @@ from tooling.stack.processes import free_port, start_sidecar
 
 PROCESSORS = ("passthrough", "slogate")
 BASELINE = "baseline"
+ONE_MESSAGE = "slogate_one_message"  # in process: this checkout, Envoy's body message alone
 _YAPPI_SERVE = Path(__file__).with_name("yappi_serve.py")
 
 
@@ -200,15 +201,23 @@ def _wait_for(path: Path, timeout_s: float = 30.0) -> None:
 
 
 def in_process(
-    profiles: Sequence[str], requests: int, rounds: int, work: Path, baseline: Path | None
+    profiles: Sequence[str],
+    requests: int,
+    rounds: int,
+    work: Path,
+    baseline: Path | None,
+    one_message: bool = False,
 ) -> dict[str, Any]:
     """The request path in process, this checkout and the baseline taking turns each
-    round: CPU µs per phase (median of the rounds' means), and a cProfile's stage shares."""
+    round: CPU µs per phase (median of the rounds' means), and a cProfile's stage shares;
+    `one_message`: this checkout again with one ext_proc message per request (ONE_MESSAGE:
+    its header phase is in its request_body's)."""
     # Each arm in a fresh process of its own, this checkout's too: one process running
     # round after round would count texts its tokenizer has seen before (the bodies repeat
     # from round to round), and it would not be the baseline's equal.
     here = Path(__file__).resolve().parents[2]
-    arms = {"slogate": here, **({BASELINE: baseline} if baseline is not None else {})}
+    arms = {"slogate": here, **({ONE_MESSAGE: here} if one_message else {})}
+    arms.update({BASELINE: baseline} if baseline is not None else {})
     found: dict[str, Any] = {}
     for profile in profiles:
         means: dict[str, dict[str, list[float]]] = {arm: {} for arm in arms}
@@ -216,7 +225,7 @@ def in_process(
             for arm, tree in arms.items():
                 last = round_index == rounds - 1
                 dump = work / f"cprofile-{arm}-{profile}.prof" if last else None
-                phases = request_path.measure(profile, requests, tree, dump)
+                phases = request_path.measure(profile, requests, tree, dump, arm == ONE_MESSAGE)
                 for phase, row in phases.items():
                     means[arm].setdefault(phase, []).append(row["mean_us"])
                 print(f"in process {profile} {arm} round {round_index + 1}: {phases}", flush=True)
@@ -243,6 +252,7 @@ def run(
     baseline: Path | None = None,
     requests: int = 1500,
     live: bool = True,
+    one_message: bool = False,
 ) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="slogate-stages-"))
     processors = (*PROCESSORS, *((BASELINE,) if baseline is not None else ()))
@@ -255,7 +265,7 @@ def run(
         "seconds": seconds,
         "rounds": rounds,
         "requests_in_process": requests,
-        "in_process": in_process(profiles, requests, rounds, work, baseline),
+        "in_process": in_process(profiles, requests, rounds, work, baseline, one_message),
     }
     if live:
         report.update(_live(work, profiles, processors, seconds, rounds, baseline))

@@ -63,6 +63,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     stages.add_argument(
         "--in-process-only", action="store_true", help="no Envoy, no gRPC: the servicers alone"
     )
+    stages.add_argument(
+        "--one-message",
+        action="store_true",
+        help="in process, this checkout again with one ext_proc message per request "
+        "(data_path.messages: one)",
+    )
     stages.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     cost = bench_sub.add_parser("decision-cost", help="body decision p50/p99 per body profile")
     cost.add_argument("--seconds", type=float, default=4.0, help="per profile")
@@ -226,6 +232,7 @@ def run_bench(args: argparse.Namespace) -> int:
             args.baseline,
             args.requests,
             live=not args.in_process_only,
+            one_message=args.one_message,
         )
     elif args.bench == "tenants":
         from tooling.benchmarks.tenants import run as run_tenants

@@ -4,13 +4,17 @@ header mutations moved to the metadata the pool routes render."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from admission.errors import InternalError
 from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.request.contract import FORWARDED_NAMESPACE, METADATA_NAMESPACE, POOL_FIELD
+from extproc.request.verdicts import Routed
 from extproc.service.one_message import forwarded_headers, headers_as_metadata
-from extproc.service.replies import set_headers
+from extproc.service.replies import routed_body_reply, set_headers
+from tests.support.decisions import decision
 
 
 def body_message(forwarded: dict[str, str] | None) -> pb.ProcessingRequest:
@@ -59,3 +63,25 @@ def test_a_reply_that_routes_nothing_is_left_alone() -> None:
     headers_as_metadata(reply)
     assert not reply.HasField("dynamic_metadata")
     assert not reply.request_body.response.HasField("header_mutation")
+
+
+def test_a_routed_reply_built_with_its_headers_in_metadata_is_the_moved_one() -> None:
+    # The one-message reply is built with its headers in metadata at once: what Envoy gets
+    # is what moving the two-message reply's headers gives (an observer's header too).
+    routed = Routed(
+        dataclasses.replace(decision(100), engines=("10.0.0.2:8000",)),
+        "t-1",
+        b'{"max_tokens": 8}',
+        {"x-ratelimit-remaining-tokens": "90"},
+        upstream_headers={"x-slogate-crossed": "eu"},
+    )
+    moved = routed_body_reply(routed)
+    built = routed_body_reply(routed, headers_in_metadata=True)
+    for reply in (moved, built):
+        set_headers(reply.request_body.response.header_mutation, {"traceparent": "00-ab-cd-01"})
+        headers_as_metadata(reply)
+    assert built == moved
+    fields = built.dynamic_metadata.fields[METADATA_NAMESPACE].struct_value.fields
+    assert fields["content-length"].string_value == "17"
+    assert fields["x-slogate-crossed"].string_value == "eu"
+    assert fields["traceparent"].string_value == "00-ab-cd-01"

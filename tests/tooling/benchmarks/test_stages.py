@@ -51,3 +51,12 @@ def test_the_request_path_in_process_admits_each_request_and_times_it(tmp_path: 
     for phase in request_path.PHASES:
         assert phases[phase]["mean_us"] > 0, phase
     assert dump.stat().st_size > 0
+
+
+def test_the_request_path_in_process_with_one_message_times_the_body_alone() -> None:
+    # Envoy's body message alone, its headers forwarded as metadata: every request admitted
+    # (a refusal raises), its header phase inside the body's.
+    phases = request_path.measure("small", 30, one_message=True)
+    assert phases["request_headers"]["mean_us"] == 0
+    assert phases["request_body"]["mean_us"] > 0
+    assert phases["access_log"]["mean_us"] > 0
