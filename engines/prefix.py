@@ -240,6 +240,8 @@ class PrefixIndex:
         for slot in slots:
             alive |= 1 << slot
         served = self._seen.get
+        if not alive & served(blocks.hashes[0], 0):  # no engine served its first block
+            return matched
         covered = 0  # what the engines still alive matched, through the previous position
         for digest, through in zip(blocks.hashes, blocks.covered_tokens, strict=False):
             still = alive & served(digest, 0)

@@ -9,7 +9,15 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines.prefix import _MASK, _SEED, PromptBlocks, ladder, prompt_blocks, text_blocks
+from engines.prefix import (
+    _MASK,
+    _SEED,
+    PrefixIndex,
+    PromptBlocks,
+    ladder,
+    prompt_blocks,
+    text_blocks,
+)
 from engines.scoring import EngineCandidate, load_of, pick, rendezvous, score
 from policy.schema import PickingConfig
 
@@ -115,3 +123,50 @@ def test_one_texts_hashes_are_the_general_chains(length: int, block_tokens: int,
     # An empty text ahead takes the general path: the same hashes.
     empty = np.zeros(0, dtype=np.uint64)
     assert prompt_blocks([empty, hashed], [0, length], block_tokens).hashes == blocks.hashes
+
+
+def _matched_one_by_one(index: PrefixIndex, blocks: PromptBlocks, slots: list[int]) -> list[int]:
+    """The rule `PrefixIndex.matched_tokens` follows, position by position."""
+    matched = [0] * len(slots)
+    alive = {slot for slot in slots}
+    covered = 0
+    for digest, through in zip(blocks.hashes, blocks.covered_tokens, strict=False):
+        served = index._seen.get(digest, 0)
+        for slot in [s for s in alive if not served >> s & 1]:
+            matched[slots.index(slot)] = covered
+            alive.discard(slot)
+        covered = through
+    for slot in alive:
+        matched[slots.index(slot)] = covered
+    return matched
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prompts=st.lists(st.integers(1, 40), min_size=1, max_size=8),
+    served=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 5), st.integers(0, 60))),
+    slots=st.lists(st.integers(0, 5), min_size=1, max_size=6, unique=True),
+    entries=st.sampled_from([20, 1000]),
+    forget=st.lists(st.integers(0, 5), max_size=2),
+)
+def test_matched_tokens_are_each_engines_longest_served_run(
+    prompts: list[int],
+    served: list[tuple[int, int, int]],
+    slots: list[int],
+    entries: int,
+    forget: list[int],
+) -> None:
+    # Prompts that share their leading blocks (one shared text, cut at several lengths),
+    # sent to engines in turn, some cut short; an LRU bound that drops some positions.
+    shared = np.random.default_rng(7).integers(0, 50_000, 40 * 4).astype(np.uint32)
+    ladders = [prompt_blocks([text_blocks(shared[: 4 * n], 4)], [4 * n], 4) for n in prompts]
+    index = PrefixIndex(entries)
+    for which, slot, cut in served:
+        blocks = ladders[which % len(ladders)]
+        index.add(
+            PromptBlocks(blocks.hashes[cut % 7 :], blocks.covered_tokens[cut % 7 :], 1, 1), slot
+        )
+    for slot in forget:
+        index.forget(slot)
+    for blocks in ladders:
+        assert index.matched_tokens(blocks, slots) == _matched_one_by_one(index, blocks, slots)
