@@ -69,7 +69,9 @@ class EnginePicker:
         return answer
 
     def index(self, pool: str) -> PrefixIndex:
-        entries = self._policy().engines.picking.index_entries
+        return self._index(pool, self._policy().engines.picking.index_entries)
+
+    def _index(self, pool: str, entries: int) -> PrefixIndex:
         index = self.indexes.get(pool)
         if index is None:
             index = self.indexes[pool] = PrefixIndex(entries)
@@ -137,23 +139,27 @@ class EnginePicker:
         slots = [e.slot for e in engines]
         matched = index.matched_tokens(blocks, slots)
         exact = self._exact(spec.name, blocks, slots, matched)
+        # Fresh metrics only (Engine.fresh, inlined: one call less per engine per request).
         now_s = self._clock()
         stale_s = self._stale_after_s()
         sequences = sizes.sequences
+        # Positional: keywords are matched to the parameters by name on every call (~1 us
+        # more per engine per request).
         return [
             EngineCandidate(
-                address=engine.address,
-                slot=engine.slot,
-                held_tokens=engine.held_tokens,
-                held_sequences=engine.held_sequences,
-                kv_tokens=kv,
-                sequences=sequences,
-                scraped_kv_usage=None if fresh is None else fresh.kv_cache_usage,
-                matched_tokens=tokens,
-                exact_prefix=engine.slot in exact,
+                engine.address,
+                engine.slot,
+                engine.held_tokens,
+                engine.held_sequences,
+                kv,
+                sequences,
+                engine.snapshot.kv_cache_usage
+                if engine.snapshot is not None and now_s - engine.snapshot_at_s <= stale_s
+                else None,
+                tokens,
+                engine.slot in exact,
             )
             for engine, kv, tokens in zip(engines, kv_tokens, matched, strict=True)
-            for fresh in (engine.fresh(now_s, stale_s),)
         ]
 
     def _exact(
@@ -198,7 +204,7 @@ class EnginePicker:
             blocks = dataclasses.replace(blocks, key=_id_key(request_id))
         # An engine whose KV cache is smaller than the request's footprint cannot run it
         # (KV admission refused it if none can: admission.kv.step).
-        index = self.index(spec.name)
+        index = self._index(spec.name, config.index_entries)
         candidates = [
             c
             for c in self._candidates(spec, blocks, within, index)

@@ -32,6 +32,7 @@ Ties go to the affinity order, so two replicas with the same view pick alike.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -121,56 +122,21 @@ def load_of(
     tie while engines are nearly empty, and requests stuck on a hung engine pile up there
     until its probes fail). Its scraped queue is not scored: seconds old, it tilted every
     request picked within one scrape interval the same way."""
-    parts = [0.5 * candidate.held_sequences / most_held if most_held else 0.0]
-    if candidate.kv_tokens:
-        parts.append(candidate.held_tokens / candidate.kv_tokens)
-    if candidate.sequences:
-        parts.append(candidate.held_sequences / candidate.sequences)
-    if len(parts) == 1:
-        parts.append(candidate.held_sequences / (pool_held_sequences + count))
-    if candidate.scraped_kv_usage is not None:
-        parts.append(candidate.scraped_kv_usage)
-    return min(1.0, max(parts))
-
-
-def crowded(candidate: EngineCandidate, pool_held_sequences: int, count: int, bound: float) -> bool:
-    """Consistent hashing with bounded loads, what a cached prefix may pull against: as many
-    requests in flight as ceil(`bound` x the fair share), this one counted (an idle pool
-    crowds nobody). A hot prefix spills over instead of piling onto one engine."""
-    fair = bound * (pool_held_sequences + 1) / count
-    return candidate.held_sequences >= math.ceil(fair)
-
-
-def over_bound(
-    candidate: EngineCandidate,
-    pool_held_sequences: int,
-    count: int,
-    bound: float,
-    least_held: int = 0,
-) -> bool:
-    """What the hashed pulls (affinity, length) may pull against, which save nothing on the
-    request itself: this request would take the engine past `bound` x the pool's mean
-    requests in flight (this one counted), unless it holds no more than the least busy
-    engine (an idle or evenly loaded pool binds nobody). Not rounded up as `crowded` is:
-    with a few requests in flight, ceil(1.25 x the fair share) let 2 of 2 or 3 of 4 new
-    conversations pile onto one of two engines by their hashes."""
-    if candidate.held_sequences <= least_held:
-        return False
-    mean = (pool_held_sequences + 1) / count
-    return candidate.held_sequences + 1 > bound * mean
-
-
-def saturated(candidate: EngineCandidate) -> bool:
-    """Its batch slots or its KV cache full with what this sidecar alone holds on it."""
-    return bool(
-        batch_full(candidate)
-        or (candidate.kv_tokens and candidate.held_tokens >= candidate.kv_tokens)
-    )
-
-
-def batch_full(candidate: EngineCandidate) -> bool:
-    """Its batch slots full with what this sidecar alone holds on it."""
-    return bool(candidate.sequences and candidate.held_sequences >= candidate.sequences)
+    # The largest part kept as `max` over them in this order would (a later part replaces
+    # only one strictly greater), without a list per engine per request.
+    held = candidate.held_sequences
+    load = 0.5 * held / most_held if most_held else 0.0
+    kv_tokens, sequences = candidate.kv_tokens, candidate.sequences
+    if kv_tokens and (part := candidate.held_tokens / kv_tokens) > load:
+        load = part
+    if sequences and (part := held / sequences) > load:
+        load = part
+    if not kv_tokens and not sequences and (part := held / (pool_held_sequences + count)) > load:
+        load = part
+    usage = candidate.scraped_kv_usage
+    if usage is not None and usage > load:
+        load = usage
+    return min(1.0, load)
 
 
 def score(
@@ -182,17 +148,49 @@ def score(
 ) -> list[Scores]:
     """Every candidate's scores, in the candidates' order. `weights`: each candidate's
     rendezvous weight for the conversation key, when the caller has them already."""
+    if weights is None:
+        weights = _weights(blocks.key, candidates)
+    return [
+        Scores(c.address, *parts)
+        for c, parts in zip(
+            candidates, _score_parts(candidates, blocks, bucket, config, weights), strict=True
+        )
+    ]
+
+
+def _score_parts(
+    candidates: Sequence[EngineCandidate],
+    blocks: PromptBlocks,
+    bucket: str,
+    config: PickingConfig,
+    weights: Sequence[int],
+) -> list[tuple[float, float, float, float, float]]:
+    """`score` without the addresses: (prefix, load, affinity, length, total) per candidate.
+
+    The pool's bounds, the same for every candidate, are worked out once:
+    - saturated: its batch slots or its KV cache full with what this sidecar alone holds
+      on it (batch full: its batch slots alone);
+    - crowded, what a cached prefix may pull against (consistent hashing with bounded
+      loads): as many requests in flight as ceil(`bound` x the fair share), this one
+      counted (an idle pool crowds nobody). A hot prefix spills over instead of piling
+      onto one engine;
+    - over its bound, what the hashed pulls (affinity, length) may pull against, which save
+      nothing on the request itself: this request would take the engine past `load_bound`
+      x the pool's mean requests in flight (this one counted), unless it holds no more than
+      the least busy engine (an idle or evenly loaded pool binds nobody). Not rounded up as
+      crowded is: with a few requests in flight, ceil(1.25 x the fair share) let 2 of 2 or
+      3 of 4 new conversations pile onto one of two engines by their hashes."""
     count = len(candidates)
     in_flight = [c.held_sequences for c in candidates]
     held = sum(in_flight)
     most = max(in_flight)
     least = min(in_flight)
-    if weights is None:
-        weights = [rendezvous(blocks.key, c.address) for c in candidates]
     affinity = _rank_scores(weights) if blocks.key else [0.0] * count
     length = _bucket_ranks(bucket, tuple([c.address for c in candidates]))
     load_bound = config.load_bound
-    exact_bound = EXACT_BOUND_FACTOR * load_bound
+    crowded_at = math.ceil(load_bound * (held + 1) / count)
+    exact_crowded_at = math.ceil(EXACT_BOUND_FACTOR * load_bound * (held + 1) / count)
+    over_at = load_bound * ((held + 1) / count)
     head_tokens = blocks.head_tokens
     total_tokens = blocks.total_tokens
     prefix_weight, load_weight = config.prefix_weight, config.load_weight
@@ -200,12 +198,15 @@ def score(
     scored = []
     for i, candidate in enumerate(candidates):
         load = 1.0 - load_of(candidate, held, count, most)
+        in_flight_here = candidate.held_sequences
+        sequences, kv_tokens = candidate.sequences, candidate.kv_tokens
+        batch_full = bool(sequences and in_flight_here >= sequences)
+        full = batch_full or bool(kv_tokens and candidate.held_tokens >= kv_tokens)
         # Its batch already full from this sidecar's own count (a request sent there would
         # queue), or over its bounded share: no pull towards it. A cached prefix (it saves
-        # the prefill) may pull up to `crowded`; the hashed pulls only within `over_bound`,
+        # the prefill) may pull up to crowded; the hashed pulls only within the bound,
         # the bucket's included (on two engines with one bucket that pull is a constant
         # tilt to one of them, which tied the load's difference of one request).
-        full = saturated(candidate)
         if candidate.exact_prefix:
             # An exact match (the engine's own KV events) pulls until the batch is full or
             # the engine is crowded at EXACT_BOUND_FACTOR x the bound: the held KV tokens
@@ -215,10 +216,10 @@ def score(
             # pick and the hit rate fell from 0.75 to 0.23), and a prefill known to be
             # saved is worth more load than a guessed one. The load score still weighs
             # against it, and a hot prefix still spills past twice the bounded share.
-            held_back = batch_full(candidate) or crowded(candidate, held, count, exact_bound)
+            held_back = batch_full or in_flight_here >= exact_crowded_at
         else:
-            held_back = full or crowded(candidate, held, count, load_bound)
-        bound = full or over_bound(candidate, held, count, load_bound, least)
+            held_back = full or in_flight_here >= crowded_at
+        bound = full or (in_flight_here > least and in_flight_here + 1 > over_at)
         # An exact match (the engine's own events) counts the conversation's head too.
         matched = candidate.matched_tokens
         beyond = matched - (0 if candidate.exact_prefix else head_tokens)
@@ -238,7 +239,7 @@ def score(
             + affinity_weight * pull
             + length_weight * packed
         )
-        scored.append(Scores(candidate.address, prefix, load, pull, packed, total))
+        scored.append((prefix, load, pull, packed, total))
     return scored
 
 
@@ -248,16 +249,40 @@ def pick(
     bucket: str,
     config: PickingConfig,
 ) -> list[str]:
-    """The engines for this request, best first (at most `config.choices`)."""
+    """The engines for this request, best first (at most `config.choices`): by total to 9
+    decimals, ties to the heavier rendezvous weight."""
     if not candidates:
         return []
     if len(candidates) == 1:
         return [candidates[0].address]
-    weights = [rendezvous(blocks.key, c.address) for c in candidates]
-    scored = score(candidates, blocks, bucket, config, weights)
-    ranks = [(-round(s.total, 9), -w) for s, w in zip(scored, weights, strict=True)]
-    if len(ranks) == 2:  # the common pool: what the stable sort of two does, without it
-        order = [1, 0] if ranks[1] < ranks[0] else [0, 1]
+    weights = _weights(blocks.key, candidates)
+    totals = [parts[4] for parts in _score_parts(candidates, blocks, bucket, config, weights)]
+    # Sorted by the totals themselves where no two are within _APART: their 9-decimal
+    # roundings are then as strictly ordered as they are (a rounding moves a total by at
+    # most half of 1e-9), so the rounding and the weights decide nothing; otherwise by the
+    # rounded totals and the weights. (round(x, 9) costs ~0.3 us a total; a NaN is never
+    # apart, and takes the rounded way.)
+    if len(totals) == 2:  # the common pool: what the stable sort of two does, without it
+        if abs(totals[0] - totals[1]) > _APART:
+            order = [1, 0] if totals[1] > totals[0] else [0, 1]
+        else:
+            ranks = _ranks(totals, weights)
+            order = [1, 0] if ranks[1] < ranks[0] else [0, 1]
     else:
-        order = sorted(range(len(ranks)), key=ranks.__getitem__)
-    return [scored[i].address for i in order[: config.choices]]
+        order = sorted(range(len(totals)), key=lambda i: -totals[i])
+        if not all(abs(totals[a] - totals[b]) > _APART for a, b in itertools.pairwise(order)):
+            order = sorted(range(len(totals)), key=_ranks(totals, weights).__getitem__)
+    return [candidates[i].address for i in order[: config.choices]]
+
+
+# Totals further apart than this round to 9 decimals in their own order (see `pick`).
+_APART = 1e-8
+
+
+def _ranks(totals: Sequence[float], weights: Sequence[int]) -> list[tuple[float, int]]:
+    return [(-round(t, 9), -w) for t, w in zip(totals, weights, strict=True)]
+
+
+def _weights(key: int, candidates: Sequence[EngineCandidate]) -> list[int]:
+    """Each candidate's `rendezvous` weight for `key`."""
+    return [rendezvous(key, c.address) for c in candidates]
