@@ -3,7 +3,10 @@
 What lives here: `outcome_from_entry` (pure: protobuf entry -> outcome), `OutcomeRecorder`
 (metrics, the breaker's signals through admission.signals, and the sinks: the admission
 chain that settles the request, the decision log, the prompt feedback) and the grpc.aio
-`AccessLogService` that Envoy streams batched entries to. Python never sees response
+`AccessLogService` that Envoy streams batched entries to. The sinks take an outcome inline,
+on the task that saw the request end; only what waits (the chain's settlement) comes back as
+an awaitable: a lone entry's is awaited on the stream's task (no task), a batch's
+concurrently (admission.chain.OutcomeSink says what may run where). Python never sees response
 chunks: usage and timings were extracted inside Envoy (see usage_tap.lua and
 tooling.render.envoy_config.usage_tap).
 
@@ -188,9 +191,9 @@ def outcome_from_stream(
     )
 
 
-async def _guarded(sink: OutcomeSink, outcome: RequestOutcome) -> None:
+async def _guarded(sink: OutcomeSink, waiting: Awaitable[None]) -> None:
     try:
-        await sink.record(outcome)
+        await waiting
     except Exception:  # one broken sink must not starve the others
         log.exception("outcome sink %r failed", sink)
 
@@ -335,8 +338,8 @@ class OutcomeRecorder:
         return len(expired)
 
     def record(self, outcome: RequestOutcome) -> list[Awaitable[None]]:
-        """Metrics and signals, then the sinks' work, which ends the request (settles its
-        holds) whatever became of the first."""
+        """Metrics and signals, then the sinks; returns what of their work waits (the
+        settlement, which ends the request: its holds), whatever became of the rest."""
         try:
             self._observe(outcome)
         except Exception:  # the request's holds must not depend on its numbers
@@ -358,7 +361,18 @@ class OutcomeRecorder:
             self._record_usage(outcome)
 
     def _to_sinks(self, outcome: RequestOutcome) -> list[Awaitable[None]]:
-        return [_guarded(sink, outcome) for sink in self.sinks]
+        """Each sink takes the outcome now, in order, on the caller's task (none waits
+        there); what waits (the chain's settlement) is returned, to run after them all."""
+        waiting: list[Awaitable[None]] = []
+        for sink in self.sinks:
+            try:
+                rest = sink.record(outcome)
+            except Exception:  # one broken sink must not starve the others
+                log.exception("outcome sink %r failed", sink)
+                continue
+            if rest is not None:
+                waiting.append(_guarded(sink, rest))
+        return waiting
 
     def _record_usage(self, outcome: RequestOutcome) -> None:
         m = self.metrics

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import Any, cast
 
 import pytest
 
 from admission.decision import CountKind, RequestOutcome, RoutingDecision
 from breaker.latency import ResponseWindows
 from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
+from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2
 from extproc.request.inflight import InFlight
 from extproc.service import access_log
-from extproc.service.access_log import OutcomeRecorder, finish, outcome_from_entry
+from extproc.service.access_log import (
+    AccessLogService,
+    OutcomeRecorder,
+    finish,
+    outcome_from_entry,
+)
 from extproc.service.metrics import SidecarMetrics
 from policy.domain import ApiKey, ContextBucket, Tier
 from policy.loader import parse_policy
@@ -106,19 +115,43 @@ def test_missing_tags_mean_not_reported() -> None:
 
 
 class Sink:
+    """A sink that never waits (the engine picker, the metrics, the decision log)."""
+
     def __init__(self) -> None:
         self.seen: list[RequestOutcome] = []
 
-    async def record(self, outcome: RequestOutcome) -> None:
+    def record(self, outcome: RequestOutcome) -> None:
         self.seen.append(outcome)
 
 
 class BrokenSink:
-    async def record(self, outcome: RequestOutcome) -> None:
+    def record(self, outcome: RequestOutcome) -> None:
         raise RuntimeError("boom")
 
 
-def recorder() -> tuple[OutcomeRecorder, InFlight[RoutingDecision], Sink, VirtualClock]:
+class SettlingSink:
+    """A sink whose work waits (the chain's settlement through a store): until `done`."""
+
+    def __init__(self, broken: bool = False) -> None:
+        self.done = asyncio.Event()
+        self.settled: list[RequestOutcome] = []
+        self.tasks: list[asyncio.Task[Any] | None] = []
+        self._broken = broken
+
+    def record(self, outcome: RequestOutcome) -> Awaitable[None]:
+        return self._settle(outcome)
+
+    async def _settle(self, outcome: RequestOutcome) -> None:
+        self.tasks.append(asyncio.current_task())
+        await self.done.wait()
+        if self._broken:
+            raise RuntimeError("the store broke")
+        self.settled.append(outcome)
+
+
+def recorder(
+    *settling: SettlingSink,
+) -> tuple[OutcomeRecorder, InFlight[RoutingDecision], Sink, VirtualClock]:
     clock = VirtualClock(100.0)
     inflight: InFlight[RoutingDecision] = InFlight(clock, ttl_s=60)
     sink = Sink()
@@ -127,10 +160,75 @@ def recorder() -> tuple[OutcomeRecorder, InFlight[RoutingDecision], Sink, Virtua
         ResponseWindows(clock),
         inflight,
         lambda: POLICY,
-        [BrokenSink(), sink],
+        [*settling, BrokenSink(), sink],
         clock=clock,
     )
     return rec, inflight, sink, clock
+
+
+async def test_sinks_that_never_wait_take_the_outcome_at_once_whatever_the_others_do() -> None:
+    """The sinks that never wait run inline, before any settlement: a broken one (sync or
+    waiting) stops none of the others, and a slow settlement holds none of them back."""
+    slow, broken = SettlingSink(), SettlingSink(broken=True)
+    rec, inflight, sink, _ = recorder(broken, slow)
+    tracking = inflight.add(DECISION)
+    pending = rec.record_entry(proven(inflight, tracking))
+    assert len(pending) == 2  # only the waiting sinks' work comes back
+    assert [o.tracking_id for o in sink.seen] == [tracking]  # past the broken sink, at once
+    settling = asyncio.ensure_future(finish(pending))
+    await asyncio.sleep(0)
+    assert not settling.done() and slow.settled == []
+    slow.done.set()
+    broken.done.set()
+    await settling  # the broken settlement was logged, not raised
+    assert [o.tracking_id for o in slow.settled] == [tracking]
+
+
+async def _batches(
+    *batches: list[accesslog_pb2.HTTPAccessLogEntry],
+) -> AsyncIterator[als_pb2.StreamAccessLogsMessage]:
+    for entries in batches:
+        message = als_pb2.StreamAccessLogsMessage()
+        message.http_logs.log_entry.extend(entries)
+        yield message
+
+
+@contextlib.contextmanager
+def new_tasks() -> Iterator[list[asyncio.Task[Any]]]:
+    """The tasks the running event loop creates inside the block."""
+    loop = asyncio.get_running_loop()
+    created: list[asyncio.Task[Any]] = []
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        task = asyncio.Task(coro, loop=loop, **kwargs)
+        created.append(task)
+        return task
+
+    loop.set_task_factory(factory)
+    try:
+        yield created
+    finally:
+        loop.set_task_factory(None)
+
+
+async def test_a_lone_entry_costs_no_task_and_a_batch_one_per_settlement() -> None:
+    """A lone entry's settlement runs on the stream's task, a batch's concurrently (a task
+    each); the sinks that never wait cost none."""
+    settling = SettlingSink()
+    settling.done.set()
+    rec, inflight, sink, _ = recorder(settling)
+    service = AccessLogService(rec)
+    context = cast(Any, None)
+    lone, *pair = (inflight.add(DECISION) for _ in range(3))
+    stream = asyncio.current_task()
+    with new_tasks() as created:
+        await service.StreamAccessLogs(_batches([proven(inflight, lone)]), context)
+    assert created == [] and settling.tasks == [stream]
+    batch = [proven(inflight, tracking) for tracking in pair]
+    with new_tasks() as created:
+        await service.StreamAccessLogs(_batches(batch), context)
+    assert len(created) == 2 and stream not in settling.tasks[1:]
+    assert len(sink.seen) == len(settling.settled) == 3 and len(inflight) == 0
 
 
 async def test_recorder_feeds_metrics_windows_and_sinks() -> None:
