@@ -50,10 +50,12 @@ class OutcomeSink(Protocol):
     `record` takes the outcome at once, on the task that saw the request end (the access-log
     stream's, an ext_proc stream's), and must not wait there: most sinks are done when it
     returns (metrics, tables in this process, a queue to a writer thread) and return None.
-    What must wait (a store's round trip) is returned for the caller to await: a batch's
-    concurrently, a lone one on the caller's task. So it must not read the task it runs in
-    (asyncio.timeout, redis-py's blocking pool): such work goes in a task of its own
-    (`asyncio.ensure_future`), which `record` returns."""
+    What is left is returned for the caller to await, on its own task, each in turn after
+    every sink took the outcome: work that is async only in form (a settlement against this
+    process's stores never waits) as a coroutine; work that waits (a store's round trip,
+    another task) as a task of its own (`asyncio.ensure_future`), so a batch's round trips
+    run concurrently and nothing reads the caller's task (asyncio.timeout, redis-py's
+    blocking pool would cancel it on expiry)."""
 
     def record(self, outcome: RequestOutcome) -> Awaitable[None] | None: ...
 

@@ -4,9 +4,10 @@ What lives here: `outcome_from_entry` (pure: protobuf entry -> outcome), `Outcom
 (metrics, the breaker's signals through admission.signals, and the sinks: the admission
 chain that settles the request, the decision log, the prompt feedback) and the grpc.aio
 `AccessLogService` that Envoy streams batched entries to. The sinks take an outcome inline,
-on the task that saw the request end; only what waits (the chain's settlement) comes back as
-an awaitable: a lone entry's is awaited on the stream's task (no task), a batch's
-concurrently (admission.chain.OutcomeSink says what may run where). Python never sees response
+on the task that saw the request end; only the chain's settlement comes back, as an
+awaitable: in this process it never waits and is awaited on the stream's task (no task);
+through shared stores it is a task of its own (admission.chain.OutcomeSink says what may run
+where). Python never sees response
 chunks: usage and timings were extracted inside Envoy (see usage_tap.lua and
 tooling.render.envoy_config.usage_tap).
 
@@ -199,11 +200,11 @@ async def _guarded(sink: OutcomeSink, waiting: Awaitable[None]) -> None:
 
 
 async def finish(pending: Sequence[Awaitable[None]]) -> None:
-    """Await sink work: directly when there is one (no task), concurrently when several."""
-    if len(pending) == 1:
-        await pending[0]
-    elif pending:
-        await asyncio.gather(*pending)
+    """Await sink work, in turn, on the caller's task (no task of its own): what waits for
+    a store or another task is a task already, running concurrently with the rest
+    (admission.chain.OutcomeSink); the rest finishes in this process without waiting."""
+    for waiting in pending:
+        await waiting
 
 
 def _code_class(status: int) -> str:
@@ -441,12 +442,16 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):
             mine, theirs = self._split(message.http_logs.log_entry)
             if theirs and self._forwarder is not None:
                 forward = self._forwarder.forward
-                pending.extend(forward(index, entries) for index, entries in theirs.items())
+                # Round trips to the other workers: tasks, concurrent with the settlements.
+                pending.extend(
+                    asyncio.ensure_future(forward(index, entries))
+                    for index, entries in theirs.items()
+                )
             for entry in mine:
                 try:
                     pending.extend(self._recorder.record_entry(entry))
                 except Exception:  # a malformed entry must not end the stream for the rest
                     log.exception("could not record an access-log entry")
-            # Settlements of one batch run concurrently (Redis: one round trip each).
+            # Settlements through Redis run concurrently (tasks: one round trip each).
             await finish(pending)
         return als_pb2.StreamAccessLogsResponse()

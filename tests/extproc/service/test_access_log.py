@@ -130,16 +130,22 @@ class BrokenSink:
 
 
 class SettlingSink:
-    """A sink whose work waits (the chain's settlement through a store): until `done`."""
+    """A sink whose work is left to await: a settlement against this process's stores (a
+    coroutine that never waits), or through a shared store (`apart`: a task of its own,
+    waiting until `done`)."""
 
-    def __init__(self, broken: bool = False) -> None:
+    def __init__(self, apart: bool = False, broken: bool = False) -> None:
         self.done = asyncio.Event()
+        if not apart:
+            self.done.set()
         self.settled: list[RequestOutcome] = []
         self.tasks: list[asyncio.Task[Any] | None] = []
+        self._apart = apart
         self._broken = broken
 
     def record(self, outcome: RequestOutcome) -> Awaitable[None]:
-        return self._settle(outcome)
+        settling = self._settle(outcome)
+        return asyncio.ensure_future(settling) if self._apart else settling
 
     async def _settle(self, outcome: RequestOutcome) -> None:
         self.tasks.append(asyncio.current_task())
@@ -169,7 +175,7 @@ def recorder(
 async def test_sinks_that_never_wait_take_the_outcome_at_once_whatever_the_others_do() -> None:
     """The sinks that never wait run inline, before any settlement: a broken one (sync or
     waiting) stops none of the others, and a slow settlement holds none of them back."""
-    slow, broken = SettlingSink(), SettlingSink(broken=True)
+    slow, broken = SettlingSink(apart=True), SettlingSink(broken=True)
     rec, inflight, sink, _ = recorder(broken, slow)
     tracking = inflight.add(DECISION)
     pending = rec.record_entry(proven(inflight, tracking))
@@ -211,24 +217,26 @@ def new_tasks() -> Iterator[list[asyncio.Task[Any]]]:
         loop.set_task_factory(None)
 
 
-async def test_a_lone_entry_costs_no_task_and_a_batch_one_per_settlement() -> None:
-    """A lone entry's settlement runs on the stream's task, a batch's concurrently (a task
-    each); the sinks that never wait cost none."""
-    settling = SettlingSink()
-    settling.done.set()
+@pytest.mark.parametrize("apart", [False, True], ids=["in-process", "shared"])
+async def test_settlements_cost_a_task_only_where_they_wait(apart: bool) -> None:
+    """A settlement that never waits (this process's stores) runs on the stream's task, a
+    batch's in turn: no task; one through a shared store is a task of its own, a batch's
+    concurrently. The sinks that never wait cost none either way."""
+    settling = SettlingSink(apart=apart)
     rec, inflight, sink, _ = recorder(settling)
     service = AccessLogService(rec)
     context = cast(Any, None)
-    lone, *pair = (inflight.add(DECISION) for _ in range(3))
-    stream = asyncio.current_task()
-    with new_tasks() as created:
-        await service.StreamAccessLogs(_batches([proven(inflight, lone)]), context)
-    assert created == [] and settling.tasks == [stream]
-    batch = [proven(inflight, tracking) for tracking in pair]
-    with new_tasks() as created:
-        await service.StreamAccessLogs(_batches(batch), context)
-    assert len(created) == 2 and stream not in settling.tasks[1:]
-    assert len(sink.seen) == len(settling.settled) == 3 and len(inflight) == 0
+    for size in (1, 3):
+        batch = [proven(inflight, inflight.add(DECISION)) for _ in range(size)]
+        with new_tasks() as created:
+            stream = asyncio.ensure_future(service.StreamAccessLogs(_batches(batch), context))
+            await asyncio.sleep(0)
+            settling.done.set()
+            await stream
+        created.remove(stream)
+        assert len(created) == (size if apart else 0)
+        assert all((task is stream) is not apart for task in settling.tasks[-size:])
+    assert len(sink.seen) == len(settling.settled) == 4 and len(inflight) == 0
 
 
 async def test_recorder_feeds_metrics_windows_and_sinks() -> None:
