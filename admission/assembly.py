@@ -85,6 +85,7 @@ def build_admission(
     shares: RegionShares | None = None,
     demand: RegionDemand | None = None,
     crossing: Crossing | None = None,
+    settle_apart: bool = False,
 ) -> AssembledChain:
     """`board` None: no breaker step; `store` None: no budget step (simulated runs only);
     `new_waiter` None: no waiting room (a full pool refuses at once); `book`: where the KV
@@ -98,7 +99,8 @@ def build_admission(
     region), `demand`: where the budget step counts the global tenants' demand and usage;
     `crossing`: where saturated pools' tolerant requests may go to another region (the
     breaker step asks it at the crossing level, the KV step where it would refuse for want
-    of room; None: nothing crosses)."""
+    of room; None: nothing crosses); `settle_apart`: the stores are shared (Redis), so each
+    settlement runs in a task of its own (admission.chain.AdmissionChain)."""
     breaker = BreakerStep(board, events, rng, crossing) if board is not None else None
     budget = (
         BudgetStep(store, events, ttl_s, multipliers, ceilings, shares, demand)
@@ -110,4 +112,4 @@ def build_admission(
     kv.crossing = crossing
     chosen = (AccessStep(), breaker, budget, spending, kv)
     steps: list[Step] = [s for s in chosen if s is not None]
-    return AssembledChain(AdmissionChain(steps), kv, breaker, budget, spending)
+    return AssembledChain(AdmissionChain(steps, settle_apart), kv, breaker, budget, spending)

@@ -18,9 +18,10 @@ Rules the chain keeps:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
 from admission.decision import Admitted, Applicant, RequestOutcome, RoutingDecision
@@ -43,14 +44,30 @@ class Step(Protocol):
 
 
 class OutcomeSink(Protocol):
-    """Something that needs each finished request (the chain, the decision log, ...)."""
+    """Something that needs each finished request (the chain, the engine picker, the
+    decision log, ...).
 
-    async def record(self, outcome: RequestOutcome) -> None: ...
+    `record` takes the outcome at once, on the task that saw the request end (the access-log
+    stream's, an ext_proc stream's), and must not wait there: most sinks are done when it
+    returns (metrics, tables in this process, a queue to a writer thread) and return None.
+    What is left is returned for the caller to await, on its own task, each in turn after
+    every sink took the outcome: work that is async only in form (a settlement against this
+    process's stores never waits) as a coroutine; work that waits (a store's round trip,
+    another task) as a task of its own (`asyncio.ensure_future`), so a batch's round trips
+    run concurrently and nothing reads the caller's task (asyncio.timeout, redis-py's
+    blocking pool would cancel it on expiry)."""
+
+    def record(self, outcome: RequestOutcome) -> Awaitable[None] | None: ...
 
 
 class AdmissionChain:
-    def __init__(self, steps: Sequence[Step]) -> None:
+    def __init__(self, steps: Sequence[Step], settle_apart: bool = False) -> None:
+        """`settle_apart`: the steps' stores are shared (Redis), whose round trips are
+        bounded with asyncio.timeout, which cancels the task it runs in on expiry: each
+        settlement then runs in a task of its own, never on the caller's (the access-log
+        stream). In this process settling never waits and runs where it is awaited."""
         self.steps = tuple(steps)
+        self._settle_apart = settle_apart
 
     async def admit(self, applicant: Applicant) -> Admitted:
         """Each step in turn is handed the applicant with the decision as the steps before
@@ -81,8 +98,13 @@ class AdmissionChain:
             except Exception:  # the others must still give back theirs
                 log.exception("releasing %s from %r failed", request_id, step)
 
-    async def record(self, outcome: RequestOutcome) -> None:
-        """OutcomeSink: settle the request in every step (each failure logged, not fatal)."""
+    def record(self, outcome: RequestOutcome) -> Awaitable[None]:
+        """OutcomeSink: the request's settlement in every step, for the caller to await."""
+        settling = self.settle(outcome)
+        return asyncio.ensure_future(settling) if self._settle_apart else settling
+
+    async def settle(self, outcome: RequestOutcome) -> None:
+        """Settle the request in every step (each failure logged, not fatal)."""
         for step in self.steps:
             try:
                 await step.settle(outcome)

@@ -265,8 +265,19 @@ class CandidateJudge:
             self._held[judging.key] = admitted.decision
         return admitted.decision
 
-    async def record(self, outcome: RequestOutcome) -> None:
-        """OutcomeSink: settle a request both admitted in the candidate's budgets."""
+    def record(self, outcome: RequestOutcome) -> Awaitable[None] | None:
+        """OutcomeSink: settle a request both admitted in the candidate's budgets; None when
+        the candidate holds nothing of it (none loaded, or it did not admit it). In a task
+        of its own when it waits: for its judgement still running, or for its budgets in
+        Redis (their timeouts cancel the task they run in: never the caller's)."""
+        tracking = outcome.tracking_id
+        if tracking not in self._pending and tracking not in self._held:
+            return None
+        settling = self._settle(outcome)
+        waits = tracking in self._pending or not self._local
+        return asyncio.ensure_future(settling) if waits else settling
+
+    async def _settle(self, outcome: RequestOutcome) -> None:
         pending = self._pending.get(outcome.tracking_id)
         if pending is not None:
             await asyncio.wait([pending], timeout=1.0)

@@ -21,7 +21,7 @@ class EngineOutcomes:
     def __init__(self, picker: EnginePicker) -> None:
         self._picker = picker
 
-    async def record(self, outcome: RequestOutcome) -> None:
+    def record(self, outcome: RequestOutcome) -> None:
         if outcome.upstream and not outcome.upstream_failed:
             # A fallback answered: the prompt's prefix is cached there, not on the first.
             self._picker.served(outcome.tracking_id, outcome.upstream)

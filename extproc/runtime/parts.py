@@ -251,6 +251,7 @@ def build_request_path(
         shares=region,
         demand=None if region is None else region.demand,
         crossing=crossing,
+        settle_apart=stores.shared,
     )
     _known_series(metrics, policy, admission)
     counter = PromptCounter(None, initial.counting, executor)

@@ -38,6 +38,11 @@ class Stores:
     # process, or the region's Redis (the budgets'), which all its replicas share.
     region: RegionStore | None = None
 
+    @property
+    def shared(self) -> bool:
+        """The fleet's, in Redis: their round trips wait (and are bounded by timeouts)."""
+        return self.members is not None
+
     async def leave(self) -> None:
         """Out of the fleet's count: the others' local shares grow at once."""
         if self.members is not None:

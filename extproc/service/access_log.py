@@ -3,7 +3,11 @@
 What lives here: `outcome_from_entry` (pure: protobuf entry -> outcome), `OutcomeRecorder`
 (metrics, the breaker's signals through admission.signals, and the sinks: the admission
 chain that settles the request, the decision log, the prompt feedback) and the grpc.aio
-`AccessLogService` that Envoy streams batched entries to. Python never sees response
+`AccessLogService` that Envoy streams batched entries to. The sinks take an outcome inline,
+on the task that saw the request end; only the chain's settlement comes back, as an
+awaitable: in this process it never waits and is awaited on the stream's task (no task);
+through shared stores it is a task of its own (admission.chain.OutcomeSink says what may run
+where). Python never sees response
 chunks: usage and timings were extracted inside Envoy (see usage_tap.lua and
 tooling.render.envoy_config.usage_tap).
 
@@ -192,19 +196,19 @@ def outcome_from_stream(
     )
 
 
-async def _guarded(sink: OutcomeSink, outcome: RequestOutcome) -> None:
+async def _guarded(sink: OutcomeSink, waiting: Awaitable[None]) -> None:
     try:
-        await sink.record(outcome)
+        await waiting
     except Exception:  # one broken sink must not starve the others
         log.exception("outcome sink %r failed", sink)
 
 
 async def finish(pending: Sequence[Awaitable[None]]) -> None:
-    """Await sink work: directly when there is one (no task), concurrently when several."""
-    if len(pending) == 1:
-        await pending[0]
-    elif pending:
-        await asyncio.gather(*pending)
+    """Await sink work, in turn, on the caller's task (no task of its own): what waits for
+    a store or another task is a task already, running concurrently with the rest
+    (admission.chain.OutcomeSink); the rest finishes in this process without waiting."""
+    for waiting in pending:
+        await waiting
 
 
 def _code_class(status: int) -> str:
@@ -339,8 +343,8 @@ class OutcomeRecorder:
         return len(expired)
 
     def record(self, outcome: RequestOutcome) -> list[Awaitable[None]]:
-        """Metrics and signals, then the sinks' work, which ends the request (settles its
-        holds) whatever became of the first."""
+        """Metrics and signals, then the sinks; returns what of their work waits (the
+        settlement, which ends the request: its holds), whatever became of the rest."""
         try:
             self._observe(outcome)
         except Exception:  # the request's holds must not depend on its numbers
@@ -362,7 +366,18 @@ class OutcomeRecorder:
             self._record_usage(outcome)
 
     def _to_sinks(self, outcome: RequestOutcome) -> list[Awaitable[None]]:
-        return [_guarded(sink, outcome) for sink in self.sinks]
+        """Each sink takes the outcome now, in order, on the caller's task (none waits
+        there); what waits (the chain's settlement) is returned, to run after them all."""
+        waiting: list[Awaitable[None]] = []
+        for sink in self.sinks:
+            try:
+                rest = sink.record(outcome)
+            except Exception:  # one broken sink must not starve the others
+                log.exception("outcome sink %r failed", sink)
+                continue
+            if rest is not None:
+                waiting.append(_guarded(sink, rest))
+        return waiting
 
     def _record_usage(self, outcome: RequestOutcome) -> None:
         m = self.metrics
@@ -431,12 +446,16 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):
             mine, theirs = self._split(message.http_logs.log_entry)
             if theirs and self._forwarder is not None:
                 forward = self._forwarder.forward
-                pending.extend(forward(index, entries) for index, entries in theirs.items())
+                # Round trips to the other workers: tasks, concurrent with the settlements.
+                pending.extend(
+                    asyncio.ensure_future(forward(index, entries))
+                    for index, entries in theirs.items()
+                )
             for entry in mine:
                 try:
                     pending.extend(self._recorder.record_entry(entry))
                 except Exception:  # a malformed entry must not end the stream for the rest
                     log.exception("could not record an access-log entry")
-            # Settlements of one batch run concurrently (Redis: one round trip each).
+            # Settlements through Redis run concurrently (tasks: one round trip each).
             await finish(pending)
         return als_pb2.StreamAccessLogsResponse()

@@ -79,7 +79,7 @@ class DecisionLog:
     def abandoned(self, request: RequestSeen) -> None:
         pass
 
-    async def record(self, outcome: RequestOutcome) -> None:
+    def record(self, outcome: RequestOutcome) -> None:
         """A routed request, once its access-log entry (or expiry) came."""
         if not self._sampled():
             return

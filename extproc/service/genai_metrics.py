@@ -87,7 +87,7 @@ class GenAiMetrics:
             _TOKEN_BUCKETS,
         )
 
-    async def record(self, outcome: RequestOutcome) -> None:
+    def record(self, outcome: RequestOutcome) -> None:
         """OutcomeSink: one answered request."""
         decision = outcome.decision
         shape = decision.api.shape

@@ -10,7 +10,8 @@ extproc.request.flow.RequestFlow, is one). The moments:
 - `refused`: its refusal is about to go;
 - `abandoned`: its stream went away while its decision waited;
 - `record`: it was answered — its access-log entry came, or it expired. This is the
-  OutcomeSink method (admission.chain), so the access-log side calls the same objects.
+  OutcomeSink method (admission.chain), so the access-log side calls the same objects, inline
+  on its task: an observer's record never waits (a file's writer has its own thread).
 
 The ext_proc servicer calls every observer at each moment of the decision, in the order it
 was given them; the OutcomeRecorder (extproc.service.access_log) calls them with its other
@@ -63,4 +64,4 @@ class RequestObserver(Protocol):
 
     def abandoned(self, request: RequestSeen) -> None: ...
 
-    async def record(self, outcome: RequestOutcome) -> None: ...
+    def record(self, outcome: RequestOutcome) -> None: ...

@@ -23,7 +23,7 @@ class PromptFeedback:
         self._corrections = corrections
         self._metrics = metrics
 
-    async def record(self, outcome: RequestOutcome) -> None:
+    def record(self, outcome: RequestOutcome) -> None:
         decision = outcome.decision
         engine = outcome.prompt_tokens
         if engine is None or not decision.exact or not decision.meters_tokens:

@@ -167,7 +167,7 @@ class DecisionTracer:
         span.end(end_time=time.time_ns())
         return span
 
-    async def record(self, outcome: RequestOutcome) -> None:
+    def record(self, outcome: RequestOutcome) -> None:
         """Its answer: nothing to add, the span ended with the decision."""
 
     def close(self) -> None:

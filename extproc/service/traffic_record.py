@@ -168,7 +168,7 @@ class TrafficRecorder:
     def abandoned(self, request: RequestSeen) -> None:
         pass
 
-    async def record(self, outcome: RequestOutcome) -> None:
+    def record(self, outcome: RequestOutcome) -> None:
         """A routed request, once its access-log entry (or expiry) came."""
         now_s = self._clock()
         arrived_s, decided_s = self._arrived.pop(outcome.tracking_id, (0.0, 0.0))

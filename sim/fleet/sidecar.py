@@ -277,8 +277,8 @@ class SimulatedSidecar:
         """The request ended: out of the in-flight table, settled by every step, its engine's
         hold freed and its answer counted for or against that engine."""
         self.decider.inflight.pop(outcome.tracking_id)
-        run_now(self.admission.chain.record(outcome))
-        run_now(self._engine_outcomes.record(outcome))
+        run_now(self.admission.chain.settle(outcome))
+        self._engine_outcomes.record(outcome)
 
 
 def chat(

@@ -130,6 +130,24 @@ async def test_the_chain_settles_every_step_even_when_one_fails() -> None:
     assert held(kv) == 0
 
 
+@pytest.mark.parametrize("settle_apart", [False, True], ids=["in-process", "shared"])
+async def test_a_settlement_through_shared_stores_runs_in_a_task_of_its_own(
+    settle_apart: bool,
+) -> None:
+    """Shared stores bound their round trips with asyncio.timeout, which cancels the task
+    it runs in on expiry: their settlement never runs on the caller's task (the access-log
+    stream's); in this process it does, costing no task."""
+    ran_in: list[asyncio.Task[object] | None] = []
+
+    class _Settling(_Waiting):
+        async def settle(self, outcome: RequestOutcome) -> None:
+            ran_in.append(asyncio.current_task())
+
+    chain = AdmissionChain([_Settling()], settle_apart=settle_apart)
+    await chain.record(outcome(decision(2000, policy=POLICY), tracking_id="r1"))
+    assert len(ran_in) == 1 and (ran_in[0] is asyncio.current_task()) is not settle_apart
+
+
 async def test_the_kv_step_refuses_past_the_tiers_share_and_skips_cheap_requests() -> None:
     kv = kv_step()
     standard = decision(4000, policy=POLICY)  # standard: 95% of 10,000

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import Any, cast
 
 import pytest
 
 from admission.decision import CountKind, RequestOutcome, RoutingDecision
 from breaker.latency import ResponseWindows
 from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
+from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2
 from extproc.request.inflight import InFlight
 from extproc.service import access_log
-from extproc.service.access_log import OutcomeRecorder, finish, outcome_from_entry
+from extproc.service.access_log import (
+    AccessLogService,
+    OutcomeRecorder,
+    finish,
+    outcome_from_entry,
+)
 from extproc.service.metrics import SidecarMetrics
 from policy.domain import ApiKey, ContextBucket, Tier
 from policy.loader import parse_policy
@@ -127,19 +136,49 @@ def test_a_tag_reads_as_a_count_or_not_reported(value: str | None, read: int | N
 
 
 class Sink:
+    """A sink that never waits (the engine picker, the metrics, the decision log)."""
+
     def __init__(self) -> None:
         self.seen: list[RequestOutcome] = []
 
-    async def record(self, outcome: RequestOutcome) -> None:
+    def record(self, outcome: RequestOutcome) -> None:
         self.seen.append(outcome)
 
 
 class BrokenSink:
-    async def record(self, outcome: RequestOutcome) -> None:
+    def record(self, outcome: RequestOutcome) -> None:
         raise RuntimeError("boom")
 
 
-def recorder() -> tuple[OutcomeRecorder, InFlight[RoutingDecision], Sink, VirtualClock]:
+class SettlingSink:
+    """A sink whose work is left to await: a settlement against this process's stores (a
+    coroutine that never waits), or through a shared store (`apart`: a task of its own,
+    waiting until `done`)."""
+
+    def __init__(self, apart: bool = False, broken: bool = False) -> None:
+        self.done = asyncio.Event()
+        if not apart:
+            self.done.set()
+        self.settled: list[RequestOutcome] = []
+        self.tasks: list[asyncio.Task[Any] | None] = []
+        self._apart = apart
+        self._broken = broken
+
+    def record(self, outcome: RequestOutcome) -> Awaitable[None]:
+        settling = self._settle(outcome)
+        return asyncio.ensure_future(settling) if self._apart else settling
+
+    async def _settle(self, outcome: RequestOutcome) -> None:
+        self.tasks.append(asyncio.current_task())
+        await self.done.wait()
+        if self._broken:
+            raise RuntimeError("the store broke")
+        self.settled.append(outcome)
+
+
+def recorder(
+    *settling: SettlingSink,
+) -> tuple[OutcomeRecorder, InFlight[RoutingDecision], Sink, VirtualClock]:
     clock = VirtualClock(100.0)
     inflight: InFlight[RoutingDecision] = InFlight(clock, ttl_s=60)
     sink = Sink()
@@ -148,10 +187,77 @@ def recorder() -> tuple[OutcomeRecorder, InFlight[RoutingDecision], Sink, Virtua
         ResponseWindows(clock),
         inflight,
         lambda: POLICY,
-        [BrokenSink(), sink],
+        [*settling, BrokenSink(), sink],
         clock=clock,
     )
     return rec, inflight, sink, clock
+
+
+async def test_sinks_that_never_wait_take_the_outcome_at_once_whatever_the_others_do() -> None:
+    """The sinks that never wait run inline, before any settlement: a broken one (sync or
+    waiting) stops none of the others, and a slow settlement holds none of them back."""
+    slow, broken = SettlingSink(apart=True), SettlingSink(broken=True)
+    rec, inflight, sink, _ = recorder(broken, slow)
+    tracking = inflight.add(DECISION)
+    pending = rec.record_entry(proven(inflight, tracking))
+    assert len(pending) == 2  # only the waiting sinks' work comes back
+    assert [o.tracking_id for o in sink.seen] == [tracking]  # past the broken sink, at once
+    settling = asyncio.ensure_future(finish(pending))
+    await asyncio.sleep(0)
+    assert not settling.done() and slow.settled == []
+    slow.done.set()
+    broken.done.set()
+    await settling  # the broken settlement was logged, not raised
+    assert [o.tracking_id for o in slow.settled] == [tracking]
+
+
+async def _batches(
+    *batches: list[accesslog_pb2.HTTPAccessLogEntry],
+) -> AsyncIterator[als_pb2.StreamAccessLogsMessage]:
+    for entries in batches:
+        message = als_pb2.StreamAccessLogsMessage()
+        message.http_logs.log_entry.extend(entries)
+        yield message
+
+
+@contextlib.contextmanager
+def new_tasks() -> Iterator[list[asyncio.Task[Any]]]:
+    """The tasks the running event loop creates inside the block."""
+    loop = asyncio.get_running_loop()
+    created: list[asyncio.Task[Any]] = []
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        task = asyncio.Task(coro, loop=loop, **kwargs)
+        created.append(task)
+        return task
+
+    loop.set_task_factory(factory)
+    try:
+        yield created
+    finally:
+        loop.set_task_factory(None)
+
+
+@pytest.mark.parametrize("apart", [False, True], ids=["in-process", "shared"])
+async def test_settlements_cost_a_task_only_where_they_wait(apart: bool) -> None:
+    """A settlement that never waits (this process's stores) runs on the stream's task, a
+    batch's in turn: no task; one through a shared store is a task of its own, a batch's
+    concurrently. The sinks that never wait cost none either way."""
+    settling = SettlingSink(apart=apart)
+    rec, inflight, sink, _ = recorder(settling)
+    service = AccessLogService(rec)
+    context = cast(Any, None)
+    for size in (1, 3):
+        batch = [proven(inflight, inflight.add(DECISION)) for _ in range(size)]
+        with new_tasks() as created:
+            stream = asyncio.ensure_future(service.StreamAccessLogs(_batches(batch), context))
+            await asyncio.sleep(0)
+            settling.done.set()
+            await stream
+        created.remove(stream)
+        assert len(created) == (size if apart else 0)
+        assert all((task is stream) is not apart for task in settling.tasks[-size:])
+    assert len(sink.seen) == len(settling.settled) == 4 and len(inflight) == 0
 
 
 async def test_recorder_feeds_metrics_windows_and_sinks() -> None:

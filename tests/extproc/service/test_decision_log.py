@@ -3,7 +3,6 @@ written by a thread: a disk that hangs never holds the event loop."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -44,7 +43,7 @@ def decision_log(
 
 
 def record(log: DecisionLog) -> None:
-    asyncio.run(log.record(outcome()))
+    log.record(outcome())
 
 
 def test_lines_carry_the_decision_and_usage_never_secrets(tmp_path: Path) -> None:

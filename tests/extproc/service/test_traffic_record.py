@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as dt
 import gzip
@@ -47,9 +46,7 @@ def decision(request_id: str = "req-1") -> RoutingDecision:
 def test_records_carry_shapes_and_outcomes_never_secrets(tmp_path: Path) -> None:
     recorder = TrafficRecorder(RecordFiles(tmp_path, TRAFFIC_FILES, keep_days=7), 1.0, Drops())
     recorder.admitted("t1", 1_790_000_000.0)
-    asyncio.run(
-        recorder.record(RequestOutcome(decision(), "t1", 200, 110, 40, 0.25, 1.5, "via_upstream"))
-    )
+    recorder.record(RequestOutcome(decision(), "t1", 200, 110, 40, 0.25, 1.5, "via_upstream"))
     refusal = RateLimited(f"limit for {SECRET}", reason="budget_tokens")
     recorder.refused(Seen("req-2", decision().caller, decision("req-2"), 1_790_000_001.0), refusal)
     recorder.refused(Seen("req-3", arrived_s=1_790_000_002.0), refusal)
@@ -81,7 +78,7 @@ def test_a_candidate_s_verdict_is_recorded_beside_the_outcome(tmp_path: Path) ->
         decision(), candidate=CandidateNote("would_refuse", "budget_requests", "default")
     )
     recorder.admitted("t1", 1_790_000_000.0)
-    asyncio.run(recorder.record(RequestOutcome(judged, "t1", 200, 110, 40, 0.2, 1.0, "ok")))
+    recorder.record(RequestOutcome(judged, "t1", 200, 110, 40, 0.2, 1.0, "ok"))
     shape = dataclasses.replace(decision("r2"), candidate=CandidateNote("would_admit", "", "long"))
     refusal = RateLimited("no", reason="budget_tokens")
     recorder.refused(Seen("r2", None, shape, 1_790_000_001.0), refusal)
