@@ -5,6 +5,8 @@ A unit of work goes whole to one worker:
 - every e2e test against the real vLLM (`vllm` in its file's name or among its parameter ids; the
   collection check in tests/conftest.py holds the `vllm` marker to that rule): the engine they
   share starts once (~35 s and ~3 GiB);
+- an in-process file whose tests share a module-scoped fixture that takes minutes
+  (`SHARED_SETUP_FILES`): built once, not once per worker;
 - any other test alone: the in-process tests fill the gaps the e2e units leave.
 
 The units run in the order the collection gives (`order` below): first the two that take
@@ -33,6 +35,10 @@ LONGEST_FILE = "tests/e2e/test_prometheus.py"
 # its model's times (~19 s, little CPU). Started first, beside the CPU-bound rest, rather
 # than last on one worker while the other has finished (`make test-fast`).
 LONGEST_IN_PROCESS = "tests/tooling/loadtest/test_calibrate.py::test_calibrating_a_simulated_pool"
+# In-process files whose tests share a module-scoped fixture that takes minutes: alone, each
+# test went where a worker was free, so both workers built it (test_scenarios' `burst`, the
+# published comparison's two simulator runs: 147 s and 155 s of setup in one CI run).
+SHARED_SETUP_FILES = frozenset({"tests/sim/studies/test_scenarios.py"})
 _VLLM_ID = re.compile(r"\[(?:[^\]]*-)?vllm(?:-[^\]]*)?\]$")
 
 
@@ -40,7 +46,7 @@ def unit_of(nodeid: str) -> str:
     """The unit of work a test goes in (one worker runs a unit whole)."""
     path, _, rest = nodeid.partition("::")
     if not path.startswith(E2E_PREFIX):
-        return nodeid
+        return path if path in SHARED_SETUP_FILES else nodeid
     if "vllm" in path.rsplit("/", 1)[-1] or _VLLM_ID.search(rest):
         return VLLM_UNIT
     return path
@@ -52,7 +58,7 @@ def order(nodeid: str) -> int:
     unit = unit_of(nodeid)
     if unit in (LONGEST_FILE, VLLM_UNIT):
         return 0
-    if unit.startswith(E2E_PREFIX):
+    if unit.startswith(E2E_PREFIX) or unit in SHARED_SETUP_FILES:
         return 1
     return 2 if nodeid.startswith(LONGEST_IN_PROCESS) else 3
 
