@@ -33,11 +33,12 @@ from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2_grp
 from extproc.request.flow import Decider, RequestFlow
 from extproc.request.response_usage import ResponseUsage
 from extproc.request.verdicts import HeaderVerdict, Routed
-from extproc.service.access_log import finish, outcome_from_stream
+from extproc.service.access_log import finish
 from extproc.service.log_records import REQUEST_ID
 from extproc.service.metrics import SidecarMetrics
 from extproc.service.observers import RequestObserver
 from extproc.service.one_message import forwarded_headers, headers_as_metadata
+from extproc.service.outcomes import outcome_from_stream
 from extproc.service.replies import (
     header_reply,
     headers_to_dict,

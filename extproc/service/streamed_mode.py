@@ -27,8 +27,9 @@ from extproc.request.first_output import FirstOutput
 from extproc.request.flow import RequestFlow
 from extproc.request.response_usage import ResponseUsage
 from extproc.request.verdicts import HeaderVerdict, Routed
-from extproc.service.access_log import finish, outcome_from_stream
+from extproc.service.access_log import finish
 from extproc.service.metrics import SidecarMetrics
+from extproc.service.outcomes import outcome_from_stream
 from extproc.service.replies import (
     deferred_header_reply,
     header_reply,

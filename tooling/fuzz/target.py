@@ -28,7 +28,8 @@ from extproc.envoypb.envoy.service.ext_proc.v3 import external_processor_pb2 as 
 from extproc.request.contract import ACCESS_LOG_NAME, METADATA_NAMESPACE, TRACKING_ID_FIELD
 from extproc.request.response_usage import ResponseUsage
 from extproc.runtime.sidecar import Sidecar
-from extproc.service.access_log import finish, outcome_from_stream
+from extproc.service.access_log import finish
+from extproc.service.outcomes import outcome_from_stream
 from tooling.fuzz.seeds import access_log_entry
 
 T = TypeVar("T")

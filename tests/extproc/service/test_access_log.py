@@ -16,14 +16,10 @@ from breaker.latency import ResponseWindows
 from extproc.envoypb.envoy.data.accesslog.v3 import accesslog_pb2
 from extproc.envoypb.envoy.service.accesslog.v3 import als_pb2
 from extproc.request.inflight import InFlight
-from extproc.service import access_log
-from extproc.service.access_log import (
-    AccessLogService,
-    OutcomeRecorder,
-    finish,
-    outcome_from_entry,
-)
+from extproc.service import access_log, outcomes
+from extproc.service.access_log import AccessLogService, OutcomeRecorder, finish
 from extproc.service.metrics import SidecarMetrics
+from extproc.service.outcomes import outcome_from_entry
 from policy.domain import ApiKey, ContextBucket, Tier
 from policy.loader import parse_policy
 from tests.support.clock import VirtualClock
@@ -132,7 +128,7 @@ def test_missing_tags_mean_not_reported() -> None:
 )
 def test_a_tag_reads_as_a_count_or_not_reported(value: str | None, read: int | None) -> None:
     tags = {} if value is None else {"completion_tokens": value}
-    assert access_log._tag_int(tags, "completion_tokens") == read
+    assert outcomes._tag_int(tags, "completion_tokens") == read
 
 
 class Sink:
