@@ -3,7 +3,7 @@ requests beside critical ones; its tolerant requests go to a peer with room thro
 sidecar's own crossing code (admission.crossing re-routing from the breaker and KV steps,
 HMAC tokens minted at the origin and verified at the peer), the WAN's delay each way and
 the peer's queue: the share that crossed, their added time to first byte, critical kept
-local. The regions and their setup: sim.studies.regions.
+local. The regions and their setup: sim.studies.regions_setup.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sim.fleet.arrivals import Arrival, poisson_arrivals
 from sim.fleet.fleet_types import Served
 from sim.fleet.offline import OfflineFleet
 from sim.fleet.regions import RegionsFleet
-from sim.studies.regions import RegionsSetup, region_policy, regions_fleet
+from sim.studies.regions_setup import RegionsSetup, region_policy, regions_fleet
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,15 +9,9 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sim.studies.regions import (
-    DELAYS_S,
-    INTERVALS_S,
-    RegionsSetup,
-    death,
-    lab_setup,
-    play,
-)
+from sim.studies.regions import DELAYS_S, INTERVALS_S, death, play
 from sim.studies.regions_crossing import crossing
+from sim.studies.regions_setup import RegionsSetup, lab_setup
 
 
 def sweep(

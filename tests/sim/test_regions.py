@@ -16,15 +16,9 @@ import pytest
 
 from budget.leases import MOVE_REPORTS
 from sim.fleet.regions import RegionsFleet
-from sim.studies.regions import (
-    DEATH_AT_S,
-    RegionsSetup,
-    death,
-    play,
-    recovery_bound_s,
-    run_phases,
-)
+from sim.studies.regions import DEATH_AT_S, death, play, recovery_bound_s, run_phases
 from sim.studies.regions_crossing import crossing, run_crossing
+from sim.studies.regions_setup import RegionsSetup
 
 # Short phases at half the study's rate: ~1 s of CPU per run.
 SETUP = RegionsSetup(

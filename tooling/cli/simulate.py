@@ -216,8 +216,8 @@ def _write_report(
 
 
 def _regions(args: argparse.Namespace) -> int:
-    from sim.studies.regions import RegionsSetup, region_names
     from sim.studies.regions_report import sweep, table
+    from sim.studies.regions_setup import RegionsSetup, region_names
 
     if args.regions < 2:
         print("slogate: --regions needs at least 2 regions", file=sys.stderr)
