@@ -29,7 +29,10 @@ class Part:
 PARTS = (
     Part("prompt counting (BPE)", ("extproc/request/tokens/",)),
     Part("metrics (prometheus_client)", ("prometheus_client/",)),
-    Part("access log and settling", ("extproc/service/access_log.py", "decision_log.py")),
+    Part(
+        "access log and settling",
+        ("extproc/service/access_log.py", "extproc/service/outcomes.py", "decision_log.py"),
+    ),
     Part("body parsing and rewriting", ("extproc/request/bodies/",)),
     Part("admission (budgets, breaker, KV)", ("admission/", "budget/", "breaker/")),
     Part("identity, routing, flow", ("extproc/request/",)),

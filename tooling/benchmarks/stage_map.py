@@ -33,6 +33,7 @@ STAGES = (
         "access log and settling",
         (
             "service/access_log.py",
+            "service/outcomes.py",
             "decision_log.py",
             "traffic_record.py",
             "admission/signals",
